@@ -1,0 +1,1 @@
+"""Executors run JobSpecs: `LocalExecutor` as local processes, `HfJobsExecutor` on Hugging Face Jobs."""

@@ -1,0 +1,41 @@
+"""The one small interface every executor implements. Executors know nothing about Gradio."""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from backend.jobspec import JobRecord, JobSpec, JobStatus
+
+
+@dataclass(frozen=True)
+class ResourceSample:
+    """One utilisation sample of a job. GPU fields are per-device lists (empty where there is no GPU)."""
+
+    time: float
+    cpu_percent: float | None = None
+    ram_bytes: int | None = None
+    gpu_util: tuple[float, ...] = ()
+    gpu_mem_bytes: tuple[int, ...] = ()
+    gpu_mem_total_bytes: tuple[int, ...] = ()
+
+
+class SubmitError(RuntimeError):
+    """A job could not be submitted; nothing of it is running."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def submit(self, job: JobSpec, secrets: dict[str, str] | None = None) -> str:
+        """Start a job and return its id. `secrets` maps the JobSpec's secret names to values."""
+
+    def status(self, job_id: str) -> JobStatus: ...
+
+    def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:
+        """Log lines after `cursor`, and the cursor to pass next time. Only complete lines are returned."""
+
+    def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def list_jobs(self) -> list[JobRecord]:
+        """Every job this executor launched (found by labels), newest first."""

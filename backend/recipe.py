@@ -1,0 +1,106 @@
+"""Recipe: RunSpec -> JobSpecs. Pure functions, no I/O; the launch form previews exactly what they return.
+
+Colocated: one trainer job (TRL GRPOTrainer; vLLM inside the training process on GPUs).
+Distributed: N vLLM replica jobs, then one trainer job whose proxy fronts the replicas. The trainer's
+JobSpec needs the replicas' URLs, which exist only once they are submitted, so it is built afterwards.
+"""
+
+import shlex
+
+from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
+from backend.spec import BUILTIN_MODEL, RunSpec
+
+# Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
+TRL_VERSION = "1.16.0"
+PEFT_VERSION = "0.21.2"
+VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
+RUNTIME_PIP = f"trl=={TRL_VERSION} peft=={PEFT_VERSION}"
+REPLICA_PORT = 8000
+TOKEN_SECRET = "HF_TOKEN"
+REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
+PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
+
+
+def model_path(spec: RunSpec) -> str:
+    """Where jobs find the base model: the builtin one is built into the run folder on the spot."""
+    return f"{spec.run_path}/base-model" if spec.model == BUILTIN_MODEL else spec.model
+
+
+def _labels(spec: RunSpec, role: str) -> dict[str, str]:
+    return {LABEL_APP: "1", LABEL_RUN: spec.run_id, LABEL_ROLE: role}
+
+
+def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,
+         env: dict[str, str] | None = None, expose: tuple[int, ...] = ()) -> JobSpec:
+    remote = spec.executor == "hf_jobs"
+    return JobSpec(
+        run_id=spec.run_id, role=role, image=VLLM_IMAGE if remote else "local", command=command,
+        flavor=flavor if remote else "local", timeout_s=spec.timeout_minutes * 60,
+        env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
+        secrets=(TOKEN_SECRET,) if remote else (),
+        volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=read_only),),
+        expose=expose, labels=_labels(spec, role),
+        namespace=spec.bucket_namespace if remote else None,
+    )
+
+
+def _shell(spec: RunSpec, steps: list[list[str] | str], python: str, install: bool) -> list[str]:
+    """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
+    lines = [s if isinstance(s, str) else shlex.join(s) for s in steps]
+    if install and spec.executor == "hf_jobs":
+        lines.insert(0, f"pip install --quiet {RUNTIME_PIP}")
+    lines[-1] = "exec " + lines[-1]
+    return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
+
+
+def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
+    if spec.model != BUILTIN_MODEL:
+        return []
+    return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed)]]
+
+
+def _wait_model_step(spec: RunSpec) -> list[str]:
+    # Replicas mount the bucket read-only: the trainer builds the builtin model, replicas wait for it
+    # (it is published by atomic rename, so config.json appearing means the folder is complete).
+    if spec.model != BUILTIN_MODEL:
+        return []
+    config = shlex.quote(f"{model_path(spec)}/config.json")
+    return [f"until [ -f {config} ]; do echo waiting for the base model; sleep 2; done"]
+
+
+def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
+    if spec.num_processes > 1:
+        train = ["accelerate", "launch", "--num_processes", str(spec.num_processes), "-m", "runtime.train"]
+    else:
+        train = [PY, "-m", "runtime.train"]
+    command = _shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
+    return [_job(spec, "trainer", command, spec.flavor)]
+
+
+def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python") -> list[JobSpec]:
+    """One vLLM server job per replica; `ports` differ only for local runs (one machine, N servers)."""
+    ports = ports or [REPLICA_PORT] * spec.replicas
+    jobs = []
+    for i, port in enumerate(ports):
+        serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
+                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness)]
+        command = _shell(spec, [*_wait_model_step(spec), serve], python, install=False)
+        env = vllm_server_env(cpu=spec.executor == "local")
+        jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
+    return jobs
+
+
+def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python") -> JobSpec:
+    steps = [*_ensure_model_step(spec), [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]]
+    command = _shell(spec, steps, python, install=True)
+    return _job(spec, "trainer", command, spec.flavor, env={"VLLM_REPLICA_URLS": ",".join(replica_urls)})
+
+
+def preview_jobs(spec: RunSpec) -> list[JobSpec]:
+    """Every job of the run as the form previews it (replica URLs shown as placeholders)."""
+    if spec.mode == "colocated":
+        return colocated_jobs(spec)
+    replicas = replica_jobs(spec)
+    urls = [REPLICA_URL_PLACEHOLDER.format(i=i) for i in range(len(replicas))]
+    return [*replicas, trainer_job(spec, urls)]

@@ -1,0 +1,97 @@
+"""The bucket layout of a run: the one contract between jobs that write and the panel that reads.
+
+    runs/<run_id>/spec.json                     the RunSpec, as launched (no secrets)
+    runs/<run_id>/code/runtime/...              the runtime code that ran
+    runs/<run_id>/metrics/<writer>-<seq>.jsonl  write-once metric fragments, one record per logging step
+    runs/<run_id>/adapters/trl-policy-v<N>/     LoRA adapter versions, published by atomic rename
+    runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
+    runs/<run_id>/checkpoints/                  trainer checkpoints, for resume
+    runs/<run_id>/final/                        the last adapter, written when training ends
+    runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, finished, failed, ...)
+
+Every file is written once: to a temporary name beside its destination, then renamed. Readers ignore
+names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapter folders without both
+adapter files.
+"""
+
+import json
+import os
+import re
+import tempfile
+import time
+
+RUNS_DIR = "runs"
+SPEC_FILE = "spec.json"
+CODE_DIR = "code"
+METRICS_DIR = "metrics"
+EVENTS_DIR = "events"
+ADAPTERS_DIR = "adapters"
+VLLM_LORA_DIR = ".vllm_lora"
+CHECKPOINTS_DIR = "checkpoints"
+FINAL_DIR = "final"
+ADAPTER_META_FILE = "version.json"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+ADAPTER_PREFIX = "trl-policy-v"
+ADAPTER_NAME_RE = re.compile(r"^trl-policy-v(\d+)$")
+FRAGMENT_RE = re.compile(r"^(?P<writer>[A-Za-z0-9_.-]+)-(?P<seq>\d{6})\.jsonl$")
+
+
+def run_prefix(run_id: str) -> str:
+    """Path of a run's folder relative to the bucket root."""
+    return f"{RUNS_DIR}/{run_id}"
+
+
+def adapter_name(version: int) -> str:
+    return f"{ADAPTER_PREFIX}{version}"
+
+
+def fragment_name(writer: str, seq: int) -> str:
+    return f"{writer}-{seq:06d}.jsonl"
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write `data` to `path` so that a reader sees either nothing or the whole file."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="_tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class FragmentWriter:
+    """Writes JSONL records as numbered write-once fragments (object storage cannot append)."""
+
+    def __init__(self, folder: str, writer: str):
+        self.folder = folder
+        self.writer = writer
+        self.seq = self._next_seq()
+
+    def _next_seq(self) -> int:
+        # A resumed trainer continues the numbering instead of overwriting earlier fragments.
+        seqs = [0]
+        if os.path.isdir(self.folder):
+            for name in os.listdir(self.folder):
+                m = FRAGMENT_RE.match(name)
+                if m and m.group("writer") == self.writer:
+                    seqs.append(int(m.group("seq")) + 1)
+        return max(seqs)
+
+    def write(self, records: list[dict]) -> str | None:
+        if not records:
+            return None
+        body = "".join(json.dumps(r, default=float, allow_nan=True) + "\n" for r in records)
+        path = os.path.join(self.folder, fragment_name(self.writer, self.seq))
+        atomic_write_bytes(path, body.encode())
+        self.seq += 1
+        return path
+
+
+def write_event(run_dir: str, writer: str, kind: str, **fields) -> None:
+    FragmentWriter(os.path.join(run_dir, EVENTS_DIR), writer).write([{"time": time.time(), "event": kind, **fields}])

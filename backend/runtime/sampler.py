@@ -1,0 +1,103 @@
+"""Resource samples for a job: GPU utilisation and memory through NVML when GPUs exist, CPU and RAM always.
+
+    python -m runtime.sampler --pid PID --out samples.jsonl [--interval 1]
+
+The same `ResourceSampler` runs inside `LocalExecutor` (one thread per job) and stands alone for jobs.
+"""
+
+import argparse
+import json
+import os
+import threading
+import time
+
+import psutil
+
+
+class _Nvml:
+    """Per-GPU utilisation and memory, or nothing where NVML (a GPU driver) is absent."""
+
+    def __init__(self):
+        self.handles = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # no driver, no library, no device: CPU-only sampling
+            self.handles = []
+
+    def sample(self) -> dict:
+        if not self.handles:
+            return {}
+        util, used, total = [], [], []
+        for h in self.handles:
+            util.append(float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu))
+            mem = self.nvml.nvmlDeviceGetMemoryInfo(h)
+            used.append(int(mem.used))
+            total.append(int(mem.total))
+        return {"gpu_util": util, "gpu_mem_bytes": used, "gpu_mem_total_bytes": total}
+
+
+def _process_tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+class ResourceSampler:
+    """Samples a process tree (CPU %, RSS) and the GPUs every `interval` seconds into a JSONL file."""
+
+    def __init__(self, pid: int, out_path: str, interval: float = 1.0):
+        self.pid, self.out_path, self.interval = pid, out_path, interval
+        self._stop = threading.Event()
+        self._nvml = _Nvml()
+        self._known: dict[int, psutil.Process] = {}
+        self._thread = threading.Thread(target=self._loop, name=f"sampler-{pid}", daemon=True)
+
+    def start(self) -> "ResourceSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def sample(self) -> dict:
+        cpu, rss = 0.0, 0
+        procs = _process_tree(self.pid)
+        for p in procs:
+            # cpu_percent() needs the same Process object across calls to measure an interval.
+            known = self._known.setdefault(p.pid, p)
+            try:
+                cpu += known.cpu_percent(None)
+                rss += known.memory_info().rss
+            except psutil.Error:
+                self._known.pop(p.pid, None)
+        return {"time": time.time(), "cpu_percent": cpu, "ram_bytes": rss, **self._nvml.sample()}
+
+    def _loop(self) -> None:
+        self.sample()  # primes cpu_percent
+        with open(self.out_path, "a", buffering=1) as f:
+            while not self._stop.wait(self.interval):
+                if not _process_tree(self.pid):
+                    break
+                f.write(json.dumps(self.sample()) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pid", type=int, default=os.getppid())
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args()
+    sampler = ResourceSampler(args.pid, args.out, args.interval)
+    sampler._loop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""RunView: everything the dashboard shows about one run, kept up to date incrementally.
+
+`refresh()` asks each observer for what is new (metric and event fragments, adapter versions, log lines,
+resource samples, job stages) and appends it; it returns whether anything changed, so the panel redraws
+only then.
+"""
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from backend.executors.base import Executor, ResourceSample
+from backend.jobspec import TERMINAL_STAGES, JobStatus
+from backend.observers import (AdapterVersion, FragmentCursor, final_adapter_files, list_adapter_versions,
+                               read_new_records)
+from backend.runtime import layout
+from backend.store import BucketStore
+
+MAX_LOG_LINES = 5000
+
+
+@dataclass
+class JobView:
+    job_id: str
+    role: str
+    status: JobStatus = field(default_factory=lambda: JobStatus("SCHEDULING"))
+    log_cursor: int = 0
+    resource_cursor: int = 0
+    logs: deque = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES))
+    resources: list[ResourceSample] = field(default_factory=list)
+
+
+class RunView:
+    def __init__(self, run_id: str, store: BucketStore, executor: Executor, jobs: dict[str, str]):
+        self.run_id = run_id
+        self.store = store
+        self.executor = executor
+        self.jobs = {role: JobView(job_id, role) for role, job_id in jobs.items()}
+        self.spec: dict = {}
+        self.metrics: list[dict] = []
+        self.events: list[dict] = []
+        self.replica_stats: list[dict] = []
+        self.adapters: dict[int, AdapterVersion] = {}
+        self.final_files: list = []
+        self._metric_cursor = FragmentCursor()
+        self._event_cursor = FragmentCursor()
+        self.last_refresh = 0.0
+
+    # ---- derived
+    @property
+    def stage(self) -> str:
+        """The run's stage: the trainer's, or the worst of its jobs'."""
+        stages = [j.status.stage for j in self.jobs.values()]
+        trainer = self.jobs.get("trainer")
+        if trainer and trainer.status.stage in TERMINAL_STAGES:
+            return trainer.status.stage
+        for stage in ("ERROR", "RUNNING", "SCHEDULING", "CANCELED", "COMPLETED"):
+            if stage in stages:
+                return stage
+        return "UNKNOWN"
+
+    @property
+    def done(self) -> bool:
+        return bool(self.jobs) and all(j.status.stage in TERMINAL_STAGES for j in self.jobs.values())
+
+    @property
+    def engine(self) -> str | None:
+        for event in reversed(self.events):
+            if event.get("event") == "engine":
+                return event.get("engine")
+        return None
+
+    # ---- refresh
+    def refresh(self) -> bool:
+        changed = self._refresh_spec()
+        changed |= self._refresh_fragments()
+        changed |= self._refresh_adapters()
+        for job in self.jobs.values():
+            changed |= self._refresh_job(job)
+        self.last_refresh = time.time()
+        return changed
+
+    def _refresh_spec(self) -> bool:
+        if self.spec:
+            return False
+        try:
+            self.spec = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.SPEC_FILE}"))
+        except (OSError, ValueError, KeyError):
+            return False
+        return True
+
+    def _refresh_fragments(self) -> bool:
+        prefix = layout.run_prefix(self.run_id)
+        new_metrics = read_new_records(self.store, f"{prefix}/{layout.METRICS_DIR}", self._metric_cursor)
+        for writer, record in new_metrics:
+            if "replicas" in record:
+                self.replica_stats.append(record)
+            else:
+                self.metrics.append(record)
+        new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor)
+        for writer, record in new_events:
+            (self.replica_stats if "replicas" in record else self.events).append({"writer": writer, **record})
+        if new_metrics:
+            self.metrics.sort(key=lambda r: (r.get("step", 0), r.get("time", 0)))
+        return bool(new_metrics or new_events)
+
+    def _refresh_adapters(self) -> bool:
+        new = list_adapter_versions(self.store, self.run_id, known=set(self.adapters))
+        self.adapters.update(new)
+        changed = bool(new)
+        if not self.final_files:
+            self.final_files = final_adapter_files(self.store, self.run_id)
+            changed |= bool(self.final_files)
+        return changed
+
+    def _refresh_job(self, job: JobView) -> bool:
+        changed = False
+        if job.status.stage not in TERMINAL_STAGES or job.log_cursor == 0:
+            try:
+                status = self.executor.status(job.job_id)
+            except Exception as exc:  # a flaky status call must not break the dashboard
+                status = JobStatus(job.status.stage, f"status unavailable: {exc}")
+            changed |= status != job.status
+            job.status = status
+        lines, job.log_cursor = self.executor.read_logs(job.job_id, job.log_cursor)
+        job.logs.extend(lines)
+        samples, job.resource_cursor = self.executor.read_resources(job.job_id, job.resource_cursor)
+        job.resources.extend(samples)
+        return changed or bool(lines or samples)

@@ -1,0 +1,283 @@
+"""RunSpec: one validated, serialisable description of a GRPO + LoRA run.
+
+Validation happens here, once: `RunSpec.validate()` returns every problem as a `FieldError` naming the
+field and what would be valid; `check()` raises `SpecError` carrying all of them. Nothing is launched
+from a spec that does not validate.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import secrets as _secrets
+import time
+from dataclasses import dataclass, field
+
+MODES = ("colocated", "distributed")
+EXECUTORS = ("local", "hf_jobs")
+BUILTIN_MODEL = "builtin:tiny-qwen2"
+BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
+BUILTIN_REWARDS = ("digits", "length_target", "format")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+MAX_TIMEOUT_MIN = 7 * 24 * 60
+DEFAULT_MOUNT = "/bucket"
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A RunSpec did not validate. `errors` lists every problem; str() reads as one message per line."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+@dataclass
+class RunSpec:
+    name: str = "tiny-demo"
+    mode: str = field(default="colocated", metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
+    executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
+    model: str = field(default=BUILTIN_MODEL, metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
+    dataset: str = field(default="builtin:count-to-ten", metadata={"help": "builtin:<name> or a Hub dataset id with a 'prompt' column"})
+    rewards: list[str] = field(default_factory=lambda: ["digits"])
+    # LoRA
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    # GRPO
+    learning_rate: float = 5e-3
+    max_steps: int = 60
+    per_device_batch_size: int = 8
+    num_generations: int = 8
+    max_completion_length: int = 16
+    temperature: float = 1.0
+    beta: float = 0.0
+    logging_steps: int = 1
+    adapter_every: int = field(default=10, metadata={"help": "publish an adapter version every K steps"})
+    checkpoint_every: int = 50
+    seed: int = 0
+    # Generation engine
+    use_vllm: bool = field(default=False, metadata={"help": "colocated vLLM (GPU); False generates with transformers"})
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_enable_sleep_mode: bool = True
+    vllm_sleep_level: int = 1
+    vllm_tensor_parallel_size: int = 1
+    num_processes: int = field(default=1, metadata={"help": "data-parallel training processes (accelerate)"})
+    # Distributed
+    replicas: int = 2
+    max_staleness: int = 1
+    vllm_flavor: str = "l4x1"
+    max_inflight_tasks: int = 8
+    queue_maxsize: int = 64
+    max_tokens_per_batch: int = 4096
+    gradient_checkpointing: bool = False
+    # Hardware and storage
+    flavor: str = field(default="cpu-basic", metadata={"help": "the trainer's hardware (HF Jobs flavor)"})
+    timeout_minutes: int = 30
+    bucket: str = "local/grpo-runs"
+    mount_path: str = DEFAULT_MOUNT
+    image: str = "vllm/vllm-openai:v0.11.0"
+    run_id: str = ""
+    created_at: float = 0.0
+
+    def __post_init__(self):
+        if not self.run_id:
+            stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+            self.run_id = f"{stamp}-{_secrets.token_hex(3)}"
+        if not self.created_at:
+            self.created_at = time.time()
+
+    # ---- serialisation
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunSpec":
+        """Build a spec from a form or spec.json. Unknown keys are refused; values are coerced by type."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        errors = [FieldError(k, "is not a RunSpec field") for k in data if k not in known]
+        kwargs = {}
+        for key, value in data.items():
+            if key not in known:
+                continue
+            try:
+                kwargs[key] = _coerce(value, known[key].type)
+            except (TypeError, ValueError):
+                errors.append(FieldError(key, f"expected {_type_name(known[key].type)}, got {value!r}"))
+        if errors:
+            raise SpecError(errors)
+        return cls(**kwargs)
+
+    @property
+    def bucket_namespace(self) -> str:
+        return self.bucket.split("/", 1)[0]
+
+    @property
+    def run_path(self) -> str:
+        """The run's folder as every job sees it, inside the bucket mount."""
+        return f"{self.mount_path.rstrip('/')}/runs/{self.run_id}"
+
+    # ---- validation
+    def validate(self) -> list[FieldError]:
+        errs: list[FieldError] = []
+
+        def need(ok: bool, name: str, message: str):
+            if not ok:
+                errs.append(FieldError(name, message))
+
+        need(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name or "")), "name",
+             "use 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit")
+        need(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}")
+        need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}")
+        errs += _check_model(self.model, self.executor)
+        need(self.dataset in BUILTIN_DATASETS or bool(_HUB_ID.match(self.dataset or "")), "dataset",
+             f"use one of {', '.join(BUILTIN_DATASETS)} or a Hub dataset id like 'org/name'")
+        if self.dataset.startswith("builtin:") is False and self.executor == "local":
+            errs.append(FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset"))
+        bad_rewards = [r for r in self.rewards if r not in BUILTIN_REWARDS]
+        need(bool(self.rewards) and not bad_rewards, "rewards",
+             f"choose one or more of {', '.join(BUILTIN_REWARDS)}" + (f" (unknown: {', '.join(bad_rewards)})" if bad_rewards else ""))
+        need(self.lora_r > 0, "lora_r", "LoRA rank must be a positive integer, e.g. 8 or 16")
+        need(self.lora_r <= 512, "lora_r", f"LoRA rank above 512 is not served by vLLM; use one of {VLLM_LORA_RANKS}")
+        need(self.lora_alpha > 0, "lora_alpha", "LoRA alpha must be positive, typically 2x the rank")
+        need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
+        bad_targets = [t for t in self.lora_target_modules if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", t)]
+        need(bool(self.lora_target_modules) and not bad_targets, "lora_target_modules",
+             f"name one or more module names, e.g. {', '.join(LORA_TARGET_CHOICES[:4])}")
+        need(0 < self.learning_rate < 1, "learning_rate", "must be > 0 and < 1, e.g. 1e-5 .. 5e-3 for LoRA")
+        need(0 < self.max_steps <= 1_000_000, "max_steps", "must be a positive number of steps (at most 1,000,000)")
+        need(self.num_generations >= 2, "num_generations", "GRPO needs at least 2 generations per prompt to compare")
+        need(self.per_device_batch_size > 0, "per_device_batch_size", "must be positive")
+        if self.per_device_batch_size > 0 and self.num_generations >= 2 and self.mode == "colocated":
+            need((self.per_device_batch_size * self.num_processes) % self.num_generations == 0, "per_device_batch_size",
+                 f"batch size x processes ({self.per_device_batch_size}x{self.num_processes}) must be a multiple "
+                 f"of num_generations ({self.num_generations})")
+        need(0 < self.max_completion_length <= 32768, "max_completion_length", "must be between 1 and 32768 tokens")
+        need(0 < self.temperature <= 2, "temperature", "must be > 0 and <= 2")
+        need(self.beta >= 0, "beta", "KL coefficient must be >= 0 (0 disables the reference model)")
+        need(self.logging_steps > 0, "logging_steps", "must be a positive number of steps")
+        need(self.adapter_every > 0, "adapter_every", "publish an adapter every K > 0 steps")
+        need(self.checkpoint_every > 0, "checkpoint_every", "save a checkpoint every K > 0 steps")
+        need(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization",
+             "must be strictly between 0 and 1, e.g. 0.3 leaves 70% of the GPU for training")
+        need(self.vllm_sleep_level in (1, 2), "vllm_sleep_level",
+             "1 offloads weights and drops the KV cache; 2 drops both")
+        need(self.vllm_tensor_parallel_size in (1, 2, 4, 8), "vllm_tensor_parallel_size", "must be 1, 2, 4 or 8")
+        need(1 <= self.num_processes <= 64, "num_processes", "must be between 1 and 64")
+        if self.mode == "distributed":
+            need(1 <= self.replicas <= 16, "replicas", "a distributed run needs between 1 and 16 vLLM replicas")
+            need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0 means rollouts always use the newest policy)")
+            need(self.max_staleness <= 16, "max_staleness", "at most 16: vLLM must keep max_staleness + 2 adapters loaded")
+            need(self.max_inflight_tasks > 0, "max_inflight_tasks", "must be positive")
+            need(self.queue_maxsize > 0, "queue_maxsize", "must be positive")
+            need(self.max_tokens_per_batch >= self.max_completion_length, "max_tokens_per_batch",
+                 "the token budget must hold at least one completion (>= max_completion_length)")
+        need(isinstance(self.timeout_minutes, int) and 1 <= self.timeout_minutes <= MAX_TIMEOUT_MIN, "timeout_minutes",
+             f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
+        errs += _check_bucket(self.bucket, self.executor)
+        need(self.mount_path.startswith("/") and self.mount_path != "/" and " " not in self.mount_path, "mount_path",
+             "must be an absolute folder path such as /bucket")
+        need(bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.flavor or "")), "flavor", "pick a hardware flavor such as cpu-basic or a10g-small")
+        need(bool(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.run_id)), "run_id",
+             "letters, digits, '-', '_', '.' only")
+        return errs
+
+    def check(self) -> "RunSpec":
+        errors = self.validate()
+        if errors:
+            raise SpecError(errors)
+        return self
+
+
+def _check_model(model: str, executor: str) -> list[FieldError]:
+    if model == BUILTIN_MODEL:
+        return []
+    if not model:
+        return [FieldError("model", f"give a local folder, a Hub model id, or {BUILTIN_MODEL}")]
+    looks_local = model.startswith(("/", ".", "~")) or os.sep in model.strip("/").split("/", 1)[-1] or model.startswith("builtin:")
+    if looks_local or executor == "local" and not _HUB_ID.match(model):
+        path = os.path.expanduser(model)
+        if not os.path.isdir(path):
+            return [FieldError("model", f"no model folder at {model!r}; give an existing folder with config.json, "
+                                        f"a Hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or {BUILTIN_MODEL}")]
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            return [FieldError("model", f"{model!r} has no config.json; is it a transformers model folder?")]
+        return []
+    if not _HUB_ID.match(model):
+        return [FieldError("model", f"{model!r} is not a Hub model id (expected 'org/name')")]
+    if executor == "local":
+        return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
+                                    f"{BUILTIN_MODEL}, or run on Hugging Face Jobs")]
+    return []
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why Hugging Face would refuse this bucket name part, or None if it is acceptable."""
+    if not _REPO_NAME.match(name):
+        return "use 1-96 letters, digits, '-', '_' or '.', starting with a letter or digit"
+    if "--" in name or ".." in name:
+        return "must not contain '--' or '..'"
+    if name.endswith((".git", ".", "-")):
+        return "must not end with '.git', '.' or '-'"
+    return None
+
+
+def _check_bucket(bucket: str, executor: str) -> list[FieldError]:
+    parts = (bucket or "").split("/")
+    if len(parts) != 2:
+        return [FieldError("bucket", "write the bucket as 'namespace/name', e.g. 'my-user/grpo-runs'")]
+    for part, what in zip(parts, ("namespace", "name")):
+        problem = bucket_name_problem(part)
+        if problem:
+            return [FieldError("bucket", f"bucket {what} {part!r}: {problem}")]
+    return []
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value, tp):
+    if tp in ("bool", bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(value)
+    if tp in ("int", int):
+        if isinstance(value, bool):
+            raise TypeError(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(value)
+        return int(value)
+    if tp in ("float", float):
+        if isinstance(value, bool):
+            raise TypeError(value)
+        return float(value)
+    if tp in ("str", str):
+        if not isinstance(value, str):
+            raise TypeError(value)
+        return value.strip()
+    if str(tp).startswith("list"):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(value)
+        return [str(v) for v in value]
+    return value

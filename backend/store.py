@@ -1,0 +1,86 @@
+"""Bucket stores: list/read/write over a run bucket, either a local folder or the Hub bucket API.
+
+Paths are always relative to the bucket root and use "/" (e.g. "runs/<run_id>/metrics/trainer-000000.jsonl").
+Writers write each file once; readers list and keep their own cursors (see `backend.observers`).
+"""
+
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    path: str       # relative to the bucket root
+    size: int
+    mtime: float
+
+
+class BucketStore(Protocol):
+    def list_files(self, prefix: str) -> list[StoredFile]:
+        """Every file under `prefix` (recursive), sorted by path."""
+
+    def read_bytes(self, path: str, start: int = 0) -> bytes:
+        """The file's bytes from offset `start`."""
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """Write a whole file at once (atomic where the backend allows)."""
+
+    def upload_folder(self, local_dir: str, prefix: str) -> None: ...
+
+    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
+        """Copy every file under `prefix` into `local_dir`; return the local paths written."""
+
+
+class FolderStore:
+    """A bucket that is a local folder: local runs, or a bucket mounted into the Space as a volume."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+
+    def local_path(self, path: str) -> str:
+        full = os.path.abspath(os.path.join(self.root, path))
+        if full != self.root and not full.startswith(self.root + os.sep):
+            raise ValueError(f"path {path!r} escapes the bucket")
+        return full
+
+    def list_files(self, prefix: str) -> list[StoredFile]:
+        base = self.local_path(prefix)
+        out = []
+        for folder, _dirs, files in os.walk(base):
+            for name in files:
+                full = os.path.join(folder, name)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue  # renamed or removed while we walked
+                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
+                out.append(StoredFile(rel, st.st_size, st.st_mtime))
+        return sorted(out, key=lambda f: f.path)
+
+    def read_bytes(self, path: str, start: int = 0) -> bytes:
+        with open(self.local_path(path), "rb") as f:
+            f.seek(start)
+            return f.read()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        from backend.runtime.layout import atomic_write_bytes
+
+        atomic_write_bytes(self.local_path(path), data)
+
+    def upload_folder(self, local_dir: str, prefix: str) -> None:
+        dest = self.local_path(prefix)
+        shutil.copytree(local_dir, dest, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
+        written = []
+        for f in self.list_files(prefix):
+            rel = os.path.relpath(f.path, prefix)
+            target = os.path.join(local_dir, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(self.local_path(f.path), target)
+            written.append(target)
+        return written

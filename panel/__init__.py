@@ -1,0 +1,1 @@
+"""The Gradio panel: turns user events into backend calls and RunView frames into plotly figures."""

@@ -1,0 +1,191 @@
+"""What the panel's buttons and timer do, as plain functions over the backend (no Gradio objects here).
+
+`Panel` holds the registries (one per executor) and the deployment settings; every handler in
+`panel/ui.py` is a thin wrapper over one of its methods, so tests can drive the panel without a browser.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+from backend import recipe
+from backend.executors.local import LocalExecutor
+from backend.launch import LaunchError
+from backend.redact import redact_tokens
+from backend.runs import RunRegistry
+from backend.runview import RunView
+from backend.spec import RunSpec, SpecError
+from backend.store import FolderStore
+
+
+@dataclass
+class Settings:
+    home: str = field(default_factory=lambda: os.environ.get("GRPO_PANEL_HOME", os.path.abspath("data")))
+    on_space: bool = field(default_factory=lambda: bool(os.environ.get("SPACE_ID")))
+    bucket_mount: str | None = field(default_factory=lambda: os.environ.get("GRPO_PANEL_BUCKET_MOUNT"))
+
+
+class Refused(Exception):
+    """The visitor may not do this (anonymous on a Space, or a namespace they do not own)."""
+
+
+class Panel:
+    def __init__(self, settings: Settings | None = None):
+        self.settings = settings or Settings()
+        self.local = LocalExecutor(self.settings.home)
+        self.local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
+        self._hub_registries: dict[str, RunRegistry] = {}
+        self._run_registry: dict[str, RunRegistry] = {}
+
+    # ---- registries and permissions
+    def _token(self, oauth_token: str | None) -> str | None:
+        from backend.hub_auth import resolve_token
+
+        return resolve_token(oauth_token, self.settings.on_space)
+
+    def hub_registry(self, token: str, namespace: str) -> RunRegistry:
+        key = f"{namespace}:{hash(token)}"
+        if key not in self._hub_registries:
+            from backend.executors.hf_jobs import HfJobsExecutor
+            from backend.hub_store import open_store
+
+            executor = HfJobsExecutor(token, namespace)
+            self._hub_registries[key] = RunRegistry(
+                executor, lambda bucket: open_store(bucket, token, self.settings.bucket_mount))
+        return self._hub_registries[key]
+
+    def _check_control(self, executor: str, namespace: str | None, oauth_token: str | None) -> str | None:
+        """The token to act with; raises Refused with a reason the visitor can act on."""
+        if executor == "local":
+            if self.settings.on_space and not oauth_token:
+                raise Refused("Sign in with Hugging Face (button at the top) to launch or cancel runs on this Space.")
+            return None
+        token = self._token(oauth_token)
+        from backend.hub_auth import can_control
+
+        allowed, reason = can_control(namespace or "", token, self.settings.on_space)
+        if not allowed:
+            raise Refused(reason)
+        return token
+
+    # ---- launch form
+    def build_spec(self, values: dict) -> RunSpec:
+        """A validated RunSpec from form values; raises SpecError listing every bad field."""
+        return RunSpec.from_dict(values).check()
+
+    def preview(self, values: dict) -> str:
+        """Markdown: the problems to fix, or the jobs as `hf jobs run` commands with an estimated cost."""
+        try:
+            spec = self.build_spec(values)
+        except SpecError as exc:
+            return _errors_markdown(exc)
+        jobs = recipe.preview_jobs(spec)
+        lines = [f"**{len(jobs)} job(s)**, image `{recipe.VLLM_IMAGE}`, TRL {recipe.TRL_VERSION}, "
+                 f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}."]
+        if spec.executor == "hf_jobs":
+            lines.append(self._cost_line(jobs))
+        else:
+            lines.append("Runs here as local processes; the bucket is the folder "
+                         f"`{self.local.bucket_root(spec.bucket)}`.")
+        for job in jobs:
+            command = job.cli_preview() if spec.executor == "hf_jobs" else job.local_preview()
+            lines.append(f"```bash\n# {job.role}\n{redact_tokens(command)}\n```")
+        return "\n\n".join(lines)
+
+    def _cost_line(self, jobs) -> str:
+        from backend.hardware import estimate_cost, list_flavors
+
+        try:
+            flavors = list_flavors(None)
+            return f"Estimated cost at most **${estimate_cost(jobs, flavors):.2f}** (price/hour x jobs x timeout)."
+        except Exception as exc:
+            return f"Cost estimate unavailable: {exc}"
+
+    def launch(self, values: dict, oauth_token: str | None = None) -> tuple[str, str | None]:
+        """(message, run_id or None). Nothing is launched unless the spec validates and the visitor may."""
+        try:
+            spec = self.build_spec(values)
+            token = self._check_control(spec.executor, spec.bucket_namespace, oauth_token)
+            if spec.executor == "local":
+                registry, secrets = self.local_runs, {}
+            else:
+                registry, secrets = self.hub_registry(token, spec.bucket_namespace), {recipe.TOKEN_SECRET: token}
+            launched = registry.launch(spec, secrets)
+        except SpecError as exc:
+            return _errors_markdown(exc), None
+        except (Refused, LaunchError) as exc:
+            return f"**Not launched.** {redact_tokens(str(exc))}", None
+        self._run_registry[spec.run_id] = registry
+        jobs = ", ".join(f"{role} `{job_id}`" for role, job_id in launched.job_ids.items())
+        return f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}", spec.run_id
+
+    # ---- runs
+    def registries(self, oauth_token: str | None = None) -> list[RunRegistry]:
+        regs = [self.local_runs]
+        regs += [r for r in self._hub_registries.values() if r not in regs]
+        return regs
+
+    def runs_table(self) -> list[list]:
+        """Rows: run id, name, mode, stage per job, created."""
+        import time as _time
+
+        rows = []
+        for registry in self.registries():
+            for run in registry.list_runs():
+                self._run_registry.setdefault(run.run_id, registry)
+                stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
+                created = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(run.created_at))
+                rows.append([run.run_id, registry.executor.name, stages, created])
+        return rows
+
+    def view(self, run_id: str) -> RunView:
+        if run_id not in self._run_registry:
+            self.runs_table()
+        if run_id not in self._run_registry:
+            raise KeyError(f"no run {run_id!r}")
+        return self._run_registry[run_id].view(run_id)
+
+    def cancel(self, run_id: str, oauth_token: str | None = None) -> str:
+        try:
+            view = self.view(run_id)
+            self._check_control(self._run_registry[run_id].executor.name,
+                                view.spec.get("bucket", "").split("/")[0], oauth_token)
+            stopped = self._run_registry[run_id].cancel(run_id)
+        except (Refused, KeyError) as exc:
+            return f"**Not cancelled.** {exc}"
+        return f"Cancel requested for {len(stopped)} job(s) of run {run_id}."
+
+    def final_adapter(self, run_id: str) -> str | None:
+        return self._run_registry[run_id].final_adapter_zip(run_id) if run_id in self._run_registry else None
+
+    def shutdown(self) -> None:
+        self.local.shutdown()
+
+
+def engine_label(spec: RunSpec) -> str:
+    if spec.mode == "distributed":
+        return f"vLLM server x{spec.replicas} behind the proxy (async GRPO)"
+    if spec.use_vllm and spec.executor == "hf_jobs":
+        return f"vLLM colocated (gpu_memory_utilization={spec.vllm_gpu_memory_utilization}, sleep mode {'on' if spec.vllm_enable_sleep_mode else 'off'})"
+    if spec.use_vllm:
+        return "vLLM colocated if the machine has a GPU, else transformers"
+    return "transformers generate() (no vLLM)"
+
+
+def _errors_markdown(exc: SpecError) -> str:
+    items = "\n".join(f"- **{e.field}**: {e.message}" for e in exc.errors)
+    return f"**Fix these fields before launching (nothing was launched):**\n{items}"
+
+
+def full_log_file(panel: Panel, run_id: str, role: str) -> str | None:
+    """The whole log of one job (redacted, like everything shown) as a file to download."""
+    import tempfile
+
+    view = panel.view(run_id)
+    job = view.jobs.get(role)
+    if job is None:
+        return None
+    lines, _ = view.executor.read_logs(job.job_id, 0)
+    path = os.path.join(tempfile.mkdtemp(prefix="grpo-log-"), f"{run_id}-{role}.log")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

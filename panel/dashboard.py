@@ -1,0 +1,111 @@
+"""One dashboard frame from a RunView: status text, figures, tables and the log tail. No Gradio here."""
+
+import time
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from panel import charts
+
+LOG_TAIL = 400
+
+
+@dataclass
+class Frame:
+    status: str
+    reward: go.Figure
+    staleness: go.Figure
+    utilisation: go.Figure
+    memory: go.Figure
+    kl: go.Figure
+    length: go.Figure
+    ratio: go.Figure
+    adapters: list[list]
+    replicas: list[list]
+
+
+def build_frame(view) -> Frame:
+    m = view.metrics
+    resources = {role: job.resources for role, job in view.jobs.items()}
+    return Frame(
+        status=status_markdown(view),
+        reward=charts.reward_figure(m),
+        staleness=charts.staleness_figure(m),
+        utilisation=charts.utilisation_figure(resources),
+        memory=charts.memory_figure(resources),
+        kl=charts.lines_figure(m, {"kl": "KL", "entropy": "entropy"}, "KL and entropy", "nats"),
+        length=charts.lines_figure(m, {"completion_length": "completion length", "tokens_per_s": "tokens/s",
+                                       "gen_tokens_per_s": "generated tok/s", "train_tokens_per_s": "trained tok/s",
+                                       "weight_sync_s": "weight sync (s)"},
+                                   "Completions and throughput", "value"),
+        ratio=charts.ratio_figure(m),
+        adapters=adapter_rows(view),
+        replicas=replica_rows(view),
+    )
+
+
+def status_markdown(view) -> str:
+    spec = view.spec
+    last = view.metrics[-1] if view.metrics else {}
+    parts = [f"### Run `{view.run_id}` — **{view.stage}**"]
+    jobs = " · ".join(f"{role}: {job.status.stage}" + (f" ({job.status.message})" if job.status.message else "")
+                      for role, job in sorted(view.jobs.items()))
+    parts.append(jobs)
+    engine = view.engine
+    if engine:
+        parts.append(f"Generation engine: **{engine}**")
+    if spec:
+        step = last.get("step", 0)
+        parts.append(f"{spec.get('mode')} · model `{spec.get('model')}` · step {step}/{spec.get('max_steps')}"
+                     + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
+                     + f" · {len(view.adapters)} adapter version(s)"
+                     + (" · **final adapter ready**" if view.final_files else ""))
+    warning = charts.ratio_warning(view.metrics)
+    if warning:
+        parts.append(f"⚠️ **{warning}**")
+    failed = [e for e in view.events if e.get("event") == "failed"]
+    if failed:
+        parts.append(f"❌ **{failed[-1].get('error', 'the trainer failed')}**")
+    return "\n\n".join(parts)
+
+
+def adapter_rows(view) -> list[list]:
+    """version, step, published at, size (MB), registered on replicas."""
+    registered = _registered_adapters(view)
+    rows = []
+    for v in sorted(view.adapters.values(), key=lambda a: a.version, reverse=True):
+        on = ", ".join(r for r, names in registered.items() if v.name in names) or "-"
+        rows.append([v.name, v.step if v.step is not None else "-",
+                     time.strftime("%H:%M:%S", time.localtime(v.time)), round(v.size_bytes / 1e6, 3), on])
+    return rows
+
+
+def _registered_adapters(view) -> dict[str, list[str]]:
+    if not view.replica_stats:
+        return {}
+    latest = view.replica_stats[-1]
+    return {r.get("url", f"replica-{i}"): r.get("adapters", []) for i, r in enumerate(latest.get("replicas", []))}
+
+
+def replica_rows(view) -> list[list]:
+    if not view.replica_stats:
+        return []
+    rows = []
+    for r in view.replica_stats[-1].get("replicas", []):
+        rows.append([r.get("url"), "up" if r.get("healthy") else "DOWN", r.get("in_flight"), r.get("served"),
+                     r.get("errors"), ", ".join(r.get("adapters", []))])
+    return rows
+
+
+def log_text(view, role: str | None, query: str = "", tail: int = LOG_TAIL) -> str:
+    """The last `tail` lines of a job's log, keeping only lines that contain `query` (case-insensitive)."""
+    job = view.jobs.get(role) if role else None
+    if job is None:
+        job = view.jobs.get("trainer") or next(iter(view.jobs.values()), None)
+    if job is None:
+        return ""
+    lines = list(job.logs)
+    if query:
+        q = query.lower()
+        lines = [line for line in lines if q in line.lower()]
+    return "\n".join(lines[-tail:])
