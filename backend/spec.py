@@ -208,22 +208,17 @@ class RunSpec:
 def _check_model(model: str, executor: str) -> list[FieldError]:
     if model == BUILTIN_MODEL:
         return []
-    if not model:
-        return [FieldError("model", f"give a local folder, a Hub model id, or {BUILTIN_MODEL}")]
-    looks_local = model.startswith(("/", ".", "~")) or os.sep in model.strip("/").split("/", 1)[-1] or model.startswith("builtin:")
-    if looks_local or executor == "local" and not _HUB_ID.match(model):
-        path = os.path.expanduser(model)
-        if not os.path.isdir(path):
-            return [FieldError("model", f"no model folder at {model!r}; give an existing folder with config.json, "
-                                        f"a Hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or {BUILTIN_MODEL}")]
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            return [FieldError("model", f"{model!r} has no config.json; is it a transformers model folder?")]
+    path = os.path.expanduser(model or "")
+    if _HUB_ID.match(model or "") and not os.path.exists(path):
+        if executor == "local":
+            return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
+                                        f"{BUILTIN_MODEL}, or run on Hugging Face Jobs")]
         return []
-    if not _HUB_ID.match(model):
-        return [FieldError("model", f"{model!r} is not a Hub model id (expected 'org/name')")]
-    if executor == "local":
-        return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
-                                    f"{BUILTIN_MODEL}, or run on Hugging Face Jobs")]
+    if not os.path.isdir(path):
+        return [FieldError("model", f"no model folder at {model!r}; give an existing folder with config.json, "
+                                    f"a Hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or {BUILTIN_MODEL}")]
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return [FieldError("model", f"{model!r} has no config.json; is it a transformers model folder?")]
     return []
 
 

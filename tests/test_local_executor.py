@@ -1,0 +1,125 @@
+"""LocalExecutor with real processes: a real tiny GRPO run, cancel, failure, timeout."""
+
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from backend.executors.local import LocalExecutor
+from backend.jobspec import JobSpec, VolumeSpec
+from backend.runs import RunRegistry
+from backend.spec import RunSpec
+from backend.store import FolderStore
+
+
+def _job(command, timeout_s=60, role="trainer", run_id="t1"):
+    return JobSpec(run_id=run_id, role=role, image="local", command=command, flavor="local", timeout_s=timeout_s,
+                   volumes=(VolumeSpec("local/b", "/bucket"),), env={"OUT": "/bucket/out.txt"})
+
+
+@pytest.fixture
+def executor(tmp_path):
+    ex = LocalExecutor(str(tmp_path / "home"))
+    yield ex
+    ex.shutdown()
+
+
+def test_tiny_demo_runs_for_real_and_writes_metrics_adapters_and_final(executor):
+    registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
+    spec = RunSpec(max_steps=5, adapter_every=2, checkpoint_every=100)
+    launched = registry.launch(spec)
+    view = registry.view(spec.run_id)
+    status = executor.wait(launched.job_ids["trainer"], timeout=300)
+    view.refresh()
+    assert status.stage == "COMPLETED", "\n".join(view.jobs["trainer"].logs)
+    assert [r["step"] for r in view.metrics] == [1, 2, 3, 4, 5]
+    assert all("reward" in r and "reward_std" in r and r["staleness_mean"] == 0 for r in view.metrics)
+    versions = sorted(view.adapters.values(), key=lambda v: v.version)
+    assert [v.version for v in versions][:2] == [1, 2] and len(versions) >= 2
+    assert [v.step for v in versions][:2] == [2, 4]
+    assert view.final_files and view.engine == "transformers (CPU)"
+    assert any("step 5/5" in line for line in view.jobs["trainer"].logs)
+    assert view.jobs["trainer"].resources, "the resource sampler recorded nothing"
+    run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
+    assert os.path.isfile(os.path.join(run_dir, "code", "runtime", "train.py")), "the code that ran is archived"
+    assert [r.run_id for r in RunRegistry(executor, None).list_runs()] == [spec.run_id]
+
+
+def test_volume_mount_path_is_mapped_to_the_local_bucket_folder(executor):
+    job_id = executor.submit(_job(["bash", "-c", 'echo hello > "$OUT"; echo /bucket/x']))
+    assert executor.wait(job_id, 30).stage == "COMPLETED"
+    root = executor.bucket_root("local/b")
+    assert open(os.path.join(root, "out.txt")).read() == "hello\n"
+    assert executor.read_logs(job_id, 0)[0] == [f"{root}/x"]
+
+
+def test_cancel_stops_every_process_of_the_job(executor):
+    # A parent with two children that ignore nothing: all three must be gone after cancel.
+    script = "sleep 300 & sleep 300 & echo started; wait"
+    job_id = executor.submit(_job(["bash", "-c", script]))
+    deadline = time.time() + 10
+    while time.time() < deadline and executor.read_logs(job_id, 0)[0] != ["started"]:
+        time.sleep(0.1)
+    parent = psutil.Process(executor._pid(job_id))
+    family = [parent, *parent.children(recursive=True)]
+    assert len(family) == 3
+    executor.cancel(job_id)
+    assert executor.wait(job_id, 15).stage == "CANCELED"
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert alive == []
+
+
+def test_cancel_reaches_a_child_that_ignores_sigterm(executor):
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    job_id = executor.submit(_job([sys.executable, "-c", code]))
+    deadline = time.time() + 10
+    while time.time() < deadline and not executor.read_logs(job_id, 0)[0]:
+        time.sleep(0.1)
+    pid = executor._pid(job_id)
+    executor.cancel(job_id)
+    assert executor.wait(job_id, 20).stage == "CANCELED"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_failing_job_ends_in_error_and_keeps_its_log(executor):
+    job_id = executor.submit(_job([sys.executable, "-c", "print('about to fail'); raise SystemExit(3)"]))
+    status = executor.wait(job_id, 30)
+    assert status.stage == "ERROR" and "code 3" in status.message
+    assert executor.read_logs(job_id, 0)[0] == ["about to fail"]
+    assert os.path.getsize(executor.log_path(job_id)) > 0
+
+
+def test_the_timeout_is_enforced(executor):
+    job_id = executor.submit(_job(["sleep", "60"], timeout_s=1))
+    status = executor.wait(job_id, 20)
+    assert status.stage == "ERROR" and "timed out" in status.message
+
+
+def test_a_missing_secret_is_refused_before_anything_starts(executor):
+    from backend.executors.base import SubmitError
+
+    job = JobSpec(run_id="t1", role="trainer", image="local", command=["true"], flavor="local", timeout_s=5,
+                  secrets=("HF_TOKEN",))
+    with pytest.raises(SubmitError, match="HF_TOKEN"):
+        executor.submit(job)
+    assert executor.list_jobs() == []
+
+
+def test_a_fresh_executor_rebuilds_the_job_list_from_disk(executor):
+    job_id = executor.submit(_job(["true"]))
+    executor.wait(job_id, 10)
+    again = LocalExecutor(executor.home)
+    [record] = again.list_jobs()
+    assert (record.job_id, record.run_id, record.role, record.stage, record.bucket) == (
+        job_id, "t1", "trainer", "COMPLETED", "local/b")
+
+
+def test_logs_are_read_from_a_cursor_and_tokens_are_masked(executor):
+    token = "hf_" + "a" * 34
+    job_id = executor.submit(_job(["bash", "-c", f"echo one; echo token={token}; printf 'partial'"]))
+    executor.wait(job_id, 10)
+    lines, cursor = executor.read_logs(job_id, 0)
+    assert lines == ["one", "token=hf_***"], "the unfinished last line waits for its newline"
+    assert executor.read_logs(job_id, cursor) == ([], cursor)

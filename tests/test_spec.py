@@ -1,0 +1,89 @@
+"""RunSpec validation: every bad field is refused with a message that names it and says what is valid."""
+
+import json
+
+import pytest
+
+from backend.spec import BUILTIN_MODEL, RunSpec, SpecError
+
+
+def test_defaults_validate():
+    assert RunSpec().validate() == []
+
+
+BAD = [
+    ({"model": "/no/such/model"}, "model", "no model folder"),
+    ({"model": "not a model id!"}, "model", "a Hub id like"),
+    ({"model": "not a model id!", "executor": "hf_jobs", "bucket": "me/b"}, "model", "a Hub id like"),
+    ({"model": "Qwen/Qwen2.5-0.5B"}, "model", "local runs cannot download"),
+    ({"lora_r": 0}, "lora_r", "positive"),
+    ({"lora_r": -4}, "lora_r", "positive"),
+    ({"lora_r": 1024}, "lora_r", "above 512"),
+    ({"lora_alpha": 0}, "lora_alpha", "positive"),
+    ({"learning_rate": 0.0}, "learning_rate", "> 0"),
+    ({"learning_rate": -1e-5}, "learning_rate", "> 0"),
+    ({"max_steps": 0}, "max_steps", "positive"),
+    ({"num_generations": 1}, "num_generations", "at least 2"),
+    ({"per_device_batch_size": 6, "num_generations": 4}, "per_device_batch_size", "multiple of num_generations"),
+    ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization", "between 0 and 1"),
+    ({"vllm_gpu_memory_utilization": 1.0}, "vllm_gpu_memory_utilization", "between 0 and 1"),
+    ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization", "between 0 and 1"),
+    ({"vllm_sleep_level": 3}, "vllm_sleep_level", "1 offloads"),
+    ({"bucket": "no-namespace"}, "bucket", "namespace/name"),
+    ({"bucket": "me/has space"}, "bucket", "letters, digits"),
+    ({"bucket": "me/double--dash"}, "bucket", "'--'"),
+    ({"bucket": "me/ends.git"}, "bucket", ".git"),
+    ({"bucket": "me/" + "x" * 97}, "bucket", "1-96"),
+    ({"timeout_minutes": 0}, "timeout_minutes", "timeout"),
+    ({"timeout_minutes": 60 * 24 * 365}, "timeout_minutes", "7 days"),
+    ({"rewards": []}, "rewards", "choose one or more"),
+    ({"rewards": ["digits", "nope"]}, "rewards", "unknown: nope"),
+    ({"dataset": "org/data"}, "dataset", "local runs cannot download"),
+    ({"mode": "sideways"}, "mode", "colocated, distributed"),
+    ({"mount_path": "relative"}, "mount_path", "absolute"),
+    ({"mode": "distributed", "replicas": 0}, "replicas", "between 1 and 16"),
+    ({"mode": "distributed", "max_staleness": -1}, "max_staleness", ">= 0"),
+    ({"mode": "distributed", "max_tokens_per_batch": 4}, "max_tokens_per_batch", "at least one completion"),
+    ({"temperature": 0}, "temperature", "> 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,field,fragment", BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_field_is_refused_with_a_message_naming_it(overrides, field, fragment):
+    errors = RunSpec(**overrides).validate()
+    messages = {e.field: e.message for e in errors}
+    assert field in messages, errors
+    assert fragment in messages[field]
+
+
+def test_check_raises_with_every_problem():
+    with pytest.raises(SpecError) as info:
+        RunSpec(lora_r=0, learning_rate=0, max_steps=0).check()
+    assert {e.field for e in info.value.errors} == {"lora_r", "learning_rate", "max_steps"}
+    assert "lora_r:" in str(info.value)
+
+
+def test_from_dict_coerces_form_values_and_refuses_unknown_or_mistyped_fields():
+    spec = RunSpec.from_dict({"lora_r": 16.0, "use_vllm": "true", "lora_target_modules": "q_proj, v_proj"})
+    assert (spec.lora_r, spec.use_vllm, spec.lora_target_modules) == (16, True, ["q_proj", "v_proj"])
+    with pytest.raises(SpecError) as info:
+        RunSpec.from_dict({"lora_r": "eight", "colour": "blue"})
+    assert {e.field for e in info.value.errors} == {"lora_r", "colour"}
+
+
+def test_local_model_folder_needs_a_config(tmp_path):
+    assert [e.field for e in RunSpec(model=str(tmp_path)).validate()] == ["model"]
+    (tmp_path / "config.json").write_text("{}")
+    assert RunSpec(model=str(tmp_path)).validate() == []
+
+
+def test_hub_ids_are_fine_on_hf_jobs():
+    spec = RunSpec(executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct", dataset="trl-lib/DeepMath-103K",
+                   bucket="alice/grpo-runs", flavor="a10g-small")
+    assert spec.validate() == []
+
+
+def test_spec_round_trips_through_json():
+    spec = RunSpec(name="x", lora_r=4, model=BUILTIN_MODEL)
+    again = RunSpec.from_dict(json.loads(spec.to_json()))
+    assert again == spec
