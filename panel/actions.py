@@ -55,6 +55,9 @@ class Panel:
 
     def _check_control(self, executor: str, namespace: str | None, oauth_token: str | None) -> str | None:
         """The token to act with; raises Refused with a reason the visitor can act on."""
+        if executor == "local" and not local_runtime_installed():
+            raise Refused("This deployment has no local training runtime (requirements-runtime.txt): "
+                          "choose 'hf_jobs' to run on Hugging Face Jobs.")
         if executor == "local":
             if self.settings.on_space and not oauth_token:
                 raise Refused("Sign in with Hugging Face (button at the top) to launch or cancel runs on this Space.")
@@ -159,6 +162,12 @@ class Panel:
 
     def shutdown(self) -> None:
         self.local.shutdown()
+
+
+def local_runtime_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
 
 
 def engine_label(spec: RunSpec) -> str:

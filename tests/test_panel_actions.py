@@ -1,0 +1,49 @@
+"""The panel's handlers without a browser: bad input changes nothing, anonymous Space visitors only look."""
+
+import os
+
+import pytest
+
+from panel.actions import Panel, Settings
+
+
+@pytest.fixture
+def panel(tmp_path):
+    p = Panel(Settings(home=str(tmp_path / "home"), on_space=False))
+    yield p
+    p.shutdown()
+
+
+def _files_under(path) -> list[str]:
+    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+
+
+def test_bad_input_is_refused_and_changes_nothing(panel, tmp_path):
+    message, run_id = panel.launch({"lora_r": 0, "learning_rate": -1, "bucket": "nope"})
+    assert run_id is None
+    assert "nothing was launched" in message
+    for field in ("lora_r", "learning_rate", "bucket"):
+        assert f"**{field}**" in message
+    assert panel.local.list_jobs() == []
+    assert _files_under(os.path.join(panel.settings.home, "buckets")) == []
+
+
+def test_unknown_fields_and_wrong_types_are_refused(panel):
+    message, run_id = panel.launch({"max_steps": "many"})
+    assert run_id is None and "**max_steps**" in message
+
+
+def test_anonymous_space_visitor_can_look_but_not_launch_or_cancel(tmp_path):
+    panel = Panel(Settings(home=str(tmp_path / "home"), on_space=True))
+    message, run_id = panel.launch({})
+    assert run_id is None and "Sign in" in message
+    assert panel.local.list_jobs() == []
+    assert "local" in panel.preview({}), "looking (the preview) stays allowed"
+
+
+def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
+    token = "hf_" + "x" * 34
+    monkeypatch.setenv("HF_TOKEN", token)
+    text = panel.preview({"mode": "distributed", "replicas": 2})
+    assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
+    assert token not in text
