@@ -11,6 +11,7 @@ TERMINAL_STAGES = frozenset({COMPLETED, ERROR, CANCELED, DELETED})
 LABEL_APP = "grpo-panel"
 LABEL_RUN = "grpo-panel-run"
 LABEL_ROLE = "grpo-panel-role"
+APP_LABEL_VALUE = "1"   # the value under LABEL_APP on every job this panel launches; list_jobs filters on it
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ def free_port() -> int:
 def write_run_files(spec: RunSpec, store: BucketStore) -> None:
     """spec.json and the runtime code, so the run can always be explained, relaunched and resumed."""
     prefix = layout.run_prefix(spec.run_id)
+    store.ensure_bucket()
     store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
     store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
 
@@ -80,7 +81,10 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore, secrets: d
     secrets = secrets or {}
     local = executor.name == "local"
     python = sys.executable if local else "python"
-    write_run_files(spec, store)
+    try:
+        write_run_files(spec, store)
+    except Exception as exc:
+        raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. No job was submitted.") from exc
     if spec.mode == "colocated":
         jobs = recipe.colocated_jobs(spec, python=python)
         ids = submit_jobs(executor, jobs, secrets)

@@ -7,7 +7,7 @@ JobSpec needs the replicas' URLs, which exist only once they are submitted, so i
 
 import shlex
 
-from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
 from backend.spec import BUILTIN_MODEL, RunSpec
 
@@ -28,7 +28,7 @@ def model_path(spec: RunSpec) -> str:
 
 
 def _labels(spec: RunSpec, role: str) -> dict[str, str]:
-    return {LABEL_APP: "1", LABEL_RUN: spec.run_id, LABEL_ROLE: role}
+    return {LABEL_APP: APP_LABEL_VALUE, LABEL_RUN: spec.run_id, LABEL_ROLE: role}
 
 
 def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,

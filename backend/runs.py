@@ -7,6 +7,7 @@ restarted panel shows every run it launched.
 import io
 import os
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from typing import Callable
@@ -28,25 +29,33 @@ class RunSummary:
 
 
 class RunRegistry:
-    def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore]):
+    def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0):
         self.executor = executor
         self.store_for = store_for
+        self.list_every_s = list_every_s    # a remote job list is an API call: ask at most this often
         self._views: dict[str, RunView] = {}
+        self._listed: tuple[float, list[RunSummary]] = (0.0, [])
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
         launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+        self._listed = (0.0, [])
         self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
         return launched
 
     def list_runs(self) -> list[RunSummary]:
+        listed_at, cached = self._listed
+        if self.list_every_s and time.time() - listed_at < self.list_every_s:
+            return cached
         runs: dict[str, dict] = {}
         for rec in self.executor.list_jobs():
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at, "jobs": {}, "stages": {}})
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
-        summaries = [RunSummary(run_id, **data) for run_id, data in runs.items()]
-        return sorted(summaries, key=lambda r: r.created_at, reverse=True)
+        summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
+                           key=lambda r: r.created_at, reverse=True)
+        self._listed = (time.time(), summaries)
+        return summaries
 
     def view(self, run_id: str) -> RunView:
         if run_id not in self._views:

@@ -18,6 +18,9 @@ class StoredFile:
 
 
 class BucketStore(Protocol):
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist yet."""
+
     def list_files(self, prefix: str) -> list[StoredFile]:
         """Every file under `prefix` (recursive), sorted by path."""
 
@@ -38,6 +41,9 @@ class FolderStore:
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+
+    def ensure_bucket(self) -> None:
         os.makedirs(self.root, exist_ok=True)
 
     def local_path(self, path: str) -> str:

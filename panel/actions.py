@@ -4,6 +4,7 @@
 `panel/ui.py` is a thin wrapper over one of its methods, so tests can drive the panel without a browser.
 """
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from backend.runs import RunRegistry
 from backend.runview import RunView
 from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,7 +53,7 @@ class Panel:
 
             executor = HfJobsExecutor(token, namespace)
             self._hub_registries[key] = RunRegistry(
-                executor, lambda bucket: open_store(bucket, token, self.settings.bucket_mount))
+                executor, lambda bucket: open_store(bucket, token, self.settings.bucket_mount), list_every_s=15.0)
         return self._hub_registries[key]
 
     def _check_control(self, executor: str, namespace: str | None, oauth_token: str | None) -> str | None:
@@ -123,16 +126,24 @@ class Panel:
 
     # ---- runs
     def registries(self, oauth_token: str | None = None) -> list[RunRegistry]:
+        """Local runs, plus the HF Jobs runs of every namespace the acting token belongs to."""
         regs = [self.local_runs]
-        regs += [r for r in self._hub_registries.values() if r not in regs]
+        token = self._token(oauth_token)
+        if token:
+            from backend.hub_auth import whoami_namespaces
+
+            try:
+                regs += [self.hub_registry(token, ns) for ns in sorted(whoami_namespaces(token))]
+            except Exception as exc:  # the Hub unreachable must not take the local runs down with it
+                log.warning("cannot list Hugging Face Jobs runs: %s", redact_tokens(str(exc), (token,)))
         return regs
 
-    def runs_table(self) -> list[list]:
-        """Rows: run id, name, mode, stage per job, created."""
+    def runs_table(self, oauth_token: str | None = None) -> list[list]:
+        """Rows: run id, executor, stage per job, created."""
         import time as _time
 
         rows = []
-        for registry in self.registries():
+        for registry in self.registries(oauth_token):
             for run in registry.list_runs():
                 self._run_registry.setdefault(run.run_id, registry)
                 stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
@@ -140,16 +151,16 @@ class Panel:
                 rows.append([run.run_id, registry.executor.name, stages, created])
         return rows
 
-    def view(self, run_id: str) -> RunView:
+    def view(self, run_id: str, oauth_token: str | None = None) -> RunView:
         if run_id not in self._run_registry:
-            self.runs_table()
+            self.runs_table(oauth_token)
         if run_id not in self._run_registry:
             raise KeyError(f"no run {run_id!r}")
         return self._run_registry[run_id].view(run_id)
 
     def cancel(self, run_id: str, oauth_token: str | None = None) -> str:
         try:
-            view = self.view(run_id)
+            view = self.view(run_id, oauth_token)
             self._check_control(self._run_registry[run_id].executor.name,
                                 view.spec.get("bucket", "").split("/")[0], oauth_token)
             stopped = self._run_registry[run_id].cancel(run_id)

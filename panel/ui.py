@@ -152,12 +152,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 return message, gr.skip(), gr.skip()
             return message, gr.update(choices=_run_choices(panel), value=run_id), gr.Tabs(selected="runs")
 
-        def on_tick(run_id, role, query):
-            rows = panel.runs_table()
+        def on_tick(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
+            token = oauth_token.token if oauth_token else None
+            rows = panel.runs_table(token)
             choices = gr.update(choices=[r[0] for r in rows])
             if not run_id:
                 return [rows, choices, *[gr.skip()] * (len(dash_outputs) + 3)]
-            view = panel.view(run_id)
+            view = panel.view(run_id, token)
             if not view.refresh() and view.last_refresh and getattr(view, "_drawn", False):
                 return [rows, choices, *[gr.skip()] * (len(dash_outputs) + 3)]
             view._drawn = True
@@ -170,10 +171,10 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     gr.update(value=final, interactive=final is not None),
                     gr.update(choices=roles, value=role if role in roles else "trainer")]
 
-        def on_select(run_id, role, query):
+        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
             if not run_id:
                 return [gr.skip()] * (len(dash_outputs) + 3)
-            view = panel.view(run_id)
+            view = panel.view(run_id, oauth_token.token if oauth_token else None)
             view.refresh()
             view._drawn = True
             frame = dashboard.build_frame(view)

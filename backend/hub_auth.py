@@ -1,0 +1,67 @@
+"""Who may do what with Hugging Face Jobs from the panel. Free of Gradio: handlers pass plain values.
+
+On a Space, anyone can watch runs; only a signed-in visitor can launch or cancel, and only in their own
+namespace or an org they can write to. The Space's own token is never lent to a visitor.
+"""
+
+import hashlib
+import os
+import threading
+import time
+from typing import Any
+
+from huggingface_hub import HfApi, get_token
+
+WHOAMI_TTL_S = 300.0   # /whoami-v2 is rate-limited on purpose: ask once per token every few minutes
+_cache: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+_cache_lock = threading.Lock()
+
+
+def running_on_space() -> bool:
+    """True inside a Hugging Face Space (the runtime sets SPACE_ID)."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def resolve_token(oauth_token: str | None, on_space: bool) -> str | None:
+    """The token to act with: on a Space only the visitor's OAuth token; locally that, or HF_TOKEN / `hf auth login`."""
+    if on_space:
+        return oauth_token or None
+    return oauth_token or get_token()
+
+
+def whoami_namespaces(token: str) -> set[str]:
+    """The token owner's user name and the names of their orgs."""
+    info = _whoami(token)
+    return {info["name"], *(org["name"] for org in info.get("orgs", []))}
+
+
+def can_control(namespace: str, token: str | None, on_space: bool) -> tuple[bool, str]:
+    """Whether this token may launch or cancel runs in `namespace`, and if not, a reason a user can act on."""
+    if token is None:
+        if on_space:
+            return False, "Sign in with Hugging Face to launch or cancel runs; anyone can watch them."
+        return False, "No Hugging Face token found: run `hf auth login` or set HF_TOKEN."
+    try:
+        info = _whoami(token)
+    except Exception as err:
+        return False, f"Hugging Face did not accept the token ({type(err).__name__}); sign in again."
+    roles = {org["name"]: org.get("roleInOrg") for org in info.get("orgs", [])}
+    if namespace == info["name"] or (namespace in roles and roles[namespace] != "read"):
+        return True, ""
+    if namespace in roles:
+        return False, f"You have read-only access to {namespace}; ask an admin for write access to run jobs there."
+    mine = sorted({info["name"], *(name for name, role in roles.items() if role != "read")})
+    return False, f"Runs in {namespace} belong to someone else; you can control runs in: {', '.join(mine)}."
+
+
+def _whoami(token: str) -> dict[str, Any]:
+    api = HfApi(token=token)
+    key = (api.endpoint, hashlib.sha256(token.encode()).hexdigest())   # never keep the token itself as a key
+    with _cache_lock:
+        hit = _cache.get(key)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+    info = api.whoami(token=token)
+    with _cache_lock:
+        _cache[key] = (time.monotonic() + WHOAMI_TTL_S, info)
+    return info

@@ -1,0 +1,661 @@
+"""A loopback fake of the Hugging Face Hub REST protocol, driven through the real `huggingface_hub` client.
+
+It is a real HTTP/1.1 server (stdlib `ThreadingHTTPServer`, a free port on 127.0.0.1, a background thread)
+that speaks the paths and JSON shapes `huggingface_hub` 2.4 uses: Jobs (create, list by label, inspect,
+cancel, logs and metrics as server-sent events, hardware), `whoami-v2`, and Buckets (create, info, tree,
+paths-info). Every call needs `Authorization: Bearer <known token>` (401 otherwise), and a token only
+reaches the namespaces of its user and orgs (403 otherwise).
+
+Pointing the real client at it: `huggingface_hub.constants.ENDPOINT` is read from `HF_ENDPOINT` once, when
+huggingface_hub is first imported, so setting the env variable later changes nothing. `HfApi.__init__`
+copies `constants.ENDPOINT` each time an `HfApi` is built, so patch the constant before building one:
+
+    hub = FakeHub().start()
+    hub.patch_endpoint(monkeypatch)          # monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+    api = HfApi(token=hub.token)             # or HfApi(endpoint=hub.url, token=hub.token)
+
+Module-level helpers (`huggingface_hub.whoami`, `huggingface_hub.list_jobs`, ...) are bound to an `HfApi`
+built at import time and keep the real endpoint; `HfApi.list_jobs` without `namespace=` calls that
+module-level `whoami`. Call methods on an `HfApi` instance and always pass `namespace=`. (The client also
+GETs `/api/agent-harnesses` once, unauthenticated, to detect coding agents: the fake answers 401 and the
+client ignores it.)
+
+Bucket file bytes travel over Xet in the real client, which this fake does not speak:
+`install_bucket_transfers(monkeypatch)` replaces `HfApi.batch_bucket_files` and
+`HfApi.download_bucket_files` with functions that read and write the fake's in-memory files (recorded in
+`transfers`). Listing (`/tree`, `/paths-info`) stays HTTP, served from the same files.
+
+Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
+stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`, `hardware_error`,
+`page_size` (Link-header pagination), `requests` (every call, Authorization header removed).
+"""
+
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETED"})
+KEEPALIVE_S = 5.0
+DEFAULT_TOKEN = "hf_fakeHubTokenOfAliceForTestsOnly0"
+
+HARDWARE = [
+    {"name": "cpu-basic", "prettyName": "CPU Basic", "cpu": "2 vCPU", "ram": "16 GB",
+     "ephemeralStorage": "50 GB", "accelerator": None,
+     "unitCostMicroUSD": 167, "unitCostUSD": 0.000167, "unitLabel": "minute"},
+    {"name": "a10g-small", "prettyName": "Nvidia A10G - small", "cpu": "4 vCPU", "ram": "15 GB",
+     "ephemeralStorage": "110 GB",
+     "accelerator": {"type": "gpu", "model": "A10G", "quantity": "1", "vram": "24 GB", "manufacturer": "Nvidia"},
+     "unitCostMicroUSD": 16667, "unitCostUSD": 0.016667, "unitLabel": "minute"},
+    {"name": "l4x1", "prettyName": "Nvidia 1xL4", "cpu": "8 vCPU", "ram": "30 GB",
+     "ephemeralStorage": "400 GB",
+     "accelerator": {"type": "gpu", "model": "L4", "quantity": "1", "vram": "24 GB", "manufacturer": "Nvidia"},
+     "unitCostMicroUSD": 13333, "unitCostUSD": 0.013333, "unitLabel": "minute"},
+    {"name": "l4x4", "prettyName": "Nvidia 4xL4", "cpu": "48 vCPU", "ram": "186 GB",
+     "ephemeralStorage": "1500 GB",
+     "accelerator": {"type": "gpu", "model": "L4", "quantity": "4", "vram": "96 GB", "manufacturer": "Nvidia"},
+     "unitCostMicroUSD": 63333, "unitCostUSD": 0.063333, "unitLabel": "minute"},
+]
+
+
+def utc_stamp(at: float | None = None) -> str:
+    """A Hub timestamp: ISO 8601, milliseconds, ending in Z."""
+    moment = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+@dataclass
+class FakeUser:
+    name: str
+    orgs: dict[str, str] = field(default_factory=dict)   # org name -> roleInOrg ("admin", "write", "read")
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str                   # decoded, without the query string
+    query: dict[str, list[str]]
+    json: Any                   # parsed JSON body, or None
+    headers: dict[str, str]     # lower-case names, Authorization removed
+    user: str | None            # whose token it carried
+
+
+@dataclass
+class FakeJob:
+    id: str
+    namespace: str
+    owner: dict[str, str]
+    spec: dict[str, Any]
+    created_at: str
+    stage: str = "SCHEDULING"
+    message: str | None = None
+    logs: list[dict[str, str]] = field(default_factory=list)   # SSE events {"data", "timestamp"}
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    drops: int = 0              # bumped to cut the job's open log streams
+    refuse_logs: int = 0        # refuse this many next log connections
+    refuse_status: int = 503
+
+
+@dataclass
+class FakeObject:
+    data: bytes
+    mtime: str
+    uploaded_at: str
+
+    @property
+    def xet_hash(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass
+class FakeBucket:
+    id: str
+    private: bool
+    created_at: str
+    files: dict[str, FakeObject] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeHub:
+    """The Hub's state plus the server that serves it. `start()` returns self; `stop()` closes every stream."""
+
+    def __init__(self, users: dict[str, FakeUser] | None = None):
+        self.users = users or {DEFAULT_TOKEN: FakeUser("alice", {"acme": "write", "readers": "read"})}
+        self.token = next(iter(self.users))
+        self.hardware: list[dict] = [dict(h) for h in HARDWARE]
+        self.hardware_error: int | None = None
+        self.page_size = 100
+        self.requests: list[RecordedRequest] = []
+        self.transfers: list[tuple[str, str, str]] = []   # ("upload" | "download" | "delete", bucket, path)
+        self.jobs: dict[str, FakeJob] = {}
+        self.buckets: dict[str, FakeBucket] = {}
+        self._cond = threading.Condition(threading.RLock())
+        self._post_count = 0
+        self._post_failures: dict[int, int] = {}
+        self._open_streams: dict[tuple[str, str], int] = {}
+        self._stopping = False
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the FakeHub first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def start(self) -> "FakeHub":
+        handler = type("BoundHandler", (_Handler,), {"hub": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fakehub", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def patch_endpoint(self, monkeypatch: Any) -> None:
+        """Point every `HfApi` built from now on at this fake (see the module docstring for why this works)."""
+        import huggingface_hub.constants
+
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", self.url)
+
+    # ---- test controls
+    def set_stage(self, job_id: str, stage: str, message: str | None = None) -> None:
+        with self._cond:
+            job = self.jobs[job_id]
+            if stage == "RUNNING" and job.stage == "SCHEDULING":
+                # The Hub writes this banner first; the client filters it out of fetch_job_logs.
+                job.logs.append({"data": f"===== Job started at {utc_stamp()} =====", "timestamp": utc_stamp()})
+            job.stage, job.message = stage, message
+            self._cond.notify_all()
+
+    def append_logs(self, job_id: str, *lines: str) -> None:
+        with self._cond:
+            self.jobs[job_id].logs.extend({"data": line, "timestamp": utc_stamp()} for line in lines)
+            self._cond.notify_all()
+
+    def append_metrics(self, job_id: str, *samples: dict[str, Any]) -> None:
+        with self._cond:
+            self.jobs[job_id].metrics.extend(samples)
+            self._cond.notify_all()
+
+    def drop_log_streams(self, job_id: str, refuse_next: int = 0, status: int = 503) -> None:
+        """Cut every open log stream of the job without finishing the chunked body, like a dropped connection."""
+        with self._cond:
+            job = self.jobs[job_id]
+            job.drops += 1
+            job.refuse_logs, job.refuse_status = refuse_next, status
+            self._cond.notify_all()
+
+    def fail_nth_post(self, n: int, status: int = 500) -> None:
+        """Answer the n-th POST (counted from the server's start, 1-based) with `status`."""
+        self._post_failures[n] = status
+
+    def open_streams(self, job_id: str, kind: str) -> int:
+        with self._cond:
+            return self._open_streams.get((job_id, kind), 0)
+
+    def job_posts(self) -> list[RecordedRequest]:
+        """The bodies of every job creation request, in order."""
+        return [r for r in self.requests if r.method == "POST" and re.fullmatch(r"/api/jobs/[^/]+", r.path)]
+
+    def put_file(self, bucket_id: str, path: str, data: bytes) -> None:
+        with self._cond:
+            now = utc_stamp()
+            self.buckets[bucket_id].files[path] = FakeObject(data, now, now)
+
+    # ---- bucket bytes, faked at the method level (the real client moves them over Xet)
+    def install_bucket_transfers(self, monkeypatch: Any) -> None:
+        from huggingface_hub import HfApi
+
+        hub = self
+
+        def batch_bucket_files(api, bucket_id, *, add=None, copy=None, delete=None, token=None):
+            hub._check_transfer_token(api, token, bucket_id)
+            for source, dest in add or []:
+                data = source if isinstance(source, bytes) else Path(source).read_bytes()
+                hub.put_file(bucket_id, dest, data)
+                hub.transfers.append(("upload", bucket_id, dest))
+            for path in delete or []:
+                with hub._cond:
+                    hub.buckets[bucket_id].files.pop(path, None)
+                hub.transfers.append(("delete", bucket_id, path))
+
+        def download_bucket_files(api, bucket_id, files, *, raise_on_missing_files=False, token=None):
+            hub._check_transfer_token(api, token, bucket_id)
+            for remote, local in files:
+                path = remote if isinstance(remote, str) else remote.path
+                stored = hub.buckets[bucket_id].files.get(path)
+                if stored is None:
+                    if raise_on_missing_files:
+                        raise FileNotFoundError(f"{path} not in bucket {bucket_id}")
+                    continue
+                _write_local(str(local), stored.data)
+                hub.transfers.append(("download", bucket_id, path))
+
+        monkeypatch.setattr(HfApi, "batch_bucket_files", batch_bucket_files)
+        monkeypatch.setattr(HfApi, "download_bucket_files", download_bucket_files)
+
+    def _check_transfer_token(self, api: Any, token: Any, bucket_id: str) -> None:
+        user = self.users.get(token if isinstance(token, str) else api.token)
+        if user is None or not self._may_read(user, bucket_id.split("/")[0]):
+            raise PermissionError(f"401/403: token may not write to bucket {bucket_id}")
+        if bucket_id not in self.buckets:
+            raise FileNotFoundError(f"bucket {bucket_id} does not exist")
+
+    # ---- protocol
+    def handle(self, method: str, raw_path: str, query: dict[str, list[str]], body: Any,
+               user: FakeUser) -> Reply | tuple[str, FakeJob]:
+        """Route one authenticated request. A (kind, job) tuple means: serve that job's SSE stream."""
+        for route_method, pattern, name in _ROUTES:
+            match = re.fullmatch(pattern, raw_path)
+            if route_method == method and match:
+                args = {k: unquote(v) if v is not None else None for k, v in match.groupdict().items()}
+                return getattr(self, "_" + name)(user=user, query=query, body=body, **args)
+        return Reply(404, {"error": f"no route for {method} {raw_path}"})
+
+    def _may_read(self, user: FakeUser, namespace: str) -> bool:
+        return namespace == user.name or namespace in user.orgs
+
+    def _may_write(self, user: FakeUser, namespace: str) -> bool:
+        return namespace == user.name or user.orgs.get(namespace) not in (None, "read")
+
+    def _whoami(self, user: FakeUser, **_: Any) -> Reply:
+        orgs = [{"type": "org", "name": name, "fullname": name.title(), "roleInOrg": role}
+                for name, role in user.orgs.items()]
+        return Reply(200, {"type": "user", "id": _hex_id(user.name), "name": user.name,
+                           "fullname": user.name.title(), "orgs": orgs,
+                           "auth": {"type": "access_token", "accessToken": {"displayName": "test", "role": "write"}}})
+
+    def _hardware(self, **_: Any) -> Reply:
+        if self.hardware_error:
+            return Reply(self.hardware_error, {"error": "hardware listing unavailable"})
+        return Reply(200, self.hardware)
+
+    def _create_job(self, user: FakeUser, ns: str, body: Any, **_: Any) -> Reply:
+        if not self._may_write(user, ns):
+            return Reply(403, {"error": f"You cannot run jobs in namespace {ns}"})
+        problem = _job_spec_problem(body, {h["name"] for h in self.hardware})
+        if problem:
+            return Reply(400, {"error": problem})
+        owner_type = "user" if ns == user.name else "org"
+        job = FakeJob(_hex_id(f"{ns}{time.time_ns()}{len(self.jobs)}"), ns,
+                      {"id": _hex_id(ns), "name": ns, "type": owner_type}, body, utc_stamp())
+        with self._cond:
+            self.jobs[job.id] = job
+        return Reply(200, self._job_json(job))
+
+    def _list_jobs(self, user: FakeUser, ns: str, query: dict[str, list[str]], **_: Any) -> Reply:
+        if not self._may_read(user, ns):
+            return Reply(403, {"error": f"You cannot list jobs of namespace {ns}"})
+        wanted = dict(label.split("=", 1) for label in query.get("label", []))
+        stages = set(query.get("stage", []))
+        with self._cond:
+            found = [j for j in self.jobs.values() if j.namespace == ns
+                     and wanted.items() <= (j.spec.get("labels") or {}).items()
+                     and (not stages or j.stage in stages)]
+            items = [self._job_json(j) for j in found]
+        return self._page(f"/api/jobs/{ns}", query, items)
+
+    def _get_job(self, user: FakeUser, ns: str, job: str, **_: Any) -> Reply:
+        found = self._find_job(user, ns, job)
+        return found if isinstance(found, Reply) else Reply(200, self._job_json(found))
+
+    def _cancel_job(self, user: FakeUser, ns: str, job: str, **_: Any) -> Reply:
+        found = self._find_job(user, ns, job)
+        if isinstance(found, Reply):
+            return found
+        if not self._may_write(user, ns):
+            return Reply(403, {"error": "You cannot cancel this job"})
+        if found.stage not in TERMINAL:
+            self.set_stage(found.id, "CANCELED")
+        return Reply(200)
+
+    def _job_logs(self, user: FakeUser, ns: str, job: str, **_: Any) -> Reply | tuple[str, FakeJob]:
+        found = self._find_job(user, ns, job)
+        if isinstance(found, Reply):
+            return found
+        with self._cond:
+            if found.refuse_logs > 0:
+                found.refuse_logs -= 1
+                return Reply(found.refuse_status, {"error": "log service unavailable"})
+        return ("logs", found)
+
+    def _job_metrics(self, user: FakeUser, ns: str, job: str, **_: Any) -> Reply | tuple[str, FakeJob]:
+        found = self._find_job(user, ns, job)
+        if isinstance(found, Reply):
+            return found
+        if found.stage in TERMINAL:
+            return Reply(406, {"error": "Job is not running"})   # the Hub's answer for finished jobs
+        return ("metrics", found)
+
+    def _find_job(self, user: FakeUser, ns: str, job: str) -> FakeJob | Reply:
+        if not self._may_read(user, ns):
+            return Reply(403, {"error": f"You cannot access jobs of namespace {ns}"})
+        found = self.jobs.get(job)
+        if found is None or found.namespace != ns:
+            return Reply(404, {"error": "Job not found"})
+        return found
+
+    def _create_bucket(self, user: FakeUser, ns: str, name: str, body: Any, **_: Any) -> Reply:
+        bucket_id, url = f"{ns}/{name}", f"{self.url}/buckets/{ns}/{name}"
+        if not self._may_write(user, ns):
+            return Reply(403, {"error": f"You cannot create buckets in {ns}"})
+        with self._cond:
+            if bucket_id in self.buckets:
+                return Reply(409, {"error": "You already created this bucket", "url": url})
+            private = (body or {}).get("visibility") == "private"
+            self.buckets[bucket_id] = FakeBucket(bucket_id, private, utc_stamp())
+        return Reply(200, {"url": url, "name": name, "id": bucket_id})
+
+    def _bucket_info(self, user: FakeUser, ns: str, name: str, **_: Any) -> Reply:
+        bucket = self._find_bucket(user, ns, name)
+        if isinstance(bucket, Reply):
+            return bucket
+        return Reply(200, {"id": bucket.id, "private": bucket.private, "createdAt": bucket.created_at,
+                           "size": sum(len(f.data) for f in bucket.files.values()),
+                           "totalFiles": len(bucket.files)})
+
+    def _bucket_tree(self, user: FakeUser, ns: str, name: str, query: dict[str, list[str]],
+                     prefix: str | None = None, **_: Any) -> Reply:
+        bucket = self._find_bucket(user, ns, name)
+        if isinstance(bucket, Reply):
+            return bucket
+        recursive = query.get("recursive", ["false"])[0].lower() == "true"
+        items = _tree_items(bucket, prefix or "", recursive)
+        path = f"/api/buckets/{ns}/{name}/tree" + (f"/{prefix}" if prefix else "")
+        return self._page(path, query, items)
+
+    def _paths_info(self, user: FakeUser, ns: str, name: str, body: Any, **_: Any) -> Reply:
+        bucket = self._find_bucket(user, ns, name)
+        if isinstance(bucket, Reply):
+            return bucket
+        with self._cond:
+            wanted = [p for p in (body or {}).get("paths", []) if p in bucket.files]
+            return Reply(200, [_file_json(p, bucket.files[p]) for p in wanted])
+
+    def _find_bucket(self, user: FakeUser, ns: str, name: str) -> FakeBucket | Reply:
+        bucket = self.buckets.get(f"{ns}/{name}")
+        if bucket is None or not self._may_read(user, ns):
+            return Reply(404, {"error": "Bucket not found"}, {"X-Error-Code": "RepoNotFound"})
+        return bucket
+
+    def _page(self, path: str, query: dict[str, list[str]], items: list) -> Reply:
+        """One page of `items`, with a GitHub-style Link header to the next one (as the Hub paginates)."""
+        start = int(query.get("cursor", ["0"])[0])
+        end = start + self.page_size
+        headers = {}
+        if end < len(items):
+            next_query = {k: v for k, v in query.items() if k != "cursor"} | {"cursor": [str(end)]}
+            headers["Link"] = f'<{self.url}{path}?{urlencode(next_query, doseq=True)}>; rel="next"'
+        return Reply(200, items[start:end], headers)
+
+    def _job_json(self, job: FakeJob) -> dict[str, Any]:
+        spec = job.spec
+        ports = (spec.get("expose") or {}).get("ports") or []
+        status: dict[str, Any] = {"stage": job.stage, "message": job.message}
+        if ports:
+            status["exposeUrls"] = [f"https://{job.id}--{port}.hf.jobs" for port in ports]
+        return {
+            "id": job.id, "createdAt": job.created_at, "dockerImage": spec.get("dockerImage"),
+            "spaceId": spec.get("spaceId"), "command": spec.get("command"), "arguments": spec.get("arguments"),
+            "environment": spec.get("environment"),
+            "secrets": {name: None for name in spec.get("secrets") or {}},   # values never come back
+            "flavor": spec.get("flavor"), "labels": spec.get("labels"), "volumes": spec.get("volumes"),
+            "expose": spec.get("expose"), "status": status, "owner": job.owner,
+        }
+
+    # ---- bookkeeping used by the handler
+    def _record(self, request: RecordedRequest) -> int | None:
+        """Record a request; return the status to fail it with when it is the POST a test asked to fail."""
+        with self._cond:
+            self.requests.append(request)
+            if request.method != "POST":
+                return None
+            self._post_count += 1
+            return self._post_failures.pop(self._post_count, None)
+
+    def _stream_open(self, job_id: str, kind: str, delta: int) -> None:
+        with self._cond:
+            key = (job_id, kind)
+            self._open_streams[key] = self._open_streams.get(key, 0) + delta
+
+
+_ID = r"(?P<{}>[^/]+)"
+_JOB = rf"/api/jobs/{_ID.format('ns')}/{_ID.format('job')}"
+_BUCKET = rf"/api/buckets/{_ID.format('ns')}/{_ID.format('name')}"
+_ROUTES = [
+    ("GET", r"/api/whoami-v2", "whoami"),
+    ("GET", r"/api/jobs/hardware", "hardware"),
+    ("POST", rf"/api/jobs/{_ID.format('ns')}", "create_job"),
+    ("GET", rf"/api/jobs/{_ID.format('ns')}", "list_jobs"),
+    ("GET", _JOB, "get_job"),
+    ("POST", _JOB + "/cancel", "cancel_job"),
+    ("GET", _JOB + "/logs", "job_logs"),
+    ("GET", _JOB + "/metrics", "job_metrics"),
+    ("POST", _BUCKET, "create_bucket"),
+    ("GET", _BUCKET, "bucket_info"),
+    ("GET", _BUCKET + r"/tree(?:/(?P<prefix>.+))?", "bucket_tree"),
+    ("POST", _BUCKET + "/paths-info", "paths_info"),
+]
+
+
+def _hex_id(seed: str) -> str:
+    return hashlib.sha1(seed.encode()).hexdigest()[:24]
+
+
+def _job_spec_problem(body: Any, flavors: set[str]) -> str | None:
+    if not isinstance(body, dict):
+        return "body must be a JSON object"
+    if not isinstance(body.get("command"), list):
+        return "command must be a list of strings"
+    if not (body.get("dockerImage") or body.get("spaceId")):
+        return "dockerImage or spaceId is required"
+    if body.get("flavor") not in flavors:
+        return f"Invalid flavor {body.get('flavor')!r}"
+    if any(not isinstance(v, str) for v in (body.get("labels") or {}).values()):
+        return "label values must be strings"
+    return None
+
+
+def _file_json(path: str, stored: FakeObject) -> dict[str, Any]:
+    return {"type": "file", "path": path, "size": len(stored.data), "xetHash": stored.xet_hash,
+            "mtime": stored.mtime, "uploadedAt": stored.uploaded_at}
+
+
+def _tree_items(bucket: FakeBucket, prefix: str, recursive: bool) -> list[dict[str, Any]]:
+    """Files whose path starts with `prefix`; without `recursive`, one level below it plus its folders."""
+    items, folders = [], set()
+    base = prefix.rstrip("/") + "/" if prefix else ""
+    for path in sorted(bucket.files):
+        if not path.startswith(prefix):
+            continue
+        rest = path[len(base):] if path.startswith(base) else path[len(prefix):]
+        if not recursive and "/" in rest:
+            folders.add(base + rest.split("/", 1)[0])
+            continue
+        items.append(_file_json(path, bucket.files[path]))
+    items += [{"type": "directory", "path": f, "uploadedAt": bucket.created_at} for f in sorted(folders)]
+    return items
+
+
+def _write_local(path: str, data: bytes) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    hub: FakeHub
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass   # keep pytest output readable
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        query = parse_qs(parts.query)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = _parse_json(raw, self.headers.get("Content-Type", ""))
+        token = _bearer(self.headers.get("Authorization", ""))
+        user = self.hub.users.get(token) if token else None
+        headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
+        forced = self.hub._record(RecordedRequest(method, unquote(parts.path), query, body, headers,
+                                                  user.name if user else None))
+        if user is None:
+            self._reply(Reply(401, {"error": "Invalid credentials in Authorization header"},
+                              {"X-Error-Message": "Invalid credentials in Authorization header"}))
+        elif forced:
+            self._reply(Reply(forced, {"error": "Internal Error - We're working hard to fix this as soon as possible!"}))
+        else:
+            result = self.hub.handle(method, parts.path, query, body, user)
+            if isinstance(result, tuple):
+                self._serve_stream(*result)
+            else:
+                self._reply(result)
+
+    def _reply(self, reply: Reply) -> None:
+        data = b"" if reply.body is None else json.dumps(reply.body).encode()
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        if data:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _serve_stream(self, kind: str, job: FakeJob) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with self.hub._cond:
+            # Where the stream starts is fixed before the stream counts as open: a test that waits for
+            # `open_streams` and then appends must see its events arrive.
+            tail = self._query_int("tail")
+            logs_from = max(len(job.logs) - tail, 0) if tail is not None else 0
+            metrics_from = max(len(job.metrics) - 1, 0)   # no history: start at the current sample
+            drops = job.drops
+            self.hub._stream_open(job.id, kind, +1)
+        try:
+            if kind == "logs":
+                self._stream_logs(job, logs_from, drops)
+            else:
+                self._stream_metrics(job, metrics_from)
+        except OSError:
+            self.close_connection = True   # the client went away
+        finally:
+            self.hub._stream_open(job.id, kind, -1)
+
+    def _stream_logs(self, job: FakeJob, sent: int, drops: int) -> None:
+        while True:
+            batch, ended, cut, idle = self._next_batch(job, lambda: job.logs, sent, lambda: job.drops != drops)
+            if cut:
+                return self._abort()
+            for event in batch:
+                self._chunk(f"data: {json.dumps(event)}\n\n")
+            sent += len(batch)
+            if ended:
+                return self._end_chunks()
+            if idle:
+                self._chunk(": keep-alive\n\n")
+
+    def _stream_metrics(self, job: FakeJob, sent: int) -> None:
+        while True:
+            batch, ended, cut, idle = self._next_batch(job, lambda: job.metrics, sent, lambda: False)
+            if cut:
+                return self._abort()
+            for sample in batch:
+                self._chunk(f"event: metric\ndata: {json.dumps(sample)}\n\n")
+            sent += len(batch)
+            if ended:
+                return self._end_chunks()
+            if idle:
+                self._chunk(": keep-alive\n\n")
+
+    def _next_batch(self, job: FakeJob, events: Callable[[], list], sent: int,
+                    dropped: Callable[[], bool]) -> tuple[list, bool, bool, bool]:
+        """Wait for new events; return (events, job ended, stream cut, nothing happened for a while)."""
+        hub = self.hub
+        with hub._cond:
+            idle = False
+            if sent >= len(events()) and job.stage not in TERMINAL and not dropped() and not hub._stopping:
+                idle = not hub._cond.wait(KEEPALIVE_S)
+            return events()[sent:], job.stage in TERMINAL, dropped() or hub._stopping, idle
+
+    def _chunk(self, text: str) -> None:
+        data = text.encode()
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+
+    def _end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _abort(self) -> None:
+        """Close the socket in the middle of the chunked body: the client sees an incomplete read."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _query_int(self, name: str) -> int | None:
+        values = parse_qs(urlsplit(self.path).query).get(name)
+        return int(values[0]) if values else None
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _parse_json(raw: bytes, content_type: str) -> Any:
+    if not raw:
+        return None
+    if "ndjson" in content_type:
+        return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None

@@ -1,0 +1,106 @@
+"""The panel on Hugging Face Jobs, end to end through its handlers, against the loopback fake of the Hub."""
+
+import json
+
+import pytest
+
+from backend.jobspec import LABEL_RUN
+from panel import dashboard
+from panel.actions import Panel, Settings
+from tests.fakehub import FakeHub, wait_until
+
+PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
+FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
+        "bucket": "alice/grpo-runs", "flavor": "a10g-small", "use_vllm": True, "rewards": ["format"]}
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    hub = FakeHub().start()
+    hub.patch_endpoint(monkeypatch)
+    hub.install_bucket_transfers(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    yield hub
+    hub.stop()
+
+
+def _panel(tmp_path, on_space=False) -> Panel:
+    return Panel(Settings(home=str(tmp_path / "home"), on_space=on_space))
+
+
+def _stop(panel: Panel) -> None:
+    for registry in panel._hub_registries.values():
+        registry.executor.stop()
+    panel.shutdown()
+
+
+def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, tmp_path):
+    panel = _panel(tmp_path)
+    try:
+        message, run_id = panel.launch(FORM)
+        assert run_id, message
+        [post] = hub.job_posts()
+        body = post.json
+        assert body["flavor"] == "a10g-small" and body["timeoutSeconds"] == 30 * 60
+        assert body["labels"][LABEL_RUN] == run_id
+        assert [v["mountPath"] for v in body["volumes"]] == ["/bucket"]
+        assert "HF_TOKEN" in body["secrets"] and "HF_TOKEN" not in (body.get("environment") or {})
+        assert hub.token not in json.dumps(body.get("environment")) and hub.token not in json.dumps(body["command"])
+        spec_json = hub.buckets["alice/grpo-runs"].files[f"runs/{run_id}/spec.json"].data.decode()
+        assert hub.token not in spec_json and json.loads(spec_json)["run_id"] == run_id
+        assert f"runs/{run_id}/code/runtime/train.py" in hub.buckets["alice/grpo-runs"].files
+
+        job_id = panel.view(run_id).jobs["trainer"].job_id
+        hub.set_stage(job_id, "RUNNING")
+        hub.append_logs(job_id, "generation engine: vLLM colocated", f"HF_TOKEN={PLANTED} leaked by a user script",
+                        "step 1/500 reward 0.10")
+        hub.append_metrics(job_id, {"cpu_usage_pct": 50.0, "memory_used_bytes": 2**30, "gpus": {
+            "GPU-a": {"utilization": 87.0, "memory_used_bytes": 20 * 2**30, "memory_total_bytes": 24 * 2**30}}})
+        records = [{"step": 1, "time": 1.0, "reward": 0.1, "reward_std": 0.05}, {"step": 2, "time": 2.0, "reward": 0.3}]
+        hub.put_file("alice/grpo-runs", f"runs/{run_id}/metrics/trainer-000000.jsonl",
+                     "".join(json.dumps(r) + "\n" for r in records).encode())
+
+        view = panel.view(run_id)
+        trainer = view.jobs["trainer"]
+
+        def everything_arrived() -> bool:
+            view.refresh()
+            return len(trainer.logs) >= 3 and bool(trainer.resources) and len(view.metrics) == 2
+
+        wait_until(everything_arrived, timeout=15)
+        assert [r["reward"] for r in view.metrics] == [0.1, 0.3]
+        frame = dashboard.build_frame(view)
+        gpu = [t for t in frame.utilisation.data if t.name == "trainer GPU0 util"]
+        assert gpu and list(gpu[0].y) == [87.0]
+        logs = dashboard.log_text(view, "trainer")
+        assert "step 1/500" in logs and PLANTED not in logs and hub.token not in logs
+        assert "RUNNING" in frame.status
+    finally:
+        _stop(panel)
+
+    restarted = _panel(tmp_path)
+    try:
+        assert run_id in [row[0] for row in restarted.runs_table()], "a restarted panel lists the run"
+        assert restarted.view(run_id).jobs["trainer"].job_id == job_id
+    finally:
+        _stop(restarted)
+
+
+def test_anonymous_space_visitor_cannot_launch_or_cancel_on_hf_jobs(hub, tmp_path):
+    panel = _panel(tmp_path, on_space=True)
+    try:
+        message, run_id = panel.launch(FORM)
+        assert run_id is None and "Not launched" in message
+        assert hub.job_posts() == []
+    finally:
+        _stop(panel)
+
+
+def test_a_visitor_cannot_launch_into_a_namespace_they_do_not_own(hub, tmp_path):
+    panel = _panel(tmp_path, on_space=True)
+    try:
+        message, run_id = panel.launch({**FORM, "bucket": "someone-else/runs"}, oauth_token=hub.token)
+        assert run_id is None and "Not launched" in message
+        assert hub.job_posts() == []
+    finally:
+        _stop(panel)
