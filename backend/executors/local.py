@@ -68,6 +68,9 @@ class LocalExecutor:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
         env = {**os.environ, **{k: self._map_volumes(job, v) for k, v in job.env.items()},
                **{k: secrets[k] for k in job.secrets}}
+        if "PYTHONPATH" in job.env and os.environ.get("PYTHONPATH"):
+            # Locally the job runs in the panel's environment: keep what that environment adds to the path.
+            env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
         command = [self._map_volumes(job, arg) for arg in job.command]
         record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command}
         _write_json(os.path.join(job_dir, "job.json"), record)
