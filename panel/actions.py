@@ -38,6 +38,7 @@ class Panel:
         self.local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
         self._hub_registries: dict[str, RunRegistry] = {}
         self._run_registry: dict[str, RunRegistry] = {}
+        self._flavors: tuple[float, list] = (0.0, [])
 
     # ---- registries and permissions
     def _token(self, oauth_token: str | None) -> str | None:
@@ -97,19 +98,44 @@ class Panel:
             lines.append(f"```bash\n# {job.role}\n{redact_tokens(command)}\n```")
         return "\n\n".join(lines)
 
+    def flavors(self, oauth_token: str | None = None) -> list:
+        """HF Jobs hardware with prices (the Hub's list, or the built-in one), asked at most every 10 minutes."""
+        import time as _time
+
+        from backend.hardware import list_flavors
+
+        asked_at, flavors = self._flavors
+        if not flavors or _time.time() - asked_at > 600:
+            flavors = list_flavors(self._token(oauth_token))
+            self._flavors = (_time.time(), flavors)
+        return flavors
+
     def _cost_line(self, jobs) -> str:
-        from backend.hardware import estimate_cost, list_flavors
+        from backend.hardware import estimate_cost
 
+        flavors = self.flavors()
         try:
-            flavors = list_flavors(None)
-            return f"Estimated cost at most **${estimate_cost(jobs, flavors):.2f}** (price/hour x jobs x timeout)."
-        except Exception as exc:
-            return f"Cost estimate unavailable: {exc}"
+            cost = estimate_cost(jobs, flavors)
+        except ValueError as exc:
+            return f"**Cannot estimate the cost:** {exc}"
+        per_job = ", ".join(f"{j.role} on {j.flavor}" for j in jobs)
+        note = " (built-in price list: the Hub could not be asked)" if any(f.fallback for f in flavors) else ""
+        return (f"Estimated cost at most **${cost:.2f}**{note}: price per hour x timeout "
+                f"({jobs[0].timeout_s // 60} min) for each job: {per_job}.")
 
-    def launch(self, values: dict, oauth_token: str | None = None) -> tuple[str, str | None]:
-        """(message, run_id or None). Nothing is launched unless the spec validates and the visitor may."""
+    def launch(self, values: dict, oauth_token: str | None = None, confirmed: bool = False) -> tuple[str, str | None]:
+        """(message, run_id or None). Nothing is launched unless the spec validates and the visitor may.
+
+        A run on HF Jobs costs money: it is launched only once the visitor has `confirmed` the preview."""
         try:
             spec = self.build_spec(values)
+            if spec.executor == "hf_jobs":
+                problem = self._flavor_problem(spec)
+                if problem:
+                    return f"**Not launched.** {problem}", None
+                if not confirmed:
+                    return ("**Not launched yet.** Review the jobs and the cost, then tick *I reviewed the jobs "
+                            "and the estimated cost* and press Launch again.\n\n" + self.preview(values)), None
             token = self._check_control(spec.executor, spec.bucket_namespace, oauth_token)
             if spec.executor == "local":
                 registry, secrets = self.local_runs, {}
@@ -123,6 +149,12 @@ class Panel:
         self._run_registry[spec.run_id] = registry
         jobs = ", ".join(f"{role} `{job_id}`" for role, job_id in launched.job_ids.items())
         return f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}", spec.run_id
+
+    def _flavor_problem(self, spec: RunSpec) -> str | None:
+        names = {f.name for f in self.flavors()}
+        wanted = {"flavor": spec.flavor, **({"vllm_flavor": spec.vllm_flavor} if spec.mode == "distributed" else {})}
+        bad = [f"{field} {value!r}" for field, value in wanted.items() if value not in names]
+        return f"Unknown hardware: {', '.join(bad)}; choose one of {', '.join(sorted(names))}." if bad else None
 
     # ---- runs
     def registries(self, oauth_token: str | None = None) -> list[RunRegistry]:

@@ -27,7 +27,11 @@ def _field(name: str, label: str, **kw):
     return gr.Textbox(value=default, label=label, info=info, elem_id=f"f-{name}", **kw)
 
 
-def _form() -> dict[str, gr.components.Component]:
+def _flavor_choices(flavors) -> list[tuple[str, str]]:
+    return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
+
+
+def _form(panel: Panel) -> dict[str, gr.components.Component]:
     f = {}
     with gr.Row():
         f["name"] = _field("name", "Run name")
@@ -74,7 +78,8 @@ def _form() -> dict[str, gr.components.Component]:
         with gr.Row():
             f["replicas"] = _field("replicas", "vLLM replicas")
             f["max_staleness"] = _field("max_staleness", "Max staleness", info="vLLM keeps max_staleness + 2 adapters")
-            f["vllm_flavor"] = _field("vllm_flavor", "Replica flavor")
+            f["vllm_flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=_D.vllm_flavor,
+                                           allow_custom_value=True, label="Replica flavor", elem_id="f-vllm_flavor")
         with gr.Row():
             f["max_tokens_per_batch"] = _field("max_tokens_per_batch", "Token budget / batch")
             f["max_inflight_tasks"] = _field("max_inflight_tasks", "Max in-flight tasks")
@@ -82,7 +87,8 @@ def _form() -> dict[str, gr.components.Component]:
             f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing")
     with gr.Accordion("Hardware and storage", open=False):
         with gr.Row():
-            f["flavor"] = _field("flavor", "Trainer flavor")
+            f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=_D.flavor, allow_custom_value=True,
+                                      label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
             f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)")
             f["bucket"] = _field("bucket", "Bucket (namespace/name)")
             f["mount_path"] = _field("mount_path", "Mount path in every job")
@@ -99,7 +105,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
                 preset = gr.Dropdown(list(PRESETS), value=TINY_DEMO, label="Preset", elem_id="preset")
-                form = _form()
+                form = _form(panel)
                 names = list(form)
                 with gr.Row():
                     preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
@@ -147,7 +153,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
 
         def on_launch(*values, oauth_token: gr.OAuthToken | None = None):
             token = oauth_token.token if oauth_token else None
-            message, run_id = panel.launch(dict(zip(names, values)), token)
+            *values, confirmed = values
+            message, run_id = panel.launch(dict(zip(names, values)), token, confirmed=confirmed)
             if run_id is None:
                 return message, gr.skip(), gr.skip()
             return message, gr.update(choices=_run_choices(panel), value=run_id), gr.Tabs(selected="runs")
@@ -195,7 +202,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
 
         preset.change(on_preset, preset, inputs)
         preview_btn.click(on_preview, inputs, launch_msg)
-        launch_btn.click(on_launch, inputs, [launch_msg, run_pick, tabs])
+        launch_btn.click(on_launch, [*inputs, confirm], [launch_msg, run_pick, tabs])
         tick_outputs = [runs_table, run_pick, *dash_outputs, log_box, final_btn, log_role]
         timer.tick(on_tick, [run_pick, log_role, log_query], tick_outputs, show_progress="hidden")
         run_pick.change(on_select, [run_pick, log_role, log_query], [*dash_outputs, log_box, final_btn, log_role])

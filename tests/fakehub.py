@@ -157,6 +157,8 @@ class FakeHub:
         self._cond = threading.Condition(threading.RLock())
         self._post_count = 0
         self._post_failures: dict[int, int] = {}
+        self._job_post_count = 0
+        self._job_post_failures: dict[int, int] = {}
         self._open_streams: dict[tuple[str, str], int] = {}
         self._stopping = False
         self._server: ThreadingHTTPServer | None = None
@@ -223,6 +225,10 @@ class FakeHub:
     def fail_nth_post(self, n: int, status: int = 500) -> None:
         """Answer the n-th POST (counted from the server's start, 1-based) with `status`."""
         self._post_failures[n] = status
+
+    def fail_nth_job_submission(self, n: int, status: int = 500) -> None:
+        """Answer the n-th job creation (POST /api/jobs/{ns}, 1-based) with `status`."""
+        self._job_post_failures[n] = status
 
     def open_streams(self, job_id: str, kind: str) -> int:
         with self._cond:
@@ -446,7 +452,11 @@ class FakeHub:
             if request.method != "POST":
                 return None
             self._post_count += 1
-            return self._post_failures.pop(self._post_count, None)
+            failure = self._post_failures.pop(self._post_count, None)
+            if re.fullmatch(r"/api/jobs/[^/]+", request.path):
+                self._job_post_count += 1
+                failure = self._job_post_failures.pop(self._job_post_count, failure)
+            return failure
 
     def _stream_open(self, job_id: str, kind: str, delta: int) -> None:
         with self._cond:

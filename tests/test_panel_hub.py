@@ -38,6 +38,8 @@ def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, tmp_path):
     panel = _panel(tmp_path)
     try:
         message, run_id = panel.launch(FORM)
+        assert run_id is None and "Estimated cost" in message and hub.job_posts() == [], "confirm first"
+        message, run_id = panel.launch(FORM, confirmed=True)
         assert run_id, message
         [post] = hub.job_posts()
         body = post.json
@@ -89,7 +91,7 @@ def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, tmp_path):
 def test_anonymous_space_visitor_cannot_launch_or_cancel_on_hf_jobs(hub, tmp_path):
     panel = _panel(tmp_path, on_space=True)
     try:
-        message, run_id = panel.launch(FORM)
+        message, run_id = panel.launch(FORM, confirmed=True)
         assert run_id is None and "Not launched" in message
         assert hub.job_posts() == []
     finally:
@@ -99,8 +101,31 @@ def test_anonymous_space_visitor_cannot_launch_or_cancel_on_hf_jobs(hub, tmp_pat
 def test_a_visitor_cannot_launch_into_a_namespace_they_do_not_own(hub, tmp_path):
     panel = _panel(tmp_path, on_space=True)
     try:
-        message, run_id = panel.launch({**FORM, "bucket": "someone-else/runs"}, oauth_token=hub.token)
+        message, run_id = panel.launch({**FORM, "bucket": "someone-else/runs"}, oauth_token=hub.token, confirmed=True)
         assert run_id is None and "Not launched" in message
         assert hub.job_posts() == []
+    finally:
+        _stop(panel)
+
+
+def test_unknown_hardware_is_refused_with_the_valid_flavors(hub, tmp_path):
+    panel = _panel(tmp_path)
+    try:
+        message, run_id = panel.launch({**FORM, "flavor": "quantum-xl"}, confirmed=True)
+        assert run_id is None and "quantum-xl" in message and "a10g-small" in message
+        assert hub.job_posts() == []
+    finally:
+        _stop(panel)
+
+
+def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, tmp_path):
+    panel = _panel(tmp_path)
+    try:
+        hub.fail_nth_job_submission(2)
+        form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"}
+        message, run_id = panel.launch(form, confirmed=True)
+        assert run_id is None and "Cancelled the 1 job(s) already submitted" in message
+        [first] = [r for r in hub.requests if r.method == "POST" and r.path.endswith("/cancel")]
+        assert first.path.startswith("/api/jobs/alice/")
     finally:
         _stop(panel)
