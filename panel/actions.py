@@ -151,10 +151,20 @@ class Panel:
         return f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}", spec.run_id
 
     def _flavor_problem(self, spec: RunSpec) -> str | None:
-        names = {f.name for f in self.flavors()}
+        flavors = {f.name: f for f in self.flavors()}
         wanted = {"flavor": spec.flavor, **({"vllm_flavor": spec.vllm_flavor} if spec.mode == "distributed" else {})}
-        bad = [f"{field} {value!r}" for field, value in wanted.items() if value not in names]
-        return f"Unknown hardware: {', '.join(bad)}; choose one of {', '.join(sorted(names))}." if bad else None
+        bad = [f"{field} {value!r}" for field, value in wanted.items() if value not in flavors]
+        if bad:
+            return f"Unknown hardware: {', '.join(bad)}; choose one of {', '.join(sorted(flavors))}."
+        gpus = flavors[spec.flavor].gpus
+        if spec.mode == "colocated" and spec.num_processes > max(gpus, 1):
+            return (f"flavor {spec.flavor!r} has {gpus} GPU(s) but the run asks for {spec.num_processes} "
+                    "data-parallel processes (one per GPU); pick a larger flavor or fewer processes.")
+        if spec.mode == "colocated" and spec.use_vllm and spec.num_processes % spec.vllm_tensor_parallel_size:
+            # Colocated vLLM shards over groups of the training processes: TP must divide their number.
+            return (f"vllm_tensor_parallel_size {spec.vllm_tensor_parallel_size} must divide the number of "
+                    f"processes ({spec.num_processes}).")
+        return None
 
     # ---- runs
     def registries(self, oauth_token: str | None = None) -> list[RunRegistry]:

@@ -129,3 +129,12 @@ def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, tmp_path)
         assert first.path.startswith("/api/jobs/alice/")
     finally:
         _stop(panel)
+
+
+def test_parallelism_larger_than_the_flavor_is_refused(hub, tmp_path):
+    panel = _panel(tmp_path)
+    try:
+        message, run_id = panel.launch({**FORM, "num_processes": 4, "per_device_batch_size": 8}, confirmed=True)
+        assert run_id is None and "has 1 GPU(s)" in message and hub.job_posts() == []
+    finally:
+        _stop(panel)
