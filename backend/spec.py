@@ -13,12 +13,13 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
+from backend.runtime.vllm_args import VLLM_LORA_RANKS
+
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
 BUILTIN_REWARDS = ("digits", "length_target", "format")
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_TIMEOUT_MIN = 7 * 24 * 60
 DEFAULT_MOUNT = "/bucket"

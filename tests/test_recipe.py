@@ -53,4 +53,6 @@ def test_local_replicas_get_distinct_ports_and_wait_for_the_builtin_model():
     spec = RunSpec(mode="distributed", replicas=2)
     jobs = recipe.replica_jobs(spec, ports=[18001, 18002], python="python3")
     assert [j.expose for j in jobs] == [(18001,), (18002,)]
-    assert "until [ -f" in jobs[0].command[2] and "--port 18002" in jobs[1].command[2]
+    assert "runtime.serve_replica" in jobs[0].command[2] and "--port 18002" in jobs[1].command[2]
+    assert f"--wait-for {spec.run_path}/base-model" in jobs[0].command[2]
+    assert "--host 127.0.0.1" in jobs[0].command[2], "local replicas listen on loopback only"

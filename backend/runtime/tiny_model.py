@@ -5,6 +5,9 @@
 The build is deterministic (fixed seed), so every job of a run that builds it gets the same weights, and
 it is published by atomic rename, so jobs racing to build it never see a half-written folder.
 Head size 64 because vLLM's CPU attention rejects 16; the chat template is Qwen2.5's, which TRL recognises.
+Weights start at std 0.15, not transformers' 0.02: the embeddings are tied and the final RMSNorm fixes the
+hidden state's norm, so with 0.02 no LoRA on attention or MLP can move the logits by more than ~0.4 and GRPO
+cannot raise any reward; at 0.15 the "digits" demo goes from ~0.06 to ~0.9 in about 50 steps.
 """
 
 import argparse
@@ -18,7 +21,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TINY_CONFIG = dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=1,
     num_key_value_heads=1, head_dim=64, max_position_embeddings=512, rope_theta=10000.0,
-    tie_word_embeddings=True, torch_dtype="float32",
+    tie_word_embeddings=True, torch_dtype="float32", initializer_range=0.15,
 )
 
 

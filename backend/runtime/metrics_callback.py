@@ -1,0 +1,191 @@
+"""What a trainer writes into its run folder while it trains: metrics, adapter versions, the final adapter, events.
+
+`canonical_metrics` is the one place where TRL's metric names (GRPOTrainer's and the async trainer's) become
+the names the panel plots; `RunFolderCallback` is the `TrainerCallback` the colocated trainer uses.
+"""
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+
+from transformers import TrainerCallback
+
+from .layout import (
+    ADAPTER_META_FILE, ADAPTER_NAME_RE, ADAPTERS_DIR, FINAL_DIR, METRICS_DIR, FragmentWriter, adapter_name, write_event,
+)
+
+WRITER = "trainer"
+
+# TRL name -> canonical name. GRPOTrainer and AsyncGRPOTrainer both log some of these; async-only keys
+# are absent from colocated runs (the callback fills the staleness pair with 0 there).
+RENAMES = {
+    "step": "step",
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "kl": "kl",
+    "entropy": "entropy",
+    "completions/mean_length": "completion_length",
+    "loss": "loss",
+    "grad_norm": "grad_norm",
+    "learning_rate": "learning_rate",
+    "step_time": "step_time",
+    "perf/step_s": "step_time",
+    "sample/staleness_mean": "staleness_mean",
+    "sample/staleness_max": "staleness_max",
+    "sample/dropped_stale_total": "dropped_stale_total",
+    "sample/time_in_queue_s": "time_in_queue_s",
+    "ratio": "ratio",
+    "perf/weight_sync_s": "weight_sync_s",
+    "rollout/generated_tok_s": "gen_tokens_per_s",
+    "perf/trained_tok_s_wall_clock": "train_tokens_per_s",
+}
+CANONICAL_KEYS = (
+    "step", "time", "reward", "reward_std", "kl", "entropy", "completion_length", "tokens_per_s",
+    "staleness_mean", "staleness_max", "dropped_stale_total", "ratio", "weight_sync_s", "gen_tokens_per_s",
+    "train_tokens_per_s", "time_in_queue_s", "loss", "grad_norm", "learning_rate", "step_time",
+)  # plus "rewards/<func>" per reward function
+
+
+def _number(value) -> float | None:
+    # transformers prints floats as '%.4g' strings, so a parsed stdout dict carries strings; None/NaN mean "no value".
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _canonical_name(key: str) -> str | None:
+    if key in RENAMES:
+        return RENAMES[key]
+    # GRPOTrainer logs "rewards/<func>/mean" and "/std"; the async trainer logs "rewards/<func>".
+    if key.startswith("rewards/"):
+        name = key[len("rewards/"):]
+        if name.endswith("/mean"):
+            return "rewards/" + name[: -len("/mean")]
+        if "/" not in name:
+            return key
+    return None
+
+
+def canonical_metrics(logs: dict) -> dict:
+    """Map one TRL log dict (GRPOTrainer or AsyncGRPOTrainer) to the panel's metric names; drop missing values.
+
+    The async trainer's trained tokens per second also fills `tokens_per_s`, the throughput the panel plots
+    for every run.
+    """
+    out = {}
+    for key, value in logs.items():
+        name = _canonical_name(key)
+        number = _number(value)
+        if name is not None and number is not None:
+            out[name] = number
+    if "step" in out:
+        out["step"] = int(out["step"])
+    if "train_tokens_per_s" in out:
+        out.setdefault("tokens_per_s", out["train_tokens_per_s"])
+    return out
+
+
+def folder_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+
+
+def publish_adapter(model, dest: str, meta: dict) -> dict:
+    """Save `model`'s adapter to `dest` by atomic rename of a `_tmp` folder beside it; return its version.json."""
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="_tmp-", dir=parent)
+    old = None
+    try:
+        model.save_pretrained(tmp)
+        meta = {**meta, "time": time.time(), "size_bytes": folder_size(tmp)}
+        with open(os.path.join(tmp, ADAPTER_META_FILE), "w") as f:
+            json.dump(meta, f)
+        if os.path.exists(dest):  # final/ again after a resume: rename cannot replace a non-empty folder
+            old = tempfile.mkdtemp(prefix="_tmp-old-", dir=parent)
+            os.rename(dest, os.path.join(old, "previous"))
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    return meta
+
+
+def latest_adapter_version(adapters_dir: str) -> int:
+    """The highest published `trl-policy-v{N}` (0 if none), so a resumed run keeps numbering forward."""
+    if not os.path.isdir(adapters_dir):
+        return 0
+    versions = [int(m.group(1)) for m in map(ADAPTER_NAME_RE.match, os.listdir(adapters_dir)) if m]
+    return max(versions, default=0)
+
+
+class RunFolderCallback(TrainerCallback):
+    """Writes metric fragments, adapter versions, final/ and events into `run_dir` as the trainer runs."""
+
+    def __init__(self, run_dir: str, adapter_every: int, flush_every_s: float = 2.0):
+        self.run_dir = run_dir
+        self.adapter_every = adapter_every
+        self.flush_every_s = flush_every_s
+        self.metrics = FragmentWriter(os.path.join(run_dir, METRICS_DIR), WRITER)
+        self.pending: list[dict] = []
+        self.last_flush = time.time()
+        self.start = time.time()
+        self.last_log = (self.start, None)  # (time, num_tokens) at the previous log, for tokens_per_s
+        self.version = latest_adapter_version(os.path.join(run_dir, ADAPTERS_DIR))
+        self.published_step = None
+
+    def flush(self) -> None:
+        self.metrics.write(self.pending)
+        self.pending = []
+        self.last_flush = time.time()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.time()
+        self.last_log = (self.start, state.num_input_tokens_seen)
+        write_event(self.run_dir, WRITER, "started", step=state.global_step, max_steps=state.max_steps)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:
+            return  # the end-of-training summary log carries train_runtime etc., not a step's metrics
+        record = {"step": state.global_step, "time": time.time(), **canonical_metrics(logs)}
+        record.update(staleness_mean=0.0, staleness_max=0.0)  # colocated: every rollout uses the current policy
+        self._add_token_rate(record, _number(logs.get("num_tokens")))
+        self.pending.append(record)
+        if time.time() - self.last_flush >= self.flush_every_s:
+            self.flush()
+        print(self._progress_line(record, state.max_steps), flush=True)
+
+    def _add_token_rate(self, record: dict, num_tokens: float | None) -> None:
+        then, tokens_then = self.last_log
+        if num_tokens is not None and tokens_then is not None and record["time"] > then:
+            record["tokens_per_s"] = (num_tokens - tokens_then) / (record["time"] - then)
+        self.last_log = (record["time"], num_tokens)
+
+    def _progress_line(self, record: dict, max_steps: int) -> str:
+        reward = record.get("reward")
+        reward_text = "n/a" if reward is None else f"{reward:.3f}"
+        return f"step {record['step']}/{max_steps}  reward {reward_text}  {record['time'] - self.start:.1f}s"
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.adapter_every == 0:
+            self.publish_version(model, state.global_step)
+
+    def publish_version(self, model, step: int) -> None:
+        self.version += 1
+        self.published_step = step
+        name = adapter_name(self.version)
+        meta = publish_adapter(model, os.path.join(self.run_dir, ADAPTERS_DIR, name), {"version": self.version, "step": step})
+        write_event(self.run_dir, WRITER, "adapter_published", name=name, **meta)
+        print(f"published adapter {name} at step {step}", flush=True)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.flush()
+        if self.published_step != state.global_step:  # so final/ is always also the newest version
+            self.publish_version(model, state.global_step)
+        meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR), {"version": self.version, "step": state.global_step})
+        write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)

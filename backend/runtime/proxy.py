@@ -1,0 +1,507 @@
+"""LoRA-aware proxy: one base URL in front of N vLLM replicas, so TRL's async trainer sees one server.
+
+    python -m runtime.proxy --port 8000 --replica http://r1:8000 --replica http://r2:8000 [--stats-dir DIR]
+
+- Adapter loads, unloads, /pause, /resume and /reset_prefix_cache go to every live replica. A load is
+  all-or-nothing: where it failed on one replica it is unloaded where it succeeded, and the error returned.
+  A load whose path is not yet visible on a replica's bucket mount (vLLM answers 404) is retried until
+  `load_deadline_s`.
+- Completions are routed by rendezvous hashing of (adapter name, prompt prefix), so the generations of one
+  prompt share one replica's prefix cache; they spill to the least-loaded replica when the preferred one has
+  `spill_threshold` more requests in flight than it (prompts sharing a long system prompt share a key).
+- A replica that stops answering is marked down and routed around. Broadcasts skip it: the trainer must not
+  stall on a dead replica, and it cannot serve a stale policy because it gets no traffic until it is healthy
+  again and has been reconciled to the proxy's adapter set (missing versions loaded, unknown ones unloaded).
+- `/health` is 200 while at least one replica is healthy: TRL only polls it at start, and one replica can
+  generate and take adapter loads; late replicas join through reconciliation. `/health?require=all` is 200
+  only when every replica is healthy (the trainer's start-up waits on it first).
+- `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments.
+Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it).
+"""
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from .layout import FragmentWriter
+
+log = logging.getLogger("runtime.proxy")
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+PREFIX_CHARS = 1024  # of a prompt's JSON (~250 token ids) choose its replica
+FORWARDED_HEADERS = ("Content-Type", "Accept")
+SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+
+
+class ReplicaUnreachable(Exception):
+    """The replica did not answer at the transport level: it is down, not merely refusing."""
+
+
+@dataclass(eq=False)
+class Replica:
+    url: str
+    healthy: bool = False
+    in_flight: int = 0
+    served: int = 0
+    errors: int = 0
+    failed_checks: int = 0
+    adapters: set[str] = field(default_factory=set)
+    last_error: str = ""
+
+    def snapshot(self) -> dict:
+        return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "served": self.served,
+                "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error}
+
+
+@dataclass
+class Reply:
+    status: int
+    text: str
+
+    @property
+    def path_missing(self) -> bool:
+        # vLLM's 404 for an adapter path it cannot read, not FastAPI's 404 for a route the server lacks.
+        return self.status == 404 and '"NotFoundError"' in self.text
+
+
+def affinity_key(body: bytes) -> str:
+    """Adapter name plus the start of the prompt as JSON. Requests sharing both can reuse one replica's prefix
+    cache: a GRPO group's generations (one prompt), and the turns of a conversation (a growing prompt)."""
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(payload, dict):
+        return ""
+    prompt = payload.get("messages", payload.get("prompt", ""))
+    return f"{payload.get('model')}|{json.dumps(prompt)[:PREFIX_CHARS]}"
+
+
+def rendezvous_score(key: str, url: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(), "big")
+
+
+class Proxy:
+    def __init__(self, replica_urls: list[str], *, spill_threshold: int = 8, load_deadline_s: float = 60.0,
+                 health_interval_s: float = 1.0, stats_dir: str | None = None, stats_interval_s: float = 2.0,
+                 stats_flush_s: float = 30.0, token: str | None = None):
+        if not replica_urls:
+            raise ValueError("the proxy needs at least one --replica URL")
+        self.replicas = [Replica(u.rstrip("/")) for u in replica_urls]
+        self.spill_threshold = spill_threshold
+        self.load_deadline_s = load_deadline_s
+        self.health_interval_s = health_interval_s
+        self.adapters: dict[str, str] = {}  # name -> path of every adapter loaded through the proxy
+        token = token if token is not None else os.environ.get("HF_TOKEN")
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._stats = StatsRecorder(stats_dir, stats_interval_s, stats_flush_s) if stats_dir else None
+        self._session: aiohttp.ClientSession | None = None
+        self._lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/proxy/stats", self.stats)
+        app.router.add_post("/v1/load_lora_adapter", self.load_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", self.unload_adapter)
+        app.router.add_post("/pause", self.pause)
+        app.router.add_post("/resume", self.resume)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
+        for path in GENERATION_PATHS:
+            app.router.add_post(path, self.generate)
+        app.router.add_get("/{tail:.*}", self.pass_through)
+        app.router.add_post("/{tail:.*}", self.refuse)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _app) -> None:
+        # No total timeout: a generation may legitimately run for minutes, or sit paused during a sync.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5)
+        self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
+                                              connector=aiohttp.TCPConnector(limit=0))
+        self._lock = asyncio.Lock()
+        self._tasks = [asyncio.create_task(self._health_loop())]
+        if self._stats:
+            self._tasks.append(asyncio.create_task(self._stats_loop()))
+
+    async def _stop(self, _app) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._stats:
+            self._stats.sample(self.replicas, force=True)
+        await self._session.close()
+
+    # ---- replica calls
+    async def _call(self, replica: Replica, method: str, path: str, *, json_body=None, params=None,
+                    timeout: float | None = None) -> Reply:
+        try:
+            async with self._session.request(
+                method, replica.url + path, json=json_body, params=params, headers=self._auth,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5),
+            ) as resp:
+                return Reply(resp.status, await resp.text())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+            raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
+
+    async def _broadcast(self, method: str, path: str, **kwargs) -> dict[Replica, Reply]:
+        """Send to every healthy replica at once; replicas that do not answer are marked down and left out."""
+        live = [r for r in self.replicas if r.healthy]
+        replies = await asyncio.gather(*(self._call(r, method, path, **kwargs) for r in live), return_exceptions=True)
+        answered = {}
+        for replica, reply in zip(live, replies):
+            if isinstance(reply, ReplicaUnreachable):
+                self._mark_down(replica, str(reply))
+            elif isinstance(reply, BaseException):
+                raise reply
+            else:
+                answered[replica] = reply
+        return answered
+
+    def _mark_down(self, replica: Replica, reason: str) -> None:
+        if replica.healthy:
+            log.warning("replica %s is down: %s", replica.url, reason)
+        replica.healthy = False
+        replica.last_error = reason
+        replica.errors += 1
+        self._record()
+
+    def _record(self) -> None:
+        """Sample the stats now: a change of health or adapters must not fall between two periodic samples."""
+        if self._stats:
+            self._stats.sample(self.replicas)
+
+    # ---- adapter broadcasts
+    async def _load_on(self, replica: Replica, name: str, path: str) -> Reply:
+        deadline = time.monotonic() + self.load_deadline_s
+        delay = 0.25
+        while True:
+            reply = await self._call(replica, "POST", "/v1/load_lora_adapter",
+                                     json_body={"lora_name": name, "lora_path": path, "load_inplace": False})
+            # A bucket mount may show a freshly renamed folder to other machines only seconds later.
+            if not reply.path_missing or time.monotonic() + delay > deadline:
+                return reply
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def load_adapter(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return _error(400, "both 'lora_name' and 'lora_path' must be given")
+        async with self._lock:
+            live = [r for r in self.replicas if r.healthy]
+            replies = await asyncio.gather(*(self._load_on(r, name, path) for r in live), return_exceptions=True)
+            loaded, failures = [], []
+            for replica, reply in zip(live, replies):
+                if isinstance(reply, ReplicaUnreachable):
+                    self._mark_down(replica, str(reply))
+                elif reply.status == 200:
+                    loaded.append(replica)
+                else:
+                    failures.append((replica, reply))
+            if failures:
+                await self._roll_back(loaded, name)
+                replica, reply = failures[0]
+                log.error("loading %s failed on %s (%s): %s", name, replica.url, reply.status, reply.text[:500])
+                return web.Response(status=reply.status, text=reply.text, content_type="application/json")
+            if not loaded:
+                return _error(503, "no healthy vLLM replica to load the adapter on")
+            self.adapters[name] = path
+            for replica in loaded:
+                replica.adapters.add(name)
+            self._record()
+        return web.Response(text=f"Success: LoRA adapter '{name}' added on {len(loaded)} replica(s).")
+
+    async def _roll_back(self, loaded: list[Replica], name: str) -> None:
+        await asyncio.gather(*(self._call(r, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
+                               for r in loaded), return_exceptions=True)
+
+    async def unload_adapter(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name = body.get("lora_name")
+        async with self._lock:
+            replies = await self._broadcast("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
+            self.adapters.pop(name, None)
+            for replica in self.replicas:
+                replica.adapters.discard(name)
+            self._record()
+        # 404 means the replica does not hold it: the goal, absence, is reached there too.
+        failed = [(r, rep) for r, rep in replies.items() if rep.status not in (200, 404)]
+        if failed:
+            return web.Response(status=failed[0][1].status, text=failed[0][1].text, content_type="application/json")
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed.")
+
+    # ---- engine control broadcasts
+    async def pause(self, request: web.Request) -> web.Response:
+        replies = await self._broadcast("POST", "/pause", params=dict(request.query))
+        paused = [r for r, rep in replies.items() if rep.status == 200]
+        if len(paused) < len(replies):
+            # All or nothing: a half-paused fleet would keep generating with the policy being replaced.
+            await asyncio.gather(*(self._call(r, "POST", "/resume") for r in paused), return_exceptions=True)
+        return _combined(replies, {"status": "paused"})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        replies = await self._broadcast("POST", "/resume", params=dict(request.query))
+        return _combined(replies, {"status": "resumed"})
+
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        replies = await self._broadcast("POST", "/reset_prefix_cache", params=dict(request.query))
+        success = bool(replies) and all(r.status == 200 and '"success":true' in r.text.replace(" ", "")
+                                        for r in replies.values())
+        return web.json_response({"success": success, "replicas": len(replies)})
+
+    # ---- generation routing
+    def pick(self, key: str, exclude: set[str]) -> Replica | None:
+        live = [r for r in self.replicas if r.healthy and r.url not in exclude]
+        if not live:
+            return None
+        preferred = max(live, key=lambda r: rendezvous_score(key, r.url))
+        least = min(live, key=lambda r: r.in_flight)
+        return least if preferred.in_flight >= least.in_flight + self.spill_threshold else preferred
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        key = affinity_key(body)
+        tried: set[str] = set()
+        while (replica := self.pick(key, tried)) is not None:
+            tried.add(replica.url)
+            try:
+                return await self._forward(request, replica, body)
+            except ReplicaUnreachable as error:
+                self._mark_down(replica, str(error))
+        return _error(503, "no healthy vLLM replica")
+
+    async def _forward(self, request: web.Request, replica: Replica, body: bytes) -> web.StreamResponse:
+        headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers} | self._auth
+        replica.in_flight += 1
+        try:
+            try:
+                upstream = await self._session.request(request.method, replica.url + request.path,
+                                                       params=request.query, data=body, headers=headers)
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+                raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
+            try:
+                return await self._relay(request, replica, upstream)
+            finally:
+                upstream.release()  # closes the connection, aborting the request in vLLM, if unread data is left
+        finally:
+            replica.in_flight -= 1
+
+    async def _relay(self, request: web.Request, replica: Replica, upstream) -> web.StreamResponse:
+        """Copy the replica's answer chunk by chunk, so streamed completions stream through the proxy."""
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        response = web.StreamResponse(status=upstream.status, headers=headers | {SERVED_BY: replica.url})
+        if upstream.content_length is not None:
+            response.content_length = upstream.content_length
+        await response.prepare(request)
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+                self._mark_down(replica, f"died mid-response: {error}")
+                return response
+            if not chunk:
+                break
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:
+                return response  # the caller went away; not the replica's fault
+        await response.write_eof()
+        if upstream.status < 400:
+            replica.served += 1
+        else:
+            replica.errors += 1
+        return response
+
+    # ---- pass-through and status
+    async def pass_through(self, request: web.Request) -> web.Response:
+        for replica in [r for r in self.replicas if r.healthy]:
+            try:
+                reply = await self._call(replica, "GET", request.path, params=dict(request.query), timeout=30)
+            except ReplicaUnreachable as error:
+                self._mark_down(replica, str(error))
+                continue
+            return web.Response(status=reply.status, text=reply.text, content_type=_content_type(reply.text))
+        return _error(503, "no healthy vLLM replica")
+
+    async def refuse(self, request: web.Request) -> web.Response:
+        return _error(404, f"the proxy does not forward POST {request.path}: it is neither a generation route nor "
+                           "one it knows how to broadcast to every replica")
+
+    async def health(self, request: web.Request) -> web.Response:
+        healthy = sum(r.healthy for r in self.replicas)
+        need = len(self.replicas) if request.query.get("require") == "all" else 1
+        return web.json_response({"healthy": healthy, "replicas": len(self.replicas)},
+                                 status=200 if healthy >= need else 503)
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.snapshot())
+
+    def snapshot(self) -> dict:
+        return {"time": time.time(), "replicas": [r.snapshot() for r in self.replicas], "adapters": dict(self.adapters)}
+
+    # ---- background loops
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._check(r) for r in self.replicas), return_exceptions=True)
+            await asyncio.sleep(self.health_interval_s)
+
+    async def _check(self, replica: Replica) -> None:
+        try:
+            reply = await self._call(replica, "GET", "/health", timeout=5)
+            ok, reason = reply.status == 200, f"/health answered {reply.status}"
+        except ReplicaUnreachable as error:
+            ok, reason = False, str(error)
+        if not ok:
+            replica.failed_checks += 1
+            # Two misses in a row, so one slow answer on a busy CPU does not take a replica out of rotation.
+            if replica.healthy and replica.failed_checks >= 2:
+                self._mark_down(replica, reason)
+            elif not replica.healthy:
+                replica.last_error = reason
+            return
+        replica.failed_checks = 0
+        if not replica.healthy:
+            await self._rejoin(replica)
+
+    async def _rejoin(self, replica: Replica) -> None:
+        """Bring a (re)started replica to the proxy's adapter set before it gets traffic."""
+        async with self._lock:
+            try:
+                models = json.loads((await self._call(replica, "GET", "/v1/models", timeout=30)).text)
+                held = {m["id"] for m in models["data"] if m.get("parent")}
+                # Unknown names may be a previous trainer's: a resumed trainer reuses them with new weights.
+                for name in held - set(self.adapters):
+                    await self._call(replica, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
+                for name in set(self.adapters) - held:
+                    reply = await self._load_on(replica, name, self.adapters[name])
+                    if reply.status != 200:
+                        raise ReplicaUnreachable(f"could not reload {name}: {reply.status} {reply.text[:200]}")
+            except (ReplicaUnreachable, ValueError, KeyError) as error:
+                replica.last_error = f"rejoin failed: {error}"
+                return
+            replica.adapters = set(self.adapters)
+            replica.healthy = True
+            replica.last_error = ""
+            self._record()
+            log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))
+
+    async def _stats_loop(self) -> None:
+        while True:
+            self._stats.sample(self.replicas)
+            await asyncio.sleep(self._stats.interval_s)
+
+
+class StatsRecorder:
+    """Turns changed replica snapshots into write-once fragments: buffered, and flushed at once when a
+    replica's health or adapter set changes, since that is what the panel must show promptly."""
+
+    def __init__(self, folder: str, interval_s: float, flush_s: float):
+        self.writer = FragmentWriter(folder, "proxy")
+        self.interval_s = interval_s
+        self.flush_s = flush_s
+        self.pending: list[dict] = []
+        self.last: list[dict] | None = None
+        self.last_flush = time.monotonic()
+
+    def sample(self, replicas: list[Replica], force: bool = False) -> None:
+        snapshot = [r.snapshot() for r in replicas]
+        if snapshot != self.last:
+            structural = self.last is None or _structure(snapshot) != _structure(self.last)
+            self.pending.append({"time": time.time(), "replicas": snapshot})
+            self.last = snapshot
+            force = force or structural
+        if self.pending and (force or time.monotonic() - self.last_flush >= self.flush_s):
+            self.writer.write(self.pending)
+            self.pending = []
+            self.last_flush = time.monotonic()
+
+
+def _structure(snapshot: list[dict]) -> list:
+    return [(r["healthy"], r["adapters"]) for r in snapshot]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+def _content_type(text: str) -> str:
+    return "application/json" if text[:1] in "{[" else "text/plain"
+
+
+def _combined(replies: dict[Replica, Reply], ok_body: dict) -> web.Response:
+    failed = [rep for rep in replies.values() if rep.status != 200]
+    if failed:
+        return web.Response(status=failed[0].status, text=failed[0].text, content_type=_content_type(failed[0].text))
+    if not replies:
+        return _error(503, "no healthy vLLM replica")
+    return web.json_response(ok_body)
+
+
+class ProxyHandle:
+    """A proxy running on its own event loop in a daemon thread of the calling process."""
+
+    def __init__(self, proxy: Proxy, loop: asyncio.AbstractEventLoop, runner: web.AppRunner, url: str):
+        self.proxy, self._loop, self._runner, self.url = proxy, loop, runner, url
+
+    def stats(self) -> dict:
+        return asyncio.run_coroutine_threadsafe(_snapshot(self.proxy), self._loop).result(10)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+async def _snapshot(proxy: Proxy) -> dict:
+    return proxy.snapshot()
+
+
+def start_proxy(replica_urls: list[str], *, host: str = "127.0.0.1", port: int = 0, **options) -> ProxyHandle:
+    """Start a proxy in a background thread; port 0 picks a free one. Returns once it accepts connections."""
+    proxy = Proxy(replica_urls, **options)
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="lora-proxy", daemon=True).start()
+
+    async def serve() -> tuple[web.AppRunner, int]:
+        runner = web.AppRunner(proxy.build_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        return runner, site._server.sockets[0].getsockname()[1]
+
+    runner, bound = asyncio.run_coroutine_threadsafe(serve(), loop).result(30)
+    return ProxyHandle(proxy, loop, runner, f"http://{host}:{bound}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--replica", action="append", required=True, help="a vLLM replica's base URL (repeat)")
+    parser.add_argument("--stats-dir", help="write per-replica stats here as write-once fragments")
+    parser.add_argument("--spill-threshold", type=int, default=8,
+                        help="requests in flight beyond the least-loaded replica's before a prompt leaves its own")
+    parser.add_argument("--load-deadline", type=float, default=60.0, help="seconds to wait for an adapter path")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
+                  stats_dir=args.stats_dir)
+    web.run_app(proxy.build_app(), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Run one vLLM replica of a distributed run, and stop it when the run's trainer ends.
+
+    python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] -- python -m vllm.entrypoints... ARGS
+
+Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished" or "failed" in
+`DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep serving,
+and billing, until its timeout. Events older than this replica's start are ignored, so a resumed trainer
+gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .layout import EVENTS_DIR, FRAGMENT_RE
+
+POLL_S = 5.0
+GRACE_S = 30.0
+END_EVENTS = ("finished", "failed")
+
+
+def wait_for_model(model_dir: str) -> None:
+    config = os.path.join(model_dir, "config.json")
+    waited = 0.0
+    while not os.path.isfile(config):
+        if waited % 30 == 0:
+            print(f"waiting for the base model at {model_dir}", flush=True)
+        time.sleep(2)
+        waited += 2
+
+
+class TrainerEndWatch:
+    """Reads the trainer's event fragments once each, and reports an end event newer than `since`."""
+
+    def __init__(self, run_dir: str, since: float):
+        self.folder = os.path.join(run_dir, EVENTS_DIR)
+        self.since = since
+        self.seen: set[str] = set()
+
+    def ended(self) -> str | None:
+        try:
+            names = sorted(os.listdir(self.folder))
+        except FileNotFoundError:
+            return None
+        for name in names:
+            match = FRAGMENT_RE.match(name)
+            if not match or match.group("writer") != "trainer" or name in self.seen:
+                continue
+            self.seen.add(name)
+            with open(os.path.join(self.folder, name)) as f:
+                for line in f:
+                    event = json.loads(line) if line.strip() else {}
+                    if event.get("event") in END_EVENTS and event.get("time", 0) >= self.since:
+                        return event["event"]
+        return None
+
+
+def stop(child: subprocess.Popen) -> int:
+    child.terminate()
+    try:
+        return child.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--wait-for", help="a model folder the trainer publishes into the bucket")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM server command")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the vLLM server command after --")
+    started = time.time()
+    if args.wait_for:
+        wait_for_model(args.wait_for)
+    child = subprocess.Popen(command)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop(child)))
+    watch = TrainerEndWatch(args.run_dir, since=started)
+    while child.poll() is None:
+        time.sleep(POLL_S)
+        event = watch.ended()
+        if event:
+            print(f"the trainer has {event}: stopping this replica", flush=True)
+            stop(child)
+            sys.exit(0)
+    sys.exit(child.returncode)
+
+
+if __name__ == "__main__":
+    main()

