@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backend.executors.base import Executor
-from backend.launch import LaunchedRun, launch_run
+from backend.launch import LaunchedRun, LaunchError, launch_run
 from backend.runview import RunView
 from backend.spec import RunSpec
 from backend.store import BucketStore
@@ -64,6 +64,20 @@ class RunRegistry:
                 raise KeyError(f"no run {run_id!r}")
             self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs)
         return self._views[run_id]
+
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None) -> LaunchedRun:
+        """Submit the run's jobs again from its spec.json: the trainer resumes from the bucket's checkpoints."""
+        view = self.view(run_id)
+        view.refresh()
+        if not view.spec:
+            raise LaunchError(f"run {run_id} has no spec.json in its bucket; it cannot be resumed")
+        if not view.done:
+            raise LaunchError(f"run {run_id} still has running jobs; cancel it before resuming")
+        spec = RunSpec.from_dict(view.spec)
+        launched = launch_run(spec, self.executor, view.store, secrets)
+        view.replace_jobs(launched.job_ids)
+        self._listed = (0.0, [])
+        return launched
 
     def cancel(self, run_id: str) -> list[str]:
         """Cancel every job of the run; return the job ids asked to stop."""

@@ -39,6 +39,7 @@ class RunView:
         self.jobs = {role: JobView(job_id, role) for role, job_id in jobs.items()}
         self.spec: dict = {}
         self.metrics: list[dict] = []
+        self._by_step: dict[int, dict] = {}
         self.events: list[dict] = []
         self.replica_stats: list[dict] = []
         self.adapters: dict[int, AdapterVersion] = {}
@@ -46,6 +47,7 @@ class RunView:
         self._metric_cursor = FragmentCursor()
         self._event_cursor = FragmentCursor()
         self.last_refresh = 0.0
+        self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
 
     # ---- derived
     @property
@@ -79,7 +81,13 @@ class RunView:
         for job in self.jobs.values():
             changed |= self._refresh_job(job)
         self.last_refresh = time.time()
+        self.version += changed
         return changed
+
+    def replace_jobs(self, jobs: dict[str, str]) -> None:
+        """Watch a new set of jobs for this run (it was resumed); what the bucket holds stays."""
+        self.jobs = {role: JobView(job_id, role) for role, job_id in jobs.items()}
+        self.version += 1
 
     def _refresh_spec(self) -> bool:
         if self.spec:
@@ -97,12 +105,13 @@ class RunView:
             if "replicas" in record:
                 self.replica_stats.append(record)
             else:
-                self.metrics.append(record)
+                # A resumed trainer logs the steps after its checkpoint again: the latest record wins.
+                self._by_step[record.get("step", 0)] = record
         new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor)
         for writer, record in new_events:
             (self.replica_stats if "replicas" in record else self.events).append({"writer": writer, **record})
         if new_metrics:
-            self.metrics.sort(key=lambda r: (r.get("step", 0), r.get("time", 0)))
+            self.metrics = [self._by_step[step] for step in sorted(self._by_step)]
         return bool(new_metrics or new_events)
 
     def _refresh_adapters(self) -> bool:

@@ -60,7 +60,7 @@ class RunSpec:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     # GRPO
     learning_rate: float = 5e-3
-    max_steps: int = 60
+    max_steps: int = 100
     per_device_batch_size: int = 8
     num_generations: int = 8
     max_completion_length: int = 16

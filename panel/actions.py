@@ -210,6 +210,18 @@ class Panel:
             return f"**Not cancelled.** {exc}"
         return f"Cancel requested for {len(stopped)} job(s) of run {run_id}."
 
+    def resume(self, run_id: str, oauth_token: str | None = None) -> str:
+        """Relaunch a stopped run's jobs; its trainer resumes from the last checkpoint in the bucket."""
+        try:
+            view = self.view(run_id, oauth_token)
+            registry = self._run_registry[run_id]
+            token = self._check_control(registry.executor.name, view.spec.get("bucket", "").split("/")[0], oauth_token)
+            secrets = {recipe.TOKEN_SECRET: token} if token else {}
+            launched = registry.resume(run_id, secrets)
+        except (Refused, KeyError, LaunchError, SpecError) as exc:
+            return f"**Not resumed.** {redact_tokens(str(exc))}"
+        return f"Resumed run {run_id} with {len(launched.job_ids)} new job(s); the trainer continues from its last checkpoint."
+
     def final_adapter(self, run_id: str) -> str | None:
         return self._run_registry[run_id].final_adapter_zip(run_id) if run_id in self._run_registry else None
 

@@ -8,7 +8,7 @@ PRESETS: dict[str, dict] = {
                     dataset="builtin:count-to-ten", use_vllm=False, flavor="cpu-basic", bucket="local/grpo-runs"),
     "Tiny distributed (CPU, 2 vLLM replicas)": dict(
         name="tiny-distributed", mode="distributed", executor="local", model=BUILTIN_MODEL,
-        dataset="builtin:count-to-ten", replicas=2, max_staleness=1, lora_r=8, max_steps=30, adapter_every=1,
+        dataset="builtin:count-to-ten", replicas=2, max_staleness=1, lora_r=8, max_steps=20, adapter_every=1,
         flavor="cpu-basic", bucket="local/grpo-runs", timeout_minutes=30),
     "Qwen2.5-0.5B colocated (HF Jobs, 1x A10G)": dict(
         name="qwen05b-colocated", mode="colocated", executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct",

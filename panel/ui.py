@@ -115,9 +115,11 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 with gr.Row():
                     run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3)
                     cancel_btn = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
+                resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
                 runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created"], interactive=False,
                                           elem_id="runs-table")
-                status = gr.Markdown(elem_id="run-status")
+                action_msg = gr.Markdown(elem_id="action-msg")
+            status = gr.Markdown(elem_id="run-status")
                 with gr.Row():
                     reward_plot = gr.Plot(elem_id="reward-plot")
                     staleness_plot = gr.Plot(elem_id="staleness-plot")
@@ -139,6 +141,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     log_btn = gr.DownloadButton("Download full log", elem_id="log-btn", scale=1)
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
         timer = gr.Timer(TICK_S)
+        drawn = gr.State(None)      # (run_id, RunView.version) this browser session last drew
 
         inputs = [form[n] for n in names]
         dash_outputs = [status, reward_plot, staleness_plot, util_plot, memory_plot, kl_plot, length_plot,
@@ -159,38 +162,34 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 return message, gr.skip(), gr.skip()
             return message, gr.update(choices=_run_choices(panel), value=run_id), gr.Tabs(selected="runs")
 
-        def on_tick(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
-            token = oauth_token.token if oauth_token else None
-            rows = panel.runs_table(token)
-            choices = gr.update(choices=[r[0] for r in rows])
-            if not run_id:
-                return [rows, choices, *[gr.skip()] * (len(dash_outputs) + 3)]
-            view = panel.view(run_id, token)
-            if not view.refresh() and view.last_refresh and getattr(view, "_drawn", False):
-                return [rows, choices, *[gr.skip()] * (len(dash_outputs) + 3)]
-            view._drawn = True
+        def frame_outputs(view, role, query):
             frame = dashboard.build_frame(view)
-            final = panel.final_adapter(run_id) if view.final_files else None
-            roles = sorted(view.jobs)
-            return [rows, choices, frame.status, frame.reward, frame.staleness, frame.utilisation, frame.memory,
-                    frame.kl, frame.length, frame.ratio, frame.adapters, frame.replicas,
-                    dashboard.log_text(view, role, query),
-                    gr.update(value=final, interactive=final is not None),
-                    gr.update(choices=roles, value=role if role in roles else "trainer")]
-
-        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
-            if not run_id:
-                return [gr.skip()] * (len(dash_outputs) + 3)
-            view = panel.view(run_id, oauth_token.token if oauth_token else None)
-            view.refresh()
-            view._drawn = True
-            frame = dashboard.build_frame(view)
-            final = panel.final_adapter(run_id) if view.final_files else None
+            final = panel.final_adapter(view.run_id) if view.final_files else None
             roles = sorted(view.jobs)
             return [frame.status, frame.reward, frame.staleness, frame.utilisation, frame.memory, frame.kl,
                     frame.length, frame.ratio, frame.adapters, frame.replicas, dashboard.log_text(view, role, query),
                     gr.update(value=final, interactive=final is not None),
                     gr.update(choices=roles, value=role if role in roles else "trainer")]
+
+        def on_tick(run_id, role, query, last, oauth_token: gr.OAuthToken | None = None):
+            token = oauth_token.token if oauth_token else None
+            rows = panel.runs_table(token)
+            choices = gr.update(choices=[r[0] for r in rows])
+            skip = [gr.skip()] * (len(dash_outputs) + 3)
+            if not run_id:
+                return [rows, choices, *skip, last]
+            view = panel.view(run_id, token)
+            view.refresh()
+            if last == (run_id, view.version):
+                return [rows, choices, *skip, last]    # nothing new since this session last drew
+            return [rows, choices, *frame_outputs(view, role, query), (run_id, view.version)]
+
+        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
+            if not run_id:
+                return [*[gr.skip()] * (len(dash_outputs) + 3), None]
+            view = panel.view(run_id, oauth_token.token if oauth_token else None)
+            view.refresh()
+            return [*frame_outputs(view, role, query), (run_id, view.version)]
 
         def on_log_filter(run_id, role, query):
             return dashboard.log_text(panel.view(run_id), role, query) if run_id else ""
@@ -203,13 +202,20 @@ def build_ui(panel: Panel) -> gr.Blocks:
         preset.change(on_preset, preset, inputs)
         preview_btn.click(on_preview, inputs, launch_msg)
         launch_btn.click(on_launch, [*inputs, confirm], [launch_msg, run_pick, tabs])
-        tick_outputs = [runs_table, run_pick, *dash_outputs, log_box, final_btn, log_role]
-        timer.tick(on_tick, [run_pick, log_role, log_query], tick_outputs, show_progress="hidden")
-        run_pick.change(on_select, [run_pick, log_role, log_query], [*dash_outputs, log_box, final_btn, log_role])
+        tick_outputs = [runs_table, run_pick, *dash_outputs, log_box, final_btn, log_role, drawn]
+        timer.tick(on_tick, [run_pick, log_role, log_query, drawn], tick_outputs, show_progress="hidden")
+        run_pick.change(on_select, [run_pick, log_role, log_query], [*dash_outputs, log_box, final_btn, log_role, drawn])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_btn.click(lambda r, role: full_log_file(panel, r, role) if r else None, [run_pick, log_role], log_btn)
-        cancel_btn.click(on_cancel, run_pick, status)
+        cancel_btn.click(on_cancel, run_pick, action_msg)
+
+        def on_resume(run_id, oauth_token: gr.OAuthToken | None = None):
+            if not run_id:
+                return "Pick a run first."
+            return panel.resume(run_id, oauth_token.token if oauth_token else None)
+
+        resume_btn.click(on_resume, run_pick, action_msg)
         demo.load(lambda: gr.update(choices=_run_choices(panel)), None, run_pick)
     return demo
 

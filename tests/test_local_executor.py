@@ -123,3 +123,36 @@ def test_logs_are_read_from_a_cursor_and_tokens_are_masked(executor):
     lines, cursor = executor.read_logs(job_id, 0)
     assert lines == ["one", "token=hf_***"], "the unfinished last line waits for its newline"
     assert executor.read_logs(job_id, cursor) == ([], cursor)
+
+
+def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
+    registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
+    spec = RunSpec(max_steps=40, adapter_every=3, checkpoint_every=3)
+    job_id = registry.launch(spec).job_ids["trainer"]
+    view = registry.view(spec.run_id)
+    checkpoints = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id, "checkpoints")
+    deadline = time.time() + 240
+    while time.time() < deadline and not any(n.startswith("checkpoint-6") for n in _ls(checkpoints)):
+        time.sleep(0.5)
+    executor.cancel(job_id)
+    assert executor.wait(job_id, 30).stage == "CANCELED"
+    view.refresh()
+    steps_before = [r["step"] for r in view.metrics]
+    assert steps_before and max(steps_before) < 40
+
+    resumed_at = time.time()
+    resumed = registry.resume(spec.run_id)
+    assert resumed.job_ids["trainer"] != job_id
+    assert executor.wait(resumed.job_ids["trainer"], 300).stage == "COMPLETED"
+    view.refresh()
+    log = "\n".join(view.jobs["trainer"].logs)
+    resumed_from = int(log.split("resuming from", 1)[1].split("checkpoint-", 1)[1].split()[0].rstrip("/"))
+    assert 6 <= resumed_from <= max(steps_before)
+    new_steps = [r["step"] for r in view.metrics if r["time"] > resumed_at]
+    assert min(new_steps) == resumed_from + 1 and max(new_steps) == 40, "the resumed trainer restarted at 0"
+    assert view.final_files
+    assert [r["step"] for r in view.metrics] == list(range(1, 41)), "a step logged twice is shown once"
+
+
+def _ls(path):
+    return os.listdir(path) if os.path.isdir(path) else []

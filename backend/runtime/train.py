@@ -146,9 +146,12 @@ def main() -> None:
         trainer.train(resume_from_checkpoint=checkpoint)
     except BaseException as error:
         callback.flush()
-        message = str(error) if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
+        if isinstance(error, SystemExit):  # SIGTERM: the reason is the whole story, a traceback is noise
+            message = str(error)
+        else:
+            message = f"{type(error).__name__}: {error}"
+            traceback.print_exc()
         write_event(run_dir, WRITER, "failed", error=message)
-        traceback.print_exc()
         sys.exit(f"training failed: {message}")
 
 
