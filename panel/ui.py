@@ -109,17 +109,19 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 names = list(form)
                 with gr.Row():
                     preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
+                    confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
+                                          elem_id="confirm")
                     launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
                 launch_msg = gr.Markdown(elem_id="launch-msg")
             with gr.Tab("Runs", id="runs"):
                 with gr.Row():
                     run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3)
                     cancel_btn = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
-                resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
+                    resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
                 runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created"], interactive=False,
                                           elem_id="runs-table")
                 action_msg = gr.Markdown(elem_id="action-msg")
-            status = gr.Markdown(elem_id="run-status")
+                status = gr.Markdown(elem_id="run-status")
                 with gr.Row():
                     reward_plot = gr.Plot(elem_id="reward-plot")
                     staleness_plot = gr.Plot(elem_id="staleness-plot")

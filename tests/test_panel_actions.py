@@ -47,3 +47,14 @@ def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
     text = panel.preview({"mode": "distributed", "replicas": 2})
     assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
     assert token not in text
+
+
+def test_the_ui_builds_with_every_control(panel):
+    from panel.ui import build_ui
+
+    demo = build_ui(panel)
+    ids = {getattr(block, "elem_id", None) for block in demo.blocks.values()}
+    wanted = {"preset", "f-lora_r", "f-flavor", "confirm", "launch-btn", "run-pick", "cancel-btn", "resume-btn",
+              "reward-plot", "staleness-plot", "util-plot", "ratio-plot", "adapters-table", "replicas-table",
+              "final-btn", "log-query", "log-btn", "log-box"}
+    assert wanted <= ids, wanted - ids
