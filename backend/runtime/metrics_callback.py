@@ -112,6 +112,8 @@ def publish_adapter(model, dest: str, meta: dict) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if old:
+            if not os.path.exists(dest):  # stopped between the two renames: put the previous adapter back
+                os.rename(os.path.join(old, "previous"), dest)
             shutil.rmtree(old, ignore_errors=True)
     return meta
 
@@ -145,13 +147,15 @@ class RunFolderCallback(TrainerCallback):
         self.last_flush = time.time()
 
     def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return  # with several training processes, only the first one writes into the run folder
         self.start = time.time()
         self.last_log = (self.start, state.num_input_tokens_seen)
         write_event(self.run_dir, WRITER, "started", step=state.global_step, max_steps=state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
-            return  # the end-of-training summary log carries train_runtime etc., not a step's metrics
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return  # other processes write nothing; the end-of-training summary (train_runtime, ...) is no step
         record = {"step": state.global_step, "time": time.time(), **canonical_metrics(logs)}
         record.update(staleness_mean=0.0, staleness_max=0.0)  # colocated: every rollout uses the current policy
         self._add_token_rate(record, _number(logs.get("num_tokens")))
@@ -172,20 +176,24 @@ class RunFolderCallback(TrainerCallback):
         return f"step {record['step']}/{max_steps}  reward {reward_text}  {record['time'] - self.start:.1f}s"
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.adapter_every == 0:
+        if state.is_world_process_zero and state.global_step % self.adapter_every == 0:
             self.publish_version(model, state.global_step)
 
     def publish_version(self, model, step: int) -> None:
         self.version += 1
         self.published_step = step
         name = adapter_name(self.version)
-        meta = publish_adapter(model, os.path.join(self.run_dir, ADAPTERS_DIR, name), {"version": self.version, "step": step})
+        dest = os.path.join(self.run_dir, ADAPTERS_DIR, name)
+        meta = publish_adapter(model, dest, {"version": self.version, "step": step})
         write_event(self.run_dir, WRITER, "adapter_published", name=name, **meta)
         print(f"published adapter {name} at step {step}", flush=True)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
         self.flush()
         if self.published_step != state.global_step:  # so final/ is always also the newest version
             self.publish_version(model, state.global_step)
-        meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR), {"version": self.version, "step": state.global_step})
+        dest = os.path.join(self.run_dir, FINAL_DIR)
+        meta = publish_adapter(model, dest, {"version": self.version, "step": state.global_step})
         write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)

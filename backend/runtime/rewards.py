@@ -1,9 +1,10 @@
 """Builtin reward functions, with TRL's signature: `f(completions, **kwargs) -> list[float]`.
 
 They are module-level so TRL's async rollout worker (a spawned process) can pickle them, and each scores
-in [0, 1] as a *fraction* rather than pass/fail: a tiny random model starts near zero on every one of them,
-and a graded score gives GRPO a non-zero reward spread within each group from the first step, so a demo
-shows a rising curve within minutes on CPU. TRL names the metric `rewards/<function name>`.
+in [0, 1] as a *fraction* rather than pass/fail: the tiny random model starts low on every one of them, and
+a graded score gives GRPO a reward spread within each group from the first step. Measured on the builtin
+model with the default spec (2 CPU cores): digits 0.05 -> 0.95 in 100 steps; format 0.43 -> 0.99 and
+length_target 0.15 -> 0.90 in 200. TRL names the metric `rewards/<function name>`.
 """
 
 import string

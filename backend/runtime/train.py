@@ -12,6 +12,7 @@ A preempted run started again on the same folder resumes from its latest checkpo
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import traceback
@@ -23,6 +24,11 @@ from .rewards import reward_functions
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BASE_MODEL_DIR = "base-model"
+
+
+def process_rank() -> int:
+    # `accelerate launch` (num_processes > 1) runs one copy of this script per process; rank 0 owns the run folder.
+    return int(os.environ.get("RANK", "0"))
 
 
 def resolve_model(spec: dict, run_dir: str) -> str:
@@ -80,8 +86,8 @@ def grpo_config(spec: dict, run_dir: str, engine: dict):
         seed=spec["seed"],
         save_steps=spec["checkpoint_every"],
         gradient_checkpointing=spec.get("gradient_checkpointing", False),
-        # bf16 autocast is TRL's default; CPUs without bf16 matrix units run it several times slower than fp32.
-        bf16=torch.cuda.is_available(),
+        # TRL defaults to bf16, which transformers refuses without a GPU ("Your setup doesn't support bf16/gpu").
+        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         report_to="none",
         disable_tqdm=True,  # the callback prints one plain progress line per step for the panel's log view
         **engine,
@@ -98,10 +104,24 @@ def lora_config(spec: dict):
 
 
 def latest_checkpoint(run_dir: str) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
-
+    """The newest complete checkpoint. A job stopped while saving leaves a folder without trainer_state.json
+    (transformers writes it last); transformers' get_last_checkpoint would pick that folder and refuse to load it."""
     folder = os.path.join(run_dir, CHECKPOINTS_DIR)
-    return get_last_checkpoint(folder) if os.path.isdir(folder) else None
+    complete = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        match = re.fullmatch(r"checkpoint-(\d+)", name)
+        if match and _readable_json(os.path.join(folder, name, "trainer_state.json")):
+            complete.append((int(match.group(1)), name))
+    return os.path.join(folder, max(complete)[1]) if complete else None
+
+
+def _readable_json(path: str) -> bool:
+    try:
+        with open(path) as f:
+            json.load(f)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
@@ -110,8 +130,9 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     rewards = reward_functions(spec["rewards"])
     model = resolve_model(spec, run_dir)
     engine, engine_name = generation_engine(spec)
-    print(f"generation engine: {engine_name}", flush=True)
-    write_event(run_dir, WRITER, "engine", engine=engine_name)
+    if process_rank() == 0:
+        print(f"generation engine: {engine_name}", flush=True)
+        write_event(run_dir, WRITER, "engine", engine=engine_name)
 
     from transformers import PrinterCallback
     from trl import GRPOTrainer
@@ -151,7 +172,8 @@ def main() -> None:
         else:
             message = f"{type(error).__name__}: {error}"
             traceback.print_exc()
-        write_event(run_dir, WRITER, "failed", error=message)
+        rank = process_rank()
+        write_event(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", "failed", error=message)
         sys.exit(f"training failed: {message}")
 
 

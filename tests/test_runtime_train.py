@@ -1,0 +1,225 @@
+"""The colocated trainer runtime: a real `python -m runtime.train` job on the builtin tiny model, run from a
+copy of backend/runtime the way a job runs it, plus its rewards and metric names."""
+
+import json
+import math
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.runtime import layout
+from backend.runtime.metrics_callback import RunFolderCallback, canonical_metrics
+from backend.runtime.rewards import digits, length_target, reward_functions
+from backend.runtime.rewards import format as plain_format
+from backend.spec import RunSpec
+
+RUNTIME_SRC = Path(__file__).resolve().parents[1] / "backend" / "runtime"
+JOB_TIMEOUT_S = 150
+
+
+# ---- rewards
+
+def test_digits_scores_the_share_of_digit_characters_in_plain_and_conversational_completions():
+    assert digits(["1234", "ab12", "", "xyz"]) == [1.0, 0.5, 0.0, 0.0]
+    conversational = [[{"role": "assistant", "content": "12ab"}]]
+    assert digits(conversational) == [0.5]
+
+
+def test_length_target_peaks_at_the_dataset_target_and_falls_to_zero_at_twice_it():
+    completions = ["x" * 8, "x" * 4, "x" * 16, "x" * 30]
+    assert length_target(completions) == [1.0, 0.5, 0.0, 0.0]
+    assert length_target(["abc"], target_length=[3]) == [1.0]
+
+
+def test_format_rewards_plain_printable_text_over_byte_soup():
+    assert plain_format(["hello, world 42!"]) == [1.0]
+    assert plain_format(["\ufffd\ufffd\x07a"]) == [0.25]
+
+
+def test_rewards_are_picklable_and_named_as_in_the_spec():
+    funcs = reward_functions(["digits", "length_target", "format"])
+    assert [f.__name__ for f in funcs] == ["digits", "length_target", "format"]
+    assert pickle.loads(pickle.dumps(funcs))[0](["7"]) == [1.0]
+    with pytest.raises(ValueError, match="unknown reward"):
+        reward_functions(["digits", "vibes"])
+
+
+# ---- metric names
+
+def test_canonical_metrics_maps_grpo_trainer_keys_and_drops_missing_values():
+    logs = {"reward": 0.5, "reward_std": 0.1, "rewards/digits/mean": 0.5, "rewards/digits/std": 0.1,
+            "kl": None, "entropy": float("nan"), "completions/mean_length": 12.0, "num_tokens": 900.0,
+            "loss": 0.01, "grad_norm": 0.3, "learning_rate": 5e-3, "step_time": 0.05, "clip_ratio/low_mean": 0.0}
+    assert canonical_metrics(logs) == {
+        "reward": 0.5, "reward_std": 0.1, "rewards/digits": 0.5, "completion_length": 12.0,
+        "loss": 0.01, "grad_norm": 0.3, "learning_rate": 5e-3, "step_time": 0.05,
+    }
+
+
+def test_canonical_metrics_maps_async_trainer_keys_including_printed_strings():
+    logs = {"reward": "0.25", "rewards/format": "0.25", "ratio": "1", "kl": "0.001", "entropy": "4.2",
+            "sample/staleness_mean": "1.5", "sample/staleness_max": "2", "sample/dropped_stale_total": "3",
+            "sample/time_in_queue_s": "0.7", "perf/weight_sync_s": "0.2", "perf/step_s": "1.1",
+            "rollout/generated_tok_s": "800", "perf/trained_tok_s_wall_clock": "600", "step": "7"}
+    assert canonical_metrics(logs) == {
+        "reward": 0.25, "rewards/format": 0.25, "ratio": 1.0, "kl": 0.001, "entropy": 4.2,
+        "staleness_mean": 1.5, "staleness_max": 2.0, "dropped_stale_total": 3.0, "time_in_queue_s": 0.7,
+        "weight_sync_s": 0.2, "step_time": 1.1, "gen_tokens_per_s": 800.0, "train_tokens_per_s": 600.0,
+        "tokens_per_s": 600.0, "step": 7,
+    }
+
+
+def test_metric_fragments_are_flushed_on_an_interval_not_per_step(tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    callback = RunFolderCallback(str(tmp_path), adapter_every=1000, flush_every_s=3600)
+    state, control = TrainerState(max_steps=3), TrainerControl()
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to="none")
+    callback.on_train_begin(args, state, control)
+    for step in (1, 2):
+        state.global_step = step
+        callback.on_log(args, state, control, logs={"reward": 0.1 * step, "num_tokens": 100.0 * step})
+    assert not (tmp_path / layout.METRICS_DIR).exists()
+    callback.flush_every_s = 0
+    state.global_step = 3
+    callback.on_log(args, state, control, logs={"reward": 0.3})
+    records = metric_records(str(tmp_path))
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[1]["tokens_per_s"] > 0 and records[0]["staleness_max"] == 0
+
+
+# ---- the builtin model and a real training job
+
+def test_tiny_model_carries_a_chat_template_that_trl_recognises(tmp_path):
+    import trl
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, get_training_chat_template
+
+    from backend.runtime.tiny_model import ensure_tiny_model
+
+    bundled = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
+    assert (RUNTIME_SRC / "qwen2_5_chat_template.jinja").read_bytes() == bundled.read_bytes()
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model(str(tmp_path / "base-model")))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Count to ten."}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text.endswith("<|im_start|>user\nCount to ten.<|im_end|>\n<|im_start|>assistant\n")
+    assert get_training_chat_template(tokenizer)
+    add_response_schema(tokenizer)  # raises "Unrecognized chat template" for templates TRL does not know
+
+
+def metric_records(run_dir: str) -> list[dict]:
+    folder = os.path.join(run_dir, layout.METRICS_DIR)
+    names = sorted(n for n in os.listdir(folder) if layout.FRAGMENT_RE.match(n))
+    return [json.loads(line) for n in names for line in Path(folder, n).read_text().splitlines()]
+
+
+def events(run_dir: str) -> list[dict]:
+    folder = os.path.join(run_dir, layout.EVENTS_DIR)
+    return [json.loads(line) for n in sorted(os.listdir(folder)) for line in Path(folder, n).read_text().splitlines()]
+
+
+def write_job(run_dir: Path, **overrides) -> None:
+    """Lay out a run folder as the launcher does: spec.json and the runtime under code/runtime."""
+    if not (run_dir / layout.CODE_DIR).exists():
+        shutil.copytree(RUNTIME_SRC, run_dir / layout.CODE_DIR / "runtime",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    (run_dir / layout.SPEC_FILE).write_text(RunSpec(**overrides).to_json())
+
+
+def run_job(run_dir: Path, watch=lambda: None, expect_rc: int = 0) -> str:
+    """Run the trainer as a job would, calling watch() while it runs; return its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(run_dir / layout.CODE_DIR), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.train", "--run-dir", str(run_dir)], cwd=run_dir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            watch()
+            time.sleep(0.05)
+        out = proc.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+        assert proc.returncode == expect_rc, out[-4000:]
+        return out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def watch_adapters(run_dir: Path, seen: set[str]):
+    """Every adapters/ entry a reader can see is either a `_tmp` folder or a complete version."""
+    folder = run_dir / layout.ADAPTERS_DIR
+
+    def watch():
+        for name in os.listdir(folder) if folder.exists() else []:
+            if name.startswith("_tmp"):
+                continue
+            assert layout.ADAPTER_NAME_RE.match(name), name
+            assert {*layout.ADAPTER_FILES, layout.ADAPTER_META_FILE} <= set(os.listdir(folder / name)), name
+            seen.add(name)
+    return watch
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    write_job(run_dir, max_steps=6, adapter_every=2, checkpoint_every=3, seed=1)
+    seen: set[str] = set()
+    out = run_job(run_dir, watch_adapters(run_dir, seen))
+    return run_dir, out, seen
+
+
+def test_training_job_writes_live_metrics_with_canonical_keys(trained_run):
+    run_dir, out, _ = trained_run
+    records = metric_records(str(run_dir))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for record in records:
+        assert {"step", "time", "reward", "reward_std", "rewards/digits", "entropy", "completion_length",
+                "staleness_mean", "staleness_max", "loss", "grad_norm", "learning_rate", "step_time"} <= set(record)
+        assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in record.values())
+    assert "tokens_per_s" in records[-1]
+    assert "generation engine: transformers (CPU)" in out
+    assert re.search(r"^step 6/6  reward \d\.\d{3}  \d+\.\ds$", out, re.M), out[-2000:]
+
+
+def test_training_job_publishes_adapter_versions_atomically_and_a_final_adapter(trained_run):
+    run_dir, _, seen = trained_run
+    adapters = run_dir / layout.ADAPTERS_DIR
+    assert sorted(os.listdir(adapters)) == ["trl-policy-v1", "trl-policy-v2", "trl-policy-v3"]
+    assert seen <= {"trl-policy-v1", "trl-policy-v2", "trl-policy-v3"}
+    for version, step in ((1, 2), (2, 4), (3, 6)):
+        meta = json.loads((adapters / f"trl-policy-v{version}" / layout.ADAPTER_META_FILE).read_text())
+        assert meta["version"] == version and meta["step"] == step and meta["size_bytes"] > 0
+    final = run_dir / layout.FINAL_DIR
+    assert {*layout.ADAPTER_FILES, layout.ADAPTER_META_FILE} <= set(os.listdir(final))
+    assert json.loads((final / layout.ADAPTER_META_FILE).read_text())["step"] == 6
+    assert [e["event"] for e in events(str(run_dir))] == [
+        "engine", "started", "adapter_published", "adapter_published", "adapter_published", "finished"]
+
+
+def test_a_restarted_job_resumes_from_its_last_complete_checkpoint_and_keeps_numbering_versions(trained_run):
+    run_dir, _, _ = trained_run
+    write_job(run_dir, max_steps=8, adapter_every=2, checkpoint_every=3, seed=1)
+    (run_dir / layout.CHECKPOINTS_DIR / "checkpoint-7").mkdir()  # what a job stopped while saving leaves
+    out = run_job(run_dir)
+    assert "resuming from" in out and "checkpoint-6" in out
+    assert [r["step"] for r in metric_records(str(run_dir))][-2:] == [7, 8]
+    assert "trl-policy-v4" in os.listdir(run_dir / layout.ADAPTERS_DIR)
+    final_meta = json.loads((run_dir / layout.FINAL_DIR / layout.ADAPTER_META_FILE).read_text())
+    assert (final_meta["version"], final_meta["step"]) == (4, 8)
+    assert not [n for n in os.listdir(run_dir) if n.startswith("_tmp")]
+
+
+def test_a_job_that_fails_exits_non_zero_and_records_the_error(tmp_path):
+    write_job(tmp_path, dataset="builtin:no-such-set")
+    out = run_job(tmp_path, expect_rc=1)
+    assert "training failed: ValueError: unknown builtin dataset 'no-such-set'" in out
+    failed = events(str(tmp_path))[-1]
+    assert failed["event"] == "failed" and "no-such-set" in failed["error"]
