@@ -60,21 +60,20 @@ class RunSpec:
     lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     # GRPO
     learning_rate: float = 5e-3
-    max_steps: int = 100
+    max_steps: int = 200
     per_device_batch_size: int = 8
     num_generations: int = 8
     max_completion_length: int = 16
     temperature: float = 1.0
     beta: float = 0.0
     logging_steps: int = 1
-    adapter_every: int = field(default=10, metadata={"help": "publish an adapter version every K steps"})
+    adapter_every: int = field(default=20, metadata={"help": "publish an adapter version every K steps"})
     checkpoint_every: int = 50
     seed: int = 0
     # Generation engine
     use_vllm: bool = field(default=False, metadata={"help": "colocated vLLM (GPU); False generates with transformers"})
     vllm_gpu_memory_utilization: float = 0.3
     vllm_enable_sleep_mode: bool = True
-    vllm_sleep_level: int = 1
     vllm_tensor_parallel_size: int = 1
     num_processes: int = field(default=1, metadata={"help": "data-parallel training processes (accelerate)"})
     # Distributed
@@ -177,8 +176,6 @@ class RunSpec:
         need(self.checkpoint_every > 0, "checkpoint_every", "save a checkpoint every K > 0 steps")
         need(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization",
              "must be strictly between 0 and 1, e.g. 0.3 leaves 70% of the GPU for training")
-        need(self.vllm_sleep_level in (1, 2), "vllm_sleep_level",
-             "1 offloads weights and drops the KV cache; 2 drops both")
         need(self.vllm_tensor_parallel_size in (1, 2, 4, 8), "vllm_tensor_parallel_size", "must be 1, 2, 4 or 8")
         need(1 <= self.num_processes <= 64, "num_processes", "must be between 1 and 64")
         if self.mode == "distributed":

@@ -1,6 +1,6 @@
 """Run the tiny demo through LocalExecutor with the resource sampler and print what it measured.
 
-    python benchmarks/sampled_run.py [--steps 40] [--home DIR]
+    python benchmarks/sampled_run.py [--steps N] [--home DIR]
 
 Prints per-step time (from the trainer's metrics) beside the sampled CPU/RAM and, where NVML sees GPUs,
 GPU utilisation and memory. Used for the GPU evidence on an H200 and for CPU figures here.
@@ -30,13 +30,13 @@ def summary(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=None, help="default: the demo's own (RunSpec default)")
     parser.add_argument("--home", default=None)
     args = parser.parse_args()
     home = args.home or tempfile.mkdtemp(prefix="grpo-bench-")
     executor = LocalExecutor(home)
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
-    spec = RunSpec(max_steps=args.steps, adapter_every=10)
+    spec = RunSpec(**({"max_steps": args.steps} if args.steps else {}))
     started = time.time()
     job_id = registry.launch(spec).job_ids["trainer"]
     status = executor.wait(job_id, timeout=spec.timeout_minutes * 60)

@@ -68,10 +68,10 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
             f["use_vllm"] = _field("use_vllm", "Generate with colocated vLLM",
                                    info="needs a GPU; on CPU the trainer generates with transformers")
             f["vllm_gpu_memory_utilization"] = _field("vllm_gpu_memory_utilization", "vLLM GPU memory share")
-            f["vllm_enable_sleep_mode"] = _field("vllm_enable_sleep_mode", "Sleep between generations")
+            f["vllm_enable_sleep_mode"] = _field(
+                "vllm_enable_sleep_mode", "Sleep between generations",
+                info="level 2: weights and KV cache freed; TRL re-syncs the weights after every step anyway")
         with gr.Row():
-            f["vllm_sleep_level"] = _field("vllm_sleep_level", "Sleep level", choices=[1, 2],
-                                           info="1: offload weights, drop KV cache · 2: drop both")
             f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel", choices=[1, 2, 4, 8])
             f["num_processes"] = _field("num_processes", "Data-parallel processes")
     with gr.Accordion("Distributed (async GRPO)", open=False):

@@ -28,7 +28,6 @@ BAD = [
     ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization", "between 0 and 1"),
     ({"vllm_gpu_memory_utilization": 1.0}, "vllm_gpu_memory_utilization", "between 0 and 1"),
     ({"vllm_gpu_memory_utilization": 1.5}, "vllm_gpu_memory_utilization", "between 0 and 1"),
-    ({"vllm_sleep_level": 3}, "vllm_sleep_level", "1 offloads"),
     ({"bucket": "no-namespace"}, "bucket", "namespace/name"),
     ({"bucket": "me/has space"}, "bucket", "letters, digits"),
     ({"bucket": "me/double--dash"}, "bucket", "'--'"),
