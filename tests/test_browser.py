@@ -95,10 +95,27 @@ def test_bad_input_is_refused_in_the_form_and_nothing_launches(page):
     _set_number(page, "f-lora_r", 8)
 
 
-def test_launch_the_demo_and_watch_it_live(page, tmp_path):
-    page.get_by_text("GRPO training", exact=True).click()
-    _set_number(page, "f-max_steps", 16)
-    _set_number(page, "f-adapter_every", 4)
+def _plot_points(page, plot_id: str, trace: str) -> int:
+    return page.evaluate("""([plotId, trace]) => {
+        const el = document.querySelector('#' + plotId + ' .js-plotly-plot');
+        const t = el && el.data ? el.data.find(d => d.name === trace) : null;
+        return t ? t.x.length : 0;
+    }""", [plot_id, trace])
+
+
+def _text(page, elem_id: str) -> str:
+    return page.evaluate("(id) => document.getElementById(id).innerText", elem_id)
+
+
+def _screenshot(page, name: str) -> None:
+    folder = os.environ.get("DASHBOARD_SCREENSHOTS")
+    if folder:
+        page.screenshot(path=os.path.join(folder, name), full_page=True)
+
+
+def test_launch_the_demo_and_watch_it_live(page):
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name="Tiny demo (CPU)").click()
     page.locator("#launch-btn").click()
     # A successful launch switches to the Runs tab, with the new run selected.
     page.wait_for_function("() => document.querySelector('#launch-msg').textContent.includes('Launched run')",
@@ -107,26 +124,58 @@ def test_launch_the_demo_and_watch_it_live(page, tmp_path):
                            timeout=30000)
 
     # The dashboard fills in across timer ticks: the reward chart gains points while the run trains.
-    counts = []
-    deadline = time.time() + 240
-    while time.time() < deadline and (len(set(counts)) < 3 or counts[-1] < 16):
+    counts, shot = [], False
+    deadline = time.time() + 300
+    while time.time() < deadline and (not counts or counts[-1] < 200):
         counts.append(_reward_points(page))
-        time.sleep(1.0)
+        if 40 <= counts[-1] <= 170 and not shot:
+            _screenshot(page, "dashboard.png")   # mid-run, for the README
+            shot = True
+        time.sleep(0.5)
     grown = sorted(set(counts))
-    assert len(grown) >= 3 and grown[-1] == 16, counts
+    assert len(grown) >= 3 and grown[-1] == 200, counts
 
-    status = page.locator("#run-status")
-    status.get_by_text("final adapter ready").wait_for(timeout=120000)
-    assert "transformers (CPU)" in status.inner_text()
-    adapters = page.locator("#adapters-table").inner_text()
-    assert "trl-policy-v1" in adapters and "trl-policy-v4" in adapters
-    assert "step 16/16" in page.locator("#log-box textarea").input_value()
+    page.locator("#run-status").get_by_text("final adapter ready").wait_for(timeout=120000)
+    assert "transformers (CPU)" in _text(page, "run-status")
+    adapters = _text(page, "adapters-table")
+    assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
+    assert "step 200/200" in page.locator("#log-box textarea").input_value()
 
-    page.screenshot(path=os.environ.get("DASHBOARD_SCREENSHOT", str(tmp_path / "dashboard.png")), full_page=True)
-    button = page.locator("#final-btn")
     page.wait_for_function("() => !document.querySelector('#final-btn').disabled", timeout=30000)
     with page.expect_download(timeout=30000) as info:
-        button.click()
+        page.locator("#final-btn").click()
     data = open(info.value.path(), "rb").read()
     names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
     assert {"adapter_config.json", "adapter_model.safetensors"} <= names
+
+
+def test_a_local_distributed_run_from_the_browser(page):
+    page.get_by_role("tab", name="Launch").click()
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name="Tiny distributed (CPU, 2 vLLM replicas)").click()
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
+    page.get_by_text("GRPO training", exact=True).click()
+    _set_number(page, "f-max_steps", 4)
+    page.locator("#launch-btn").click()
+    page.wait_for_function("() => document.querySelector('#launch-msg').textContent.includes('Launched run')",
+                           timeout=30000)
+    page.wait_for_function("""() => {
+        const t = document.getElementById('run-status').innerText;
+        return t.includes('distributed') && t.includes('final adapter ready');
+    }""", timeout=420000)
+
+    replicas = _text(page, "replicas-table")
+    assert replicas.count("127.0.0.1") == 2 and "DOWN" not in replicas
+    adapters = _text(page, "adapters-table")
+    assert "trl-policy-v1" in adapters and "trl-policy-v4" in adapters
+    assert adapters.count("127.0.0.1") >= 2, "the newest versions are listed as loaded on the replicas"
+    assert _plot_points(page, "staleness-plot", "mean") == 4
+    assert _plot_points(page, "ratio-plot", "ratio") == 4
+    assert _plot_points(page, "reward-plot", "mean reward") == 4
+    assert _plot_points(page, "util-plot", "vllm-0 CPU") > 0
+    _screenshot(page, "distributed.png")
+    # The replicas stop by themselves once the trainer has finished: nothing keeps running (or billing).
+    page.wait_for_function("""() => {
+        const t = document.getElementById('run-status').innerText;
+        return t.includes('vllm-0: COMPLETED') && t.includes('vllm-1: COMPLETED');
+    }""", timeout=90000)

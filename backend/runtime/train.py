@@ -69,19 +69,17 @@ def generation_engine(spec: dict) -> tuple[dict, str]:
                     f"tensor_parallel={spec['vllm_tensor_parallel_size']}, {sleep})")
 
 
-def grpo_config(spec: dict, run_dir: str, engine: dict):
+def shared_trainer_args(spec: dict) -> dict:
+    """The GRPOConfig / AsyncGRPOConfig fields both trainers take from the RunSpec alike."""
     import torch
-    from trl import GRPOConfig
 
-    return GRPOConfig(
-        output_dir=os.path.join(run_dir, CHECKPOINTS_DIR),
+    return dict(
         learning_rate=spec["learning_rate"],
         max_steps=spec["max_steps"],
         per_device_train_batch_size=spec["per_device_batch_size"],
         num_generations=spec["num_generations"],
         max_completion_length=spec["max_completion_length"],
         temperature=spec["temperature"],
-        beta=spec["beta"],
         logging_steps=spec["logging_steps"],
         seed=spec["seed"],
         save_steps=spec["checkpoint_every"],
@@ -90,8 +88,14 @@ def grpo_config(spec: dict, run_dir: str, engine: dict):
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         report_to="none",
         disable_tqdm=True,  # the callback prints one plain progress line per step for the panel's log view
-        **engine,
     )
+
+
+def grpo_config(spec: dict, run_dir: str, engine: dict):
+    from trl import GRPOConfig
+
+    return GRPOConfig(output_dir=os.path.join(run_dir, CHECKPOINTS_DIR), beta=spec["beta"],
+                      **shared_trainer_args(spec), **engine)
 
 
 def lora_config(spec: dict):

@@ -26,7 +26,7 @@ from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publ
 from .prompts import load_prompts
 from .proxy import start_proxy
 from .rewards import reward_functions
-from .train import latest_checkpoint, lora_config, resolve_model, stop_on_sigterm
+from .train import latest_checkpoint, lora_config, resolve_model, shared_trainer_args, stop_on_sigterm
 
 REPLICAS_ENV = "VLLM_REPLICA_URLS"
 
@@ -101,32 +101,19 @@ def _proxy_health(proxy_url: str) -> tuple[int, int]:
 
 
 def async_config(spec: dict, run_dir: str, proxy_url: str):
-    import torch
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     return AsyncGRPOConfig(
         # output_dir is the run folder so TRL's .vllm_lora/ lands in the bucket the replicas mount.
         output_dir=run_dir,
         vllm_server_base_url=proxy_url,
-        learning_rate=spec["learning_rate"],
-        max_steps=spec["max_steps"],
-        per_device_train_batch_size=spec["per_device_batch_size"],
-        num_generations=spec["num_generations"],
-        max_completion_length=spec["max_completion_length"],
-        temperature=spec["temperature"],
-        logging_steps=spec["logging_steps"],
-        seed=spec["seed"],
-        save_steps=spec["checkpoint_every"],
         # In a distributed run a published adapter version *is* a weight sync.
         weight_sync_steps=spec["adapter_every"],
         max_staleness=spec["max_staleness"],
         max_inflight_tasks=spec["max_inflight_tasks"],
         queue_maxsize=spec["queue_maxsize"],
         token_budget=spec["max_tokens_per_batch"],
-        gradient_checkpointing=spec["gradient_checkpointing"],
-        bf16=torch.cuda.is_available(),  # see train.py: bf16 autocast is slow on most CPUs
-        report_to="none",
-        disable_tqdm=True,
+        **shared_trainer_args(spec),
     )
 
 
