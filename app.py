@@ -3,7 +3,8 @@
     python app.py            # http://127.0.0.1:7860, local executor, "Tiny demo (CPU)" preset
 
 Environment: GRPO_PANEL_HOME (where local runs and buckets live, default ./data), PORT / GRADIO_SERVER_PORT,
-HF_TOKEN (or `hf auth login`) to launch on Hugging Face Jobs, SPACE_ID (set by Spaces: OAuth sign-in).
+HF_TOKEN (or `hf auth login`) to launch on Hugging Face Jobs, SPACE_ID (set by Spaces: OAuth sign-in),
+GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder).
 """
 
 import atexit

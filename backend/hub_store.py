@@ -89,10 +89,19 @@ class HubBucketStore:
         return local
 
 
-def open_store(bucket: str, token: str | None, mounted_root: str | None) -> BucketStore:
-    """The run bucket: the mounted folder when the Space has it as a volume, else the Hub bucket API."""
-    if mounted_root and os.path.isdir(mounted_root):
-        return FolderStore(mounted_root)
+def parse_mount(value: str | None) -> tuple[str, str] | None:
+    """`namespace/name:/mount/path` (the `-v hf://buckets/...` form without the scheme) -> (bucket, path)."""
+    if not value or ":" not in value:
+        return None
+    bucket, path = value.split(":", 1)
+    return bucket.strip(), path.strip()
+
+
+def open_store(bucket: str, token: str | None, mount: str | None) -> BucketStore:
+    """The run bucket: the mounted folder when the Space has *this* bucket as a volume, else the Hub API."""
+    mounted = parse_mount(mount)
+    if mounted and mounted[0] == bucket and os.path.isdir(mounted[1]):
+        return FolderStore(mounted[1])
     return HubBucketStore(bucket, token)
 
 

@@ -314,8 +314,9 @@ def test_hub_store_round_trips_a_folder(hub, tmp_path):
 
 
 def test_open_store_prefers_a_mounted_bucket(tmp_path):
-    assert isinstance(open_store(BUCKET, None, str(tmp_path)), FolderStore)
-    assert isinstance(open_store(BUCKET, None, str(tmp_path / "not-mounted")), HubBucketStore)
+    assert isinstance(open_store(BUCKET, None, f"{BUCKET}:{tmp_path}"), FolderStore)
+    assert isinstance(open_store("bob/other", None, f"{BUCKET}:{tmp_path}"), HubBucketStore), "another bucket"
+    assert isinstance(open_store(BUCKET, None, f"{BUCKET}:{tmp_path / 'not-mounted'}"), HubBucketStore)
     assert isinstance(open_store(BUCKET, None, None), HubBucketStore)
 
 
