@@ -39,6 +39,7 @@ class Panel:
         self._hub_registries: dict[str, RunRegistry] = {}
         self._run_registry: dict[str, RunRegistry] = {}
         self._flavors: tuple[float, list] = (0.0, [])
+        self._final_zips: dict[str, str] = {}
 
     # ---- registries and permissions
     def _token(self, oauth_token: str | None) -> str | None:
@@ -194,11 +195,14 @@ class Panel:
         return rows
 
     def view(self, run_id: str, oauth_token: str | None = None) -> RunView:
-        if run_id not in self._run_registry:
+        """A run's view, only if the acting visitor may see it (local runs, or their own namespaces' runs)."""
+        allowed = self.registries(oauth_token)
+        if self._run_registry.get(run_id) not in allowed:
             self.runs_table(oauth_token)
-        if run_id not in self._run_registry:
-            raise KeyError(f"no run {run_id!r}")
-        return self._run_registry[run_id].view(run_id)
+        registry = self._run_registry.get(run_id)
+        if registry not in allowed:
+            raise KeyError(f"no run {run_id!r} that you can see")
+        return registry.view(run_id)
 
     def cancel(self, run_id: str, oauth_token: str | None = None) -> str:
         try:
@@ -218,12 +222,19 @@ class Panel:
             token = self._check_control(registry.executor.name, view.spec.get("bucket", "").split("/")[0], oauth_token)
             secrets = {recipe.TOKEN_SECRET: token} if token else {}
             launched = registry.resume(run_id, secrets)
+            self._final_zips.pop(run_id, None)    # the resumed trainer writes a new final adapter
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return f"**Not resumed.** {redact_tokens(str(exc))}"
         return f"Resumed run {run_id} with {len(launched.job_ids)} new job(s); the trainer continues from its last checkpoint."
 
     def final_adapter(self, run_id: str) -> str | None:
-        return self._run_registry[run_id].final_adapter_zip(run_id) if run_id in self._run_registry else None
+        """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
+        if run_id not in self._final_zips:
+            path = self._run_registry[run_id].final_adapter_zip(run_id) if run_id in self._run_registry else None
+            if path is None:
+                return None
+            self._final_zips[run_id] = path
+        return self._final_zips[run_id]
 
     def shutdown(self) -> None:
         self.local.shutdown()
@@ -250,11 +261,11 @@ def _errors_markdown(exc: SpecError) -> str:
     return f"**Fix these fields before launching (nothing was launched):**\n{items}"
 
 
-def full_log_file(panel: Panel, run_id: str, role: str) -> str | None:
+def full_log_file(panel: Panel, run_id: str, role: str, oauth_token: str | None = None) -> str | None:
     """The whole log of one job (redacted, like everything shown) as a file to download."""
     import tempfile
 
-    view = panel.view(run_id)
+    view = panel.view(run_id, oauth_token)
     job = view.jobs.get(role)
     if job is None:
         return None

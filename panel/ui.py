@@ -180,7 +180,10 @@ def build_ui(panel: Panel) -> gr.Blocks:
             skip = [gr.skip()] * (len(dash_outputs) + 3)
             if not run_id:
                 return [rows, choices, *skip, last]
-            view = panel.view(run_id, token)
+            try:
+                view = panel.view(run_id, token)
+            except KeyError:
+                return [rows, choices, *skip, None]     # signed out, or not this visitor's run
             view.refresh()
             if last == (run_id, view.version):
                 return [rows, choices, *skip, last]    # nothing new since this session last drew
@@ -189,12 +192,19 @@ def build_ui(panel: Panel) -> gr.Blocks:
         def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
             if not run_id:
                 return [*[gr.skip()] * (len(dash_outputs) + 3), None]
-            view = panel.view(run_id, oauth_token.token if oauth_token else None)
+            try:
+                view = panel.view(run_id, oauth_token.token if oauth_token else None)
+            except KeyError as exc:
+                return [str(exc), *[gr.skip()] * (len(dash_outputs) + 2), None]
             view.refresh()
             return [*frame_outputs(view, role, query), (run_id, view.version)]
 
-        def on_log_filter(run_id, role, query):
-            return dashboard.log_text(panel.view(run_id), role, query) if run_id else ""
+        def on_log_filter(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
+            try:
+                view = panel.view(run_id, oauth_token.token if oauth_token else None) if run_id else None
+            except KeyError:
+                view = None
+            return dashboard.log_text(view, role, query) if view else ""
 
         def on_cancel(run_id, oauth_token: gr.OAuthToken | None = None):
             if not run_id:
@@ -209,7 +219,15 @@ def build_ui(panel: Panel) -> gr.Blocks:
         run_pick.change(on_select, [run_pick, log_role, log_query], [*dash_outputs, log_box, final_btn, log_role, drawn])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
-        log_btn.click(lambda r, role: full_log_file(panel, r, role) if r else None, [run_pick, log_role], log_btn)
+        def on_full_log(run_id, role, oauth_token: gr.OAuthToken | None = None):
+            if not run_id:
+                return None
+            try:
+                return full_log_file(panel, run_id, role, oauth_token.token if oauth_token else None)
+            except KeyError:
+                return None
+
+        log_btn.click(on_full_log, [run_pick, log_role], log_btn)
         cancel_btn.click(on_cancel, run_pick, action_msg)
 
         def on_resume(run_id, oauth_token: gr.OAuthToken | None = None):

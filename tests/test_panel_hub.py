@@ -138,3 +138,24 @@ def test_parallelism_larger_than_the_flavor_is_refused(hub, tmp_path):
         assert run_id is None and "has 1 GPU(s)" in message and hub.job_posts() == []
     finally:
         _stop(panel)
+
+
+def test_a_visitor_sees_only_runs_in_their_own_namespaces(tmp_path, monkeypatch):
+    from tests.fakehub import FakeUser
+
+    hub = FakeHub(users={"hf_alice_token_0000000000": FakeUser("alice"), "hf_bob_token_00000000000": FakeUser("bob")})
+    hub.start()
+    hub.patch_endpoint(monkeypatch)
+    hub.install_bucket_transfers(monkeypatch)
+    panel = _panel(tmp_path, on_space=True)
+    try:
+        _, run_id = panel.launch(FORM, oauth_token="hf_alice_token_0000000000", confirmed=True)
+        assert run_id and panel.view(run_id, "hf_alice_token_0000000000").run_id == run_id
+        assert run_id not in [row[0] for row in panel.runs_table("hf_bob_token_00000000000")]
+        with pytest.raises(KeyError):
+            panel.view(run_id, "hf_bob_token_00000000000")
+        assert "Not cancelled" in panel.cancel(run_id, "hf_bob_token_00000000000")
+        assert "Not cancelled" in panel.cancel(run_id, None)
+    finally:
+        _stop(panel)
+        hub.stop()
