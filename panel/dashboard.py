@@ -72,12 +72,23 @@ def status_markdown(view) -> str:
 def adapter_rows(view) -> list[list]:
     """version, step, published at, size (MB), registered on replicas."""
     registered = _registered_adapters(view)
+    first_step = _first_step_per_policy_version(view.metrics)
     rows = []
     for v in sorted(view.adapters.values(), key=lambda a: a.version, reverse=True):
         on = ", ".join(r for r, names in registered.items() if v.name in names) or "-"
-        rows.append([v.name, v.step if v.step is not None else "-",
+        step = v.step if v.step is not None else first_step.get(v.version, "-")
+        rows.append([v.name, step,
                      time.strftime("%H:%M:%S", time.localtime(v.time)), round(v.size_bytes / 1e6, 3), on])
     return rows
+
+
+def _first_step_per_policy_version(records: list[dict]) -> dict[int, int]:
+    """Async runs log the policy version each step trained with; a version's step is the first such step."""
+    first: dict[int, int] = {}
+    for r in records:
+        if isinstance(r.get("policy_version"), int):
+            first.setdefault(r["policy_version"], r["step"])
+    return first
 
 
 def _registered_adapters(view) -> dict[str, list[str]]:

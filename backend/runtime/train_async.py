@@ -43,7 +43,8 @@ class AsyncRunFolderCallback(RunFolderCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
             return  # the end-of-training summary, not a step
-        record = {**canonical_metrics(logs), "step": state.global_step, "time": time.time()}
+        record = {**canonical_metrics(logs), "step": state.global_step, "time": time.time(),
+                  "policy_version": self.trainer.model_version}
         self.pending.append(record)
         if time.time() - self.last_flush >= self.flush_every_s:
             self.flush()

@@ -1,0 +1,30 @@
+"""Dashboard tables from a RunView's data."""
+
+from types import SimpleNamespace
+
+from backend.observers import AdapterVersion
+from panel import dashboard
+
+
+def _view(**kw):
+    base = dict(adapters={}, metrics=[], replica_stats=[], jobs={}, events=[], spec={}, final_files=[])
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
+    adapters = {v: AdapterVersion(v, f"trl-policy-v{v}", f"runs/r/.vllm_lora/trl-policy-v{v}", None, 0.0, 41_000)
+                for v in (1, 2, 3)}
+    metrics = [{"step": 1, "policy_version": 2}, {"step": 2, "policy_version": 3}, {"step": 3, "policy_version": 3}]
+    stats = [{"time": 1, "replicas": [{"url": "http://a", "adapters": ["trl-policy-v2", "trl-policy-v3"]},
+                                       {"url": "http://b", "adapters": ["trl-policy-v3"]}]}]
+    rows = dashboard.adapter_rows(_view(adapters=adapters, metrics=metrics, replica_stats=stats))
+    assert [(r[0], r[1], r[4]) for r in rows] == [
+        ("trl-policy-v3", 2, "http://a, http://b"), ("trl-policy-v2", 1, "http://a"), ("trl-policy-v1", "-", "-")]
+    assert rows[0][3] == 0.041
+
+
+def test_log_text_filters_case_insensitively_and_keeps_the_tail():
+    job = SimpleNamespace(logs=[f"step {i} reward" for i in range(1000)] + ["ERROR boom"])
+    view = _view(jobs={"trainer": job})
+    assert dashboard.log_text(view, "trainer", "error") == "ERROR boom"
+    assert dashboard.log_text(view, "trainer", "", tail=2).splitlines() == ["step 999 reward", "ERROR boom"]
