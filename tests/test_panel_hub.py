@@ -159,3 +159,25 @@ def test_a_visitor_sees_only_runs_in_their_own_namespaces(tmp_path, monkeypatch)
     finally:
         _stop(panel)
         hub.stop()
+
+
+def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, tmp_path):
+    panel = _panel(tmp_path)
+    try:
+        form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x4", "max_staleness": 2}
+        message, run_id = panel.launch(form, confirmed=True)
+        assert run_id, message
+        replicas, trainer = hub.job_posts()[:2], hub.job_posts()[2]
+        assert [p.json["labels"]["grpo-panel-role"] for p in hub.job_posts()] == ["vllm-0", "vllm-1", "trainer"]
+        for post in replicas:
+            body = post.json
+            assert body["flavor"] == "l4x4" and body["expose"]["ports"] == [8000]
+            assert [(v["mountPath"], v["readOnly"]) for v in body["volumes"]] == [("/bucket", True)]
+            assert "--max-loras 4" in body["command"][-1] and "runtime.serve_replica" in body["command"][-1]
+        replica_ids = [panel.view(run_id).jobs[f"vllm-{i}"].job_id for i in range(2)]
+        urls = trainer.json["environment"]["VLLM_REPLICA_URLS"].split(",")
+        assert urls == [f"https://{job_id}--8000.hf.jobs" for job_id in replica_ids]
+        assert [(v["mountPath"], v.get("readOnly", False)) for v in trainer.json["volumes"]] == [("/bucket", False)]
+        assert "runtime.train_async" in trainer.json["command"][-1]
+    finally:
+        _stop(panel)
