@@ -6,7 +6,6 @@ only then.
 """
 
 import json
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -46,7 +45,6 @@ class RunView:
         self.final_files: list = []
         self._metric_cursor = FragmentCursor()
         self._event_cursor = FragmentCursor()
-        self.last_refresh = 0.0
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
 
     # ---- derived
@@ -80,7 +78,6 @@ class RunView:
         changed |= self._refresh_adapters()
         for job in self.jobs.values():
             changed |= self._refresh_job(job)
-        self.last_refresh = time.time()
         self.version += changed
         return changed
 

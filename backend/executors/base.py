@@ -37,5 +37,8 @@ class Executor(Protocol):
 
     def cancel(self, job_id: str) -> None: ...
 
+    def exposed_url(self, job_id: str, port: int) -> str:
+        """Where another job reaches this job's exposed `port` (a distributed run's trainer -> replicas)."""
+
     def list_jobs(self) -> list[JobRecord]:
         """Every job this executor launched (found by labels), newest first."""

@@ -69,7 +69,11 @@ class HfJobsExecutor:
             if _http_status(err) == 404:
                 return JobStatus(DELETED, "the job no longer exists on the Hub")
             raise
-        return JobStatus(_stage(info.status.stage), info.status.message or "")
+        message = info.status.message or ""
+        gave_up = self.reader_error(job_id)
+        if gave_up:
+            message = f"{message} (log stream stopped: {gave_up})".strip()
+        return JobStatus(_stage(info.status.stage), message)
 
     def cancel(self, job_id: str) -> None:
         try:
