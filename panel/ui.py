@@ -144,6 +144,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
         timer = gr.Timer(TICK_S)
         drawn = gr.State(None)      # (run_id, RunView.version) this browser session last drew
+        listed = gr.State(None)     # the runs table this browser session last received
 
         inputs = [form[n] for n in names]
         dash_outputs = [status, reward_plot, staleness_plot, util_plot, memory_plot, kl_plot, length_plot,
@@ -173,21 +174,23 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     gr.update(value=final, interactive=final is not None),
                     gr.update(choices=roles, value=role if role in roles else "trainer")]
 
-        def on_tick(run_id, role, query, last, oauth_token: gr.OAuthToken | None = None):
+        def on_tick(run_id, role, query, last, last_rows, oauth_token: gr.OAuthToken | None = None):
             token = oauth_token.token if oauth_token else None
             rows = panel.runs_table(token)
-            choices = gr.update(choices=[r[0] for r in rows])
+            # Re-send the runs table only when it changed: a re-render resets the table for the visitor.
+            listed = [gr.skip(), gr.skip(), last_rows] if rows == last_rows else [
+                rows, gr.update(choices=[r[0] for r in rows]), rows]
             skip = [gr.skip()] * (len(dash_outputs) + 3)
             if not run_id:
-                return [rows, choices, *skip, last]
+                return [*listed, *skip, last]
             try:
                 view = panel.view(run_id, token)
             except KeyError:
-                return [rows, choices, *skip, None]     # signed out, or not this visitor's run
+                return [*listed, *skip, None]     # signed out, or not this visitor's run
             view.refresh()
             if last == (run_id, view.version):
-                return [rows, choices, *skip, last]    # nothing new since this session last drew
-            return [rows, choices, *frame_outputs(view, role, query), (run_id, view.version)]
+                return [*listed, *skip, last]    # nothing new since this session last drew
+            return [*listed, *frame_outputs(view, role, query), (run_id, view.version)]
 
         def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
             if not run_id:
@@ -214,8 +217,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
         preset.change(on_preset, preset, inputs)
         preview_btn.click(on_preview, inputs, launch_msg)
         launch_btn.click(on_launch, [*inputs, confirm], [launch_msg, run_pick, tabs])
-        tick_outputs = [runs_table, run_pick, *dash_outputs, log_box, final_btn, log_role, drawn]
-        timer.tick(on_tick, [run_pick, log_role, log_query, drawn], tick_outputs, show_progress="hidden")
+        tick_outputs = [runs_table, run_pick, listed, *dash_outputs, log_box, final_btn, log_role, drawn]
+        timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed], tick_outputs, show_progress="hidden")
         run_pick.change(on_select, [run_pick, log_role, log_query], [*dash_outputs, log_box, final_btn, log_role, drawn])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
