@@ -8,6 +8,7 @@ from panel.actions import Panel, full_log_file
 from panel.presets import PRESETS, TINY_DEMO
 
 TICK_S = 2.0
+SCROLL_LOG_TO_END = "() => { const t = document.querySelector('#log-box textarea'); if (t) t.scrollTop = t.scrollHeight; }"
 _D = RunSpec()
 
 
@@ -231,6 +232,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 return None
 
         log_btn.click(on_full_log, [run_pick, log_role], log_btn)
+        # A tail is read from the bottom; the textbox's own autoscroll does not fire on timer updates here.
+        log_box.change(None, None, None, js=SCROLL_LOG_TO_END)
         cancel_btn.click(on_cancel, run_pick, action_msg)
 
         def on_resume(run_id, oauth_token: gr.OAuthToken | None = None):

@@ -140,6 +140,9 @@ def test_launch_the_demo_and_watch_it_live(page):
     adapters = _text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
     assert "step 200/200" in page.locator("#log-box textarea").input_value()
+    scrolled_to_end = page.evaluate("""() => { const t = document.querySelector('#log-box textarea');
+        return t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 2; }""")
+    assert scrolled_to_end, "the log tail shows its newest lines"
 
     page.wait_for_function("() => !document.querySelector('#final-btn').disabled", timeout=30000)
     with page.expect_download(timeout=30000) as info:
