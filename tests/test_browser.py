@@ -27,23 +27,28 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
-    home = tmp_path_factory.mktemp("panel-home")
+def app_home(tmp_path_factory):
+    return tmp_path_factory.mktemp("panel-home")
+
+
+@pytest.fixture(scope="module")
+def app_url(app_home):
     port = _free_port()
-    env = {**os.environ, "GRPO_PANEL_HOME": str(home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {**os.environ, "GRPO_PANEL_HOME": str(app_home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("SPACE_ID", None)
-    log = open(home / "app.log", "wb")
+    log = open(app_home / "app.log", "wb")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
+        deadline = time.time() + 120
+        while True:
             try:
                 urllib.request.urlopen(url, timeout=2)
                 break
             except OSError:
-                assert proc.poll() is None, (home / "app.log").read_text()
+                assert proc.poll() is None, (app_home / "app.log").read_text()
+                assert time.time() < deadline, "the panel did not answer within 120 s:\n" + _tail(app_home / "app.log")
                 time.sleep(0.5)
         yield url
     finally:
@@ -56,24 +61,69 @@ def app_url(tmp_path_factory):
         log.close()
 
 
+def _tail(path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
 @pytest.fixture(scope="module")
-def page(app_url):
+def browser(app_url):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
             "--disable-sync", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-        page.goto(app_url)
-        yield page
+        yield browser
         browser.close()
 
 
+@pytest.fixture
+def page(browser, app_url, app_home, request):
+    """A fresh page per test (no state carried from the previous test), loaded until the form is usable.
+
+    When the test fails, a screenshot and the panel's log tail are attached to the failure report."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    page.goto(app_url)
+    page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        shot = app_home / f"{request.node.name}.png"
+        try:
+            page.screenshot(path=str(shot), full_page=True)
+        except Exception as exc:  # diagnostics must not hide the test's own failure
+            shot = f"(no screenshot: {exc})"
+        print(f"--- screenshot: {shot}\n--- launch message: {_launch_message(page)!r}\n"
+              f"--- panel log tail:\n{_tail(app_home / 'app.log')}")
+    page.close()
+
+
+def _launch_message(page) -> str:
+    try:
+        return page.evaluate("() => document.querySelector('#launch-msg').innerText")
+    except Exception as exc:
+        return f"(unreadable: {exc})"
+
+
+def _wait_for_launch_answer(page, timeout_ms: int = 30000) -> str:
+    """The launch message once the server has answered the click: a refusal or 'Launched run'."""
+    page.wait_for_function("""() => {
+        const t = document.querySelector('#launch-msg').innerText;
+        return /launched/i.test(t);   // 'Launched run ...', 'Not launched ...', '... nothing was launched'
+    }""", timeout=timeout_ms)
+    return _launch_message(page)
+
+
 def _set_number(page, elem_id: str, value) -> None:
+    from playwright.sync_api import expect
+
     box = page.locator(f"#{elem_id} input").first
     box.fill(str(value))
     box.press("Tab")
+    expect(box).to_have_value(str(value))
 
 
 def _reward_points(page) -> int:
@@ -89,10 +139,9 @@ def test_bad_input_is_refused_in_the_form_and_nothing_launches(page):
     page.get_by_text("LoRA", exact=True).click()
     _set_number(page, "f-lora_r", 0)
     page.locator("#launch-btn").click()
-    msg = page.locator("#launch-msg")
-    msg.get_by_text("nothing was launched").wait_for(timeout=20000)
-    assert "lora_r" in msg.inner_text()
-    _set_number(page, "f-lora_r", 8)
+    message = _wait_for_launch_answer(page)
+    assert "nothing was launched" in message and "lora_r" in message, message
+    assert "Launched run" not in message
 
 
 def _plot_points(page, plot_id: str, trace: str) -> int:
@@ -118,8 +167,8 @@ def test_launch_the_demo_and_watch_it_live(page):
     page.get_by_role("option", name="Tiny demo (CPU)").click()
     page.locator("#launch-btn").click()
     # A successful launch switches to the Runs tab, with the new run selected.
-    page.wait_for_function("() => document.querySelector('#launch-msg').textContent.includes('Launched run')",
-                           timeout=30000)
+    message = _wait_for_launch_answer(page)
+    assert "Launched run" in message, message
     page.wait_for_function("() => document.querySelector('#run-status').textContent.includes('trainer:')",
                            timeout=30000)
 
@@ -153,15 +202,14 @@ def test_launch_the_demo_and_watch_it_live(page):
 
 
 def test_a_local_distributed_run_from_the_browser(page):
-    page.get_by_role("tab", name="Launch").click()
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny distributed (CPU, 2 vLLM replicas)").click()
     page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
     page.get_by_text("GRPO training", exact=True).click()
     _set_number(page, "f-max_steps", 4)
     page.locator("#launch-btn").click()
-    page.wait_for_function("() => document.querySelector('#launch-msg').textContent.includes('Launched run')",
-                           timeout=30000)
+    message = _wait_for_launch_answer(page)
+    assert "Launched run" in message, message
     page.wait_for_function("""() => {
         const t = document.getElementById('run-status').innerText;
         return t.includes('distributed') && t.includes('final adapter ready');
