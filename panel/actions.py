@@ -25,6 +25,9 @@ class Settings:
     home: str = field(default_factory=lambda: os.environ.get("GRPO_PANEL_HOME", os.path.abspath("data")))
     on_space: bool = field(default_factory=lambda: bool(os.environ.get("SPACE_ID")))
     bucket_mount: str | None = field(default_factory=lambda: os.environ.get("GRPO_PANEL_BUCKET_MOUNT"))
+    # A visitor's Hub registry (its log readers, views and caches) is dropped after this long unused, so a
+    # long-lived Space does not grow with every visitor and every refreshed OAuth token; it is rebuilt on demand.
+    registry_idle_s: float = 3600.0
 
 
 class Refused(Exception):
@@ -37,6 +40,7 @@ class Panel:
         self.local = LocalExecutor(self.settings.home)
         self.local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
         self._hub_registries: dict[str, RunRegistry] = {}
+        self._hub_used: dict[str, float] = {}        # registry key -> monotonic time of its last use
         self._run_registry: dict[str, RunRegistry] = {}
         self._flavors: tuple[float, list] = (0.0, [])
         self._final_zips: dict[str, str] = {}
@@ -48,7 +52,12 @@ class Panel:
         return resolve_token(oauth_token, self.settings.on_space)
 
     def hub_registry(self, token: str, namespace: str) -> RunRegistry:
+        import time as _time
+
         key = f"{namespace}:{hash(token)}"
+        now = _time.monotonic()
+        self._hub_used[key] = now
+        self._evict_idle(now)
         if key not in self._hub_registries:
             from backend.executors.hf_jobs import HfJobsExecutor
             from backend.hub_store import open_store
@@ -57,6 +66,18 @@ class Panel:
             self._hub_registries[key] = RunRegistry(
                 executor, lambda bucket: open_store(bucket, token, self.settings.bucket_mount), list_every_s=15.0)
         return self._hub_registries[key]
+
+    def _evict_idle(self, now: float) -> None:
+        """Drop Hub registries unused for `registry_idle_s`: stop their log readers and forget their runs."""
+        for key in [k for k, used in self._hub_used.items() if now - used > self.settings.registry_idle_s]:
+            del self._hub_used[key]
+            registry = self._hub_registries.pop(key, None)
+            if registry is None:
+                continue
+            registry.executor.stop(timeout=0)
+            for run_id in [r for r, reg in self._run_registry.items() if reg is registry]:
+                del self._run_registry[run_id]    # rebuilt from the Hub's job list when asked for again
+            log.info("dropped an idle Hugging Face Jobs registry (%s runs)", key.split(":", 1)[0])
 
     def _check_control(self, executor: str, namespace: str | None, oauth_token: str | None) -> str | None:
         """The token to act with; raises Refused with a reason the visitor can act on."""
@@ -237,6 +258,8 @@ class Panel:
         return self._final_zips[run_id]
 
     def shutdown(self) -> None:
+        for registry in self._hub_registries.values():
+            registry.executor.stop(timeout=0)
         self.local.shutdown()
 
 

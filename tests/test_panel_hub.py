@@ -161,6 +161,37 @@ def test_a_visitor_sees_only_runs_in_their_own_namespaces(tmp_path, monkeypatch)
         hub.stop()
 
 
+def test_an_idle_visitors_registry_is_dropped_and_rebuilt_on_their_return(tmp_path, monkeypatch):
+    from tests.fakehub import FakeUser
+
+    alice, bob = "hf_alice_token_0000000000", "hf_bob_token_00000000000"
+    hub = FakeHub(users={alice: FakeUser("alice"), bob: FakeUser("bob")})
+    hub.start()
+    hub.patch_endpoint(monkeypatch)
+    hub.install_bucket_transfers(monkeypatch)
+    panel = _panel(tmp_path, on_space=True)
+    try:
+        _, run_id = panel.launch(FORM, oauth_token=alice, confirmed=True)
+        assert run_id
+        view = panel.view(run_id, alice)
+        view.refresh()                                  # starts alice's log reader
+        old = panel._run_registry[run_id]
+        assert old.executor._feeds, "a log reader runs for alice's job"
+
+        panel.settings.registry_idle_s = 0.0            # everything not used this instant is idle
+        panel.runs_table(bob)                           # bob's visit sweeps alice's registry away
+        assert old not in panel._hub_registries.values() and run_id not in panel._run_registry
+        assert old.executor._stopping.is_set(), "the dropped registry's log readers are told to stop"
+        assert len(panel._hub_registries) == 1, "only bob's registry is held"
+
+        panel.settings.registry_idle_s = 3600.0
+        assert panel.view(run_id, alice).run_id == run_id, "alice's run comes back from the Hub's job list"
+        assert panel._run_registry[run_id] is not old
+    finally:
+        _stop(panel)
+        hub.stop()
+
+
 def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, tmp_path):
     panel = _panel(tmp_path)
     try:
