@@ -76,7 +76,8 @@ def write_run_files(spec: RunSpec, store: BucketStore) -> None:
     store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
 
 
-def launch_run(spec: RunSpec, executor: Executor, store: BucketStore, secrets: dict[str, str] | None = None) -> LaunchedRun:
+def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
+               secrets: dict[str, str] | None = None) -> LaunchedRun:
     spec.check()
     secrets = secrets or {}
     local = executor.name == "local"
@@ -84,7 +85,8 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore, secrets: d
     try:
         write_run_files(spec, store)
     except Exception as exc:
-        raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. No job was submitted.") from exc
+        raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
+                          "No job was submitted.") from exc
     if spec.mode == "colocated":
         jobs = recipe.colocated_jobs(spec, python=python)
         ids = submit_jobs(executor, jobs, secrets)

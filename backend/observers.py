@@ -57,7 +57,8 @@ class AdapterVersion:
     size_bytes: int
 
 
-def list_adapter_versions(store: BucketStore, run_id: str, known: set[int] | frozenset = frozenset()) -> dict[int, AdapterVersion]:
+def list_adapter_versions(store: BucketStore, run_id: str,
+                          known: set[int] | frozenset = frozenset()) -> dict[int, AdapterVersion]:
     """Complete adapter versions in the run's `adapters/` and `.vllm_lora/` folders, by version number.
 
     Versions in `known` are skipped without reading their metadata again."""

@@ -9,8 +9,8 @@ import os
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from backend.executors.base import Executor
 from backend.launch import LaunchedRun, LaunchError, launch_run
@@ -48,7 +48,8 @@ class RunRegistry:
             return cached
         runs: dict[str, dict] = {}
         for rec in self.executor.list_jobs():
-            run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at, "jobs": {}, "stages": {}})
+            run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
+                                               "jobs": {}, "stages": {}})
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)

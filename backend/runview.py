@@ -11,8 +11,13 @@ from dataclasses import dataclass, field
 
 from backend.executors.base import Executor, ResourceSample
 from backend.jobspec import TERMINAL_STAGES, JobStatus
-from backend.observers import (AdapterVersion, FragmentCursor, final_adapter_files, list_adapter_versions,
-                               read_new_records)
+from backend.observers import (
+    AdapterVersion,
+    FragmentCursor,
+    final_adapter_files,
+    list_adapter_versions,
+    read_new_records,
+)
 from backend.runtime import layout
 from backend.store import BucketStore
 

@@ -48,10 +48,13 @@ class SpecError(ValueError):
 @dataclass
 class RunSpec:
     name: str = "tiny-demo"
-    mode: str = field(default="colocated", metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
+    mode: str = field(default="colocated",
+                      metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
-    model: str = field(default=BUILTIN_MODEL, metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
-    dataset: str = field(default="builtin:count-to-ten", metadata={"help": "builtin:<name> or a Hub dataset id with a 'prompt' column"})
+    model: str = field(default=BUILTIN_MODEL,
+                       metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
+    dataset: str = field(default="builtin:count-to-ten",
+                         metadata={"help": "builtin:<name> or a Hub dataset id with a 'prompt' column"})
     rewards: list[str] = field(default_factory=lambda: ["digits"])
     # LoRA
     lora_r: int = 8
@@ -152,7 +155,8 @@ class RunSpec:
             errs.append(FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset"))
         bad_rewards = [r for r in self.rewards if r not in BUILTIN_REWARDS]
         need(bool(self.rewards) and not bad_rewards, "rewards",
-             f"choose one or more of {', '.join(BUILTIN_REWARDS)}" + (f" (unknown: {', '.join(bad_rewards)})" if bad_rewards else ""))
+             f"choose one or more of {', '.join(BUILTIN_REWARDS)}"
+             + (f" (unknown: {', '.join(bad_rewards)})" if bad_rewards else ""))
         need(self.lora_r > 0, "lora_r", "LoRA rank must be a positive integer, e.g. 8 or 16")
         need(self.lora_r <= 512, "lora_r", f"LoRA rank above 512 is not served by vLLM; use one of {VLLM_LORA_RANKS}")
         need(self.lora_alpha > 0, "lora_alpha", "LoRA alpha must be positive, typically 2x the rank")
@@ -180,8 +184,10 @@ class RunSpec:
         need(1 <= self.num_processes <= 64, "num_processes", "must be between 1 and 64")
         if self.mode == "distributed":
             need(1 <= self.replicas <= 16, "replicas", "a distributed run needs between 1 and 16 vLLM replicas")
-            need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0 means rollouts always use the newest policy)")
-            need(self.max_staleness <= 16, "max_staleness", "at most 16: vLLM must keep max_staleness + 2 adapters loaded")
+            need(self.max_staleness >= 0, "max_staleness",
+                 "must be >= 0 (0 means rollouts always use the newest policy)")
+            need(self.max_staleness <= 16, "max_staleness",
+                 "at most 16: vLLM must keep max_staleness + 2 adapters loaded")
             need(self.max_inflight_tasks > 0, "max_inflight_tasks", "must be positive")
             need(self.queue_maxsize > 0, "queue_maxsize", "must be positive")
             need(self.max_tokens_per_batch >= self.max_completion_length, "max_tokens_per_batch",
@@ -191,7 +197,8 @@ class RunSpec:
         errs += _check_bucket(self.bucket, self.executor)
         need(self.mount_path.startswith("/") and self.mount_path != "/" and " " not in self.mount_path, "mount_path",
              "must be an absolute folder path such as /bucket")
-        need(bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.flavor or "")), "flavor", "pick a hardware flavor such as cpu-basic or a10g-small")
+        need(bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.flavor or "")), "flavor",
+             "pick a hardware flavor such as cpu-basic or a10g-small")
         need(bool(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.run_id)), "run_id",
              "letters, digits, '-', '_', '.' only")
         return errs

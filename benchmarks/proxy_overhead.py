@@ -18,8 +18,8 @@ import requests
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
-from backend.runtime.proxy import start_proxy  # noqa: E402
-from tests.vllm_replicas import API_KEY, ReplicaPool  # noqa: E402
+from backend.runtime.proxy import start_proxy
+from tests.vllm_replicas import API_KEY, ReplicaPool
 
 
 def ms(xs: list[float]) -> str:
@@ -48,7 +48,8 @@ def main() -> None:
     try:
         urls = pool.ensure_running()
         adapter = make_adapter(pool.model_dir, os.path.join(tempfile.mkdtemp(), "trl-policy-v1"))
-        print(f"bytes per sync: adapter {folder_bytes(adapter):,} B against base model {folder_bytes(pool.model_dir):,} B")
+        print(f"bytes per sync: adapter {folder_bytes(adapter):,} B "
+              f"against base model {folder_bytes(pool.model_dir):,} B")
         proxy = start_proxy(urls, token=API_KEY)
         session, auth = requests.Session(), {"Authorization": f"Bearer {API_KEY}"}
         while session.get(proxy.url + "/health", params={"require": "all"}).status_code != 200:

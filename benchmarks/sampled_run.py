@@ -16,10 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.executors.local import LocalExecutor  # noqa: E402
-from backend.runs import RunRegistry  # noqa: E402
-from backend.spec import RunSpec  # noqa: E402
-from backend.store import FolderStore  # noqa: E402
+from backend.executors.local import LocalExecutor
+from backend.runs import RunRegistry
+from backend.spec import RunSpec
+from backend.store import FolderStore
 
 
 def summary(values: list[float]) -> str:
@@ -49,8 +49,10 @@ def main() -> None:
     print("step_time (s):", summary([r["step_time"] for r in view.metrics if "step_time" in r]))
     rewards = [r["reward"] for r in view.metrics if "reward" in r]
     if len(rewards) >= 20:
-        print(f"reward first-10 mean {statistics.mean(rewards[:10]):.3f}, last-10 mean {statistics.mean(rewards[-10:]):.3f}")
-    print(f"{len(samples)} resource samples; CPU %:", summary([s.cpu_percent for s in samples if s.cpu_percent is not None]))
+        print(f"reward first-10 mean {statistics.mean(rewards[:10]):.3f}, "
+              f"last-10 mean {statistics.mean(rewards[-10:]):.3f}")
+    print(f"{len(samples)} resource samples; CPU %:",
+          summary([s.cpu_percent for s in samples if s.cpu_percent is not None]))
     print("RSS (GiB):", summary([s.ram_bytes / 2**30 for s in samples if s.ram_bytes]))
     gpus = max((len(s.gpu_util) for s in samples), default=0)
     for g in range(gpus):

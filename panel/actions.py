@@ -108,8 +108,8 @@ class Panel:
         except SpecError as exc:
             return _errors_markdown(exc)
         jobs = recipe.preview_jobs(spec)
-        lines = [f"**{len(jobs)} job(s)**, image `{recipe.VLLM_IMAGE}`, TRL {recipe.TRL_VERSION}, "
-                 f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}."]
+        lines = [(f"**{len(jobs)} job(s)**, image `{recipe.VLLM_IMAGE}`, TRL {recipe.TRL_VERSION}, "
+                  f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
         if spec.executor == "hf_jobs":
             lines.append(self._cost_line(jobs))
         else:
@@ -246,7 +246,8 @@ class Panel:
             self._final_zips.pop(run_id, None)    # the resumed trainer writes a new final adapter
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return f"**Not resumed.** {redact_tokens(str(exc))}"
-        return f"Resumed run {run_id} with {len(launched.job_ids)} new job(s); the trainer continues from its last checkpoint."
+        return (f"Resumed run {run_id} with {len(launched.job_ids)} new job(s); "
+                "the trainer continues from its last checkpoint.")
 
     def final_adapter(self, run_id: str) -> str | None:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
@@ -273,7 +274,8 @@ def engine_label(spec: RunSpec) -> str:
     if spec.mode == "distributed":
         return f"vLLM server x{spec.replicas} behind the proxy (async GRPO)"
     if spec.use_vllm and spec.executor == "hf_jobs":
-        return f"vLLM colocated (gpu_memory_utilization={spec.vllm_gpu_memory_utilization}, sleep mode {'on' if spec.vllm_enable_sleep_mode else 'off'})"
+        sleep = "on" if spec.vllm_enable_sleep_mode else "off"
+        return f"vLLM colocated (gpu_memory_utilization={spec.vllm_gpu_memory_utilization}, sleep mode {sleep})"
     if spec.use_vllm:
         return "vLLM colocated if the machine has a GPU, else transformers"
     return "transformers generate() (no vLLM)"

@@ -8,7 +8,8 @@ from panel.actions import Panel, full_log_file
 from panel.presets import PRESETS, TINY_DEMO
 
 TICK_S = 2.0
-SCROLL_LOG_TO_END = "() => { const t = document.querySelector('#log-box textarea'); if (t) t.scrollTop = t.scrollHeight; }"
+SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
+                     "if (t) t.scrollTop = t.scrollHeight; }")
 _D = RunSpec()
 
 
@@ -54,7 +55,8 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
     with gr.Accordion("GRPO training", open=False):
         with gr.Row():
             for name, label in [("learning_rate", "Learning rate"), ("max_steps", "Steps"),
-                                ("per_device_batch_size", "Batch size / device"), ("num_generations", "Generations / prompt")]:
+                                ("per_device_batch_size", "Batch size / device"),
+                                ("num_generations", "Generations / prompt")]:
                 f[name] = _field(name, label)
         with gr.Row():
             for name, label in [("max_completion_length", "Max completion tokens"), ("temperature", "Temperature"),
@@ -73,7 +75,8 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
                 "vllm_enable_sleep_mode", "Sleep between generations",
                 info="level 2: weights and KV cache freed; TRL re-syncs the weights after every step anyway")
         with gr.Row():
-            f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel", choices=[1, 2, 4, 8])
+            f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel",
+                                                    choices=[1, 2, 4, 8])
             f["num_processes"] = _field("num_processes", "Data-parallel processes")
     with gr.Accordion("Distributed (async GRPO)", open=False):
         with gr.Row():
@@ -86,13 +89,12 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
             f["max_inflight_tasks"] = _field("max_inflight_tasks", "Max in-flight tasks")
             f["queue_maxsize"] = _field("queue_maxsize", "Rollout queue size")
             f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing")
-    with gr.Accordion("Hardware and storage", open=False):
-        with gr.Row():
-            f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=_D.flavor, allow_custom_value=True,
-                                      label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
-            f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)")
-            f["bucket"] = _field("bucket", "Bucket (namespace/name)")
-            f["mount_path"] = _field("mount_path", "Mount path in every job")
+    with gr.Accordion("Hardware and storage", open=False), gr.Row():
+        f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=_D.flavor, allow_custom_value=True,
+                                  label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
+        f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)")
+        f["bucket"] = _field("bucket", "Bucket (namespace/name)")
+        f["mount_path"] = _field("mount_path", "Mount path in every job")
     return f
 
 
@@ -134,9 +136,11 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     length_plot = gr.Plot(elem_id="length-plot")
                 ratio_plot = gr.Plot(elem_id="ratio-plot")
                 adapters = gr.Dataframe(headers=["adapter", "step", "published", "size (MB)", "on replicas"],
-                                        interactive=False, label="Adapter versions in the bucket", elem_id="adapters-table")
+                                        interactive=False, label="Adapter versions in the bucket",
+                                        elem_id="adapters-table")
                 replicas = gr.Dataframe(headers=["replica", "health", "in flight", "served", "errors", "adapters"],
-                                        interactive=False, label="vLLM replicas (distributed runs)", elem_id="replicas-table")
+                                        interactive=False, label="vLLM replicas (distributed runs)",
+                                        elem_id="replicas-table")
                 final_btn = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
                 with gr.Row():
                     log_role = gr.Dropdown(["trainer"], value="trainer", label="Job", elem_id="log-role", scale=1)
@@ -220,7 +224,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
         launch_btn.click(on_launch, [*inputs, confirm], [launch_msg, run_pick, tabs])
         tick_outputs = [runs_table, run_pick, listed, *dash_outputs, log_box, final_btn, log_role, drawn]
         timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed], tick_outputs, show_progress="hidden")
-        run_pick.change(on_select, [run_pick, log_role, log_query], [*dash_outputs, log_box, final_btn, log_role, drawn])
+        run_pick.change(on_select, [run_pick, log_role, log_query],
+                        [*dash_outputs, log_box, final_btn, log_role, drawn])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         def on_full_log(run_id, role, oauth_token: gr.OAuthToken | None = None):

@@ -36,11 +36,12 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETED"})
@@ -68,7 +69,7 @@ HARDWARE = [
 
 def utc_stamp(at: float | None = None) -> str:
     """A Hub timestamp: ISO 8601, milliseconds, ending in Z."""
-    moment = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc)
+    moment = datetime.fromtimestamp(time.time() if at is None else at, UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -556,7 +557,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(Reply(401, {"error": "Invalid credentials in Authorization header"},
                               {"X-Error-Message": "Invalid credentials in Authorization header"}))
         elif forced:
-            self._reply(Reply(forced, {"error": "Internal Error - We're working hard to fix this as soon as possible!"}))
+            message = "Internal Error - We're working hard to fix this as soon as possible!"
+            self._reply(Reply(forced, {"error": message}))
         else:
             result = self.hub.handle(method, parts.path, query, body, user)
             if isinstance(result, tuple):

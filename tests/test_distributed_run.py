@@ -10,11 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from vllm_replicas import API_KEY, MAX_STALENESS, served_models, shared_pool
 
 from backend.observers import FragmentCursor, read_new_records
 from backend.spec import BUILTIN_MODEL, RunSpec
 from backend.store import FolderStore
-from vllm_replicas import API_KEY, MAX_STALENESS, served_models, shared_pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_STEPS = 3

@@ -67,12 +67,13 @@ def test_cancel_stops_every_process_of_the_job(executor):
     assert len(family) == 3
     executor.cancel(job_id)
     assert executor.wait(job_id, 15).stage == "CANCELED"
-    gone, alive = psutil.wait_procs(family, timeout=10)
+    _, alive = psutil.wait_procs(family, timeout=10)
     assert alive == []
 
 
 def test_cancel_reaches_a_child_that_ignores_sigterm(executor):
-    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(300)"
+    code = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(300)")
     job_id = executor.submit(_job([sys.executable, "-c", code]))
     deadline = time.time() + 10
     while time.time() < deadline and not executor.read_logs(job_id, 0)[0]:

@@ -3,6 +3,7 @@
 The dead-replica test kills a replica and starts it again, so it stays the last test of this module.
 """
 
+import itertools
 import json
 import os
 import shutil
@@ -14,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from vllm_replicas import API_KEY, free_port, served_models, shared_pool
 
 from backend.observers import FragmentCursor, read_new_records
 from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
 from backend.store import FolderStore
-from vllm_replicas import API_KEY, free_port, served_models, shared_pool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -217,7 +218,7 @@ def test_pause_resume_and_prefix_cache_reset_reach_every_replica(pool, proxy):
 def test_stats_are_written_as_fragments_only_when_they_change(proxy):
     records = _stats_records(proxy.stats_dir)
     assert records and all(set(r) == {"time", "replicas"} for r in records)
-    assert all(a["replicas"] != b["replicas"] for a, b in zip(records, records[1:]))
+    assert all(a["replicas"] != b["replicas"] for a, b in itertools.pairwise(records))
     assert {r["url"] for r in records[-1]["replicas"]} == {r["url"] for r in proxy.stats()["replicas"]}
 
 

@@ -186,7 +186,7 @@ def test_training_job_writes_live_metrics_with_canonical_keys(trained_run):
         assert all(isinstance(v, (int, float)) and math.isfinite(v) for v in record.values())
     assert "tokens_per_s" in records[-1]
     assert "generation engine: transformers (CPU)" in out
-    assert re.search(r"^step 6/6  reward \d\.\d{3}  \d+\.\ds$", out, re.M), out[-2000:]
+    assert re.search(r"^step 6/6  reward \d\.\d{3}  \d+\.\ds$", out, re.MULTILINE), out[-2000:]
 
 
 def test_training_job_publishes_adapter_versions_atomically_and_a_final_adapter(trained_run):

@@ -8,8 +8,9 @@ is a cheap cursor read, and a fresh executor (after a panel restart) can follow 
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import HfHubHTTPError

@@ -15,8 +15,17 @@ import time
 from dataclasses import asdict
 
 from backend.executors.base import ResourceSample, SubmitError
-from backend.jobspec import (CANCELED, COMPLETED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec,
-                             JobStatus)
+from backend.jobspec import (
+    CANCELED,
+    COMPLETED,
+    ERROR,
+    RUNNING,
+    SCHEDULING,
+    TERMINAL_STAGES,
+    JobRecord,
+    JobSpec,
+    JobStatus,
+)
 from backend.redact import redact_tokens
 from backend.runtime.sampler import ResourceSampler
 

@@ -14,7 +14,14 @@ import time
 from transformers import TrainerCallback
 
 from .layout import (
-    ADAPTER_META_FILE, ADAPTER_NAME_RE, ADAPTERS_DIR, FINAL_DIR, METRICS_DIR, FragmentWriter, adapter_name, write_event,
+    ADAPTER_META_FILE,
+    ADAPTER_NAME_RE,
+    ADAPTERS_DIR,
+    FINAL_DIR,
+    METRICS_DIR,
+    FragmentWriter,
+    adapter_name,
+    write_event,
 )
 
 WRITER = "trainer"

@@ -154,7 +154,7 @@ class Proxy:
                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5),
             ) as resp:
                 return Reply(resp.status, await resp.text())
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as error:
+        except (TimeoutError, aiohttp.ClientError, OSError) as error:
             raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
 
     async def _broadcast(self, method: str, path: str, **kwargs) -> dict[Replica, Reply]:
@@ -292,7 +292,7 @@ class Proxy:
             try:
                 upstream = await self._session.request(request.method, replica.url + request.path,
                                                        params=request.query, data=body, headers=headers)
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as error:
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
             try:
                 return await self._relay(request, replica, upstream)
@@ -311,7 +311,7 @@ class Proxy:
         while True:
             try:
                 chunk = await upstream.content.readany()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as error:
+            except (TimeoutError, aiohttp.ClientError) as error:
                 self._mark_down(replica, f"died mid-response: {error}")
                 return response
             if not chunk:

@@ -45,7 +45,7 @@ def length_target(completions, target_length=None, **kwargs) -> list[float]:
     return scores
 
 
-def format(completions, **kwargs) -> list[float]:  # noqa: A001 - the reward's public name in RunSpec
+def format(completions, **kwargs) -> list[float]:
     """Share of the completion's characters that are plain printable ASCII (no byte soup, no control codes)."""
     return [_fraction(completion_text(c), PLAIN_TEXT) for c in completions]
 
