@@ -118,12 +118,20 @@ def _wait_for_launch_answer(page, timeout_ms: int = 30000) -> str:
 
 
 def _set_number(page, elem_id: str, value) -> None:
-    from playwright.sync_api import expect
+    """Type a number into a field, until it holds.
 
+    A field inside an accordion that has just been opened can be reset to its stored value right after it mounts
+    (seen in CI: the value typed within ~0.1 s of opening was replaced by the preset's), so the value is typed
+    again until it survives a short settle."""
     box = page.locator(f"#{elem_id} input").first
-    box.fill(str(value))
-    box.press("Tab")
-    expect(box).to_have_value(str(value))
+    want = str(value)
+    for _ in range(10):
+        box.fill(want)
+        box.press("Tab")
+        page.wait_for_timeout(400)
+        if box.input_value() == want:
+            return
+    raise AssertionError(f"#{elem_id} does not keep {want!r}; it shows {box.input_value()!r}")
 
 
 def _reward_points(page) -> int:
