@@ -21,6 +21,8 @@ from backend.runtime.rewards import digits, length_target, reward_functions
 from backend.runtime.rewards import format as plain_format
 from backend.spec import RunSpec
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 RUNTIME_SRC = Path(__file__).resolve().parents[1] / "backend" / "runtime"
 JOB_TIMEOUT_S = 150
 
@@ -187,6 +189,25 @@ def test_training_job_writes_live_metrics_with_canonical_keys(trained_run):
     assert "tokens_per_s" in records[-1]
     assert "generation engine: transformers (CPU)" in out
     assert re.search(r"^step 6/6  reward \d\.\d{3}  \d+\.\ds$", out, re.MULTILINE), out[-2000:]
+    assert out.count("TRL currently supports vLLM versions") <= 1, "TRL's version warning is said at most once"
+    assert "pin_memory" not in out, "no pinned-memory warning on a machine without an accelerator"
+
+
+def test_the_vllm_version_warning_is_said_once_and_other_warnings_pass_through(tmp_path):
+    code = """
+import warnings
+from backend.runtime.train import say_vllm_version_warning_once
+say_vllm_version_warning_once()
+def a(): warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 9.9.")
+def b(): warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 9.9.")
+a(); b()
+warnings.warn("something else entirely")
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    both = result.stdout + result.stderr
+    assert both.count("TRL currently supports vLLM versions") == 1 and "(shown once)" in result.stdout, both
+    assert "something else entirely" in result.stderr
 
 
 def test_training_job_publishes_adapter_versions_atomically_and_a_final_adapter(trained_run):

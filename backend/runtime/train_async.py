@@ -26,7 +26,14 @@ from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publ
 from .prompts import load_prompts
 from .proxy import start_proxy
 from .rewards import reward_functions
-from .train import latest_checkpoint, lora_config, resolve_model, shared_trainer_args, stop_on_sigterm
+from .train import (
+    latest_checkpoint,
+    lora_config,
+    resolve_model,
+    say_vllm_version_warning_once,
+    shared_trainer_args,
+    stop_on_sigterm,
+)
 
 REPLICAS_ENV = "VLLM_REPLICA_URLS"
 
@@ -184,6 +191,7 @@ def main() -> None:
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
     stop_on_sigterm()
+    say_vllm_version_warning_once()
     try:
         train(spec, run_dir, replica_urls(args.replica), args.replica_wait)
     except BaseException as error:
