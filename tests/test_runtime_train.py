@@ -191,6 +191,7 @@ def test_training_job_writes_live_metrics_with_canonical_keys(trained_run):
     assert re.search(r"^step 6/6  reward \d\.\d{3}  \d+\.\ds$", out, re.MULTILINE), out[-2000:]
     assert out.count("TRL currently supports vLLM versions") <= 1, "TRL's version warning is said at most once"
     assert "pin_memory" not in out, "no pinned-memory warning on a machine without an accelerator"
+    assert "it/s]" not in out, "no progress bars: the panel reads the log line by line"
 
 
 def test_the_vllm_version_warning_is_said_once_and_other_warnings_pass_through(tmp_path):

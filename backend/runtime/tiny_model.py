@@ -80,11 +80,21 @@ def ensure_tiny_model(out: str, seed: int = 0) -> str:
     return out
 
 
+def no_progress_bars() -> None:
+    """Job logs are read line by line in the panel: carriage-return progress bars only garble them."""
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    disable_progress_bars()
+    hf_logging.disable_progress_bar()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    no_progress_bars()
     print(f"tiny model ready at {ensure_tiny_model(args.out, args.seed)}", flush=True)
 
 

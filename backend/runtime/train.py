@@ -21,6 +21,7 @@ from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
 from .metrics_callback import WRITER, RunFolderCallback
 from .prompts import load_prompts
 from .rewards import reward_functions
+from .tiny_model import no_progress_bars
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BASE_MODEL_DIR = "base-model"
@@ -183,6 +184,7 @@ def main() -> None:
         spec = json.load(f)
     stop_on_sigterm()
     say_vllm_version_warning_once()
+    no_progress_bars()
     limit_cpu_threads(spec)
     callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"])
     try:

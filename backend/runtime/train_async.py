@@ -26,6 +26,7 @@ from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publ
 from .prompts import load_prompts
 from .proxy import start_proxy
 from .rewards import reward_functions
+from .tiny_model import no_progress_bars
 from .train import (
     latest_checkpoint,
     lora_config,
@@ -192,6 +193,7 @@ def main() -> None:
         spec = json.load(f)
     stop_on_sigterm()
     say_vllm_version_warning_once()
+    no_progress_bars()
     try:
         train(spec, run_dir, replica_urls(args.replica), args.replica_wait)
     except BaseException as error:
