@@ -79,7 +79,34 @@ def staleness_figure(records: list[dict]) -> go.Figure:
 def ratio_figure(records: list[dict]) -> go.Figure:
     fig = lines_figure(records, {"ratio": "ratio"}, "Importance ratio (should stay ~1)", "ratio")
     fig.add_hrect(y0=1 - RATIO_DRIFT, y1=1 + RATIO_DRIFT, fillcolor="green", opacity=0.08, line_width=0)
+    if not fig.data:
+        _note(fig, "No ratio logged: async (distributed) runs log it; colocated runs sample on-policy.")
     return fig
+
+
+def throughput_figure(records: list[dict]) -> go.Figure:
+    """Completion length and weight-sync time on the left axis, tokens/s on the right: their scales differ
+    by three orders of magnitude, so one axis would flatten the small ones to zero."""
+    fig = _figure("Completions and throughput", "tokens · seconds")
+    left = {"completion_length": "completion length (tokens)", "weight_sync_s": "weight sync (s)"}
+    right = {"tokens_per_s": "tokens/s", "gen_tokens_per_s": "generated tok/s", "train_tokens_per_s": "trained tok/s"}
+    for keys, axis in ((left, "y"), (right, "y2")):
+        for key, name in keys.items():
+            xs, ys = downsample(*series(records, key))
+            if xs:
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, yaxis=axis,
+                                         line=dict(dash="dot") if axis == "y2" else None))
+    fig.update_layout(yaxis2=dict(title="tokens/s", overlaying="y", side="right", showgrid=False),
+                      margin=dict(r=50))
+    return fig
+
+
+def _note(fig: go.Figure, text: str) -> None:
+    """A line of text in an empty chart, so a blank plot is never a riddle."""
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                       font=dict(color="#888"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
 
 
 def ratio_warning(records: list[dict], window: int = 5) -> str | None:

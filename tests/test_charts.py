@@ -38,3 +38,17 @@ def test_utilisation_plots_each_gpu_where_there_are_gpus_and_cpu_otherwise():
     cpu = [ResourceSample(time=t, cpu_percent=100.0) for t in range(3)]
     names = [t.name for t in charts.utilisation_figure({"trainer": gpu, "vllm-0": cpu}).data]
     assert names == ["trainer GPU0 util", "trainer GPU1 util", "vllm-0 CPU"]
+
+
+def test_throughput_puts_tokens_per_second_on_its_own_axis():
+    records = [{"step": i, "completion_length": 16.0, "tokens_per_s": 20_000.0, "weight_sync_s": 0.2}
+               for i in range(1, 4)]
+    axes = {t.name: t.yaxis for t in charts.throughput_figure(records).data}
+    assert axes == {"completion length (tokens)": "y", "weight sync (s)": "y", "tokens/s": "y2"}
+
+
+def test_an_empty_ratio_chart_says_why_and_a_filled_one_does_not():
+    empty = charts.ratio_figure([{"step": 1, "reward": 0.5}])
+    assert not empty.data and "on-policy" in empty.layout.annotations[0].text
+    filled = charts.ratio_figure([{"step": 1, "ratio": 1.0}])
+    assert [t.name for t in filled.data] == ["ratio"] and not filled.layout.annotations
