@@ -39,8 +39,10 @@ def _num(value) -> bool:
 
 def _figure(title: str, y_title: str, x_title: str = "step") -> go.Figure:
     fig = go.Figure()
-    fig.update_layout(title=title, height=280, margin=dict(l=40, r=10, t=40, b=30), xaxis_title=x_title,
-                      yaxis_title=y_title, legend=dict(orientation="h", y=-0.25), template="plotly_white")
+    # The legend sits below the x-axis title, not on it.
+    fig.update_layout(title=title, height=300, margin=dict(l=40, r=10, t=40, b=70), xaxis_title=x_title,
+                      yaxis_title=y_title, legend=dict(orientation="h", y=-0.3, yanchor="top"),
+                      template="plotly_white")
     return fig
 
 
@@ -78,9 +80,10 @@ def staleness_figure(records: list[dict]) -> go.Figure:
 
 def ratio_figure(records: list[dict]) -> go.Figure:
     fig = lines_figure(records, {"ratio": "ratio"}, "Importance ratio (should stay ~1)", "ratio")
-    fig.add_hrect(y0=1 - RATIO_DRIFT, y1=1 + RATIO_DRIFT, fillcolor="green", opacity=0.08, line_width=0)
     if not fig.data:
         _note(fig, "No ratio logged: async (distributed) runs log it; colocated runs sample on-policy.")
+        return fig
+    fig.add_hrect(y0=1 - RATIO_DRIFT, y1=1 + RATIO_DRIFT, fillcolor="green", opacity=0.08, line_width=0)
     return fig
 
 

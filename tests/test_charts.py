@@ -49,6 +49,6 @@ def test_throughput_puts_tokens_per_second_on_its_own_axis():
 
 def test_an_empty_ratio_chart_says_why_and_a_filled_one_does_not():
     empty = charts.ratio_figure([{"step": 1, "reward": 0.5}])
-    assert not empty.data and "on-policy" in empty.layout.annotations[0].text
+    assert not empty.data and not empty.layout.shapes and "on-policy" in empty.layout.annotations[0].text
     filled = charts.ratio_figure([{"step": 1, "ratio": 1.0}])
     assert [t.name for t in filled.data] == ["ratio"] and not filled.layout.annotations
