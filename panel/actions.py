@@ -6,6 +6,7 @@
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 
 from backend import recipe
@@ -41,6 +42,7 @@ class Panel:
         self.local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
         self._hub_registries: dict[str, RunRegistry] = {}
         self._hub_used: dict[str, float] = {}        # registry key -> monotonic time of its last use
+        self._hub_lock = threading.Lock()
         self._run_registry: dict[str, RunRegistry] = {}
         self._flavors: tuple[float, list] = (0.0, [])
         self._final_zips: dict[str, str] = {}
@@ -55,17 +57,18 @@ class Panel:
         import time as _time
 
         key = f"{namespace}:{hash(token)}"
-        now = _time.monotonic()
-        self._hub_used[key] = now
-        self._evict_idle(now)
-        if key not in self._hub_registries:
-            from backend.executors.hf_jobs import HfJobsExecutor
-            from backend.hub_store import open_store
+        with self._hub_lock:      # handlers run in threads: one registry (and one set of log readers) per key
+            now = _time.monotonic()
+            self._hub_used[key] = now
+            self._evict_idle(now)
+            if key not in self._hub_registries:
+                from backend.executors.hf_jobs import HfJobsExecutor
+                from backend.hub_store import open_store
 
-            executor = HfJobsExecutor(token, namespace)
-            self._hub_registries[key] = RunRegistry(
-                executor, lambda bucket: open_store(bucket, token, self.settings.bucket_mount), list_every_s=15.0)
-        return self._hub_registries[key]
+                executor = HfJobsExecutor(token, namespace)
+                self._hub_registries[key] = RunRegistry(
+                    executor, lambda bucket: open_store(bucket, token, self.settings.bucket_mount), list_every_s=15.0)
+            return self._hub_registries[key]
 
     def _evict_idle(self, now: float) -> None:
         """Drop Hub registries unused for `registry_idle_s`: stop their log readers and forget their runs."""
@@ -75,8 +78,8 @@ class Panel:
             if registry is None:
                 continue
             registry.executor.stop(timeout=0)
-            for run_id in [r for r, reg in self._run_registry.items() if reg is registry]:
-                del self._run_registry[run_id]    # rebuilt from the Hub's job list when asked for again
+            for run_id in [r for r, reg in list(self._run_registry.items()) if reg is registry]:
+                self._run_registry.pop(run_id, None)    # rebuilt from the Hub's job list when asked for again
             log.info("dropped an idle Hugging Face Jobs registry (%s runs)", key.split(":", 1)[0])
 
     def _check_control(self, executor: str, namespace: str | None, oauth_token: str | None) -> str | None:
