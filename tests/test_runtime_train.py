@@ -245,3 +245,17 @@ def test_a_job_that_fails_exits_non_zero_and_records_the_error(tmp_path):
     assert "training failed: ValueError: unknown builtin dataset 'no-such-set'" in out
     failed = events(str(tmp_path))[-1]
     assert failed["event"] == "failed" and "no-such-set" in failed["error"]
+
+
+def test_resume_picks_the_newest_complete_checkpoint_and_skips_one_cut_off_mid_save(tmp_path):
+    from backend.runtime.train import latest_checkpoint
+
+    assert latest_checkpoint(str(tmp_path)) is None, "no checkpoints folder: start from scratch"
+    folder = tmp_path / layout.CHECKPOINTS_DIR
+    for step, state in [(3, '{"global_step": 3}'), (6, '{"global_step": 6}'), (9, '{"global_st'), (12, None)]:
+        (folder / f"checkpoint-{step}").mkdir(parents=True)
+        (folder / f"checkpoint-{step}" / "adapter_model.safetensors").write_bytes(b"x")
+        if state is not None:
+            (folder / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    (folder / "checkpoint-99.tmp").mkdir()
+    assert latest_checkpoint(str(tmp_path)) == str(folder / "checkpoint-6")
