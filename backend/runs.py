@@ -6,7 +6,6 @@ restarted panel shows every run it launched.
 
 import io
 import os
-import tempfile
 import time
 import zipfile
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 
 from backend.executors.base import Executor
 from backend.launch import LaunchedRun, LaunchError, launch_run
+from backend.runtime.layout import atomic_write_bytes
 from backend.runview import RunView
 from backend.spec import RunSpec
 from backend.store import BucketStore
@@ -87,8 +87,8 @@ class RunRegistry:
             self.executor.cancel(job.job_id)
         return [j.job_id for j in view.jobs.values()]
 
-    def final_adapter_zip(self, run_id: str) -> str | None:
-        """A zip of the final adapter in a temp folder, or None while there is none."""
+    def final_adapter_zip(self, run_id: str, folder: str) -> str | None:
+        """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none."""
         view = self.view(run_id)
         view.refresh()
         if not view.final_files:
@@ -98,7 +98,6 @@ class RunRegistry:
             for f in view.final_files:
                 zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
         name = view.spec.get("name", "run")
-        path = os.path.join(tempfile.mkdtemp(prefix="grpo-final-"), f"{name}-{run_id}-final-adapter.zip")
-        with open(path, "wb") as f:
-            f.write(buf.getvalue())
+        path = os.path.join(folder, f"{name}-{run_id}-final-adapter.zip")
+        atomic_write_bytes(path, buf.getvalue())
         return path

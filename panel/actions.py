@@ -14,6 +14,7 @@ from backend.executors.local import LocalExecutor
 from backend.launch import LaunchError
 from backend.redact import redact_tokens
 from backend.runs import RunRegistry
+from backend.runtime.layout import atomic_write_bytes
 from backend.runview import RunView
 from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
@@ -46,6 +47,9 @@ class Panel:
         self._run_registry: dict[str, RunRegistry] = {}
         self._flavors: tuple[float, list] = (0.0, [])
         self._final_zips: dict[str, str] = {}
+        # Files built for download (final adapters, full logs) live here under stable names, one per run (and
+        # role), replaced on each build: a long-lived Space does not collect a temp folder per click.
+        self.downloads = os.path.join(self.settings.home, "downloads")
 
     # ---- registries and permissions
     def _token(self, oauth_token: str | None) -> str | None:
@@ -255,7 +259,8 @@ class Panel:
     def final_adapter(self, run_id: str) -> str | None:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
         if run_id not in self._final_zips:
-            path = self._run_registry[run_id].final_adapter_zip(run_id) if run_id in self._run_registry else None
+            registry = self._run_registry.get(run_id)
+            path = registry.final_adapter_zip(run_id, self.downloads) if registry else None
             if path is None:
                 return None
             self._final_zips[run_id] = path
@@ -291,14 +296,11 @@ def _errors_markdown(exc: SpecError) -> str:
 
 def full_log_file(panel: Panel, run_id: str, role: str, oauth_token: str | None = None) -> str | None:
     """The whole log of one job (redacted, like everything shown) as a file to download."""
-    import tempfile
-
     view = panel.view(run_id, oauth_token)
     job = view.jobs.get(role)
     if job is None:
         return None
     lines, _ = view.executor.read_logs(job.job_id, 0)
-    path = os.path.join(tempfile.mkdtemp(prefix="grpo-log-"), f"{run_id}-{role}.log")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    path = os.path.join(panel.downloads, f"{run_id}-{role}.log")
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
     return path

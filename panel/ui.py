@@ -99,7 +99,8 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
 
 
 def build_ui(panel: Panel) -> gr.Blocks:
-    with gr.Blocks(title="GRPO + LoRA control panel") as demo:
+    # Gradio keeps a copy of every file it serves (downloads); delete_cache drops copies older than a day, hourly.
+    with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(3600, 86400)) as demo:
         with gr.Row():
             gr.Markdown("# GRPO + LoRA control panel\nLaunch GRPO runs with LoRA, colocated or distributed, "
                         "locally or on Hugging Face Jobs, and watch them live.")

@@ -1,12 +1,14 @@
 """The panel on Hugging Face Jobs, end to end through its handlers, against the loopback fake of the Hub."""
 
 import json
+import os
+import zipfile
 
 import pytest
 
 from backend.jobspec import LABEL_RUN
 from panel import dashboard
-from panel.actions import Panel, Settings
+from panel.actions import Panel, Settings, full_log_file
 from tests.fakehub import FakeHub, wait_until
 
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
@@ -77,6 +79,19 @@ def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, tmp_path):
         logs = dashboard.log_text(view, "trainer")
         assert "step 1/500" in logs and PLANTED not in logs and hub.token not in logs
         assert "RUNNING" in frame.status
+
+        # The full-log download is redacted too, and repeated downloads replace one file instead of piling up.
+        log_path = full_log_file(panel, run_id, "trainer")
+        text = open(log_path).read()
+        assert "step 1/500" in text and PLANTED not in text and hub.token not in text
+        assert full_log_file(panel, run_id, "trainer") == log_path
+        assert panel.final_adapter(run_id) is None, "no final adapter yet"
+        for name, data in [("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"weights")]:
+            hub.put_file("alice/grpo-runs", f"runs/{run_id}/final/{name}", data)
+        zip_path = panel.final_adapter(run_id)
+        with zipfile.ZipFile(zip_path) as zf:
+            assert zf.read("adapter_config.json") == b'{"r": 8}' and zf.read("adapter_model.safetensors") == b"weights"
+        assert sorted(os.listdir(panel.downloads)) == sorted(map(os.path.basename, [log_path, zip_path]))
     finally:
         _stop(panel)
 
