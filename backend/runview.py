@@ -111,7 +111,7 @@ class RunView:
                 self._by_step[record.get("step", 0)] = record
         new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor)
         for writer, record in new_events:
-            (self.replica_stats if "replicas" in record else self.events).append({"writer": writer, **record})
+            self.events.append({"writer": writer, **record})
         if new_metrics:
             self.metrics = [self._by_step[step] for step in sorted(self._by_step)]
         return bool(new_metrics or new_events)

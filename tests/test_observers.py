@@ -105,3 +105,20 @@ def test_store_refuses_paths_that_escape_the_bucket(tmp_path):
 
     with pytest.raises(ValueError):
         FolderStore(tmp_path / "b").read_bytes("../secret")
+
+
+def test_a_distributed_runs_engine_event_is_an_event_and_proxy_stats_are_replica_stats(tmp_path):
+    from backend.runtime.layout import write_event
+    from backend.runview import RunView
+
+    store = FolderStore(tmp_path)
+    run_dir = store.local_path(f"runs/{RUN}")
+    engine = "vLLM replicas behind the LoRA-aware proxy (2/2 healthy at start, adapter-only sync)"
+    write_event(run_dir, "trainer", "engine", engine=engine, replicas=2, healthy=2)   # carries a `replicas` count
+    FragmentWriter(store.local_path(METRICS), "proxy").write([{"time": 1.0, "replicas": [{"url": "a"}]}])
+    FragmentWriter(store.local_path(METRICS), "trainer").write([{"step": 1, "reward": 0.5}])
+    view = RunView(RUN, store, executor=None, jobs={})
+    view.refresh()
+    assert view.engine == engine
+    assert [r["replicas"] for r in view.replica_stats] == [[{"url": "a"}]]
+    assert [r["step"] for r in view.metrics] == [1]
