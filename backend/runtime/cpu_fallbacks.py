@@ -6,7 +6,8 @@
   runs the same varlen causal attention in plain torch: one `scaled_dot_product_attention` per segment with a
   bottom-right-aligned causal mask (a segment's queries are the last tokens of its key path), GQA heads repeated.
 
-Call `install_cpu_fallbacks()` before building the trainer; it does nothing where CUDA is available.
+Call `install_cpu_fallbacks()` before building the trainer. With CUDA it does nothing, unless the `kernels`
+package is missing (an offline GPU machine): then only the attention stand-in goes in.
 """
 
 import types
@@ -49,17 +50,28 @@ def varlen_causal_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=No
     return torch.cat(outputs, dim=0)
 
 
-def install_cpu_fallbacks() -> bool:
-    """Patch TRL's async GRPO for a machine without CUDA. Returns whether anything was patched."""
-    if torch.cuda.is_available():
-        return False
+def install_cpu_fallbacks() -> list[str]:
+    """Patch TRL's async GRPO where its CUDA-only or Hub-only parts cannot run; returns what was replaced.
+
+    Without CUDA both stand-ins go in. With CUDA, the attention stand-in goes in only when the `kernels`
+    package (which fetches flash-attn3 from the Hub) is not installed, as on an offline GPU machine."""
+    import importlib.util
+
+    cuda = torch.cuda.is_available()
+    hub_kernel = cuda and importlib.util.find_spec("kernels") is not None
+    if cuda and hub_kernel:
+        return []
     from trl.experimental.async_grpo import async_grpo_trainer, packing
     from trl.trainer import utils as trl_utils
 
-    trl_utils.get_peak_flops_per_device = cpu_peak_flops_per_device
-    # The trainer imported the function by name, so its own module binding is the one it calls.
-    async_grpo_trainer.get_peak_flops_per_device = cpu_peak_flops_per_device
+    patched = []
+    if not cuda:
+        trl_utils.get_peak_flops_per_device = cpu_peak_flops_per_device
+        # The trainer imported the function by name, so its own module binding is the one it calls.
+        async_grpo_trainer.get_peak_flops_per_device = cpu_peak_flops_per_device
+        patched.append("no-CUDA peak FLOPs")
     # `tree_attention` looks `_flash_attn` up in its module at every call, so replacing it there is enough.
     kernel = types.SimpleNamespace(flash_attn_varlen_func=varlen_causal_attention)
     packing._flash_attn = lambda: kernel
-    return True
+    patched.append("torch varlen attention")
+    return patched

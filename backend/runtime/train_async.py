@@ -168,7 +168,7 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float) -> N
                     "embed_tokens); a distributed run can only sync LoRA adapters through the bucket, because the "
                     "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
             engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
-                      f"adapter-only sync{', CPU fallbacks' if patched else ''})")
+                      f"adapter-only sync{', fallbacks: ' + ', '.join(patched) if patched else ''})")
             print(f"generation engine: {engine}", flush=True)
             write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
             checkpoint = latest_checkpoint(run_dir)
