@@ -1,6 +1,9 @@
 """Run the tiny demo through LocalExecutor with the resource sampler and print what it measured.
 
-    python benchmarks/sampled_run.py [--steps N] [--home DIR]
+    python benchmarks/sampled_run.py [--steps N] [--home DIR] [--set FIELD=VALUE ...]
+
+`--set` overrides a RunSpec field, the value read as JSON where it parses (`--set use_vllm=true`
+`--set vllm_gpu_memory_utilization=0.2`), else as text; the spec validates it as the form would.
 
 Prints per-step time (from the trainer's metrics) beside the sampled CPU/RAM and, where NVML sees GPUs,
 GPU utilisation and memory. Used for the GPU evidence on an H200 and for CPU figures here.
@@ -18,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.executors.local import LocalExecutor
 from backend.runs import RunRegistry
-from backend.spec import RunSpec
+from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
 
 
@@ -28,15 +31,32 @@ def summary(values: list[float]) -> str:
     return f"mean {statistics.mean(values):.3g}, median {statistics.median(values):.3g}, max {max(values):.3g}"
 
 
+def _override(item: str) -> tuple[str, object]:
+    field, sep, text = item.partition("=")
+    if not sep:
+        sys.exit(f"--set wants FIELD=VALUE, got {item!r}")
+    try:
+        return field, json.loads(text)
+    except ValueError:
+        return field, text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="default: the demo's own (RunSpec default)")
     parser.add_argument("--home", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RunSpec field")
     args = parser.parse_args()
+    overrides = dict(_override(item) for item in args.set)
     home = args.home or tempfile.mkdtemp(prefix="grpo-bench-")
     executor = LocalExecutor(home)
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
-    spec = RunSpec(**({"max_steps": args.steps} if args.steps else {}))
+    try:
+        spec = RunSpec.from_dict({**({"max_steps": args.steps} if args.steps else {}), **overrides})
+    except SpecError as error:
+        sys.exit(f"bad --set:\n{error}")
+    if errors := spec.validate():
+        sys.exit("bad --set:\n" + "\n".join(map(str, errors)))
     started = time.time()
     job_id = registry.launch(spec).job_ids["trainer"]
     status = executor.wait(job_id, timeout=spec.timeout_minutes * 60)
