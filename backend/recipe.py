@@ -14,7 +14,7 @@ from backend.spec import BUILTIN_MODEL, RunSpec
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
 PEFT_VERSION = "0.21.2"
-VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
+VLLM_IMAGE = RunSpec.image   # the default; a run's jobs use its spec.image
 RUNTIME_PIP = f"trl=={TRL_VERSION} peft=={PEFT_VERSION}"
 REPLICA_PORT = 8000
 TOKEN_SECRET = "HF_TOKEN"
@@ -35,7 +35,7 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
          env: dict[str, str] | None = None, expose: tuple[int, ...] = ()) -> JobSpec:
     remote = spec.executor == "hf_jobs"
     return JobSpec(
-        run_id=spec.run_id, role=role, image=VLLM_IMAGE if remote else "local", command=command,
+        run_id=spec.run_id, role=role, image=spec.image if remote else "local", command=command,
         flavor=flavor if remote else "local", timeout_s=spec.timeout_minutes * 60,
         env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
         secrets=(TOKEN_SECRET,) if remote else (),

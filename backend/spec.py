@@ -92,7 +92,8 @@ class RunSpec:
     timeout_minutes: int = 30
     bucket: str = "local/grpo-runs"
     mount_path: str = DEFAULT_MOUNT
-    image: str = "vllm/vllm-openai:v0.11.0"
+    image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
+        "help": "container image of HF Jobs runs; pinned with TRL 1.16, which supports vLLM 0.22-0.31"})
     run_id: str = ""
     created_at: float = 0.0
 

@@ -115,7 +115,7 @@ class Panel:
         except SpecError as exc:
             return _errors_markdown(exc)
         jobs = recipe.preview_jobs(spec)
-        lines = [(f"**{len(jobs)} job(s)**, image `{recipe.VLLM_IMAGE}`, TRL {recipe.TRL_VERSION}, "
+        lines = [(f"**{len(jobs)} job(s)**, image `{spec.image}`, TRL {recipe.TRL_VERSION}, "
                   f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
         if spec.executor == "hf_jobs":
             lines.append(self._cost_line(jobs))
