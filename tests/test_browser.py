@@ -223,6 +223,8 @@ def test_a_local_distributed_run_from_the_browser(page):
         return t.includes('distributed') && t.includes('final adapter ready');
     }""", timeout=420000)
 
+    status = _text(page, "run-status")
+    assert "vLLM replicas behind the LoRA-aware proxy (2/2 healthy at start, adapter-only sync" in status, status
     replicas = _text(page, "replicas-table")
     assert replicas.count("127.0.0.1") == 2 and "DOWN" not in replicas
     adapters = _text(page, "adapters-table")
