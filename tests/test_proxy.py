@@ -258,8 +258,13 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
 
     served_by = {_complete(proxy, "live-v1", f"after the crash {i}").headers[SERVED_BY] for i in range(8)}
     assert served_by == {pool.urls[0]}
-    dead = next(r for r in proxy.stats()["replicas"] if r["url"] == pool.urls[1])
-    assert not dead["healthy"] and dead["last_error"]
+
+    def dead_replica() -> dict:
+        return next(r for r in proxy.stats()["replicas"] if r["url"] == pool.urls[1])
+
+    # If no completion happened to be routed to it, the health loop finds it: two missed checks, 0.5 s apart.
+    _wait_for(lambda: not dead_replica()["healthy"], timeout=15)
+    assert dead_replica()["last_error"]
     assert requests.get(f"{proxy.url}/health").status_code == 200
     assert requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 503
 
