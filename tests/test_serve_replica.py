@@ -13,10 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
 
 
-def _start(run_dir, *extra):
+def _start(run_dir, *extra, server=SERVER):
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend")}
+    env.pop("VLLM_RPC_BASE_PATH", None)
     return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
-                             "--", *SERVER], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+                             "--", *server], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _children(proc):
@@ -65,3 +66,19 @@ def test_float32_is_asked_for_only_where_cuda_is_absent():
     assert with_dtype_without_cuda(serve, "float32", lambda: True) == serve, "vLLM's own dtype on a GPU"
     assert with_dtype_without_cuda([*serve, "--dtype", "half"], "float32", lambda: False) == [*serve, "--dtype", "half"]
     assert with_dtype_without_cuda(serve, None, lambda: False) == serve
+
+
+def test_the_servers_sockets_go_in_a_folder_of_its_own_that_is_removed_when_it_stops(tmp_path):
+    server = [sys.executable, "-c",
+              "import os, time; print(os.environ['VLLM_RPC_BASE_PATH'], flush=True); time.sleep(300)"]
+    proc = _start(tmp_path, server=server)
+    try:
+        rpc_dir = proc.stdout.readline().strip()
+        assert os.path.isdir(rpc_dir) and os.path.basename(rpc_dir).startswith("vllm-rpc-")
+        write_event(str(tmp_path), "trainer", "finished")
+        assert proc.wait(timeout=20) == 0
+        assert not os.path.exists(rpc_dir), "vLLM's leftover sockets would stay in it"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()

@@ -49,7 +49,8 @@ class ReplicaPool:
     def _start(self, i: int) -> None:
         args = vllm_server_args(self.model_dir, self.ports[i], MAX_LORA_RANK, MAX_STALENESS, host="127.0.0.1",
                                 dtype="float32", extra_args=("--api-key", API_KEY))
-        env = {**os.environ, **vllm_server_env(cpu=True)}
+        # vLLM's ZMQ sockets go in the pool's own folder (removed at stop), not /tmp where a kill would leave them.
+        env = {**os.environ, **vllm_server_env(cpu=True), "VLLM_RPC_BASE_PATH": self.workdir}
         with open(self.log_path(i), "ab") as log:
             self.procs[i] = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
                                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -11,9 +11,11 @@ gets fresh replicas. Also waits for the base model when the trainer builds it in
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from .layout import EVENTS_DIR, FRAGMENT_RE
@@ -95,17 +97,25 @@ def main() -> None:
     started = time.time()
     if args.wait_for:
         wait_for_model(args.wait_for)
-    child = subprocess.Popen(command)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop(child)))
-    watch = TrainerEndWatch(args.run_dir, since=started)
-    while child.poll() is None:
-        time.sleep(POLL_S)
-        event = watch.ended()
-        if event:
-            print(f"the trainer has {event}: stopping this replica", flush=True)
-            stop(child)
-            sys.exit(0)
-    sys.exit(child.returncode)
+    # vLLM's processes talk over ZMQ sockets it names in VLLM_RPC_BASE_PATH (default /tmp) and leaves behind
+    # when killed; a folder of this replica's own keeps them together and goes when the replica stops.
+    rpc_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else tempfile.mkdtemp(prefix="vllm-rpc-")
+    try:
+        env = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
+        child = subprocess.Popen(command, env=env)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop(child)))
+        watch = TrainerEndWatch(args.run_dir, since=started)
+        while child.poll() is None:
+            time.sleep(POLL_S)
+            event = watch.ended()
+            if event:
+                print(f"the trainer has {event}: stopping this replica", flush=True)
+                stop(child)
+                sys.exit(0)
+        sys.exit(child.returncode)
+    finally:
+        if rpc_dir:
+            shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
