@@ -3,24 +3,39 @@
     python app.py            # http://127.0.0.1:7860, local executor, "Tiny demo (CPU)" preset
 
 Environment: GRPO_PANEL_HOME (where local runs and buckets live, default ./data), PORT / GRADIO_SERVER_PORT,
-HF_TOKEN (or `hf auth login`) to launch on Hugging Face Jobs, SPACE_ID (set by Spaces: OAuth sign-in),
-GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder).
+GRADIO_SERVER_NAME (default 127.0.0.1; 0.0.0.0 on a Space), HF_TOKEN (or `hf auth login`) to launch on Hugging
+Face Jobs, SPACE_ID (set by Spaces: OAuth sign-in, every visitor acts with their own token),
+GRPO_PANEL_LOCAL_RUNS=on|off|owner (default: on here, off on a Space), GRPO_PANEL_AUTH=user:password (a panel
+login), GRPO_PANEL_ALLOW_HOST_TOKEN=1 (let visitors of a panel reachable from other machines use this
+machine's token), GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder).
 """
 
 import atexit
+import logging
 import os
 
+from backend.access import Deployment
+from backend.executors.local import LocalExecutor
+from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
 from panel.ui import build_ui
 
+log = logging.getLogger("grpo-panel")
+
 
 def main() -> None:
-    panel = Panel()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    remember_env_secrets()    # the host's own token is masked in everything the panel shows
+    deployment = Deployment()
+    panel = Panel(deployment, LocalExecutor(deployment.home))
     atexit.register(panel.shutdown)
+    for note in deployment.startup_notes():
+        log.warning(note)
     demo = build_ui(panel)
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
-    host = os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if panel.settings.on_space else "127.0.0.1")
-    demo.queue(default_concurrency_limit=4).launch(server_name=host, server_port=port, show_error=True)
+    demo.queue(default_concurrency_limit=4).launch(
+        server_name=deployment.host, server_port=port, show_error=True,
+        auth=[deployment.auth] if deployment.auth else None)
 
 
 if __name__ == "__main__":

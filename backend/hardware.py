@@ -8,6 +8,7 @@ from typing import Any
 from huggingface_hub import HfApi
 
 from backend.jobspec import JobSpec
+from backend.spec import FieldError, RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,28 @@ def estimate_cost(jobs: list[JobSpec], flavors: list[Flavor]) -> float:
         raise ValueError(f"No price known for flavor {', '.join(unknown)}; "
                          f"choose one of: {', '.join(sorted(prices))}.")
     return sum(prices[job.flavor] * job.timeout_s / 3600.0 for job in jobs)
+
+
+def hardware_problems(spec: RunSpec, flavors: list[Flavor]) -> list[FieldError]:
+    """What the chosen hardware cannot do for this spec (HF Jobs): unknown flavors, more data-parallel processes
+    than GPUs, a tensor-parallel size that does not divide the processes."""
+    known = {f.name: f for f in flavors}
+    wanted = {"flavor": spec.flavor, **({"vllm_flavor": spec.vllm_flavor} if spec.mode == "distributed" else {})}
+    errors = [FieldError(name, f"unknown hardware {value!r}; choose one of {', '.join(sorted(known))}")
+              for name, value in wanted.items() if value not in known]
+    if errors or spec.mode != "colocated":
+        return errors
+    gpus = known[spec.flavor].gpus
+    if spec.num_processes > max(gpus, 1):
+        errors.append(FieldError("num_processes", f"flavor {spec.flavor!r} has {gpus} GPU(s) but the run asks for "
+                                                  f"{spec.num_processes} data-parallel processes (one per GPU); pick a "
+                                                  "larger flavor or fewer processes"))
+    elif spec.use_vllm and spec.num_processes % spec.vllm_tensor_parallel_size:
+        # Colocated vLLM shards over groups of the training processes: TP must divide their number.
+        errors.append(FieldError("vllm_tensor_parallel_size",
+                                 f"{spec.vllm_tensor_parallel_size} must divide the number of data-parallel "
+                                 f"processes ({spec.num_processes})"))
+    return errors
 
 
 def _from_hub(hardware: Any) -> Flavor | None:

@@ -1,38 +1,30 @@
 """Who may do what with Hugging Face Jobs from the panel. Free of Gradio: handlers pass plain values.
 
-On a Space, anyone can watch runs; only a signed-in visitor can launch or cancel, and only in their own
-namespace or an org they can write to. The Space's own token is never lent to a visitor.
+A visitor launches or cancels only in their own namespace or an org they can write to; they see the runs of
+every namespace their token belongs to (the deployment-wide rules are in `backend.access`).
 """
 
 import hashlib
-import os
 import threading
 import time
 from typing import Any
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi
 
 WHOAMI_TTL_S = 300.0   # /whoami-v2 is rate-limited on purpose: ask once per token every few minutes
 _cache: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
 _cache_lock = threading.Lock()
 
 
-def running_on_space() -> bool:
-    """True inside a Hugging Face Space (the runtime sets SPACE_ID)."""
-    return bool(os.environ.get("SPACE_ID"))
-
-
-def resolve_token(oauth_token: str | None, on_space: bool) -> str | None:
-    """The token to act with: on a Space only the visitor's OAuth token; locally that, or HF_TOKEN / `hf auth login`."""
-    if on_space:
-        return oauth_token or None
-    return oauth_token or get_token()
-
-
 def whoami_namespaces(token: str) -> set[str]:
     """The token owner's user name and the names of their orgs."""
     info = _whoami(token)
     return {info["name"], *(org["name"] for org in info.get("orgs", []))}
+
+
+def whoami_name(token: str) -> str:
+    """The token owner's user name."""
+    return _whoami(token)["name"]
 
 
 def can_control(namespace: str, token: str | None, on_space: bool) -> tuple[bool, str]:

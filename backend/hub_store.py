@@ -16,20 +16,22 @@ from backend.store import BucketStore, FolderStore, StoredFile
 
 _SKIP_DIRS = frozenset({"__pycache__"})
 _SKIP_SUFFIXES = (".pyc",)
-# Shared by every store of the process and across restarts: entries are named by content hash, so
-# sharing is safe and a restarted panel does not download a run's history again.
-DEFAULT_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                 "grpo-panel", "bucket-files")
+# The cache lives under the panel's home (`<home>/cache/bucket-files`), shared by every store of the process and
+# across restarts: entries are named by content hash, so sharing is safe and a restarted panel does not download
+# a run's history again. It is bounded: past this size the least recently used entries go.
+CACHE_MAX_BYTES = 2 * 2**30
 
 
 class HubBucketStore:
     """A run bucket on the Hub. `bucket_id` is "namespace/name"; paths are relative to the bucket root."""
 
-    def __init__(self, bucket_id: str, token: str | None, cache_dir: str | None = None, private: bool = True):
+    def __init__(self, bucket_id: str, token: str | None, cache_dir: str, private: bool = True,
+                 cache_max_bytes: int = CACHE_MAX_BYTES):
         self.bucket_id = bucket_id
         self.private = private
         self._api = HfApi(token=token)
-        self._cache_dir = cache_dir or DEFAULT_CACHE_DIR
+        self._cache_dir = cache_dir
+        self._cache_max_bytes = cache_max_bytes
         self._remote: dict = {}   # path -> BucketFile from the last listing (size, xet hash)
 
     def ensure_bucket(self) -> None:
@@ -79,6 +81,8 @@ class HubBucketStore:
         local = {p: os.path.join(self._cache_dir, self._remote[p].xet_hash) for p in paths}
         # Keyed by content hash: two paths with the same bytes download once.
         todo = {local[p]: self._remote[p] for p in paths if not os.path.exists(local[p])}
+        for target in set(local.values()) - set(todo):
+            _touch(target)      # a hit: recently used, so kept when the cache is trimmed
         if todo:
             os.makedirs(self._cache_dir, exist_ok=True)
             part = f".{uuid.uuid4().hex}.part"   # two stores may fetch the same content at once
@@ -86,7 +90,34 @@ class HubBucketStore:
             self._api.download_bucket_files(self.bucket_id, pairs, raise_on_missing_files=True)
             for target in todo:
                 os.replace(target + part, target)   # a cache entry is whole or absent
+            trim_cache(self._cache_dir, self._cache_max_bytes, keep=set(local.values()))
         return local
+
+
+def trim_cache(folder: str, max_bytes: int, keep: set[str] = frozenset()) -> None:
+    """Delete the least recently used entries until the cache holds at most `max_bytes` (`keep` stays)."""
+    entries = []
+    for entry in os.scandir(folder):
+        if entry.is_file() and not entry.name.startswith("."):
+            st = entry.stat()
+            entries.append((st.st_mtime, st.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            return
+        if path not in keep:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            total -= size
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        pass
 
 
 def parse_mount(value: str | None) -> tuple[str, str] | None:
@@ -97,12 +128,12 @@ def parse_mount(value: str | None) -> tuple[str, str] | None:
     return bucket.strip(), path.strip()
 
 
-def open_store(bucket: str, token: str | None, mount: str | None) -> BucketStore:
+def open_store(bucket: str, token: str | None, mount: str | None, cache_dir: str) -> BucketStore:
     """The run bucket: the mounted folder when the Space has *this* bucket as a volume, else the Hub API."""
     mounted = parse_mount(mount)
     if mounted and mounted[0] == bucket and os.path.isdir(mounted[1]):
         return FolderStore(mounted[1])
-    return HubBucketStore(bucket, token)
+    return HubBucketStore(bucket, token, cache_dir)
 
 
 def _under(path: str, folder: str) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from backend import recipe
 from backend.executors.base import Executor
-from backend.jobspec import JobSpec
+from backend.jobspec import TERMINAL_STAGES, JobSpec
 from backend.runtime import layout
 from backend.spec import RunSpec
 from backend.store import BucketStore
@@ -27,6 +27,10 @@ class LaunchError(RuntimeError):
         super().__init__(message)
 
 
+class RunIdTaken(LaunchError):
+    """A run with this id already has files in the bucket: launching again would mix two runs."""
+
+
 @dataclass(frozen=True)
 class LaunchedRun:
     run_id: str
@@ -35,7 +39,10 @@ class LaunchedRun:
 
 def submit_jobs(executor: Executor, jobs: list[JobSpec], secrets: dict[str, str],
                 already: list[str] | None = None) -> list[str]:
-    """Submit `jobs` in order. If one fails, cancel every job submitted so far (and `already`), then raise."""
+    """Submit `jobs` in order. If one fails, cancel every job of the run (and `already`), then raise.
+
+    A failed answer does not prove that nothing was created (the Hub may create a job and then time out), so
+    after a failure the run's label is swept as well and whatever it finds is cancelled too."""
     submitted: list[str] = []
     for job in jobs:
         try:
@@ -43,12 +50,16 @@ def submit_jobs(executor: Executor, jobs: list[JobSpec], secrets: dict[str, str]
         except Exception as exc:
             started = [*(already or []), *submitted]
             cancel_errors = _cancel_all(executor, started)
+            found, sweep_errors = _sweep_run_label(executor, job.run_id, started)
             message = (f"could not submit job '{job.role}': {exc}. "
                        + (f"Cancelled the {len(started)} job(s) already submitted ({', '.join(started)})."
                           if started else "No job had been submitted."))
-            if cancel_errors:
-                message += " Could NOT cancel: " + "; ".join(cancel_errors) + " - cancel them by hand."
-            raise LaunchError(message, canceled=started) from exc
+            if found:
+                message += (f" The failed request had created {len(found)} job(s) anyway, found by the run's label "
+                            f"and cancelled: {', '.join(found)}.")
+            if cancel_errors or sweep_errors:
+                message += " Could NOT cancel: " + "; ".join(cancel_errors + sweep_errors) + " - cancel them by hand."
+            raise LaunchError(message, canceled=started + found) from exc
     return submitted
 
 
@@ -62,6 +73,16 @@ def _cancel_all(executor: Executor, job_ids: list[str]) -> list[str]:
     return errors
 
 
+def _sweep_run_label(executor: Executor, run_id: str, known: list[str]) -> tuple[list[str], list[str]]:
+    """Cancel the run's jobs that are running but were never confirmed to us; (cancelled ids, errors)."""
+    try:
+        records = executor.list_jobs(run_id=run_id)
+    except Exception as exc:   # the listing failing too: say so, the user must check by hand
+        return [], [f"could not list the run's jobs to check for strays ({exc})"]
+    strays = [r.job_id for r in records if r.job_id not in known and r.stage not in TERMINAL_STAGES]
+    return strays, _cancel_all(executor, strays)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -72,18 +93,25 @@ def write_run_files(spec: RunSpec, store: BucketStore) -> None:
     """spec.json and the runtime code, so the run can always be explained, relaunched and resumed."""
     prefix = layout.run_prefix(spec.run_id)
     store.ensure_bucket()
+    if any(f.path == f"{prefix}/{layout.SPEC_FILE}" for f in store.list_files(prefix)):
+        raise RunIdTaken(f"run id {spec.run_id} is already used in bucket {spec.bucket}")
     store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
     store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
 
 
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
-               secrets: dict[str, str] | None = None) -> LaunchedRun:
+               secrets: dict[str, str] | None = None, resume: bool = False) -> LaunchedRun:
+    """Submit a run's jobs. A new run writes spec.json and the runtime code first; a resumed one runs again on
+    the files it was launched with (the code that ran is the code archived beside its results)."""
     spec.check()
     secrets = secrets or {}
     local = executor.name == "local"
     python = sys.executable if local else "python"
     try:
-        write_run_files(spec, store)
+        if not resume:
+            write_run_files(spec, store)
+    except RunIdTaken as exc:
+        raise LaunchError(f"{exc}: preview the run again for a new id. No job was submitted.") from exc
     except Exception as exc:
         raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
                           "No job was submitted.") from exc

@@ -6,6 +6,7 @@ only then.
 """
 
 import json
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from backend.observers import (
     read_new_records,
 )
 from backend.runtime import layout
+from backend.runtime.redact import redact_record
 from backend.store import BucketStore
 
 MAX_LOG_LINES = 5000
@@ -51,6 +53,9 @@ class RunView:
         self._metric_cursor = FragmentCursor()
         self._event_cursor = FragmentCursor()
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
+        # Every browser session watching this run shares this view, and Gradio runs their handlers in threads:
+        # two refreshes at once would each append the same new lines.
+        self._lock = threading.Lock()
 
     # ---- derived
     @property
@@ -78,24 +83,27 @@ class RunView:
 
     # ---- refresh
     def refresh(self) -> bool:
-        changed = self._refresh_spec()
-        changed |= self._refresh_fragments()
-        changed |= self._refresh_adapters()
-        for job in self.jobs.values():
-            changed |= self._refresh_job(job)
-        self.version += changed
-        return changed
+        with self._lock:
+            changed = self._refresh_spec()
+            changed |= self._refresh_fragments()
+            changed |= self._refresh_adapters()
+            for job in self.jobs.values():
+                changed |= self._refresh_job(job)
+            self.version += changed
+            return changed
 
     def replace_jobs(self, jobs: dict[str, str]) -> None:
         """Watch a new set of jobs for this run (it was resumed); what the bucket holds stays."""
-        self.jobs = {role: JobView(job_id, role) for role, job_id in jobs.items()}
-        self.version += 1
+        with self._lock:
+            self.jobs = {role: JobView(job_id, role) for role, job_id in jobs.items()}
+            self.version += 1
 
     def _refresh_spec(self) -> bool:
         if self.spec:
             return False
         try:
-            self.spec = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.SPEC_FILE}"))
+            spec = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.SPEC_FILE}"))
+            self.spec = redact_record(spec) if isinstance(spec, dict) else {}
         except (OSError, ValueError, KeyError):
             return False
         return True
@@ -111,7 +119,8 @@ class RunView:
                 self._by_step[record.get("step", 0)] = record
         new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor)
         for writer, record in new_events:
-            self.events.append({"writer": writer, **record})
+            # Masked on the way in too: a job's event may quote a token that its own job did not know to mask.
+            self.events.append(redact_record({"writer": writer, **record}))
         if new_metrics:
             self.metrics = [self._by_step[step] for step in sorted(self._by_step)]
         return bool(new_metrics or new_events)

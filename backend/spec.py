@@ -6,6 +6,7 @@ from a spec that does not validate.
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
+from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
@@ -123,10 +125,17 @@ class RunSpec:
             try:
                 kwargs[key] = _coerce(value, known[key].type)
             except (TypeError, ValueError):
-                errors.append(FieldError(key, f"expected {_type_name(known[key].type)}, got {value!r}"))
+                got = redact_tokens(repr(value))
+                errors.append(FieldError(key, f"expected {_type_name(known[key].type)}, got {got}"))
         if errors:
             raise SpecError(errors)
         return cls(**kwargs)
+
+    def fingerprint(self) -> str:
+        """A short hash of every setting that decides what runs and what it costs (not the run id or its
+        creation time): a reviewed preview is bound to it, so a changed form needs a new review."""
+        settings = {k: v for k, v in self.to_dict().items() if k not in ("run_id", "created_at")}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
     @property
     def bucket_namespace(self) -> str:
@@ -202,13 +211,27 @@ class RunSpec:
              "pick a hardware flavor such as cpu-basic or a10g-small")
         need(bool(re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}|[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.run_id)), "run_id",
              "letters, digits, '-', '_', '.' only")
-        return errs
+        # A message may quote the value it refuses: never quote a token back.
+        return [FieldError(e.field, redact_tokens(e.message)) for e in _without_tokens(self) + errs]
 
     def check(self) -> "RunSpec":
         errors = self.validate()
         if errors:
             raise SpecError(errors)
         return self
+
+
+def _without_tokens(spec: RunSpec) -> list[FieldError]:
+    """A token typed into a field would be stored in spec.json, shown in previews and job names: refuse it."""
+    errs = []
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(t, str) and looks_like_token(t) for t in texts):
+            errs.append(FieldError(f.name, "this looks like a Hugging Face token; never type a token into the form. "
+                                           "Sign in (on a Space) or set HF_TOKEN: the panel passes it to jobs as a "
+                                           "secret only"))
+    return errs
 
 
 def _check_model(model: str, executor: str) -> list[FieldError]:

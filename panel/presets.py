@@ -1,6 +1,13 @@
-"""Launch-form presets: sensible starting points, each a set of RunSpec field overrides."""
+"""Launch-form presets: sensible starting points, each a set of RunSpec field overrides.
 
-from backend.spec import BUILTIN_MODEL
+A preset is a complete starting point: `preset_values` fills every field a preset does not name with its
+RunSpec default, so switching presets never keeps a value from the one before. HF Jobs presets name no
+bucket: the form fills in the visitor's own `<namespace>/grpo-runs`.
+"""
+
+import dataclasses
+
+from backend.spec import BUILTIN_MODEL, RunSpec
 
 TINY_DEMO = "Tiny demo (CPU)"
 PRESETS: dict[str, dict] = {
@@ -23,3 +30,13 @@ PRESETS: dict[str, dict] = {
         max_tokens_per_batch=32768, gradient_checkpointing=True, max_inflight_tasks=64, queue_maxsize=512,
         adapter_every=1, checkpoint_every=100, flavor="a100-large", vllm_flavor="l40sx1", timeout_minutes=240),
 }
+
+
+def preset_values(name: str, bucket: str | None = None) -> dict:
+    """Every form field's value under preset `name`; `bucket` fills an HF Jobs preset's bucket."""
+    defaults = {f.name: getattr(RunSpec, f.name) if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(RunSpec) if f.name not in ("run_id", "created_at", "image")}
+    values = {**defaults, **PRESETS[name]}
+    if values["executor"] == "hf_jobs" and "bucket" not in PRESETS[name]:
+        values["bucket"] = bucket or ""
+    return values

@@ -1,104 +1,134 @@
-"""The Gradio Blocks: a launch form, a runs list, and a live dashboard. Declarative; logic is in actions.py."""
+"""The Gradio Blocks: a launch form, a runs list, and a live dashboard. Declarative; logic is in actions.py.
+
+Every handler learns who clicked from Gradio itself: `gr.OAuthToken` / `gr.OAuthProfile` parameters, which
+Gradio fills only when it can match them positionally (never after `*args`), read through `visitor_of`.
+"""
 
 import gradio as gr
 
+from backend.access import Visitor
 from backend.spec import BUILTIN_DATASETS, BUILTIN_MODEL, BUILTIN_REWARDS, LORA_TARGET_CHOICES, RunSpec
 from panel import dashboard
-from panel.actions import Panel, full_log_file
-from panel.presets import PRESETS, TINY_DEMO
+from panel.actions import Panel
+from panel.presets import PRESETS, TINY_DEMO, preset_values
 
 TICK_S = 2.0
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
                      "if (t) t.scrollTop = t.scrollHeight; }")
-_D = RunSpec()
+LOGIN_HINT = "Sign in with Hugging Face (button at the top) to launch and watch your runs."
 
 
-def _field(name: str, label: str, **kw):
-    default = getattr(_D, name)
+def visitor_of(token: gr.OAuthToken | None, profile: gr.OAuthProfile | None = None) -> Visitor:
+    """The one place a Gradio OAuth token and profile become the backend's Visitor."""
+    if token is None:
+        return Visitor()
+    return Visitor(token=token.token, username=profile.username if profile else None,
+                   expires_at=float(token.expires_at) if token.expires_at else None)
+
+
+def _field(name: str, label: str, initial: dict, **kw):
+    value = initial[name]
     info = kw.pop("info", None)
-    if isinstance(default, bool):
-        return gr.Checkbox(value=default, label=label, info=info, elem_id=f"f-{name}")
-    if isinstance(default, list):
-        return gr.CheckboxGroup(choices=kw.pop("choices"), value=default, label=label, info=info, elem_id=f"f-{name}")
+    default = getattr(RunSpec, name, None)
+    if isinstance(default, bool) or isinstance(value, bool):
+        return gr.Checkbox(value=value, label=label, info=info, elem_id=f"f-{name}")
+    if isinstance(value, list):
+        return gr.CheckboxGroup(choices=kw.pop("choices"), value=value, label=label, info=info, elem_id=f"f-{name}")
     if "choices" in kw:
-        return gr.Dropdown(choices=kw.pop("choices"), value=default, label=label, info=info, elem_id=f"f-{name}", **kw)
+        return gr.Dropdown(choices=kw.pop("choices"), value=value, label=label, info=info, elem_id=f"f-{name}", **kw)
     if isinstance(default, int):
-        return gr.Number(value=default, label=label, precision=0, info=info, elem_id=f"f-{name}")
+        return gr.Number(value=value, label=label, precision=0, info=info, elem_id=f"f-{name}")
     if isinstance(default, float):
-        return gr.Number(value=default, label=label, info=info, elem_id=f"f-{name}")
-    return gr.Textbox(value=default, label=label, info=info, elem_id=f"f-{name}", **kw)
+        return gr.Number(value=value, label=label, info=info, elem_id=f"f-{name}")
+    return gr.Textbox(value=value, label=label, info=info, elem_id=f"f-{name}", **kw)
 
 
 def _flavor_choices(flavors) -> list[tuple[str, str]]:
     return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
 
 
-def _form(panel: Panel) -> dict[str, gr.components.Component]:
+def _form(panel: Panel, initial: dict, executors: list[str]) -> dict[str, gr.components.Component]:
     f = {}
     with gr.Row():
-        f["name"] = _field("name", "Run name")
-        f["mode"] = gr.Radio(["colocated", "distributed"], value=_D.mode, label="Mode", elem_id="f-mode",
+        f["name"] = _field("name", "Run name", initial)
+        f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
-        f["executor"] = gr.Radio(["local", "hf_jobs"], value=_D.executor, label="Run on", elem_id="f-executor",
+        f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
                                  info="local processes on this machine, or Hugging Face Jobs")
     with gr.Row():
-        f["model"] = _field("model", "Model", info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
-        f["dataset"] = gr.Dropdown(list(BUILTIN_DATASETS), value=_D.dataset, allow_custom_value=True, label="Dataset",
-                                   elem_id="f-dataset", info="builtin prompt sets, or a Hub dataset id (HF Jobs)")
-        f["rewards"] = _field("rewards", "Rewards", choices=list(BUILTIN_REWARDS))
+        f["model"] = _field("model", "Model", initial,
+                            info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
+        f["dataset"] = gr.Dropdown(list(BUILTIN_DATASETS), value=initial["dataset"], allow_custom_value=True,
+                                   label="Dataset", elem_id="f-dataset",
+                                   info="builtin prompt sets, or a Hub dataset id (HF Jobs)")
+        f["rewards"] = _field("rewards", "Rewards", initial, choices=list(BUILTIN_REWARDS))
     with gr.Accordion("LoRA", open=False):
         with gr.Row():
-            f["lora_r"] = _field("lora_r", "Rank r")
-            f["lora_alpha"] = _field("lora_alpha", "Alpha")
-            f["lora_dropout"] = _field("lora_dropout", "Dropout")
-        f["lora_target_modules"] = _field("lora_target_modules", "Target modules", choices=list(LORA_TARGET_CHOICES))
+            f["lora_r"] = _field("lora_r", "Rank r", initial)
+            f["lora_alpha"] = _field("lora_alpha", "Alpha", initial)
+            f["lora_dropout"] = _field("lora_dropout", "Dropout", initial)
+        f["lora_target_modules"] = _field("lora_target_modules", "Target modules", initial,
+                                          choices=list(LORA_TARGET_CHOICES))
     with gr.Accordion("GRPO training", open=False):
         with gr.Row():
             for name, label in [("learning_rate", "Learning rate"), ("max_steps", "Steps"),
                                 ("per_device_batch_size", "Batch size / device"),
                                 ("num_generations", "Generations / prompt")]:
-                f[name] = _field(name, label)
+                f[name] = _field(name, label, initial)
         with gr.Row():
             for name, label in [("max_completion_length", "Max completion tokens"), ("temperature", "Temperature"),
                                 ("beta", "KL beta"), ("seed", "Seed")]:
-                f[name] = _field(name, label)
+                f[name] = _field(name, label, initial)
         with gr.Row():
-            f["adapter_every"] = _field("adapter_every", "Publish adapter every K steps")
-            f["checkpoint_every"] = _field("checkpoint_every", "Checkpoint every K steps")
-            f["logging_steps"] = _field("logging_steps", "Log every K steps")
+            f["adapter_every"] = _field("adapter_every", "Publish adapter every K steps", initial)
+            f["checkpoint_every"] = _field("checkpoint_every", "Checkpoint every K steps", initial)
+            f["logging_steps"] = _field("logging_steps", "Log every K steps", initial)
     with gr.Accordion("vLLM (colocated)", open=False):
         with gr.Row():
-            f["use_vllm"] = _field("use_vllm", "Generate with colocated vLLM",
+            f["use_vllm"] = _field("use_vllm", "Generate with colocated vLLM", initial,
                                    info="needs a GPU; on CPU the trainer generates with transformers")
-            f["vllm_gpu_memory_utilization"] = _field("vllm_gpu_memory_utilization", "vLLM GPU memory share")
+            f["vllm_gpu_memory_utilization"] = _field("vllm_gpu_memory_utilization", "vLLM GPU memory share", initial)
             f["vllm_enable_sleep_mode"] = _field(
-                "vllm_enable_sleep_mode", "Sleep between generations",
+                "vllm_enable_sleep_mode", "Sleep between generations", initial,
                 info="level 2: weights and KV cache freed; TRL re-syncs the weights after every step anyway")
         with gr.Row():
-            f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel",
+            f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel", initial,
                                                     choices=[1, 2, 4, 8])
-            f["num_processes"] = _field("num_processes", "Data-parallel processes")
+            f["num_processes"] = _field("num_processes", "Data-parallel processes", initial)
     with gr.Accordion("Distributed (async GRPO)", open=False):
         with gr.Row():
-            f["replicas"] = _field("replicas", "vLLM replicas")
-            f["max_staleness"] = _field("max_staleness", "Max staleness", info="vLLM keeps max_staleness + 2 adapters")
-            f["vllm_flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=_D.vllm_flavor,
+            f["replicas"] = _field("replicas", "vLLM replicas", initial)
+            f["max_staleness"] = _field("max_staleness", "Max staleness", initial,
+                                        info="vLLM keeps max_staleness + 2 adapters")
+            f["vllm_flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["vllm_flavor"],
                                            allow_custom_value=True, label="Replica flavor", elem_id="f-vllm_flavor")
         with gr.Row():
-            f["max_tokens_per_batch"] = _field("max_tokens_per_batch", "Token budget / batch")
-            f["max_inflight_tasks"] = _field("max_inflight_tasks", "Max in-flight tasks")
-            f["queue_maxsize"] = _field("queue_maxsize", "Rollout queue size")
-            f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing")
+            f["max_tokens_per_batch"] = _field("max_tokens_per_batch", "Token budget / batch", initial)
+            f["max_inflight_tasks"] = _field("max_inflight_tasks", "Max in-flight tasks", initial)
+            f["queue_maxsize"] = _field("queue_maxsize", "Rollout queue size", initial)
+            f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing", initial)
     with gr.Accordion("Hardware and storage", open=False), gr.Row():
-        f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=_D.flavor, allow_custom_value=True,
+        f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["flavor"], allow_custom_value=True,
                                   label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
-        f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)")
-        f["bucket"] = _field("bucket", "Bucket (namespace/name)")
-        f["mount_path"] = _field("mount_path", "Mount path in every job")
+        f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)", initial)
+        f["bucket"] = _field("bucket", "Bucket (namespace/name)", initial,
+                             info="HF Jobs: your namespace's bucket, created (private) on first launch")
+        f["mount_path"] = _field("mount_path", "Mount path in every job", initial)
     return f
 
 
+def _presets_for(panel: Panel) -> tuple[list[str], str]:
+    """The presets this deployment can run, and the one the form opens with (an HF Jobs one on a Space)."""
+    local_ok = panel.settings.local_runs != "off"
+    names = [n for n, p in PRESETS.items() if local_ok or p.get("executor") == "hf_jobs"]
+    first = next((n for n in names if PRESETS[n].get("executor") == "hf_jobs"), names[0])
+    return names, (first if panel.settings.on_space or TINY_DEMO not in names else TINY_DEMO)
+
+
 def build_ui(panel: Panel) -> gr.Blocks:
+    preset_names, first_preset = _presets_for(panel)
+    initial = preset_values(first_preset, bucket=panel.default_bucket(None, PRESETS[first_preset]["executor"]))
+    executors = ["local", "hf_jobs"] if panel.settings.local_runs != "off" else ["hf_jobs"]
     # Gradio keeps a copy of every file it serves (downloads); delete_cache drops copies older than a day, hourly.
     with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(3600, 86400)) as demo:
         with gr.Row():
@@ -108,9 +138,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 gr.LoginButton()
         with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
-                preset = gr.Dropdown(list(PRESETS), value=TINY_DEMO, label="Preset", elem_id="preset")
-                form = _form(panel)
-                names = list(form)
+                preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset")
+                form = _form(panel, initial, executors)
                 with gr.Row():
                     preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
                     confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
@@ -118,9 +147,12 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
                 launch_msg = gr.Markdown(elem_id="launch-msg")
             with gr.Tab("Runs", id="runs"):
+                runs_hint = gr.Markdown(elem_id="runs-hint")
                 with gr.Row():
                     run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3)
                     cancel_btn = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
+                    resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm",
+                                                 scale=1)
                     resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
                 runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created"], interactive=False,
                                           elem_id="runs-table")
@@ -151,106 +183,143 @@ def build_ui(panel: Panel) -> gr.Blocks:
         timer = gr.Timer(TICK_S)
         drawn = gr.State(None)      # (run_id, RunView.version) this browser session last drew
         listed = gr.State(None)     # the runs table this browser session last received
+        reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the preview this session last saw
+        resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
 
+        names = list(form)
         inputs = [form[n] for n in names]
-        dash_outputs = [status, reward_plot, staleness_plot, util_plot, memory_plot, kl_plot, length_plot,
-                        ratio_plot, adapters, replicas]
+        dash = dict(status=status, reward=reward_plot, staleness=staleness_plot, utilisation=util_plot,
+                    memory=memory_plot, kl=kl_plot, length=length_plot, ratio=ratio_plot, adapters=adapters,
+                    replicas=replicas)
+        frame_outputs = [*dash.values(), log_box, final_btn, log_role, drawn]
 
-        def on_preset(choice):
-            overrides = PRESETS[choice]
-            return [gr.update(value=overrides[n]) if n in overrides else gr.skip() for n in names]
+        def values_of(data: dict) -> dict:
+            return {name: data[form[name]] for name in names}
 
-        def on_preview(*values):
-            return panel.preview(dict(zip(names, values)))
+        def on_preset(choice, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            # A preset is a complete starting point: every field it does not name takes its default.
+            executor = PRESETS[choice]["executor"]
+            values = preset_values(choice, bucket=panel.default_bucket(visitor_of(oauth_token, profile), executor))
+            return [values[n] for n in names]
 
-        def on_launch(*values, oauth_token: gr.OAuthToken | None = None):
-            token = oauth_token.token if oauth_token else None
-            *values, confirmed = values
-            message, run_id = panel.launch(dict(zip(names, values)), token, confirmed=confirmed)
-            if run_id is None:
-                return message, gr.skip(), gr.skip()
-            return message, gr.update(choices=_run_choices(panel), value=run_id), gr.Tabs(selected="runs")
+        def on_preview(data: dict, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            shown = panel.preview(values_of(data), visitor_of(oauth_token, profile))
+            seen = {"fingerprint": shown.fingerprint, "run_id": shown.run_id} if shown.fingerprint else None
+            return {launch_msg: shown.markdown, reviewed: seen, confirm: False}
 
-        def frame_outputs(view, role, query):
+        def on_launch(data: dict, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            seen = data[reviewed] or {}
+            result = panel.launch(values_of(data), visitor_of(oauth_token, profile),
+                                  confirmed=seen.get("fingerprint") if data[confirm] else None,
+                                  run_id=seen.get("run_id"))
+            if result.run_id is None:
+                fresh = result.preview
+                seen = {"fingerprint": fresh.fingerprint, "run_id": fresh.run_id} if fresh else data[reviewed]
+                return {launch_msg: result.message, reviewed: seen, confirm: False}
+            # The reviewed preview is spent: a second launch needs its own preview (and its own run id).
+            return {launch_msg: result.message, reviewed: None, confirm: False, tabs: gr.Tabs(selected="runs"),
+                    run_pick: gr.update(choices=_run_choices(panel, visitor_of(oauth_token, profile)),
+                                        value=result.run_id)}
+
+        def draw(view, role, query, visitor) -> list:
             frame = dashboard.build_frame(view)
-            final = panel.final_adapter(view.run_id) if view.final_files else None
+            final = panel.final_adapter(view.run_id, visitor) if view.final_files else None
             roles = sorted(view.jobs)
-            return [frame.status, frame.reward, frame.staleness, frame.utilisation, frame.memory, frame.kl,
-                    frame.length, frame.ratio, frame.adapters, frame.replicas, dashboard.log_text(view, role, query),
+            return [*(getattr(frame, key) for key in dash), dashboard.log_text(view, role, query),
                     gr.update(value=final, interactive=final is not None),
-                    gr.update(choices=roles, value=role if role in roles else "trainer")]
+                    gr.update(choices=roles, value=role if role in roles else "trainer"), (view.run_id, view.version)]
 
-        def on_tick(run_id, role, query, last, last_rows, oauth_token: gr.OAuthToken | None = None):
-            token = oauth_token.token if oauth_token else None
-            rows = panel.runs_table(token)
+        def on_tick(run_id, role, query, last, last_rows, oauth_token: gr.OAuthToken | None,
+                    profile: gr.OAuthProfile | None):
+            visitor = visitor_of(oauth_token, profile)
+            rows = panel.runs_table(visitor)
             # Re-send the runs table only when it changed: a re-render resets the table for the visitor.
-            listed = [gr.skip(), gr.skip(), last_rows] if rows == last_rows else [
+            head = [gr.skip(), gr.skip(), last_rows] if rows == last_rows else [
                 rows, gr.update(choices=[r[0] for r in rows]), rows]
-            skip = [gr.skip()] * (len(dash_outputs) + 3)
+            head.append(panel.runs_hint(visitor))
+            skip = [gr.skip()] * (len(frame_outputs) - 1)
             if not run_id:
-                return [*listed, *skip, last]
+                return [*head, *skip, last]
             try:
-                view = panel.view(run_id, token)
+                view = panel.view(run_id, visitor)
             except KeyError:
-                return [*listed, *skip, None]     # signed out, or not this visitor's run
+                return [*head, *skip, None]     # signed out, or not this visitor's run
             view.refresh()
             if last == (run_id, view.version):
-                return [*listed, *skip, last]    # nothing new since this session last drew
-            return [*listed, *frame_outputs(view, role, query), (run_id, view.version)]
+                return [*head, *skip, last]    # nothing new since this session last drew
+            return [*head, *draw(view, role, query, visitor)]
 
-        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
+        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            untick = [False, None]
             if not run_id:
-                return [*[gr.skip()] * (len(dash_outputs) + 3), None]
+                return [*[gr.skip()] * (len(frame_outputs) - 1), None, *untick]
+            visitor = visitor_of(oauth_token, profile)
             try:
-                view = panel.view(run_id, oauth_token.token if oauth_token else None)
+                view = panel.view(run_id, visitor)
             except KeyError as exc:
-                return [str(exc), *[gr.skip()] * (len(dash_outputs) + 2), None]
+                return [exc.args[0], *[gr.skip()] * (len(frame_outputs) - 2), None, *untick]
             view.refresh()
-            return [*frame_outputs(view, role, query), (run_id, view.version)]
+            return [*draw(view, role, query, visitor), *untick]
 
-        def on_log_filter(run_id, role, query, oauth_token: gr.OAuthToken | None = None):
+        def on_log_filter(run_id, role, query, oauth_token: gr.OAuthToken | None):
             try:
-                view = panel.view(run_id, oauth_token.token if oauth_token else None) if run_id else None
+                view = panel.view(run_id, visitor_of(oauth_token)) if run_id else None
             except KeyError:
                 view = None
             return dashboard.log_text(view, role, query) if view else ""
 
-        def on_cancel(run_id, oauth_token: gr.OAuthToken | None = None):
-            if not run_id:
-                return "Pick a run first."
-            return panel.cancel(run_id, oauth_token.token if oauth_token else None)
-
-        preset.change(on_preset, preset, inputs)
-        preview_btn.click(on_preview, inputs, launch_msg)
-        launch_btn.click(on_launch, [*inputs, confirm], [launch_msg, run_pick, tabs])
-        tick_outputs = [runs_table, run_pick, listed, *dash_outputs, log_box, final_btn, log_role, drawn]
-        timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed], tick_outputs, show_progress="hidden")
-        run_pick.change(on_select, [run_pick, log_role, log_query],
-                        [*dash_outputs, log_box, final_btn, log_role, drawn])
-        log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
-        log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
-        def on_full_log(run_id, role, oauth_token: gr.OAuthToken | None = None):
+        def on_full_log(run_id, role, oauth_token: gr.OAuthToken | None):
             if not run_id:
                 return None
             try:
-                return full_log_file(panel, run_id, role, oauth_token.token if oauth_token else None)
+                return panel.full_log_file(run_id, role, visitor_of(oauth_token))
             except KeyError:
                 return None
 
+        def on_cancel(run_id, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            if not run_id:
+                return "Pick a run first."
+            return panel.cancel(run_id, visitor_of(oauth_token, profile))
+
+        def on_resume(run_id, ticked, seen, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            if not run_id:
+                return "Pick a run first.", False, None
+            visitor = visitor_of(oauth_token, profile)
+            confirmed = seen["fingerprint"] if ticked and seen and seen.get("run_id") == run_id else None
+            message = panel.resume(run_id, visitor, confirmed=confirmed)
+            if message.startswith("**Not resumed yet"):
+                shown = panel.resume_preview(run_id, visitor)
+                return message, False, {"fingerprint": shown.fingerprint, "run_id": run_id}
+            return message, False, None
+
+        def on_load(executor, bucket, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            visitor = visitor_of(oauth_token, profile)
+            flavors = _flavor_choices(panel.flavors(visitor))
+            if executor == "hf_jobs" and not bucket:
+                bucket = panel.default_bucket(visitor, executor)
+            return (gr.update(choices=_run_choices(panel, visitor)), panel.runs_hint(visitor), bucket,
+                    gr.update(choices=flavors), gr.update(choices=flavors))
+
+        preset.change(on_preset, preset, inputs)
+        # Any change to the form withdraws the tick: the review was of another spec (the server checks it too).
+        gr.on([c.change for c in inputs], lambda: False, None, confirm, show_progress="hidden")
+        preview_btn.click(on_preview, {*inputs}, [launch_msg, reviewed, confirm])
+        launch_btn.click(on_launch, {*inputs, confirm, reviewed}, [launch_msg, reviewed, confirm, tabs, run_pick])
+        tick_outputs = [runs_table, run_pick, listed, runs_hint, *frame_outputs]
+        timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed], tick_outputs, show_progress="hidden")
+        run_pick.change(on_select, [run_pick, log_role, log_query], [*frame_outputs, resume_confirm, resume_reviewed])
+        log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
+        log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_btn.click(on_full_log, [run_pick, log_role], log_btn)
         # A tail is read from the bottom; the textbox's own autoscroll does not fire on timer updates here.
         log_box.change(None, None, None, js=SCROLL_LOG_TO_END)
         cancel_btn.click(on_cancel, run_pick, action_msg)
-
-        def on_resume(run_id, oauth_token: gr.OAuthToken | None = None):
-            if not run_id:
-                return "Pick a run first."
-            return panel.resume(run_id, oauth_token.token if oauth_token else None)
-
-        resume_btn.click(on_resume, run_pick, action_msg)
-        demo.load(lambda: gr.update(choices=_run_choices(panel)), None, run_pick)
+        resume_btn.click(on_resume, [run_pick, resume_confirm, resume_reviewed],
+                         [action_msg, resume_confirm, resume_reviewed])
+        demo.load(on_load, [form["executor"], form["bucket"]],
+                  [run_pick, runs_hint, form["bucket"], form["flavor"], form["vllm_flavor"]])
     return demo
 
 
-def _run_choices(panel: Panel) -> list[str]:
-    return [r[0] for r in panel.runs_table()]
+def _run_choices(panel: Panel, visitor: Visitor) -> list[str]:
+    return [r[0] for r in panel.runs_table(visitor)]

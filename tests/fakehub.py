@@ -26,8 +26,10 @@ Bucket file bytes travel over Xet in the real client, which this fake does not s
 `transfers`). Listing (`/tree`, `/paths-info`) stays HTTP, served from the same files.
 
 Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
-stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`, `hardware_error`,
-`page_size` (Link-header pagination), `requests` (every call, Authorization header removed).
+stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`,
+`fail_nth_job_submission`, `create_then_fail_nth_job_submission` (the job exists, the answer is a 504),
+`bucket_read_error` (bucket listings fail), `expose_url_format`, `hardware_error`, `page_size` (Link-header
+pagination), `requests` (every call, Authorization header removed).
 """
 
 import hashlib
@@ -160,6 +162,10 @@ class FakeHub:
         self._post_failures: dict[int, int] = {}
         self._job_post_count = 0
         self._job_post_failures: dict[int, int] = {}
+        self._job_post_created_failures: dict[int, int] = {}
+        self.bucket_read_error: int | None = None     # answer bucket listings with this status (e.g. 500)
+        # The URL the Hub reports for an exposed port (`status.exposeUrls`); the documented form by default.
+        self.expose_url_format = "https://{job_id}--{port}.hf.jobs"
         self._open_streams: dict[tuple[str, str], int] = {}
         self._stopping = False
         self._server: ThreadingHTTPServer | None = None
@@ -231,6 +237,11 @@ class FakeHub:
         """Answer the n-th job creation (POST /api/jobs/{ns}, 1-based) with `status`."""
         self._job_post_failures[n] = status
 
+    def create_then_fail_nth_job_submission(self, n: int, status: int = 504) -> None:
+        """Create the n-th submitted job (1-based) as asked, then answer `status`, like a gateway timing out after
+        the Hub accepted the job: the client never learns the job's id."""
+        self._job_post_created_failures[n] = status
+
     def open_streams(self, job_id: str, kind: str) -> int:
         with self._cond:
             return self._open_streams.get((job_id, kind), 0)
@@ -263,6 +274,8 @@ class FakeHub:
 
         def download_bucket_files(api, bucket_id, files, *, raise_on_missing_files=False, token=None):
             hub._check_transfer_token(api, token, bucket_id)
+            if hub.bucket_read_error:
+                raise OSError(f"{hub.bucket_read_error}: bucket storage unavailable")
             for remote, local in files:
                 path = remote if isinstance(remote, str) else remote.path
                 stored = hub.buckets[bucket_id].files.get(path)
@@ -323,6 +336,9 @@ class FakeHub:
                       {"id": _hex_id(ns), "name": ns, "type": owner_type}, body, utc_stamp())
         with self._cond:
             self.jobs[job.id] = job
+        late = self.created_then_failed()
+        if late:
+            return Reply(late, {"error": "Gateway Timeout"})
         return Reply(200, self._job_json(job))
 
     def _list_jobs(self, user: FakeUser, ns: str, query: dict[str, list[str]], **_: Any) -> Reply:
@@ -398,6 +414,8 @@ class FakeHub:
 
     def _bucket_tree(self, user: FakeUser, ns: str, name: str, query: dict[str, list[str]],
                      prefix: str | None = None, **_: Any) -> Reply:
+        if self.bucket_read_error:
+            return Reply(self.bucket_read_error, {"error": "bucket storage unavailable"})
         bucket = self._find_bucket(user, ns, name)
         if isinstance(bucket, Reply):
             return bucket
@@ -407,6 +425,8 @@ class FakeHub:
         return self._page(path, query, items)
 
     def _paths_info(self, user: FakeUser, ns: str, name: str, body: Any, **_: Any) -> Reply:
+        if self.bucket_read_error:
+            return Reply(self.bucket_read_error, {"error": "bucket storage unavailable"})
         bucket = self._find_bucket(user, ns, name)
         if isinstance(bucket, Reply):
             return bucket
@@ -435,7 +455,7 @@ class FakeHub:
         ports = (spec.get("expose") or {}).get("ports") or []
         status: dict[str, Any] = {"stage": job.stage, "message": job.message}
         if ports:
-            status["exposeUrls"] = [f"https://{job.id}--{port}.hf.jobs" for port in ports]
+            status["exposeUrls"] = [self.expose_url_format.format(job_id=job.id, port=port) for port in ports]
         return {
             "id": job.id, "createdAt": job.created_at, "dockerImage": spec.get("dockerImage"),
             "spaceId": spec.get("spaceId"), "command": spec.get("command"), "arguments": spec.get("arguments"),
@@ -458,6 +478,11 @@ class FakeHub:
                 self._job_post_count += 1
                 failure = self._job_post_failures.pop(self._job_post_count, failure)
             return failure
+
+    def created_then_failed(self) -> int | None:
+        """The status to answer after creating the job of the job submission being handled, if a test asked."""
+        with self._cond:
+            return self._job_post_created_failures.pop(self._job_post_count, None)
 
     def _stream_open(self, job_id: str, kind: str, delta: int) -> None:
         with self._cond:

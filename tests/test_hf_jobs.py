@@ -13,7 +13,8 @@ from huggingface_hub import HfApi
 from backend.executors.base import SubmitError
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.hardware import estimate_cost, list_flavors
-from backend.hub_auth import can_control, resolve_token, whoami_namespaces
+from backend.access import Deployment, Visitor, acting_token
+from backend.hub_auth import can_control, whoami_namespaces
 from backend.hub_store import HubBucketStore, open_store
 from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, JobStatus, VolumeSpec
 from backend.store import FolderStore
@@ -314,10 +315,11 @@ def test_hub_store_round_trips_a_folder(hub, tmp_path):
 
 
 def test_open_store_prefers_a_mounted_bucket(tmp_path):
-    assert isinstance(open_store(BUCKET, None, f"{BUCKET}:{tmp_path}"), FolderStore)
-    assert isinstance(open_store("bob/other", None, f"{BUCKET}:{tmp_path}"), HubBucketStore), "another bucket"
-    assert isinstance(open_store(BUCKET, None, f"{BUCKET}:{tmp_path / 'not-mounted'}"), HubBucketStore)
-    assert isinstance(open_store(BUCKET, None, None), HubBucketStore)
+    cache = str(tmp_path / "cache")
+    assert isinstance(open_store(BUCKET, None, f"{BUCKET}:{tmp_path}", cache), FolderStore)
+    assert isinstance(open_store("bob/other", None, f"{BUCKET}:{tmp_path}", cache), HubBucketStore), "another bucket"
+    assert isinstance(open_store(BUCKET, None, f"{BUCKET}:{tmp_path / 'not-mounted'}", cache), HubBucketStore)
+    assert isinstance(open_store(BUCKET, None, None, cache), HubBucketStore)
 
 
 # ---- hardware and auth
@@ -340,16 +342,18 @@ def test_hardware_falls_back_when_the_endpoint_fails(hub):
         estimate_cost([trainer_job(flavor="h100")], list(live.values()))
 
 
-def test_anonymous_space_visitor_can_look_but_not_control(hub, monkeypatch):
+def test_the_space_never_lends_its_own_token_to_a_visitor(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", hub.token)          # the Space's own token must never be lent out
-    assert resolve_token(None, on_space=True) is None
-    assert resolve_token(None, on_space=False) == hub.token
+    space = Deployment(home=str(tmp_path), on_space=True)
+    assert acting_token(Visitor(), space) is None
+    assert acting_token(Visitor(token="hf_oauth_visitorToken0000000000"), space) == "hf_oauth_visitorToken0000000000"
+    assert acting_token(Visitor(), Deployment(home=str(tmp_path), on_space=False, host="127.0.0.1")) == hub.token
     ok, reason = can_control("alice", None, on_space=True)
     assert not ok and "Sign in" in reason
 
 
 def test_visitor_controls_only_namespaces_they_can_write(hub):
-    token = resolve_token(hub.token, on_space=True)
+    token = hub.token
     assert whoami_namespaces(token) == {"alice", "acme", "readers"}
     assert can_control("alice", token, on_space=True) == (True, "")
     assert can_control("acme", token, on_space=True) == (True, "")

@@ -19,8 +19,9 @@ def _files_under(path) -> list[str]:
 
 
 def test_bad_input_is_refused_and_changes_nothing(panel, tmp_path):
-    message, run_id = panel.launch({"lora_r": 0, "learning_rate": -1, "bucket": "nope"})
-    assert run_id is None
+    result = panel.launch({"lora_r": 0, "learning_rate": -1, "bucket": "nope"})
+    message = result.message
+    assert result.run_id is None
     assert "nothing was launched" in message
     for field in ("lora_r", "learning_rate", "bucket"):
         assert f"**{field}**" in message
@@ -29,22 +30,25 @@ def test_bad_input_is_refused_and_changes_nothing(panel, tmp_path):
 
 
 def test_unknown_fields_and_wrong_types_are_refused(panel):
-    message, run_id = panel.launch({"max_steps": "many"})
-    assert run_id is None and "**max_steps**" in message
+    result = panel.launch({"max_steps": "many"})
+    assert result.run_id is None and "**max_steps**" in result.message
 
 
-def test_anonymous_space_visitor_can_look_but_not_launch_or_cancel(tmp_path):
+def test_a_space_runs_nothing_locally_unless_its_owner_turns_local_runs_on(tmp_path):
     panel = Panel(Settings(home=str(tmp_path / "home"), on_space=True))
-    message, run_id = panel.launch({})
-    assert run_id is None and "Sign in" in message
-    assert panel.local.list_jobs() == []
-    assert "local" in panel.preview({}), "looking (the preview) stays allowed"
+    try:
+        result = panel.launch({})
+        assert result.run_id is None and "Local runs are off on this Space" in result.message
+        assert panel.local.list_jobs() == []
+        assert "local" in panel.preview({}).markdown, "looking (the preview) stays allowed"
+    finally:
+        panel.shutdown()
 
 
 def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
     token = "hf_" + "x" * 34
     monkeypatch.setenv("HF_TOKEN", token)
-    text = panel.preview({"mode": "distributed", "replicas": 2})
+    text = panel.preview({"mode": "distributed", "replicas": 2}).markdown
     assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
     assert token not in text
 

@@ -1,229 +1,309 @@
-"""The panel on Hugging Face Jobs, end to end through its handlers, against the loopback fake of the Hub."""
+"""The panel on Hugging Face Jobs, end to end through its handlers, against the loopback fake of the Hub.
+
+(The same paths through Gradio's own request handling and a real browser are in test_space_browser.py.)
+"""
 
 import json
 import os
+import time
 import zipfile
 
 import pytest
 
+from backend.access import Visitor
 from backend.jobspec import LABEL_RUN
 from panel import dashboard
-from panel.actions import Panel, Settings, full_log_file
-from tests.fakehub import FakeHub, wait_until
+from panel.actions import Panel, Settings
+from tests.fakehub import FakeHub, FakeUser, wait_until
 
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
 FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
         "bucket": "alice/grpo-runs", "flavor": "a10g-small", "use_vllm": True, "rewards": ["format"]}
+ALICE, BOB, CAROL = "hf_oauth_aliceToken000000000000", "hf_oauth_bobToken00000000000000", "hf_oauth_carolToken0000000000"
 
 
 @pytest.fixture
 def hub(monkeypatch):
-    hub = FakeHub().start()
+    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), BOB: FakeUser("bob", {"acme": "write"}),
+                         CAROL: FakeUser("carol")}).start()
     hub.patch_endpoint(monkeypatch)
     hub.install_bucket_transfers(monkeypatch)
-    monkeypatch.setenv("HF_TOKEN", hub.token)
+    monkeypatch.setenv("HF_TOKEN", ALICE)
     yield hub
     hub.stop()
 
 
-def _panel(tmp_path, on_space=False) -> Panel:
-    return Panel(Settings(home=str(tmp_path / "home"), on_space=on_space))
+@pytest.fixture
+def make_panel(tmp_path):
+    """Panels over one home (a second one is the panel after a restart); each is shut down after the test."""
+    panels = []
+
+    def make(**settings) -> Panel:
+        settings = {"home": str(tmp_path / "home"), "on_space": False, "host": "127.0.0.1", **settings}
+        panels.append(Panel(Settings(**settings)))
+        return panels[-1]
+
+    yield make
+    for panel in panels:
+        panel.shutdown()
 
 
-def _stop(panel: Panel) -> None:
-    for registry in panel._hub_registries.values():
-        registry.executor.stop()
-    panel.shutdown()
+def launch_reviewed(panel: Panel, form: dict, visitor=None):
+    """Preview, then launch exactly what was previewed, as a visitor ticking the review box does."""
+    shown = panel.preview(form, visitor)
+    assert shown.fingerprint, shown.markdown
+    return panel.launch(form, visitor, confirmed=shown.fingerprint, run_id=shown.run_id), shown
 
 
-def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, tmp_path):
-    panel = _panel(tmp_path)
-    try:
-        message, run_id = panel.launch(FORM)
-        assert run_id is None and "Estimated cost" in message and hub.job_posts() == [], "confirm first"
-        message, run_id = panel.launch(FORM, confirmed=True)
-        assert run_id, message
-        [post] = hub.job_posts()
+def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, make_panel):
+    panel = make_panel()
+    result = panel.launch(FORM)
+    assert result.run_id is None and "Estimated cost" in result.message and hub.job_posts() == [], "review first"
+    result, shown = launch_reviewed(panel, FORM)
+    run_id = result.run_id
+    assert run_id == shown.run_id, result.message
+    [post] = hub.job_posts()
+    body = post.json
+    assert body["flavor"] == "a10g-small" and body["timeoutSeconds"] == 30 * 60
+    assert body["labels"][LABEL_RUN] == run_id
+    assert [v["mountPath"] for v in body["volumes"]] == ["/bucket"]
+    assert "HF_TOKEN" in body["secrets"] and "HF_TOKEN" not in (body.get("environment") or {})
+    assert ALICE not in json.dumps(body.get("environment")) and ALICE not in json.dumps(body["command"])
+    spec_json = hub.buckets["alice/grpo-runs"].files[f"runs/{run_id}/spec.json"].data.decode()
+    assert ALICE not in spec_json and json.loads(spec_json)["run_id"] == run_id
+    assert f"runs/{run_id}/code/runtime/train.py" in hub.buckets["alice/grpo-runs"].files
+
+    view = panel.view(run_id)
+    job_id = view.jobs["trainer"].job_id
+    hub.set_stage(job_id, "RUNNING")
+    hub.append_logs(job_id, "generation engine: vLLM colocated", f"HF_TOKEN={PLANTED} leaked by a user script",
+                    "step 1/500 reward 0.10")
+    hub.append_metrics(job_id, {"cpu_usage_pct": 50.0, "memory_used_bytes": 2**30, "gpus": {
+        "GPU-a": {"utilization": 87.0, "memory_used_bytes": 20 * 2**30, "memory_total_bytes": 24 * 2**30}}})
+    records = [{"step": 1, "time": 1.0, "reward": 0.1, "reward_std": 0.05}, {"step": 2, "time": 2.0, "reward": 0.3}]
+    hub.put_file("alice/grpo-runs", f"runs/{run_id}/metrics/trainer-000000.jsonl",
+                 "".join(json.dumps(r) + "\n" for r in records).encode())
+    trainer = view.jobs["trainer"]
+
+    def everything_arrived() -> bool:
+        view.refresh()
+        return len(trainer.logs) >= 3 and bool(trainer.resources) and len(view.metrics) == 2
+
+    wait_until(everything_arrived, timeout=15)
+    assert [r["reward"] for r in view.metrics] == [0.1, 0.3]
+    frame = dashboard.build_frame(view)
+    gpu = [t for t in frame.utilisation.data if t.name == "trainer GPU0 util"]
+    assert gpu and list(gpu[0].y) == [87.0]
+    logs = dashboard.log_text(view, "trainer")
+    assert "step 1/500" in logs and PLANTED not in logs and ALICE not in logs
+    assert "RUNNING" in frame.status
+
+    # The full-log download is masked too, and repeated downloads replace one file instead of piling up.
+    log_path = panel.full_log_file(run_id, "trainer")
+    text = open(log_path).read()
+    assert "step 1/500" in text and PLANTED not in text and ALICE not in text
+    assert panel.full_log_file(run_id, "trainer") == log_path
+    assert panel.final_adapter(run_id) is None, "no final adapter yet"
+    for name, data in [("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"weights")]:
+        hub.put_file("alice/grpo-runs", f"runs/{run_id}/final/{name}", data)
+    zip_path = panel.final_adapter(run_id)
+    with zipfile.ZipFile(zip_path) as zf:
+        assert zf.read("adapter_config.json") == b'{"r": 8}' and zf.read("adapter_model.safetensors") == b"weights"
+    assert sorted(os.listdir(panel.downloads)) == sorted(map(os.path.basename, [log_path, zip_path]))
+    cache = os.path.join(panel.settings.home, "cache", "bucket-files")
+    assert os.listdir(cache), "bucket files are cached under the panel's home"
+
+    restarted = make_panel()
+    assert run_id in [row[0] for row in restarted.runs_table()], "a restarted panel lists the run"
+    assert restarted.view(run_id).jobs["trainer"].job_id == job_id
+
+
+def test_the_preview_and_the_launch_describe_the_same_run(hub, make_panel):
+    panel = make_panel()
+    result, shown = launch_reviewed(panel, FORM)
+    assert result.run_id == shown.run_id and f"grpo-panel-run={shown.run_id}" in shown.markdown
+    [post] = hub.job_posts()
+    assert post.json["labels"][LABEL_RUN] == shown.run_id
+
+
+def test_a_changed_form_needs_a_new_review_before_it_launches(hub, make_panel):
+    panel = make_panel()
+    shown = panel.preview(FORM)
+    changed = {**FORM, "flavor": "l4x4", "timeout_minutes": 600}
+    result = panel.launch(changed, confirmed=shown.fingerprint, run_id=shown.run_id)
+    assert result.run_id is None and "form changed since the reviewed preview" in result.message
+    assert hub.job_posts() == []
+    assert result.preview.fingerprint != shown.fingerprint and "l4x4" in result.preview.markdown
+    assert panel.launch(changed, confirmed=result.preview.fingerprint).run_id, "the new review launches"
+
+
+def test_a_reused_preview_cannot_launch_the_same_run_twice(hub, make_panel):
+    panel = make_panel()
+    result, shown = launch_reviewed(panel, FORM)
+    again = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
+    assert again.run_id is None and "already used" in again.message
+    assert len(hub.job_posts()) == 1
+
+
+def test_anonymous_space_visitor_cannot_launch_or_cancel_on_hf_jobs(hub, make_panel):
+    panel = make_panel(on_space=True)
+    shown = panel.preview(FORM)
+    result = panel.launch(FORM, confirmed=shown.fingerprint)
+    assert result.run_id is None and "Sign in" in result.message
+    assert hub.job_posts() == []
+    assert panel.runs_table() == [] and "Sign in" in panel.runs_hint()
+
+
+def test_a_visitor_cannot_launch_into_a_namespace_they_do_not_own(hub, make_panel):
+    panel = make_panel(on_space=True)
+    form = {**FORM, "bucket": "someone-else/runs"}
+    result = panel.launch(form, ALICE, confirmed=panel.preview(form, ALICE).fingerprint)
+    assert result.run_id is None and "Not launched" in result.message
+    assert hub.job_posts() == []
+
+
+def test_unknown_hardware_is_refused_with_the_valid_flavors(hub, make_panel):
+    panel = make_panel()
+    shown = panel.preview({**FORM, "flavor": "quantum-xl"})
+    assert shown.fingerprint is None and "quantum-xl" in shown.markdown and "a10g-small" in shown.markdown
+    result = panel.launch({**FORM, "flavor": "quantum-xl"}, confirmed="anything")
+    assert result.run_id is None and "**flavor**" in result.message and hub.job_posts() == []
+
+
+def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, make_panel):
+    panel = make_panel()
+    hub.fail_nth_job_submission(2)
+    result, _ = launch_reviewed(panel, {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"})
+    assert result.run_id is None and "Cancelled the 1 job(s) already submitted" in result.message
+    [first] = [r for r in hub.requests if r.method == "POST" and r.path.endswith("/cancel")]
+    assert first.path.startswith("/api/jobs/alice/")
+
+
+def test_a_job_the_hub_created_behind_a_timeout_is_found_by_label_and_cancelled(hub, make_panel):
+    panel = make_panel()
+    hub.create_then_fail_nth_job_submission(2, status=504)
+    result, _ = launch_reviewed(panel, {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"})
+    assert result.run_id is None and "created 1 job(s) anyway" in result.message, result.message
+    assert len(hub.jobs) == 2
+    assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}, "no job of the failed launch keeps billing"
+
+
+def test_parallelism_larger_than_the_flavor_is_refused(hub, make_panel):
+    panel = make_panel()
+    result = panel.launch({**FORM, "num_processes": 4, "per_device_batch_size": 8}, confirmed="x")
+    assert result.run_id is None and "has 1 GPU(s)" in result.message and hub.job_posts() == []
+
+
+def test_org_members_share_a_run_and_an_outsider_reaches_none_of_it(hub, make_panel):
+    panel = make_panel(on_space=True)
+    bob, alice, carol = Visitor(BOB, "bob"), Visitor(ALICE, "alice"), Visitor(CAROL, "carol")
+    assert panel.runs_table(bob) == []            # bob lists first: his listing must not claim the org's runs
+    form = {**FORM, "bucket": "acme/grpo-runs"}
+    result, _ = launch_reviewed(panel, form, alice)
+    run_id = result.run_id
+    assert run_id, result.message
+    assert run_id in [row[0] for row in panel.runs_table(bob)]
+    assert panel.view(run_id, bob).run_id == run_id and panel.view(run_id, alice).run_id == run_id
+    assert run_id not in [row[0] for row in panel.runs_table(carol)]
+    with pytest.raises(KeyError):
+        panel.view(run_id, carol)
+    assert "Not cancelled" in panel.cancel(run_id, carol) and "Not cancelled" in panel.cancel(run_id, None)
+    assert {job.stage for job in hub.jobs.values()} == {"SCHEDULING"}
+    assert "Cancel requested for 1 job(s)" in panel.cancel(run_id, bob), "a member with write access may cancel"
+    assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}
+    cancels = [r for r in hub.requests if r.path.endswith("/cancel")]
+    assert [r.user for r in cancels] == ["bob"], "the Hub sees bob's own token, not the launcher's"
+
+
+def test_cancel_needs_only_the_job_labels_when_the_bucket_cannot_be_read(hub, make_panel):
+    result, _ = launch_reviewed(make_panel(), {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"})
+    assert result.run_id
+    hub.bucket_read_error = 500                   # spec.json unreadable: a failing bucket, after a restart
+    restarted = make_panel()
+    message = restarted.cancel(result.run_id)
+    assert "Cancel requested for 3 job(s)" in message, message
+    assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}
+
+
+def test_resume_on_hf_jobs_is_previewed_and_confirmed_like_a_launch(hub, make_panel):
+    panel = make_panel()
+    result, _ = launch_reviewed(panel, FORM)
+    run_id = result.run_id
+    panel.cancel(run_id)
+    hub.put_file("alice/grpo-runs", f"runs/{run_id}/checkpoints/checkpoint-50/trainer_state.json", b"{}")
+    panel.view(run_id).refresh()
+    posts = len(hub.job_posts())
+    message = panel.resume(run_id)
+    assert "Not resumed yet" in message and "checkpoint at step 50" in message and "Estimated cost" in message
+    assert len(hub.job_posts()) == posts, "nothing is resubmitted unreviewed"
+    shown = panel.resume_preview(run_id)
+    assert "Resumed run" in panel.resume(run_id, confirmed=shown.fingerprint)
+    assert len(hub.job_posts()) == posts + 1
+
+
+def test_a_run_longer_than_the_visitors_token_lives_is_refused(hub, make_panel):
+    panel = make_panel(on_space=True)
+    soon = Visitor(ALICE, "alice", expires_at=time.time() + 3600)
+    form = {**FORM, "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1", "timeout_minutes": 240}
+    shown = panel.preview(form, soon)
+    assert "token expires in 1.0 h" in shown.markdown
+    result = panel.launch(form, soon, confirmed=shown.fingerprint)
+    assert result.run_id is None and "lower the timeout to at most 59 minutes" in result.message
+    assert hub.job_posts() == []
+
+
+def test_a_panel_reachable_from_other_machines_lends_no_token_unless_the_operator_opts_in(hub, make_panel):
+    exposed = make_panel(host="0.0.0.0")
+    result = exposed.launch(FORM, confirmed=exposed.preview(FORM).fingerprint)
+    assert result.run_id is None and "GRPO_PANEL_AUTH" in result.message and hub.job_posts() == []
+    assert exposed.runs_table() == [] or all(row[1] == "local" for row in exposed.runs_table())
+    opted_in = make_panel(host="0.0.0.0", allow_host_token=True)
+    assert launch_reviewed(opted_in, FORM)[0].run_id
+
+
+def test_a_token_typed_into_the_form_is_refused_and_never_echoed(hub, make_panel):
+    panel = make_panel()
+    for form in ({**FORM, "bucket": f"alice/{PLANTED}"}, {**FORM, "name": f"run_{PLANTED}"},
+                 {**FORM, "max_steps": PLANTED}):
+        shown = panel.preview(form)
+        assert shown.fingerprint is None and PLANTED not in shown.markdown, shown.markdown
+        result = panel.launch(form, confirmed="x")
+        assert result.run_id is None and PLANTED not in result.message
+    assert hub.job_posts() == [] and not hub.buckets
+
+
+def test_an_idle_visitors_registry_is_dropped_and_rebuilt_on_their_return(hub, make_panel):
+    panel = make_panel(on_space=True)
+    alice, bob = Visitor(ALICE, "alice"), Visitor(BOB, "bob")
+    result, _ = launch_reviewed(panel, FORM, alice)
+    run_id = result.run_id
+    view = panel.view(run_id, alice)
+    view.refresh()                                  # starts alice's log reader
+    executor = view.executor
+    panel.settings.registry_idle_s = 0.0            # everything not used this instant is idle
+    panel.runs_table(bob)                           # bob's visit sweeps alice's registry away
+    assert executor._stopping.is_set(), "the dropped registry's log readers are told to stop"
+    panel.settings.registry_idle_s = 3600.0
+    again = panel.view(run_id, alice)
+    assert again.run_id == run_id and again is not view, "alice's run comes back from the Hub's job list"
+
+
+def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, make_panel):
+    hub.expose_url_format = "https://{job_id}-p{port}.jobs.example"    # the URL the Hub reports wins
+    panel = make_panel()
+    form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x4", "max_staleness": 2}
+    result, _ = launch_reviewed(panel, form)
+    run_id = result.run_id
+    assert run_id, result.message
+    replicas, trainer = hub.job_posts()[:2], hub.job_posts()[2]
+    assert [p.json["labels"]["grpo-panel-role"] for p in hub.job_posts()] == ["vllm-0", "vllm-1", "trainer"]
+    for post in replicas:
         body = post.json
-        assert body["flavor"] == "a10g-small" and body["timeoutSeconds"] == 30 * 60
-        assert body["labels"][LABEL_RUN] == run_id
-        assert [v["mountPath"] for v in body["volumes"]] == ["/bucket"]
-        assert "HF_TOKEN" in body["secrets"] and "HF_TOKEN" not in (body.get("environment") or {})
-        assert hub.token not in json.dumps(body.get("environment")) and hub.token not in json.dumps(body["command"])
-        spec_json = hub.buckets["alice/grpo-runs"].files[f"runs/{run_id}/spec.json"].data.decode()
-        assert hub.token not in spec_json and json.loads(spec_json)["run_id"] == run_id
-        assert f"runs/{run_id}/code/runtime/train.py" in hub.buckets["alice/grpo-runs"].files
-
-        job_id = panel.view(run_id).jobs["trainer"].job_id
-        hub.set_stage(job_id, "RUNNING")
-        hub.append_logs(job_id, "generation engine: vLLM colocated", f"HF_TOKEN={PLANTED} leaked by a user script",
-                        "step 1/500 reward 0.10")
-        hub.append_metrics(job_id, {"cpu_usage_pct": 50.0, "memory_used_bytes": 2**30, "gpus": {
-            "GPU-a": {"utilization": 87.0, "memory_used_bytes": 20 * 2**30, "memory_total_bytes": 24 * 2**30}}})
-        records = [{"step": 1, "time": 1.0, "reward": 0.1, "reward_std": 0.05}, {"step": 2, "time": 2.0, "reward": 0.3}]
-        hub.put_file("alice/grpo-runs", f"runs/{run_id}/metrics/trainer-000000.jsonl",
-                     "".join(json.dumps(r) + "\n" for r in records).encode())
-
-        view = panel.view(run_id)
-        trainer = view.jobs["trainer"]
-
-        def everything_arrived() -> bool:
-            view.refresh()
-            return len(trainer.logs) >= 3 and bool(trainer.resources) and len(view.metrics) == 2
-
-        wait_until(everything_arrived, timeout=15)
-        assert [r["reward"] for r in view.metrics] == [0.1, 0.3]
-        frame = dashboard.build_frame(view)
-        gpu = [t for t in frame.utilisation.data if t.name == "trainer GPU0 util"]
-        assert gpu and list(gpu[0].y) == [87.0]
-        logs = dashboard.log_text(view, "trainer")
-        assert "step 1/500" in logs and PLANTED not in logs and hub.token not in logs
-        assert "RUNNING" in frame.status
-
-        # The full-log download is redacted too, and repeated downloads replace one file instead of piling up.
-        log_path = full_log_file(panel, run_id, "trainer")
-        text = open(log_path).read()
-        assert "step 1/500" in text and PLANTED not in text and hub.token not in text
-        assert full_log_file(panel, run_id, "trainer") == log_path
-        assert panel.final_adapter(run_id) is None, "no final adapter yet"
-        for name, data in [("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"weights")]:
-            hub.put_file("alice/grpo-runs", f"runs/{run_id}/final/{name}", data)
-        zip_path = panel.final_adapter(run_id)
-        with zipfile.ZipFile(zip_path) as zf:
-            assert zf.read("adapter_config.json") == b'{"r": 8}' and zf.read("adapter_model.safetensors") == b"weights"
-        assert sorted(os.listdir(panel.downloads)) == sorted(map(os.path.basename, [log_path, zip_path]))
-    finally:
-        _stop(panel)
-
-    restarted = _panel(tmp_path)
-    try:
-        assert run_id in [row[0] for row in restarted.runs_table()], "a restarted panel lists the run"
-        assert restarted.view(run_id).jobs["trainer"].job_id == job_id
-    finally:
-        _stop(restarted)
-
-
-def test_anonymous_space_visitor_cannot_launch_or_cancel_on_hf_jobs(hub, tmp_path):
-    panel = _panel(tmp_path, on_space=True)
-    try:
-        message, run_id = panel.launch(FORM, confirmed=True)
-        assert run_id is None and "Not launched" in message
-        assert hub.job_posts() == []
-    finally:
-        _stop(panel)
-
-
-def test_a_visitor_cannot_launch_into_a_namespace_they_do_not_own(hub, tmp_path):
-    panel = _panel(tmp_path, on_space=True)
-    try:
-        message, run_id = panel.launch({**FORM, "bucket": "someone-else/runs"}, oauth_token=hub.token, confirmed=True)
-        assert run_id is None and "Not launched" in message
-        assert hub.job_posts() == []
-    finally:
-        _stop(panel)
-
-
-def test_unknown_hardware_is_refused_with_the_valid_flavors(hub, tmp_path):
-    panel = _panel(tmp_path)
-    try:
-        message, run_id = panel.launch({**FORM, "flavor": "quantum-xl"}, confirmed=True)
-        assert run_id is None and "quantum-xl" in message and "a10g-small" in message
-        assert hub.job_posts() == []
-    finally:
-        _stop(panel)
-
-
-def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, tmp_path):
-    panel = _panel(tmp_path)
-    try:
-        hub.fail_nth_job_submission(2)
-        form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"}
-        message, run_id = panel.launch(form, confirmed=True)
-        assert run_id is None and "Cancelled the 1 job(s) already submitted" in message
-        [first] = [r for r in hub.requests if r.method == "POST" and r.path.endswith("/cancel")]
-        assert first.path.startswith("/api/jobs/alice/")
-    finally:
-        _stop(panel)
-
-
-def test_parallelism_larger_than_the_flavor_is_refused(hub, tmp_path):
-    panel = _panel(tmp_path)
-    try:
-        message, run_id = panel.launch({**FORM, "num_processes": 4, "per_device_batch_size": 8}, confirmed=True)
-        assert run_id is None and "has 1 GPU(s)" in message and hub.job_posts() == []
-    finally:
-        _stop(panel)
-
-
-def test_a_visitor_sees_only_runs_in_their_own_namespaces(tmp_path, monkeypatch):
-    from tests.fakehub import FakeUser
-
-    hub = FakeHub(users={"hf_alice_token_0000000000": FakeUser("alice"), "hf_bob_token_00000000000": FakeUser("bob")})
-    hub.start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    panel = _panel(tmp_path, on_space=True)
-    try:
-        _, run_id = panel.launch(FORM, oauth_token="hf_alice_token_0000000000", confirmed=True)
-        assert run_id and panel.view(run_id, "hf_alice_token_0000000000").run_id == run_id
-        assert run_id not in [row[0] for row in panel.runs_table("hf_bob_token_00000000000")]
-        with pytest.raises(KeyError):
-            panel.view(run_id, "hf_bob_token_00000000000")
-        assert "Not cancelled" in panel.cancel(run_id, "hf_bob_token_00000000000")
-        assert "Not cancelled" in panel.cancel(run_id, None)
-    finally:
-        _stop(panel)
-        hub.stop()
-
-
-def test_an_idle_visitors_registry_is_dropped_and_rebuilt_on_their_return(tmp_path, monkeypatch):
-    from tests.fakehub import FakeUser
-
-    alice, bob = "hf_alice_token_0000000000", "hf_bob_token_00000000000"
-    hub = FakeHub(users={alice: FakeUser("alice"), bob: FakeUser("bob")})
-    hub.start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    panel = _panel(tmp_path, on_space=True)
-    try:
-        _, run_id = panel.launch(FORM, oauth_token=alice, confirmed=True)
-        assert run_id
-        view = panel.view(run_id, alice)
-        view.refresh()                                  # starts alice's log reader
-        old = panel._run_registry[run_id]
-        assert old.executor._feeds, "a log reader runs for alice's job"
-
-        panel.settings.registry_idle_s = 0.0            # everything not used this instant is idle
-        panel.runs_table(bob)                           # bob's visit sweeps alice's registry away
-        assert old not in panel._hub_registries.values() and run_id not in panel._run_registry
-        assert old.executor._stopping.is_set(), "the dropped registry's log readers are told to stop"
-        assert len(panel._hub_registries) == 1, "only bob's registry is held"
-
-        panel.settings.registry_idle_s = 3600.0
-        assert panel.view(run_id, alice).run_id == run_id, "alice's run comes back from the Hub's job list"
-        assert panel._run_registry[run_id] is not old
-    finally:
-        _stop(panel)
-        hub.stop()
-
-
-def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, tmp_path):
-    panel = _panel(tmp_path)
-    try:
-        form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x4", "max_staleness": 2}
-        message, run_id = panel.launch(form, confirmed=True)
-        assert run_id, message
-        replicas, trainer = hub.job_posts()[:2], hub.job_posts()[2]
-        assert [p.json["labels"]["grpo-panel-role"] for p in hub.job_posts()] == ["vllm-0", "vllm-1", "trainer"]
-        for post in replicas:
-            body = post.json
-            assert body["flavor"] == "l4x4" and body["expose"]["ports"] == [8000]
-            assert [(v["mountPath"], v["readOnly"]) for v in body["volumes"]] == [("/bucket", True)]
-            assert "--max-loras 4" in body["command"][-1] and "runtime.serve_replica" in body["command"][-1]
-        replica_ids = [panel.view(run_id).jobs[f"vllm-{i}"].job_id for i in range(2)]
-        urls = trainer.json["environment"]["VLLM_REPLICA_URLS"].split(",")
-        assert urls == [f"https://{job_id}--8000.hf.jobs" for job_id in replica_ids]
-        assert [(v["mountPath"], v.get("readOnly", False)) for v in trainer.json["volumes"]] == [("/bucket", False)]
-        assert "runtime.train_async" in trainer.json["command"][-1]
-    finally:
-        _stop(panel)
+        assert body["flavor"] == "l4x4" and body["expose"]["ports"] == [8000]
+        assert [(v["mountPath"], v["readOnly"]) for v in body["volumes"]] == [("/bucket", True)]
+        assert "--max-loras 4" in body["command"][-1] and "runtime.serve_replica" in body["command"][-1]
+    replica_ids = [panel.view(run_id).jobs[f"vllm-{i}"].job_id for i in range(2)]
+    urls = trainer.json["environment"]["VLLM_REPLICA_URLS"].split(",")
+    assert urls == [f"https://{job_id}-p8000.jobs.example" for job_id in replica_ids]
+    assert [(v["mountPath"], v.get("readOnly", False)) for v in trainer.json["volumes"]] == [("/bucket", False)]
+    assert "runtime.train_async" in trainer.json["command"][-1]

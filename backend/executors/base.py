@@ -33,6 +33,9 @@ class Executor(Protocol):
     def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:
         """Log lines after `cursor`, and the cursor to pass next time. Only complete lines are returned."""
 
+    def all_logs(self, job_id: str) -> list[str]:
+        """The job's whole log (masked), for a download."""
+
     def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]: ...
 
     def cancel(self, job_id: str) -> None: ...
@@ -40,5 +43,5 @@ class Executor(Protocol):
     def exposed_url(self, job_id: str, port: int) -> str:
         """Where another job reaches this job's exposed `port` (a distributed run's trainer -> replicas)."""
 
-    def list_jobs(self) -> list[JobRecord]:
-        """Every job this executor launched (found by labels), newest first."""
+    def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
+        """Every job this executor launched (found by labels), or only those of `run_id`, newest first."""

@@ -5,9 +5,11 @@ of a job starts a background reader that follows its stream and buffers what it 
 is a cheap cursor read, and a fresh executor (after a panel restart) can follow jobs it finds by label.
 """
 
+import itertools
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +19,7 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from backend.executors.base import ResourceSample, SubmitError
 from backend.jobspec import APP_LABEL_VALUE, DELETED, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobRecord, JobSpec, JobStatus
-from backend.redact import redact_tokens
+from backend.runtime.redact import redact_tokens
 
 PERMANENT_HTTP_ERRORS = frozenset({401, 403, 404})
 _SUBMIT_HINTS = {
@@ -27,13 +29,36 @@ _SUBMIT_HINTS = {
 }
 
 
+# What a reader keeps of one job's stream: a long run's log or a day of 1 Hz samples must not grow the panel
+# without bound. Cursors count from the stream's start, so readers that fall behind lose the oldest items only.
+MAX_LOG_LINES = 20_000
+MAX_SAMPLES = 7_200
+
+
 @dataclass
 class _Feed:
-    """What one reader thread has taken from one job's stream."""
+    """What one reader thread has taken from one job's stream: the newest `limit` items, and how many came before."""
 
-    items: list = field(default_factory=list)
+    limit: int
+    items: deque = field(default_factory=deque)
+    dropped: int = 0
     thread: threading.Thread | None = None
     error: str | None = None
+
+    def append(self, item) -> None:
+        self.items.append(item)
+        if len(self.items) > self.limit:
+            self.items.popleft()
+            self.dropped += 1
+
+    @property
+    def count(self) -> int:
+        """Items taken since the stream started, kept or not."""
+        return self.dropped + len(self.items)
+
+    def since(self, cursor: int) -> tuple[list, int]:
+        start = max(cursor - self.dropped, 0)
+        return list(itertools.islice(self.items, start, None)), self.count
 
 
 class HfJobsExecutor:
@@ -83,27 +108,42 @@ class HfJobsExecutor:
             if _http_status(err) != 404:   # a job that is gone needs no cancelling
                 raise
 
-    def list_jobs(self) -> list[JobRecord]:
-        """Every job of this app in the namespace, found by label (so a restarted panel finds them), newest first."""
-        infos = self._api.list_jobs(labels={LABEL_APP: APP_LABEL_VALUE}, namespace=self.namespace)
+    def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
+        """Every job of this app in the namespace (or of one run), found by label, so a restarted panel finds
+        them, newest first."""
+        labels = {LABEL_APP: APP_LABEL_VALUE, **({LABEL_RUN: run_id} if run_id else {})}
+        infos = self._api.list_jobs(labels=labels, namespace=self.namespace)
         return sorted((_record(info) for info in infos), key=lambda r: r.created_at, reverse=True)
 
     def exposed_url(self, job_id: str, port: int) -> str:
-        """Where an exposed port answers (callers send `Authorization: Bearer <token>`)."""
-        return f"https://{job_id}--{port}.hf.jobs"
+        """Where an exposed port answers (callers send `Authorization: Bearer <token>`): the URL the Hub reports
+        for that port, else the documented `https://<job id>--<port>.hf.jobs`."""
+        try:
+            info = self._api.inspect_job(job_id=job_id, namespace=self.namespace)
+            urls = dict(zip(info.expose or [], info.status.expose_urls or []))
+        except Exception:   # the job was just created: a failed look-up falls back to the documented form
+            urls = {}
+        return urls.get(port) or f"https://{job_id}--{port}.hf.jobs"
 
     # ---- logs and resources
     def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:
-        feed = self._feed("logs", job_id, self._follow_logs)
+        feed = self._feed("logs", job_id, self._follow_logs, MAX_LOG_LINES)
         with self._lock:
-            lines = feed.items[cursor:]
-        return lines, cursor + len(lines)
+            return feed.since(cursor)
+
+    def all_logs(self, job_id: str) -> list[str]:
+        """The job's whole log: what the reader holds, or, where it has dropped old lines, the Hub's copy."""
+        feed = self._feed("logs", job_id, self._follow_logs, MAX_LOG_LINES)
+        with self._lock:
+            if not feed.dropped:
+                return list(feed.items)
+        lines = self._api.fetch_job_logs(job_id=job_id, namespace=self.namespace, follow=False)
+        return [redact_tokens(line.rstrip("\r\n"), self._secrets) for line in lines]
 
     def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]:
-        feed = self._feed("metrics", job_id, self._follow_metrics)
+        feed = self._feed("metrics", job_id, self._follow_metrics, MAX_SAMPLES)
         with self._lock:
-            samples = feed.items[cursor:]
-        return samples, cursor + len(samples)
+            return feed.since(cursor)
 
     def reader_error(self, job_id: str, kind: str = "logs") -> str | None:
         """Why a job's reader gave up for good (401/403/404), if it did."""
@@ -157,11 +197,11 @@ class HfJobsExecutor:
         return redact_tokens(message, self._secrets)
 
     # ---- internals: readers
-    def _feed(self, kind: str, job_id: str, target: Callable[[str, _Feed], None]) -> _Feed:
+    def _feed(self, kind: str, job_id: str, target: Callable[[str, _Feed], None], limit: int) -> _Feed:
         with self._lock:
             feed = self._feeds.get((kind, job_id))
             if feed is None:
-                feed = self._feeds[(kind, job_id)] = _Feed()
+                feed = self._feeds[(kind, job_id)] = _Feed(limit)
                 feed.thread = threading.Thread(target=target, args=(job_id, feed), daemon=True,
                                                name=f"hf-jobs-{kind}-{job_id}")
                 feed.thread.start()
@@ -177,8 +217,8 @@ class HfJobsExecutor:
 
         def take(line: str, seen: int) -> None:
             with self._lock:
-                if seen > len(feed.items):
-                    feed.items.append(redact_tokens(line.rstrip("\r\n"), self._secrets))
+                if seen > feed.count:
+                    feed.append(redact_tokens(line.rstrip("\r\n"), self._secrets))
 
         self._follow(job_id, feed, stream, take)
 
@@ -190,7 +230,7 @@ class HfJobsExecutor:
         def take(payload: dict[str, Any], _seen: int) -> None:
             sample = _resource_sample(payload, time.time())
             with self._lock:
-                feed.items.append(sample)
+                feed.append(sample)
 
         self._follow(job_id, feed, stream, take)
 

@@ -26,7 +26,7 @@ from backend.jobspec import (
     JobSpec,
     JobStatus,
 )
-from backend.redact import redact_tokens
+from backend.runtime.redact import TOKEN_ENV_VARS, redact_tokens, remember_secret
 from backend.runtime.sampler import ResourceSampler
 
 GRACE_S = 5.0
@@ -75,8 +75,12 @@ class LocalExecutor:
         os.makedirs(job_dir)
         for vol in job.volumes:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
-        env = {**os.environ, **{k: self._map_volumes(job, v) for k, v in job.env.items()},
+        # The panel's own token stays with the panel: a local job gets only the secrets its JobSpec names.
+        inherited = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV_VARS}
+        env = {**inherited, **{k: self._map_volumes(job, v) for k, v in job.env.items()},
                **{k: secrets[k] for k in job.secrets}}
+        for name in job.secrets:
+            remember_secret(secrets[name])
         if "PYTHONPATH" in job.env and os.environ.get("PYTHONPATH"):
             # Locally the job runs in the panel's environment: keep what that environment adds to the path.
             env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
@@ -146,6 +150,9 @@ class LocalExecutor:
         lines = [redact_tokens(line, self._secrets.get(job_id, ())) for line in text.splitlines()]
         return lines, cursor + len(data)
 
+    def all_logs(self, job_id: str) -> list[str]:
+        return self.read_logs(job_id, 0)[0]
+
     def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]:
         path = os.path.join(self._dir(job_id), "resources.jsonl")
         data = _read_complete_lines(path, cursor)
@@ -176,9 +183,11 @@ class LocalExecutor:
             time.sleep(0.2)
         return self.status(job_id)
 
-    def list_jobs(self) -> list[JobRecord]:
+    def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
         records = []
         for job_id in os.listdir(self.jobs_dir):
+            if run_id and not job_id.startswith(f"{run_id}--"):
+                continue
             try:
                 with open(os.path.join(self._dir(job_id), "job.json")) as f:
                     data = json.load(f)

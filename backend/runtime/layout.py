@@ -20,6 +20,8 @@ import re
 import tempfile
 import time
 
+from .redact import redact_record
+
 RUNS_DIR = "runs"
 SPEC_FILE = "spec.json"
 CODE_DIR = "code"
@@ -94,4 +96,6 @@ class FragmentWriter:
 
 
 def write_event(run_dir: str, writer: str, kind: str, **fields) -> None:
-    FragmentWriter(os.path.join(run_dir, EVENTS_DIR), writer).write([{"time": time.time(), "event": kind, **fields}])
+    """One event as its own fragment. Its text is masked first: an error message can quote a token."""
+    record = redact_record({"time": time.time(), "event": kind, **fields})
+    FragmentWriter(os.path.join(run_dir, EVENTS_DIR), writer).write([record])

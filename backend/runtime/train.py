@@ -20,6 +20,7 @@ import traceback
 from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
 from .metrics_callback import WRITER, RunFolderCallback
 from .prompts import load_prompts
+from .redact import remember_env_secrets
 from .rewards import reward_functions
 from .tiny_model import no_progress_bars
 
@@ -183,6 +184,7 @@ def main() -> None:
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
     stop_on_sigterm()
+    remember_env_secrets()   # the job's token is masked in every event it writes
     say_vllm_version_warning_once()
     no_progress_bars()
     limit_cpu_threads(spec)

@@ -25,6 +25,7 @@ from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, adapter_
 from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publish_adapter
 from .prompts import load_prompts
 from .proxy import start_proxy
+from .redact import remember_env_secrets
 from .rewards import reward_functions
 from .tiny_model import no_progress_bars
 from .train import (
@@ -192,6 +193,7 @@ def main() -> None:
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
     stop_on_sigterm()
+    remember_env_secrets()   # the job's token is masked in every event it writes
     say_vllm_version_warning_once()
     no_progress_bars()
     try:

@@ -1,0 +1,77 @@
+"""Keep tokens out of everything a person can see: logs, previews, the UI, the bucket.
+
+Two nets, both always applied:
+- every token *shape* the Hub issues: user and org access tokens (`hf_...`), OAuth access tokens
+  (`hf_oauth_...`), legacy org API tokens (`api_org_...`), matched without word boundaries, so a token glued
+  to a variable name (`MYVAR_hf_...`) or followed by `_x` is caught too, and values after `Authorization:
+  Bearer` or `HF_TOKEN=`;
+- every token value this process has been told about (`remember_secret`): the panel registers each visitor's
+  token as it sees it, a job registers the token in its environment, so even a token of an unusual shape is
+  masked wherever it appears.
+
+This module runs in jobs too (it is uploaded with the runtime), so it imports nothing but the standard library.
+"""
+
+import os
+import re
+import threading
+
+REDACTED = "hf_***"
+# The token body: 8+ letters and digits with a digit or a capital among them, or 20+ of any kind; identifiers
+# such as `hf_transfer` or `hf_datasets` in a log stay readable while a random token body never escapes.
+_BODY = r"(?:(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{8,}|[A-Za-z0-9]{20,})"
+_SHAPES = re.compile(rf"(?:hf_oauth_|hf_|api_org_){_BODY}")
+_LABELLED = [
+    re.compile(r"(?i)(authorization:\s*bearer\s+)[A-Za-z0-9._\-]{8,}"),
+    re.compile(r"(?i)((?:hf|hugging_face_hub|huggingface)_token\s*[=:]\s*)['\"]?[^\s'\"]{8,}"),
+]
+# Environment variables that carry a token into a job (or into the panel itself).
+TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
+MIN_SECRET_LEN = 8
+
+_known: set[str] = set()
+_known_lock = threading.Lock()
+
+
+def remember_secret(value: str | None) -> None:
+    """Mask `value` wherever `redact_tokens` meets it from now on, in this process."""
+    if value and len(value) >= MIN_SECRET_LEN:
+        with _known_lock:
+            _known.add(value)
+
+
+def remember_env_secrets(environ=os.environ) -> None:
+    """Register the tokens this process was given through its environment."""
+    for name in TOKEN_ENV_VARS:
+        remember_secret(environ.get(name))
+
+
+def looks_like_token(text: str) -> bool:
+    """Whether `text` contains something shaped like a Hub token (for refusing one typed into a form field)."""
+    return bool(_SHAPES.search(text or ""))
+
+
+def redact_tokens(text: str, known: tuple[str, ...] | list[str] = ()) -> str:
+    """Replace anything token-shaped in `text`, every remembered secret and each of `known`, with a mask."""
+    if not text:
+        return text
+    with _known_lock:
+        secrets = [*_known, *known]
+    # Longest first: one secret may contain another.
+    for value in sorted((v for v in secrets if v and len(v) >= MIN_SECRET_LEN), key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    text = _SHAPES.sub(REDACTED, text)
+    for pattern in _LABELLED:
+        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    return text
+
+
+def redact_record(value):
+    """A JSON-like value (dict, list, str, number) with every string in it redacted."""
+    if isinstance(value, str):
+        return redact_tokens(value)
+    if isinstance(value, dict):
+        return {k: redact_record(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_record(v) for v in value]
+    return value

@@ -1,0 +1,67 @@
+"""No token ever reaches a person: every shape the Hub issues, every token the process was given, everywhere."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from backend.executors.local import LocalExecutor
+from backend.jobspec import JobSpec
+from backend.runtime import layout
+from backend.runtime.redact import REDACTED, looks_like_token, redact_record, redact_tokens, remember_secret
+
+USER = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+OAUTH = "hf_oauth_" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDc"
+ORG = "api_org_" + "QwErTyUiOpAsDfGhJkLzXcVbNm"
+
+
+@pytest.mark.parametrize("text, token", [
+    (f"token={USER}", USER),
+    (f"Authorization: Bearer {OAUTH}", OAUTH),
+    (f"oauth access token {OAUTH} in a message", OAUTH),
+    (f"MYVAR_{USER}", USER),                     # glued to a variable name by '_'
+    (f"{USER}_x", USER),                         # and followed by one
+    (f"export HF_TOKEN='{OAUTH}'", OAUTH),
+    (f"legacy {ORG}", ORG),
+    ("hf_" + "x" * 34, "hf_" + "x" * 34),        # a body of one letter is still a token
+])
+def test_every_token_shape_the_hub_issues_is_masked(text, token):
+    masked = redact_tokens(text)
+    assert token not in masked and REDACTED in masked
+    assert looks_like_token(text)
+
+
+@pytest.mark.parametrize("text", ["pip install hf_transfer hf_xet", "HF_HUB_ENABLE_HF_TRANSFER=1",
+                                  "import huggingface_hub.hf_api", "cached in hf_datasets"])
+def test_identifiers_stay_readable(text):
+    assert redact_tokens(text) == text and not looks_like_token(text)
+
+
+def test_a_remembered_secret_of_any_shape_is_masked_everywhere_in_this_process():
+    odd = "visitor-secret-" + "9" * 12              # no Hub token shape at all
+    assert redact_tokens(f"echo {odd}") == f"echo {odd}"
+    remember_secret(odd)
+    assert redact_tokens(f"echo {odd}") == f"echo {REDACTED}"
+    assert redact_record({"error": [f"failed with {odd}"], "step": 3}) == {"error": [f"failed with {REDACTED}"],
+                                                                           "step": 3}
+
+
+def test_events_written_by_a_job_are_masked_before_they_reach_the_bucket(tmp_path):
+    layout.write_event(str(tmp_path), "trainer", "failed", error=f"HTTPError: 401 for token {OAUTH}")
+    [fragment] = os.listdir(tmp_path / layout.EVENTS_DIR)
+    stored = (tmp_path / layout.EVENTS_DIR / fragment).read_text()
+    assert OAUTH not in stored and REDACTED in json.loads(stored)["error"]
+
+
+def test_a_local_job_does_not_inherit_the_panels_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", USER)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", USER)
+    executor = LocalExecutor(str(tmp_path))
+    script = "import os; print('HF_TOKEN' in os.environ, 'HUGGING_FACE_HUB_TOKEN' in os.environ)"
+    job = JobSpec(run_id="r1", role="trainer", image="local", command=[sys.executable, "-c", script],
+                  flavor="local", timeout_s=60)
+    job_id = executor.submit(job)
+    assert executor.wait(job_id, 30).stage == "COMPLETED"
+    assert executor.read_logs(job_id, 0)[0] == ["False False"]
+    executor.shutdown()
