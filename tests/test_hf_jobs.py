@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 from huggingface_hub import HfApi
 
+from backend.access import Deployment, Visitor, acting_token
 from backend.executors.base import SubmitError
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.hardware import estimate_cost, list_flavors
-from backend.access import Deployment, Visitor, acting_token
 from backend.hub_auth import can_control, whoami_namespaces
 from backend.hub_store import HubBucketStore, open_store
 from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, JobStatus, VolumeSpec

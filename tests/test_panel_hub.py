@@ -19,7 +19,9 @@ from tests.fakehub import FakeHub, FakeUser, wait_until
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
 FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
         "bucket": "alice/grpo-runs", "flavor": "a10g-small", "use_vllm": True, "rewards": ["format"]}
-ALICE, BOB, CAROL = "hf_oauth_aliceToken000000000000", "hf_oauth_bobToken00000000000000", "hf_oauth_carolToken0000000000"
+ALICE = "hf_oauth_aliceToken000000000000"
+BOB = "hf_oauth_bobToken00000000000000"
+CAROL = "hf_oauth_carolToken0000000000"
 
 
 @pytest.fixture
@@ -139,7 +141,8 @@ def test_a_changed_form_needs_a_new_review_before_it_launches(hub, make_panel):
 
 def test_a_reused_preview_cannot_launch_the_same_run_twice(hub, make_panel):
     panel = make_panel()
-    result, shown = launch_reviewed(panel, FORM)
+    first, shown = launch_reviewed(panel, FORM)
+    assert first.run_id == shown.run_id
     again = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
     assert again.run_id is None and "already used" in again.message
     assert len(hub.job_posts()) == 1
