@@ -118,9 +118,13 @@ class Panel:
         return ""
 
     # ---- launch form
-    def build_spec(self, values: dict, run_id: str | None = None) -> RunSpec:
-        """A validated RunSpec from form values; raises SpecError listing every bad field."""
-        spec = RunSpec.from_dict({**values, **({"run_id": run_id} if run_id else {})}).check()
+    def build_spec(self, values: dict, run_id: str | None = None, visitor: Visitor | None = None) -> RunSpec:
+        """A validated RunSpec from form values; raises SpecError listing every bad field. An HF Jobs run with no
+        bucket goes to the visitor's own `<name>/grpo-runs`."""
+        values = {**values, **({"run_id": run_id} if run_id else {})}
+        if values.get("executor") == "hf_jobs" and not str(values.get("bucket") or "").strip() and visitor:
+            values["bucket"] = self.default_bucket(visitor, "hf_jobs")
+        spec = RunSpec.from_dict(values).check()
         if spec.executor == "hf_jobs":
             problems = hardware_problems(spec, self.flavors())
             if problems:
@@ -131,9 +135,11 @@ class Panel:
         """The problems to fix, or the jobs as they will be submitted with an estimated cost and a fingerprint."""
         visitor = as_visitor(visitor)
         try:
-            spec = self.build_spec(values, run_id)
+            spec = self.build_spec(values, run_id, visitor)
         except SpecError as exc:
-            return Preview(_errors_markdown(exc))
+            hint = "" if acting_token(visitor, self.settings) or values.get("executor") != "hf_jobs" else (
+                f"\n\n{no_token_reason(self.settings)}")
+            return Preview(_errors_markdown(exc) + hint)
         jobs = recipe.preview_jobs(spec)
         lines = [(f"**{len(jobs)} job(s)** of run `{spec.run_id}`, image `{spec.image}`, TRL {recipe.TRL_VERSION}, "
                   f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
@@ -180,8 +186,10 @@ class Panel:
         A run on HF Jobs costs money: it is launched only when `confirmed` is the fingerprint of the preview the
         visitor reviewed and that fingerprint is still the form's; otherwise the answer carries a fresh preview."""
         visitor = as_visitor(visitor)
+        if values.get("executor") == "hf_jobs" and not acting_token(visitor, self.settings):
+            return LaunchResult(f"**Not launched.** {no_token_reason(self.settings)}")
         try:
-            spec = self.build_spec(values, run_id)
+            spec = self.build_spec(values, run_id, visitor)
             token = self._control_token(spec.executor, spec.bucket_namespace, visitor)
             if spec.executor == "hf_jobs":
                 expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60)

@@ -54,7 +54,8 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> dict[str, gr.com
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
         f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
-                                 info="local processes on this machine, or Hugging Face Jobs")
+                                 info="local processes on this machine, or Hugging Face Jobs" if "local" in executors
+                                 else "Hugging Face Jobs, with your own account")
     with gr.Row():
         f["model"] = _field("model", "Model", initial,
                             info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")

@@ -32,6 +32,7 @@ stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_pos
 pagination), `requests` (every call, Authorization header removed).
 """
 
+import base64
 import hashlib
 import json
 import re
@@ -66,6 +67,18 @@ HARDWARE = [
      "ephemeralStorage": "1500 GB",
      "accelerator": {"type": "gpu", "model": "L4", "quantity": "4", "vram": "96 GB", "manufacturer": "Nvidia"},
      "unitCostMicroUSD": 63333, "unitCostUSD": 0.063333, "unitLabel": "minute"},
+    {"name": "a10g-large", "prettyName": "Nvidia A10G - large", "cpu": "12 vCPU", "ram": "46 GB",
+     "ephemeralStorage": "200 GB",
+     "accelerator": {"type": "gpu", "model": "A10G", "quantity": "1", "vram": "24 GB", "manufacturer": "Nvidia"},
+     "unitCostMicroUSD": 25000, "unitCostUSD": 0.025, "unitLabel": "minute"},
+    {"name": "l40sx1", "prettyName": "Nvidia 1xL40S", "cpu": "8 vCPU", "ram": "62 GB",
+     "ephemeralStorage": "380 GB",
+     "accelerator": {"type": "gpu", "model": "L40S", "quantity": "1", "vram": "48 GB", "manufacturer": "Nvidia"},
+     "unitCostMicroUSD": 30000, "unitCostUSD": 0.03, "unitLabel": "minute"},
+    {"name": "a100-large", "prettyName": "Nvidia A100 - large", "cpu": "12 vCPU", "ram": "142 GB",
+     "ephemeralStorage": "1000 GB",
+     "accelerator": {"type": "gpu", "model": "A100", "quantity": "1", "vram": "80 GB", "manufacturer": "Nvidia"},
+     "unitCostMicroUSD": 41667, "unitCostUSD": 0.041667, "unitLabel": "minute"},
 ]
 
 
@@ -434,6 +447,27 @@ class FakeHub:
             wanted = [p for p in (body or {}).get("paths", []) if p in bucket.files]
             return Reply(200, [_file_json(p, bucket.files[p]) for p in wanted])
 
+    def _fake_put_files(self, user: FakeUser, body: Any, **_: Any) -> Reply:
+        bucket_id = body["bucket"]
+        if bucket_id not in self.buckets or not self._may_write(user, bucket_id.split("/")[0]):
+            return Reply(403, {"error": f"may not write to bucket {bucket_id}"})
+        for path, data in body.get("add", {}).items():
+            self.put_file(bucket_id, path, base64.b64decode(data))
+            self.transfers.append(("upload", bucket_id, path))
+        return Reply(200, {})
+
+    def _fake_read_file(self, user: FakeUser, body: Any, **_: Any) -> Reply:
+        bucket_id, path = body["bucket"], body["path"]
+        if self.bucket_read_error:
+            return Reply(self.bucket_read_error, {"error": "bucket storage unavailable"})
+        if bucket_id not in self.buckets or not self._may_read(user, bucket_id.split("/")[0]):
+            return Reply(403, {"error": f"may not read bucket {bucket_id}"})
+        stored = self.buckets[bucket_id].files.get(path)
+        if stored is None:
+            return Reply(404, {"error": f"{path} not in bucket {bucket_id}"})
+        self.transfers.append(("download", bucket_id, path))
+        return Reply(200, {"data": base64.b64encode(stored.data).decode()})
+
     def _find_bucket(self, user: FakeUser, ns: str, name: str) -> FakeBucket | Reply:
         bucket = self.buckets.get(f"{ns}/{name}")
         if bucket is None or not self._may_read(user, ns):
@@ -506,7 +540,48 @@ _ROUTES = [
     ("GET", _BUCKET, "bucket_info"),
     ("GET", _BUCKET + r"/tree(?:/(?P<prefix>.+))?", "bucket_tree"),
     ("POST", _BUCKET + "/paths-info", "paths_info"),
+    # Test-only: bucket bytes for a panel running in another process (the real client moves them over Xet).
+    ("POST", r"/_fake/bucket-files", "fake_put_files"),
+    ("POST", r"/_fake/bucket-files/read", "fake_read_file"),
 ]
+
+
+def install_remote_bucket_transfers(hub_url: str) -> None:
+    """In a process that is not the fake's (the panel started as a Space), move bucket bytes through the fake's
+    test-only routes instead of Xet. `HfApi.batch_bucket_files` and `download_bucket_files` are replaced for good."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import HfApi
+
+    def call(api, token, route: str, payload: dict) -> dict:
+        request = urllib.request.Request(f"{hub_url}{route}", data=json.dumps(payload).encode(), method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {token or api.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as err:
+            raise OSError(f"{err.code}: {err.read().decode(errors='replace')}") from None
+
+    def batch_bucket_files(api, bucket_id, *, add=None, copy=None, delete=None, token=None):
+        files = {dest: base64.b64encode(src if isinstance(src, bytes) else Path(src).read_bytes()).decode()
+                 for src, dest in add or []}
+        call(api, token, "/_fake/bucket-files", {"bucket": bucket_id, "add": files})
+
+    def download_bucket_files(api, bucket_id, files, *, raise_on_missing_files=False, token=None):
+        for remote, local in files:
+            path = remote if isinstance(remote, str) else remote.path
+            try:
+                data = call(api, token, "/_fake/bucket-files/read", {"bucket": bucket_id, "path": path})["data"]
+            except OSError as err:
+                if str(err).startswith("404") and not raise_on_missing_files:
+                    continue
+                raise
+            _write_local(str(local), base64.b64decode(data))
+
+    HfApi.batch_bucket_files = batch_bucket_files
+    HfApi.download_bucket_files = download_bucket_files
 
 
 def _hex_id(seed: str) -> str:

@@ -310,3 +310,16 @@ def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, make_panel):
     assert urls == [f"https://{job_id}-p8000.jobs.example" for job_id in replica_ids]
     assert [(v["mountPath"], v.get("readOnly", False)) for v in trainer.json["volumes"]] == [("/bucket", False)]
     assert "runtime.train_async" in trainer.json["command"][-1]
+
+
+def test_local_runs_on_a_space_belong_to_its_owner_when_turned_on(hub, make_panel):
+    panel = make_panel(on_space=True, local_runs="owner", space_owner="acme")
+    tiny = {"executor": "local", "max_steps": 1}
+    refused = panel.launch(tiny, Visitor(CAROL, "carol"))
+    assert refused.run_id is None and "belong to its owner (acme)" in refused.message
+    assert panel.launch(tiny, None).run_id is None
+    assert panel.local.list_jobs() == []
+    assert all(row[1] != "local" for row in panel.runs_table(Visitor(CAROL, "carol")))
+    from backend.access import local_runs_problem
+
+    assert local_runs_problem(Visitor(BOB, "bob"), panel.settings) is None, "a member of the owning org may"

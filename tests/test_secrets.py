@@ -65,3 +65,23 @@ def test_a_local_job_does_not_inherit_the_panels_token(tmp_path, monkeypatch):
     assert executor.wait(job_id, 30).stage == "COMPLETED"
     assert executor.read_logs(job_id, 0)[0] == ["False False"]
     executor.shutdown()
+
+
+def test_a_failed_event_written_raw_into_the_bucket_is_shown_masked(tmp_path):
+    from backend.runview import RunView
+    from backend.store import FolderStore
+    from panel import dashboard
+
+    store = FolderStore(str(tmp_path))
+    events = tmp_path / "runs" / "r1" / layout.EVENTS_DIR
+    events.mkdir(parents=True)
+    (events / "trainer-000000.jsonl").write_text(json.dumps(
+        {"time": 1.0, "event": "failed", "error": f"OSError: token MYVAR_{OAUTH} refused"}) + "\n")
+
+    class NoJobs:
+        name = "local"
+
+    view = RunView("r1", store, NoJobs(), {})
+    view.refresh()
+    status = dashboard.status_markdown(view)
+    assert "OSError: token MYVAR_hf_***" in status and OAUTH not in status

@@ -1,0 +1,95 @@
+"""What the browser tests share: start the panel as a real process, drive Debian's chromium, read the page."""
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tail(path, lines: int = 60) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError as exc:
+        return f"(no log: {exc})"
+
+
+@contextlib.contextmanager
+def running_panel(script: str, env: dict, home, startup_s: float = 120.0, unset: tuple[str, ...] = ()):
+    """`python <script>` as its own process group on a free port; yields its URL; stops the group at the end.
+    `env` is added to this process's environment, without the variables named in `unset`."""
+    port = free_port()
+    env = {**{k: v for k, v in os.environ.items() if k not in unset}, "GRPO_PANEL_HOME": str(home),
+           "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False", **env}
+    log_path = os.path.join(str(home), "app.log")
+    os.makedirs(str(home), exist_ok=True)
+    log = open(log_path, "wb")
+    proc = subprocess.Popen([sys.executable, script], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + startup_s
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, tail(log_path)
+                assert time.time() < deadline, f"the panel did not answer within {startup_s:.0f} s:\n{tail(log_path)}"
+                time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)   # the panel stops its local jobs on exit
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def space_session_cookie(client_secret: str, token: str, username: str, expires_at: float) -> str:
+    """The `session` cookie Gradio's OAuth callback would set for a signed-in visitor: Starlette's
+    SessionMiddleware format (base64 JSON, itsdangerous TimestampSigner) under Gradio's key,
+    sha256(OAUTH_CLIENT_SECRET + "-v4")."""
+    import itsdangerous
+
+    oauth_info = {"access_token": token, "token_type": "bearer", "scope": "openid profile jobs",
+                  "expires_at": int(expires_at), "expires_in": int(expires_at - time.time()),
+                  "userinfo": {"sub": hashlib.sha1(username.encode()).hexdigest()[:24], "name": username.title(),
+                               "preferred_username": username, "profile": f"https://huggingface.co/{username}",
+                               "picture": "", "website": ""}}
+    key = hashlib.sha256((client_secret + "-v4").encode()).hexdigest()
+    data = base64.b64encode(json.dumps({"oauth_info": oauth_info}).encode())
+    return itsdangerous.TimestampSigner(key).sign(data).decode()
+
+
+def text_of(page, elem_id: str) -> str:
+    return page.evaluate("(id) => { const e = document.getElementById(id); return e ? e.innerText : ''; }", elem_id)
+
+
+def wait_for_text(page, elem_id: str, pattern: str, timeout_ms: int = 30000) -> str:
+    """The element's text once it matches the regular expression `pattern` (case-insensitive)."""
+    page.wait_for_function("""([id, pattern]) => {
+        const e = document.getElementById(id);
+        return e && new RegExp(pattern, 'i').test(e.innerText);
+    }""", arg=[elem_id, pattern], timeout=timeout_ms)
+    return text_of(page, elem_id)

@@ -1,0 +1,169 @@
+"""The panel as a Hugging Face Space, through Gradio's own request handling, in a real browser.
+
+`app.py` runs as a Space runs it (SPACE_ID, SYSTEM=spaces, OAuth client variables) against the loopback fake
+Hub. Visitors are signed in the way Gradio's OAuth callback signs them in: a signed `session` cookie holding
+their OAuth access token, so every click reaches the handlers through Gradio's OAuth injection, sessions and
+queue, exactly as on a Space.
+"""
+
+import re
+import time
+
+import pytest
+
+from tests.browser_helpers import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    running_panel,
+    space_session_cookie,
+    tail,
+    text_of,
+    wait_for_text,
+)
+from tests.fakehub import FakeHub, FakeUser, wait_until
+
+pytestmark = pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")
+
+CLIENT_SECRET = "fake-oauth-client-secret"
+ALICE = "hf_oauth_aliceSpaceVisitor00000000000"
+BOB = "hf_oauth_bobSpaceVisitor0000000000000"
+CAROL = "hf_oauth_carolSpaceVisitor000000000000"
+PLANTED = "hf_" + "PlAnTeDiNaLoGlInEpLaNtEdInAlOgLiN"
+
+
+@pytest.fixture(scope="module")
+def hub():
+    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), BOB: FakeUser("bob", {"acme": "write"}),
+                         CAROL: FakeUser("carol")}).start()
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def space(hub, tmp_path_factory):
+    home = tmp_path_factory.mktemp("space-home")
+    env = {"SPACE_ID": "alice/grpo-panel", "SYSTEM": "spaces", "SPACE_AUTHOR_NAME": "alice",
+           "OAUTH_CLIENT_ID": "fake-client", "OAUTH_CLIENT_SECRET": CLIENT_SECRET,
+           "OAUTH_SCOPES": "openid profile jobs", "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url,
+           "HF_HOME": str(home / "hf-home")}
+    with running_panel("tests/space_app.py", env, home, unset=("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+        yield url, home
+
+
+@pytest.fixture(scope="module")
+def browser(space):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def visit(browser, space, request):
+    """`visit(token, username)` opens the Space in a browser context of its own, signed in (or anonymous)."""
+    url, home = space
+    contexts = []
+
+    def open_page(token: str | None = None, username: str | None = None):
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        contexts.append(context)
+        if token:
+            cookie = space_session_cookie(CLIENT_SECRET, token, username, time.time() + 8 * 3600)
+            context.add_cookies([{"name": "session", "value": cookie, "url": url}])
+        page = context.new_page()
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        return page
+
+    yield open_page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for i, context in enumerate(contexts):
+            for page in context.pages:
+                page.screenshot(path=str(home / f"{request.node.name}-{i}.png"), full_page=True)
+        print(f"--- panel log tail:\n{tail(home / 'app.log')}")
+    for context in contexts:
+        context.close()
+
+
+def _textbox(page, name: str):
+    return page.locator(f"#f-{name} textarea, #f-{name} input").first
+
+
+def _launch_reviewed(page) -> tuple[str, str]:
+    """Preview, tick the review box, launch: the clicks a visitor makes. Returns (preview, launch message)."""
+    page.locator("#preview-btn").click()
+    preview = wait_for_text(page, "launch-msg", "review code|fix these fields|sign in")
+    page.locator("#confirm input").check()
+    page.locator("#launch-btn").click()
+    page.wait_for_function("(before) => document.getElementById('launch-msg').innerText !== before",
+                           arg=preview, timeout=30000)
+    return preview, wait_for_text(page, "launch-msg", "launched|sign in")
+
+
+def _run_id(message: str) -> str:
+    match = re.search(r"Launched run (\S+)", message)
+    assert match, message
+    return match.group(1)
+
+
+def test_a_signed_in_newcomer_launches_on_hf_jobs_in_three_clicks(visit, hub):
+    started = time.monotonic()
+    page = visit(ALICE, "alice")
+    options = page.locator("#f-executor input").evaluate_all("(els) => els.map(e => e.value)")
+    assert options == ["hf_jobs"], "a Space offers no local runs unless its owner turns them on"
+    preview, message = _launch_reviewed(page)
+    assert "hf://buckets/alice/grpo-runs" in preview and "--namespace alice" in preview, preview
+    run_id = _run_id(message)
+    print(f"page load to launched run: {time.monotonic() - started:.1f} s, 3 clicks after signing in")
+
+    [post] = [p for p in hub.job_posts() if p.json["labels"]["grpo-panel-run"] == run_id]
+    assert post.user == "alice" and post.path == "/api/jobs/alice"
+    assert post.json["secrets"] == {"HF_TOKEN": ALICE}, "the visitor's token travels as a secret only"
+    body_without_secrets = {k: v for k, v in post.json.items() if k != "secrets"}
+    assert ALICE not in str(body_without_secrets)
+    spec = hub.buckets["alice/grpo-runs"].files[f"runs/{run_id}/spec.json"].data.decode()
+    assert ALICE not in spec and '"bucket": "alice/grpo-runs"' in spec
+    assert hub.buckets["alice/grpo-runs"].private, "the bucket made on first launch is private"
+
+
+def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothing(visit, hub):
+    alice = visit(ALICE, "alice")
+    alice.get_by_text("Hardware and storage", exact=True).click()
+    _textbox(alice, "bucket").fill("acme/grpo-runs")
+    _textbox(alice, "bucket").press("Tab")
+    run_id = _run_id(_launch_reviewed(alice)[1])
+    [job] = [j for j in hub.jobs.values() if j.spec["labels"]["grpo-panel-run"] == run_id]
+    hub.set_stage(job.id, "RUNNING")
+    hub.append_logs(job.id, f"step 1/500 reward 0.1 with HF_TOKEN={ALICE} and {PLANTED}_x printed by user code")
+
+    bob = visit(BOB, "bob")
+    bob.get_by_role("tab", name="Runs").click()
+    wait_for_text(bob, "runs-table", re.escape(run_id))
+    bob.locator("#run-pick input").first.click()
+    bob.get_by_role("option", name=run_id).click()
+    wait_for_text(bob, "run-status", re.escape(run_id))
+    bob.wait_for_function("() => document.querySelector('#log-box textarea').value.includes('step 1/500')",
+                          timeout=30000)
+    log = bob.locator("#log-box textarea").input_value()
+    assert ALICE not in log and PLANTED not in log and "hf_***" in log, log
+
+    carol = visit(CAROL, "carol")
+    carol.get_by_role("tab", name="Runs").click()
+    carol.wait_for_timeout(5000)                       # two timer ticks
+    assert run_id not in text_of(carol, "runs-table")
+    anonymous = visit()
+    anonymous.get_by_role("tab", name="Runs").click()
+    wait_for_text(anonymous, "runs-hint", "sign in")
+    assert run_id not in text_of(anonymous, "runs-table")
+    anonymous.get_by_role("tab", name="Launch").click()
+    posts = len(hub.job_posts())
+    assert "sign in" in _launch_reviewed(anonymous)[1].lower()
+    assert len(hub.job_posts()) == posts, "an anonymous click submits nothing"
+
+    bob.locator("#cancel-btn").click()
+    wait_for_text(bob, "action-msg", "cancel requested")
+    wait_until(lambda: job.stage == "CANCELED", timeout=10)
+    assert [r.user for r in hub.requests if r.path.endswith(f"{job.id}/cancel")] == ["bob"]
