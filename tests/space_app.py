@@ -11,10 +11,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.fakehub import install_remote_bucket_transfers  # noqa: E402
+from tests.fakehub import install_remote_bucket_transfers
 
 if __name__ == "__main__":
     install_remote_bucket_transfers(os.environ["HF_ENDPOINT"])
-    import app  # noqa: E402
+    import app
 
     app.main()
