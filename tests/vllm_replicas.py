@@ -17,6 +17,7 @@ import time
 
 import requests
 
+from backend.recipe import split_cores
 from backend.runtime.tiny_model import ensure_tiny_model
 from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
 
@@ -49,8 +50,11 @@ class ReplicaPool:
     def _start(self, i: int) -> None:
         args = vllm_server_args(self.model_dir, self.ports[i], MAX_LORA_RANK, MAX_STALENESS, host="127.0.0.1",
                                 dtype="float32", extra_args=("--api-key", API_KEY))
-        # vLLM's ZMQ sockets go in the pool's own folder (removed at stop), not /tmp where a kill would leave them.
-        env = {**os.environ, **vllm_server_env(cpu=True), "VLLM_RPC_BASE_PATH": self.workdir}
+        # vLLM's ZMQ sockets go in the pool's own folder (removed at stop), not /tmp where a kill would leave them;
+        # each replica gets cores of its own, as the recipe gives local replicas.
+        cores = split_cores(list(os.sched_getaffinity(0)), len(self.ports))[i]
+        env = {**os.environ, **vllm_server_env(cpu=True), "VLLM_RPC_BASE_PATH": self.workdir,
+               "VLLM_CPU_OMP_THREADS_BIND": cores}
         with open(self.log_path(i), "ab") as log:
             self.procs[i] = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
                                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

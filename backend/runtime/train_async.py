@@ -2,11 +2,12 @@
 
     PYTHONPATH=<run_dir>/code python -m runtime.train_async --run-dir <run_dir> --replica URL [--replica URL ...]
 
-Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy runs in a thread of this
-process on a free local port, writing per-replica stats into <run_dir>/metrics as `proxy-*` fragments. Each
-weight sync publishes the adapter as <run_dir>/.vllm_lora/trl-policy-v<N> (the bucket every replica mounts)
-and loads it on every replica. Metrics go to <run_dir>/metrics as `trainer-*` fragments, checkpoints to
-<run_dir>/checkpoints (a preempted run started again resumes from them), the last adapter to <run_dir>/final.
+Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy runs as a child process
+(its event loop free of the trainer's GIL) on a free local port, writing per-replica stats into
+<run_dir>/metrics as `proxy-*` fragments. Each weight sync publishes the adapter as
+<run_dir>/.vllm_lora/trl-policy-v<N> (the bucket every replica mounts) and loads it on every replica. Metrics
+go to <run_dir>/metrics as `trainer-*` fragments, checkpoints to <run_dir>/checkpoints (a preempted run
+started again resumes from them), the last adapter to <run_dir>/final.
 """
 
 import argparse
@@ -24,7 +25,7 @@ from .cpu_fallbacks import install_cpu_fallbacks
 from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, adapter_name, write_event
 from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publish_adapter
 from .prompts import load_prompts
-from .proxy import start_proxy
+from .proxy import start_proxy_process
 from .redact import remember_env_secrets
 from .rewards import reward_functions
 from .tiny_model import no_progress_bars
@@ -156,7 +157,7 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
 
 
 def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float) -> None:
-    proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
+    proxy = start_proxy_process(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
     try:
         healthy = wait_for_replicas(proxy.url, replica_wait_s)
         patched = install_cpu_fallbacks()

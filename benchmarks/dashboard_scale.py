@@ -1,0 +1,257 @@
+"""How the dashboard's cost grows with a run's length and with the number of people watching it.
+
+    python benchmarks/dashboard_scale.py [--sizes 1000 10000 100000] [--ticks 7]
+
+Synthesises live distributed runs in the project's real format (metric fragments of 10 rows, one event fragment
+per event, an adapter version every 20 steps, proxy stats every 10 steps, 1 Hz resource samples for three local
+jobs, a trainer log) at each size, then measures what one timer tick costs after 10 new rows: reading what is
+new, building the frame, and Gradio's postprocessing (what goes to the browser). Sizes are measured
+interleaved, tick by tick, so the ratios compare like with like on a noisy machine. Also: the first open of each
+run, the panel's RSS with the largest run open (a fresh process each), and a tick served to 10 sessions at once
+against one. Prints figures; asserts nothing.
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT]
+
+ROWS_PER_FRAGMENT = 10
+ADAPTER_EVERY = 20
+PROXY_EVERY = 10
+JOBS = ("trainer", "vllm-0", "vllm-1")
+
+
+def record(step: int, t0: float) -> dict:
+    x = step / 1000.0
+    return {"step": step, "time": t0 + step, "reward": 0.5 + 0.4 * (x % 1), "reward_std": 0.1,
+            "rewards/digits": 0.5 + 0.4 * (x % 1), "kl": 0.01 * (step % 7), "entropy": 1.2, "loss": 0.03,
+            "grad_norm": 0.8, "learning_rate": 5e-3, "completion_length": 14.0, "tokens_per_s": 900.0 + step % 50,
+            "gen_tokens_per_s": 1800.0, "train_tokens_per_s": 900.0, "step_time": 1.0, "staleness_mean": 0.5,
+            "staleness_max": 1.0, "dropped_stale_total": 0.0, "ratio": 1.0 + 0.0003 * ((step % 5) - 2),
+            "weight_sync_s": 0.2, "time_in_queue_s": 0.3, "policy_version": step // ADAPTER_EVERY}
+
+
+class SyntheticRun:
+    """A live distributed run of `rows` logged steps in a local panel home; `grow()` adds what a tick brings."""
+
+    def __init__(self, home: str, rows: int):
+        from backend.runtime import layout
+        from backend.spec import RunSpec
+
+        self.home, self.rows, self.t0 = home, rows, time.time() - rows
+        self.spec = RunSpec(name=f"scale-{rows}", mode="distributed", max_steps=rows * 10, bucket="local/bench",
+                            run_id=f"scale-{rows}")
+        self.run_dir = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(self.spec.run_id))
+        self.metrics = os.path.join(self.run_dir, layout.METRICS_DIR)
+        self.events = os.path.join(self.run_dir, layout.EVENTS_DIR)
+        for folder in (self.metrics, self.events):
+            os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(self.run_dir, layout.SPEC_FILE), "w") as f:
+            f.write(self.spec.to_json())
+        self.fragment = self.proxy_fragment = self.event_fragment = 0
+        self.step = 0
+        self.job_ids = {}
+        for role in JOBS:
+            self.job_ids[role] = self._make_job(role)
+        self._write_steps(rows, history=True)
+
+    def _make_job(self, role: str) -> str:
+        job_id = f"{self.spec.run_id}--{role}--000000"
+        folder = os.path.join(self.home, "jobs", job_id)
+        os.makedirs(folder, exist_ok=True)
+        spec = {"run_id": self.spec.run_id, "role": role, "flavor": "local",
+                "volumes": [{"bucket": "local/bench", "mount_path": "/bucket", "read_only": False}]}
+        with open(os.path.join(folder, "job.json"), "w") as f:
+            json.dump({"job_id": job_id, "spec": spec, "created_at": self.t0, "pid": os.getpid()}, f)
+        with open(os.path.join(folder, "status.json"), "w") as f:
+            json.dump({"stage": "RUNNING", "message": "", "time": self.t0}, f)
+        return job_id
+
+    def _write_steps(self, count: int, history: bool = False) -> None:
+        from backend.runtime import layout
+
+        job_dirs = {role: os.path.join(self.home, "jobs", job_id) for role, job_id in self.job_ids.items()}
+        logs = {role: open(os.path.join(job_dirs[role], "log.txt"), "a") for role in JOBS}
+        samples = {role: open(os.path.join(job_dirs[role], "resources.jsonl"), "a") for role in JOBS}
+        try:
+            pending = []
+            for _ in range(count):
+                self.step += 1
+                step, t = self.step, self.t0 + self.step
+                pending.append(record(step, self.t0))
+                if len(pending) == ROWS_PER_FRAGMENT:
+                    self._fragment(self.metrics, "trainer", self.fragment, pending)
+                    self.fragment, pending = self.fragment + 1, []
+                if step % PROXY_EVERY == 0:
+                    replicas = [{"url": f"http://127.0.0.1:{8000 + i}", "healthy": True, "in_flight": 3,
+                                 "served": step * 4, "errors": 0, "adapters": [layout.adapter_name(step // 20)]}
+                                for i in range(2)]
+                    self._fragment(self.metrics, "proxy", self.proxy_fragment, [{"time": t, "replicas": replicas}])
+                    self.proxy_fragment += 1
+                if step % ADAPTER_EVERY == 0:
+                    self._adapter(step // ADAPTER_EVERY, step, t)
+                for role in JOBS:
+                    logs[role].write(f"step {step}/{self.spec.max_steps}  reward 0.500  {t - self.t0:.1f}s\n")
+                    samples[role].write(json.dumps({"time": t, "cpu_percent": 95.0, "ram_bytes": 2**30}) + "\n")
+            if pending:
+                self._fragment(self.metrics, "trainer", self.fragment, pending)
+                self.fragment += 1
+        finally:
+            for f in [*logs.values(), *samples.values()]:
+                f.close()
+
+    def _fragment(self, folder: str, writer: str, seq: int, records: list[dict]) -> None:
+        from backend.runtime.layout import fragment_name
+
+        with open(os.path.join(folder, fragment_name(writer, seq)), "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in records))
+
+    def _adapter(self, version: int, step: int, t: float) -> None:
+        from backend.runtime import layout
+
+        folder = os.path.join(self.run_dir, layout.ADAPTERS_DIR, layout.adapter_name(version))
+        os.makedirs(folder, exist_ok=True)
+        for name, data in (("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"x" * 4096),
+                           (layout.ADAPTER_META_FILE, json.dumps({"version": version, "step": step,
+                                                                   "time": t}).encode())):
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+        self._fragment(self.events, "trainer", self.event_fragment,
+                       [{"time": t, "event": "adapter_published", "name": layout.adapter_name(version)}])
+        self.event_fragment += 1
+
+    def grow(self, rows: int = 10) -> None:
+        self._write_steps(rows)
+
+
+def payload_bytes(values: list) -> int:
+    """The bytes Gradio would send for these outputs: each component's postprocessed value, as JSON."""
+    import gradio as gr
+
+    total = 0
+    for value in values:
+        if value is None or isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1:
+            continue
+        if hasattr(value, "to_json") or type(value).__name__ == "PlotData":
+            out = gr.Plot().postprocess(value)
+            total += len(out.model_dump_json())
+        elif isinstance(value, list):
+            total += len(gr.Dataframe().postprocess(value).model_dump_json()) if value else 2
+        elif isinstance(value, str):
+            total += len(json.dumps(value))
+    return total
+
+
+def session_tick(panel, run_id: str, state: dict) -> int:
+    """What one browser session's timer tick does; returns the payload bytes it sends."""
+    from panel import live
+
+    update = live.dashboard_update(panel, run_id, state, visitor=None)
+    return payload_bytes(update.outputs())
+
+
+def measure(args) -> None:
+    import psutil
+
+    from panel.actions import Panel, Settings
+
+    home = tempfile.mkdtemp(prefix="grpo-scale-")
+    runs = {}
+    for rows in args.sizes:
+        began = time.perf_counter()
+        runs[rows] = SyntheticRun(home, rows)
+        print(f"synthesised {rows:>7} rows in {time.perf_counter() - began:5.1f} s")
+    panel = Panel(Settings(home=home, on_space=False, host="127.0.0.1"))
+    warm = SyntheticRun(home, 10)            # imports and first-use costs (gradio, plotly) out of the way
+    session_tick(panel, warm.spec.run_id, {})
+
+    first_open = {}
+    states = {}
+    for rows, run in runs.items():
+        gc.collect()
+        began = time.perf_counter()
+        states[rows] = {}
+        session_tick(panel, run.spec.run_id, states[rows])
+        first_open[rows] = time.perf_counter() - began
+
+    ticks = {rows: [] for rows in runs}
+    payloads = {rows: [] for rows in runs}
+    for _ in range(args.ticks):
+        for rows, run in runs.items():      # interleaved: every size sees the same machine moment
+            run.grow(10)
+            began = time.perf_counter()
+            payloads[rows].append(session_tick(panel, run.spec.run_id, states[rows]))
+            ticks[rows].append(time.perf_counter() - began)
+
+    small, large = min(runs), max(runs)
+    print("\nrows     first open   tick min   tick median   payload/tick (median)")
+    for rows in runs:
+        print(f"{rows:>7}   {first_open[rows]:8.2f} s   {min(ticks[rows]) * 1e3:6.1f} ms   "
+              f"{statistics.median(ticks[rows]) * 1e3:8.1f} ms   {statistics.median(payloads[rows]) / 1e3:8.1f} KB")
+    print(f"tick({large}) / tick({small}): min {min(ticks[large]) / min(ticks[small]):.2f}, "
+          f"median {statistics.median(ticks[large]) / statistics.median(ticks[small]):.2f}")
+
+    run = runs[large]
+    one, ten = [], []
+    for _ in range(args.ticks):
+        for sessions, out in ((1, one), (10, ten)):
+            run.grow(10)
+            fresh = [{} for _ in range(sessions)]
+            for state in fresh:                 # every session has drawn the run once already
+                state.update(states[large])
+            cpu = time.process_time()
+            threads = [threading.Thread(target=session_tick, args=(panel, run.spec.run_id, s)) for s in fresh]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            out.append(time.process_time() - cpu)
+            states[large] = fresh[0]
+    ratio_median = statistics.median(ten) / max(statistics.median(one), 1e-9)
+    print(f"CPU per tick on the {large}-row run: 1 session median {statistics.median(one) * 1e3:.1f} ms, "
+          f"10 sessions median {statistics.median(ten) * 1e3:.1f} ms: ratio {ratio_median:.2f} "
+          f"(min {min(ten) / max(min(one), 1e-9):.2f})")
+    panel.shutdown()
+    print(f"this process's RSS now: {psutil.Process().memory_info().rss / 2**20:.0f} MiB")
+    rss(home, run.spec.run_id)
+
+
+def rss(home: str, run_id: str) -> None:
+    """Panel RSS idle and with the run open, in a fresh process (nothing else held)."""
+    code = f"""
+import gc, os, sys, psutil
+sys.path[:0] = [{ROOT!r}]
+from panel.actions import Panel, Settings
+import panel.ui, panel.live
+panel_ = Panel(Settings(home={home!r}, on_space=False, host="127.0.0.1"))
+gc.collect(); idle = psutil.Process().memory_info().rss
+sys.path[:0] = [{os.path.join(ROOT, 'benchmarks')!r}]
+from dashboard_scale import session_tick
+session_tick(panel_, {run_id!r}, {{}})
+gc.collect(); opened = psutil.Process().memory_info().rss
+print(f"panel RSS idle {{idle / 2**20:.0f}} MiB, with the {run_id} run open {{opened / 2**20:.0f}} MiB: "
+      f"ratio {{opened / idle:.2f}}")
+panel_.shutdown()
+"""
+    print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--ticks", type=int, default=7)
+    measure(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Bounded series: the sketch keeps a series' shape in a fixed number of points, whatever its length."""
+
+import random
+
+from backend.series import SeriesTable, Sketch
+
+
+def _from_scratch(points, width):
+    """Buckets of `width` consecutive points, computed over the whole series at once."""
+    out = []
+    for start in range(0, len(points), width):
+        chunk = points[start:start + width]
+        lo = min(chunk, key=lambda p: p[1])
+        hi = max(chunk, key=lambda p: p[1])
+        out.append((len(chunk), chunk[0][0], chunk[-1][0], lo, hi, sum(p[1] for p in chunk)))
+    return out
+
+
+def test_the_incremental_sketch_equals_a_full_recomputation_on_random_data():
+    rng = random.Random(7)
+    for n in (1, 199, 200, 201, 1000, 12_345):
+        points = [(float(i), rng.gauss(0, 1)) for i in range(n)]
+        sketch = Sketch(budget=200, recent=10)
+        for x, y in points:
+            sketch.append(x, y)
+        got = [(b.count, b.first_x, b.last_x, (b.lo_x, b.lo_y), (b.hi_x, b.hi_y), b.total) for b in sketch.buckets]
+        want = _from_scratch(points, sketch.width)
+        assert len(got) == len(want) <= 200
+        for g, w in zip(got, want):
+            assert g[:5] == w[:5] and abs(g[5] - w[5]) < 1e-6
+
+
+def test_a_drawn_series_keeps_its_extremes_its_last_point_and_a_fixed_size():
+    sketch = Sketch(budget=100, recent=20)
+    ys = [0.0] * 100_000
+    ys[1234], ys[87_650] = 9.0, -9.0
+    for x, y in enumerate(ys):
+        sketch.append(float(x), y)
+    xs, drawn = sketch.points()
+    assert len(xs) <= 2 * 100 + 20 and xs == sorted(xs)
+    assert 9.0 in drawn and -9.0 in drawn
+    assert xs[-20:] == [float(x) for x in range(99_980, 100_000)], "the newest points at full resolution"
+
+
+def test_a_table_keeps_columns_and_a_resumed_trainers_repeated_steps_replace_the_old_ones():
+    table = SeriesTable(budget=50, recent=5)
+    for step in range(1, 31):
+        table.add({"step": step, "time": 100.0 + step, "reward": step / 10, **({"kl": 0.1} if step % 2 else {})})
+    for step in range(21, 26):                       # resumed from checkpoint-20: 21.. logged again
+        table.add({"step": step, "time": 200.0 + step, "reward": -1.0})
+    assert [r["step"] for r in table.rows()] == list(range(1, 26))
+    assert [r["reward"] for r in table.rows(last=5)] == [-1.0] * 5
+    assert "kl" in table.rows()[0] and "kl" not in table.rows()[1]
+    xs, ys = table.sketch("reward").points()
+    assert xs[-1] == 25.0 and ys[-1] == -1.0 and 3.0 not in ys
+    assert table.sketch("reward", x="time").last == (225.0, -1.0)
