@@ -7,19 +7,25 @@ from a spec that does not validate.
 
 import dataclasses
 import json
+import math
 import os
 import re
 import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
+from backend.runtime import rewards as runtime_rewards
+from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
+from backend.runtime.user_code import code_problems, reward_function_names
 from backend.runtime.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
-BUILTIN_REWARDS = ("digits", "length_target", "format")
+BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
+TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
+REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_TIMEOUT_MIN = 7 * 24 * 60
 DEFAULT_MOUNT = "/bucket"
@@ -53,9 +59,32 @@ class RunSpec:
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
     model: str = field(default=BUILTIN_MODEL,
                        metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
-    dataset: str = field(default="builtin:count-to-ten",
-                         metadata={"help": "builtin:<name> or a Hub dataset id with a 'prompt' column"})
-    rewards: list[str] = field(default_factory=lambda: ["digits"])
+    # The task: data, prompt, rewards
+    dataset: str = field(default="builtin:count-to-ten", metadata={
+        "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
+    dataset_config: str = field(default="", metadata={"help": "the Hub dataset's config (subset); empty: its first"})
+    dataset_split: str = field(default="train", metadata={"help": "the Hub dataset's split to train on"})
+    prompt_column: str = field(default="prompt", metadata={
+        "help": "the column holding the prompt: plain text, or a list of {role, content} messages"})
+    reward_columns: list[str] = field(default_factory=list, metadata={
+        "help": "columns passed to the reward functions: 'solution' (same name) or 'solution=answer' (keyword=column)"})
+    system_prompt: str = field(default="", metadata={
+        "help": "a system message put first in every prompt (replacing the dataset's own); empty: none"})
+    max_prompt_tokens: int = field(default=512, metadata={
+        "help": "rows whose prompt (after the chat template) is longer are skipped; 0: no limit"})
+    rewards: list[str] = field(default_factory=lambda: ["digits"], metadata={
+        "help": "builtin and TRL reward functions; each is plotted as rewards/<name>"})
+    reward_weights: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "weight per reward name (default 1), e.g. accuracy_reward=1, think_format_reward=0.2"})
+    reward_code: str = field(default="", metadata={
+        "help": "your own reward functions: every top-level def f(completions, **kwargs) -> list[float]"})
+    overlong_max_tokens: int = field(default=0, metadata={
+        "help": "soft overlong punishment: the length limit L_max in tokens; 0: max_completion_length"})
+    overlong_cache_tokens: int = field(default=0, metadata={
+        "help": "soft overlong punishment: the last tokens before L_max over which the penalty grows to -1"})
+    repetition_ngram_size: int = field(default=3, metadata={"help": "repetition penalty: n-gram size in tokens"})
+    repetition_max_penalty: float = field(default=-1.0, metadata={
+        "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
     # LoRA
     lora_r: int = 8
     lora_alpha: int = 16
@@ -150,14 +179,7 @@ class RunSpec:
         need(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}")
         need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}")
         errs += _check_model(self.model, self.executor)
-        need(self.dataset in BUILTIN_DATASETS or bool(_HUB_ID.match(self.dataset or "")), "dataset",
-             f"use one of {', '.join(BUILTIN_DATASETS)} or a Hub dataset id like 'org/name'")
-        if self.dataset.startswith("builtin:") is False and self.executor == "local":
-            errs.append(FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset"))
-        bad_rewards = [r for r in self.rewards if r not in BUILTIN_REWARDS]
-        need(bool(self.rewards) and not bad_rewards, "rewards",
-             f"choose one or more of {', '.join(BUILTIN_REWARDS)}"
-             + (f" (unknown: {', '.join(bad_rewards)})" if bad_rewards else ""))
+        errs += self._task_errors()
         need(self.lora_r > 0, "lora_r", "LoRA rank must be a positive integer, e.g. 8 or 16")
         need(self.lora_r <= 512, "lora_r", f"LoRA rank above 512 is not served by vLLM; use one of {VLLM_LORA_RANKS}")
         need(self.lora_alpha > 0, "lora_alpha", "LoRA alpha must be positive, typically 2x the rank")
@@ -204,6 +226,28 @@ class RunSpec:
              "letters, digits, '-', '_', '.' only")
         return errs
 
+    @property
+    def reward_names(self) -> list[str]:
+        """Every reward of the run, as it is plotted: the chosen ones, then the reward code's functions."""
+        return [*self.rewards, *reward_function_names(self.reward_code)]
+
+    def _task_errors(self) -> list[FieldError]:
+        errs = _check_dataset(self.dataset, self.executor)
+        if not self.dataset.startswith("builtin:") and not is_local_file(self.dataset):
+            if self.dataset_config and not _NAME.match(self.dataset_config):
+                errs.append(FieldError("dataset_config", "letters, digits, '-', '_' or '.'; empty for the first"))
+            if not _NAME.match(self.dataset_split or ""):
+                errs.append(FieldError("dataset_split", "name a split such as train"))
+        if not self.prompt_column or "\n" in self.prompt_column:
+            errs.append(FieldError("prompt_column", "name the column that holds the prompt, e.g. prompt"))
+        columns, problem = _check_reward_columns(self.reward_columns)
+        if problem:
+            errs.append(FieldError("reward_columns", problem))
+        errs += _check_rewards(self, columns)
+        if self.max_prompt_tokens < 0:
+            errs.append(FieldError("max_prompt_tokens", "must be >= 0 (0: no limit)"))
+        return errs
+
     def check(self) -> "RunSpec":
         errors = self.validate()
         if errors:
@@ -226,6 +270,82 @@ def _check_model(model: str, executor: str) -> list[FieldError]:
     if not os.path.isfile(os.path.join(path, "config.json")):
         return [FieldError("model", f"{model!r} has no config.json; is it a transformers model folder?")]
     return []
+
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check_dataset(dataset: str, executor: str) -> list[FieldError]:
+    if dataset in BUILTIN_DATASETS:
+        return []
+    if is_local_file(dataset):
+        if not dataset.lower().endswith(FILE_SUFFIXES):
+            return [FieldError("dataset", f"{os.path.basename(dataset)!r} is not a .jsonl or .parquet file; "
+                                          "convert it, or give a Hub dataset id")]
+        return []
+    if not _HUB_ID.match(dataset or ""):
+        return [FieldError("dataset", f"use one of {', '.join(BUILTIN_DATASETS)}, a Hub dataset id like 'org/name', "
+                                      "or a local .jsonl / .parquet file")]
+    if executor == "local":
+        return [FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset or a local "
+                                      ".jsonl / .parquet file, or run on Hugging Face Jobs")]
+    return []
+
+
+def _check_reward_columns(entries: list[str]) -> tuple[set[str], str | None]:
+    """The reward keywords the mapped columns provide, or why the mapping is wrong."""
+    names = [e.partition("=")[0].strip() for e in entries]
+    columns = parse_reward_columns(entries)
+    for entry, name in zip(entries, names):
+        if not name.isidentifier():
+            return set(columns), (f"{entry!r}: the part before '=' is the keyword the reward functions receive; "
+                                  "it must be a Python name, e.g. solution or solution=answer")
+        if name in RESERVED_COLUMN_NAMES:
+            return set(columns), f"{name!r} is a name TRL passes itself; pass the column as another keyword"
+        if not columns[name]:
+            return set(columns), f"{entry!r}: name the dataset column after '='"
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        return set(columns), f"{', '.join(duplicates)} mapped more than once"
+    return set(columns), None
+
+
+def _check_rewards(spec: "RunSpec", columns: set[str]) -> list[FieldError]:
+    errs = []
+    bad = [r for r in spec.rewards if r not in REWARD_CHOICES]
+    if bad:
+        errs.append(FieldError("rewards", f"unknown: {', '.join(bad)}; choose from {', '.join(REWARD_CHOICES)}"))
+    for reward, column in runtime_rewards.NEEDS_COLUMN.items():
+        if reward in spec.rewards and column not in columns:
+            errs.append(FieldError("reward_columns", f"{reward} compares answers with a {column!r} column; map one "
+                                                     f"({column}, or {column}=<your column>)"))
+    problems = code_problems(spec.reward_code, columns) if spec.reward_code.strip() else []
+    errs += [FieldError("reward_code", str(p)) for p in problems]
+    code_names = reward_function_names(spec.reward_code)
+    clash = [n for n in code_names if n in REWARD_CHOICES]
+    if clash:
+        errs.append(FieldError("reward_code", f"{', '.join(clash)} is already a reward name; rename your function"))
+    if not spec.rewards and not code_names and not problems:
+        errs.append(FieldError("rewards", f"choose one or more of {', '.join(REWARD_CHOICES)}, or write your own "
+                                          "reward functions in reward_code"))
+    names = {*spec.rewards, *code_names}
+    unknown = [k for k in spec.reward_weights if k not in names]
+    if unknown and not problems:
+        errs.append(FieldError("reward_weights", f"no reward named {', '.join(unknown)} in this run; its rewards are "
+                                                 f"{', '.join(sorted(names))}"))
+    if any(not math.isfinite(w) for w in spec.reward_weights.values()):
+        errs.append(FieldError("reward_weights", "weights must be finite numbers"))
+    if "soft_overlong_punishment_reward" in spec.rewards:
+        limit = spec.overlong_max_tokens or spec.max_completion_length
+        if not 0 < spec.overlong_cache_tokens <= limit:
+            errs.append(FieldError("overlong_cache_tokens", f"set the zone before the {limit}-token limit where "
+                                                            f"the penalty grows: 1 to {limit} (e.g. {limit // 4})"))
+    if "repetition_penalty_reward" in spec.rewards:
+        if spec.repetition_ngram_size < 1:
+            errs.append(FieldError("repetition_ngram_size", "must be at least 1 token, e.g. 3"))
+        if spec.repetition_max_penalty > 0:
+            errs.append(FieldError("repetition_max_penalty", "a penalty: 0 or below, e.g. -1"))
+    return errs
 
 
 def bucket_name_problem(name: str) -> str | None:
@@ -275,6 +395,8 @@ def _coerce(value, tp):
         if not isinstance(value, str):
             raise TypeError(value)
         return value.strip()
+    if str(tp).startswith("dict"):
+        return _weights(value)
     if str(tp).startswith("list"):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -282,3 +404,15 @@ def _coerce(value, tp):
             raise TypeError(value)
         return [str(v) for v in value]
     return value
+
+
+def _weights(value) -> dict[str, float]:
+    """Reward weights from a form ("accuracy_reward=1, think_format_reward=0.2") or spec.json (a mapping)."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.replace("\n", ",").split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(value)
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        raise TypeError(value)
+    return {str(k): float(v) for k, v in value.items()}
