@@ -30,6 +30,16 @@ class Settings:
     # A visitor's Hub registry (its log readers, views and caches) is dropped after this long unused, so a
     # long-lived Space does not grow with every visitor and every refreshed OAuth token; it is rebuilt on demand.
     registry_idle_s: float = 3600.0
+    # The Hub's dataset viewer API, which previews Hub datasets (huggingface_hub has its URL only as a constant).
+    datasets_server: str = field(default_factory=lambda: os.environ.get("GRPO_PANEL_DATASETS_SERVER")
+                                 or _hub_constants().DATASETS_SERVER_ENDPOINT)
+    task_check_timeout_s: float = 15.0   # per reward function, on the sample completions
+
+
+def _hub_constants():
+    from huggingface_hub import constants
+
+    return constants
 
 
 class Refused(Exception):
@@ -108,6 +118,19 @@ class Panel:
         """A validated RunSpec from form values; raises SpecError listing every bad field."""
         return RunSpec.from_dict(values).check()
 
+    def check_task(self, values: dict, oauth_token: str | None = None, spec: RunSpec | None = None):
+        """The task check and preview (a TaskReport): dataset rows, the prompt as the model sees it, sample scores."""
+        from backend.task_check import TaskReport, check_task, task_errors
+
+        try:
+            spec = spec or RunSpec.from_dict(values)
+        except SpecError as exc:
+            return TaskReport(errors=exc.errors)
+        if task_errors(spec):
+            return TaskReport(errors=task_errors(spec))
+        token = self._token(oauth_token) if spec.executor == "hf_jobs" else None
+        return check_task(spec, token, self.settings.datasets_server, self.settings.task_check_timeout_s)
+
     def preview(self, values: dict) -> str:
         """Markdown: the problems to fix, or the jobs as `hf jobs run` commands with an estimated cost."""
         try:
@@ -166,6 +189,9 @@ class Panel:
                     return ("**Not launched yet.** Review the jobs and the cost, then tick *I reviewed the jobs "
                             "and the estimated cost* and press Launch again.\n\n" + self.preview(values)), None
             token = self._check_control(spec.executor, spec.bucket_namespace, oauth_token)
+            task = self.check_task(values, token, spec)
+            if task.errors:
+                raise SpecError(task.errors)
             if spec.executor == "local":
                 registry, secrets = self.local_runs, {}
             else:
@@ -177,7 +203,8 @@ class Panel:
             return f"**Not launched.** {redact_tokens(str(exc))}", None
         self._run_registry[spec.run_id] = registry
         jobs = ", ".join(f"{role} `{job_id}`" for role, job_id in launched.job_ids.items())
-        return f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}", spec.run_id
+        notes = "".join(f"\n\n⚠️ {w}" for w in task.warnings)
+        return f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}{notes}", spec.run_id
 
     def _flavor_problem(self, spec: RunSpec) -> str | None:
         flavors = {f.name: f for f in self.flavors()}

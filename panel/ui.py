@@ -2,10 +2,11 @@
 
 import gradio as gr
 
-from backend.spec import BUILTIN_DATASETS, BUILTIN_MODEL, BUILTIN_REWARDS, LORA_TARGET_CHOICES, RunSpec
+from backend.spec import BUILTIN_MODEL, LORA_TARGET_CHOICES, RunSpec
 from panel import dashboard
 from panel.actions import Panel, full_log_file
 from panel.presets import PRESETS, TINY_DEMO
+from panel.task_form import TaskSection
 
 TICK_S = 2.0
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
@@ -33,7 +34,7 @@ def _flavor_choices(flavors) -> list[tuple[str, str]]:
     return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
 
 
-def _form(panel: Panel) -> dict[str, gr.components.Component]:
+def _form(panel: Panel) -> tuple[dict[str, gr.components.Component], TaskSection]:
     f = {}
     with gr.Row():
         f["name"] = _field("name", "Run name")
@@ -41,11 +42,9 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
         f["executor"] = gr.Radio(["local", "hf_jobs"], value=_D.executor, label="Run on", elem_id="f-executor",
                                  info="local processes on this machine, or Hugging Face Jobs")
-    with gr.Row():
-        f["model"] = _field("model", "Model", info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
-        f["dataset"] = gr.Dropdown(list(BUILTIN_DATASETS), value=_D.dataset, allow_custom_value=True, label="Dataset",
-                                   elem_id="f-dataset", info="builtin prompt sets, or a Hub dataset id (HF Jobs)")
-        f["rewards"] = _field("rewards", "Rewards", choices=list(BUILTIN_REWARDS))
+    f["model"] = _field("model", "Model", info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
+    task = TaskSection.build()
+    f.update(task.fields)
     with gr.Accordion("LoRA", open=False):
         with gr.Row():
             f["lora_r"] = _field("lora_r", "Rank r")
@@ -95,7 +94,7 @@ def _form(panel: Panel) -> dict[str, gr.components.Component]:
         f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)")
         f["bucket"] = _field("bucket", "Bucket (namespace/name)")
         f["mount_path"] = _field("mount_path", "Mount path in every job")
-    return f
+    return f, task
 
 
 def build_ui(panel: Panel) -> gr.Blocks:
@@ -109,7 +108,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
                 preset = gr.Dropdown(list(PRESETS), value=TINY_DEMO, label="Preset", elem_id="preset")
-                form = _form(panel)
+                form, task = _form(panel)
                 names = list(form)
                 with gr.Row():
                     preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
@@ -153,6 +152,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         listed = gr.State(None)     # the runs table this browser session last received
 
         inputs = [form[n] for n in names]
+        task.wire(panel, names, inputs)
         dash_outputs = [status, reward_plot, staleness_plot, util_plot, memory_plot, kl_plot, length_plot,
                         ratio_plot, adapters, replicas]
 
