@@ -84,12 +84,13 @@ class TaskSection:
                                        elem_id="f-reward_code", interactive=True)
             check_btn = gr.Button("Check task", elem_id="check-task-btn")
             message = gr.Markdown(elem_id="task-msg")
+            scores = gr.Dataframe(label="Sample completions and their scores", interactive=False,
+                                  elem_id="task-scores", wrap=True)
             with gr.Row():
                 prompt = gr.Textbox(label="The first prompt, as the model sees it", lines=8, max_lines=16,
                                     interactive=False, elem_id="task-prompt")
-                scores = gr.Dataframe(label="Sample completions and their scores", interactive=False,
-                                      elem_id="task-scores", wrap=True)
-            rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows", wrap=True)
+                rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows",
+                                    wrap=True)
         upload.upload(lambda path: gr.update(value=path), upload, f["dataset"])
         return cls(f, check_btn, message, prompt, scores, rows)
 
@@ -142,11 +143,13 @@ def prompt_text(report) -> str:
 
 
 def scores_table(report) -> pd.DataFrame:
-    """One row per sample completion: its dataset row, what it is, and each reward's score."""
+    """One row per sample completion: its dataset row, what it is, each reward's score, and its text."""
     records = []
     for i, sample in enumerate(report.samples):
         record = {"row": sample["row"], "completion": sample["completion"]}
         for name, scores in report.scores.items():
             record[name] = "skipped (None)" if scores[i] is None else f"{scores[i]:.3f}"
+        text = sample["text"].replace("\n", " ")
+        record["text"] = text if len(text) <= 60 else text[:59] + "…"
         records.append(record)
     return pd.DataFrame(records)

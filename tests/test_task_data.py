@@ -99,7 +99,7 @@ def test_a_local_jsonl_is_previewed_with_its_columns_rows_and_the_templated_prom
     assert list(rows.columns) == ["question", "answer", "level"] and len(rows) == 5
     assert rows.iloc[0]["question"] == "What is 1 + 1?"
     assert prompt == f"{expected}\n\n[{report.prompt_tokens} tokens]"
-    assert list(scores.columns) == ["row", "completion", "digits"] and len(scores) == 12
+    assert list(scores.columns) == ["row", "completion", "digits", "text"] and len(scores) == 12
     assert scores.iloc[0]["completion"] == "reasoned, boxed answer"
 
 
