@@ -4,7 +4,8 @@
 
 Environment: GRPO_PANEL_HOME (where local runs and buckets live, default ./data), PORT / GRADIO_SERVER_PORT,
 HF_TOKEN (or `hf auth login`) to launch on Hugging Face Jobs, SPACE_ID (set by Spaces: OAuth sign-in),
-GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder).
+GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder),
+GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datasets-server.huggingface.co).
 """
 
 import atexit

@@ -172,3 +172,19 @@ def test_rewards_round_trip_through_pickle_with_their_names():
 
     weighted = pickle.loads(pickle.dumps(Weighted(UserReward("short"), 2.0)))
     assert weighted.__name__ == "short" and weighted.reward.module == "user_rewards"
+
+
+def test_without_trl_its_rewards_are_skipped_with_a_note_and_your_code_still_runs(panel, tmp_path, monkeypatch):
+    """A Space installs the panel without TRL (it needs torch): the check says so instead of refusing the run."""
+    from backend import task_check
+
+    shadow = tmp_path / "no-trl" / "trl"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'trl'\")\n")
+    plain = task_check.secret_free_env
+    monkeypatch.setattr(task_check, "secret_free_env", lambda scratch: {
+        **plain(scratch), "PYTHONPATH": f"{tmp_path / 'no-trl'}{os.pathsep}{task_check.BACKEND_DIR}"})
+    report = panel.check_task({"reward_code": GOOD, "rewards": ["think_format_reward"]})
+    assert report.ok, report.errors
+    assert list(report.scores) == ["short"]
+    assert report.warnings == ["think_format_reward: not previewed here (No module named 'trl'); it runs in the job"]
