@@ -15,8 +15,9 @@ from backend.launch import LaunchError
 from backend.redact import redact_tokens
 from backend.runs import RunRegistry
 from backend.runtime.layout import atomic_write_bytes
+from backend.runtime.task import is_local_file
 from backend.runview import RunView
-from backend.spec import RunSpec, SpecError
+from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,9 @@ class Panel:
             return TaskReport(errors=exc.errors)
         if task_errors(spec):
             return TaskReport(errors=task_errors(spec))
+        if self.settings.on_space and is_local_file(spec.dataset) and not _uploaded(spec.dataset):
+            return TaskReport(errors=[FieldError("dataset", "on a Space, upload your file (Upload .jsonl / .parquet): "
+                                                            "the Space's own files cannot be read")])
         token = self._token(oauth_token) if spec.executor == "hf_jobs" else None
         return check_task(spec, token, self.settings.datasets_server, self.settings.task_check_timeout_s)
 
@@ -303,6 +307,13 @@ def local_runtime_installed() -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
+
+
+def _uploaded(path: str) -> bool:
+    """Whether a dataset path is a file a visitor uploaded through Gradio."""
+    from gradio.utils import get_upload_folder
+
+    return os.path.realpath(path).startswith(os.path.realpath(get_upload_folder()) + os.sep)
 
 
 def engine_label(spec: RunSpec) -> str:

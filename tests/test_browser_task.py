@@ -65,3 +65,16 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     page.wait_for_function("() => document.getElementById('run-status').innerText.includes('final adapter ready')",
                            timeout=240000)
     assert _plot_points(page, "reward-plot", "short_answer") == 6, "the reward code's own series, every step"
+
+
+def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"q": "Name a prime.", "a": "7"}\n{"q": "Name an even number.", "a": "4"}\n')
+    page.locator("#dataset-upload").locator("xpath=..").locator("input[type=file]").set_input_files(str(data))
+    page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('qa.jsonl')",
+                           timeout=30000)
+    page.locator("#f-prompt_column input, #f-prompt_column textarea").first.fill("q")
+    page.locator("#check-task-btn").click()
+    message = _task_message(page)
+    assert "Task checked." in message and "2 rows, columns q, a" in message, message
+    assert "Name a prime." in _text(page, "task-rows")

@@ -216,3 +216,19 @@ def test_an_hf_jobs_run_with_a_local_file_and_reward_code_carries_both_in_its_bu
         for registry in panel._hub_registries.values():
             registry.executor.stop()
         panel.shutdown()
+
+
+def test_on_a_space_only_an_uploaded_file_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
+    (tmp_path / "uploads" / "3f2a").mkdir(parents=True)
+    uploaded = _jsonl(tmp_path / "uploads" / "3f2a" / "math.jsonl", ROWS)
+    elsewhere = _jsonl(tmp_path / "server-side.jsonl", ROWS)
+    space = Panel(Settings(home=str(tmp_path / "home"), on_space=True))
+    try:
+        refused = space.check_task({"dataset": elsewhere, "prompt_column": "question", "executor": "hf_jobs"})
+        assert [e.field for e in refused.errors] == ["dataset"] and "upload your file" in refused.errors[0].message
+        assert refused.preview == [], "nothing of the Space's own file is shown"
+        report = space.check_task({"dataset": uploaded, "prompt_column": "question", "executor": "hf_jobs"})
+        assert report.ok and report.num_rows == 20
+    finally:
+        space.shutdown()
