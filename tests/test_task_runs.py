@@ -1,6 +1,6 @@
 """Real local runs of tasks of your own, launched through the panel as a user launches them (tiny builtin model,
-a few steps each): reward code on a JSONL file, TRL's accuracy_reward on a math JSONL, and a reward that
-raises mid-run."""
+three or four steps each): TRL's accuracy_reward and reward code on a math JSONL file, and a reward that raises
+mid-run."""
 
 import json
 import math
@@ -37,16 +37,9 @@ def flaky(completions, **kwargs):
 '''
 
 
-@pytest.fixture
-def math_file(tmp_path):
-    path = tmp_path / "math.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in MATH))
-    return str(path)
-
-
-@pytest.fixture
-def panel(tmp_path):
-    p = Panel(Settings(home=str(tmp_path / "home"), on_space=False))
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory):
+    p = Panel(Settings(home=str(tmp_path_factory.mktemp("home")), on_space=False))
     yield p
     p.shutdown()
 
@@ -65,34 +58,40 @@ def _run(panel: Panel, form: dict):
     return view
 
 
-def test_reward_code_on_a_jsonl_file_trains_and_each_function_is_its_own_series(panel, math_file):
-    view = _run(panel, {"dataset": math_file, "reward_columns": "solution", "system_prompt": "Answer with a number.",
-                        "rewards": ["format"], "reward_code": CODE, "reward_weights": "numeric=0.5, right_answer=2"})
+@pytest.fixture(scope="module")
+def math_run(panel, tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "math.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MATH))
+    return _run(panel, {"dataset": str(path), "reward_columns": "solution", "system_prompt": "Answer with a number.",
+                        "rewards": ["accuracy_reward"], "reward_code": CODE,
+                        "reward_weights": "numeric=0.5, right_answer=2"})
+
+
+def test_reward_code_on_a_jsonl_file_trains_and_each_function_is_its_own_series(math_run):
+    view = math_run
     assert view.stage == "COMPLETED", dashboard.status_markdown(view)
     assert [r["step"] for r in view.metrics] == [1, 2, 3]
     for record in view.metrics:
-        parts = {name: record[f"rewards/{name}"] for name in ("format", "numeric", "right_answer")}
+        parts = {name: record[f"rewards/{name}"] for name in ("accuracy_reward", "numeric", "right_answer")}
         assert all(math.isfinite(v) for v in parts.values())
         # GRPOConfig.reward_weights: the reward is the weighted sum of the per-function means.
-        weighted = parts["format"] + 0.5 * parts["numeric"] + 2 * parts["right_answer"]
+        weighted = parts["accuracy_reward"] + 0.5 * parts["numeric"] + 2 * parts["right_answer"]
         assert record["reward"] == pytest.approx(weighted, abs=1e-4)
     traces = {t.name for t in dashboard.build_frame(view).reward.data}
-    assert {"format", "numeric", "right_answer", "mean reward"} <= traces
+    assert {"accuracy_reward", "numeric", "right_answer", "mean reward"} <= traces
     code_file = view.store.read_bytes(f"runs/{view.run_id}/code/user_rewards.py").decode()
     assert code_file == CODE.strip(), "the code that ran is kept with the run"
     assert view.store.read_bytes(f"runs/{view.run_id}/data/math.jsonl").decode().count("\n") == len(MATH)
 
 
-def test_trl_accuracy_reward_is_computed_on_a_math_jsonl_even_when_no_answer_is_right(panel, math_file):
-    view = _run(panel, {"dataset": math_file, "reward_columns": "solution", "rewards": ["accuracy_reward"]})
-    assert view.stage == "COMPLETED", dashboard.status_markdown(view)
-    scores = [r.get("rewards/accuracy_reward") for r in view.metrics]
+def test_trl_accuracy_reward_is_computed_on_a_math_jsonl_even_when_no_answer_is_right(math_run):
+    scores = [r.get("rewards/accuracy_reward") for r in math_run.metrics]
     assert len(scores) == 3 and all(isinstance(s, float) and 0.0 <= s <= 1.0 for s in scores), scores
-    assert "accuracy_reward" in {t.name for t in dashboard.build_frame(view).reward.data}
 
 
-def test_a_reward_that_raises_mid_run_fails_the_run_with_its_traceback_on_the_dashboard(panel, math_file):
-    view = _run(panel, {"dataset": math_file, "rewards": [], "reward_code": FLAKY, "max_steps": 4})
+def test_a_reward_that_raises_mid_run_fails_the_run_with_its_traceback_on_the_dashboard(panel):
+    view = _run(panel, {"dataset": "builtin:count-to-ten", "prompt_column": "prompt", "rewards": [],
+                        "reward_code": FLAKY, "max_steps": 4})
     assert view.stage == "ERROR"
     [failed] = [e for e in view.events if e["event"] == "failed"]
     assert failed["error"] == "RewardFunctionError: reward function 'flaky' raised ValueError: boom at call 3"
