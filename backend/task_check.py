@@ -66,7 +66,7 @@ class TaskReport:
         return not self.errors
 
 
-def task_errors(spec: RunSpec) -> list[FieldError]:
+def task_field_errors(spec: RunSpec) -> list[FieldError]:
     """The validation problems of the task's own fields (the rest of the form does not stop a task preview)."""
     return [e for e in spec.validate() if e.field in TASK_FIELDS]
 

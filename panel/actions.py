@@ -121,14 +121,15 @@ class Panel:
 
     def check_task(self, values: dict, oauth_token: str | None = None, spec: RunSpec | None = None):
         """The task check and preview (a TaskReport): dataset rows, the prompt as the model sees it, sample scores."""
-        from backend.task_check import TaskReport, check_task, task_errors
+        from backend.task_check import TaskReport, check_task, task_field_errors
 
         try:
             spec = spec or RunSpec.from_dict(values)
         except SpecError as exc:
             return TaskReport(errors=exc.errors)
-        if task_errors(spec):
-            return TaskReport(errors=task_errors(spec))
+        problems = task_field_errors(spec)
+        if problems:
+            return TaskReport(errors=problems)
         if self.settings.on_space and is_local_file(spec.dataset) and not _uploaded(spec.dataset):
             return TaskReport(errors=[FieldError("dataset", "on a Space, upload your file (Upload .jsonl / .parquet): "
                                                             "the Space's own files cannot be read")])
