@@ -88,7 +88,7 @@ def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str) -> None:
     if os.path.isfile(source):
         with open(source, "rb") as f:
             store.write_bytes(dest, f.read())
-    elif not store.list_files(dest):   # a resumed run keeps the copy it was launched with
+    elif dest not in {f.path for f in store.list_files(f"{prefix}/{layout.DATA_DIR}")}:   # resumed: keep the copy
         raise FileNotFoundError(f"dataset file {spec.dataset} is gone and the run has no copy of it")
 
 

@@ -232,3 +232,21 @@ def test_on_a_space_only_an_uploaded_file_is_read(tmp_path, monkeypatch):
         assert report.ok and report.num_rows == 20
     finally:
         space.shutdown()
+
+
+def test_a_resumed_run_keeps_the_dataset_copy_it_was_launched_with(tmp_path):
+    from backend.launch import write_run_files
+    from backend.store import FolderStore
+
+    path = tmp_path / "math.jsonl"
+    _jsonl(path, ROWS)
+    store = FolderStore(str(tmp_path / "bucket"))
+    spec = RunSpec(dataset=str(path), prompt_column="question").check()
+    write_run_files(spec, store)
+    copy = f"runs/{spec.run_id}/data/math.jsonl"
+    assert store.read_bytes(copy) == path.read_bytes()
+    path.unlink()                       # the panel that resumes it no longer has the file
+    write_run_files(spec, store)
+    assert store.read_bytes(copy).count(b"\n") == len(ROWS)
+    with pytest.raises(FileNotFoundError, match="is gone and the run has no copy"):
+        write_run_files(RunSpec(dataset=str(path), prompt_column="question"), store)
