@@ -31,6 +31,8 @@ PREVIEW_ROWS = 5
 SAMPLE_ROWS = 3
 STATS_ROWS = 200            # rows measured for the prompt-length share (the viewer gives at most 100)
 SETUP_TIMEOUT_S = 180.0     # imports, reading the file, building the tokenizer: before any reward code runs
+MAX_EVENT_BYTES = 16 * 2**20       # one report line (a long prompt, rendered, is the largest part)
+MAX_OUTPUT_LINE_BYTES = 64 * 2**10  # what the reward code prints: a line longer than this arrives in pieces
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
 TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
                    "chat_template*", "config.json"]
@@ -140,9 +142,9 @@ def _run_check_process(request: dict, code: str, python: str, timeout_s: float, 
 def _converse(proc: subprocess.Popen, request: dict, timeout_s: float, report: TaskReport) -> None:
     events: queue.Queue = queue.Queue()
     stderr: deque = deque(maxlen=40)
-    readers = [threading.Thread(target=_pump, args=(proc.stdout, events.put), daemon=True),
-               threading.Thread(target=_pump, args=(proc.stderr, lambda line: line is None or stderr.append(line)),
-                                daemon=True)]
+    readers = [threading.Thread(target=_pump, args=(proc.stdout, events.put, MAX_EVENT_BYTES), daemon=True),
+               threading.Thread(target=_pump, args=(proc.stderr, lambda line: line is None or stderr.append(line),
+                                                    MAX_OUTPUT_LINE_BYTES), daemon=True)]
     for reader in readers:
         reader.start()
     try:
@@ -159,23 +161,36 @@ def _converse(proc: subprocess.Popen, request: dict, timeout_s: float, report: T
             break
         if line is None:
             break
-        event = json.loads(line)
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue   # not a report line (it would take a deliberate write to the report's descriptor)
         done = event["event"] == "done"
         if event["event"] == "calling":
             calling, deadline = event["name"], time.monotonic() + timeout_s
         _apply(event, report)
+    if proc.poll() is None and not done:
+        os.killpg(proc.pid, signal.SIGKILL)   # timed out: stop it now, so the readers see the end of its output
     if not done and not report.errors:
-        report.errors.append(FieldError("reward_code", "the check process stopped before it finished: "
-                                                       + (" ".join(list(stderr)[-3:]) or "no output")))
+        report.errors.append(FieldError(_field_of(calling, request["spec"]["rewards"]),
+                                        "the check process stopped before it finished: "
+                                        + (" ".join(list(stderr)[-3:]) or "no output")))
     for reader in readers:
         reader.join(timeout=2)
     report.output = redact_tokens("\n".join(stderr))
 
 
-def _pump(stream, put) -> None:
-    for raw in iter(stream.readline, b""):
+def _pump(stream, put, max_bytes: int) -> None:
+    for raw in iter(lambda: stream.readline(max_bytes), b""):
         put(raw.decode(errors="replace").rstrip("\n"))
     put(None)
+
+
+def _field_of(calling: str | None, chosen: list[str]) -> str:
+    """The field to blame for what the check process was doing: reading data, or calling one of the rewards."""
+    if calling is None:
+        return "dataset"
+    return "rewards" if calling in chosen else "reward_code"
 
 
 def _timed_out(calling: str | None, chosen: list[str], timeout_s: float, report: TaskReport) -> None:
@@ -183,9 +198,9 @@ def _timed_out(calling: str | None, chosen: list[str], timeout_s: float, report:
         report.errors.append(FieldError("dataset", f"reading the dataset and the tokenizer took over "
                                                    f"{SETUP_TIMEOUT_S:.0f} s"))
         return
-    report.errors.append(FieldError("rewards" if calling in chosen else "reward_code",
-                                    f"{calling} did not return within {timeout_s:g} s on {len(report.samples)} "
-                                    "sample completions (an endless loop?)"))
+    report.errors.append(FieldError(_field_of(calling, chosen), f"{calling} did not return within {timeout_s:g} s "
+                                                                f"on {len(report.samples)} sample completions "
+                                                                "(an endless loop?)"))
 
 
 def _apply(event: dict, report: TaskReport) -> None:
