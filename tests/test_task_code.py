@@ -188,3 +188,37 @@ def test_without_trl_its_rewards_are_skipped_with_a_note_and_your_code_still_run
     assert report.ok, report.errors
     assert list(report.scores) == ["short"]
     assert report.warnings == ["think_format_reward: not previewed here (No module named 'trl'); it runs in the job"]
+
+
+def test_a_failed_event_names_the_reward_and_its_frames_in_both_trainers(tmp_path, monkeypatch):
+    """Colocated, the reward's error reaches the trainer itself; async, TRL's rollout worker passes it on as text
+    inside a RuntimeError (type, message and the child's traceback)."""
+    import traceback
+
+    from backend.runtime.rewards import UserReward
+    from backend.runtime.train import failure_fields
+
+    token = "hf_" + "Q" * 30
+    (tmp_path / "user_rewards.py").write_text(
+        "import os\n\n\ndef bad(completions, **kwargs):\n    raise ValueError('token ' + os.environ['HF_TOKEN'])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("HF_TOKEN", token)
+    try:
+        UserReward("bad")(completions=[["x"]])
+    except Exception as error:
+        colocated = failure_fields(error)
+        child = RuntimeError(f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
+    try:
+        raise RuntimeError("Rollout worker child has failed; see chained exception.") from child
+    except RuntimeError as error:
+        distributed = failure_fields(error)
+    sys.modules.pop("user_rewards", None)   # imported from this test's folder: no other test may find it
+    reason = "RewardFunctionError: reward function 'bad' raised ValueError: token ***"
+    assert colocated["error"] == reason
+    assert distributed["error"] == ("RuntimeError: Rollout worker child has failed; see chained exception. "
+                                    f"(cause: RuntimeError: {reason})")
+    frames = ['  File "user_rewards.py", line 5, in bad', "    raise ValueError('token ' + os.environ['HF_TOKEN'])",
+              "ValueError: token ***"]
+    for fields in (colocated, distributed):
+        assert fields["code_traceback"].splitlines()[1:] == frames
+        assert token not in json.dumps(fields), "the job's token is masked in what goes into the bucket"
