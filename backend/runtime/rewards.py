@@ -61,7 +61,6 @@ def format(completions, **kwargs) -> list[float]:
 
 
 BUILTIN_REWARDS = {"digits": digits, "length_target": length_target, "format": format}
-REWARDS = BUILTIN_REWARDS    # the name older callers use
 
 
 def _trl_rewards():
