@@ -64,6 +64,10 @@ class Deployment:
     # A visitor's Hub registry (its log readers, views and caches) is dropped after this long unused, so a
     # long-lived Space does not grow with every visitor and every refreshed OAuth token; it is rebuilt on demand.
     registry_idle_s: float = 3600.0
+    # The Hub's dataset viewer API, which previews Hub datasets (huggingface_hub has its URL only as a constant).
+    datasets_server: str = field(default_factory=lambda: os.environ.get("GRPO_PANEL_DATASETS_SERVER")
+                                 or _hub_constants().DATASETS_SERVER_ENDPOINT)
+    task_check_timeout_s: float = 15.0   # per reward function, on the sample completions
 
     def __post_init__(self):
         self.host = self.host or _default_host(self.on_space)
@@ -101,6 +105,12 @@ class Deployment:
             notes.append(f"Listening on {self.host}: every visitor acts with this machine's Hugging Face token"
                          + (" after the panel login." if self.auth else " (GRPO_PANEL_ALLOW_HOST_TOKEN=1)."))
         return notes
+
+
+def _hub_constants():
+    from huggingface_hub import constants
+
+    return constants
 
 
 def _parse_auth(value: str | None) -> tuple[str, str] | None:

@@ -13,6 +13,7 @@ from backend import recipe
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobSpec
 from backend.runtime import layout
+from backend.runtime.task import is_local_file
 from backend.spec import RunSpec
 from backend.store import BucketStore
 
@@ -90,13 +91,27 @@ def free_port() -> int:
 
 
 def write_run_files(spec: RunSpec, store: BucketStore) -> None:
-    """spec.json and the runtime code, so the run can always be explained, relaunched and resumed."""
+    """spec.json, the runtime code, the run's own reward code and dataset file, so the run can always be
+    explained, relaunched and resumed, and a job on another machine finds everything in the bucket."""
     prefix = layout.run_prefix(spec.run_id)
     store.ensure_bucket()
     if any(f.path == f"{prefix}/{layout.SPEC_FILE}" for f in store.list_files(prefix)):
         raise RunIdTaken(f"run id {spec.run_id} is already used in bucket {spec.bucket}")
     store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
+    if spec.reward_code.strip():
+        store.write_bytes(f"{prefix}/{layout.CODE_DIR}/{layout.USER_REWARDS_MODULE}.py", spec.reward_code.encode())
+    if is_local_file(spec.dataset):
+        _upload_dataset(spec, store, prefix)
     store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
+
+
+def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str) -> None:
+    """The run's own copy of a local dataset file: its jobs (and a resume, long after) read that one."""
+    source = os.path.expanduser(spec.dataset)
+    if not os.path.isfile(source):
+        raise FileNotFoundError(f"dataset file {spec.dataset} is gone")
+    with open(source, "rb") as f:
+        store.write_bytes(f"{prefix}/{layout.DATA_DIR}/{os.path.basename(spec.dataset)}", f.read())
 
 
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,

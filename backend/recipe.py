@@ -8,6 +8,8 @@ JobSpec needs the replicas' URLs, which exist only once they are submitted, so i
 import shlex
 
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.runtime import rewards
+from backend.runtime.user_code import imported_modules
 from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
 from backend.spec import BUILTIN_MODEL, RunSpec
 
@@ -20,6 +22,14 @@ REPLICA_PORT = 8000
 TOKEN_SECRET = "HF_TOKEN"
 REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
 PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
+
+
+def reward_packages(spec: RunSpec) -> list[str]:
+    """What the run's rewards import beyond TRL (TRL's math rewards and code that imports math_verify)."""
+    wanted = {rewards.NEEDS_PACKAGE[r] for r in spec.rewards if r in rewards.NEEDS_PACKAGE}
+    wanted |= {rewards.PACKAGE_FOR_IMPORT[m] for m in imported_modules(spec.reward_code)
+               if m in rewards.PACKAGE_FOR_IMPORT}
+    return sorted(wanted)
 
 
 def model_path(spec: RunSpec) -> str:
@@ -49,7 +59,7 @@ def _shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) ->
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
     lines = [shlex.join(s) for s in steps]
     if install and spec.executor == "hf_jobs":
-        lines.insert(0, f"pip install --quiet {RUNTIME_PIP}")
+        lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *reward_packages(spec)])}")
     lines[-1] = "exec " + lines[-1]
     return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
 

@@ -14,19 +14,23 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
+from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
+from backend.runtime.user_code import reward_function_names
 from backend.runtime.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
-BUILTIN_REWARDS = ("digits", "length_target", "format")
+BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
+TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
+REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_TIMEOUT_MIN = 7 * 24 * 60
 DEFAULT_MOUNT = "/bucket"
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
 
@@ -55,9 +59,32 @@ class RunSpec:
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
     model: str = field(default=BUILTIN_MODEL,
                        metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
-    dataset: str = field(default="builtin:count-to-ten",
-                         metadata={"help": "builtin:<name> or a Hub dataset id with a 'prompt' column"})
-    rewards: list[str] = field(default_factory=lambda: ["digits"])
+    # The task: data, prompt, rewards
+    dataset: str = field(default="builtin:count-to-ten", metadata={
+        "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
+    dataset_config: str = field(default="", metadata={"help": "the Hub dataset's config (subset); empty: its first"})
+    dataset_split: str = field(default="train", metadata={"help": "the Hub dataset's split to train on"})
+    prompt_column: str = field(default="prompt", metadata={
+        "help": "the column holding the prompt: plain text, or a list of {role, content} messages"})
+    reward_columns: list[str] = field(default_factory=list, metadata={
+        "help": "columns passed to the reward functions: 'solution' (same name) or 'solution=answer' (keyword=column)"})
+    system_prompt: str = field(default="", metadata={
+        "help": "a system message put first in every prompt (replacing the dataset's own); empty: none"})
+    max_prompt_tokens: int = field(default=512, metadata={
+        "help": "rows whose prompt (after the chat template) is longer are skipped; 0: no limit"})
+    rewards: list[str] = field(default_factory=lambda: ["digits"], metadata={
+        "help": "builtin and TRL reward functions; each is plotted as rewards/<name>"})
+    reward_weights: dict[str, float] = field(default_factory=dict, metadata={
+        "help": "weight per reward name (default 1), e.g. accuracy_reward=1, think_format_reward=0.2"})
+    reward_code: str = field(default="", metadata={
+        "help": "your own reward functions: every top-level def f(completions, **kwargs) -> list[float]"})
+    overlong_max_tokens: int = field(default=0, metadata={
+        "help": "soft overlong punishment: the length limit L_max in tokens; 0: max_completion_length"})
+    overlong_cache_tokens: int = field(default=0, metadata={
+        "help": "soft overlong punishment: the last tokens before L_max over which the penalty grows to -1"})
+    repetition_ngram_size: int = field(default=3, metadata={"help": "repetition penalty: n-gram size in tokens"})
+    repetition_max_penalty: float = field(default=-1.0, metadata={
+        "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
     # LoRA
     lora_r: int = 8
     lora_alpha: int = 16
@@ -159,14 +186,7 @@ class RunSpec:
         need(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}")
         need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}")
         errs += _check_model(self.model, self.executor)
-        need(self.dataset in BUILTIN_DATASETS or bool(_HUB_ID.match(self.dataset or "")), "dataset",
-             f"use one of {', '.join(BUILTIN_DATASETS)} or a Hub dataset id like 'org/name'")
-        if self.dataset.startswith("builtin:") is False and self.executor == "local":
-            errs.append(FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset"))
-        bad_rewards = [r for r in self.rewards if r not in BUILTIN_REWARDS]
-        need(bool(self.rewards) and not bad_rewards, "rewards",
-             f"choose one or more of {', '.join(BUILTIN_REWARDS)}"
-             + (f" (unknown: {', '.join(bad_rewards)})" if bad_rewards else ""))
+        errs += self._task_errors()
         need(self.lora_r > 0, "lora_r", "LoRA rank must be a positive integer, e.g. 8 or 16")
         need(self.lora_r <= 512, "lora_r", f"LoRA rank above 512 is not served by vLLM; use one of {VLLM_LORA_RANKS}")
         need(self.lora_alpha > 0, "lora_alpha", "LoRA alpha must be positive, typically 2x the rank")
@@ -214,6 +234,16 @@ class RunSpec:
         # A message may quote the value it refuses: never quote a token back.
         return [FieldError(e.field, redact_tokens(e.message)) for e in _without_tokens(self) + errs]
 
+    @property
+    def reward_names(self) -> list[str]:
+        """Every reward of the run, as it is plotted: the chosen ones, then the reward code's functions."""
+        return [*self.rewards, *reward_function_names(self.reward_code)]
+
+    def _task_errors(self) -> list[FieldError]:
+        from backend.task_rules import task_errors  # the task's own rules (they import FieldError from here)
+
+        return task_errors(self)
+
     def check(self) -> "RunSpec":
         errors = self.validate()
         if errors:
@@ -238,7 +268,7 @@ def _check_model(model: str, executor: str) -> list[FieldError]:
     if model == BUILTIN_MODEL:
         return []
     path = os.path.expanduser(model or "")
-    if _HUB_ID.match(model or "") and not os.path.exists(path):
+    if HUB_ID.match(model or "") and not os.path.exists(path):
         if executor == "local":
             return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
                                         f"{BUILTIN_MODEL}, or run on Hugging Face Jobs")]
@@ -298,6 +328,8 @@ def _coerce(value, tp):
         if not isinstance(value, str):
             raise TypeError(value)
         return value.strip()
+    if str(tp).startswith("dict"):
+        return _weights(value)
     if str(tp).startswith("list"):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
@@ -305,3 +337,15 @@ def _coerce(value, tp):
             raise TypeError(value)
         return [str(v) for v in value]
     return value
+
+
+def _weights(value) -> dict[str, float]:
+    """Reward weights from a form ("accuracy_reward=1, think_format_reward=0.2") or spec.json (a mapping)."""
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.replace("\n", ",").split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(value)
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        raise TypeError(value)
+    return {str(k): float(v) for k, v in value.items()}

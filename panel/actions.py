@@ -28,8 +28,9 @@ from backend.run_directory import RunDirectory
 from backend.runs import RunRegistry
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
+from backend.runtime.task import is_local_file
 from backend.runview import RunView
-from backend.spec import RunSpec, SpecError
+from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,10 @@ class LaunchResult:
     message: str
     run_id: str | None = None
     preview: Preview | None = None     # when the launch asks for a (new) review instead
+
+    def __iter__(self):
+        """Unpacks as `message, run_id`, the two things a script wants to know."""
+        return iter((self.message, self.run_id))
 
 
 def as_visitor(visitor: Visitor | str | None) -> Visitor:
@@ -118,6 +123,24 @@ class Panel:
         return ""
 
     # ---- launch form
+    def check_task(self, values: dict, visitor: Visitor | str | None = None, spec: RunSpec | None = None):
+        """The task check and preview (a TaskReport): dataset rows, the prompt as the model sees it, sample scores.
+        It runs in a separate process with a time limit and no token (reward code is never run in the panel)."""
+        from backend.task_check import TaskReport, check_task, task_field_errors
+
+        try:
+            spec = spec or RunSpec.from_dict(values)
+        except SpecError as exc:
+            return TaskReport(errors=exc.errors)
+        problems = task_field_errors(spec)
+        if problems:
+            return TaskReport(errors=problems)
+        if self.settings.on_space and is_local_file(spec.dataset) and not _uploaded(spec.dataset):
+            return TaskReport(errors=[FieldError("dataset", "on a Space, upload your file (Upload .jsonl / .parquet): "
+                                                            "the Space's own files cannot be read")])
+        token = acting_token(as_visitor(visitor), self.settings) if spec.executor == "hf_jobs" else None
+        return check_task(spec, token, self.settings.datasets_server, self.settings.task_check_timeout_s)
+
     def build_spec(self, values: dict, run_id: str | None = None, visitor: Visitor | None = None) -> RunSpec:
         """A validated RunSpec from form values; raises SpecError listing every bad field. An HF Jobs run with no
         bucket goes to the visitor's own `<name>/grpo-runs`."""
@@ -203,6 +226,9 @@ class Panel:
                         f"**Not launched yet:** {why}. Check the jobs and the cost below (review code "
                         f"`{spec.fingerprint()}`), tick *I reviewed the jobs and the estimated cost* and press "
                         f"Launch again.\n\n{preview.markdown}", None, preview)
+            task = self.check_task(values, visitor, spec)
+            if task.errors:
+                raise SpecError(task.errors)
             if spec.executor == "local":
                 registry, secrets = self.runs.local, {}
             else:
@@ -216,7 +242,8 @@ class Panel:
             text = str(exc)
             return LaunchResult(redact_tokens(text if text.startswith("Not launched") else f"**Not launched.** {text}"))
         jobs = ", ".join(f"{role} `{job_id}`" for role, job_id in launched.job_ids.items())
-        return LaunchResult(f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}",
+        notes = "".join(f"\n\n⚠️ {w}" for w in task.warnings)
+        return LaunchResult(f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}{notes}",
                             spec.run_id)
 
     # ---- runs
@@ -328,6 +355,13 @@ def local_runtime_installed() -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
+
+
+def _uploaded(path: str) -> bool:
+    """Whether a dataset path is a file a visitor uploaded through Gradio."""
+    from gradio.utils import get_upload_folder
+
+    return os.path.realpath(path).startswith(os.path.realpath(get_upload_folder()) + os.sep)
 
 
 def engine_label(spec: RunSpec) -> str:

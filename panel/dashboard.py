@@ -5,9 +5,11 @@ from dataclasses import dataclass
 
 import plotly.graph_objects as go
 
+from backend.runtime.redact import redact_tokens
 from panel import charts
 
 LOG_TAIL = 400
+TRACEBACK_LINES = 30
 
 
 @dataclass
@@ -62,8 +64,16 @@ def status_markdown(view) -> str:
         parts.append(f"⚠️ **{warning}**")
     failed = [e for e in view.events if e.get("event") == "failed"]
     if failed:
-        parts.append(f"❌ **{failed[-1].get('error', 'the trainer failed')}**")
+        parts.append(f"❌ **{redact_tokens(str(failed[-1].get('error', 'the trainer failed')))}**")
+        if failed[-1].get("code_traceback") or failed[-1].get("traceback"):
+            parts.append(traceback_block(failed[-1].get("code_traceback") or failed[-1]["traceback"]))
     return "\n\n".join(parts)
+
+
+def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
+    """The end of a failed trainer's traceback (a failing reward's own frames come last), masked, in a code block."""
+    tail = "\n".join(redact_tokens(str(text)).rstrip().splitlines()[-lines:])
+    return "```text\n" + tail.replace("```", "'''") + "\n```"
 
 
 def adapter_rows(view) -> list[list]:

@@ -7,10 +7,11 @@ Gradio fills only when it can match them positionally (never after `*args`), rea
 import gradio as gr
 
 from backend.access import Visitor
-from backend.spec import BUILTIN_DATASETS, BUILTIN_MODEL, BUILTIN_REWARDS, LORA_TARGET_CHOICES, RunSpec
+from backend.spec import BUILTIN_MODEL, LORA_TARGET_CHOICES, RunSpec
 from panel import dashboard
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
+from panel.task_form import TaskSection
 
 TICK_S = 2.0
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
@@ -47,7 +48,8 @@ def _flavor_choices(flavors) -> list[tuple[str, str]]:
     return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
 
 
-def _form(panel: Panel, initial: dict, executors: list[str]) -> dict[str, gr.components.Component]:
+def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, gr.components.Component],
+                                                                        TaskSection]:
     f = {}
     with gr.Row():
         f["name"] = _field("name", "Run name", initial)
@@ -56,13 +58,10 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> dict[str, gr.com
         f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
                                  info="local processes on this machine, or Hugging Face Jobs" if "local" in executors
                                  else "Hugging Face Jobs, with your own account")
-    with gr.Row():
-        f["model"] = _field("model", "Model", initial,
-                            info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
-        f["dataset"] = gr.Dropdown(list(BUILTIN_DATASETS), value=initial["dataset"], allow_custom_value=True,
-                                   label="Dataset", elem_id="f-dataset",
-                                   info="builtin prompt sets, or a Hub dataset id (HF Jobs)")
-        f["rewards"] = _field("rewards", "Rewards", initial, choices=list(BUILTIN_REWARDS))
+    f["model"] = _field("model", "Model", initial,
+                        info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
+    task = TaskSection.build(initial)
+    f.update(task.fields)
     with gr.Accordion("LoRA", open=False):
         with gr.Row():
             f["lora_r"] = _field("lora_r", "Rank r", initial)
@@ -115,7 +114,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> dict[str, gr.com
         f["bucket"] = _field("bucket", "Bucket (namespace/name)", initial,
                              info="HF Jobs: your namespace's bucket, created (private) on first launch")
         f["mount_path"] = _field("mount_path", "Mount path in every job", initial)
-    return f
+    return f, task
 
 
 def _presets_for(panel: Panel) -> tuple[list[str], str]:
@@ -140,7 +139,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
                 preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset")
-                form = _form(panel, initial, executors)
+                form, task = _form(panel, initial, executors)
                 with gr.Row():
                     preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
                     confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
@@ -189,6 +188,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
 
         names = list(form)
         inputs = [form[n] for n in names]
+        task.wire(panel, names, inputs)
         dash = dict(status=status, reward=reward_plot, staleness=staleness_plot, utilisation=util_plot,
                     memory=memory_plot, kl=kl_plot, length=length_plot, ratio=ratio_plot, adapters=adapters,
                     replicas=replicas)

@@ -25,6 +25,13 @@ Bucket file bytes travel over Xet in the real client, which this fake does not s
 `HfApi.download_bucket_files` with functions that read and write the fake's in-memory files (recorded in
 `transfers`). Listing (`/tree`, `/paths-info`) stays HTTP, served from the same files.
 
+It also answers the dataset viewer API (datasets-server: `/splits`, `/rows`) from `datasets`, with the JSON
+shapes of its OpenAPI description: public datasets need no token, a private one answers 401 to anonymous
+callers and 404 to others (both with the viewer's "does not exist, or is not accessible" error), an unknown
+config or split 404 "Not found.", a bad parameter 422. `patch_endpoint` points huggingface_hub's
+`DATASETS_SERVER_ENDPOINT` constant at the fake too. A public stand-in for "trl-lib/DeepMath-103K" (three
+rows: a conversational `prompt` and a `solution`) is there from the start; `put_dataset` adds others.
+
 Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
 stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`,
 `fail_nth_job_submission`, `create_then_fail_nth_job_submission` (the job exists, the answer is a 504),
@@ -170,6 +177,8 @@ class FakeHub:
         self.transfers: list[tuple[str, str, str]] = []   # ("upload" | "download" | "delete", bucket, path)
         self.jobs: dict[str, FakeJob] = {}
         self.buckets: dict[str, FakeBucket] = {}
+        deepmath = FakeDataset("trl-lib/DeepMath-103K", False, {("default", "train"): DEEPMATH_STAND_IN})
+        self.datasets: dict[str, FakeDataset] = {deepmath.id: deepmath}
         self._cond = threading.Condition(threading.RLock())
         self._post_count = 0
         self._post_failures: dict[int, int] = {}
@@ -213,6 +222,7 @@ class FakeHub:
         import huggingface_hub.constants
 
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", self.url)
+        monkeypatch.setattr(huggingface_hub.constants, "DATASETS_SERVER_ENDPOINT", self.url)
 
     # ---- test controls
     def set_stage(self, job_id: str, stage: str, message: str | None = None) -> None:
@@ -262,6 +272,14 @@ class FakeHub:
     def job_posts(self) -> list[RecordedRequest]:
         """The bodies of every job creation request, in order."""
         return [r for r in self.requests if r.method == "POST" and re.fullmatch(r"/api/jobs/[^/]+", r.path)]
+
+    def put_dataset(self, dataset_id: str, rows: list[dict], config: str = "default", split: str = "train",
+                    private: bool = False) -> None:
+        """Serve `rows` as one split of a dataset through the dataset viewer API (adds to an existing dataset)."""
+        with self._cond:
+            found = self.datasets.setdefault(dataset_id, FakeDataset(dataset_id, private))
+            found.private = private
+            found.splits[(config, split)] = [dict(r) for r in rows]
 
     def put_file(self, bucket_id: str, path: str, data: bytes) -> None:
         with self._cond:
@@ -319,6 +337,22 @@ class FakeHub:
                 args = {k: unquote(v) if v is not None else None for k, v in match.groupdict().items()}
                 return getattr(self, "_" + name)(user=user, query=query, body=body, **args)
         return Reply(404, {"error": f"no route for {method} {raw_path}"})
+
+    def viewer(self, path: str, query: dict[str, list[str]], user: FakeUser | None) -> Reply:
+        """One dataset viewer call (`/splits` or `/rows`); `user` is None for an anonymous or unknown token."""
+        dataset = (query.get("dataset") or [""])[0]
+        if not dataset:
+            return _viewer_error(422, "Parameter 'dataset' is required", "MissingRequiredParameter")
+        with self._cond:
+            found = self.datasets.get(dataset)
+            if found is None or (found.private and (user is None or not self._may_read(user, dataset.split("/")[0]))):
+                if user is None:
+                    return _viewer_error(401, VIEWER_NOT_ACCESSIBLE, "ExternalUnauthenticatedError")
+                return _viewer_error(404, VIEWER_NOT_ACCESSIBLE, "ExternalAuthenticatedError")
+            if path == "/splits":
+                splits = [{"dataset": dataset, "config": c, "split": sp} for c, sp in found.splits]
+                return Reply(200, {"splits": splits, "pending": [], "failed": []})
+            return _viewer_rows(found, query)
 
     def _may_read(self, user: FakeUser, namespace: str) -> bool:
         return namespace == user.name or namespace in user.orgs
@@ -584,6 +618,68 @@ def install_remote_bucket_transfers(hub_url: str) -> None:
     HfApi.download_bucket_files = download_bucket_files
 
 
+VIEWER_PATHS = ("/splits", "/rows")
+VIEWER_NOT_ACCESSIBLE = ("The dataset does not exist, or is not accessible without authentication (private or gated). "
+                         "Please check the spelling of the dataset name or retry with authentication.")
+VIEWER_MAX_LENGTH = 100
+DEEPMATH_STAND_IN = [
+    {"prompt": [{"role": "user", "content": "What is the remainder when $2^{10}$ is divided by 7?"}], "solution": "2"},
+    {"prompt": [{"role": "user", "content": "Compute $\\int_0^1 2x\\,dx$."}], "solution": "1"},
+    {"prompt": [{"role": "user", "content": "How many positive divisors does 36 have?"}], "solution": "9"},
+]
+
+
+@dataclass
+class FakeDataset:
+    id: str
+    private: bool
+    splits: dict[tuple[str, str], list[dict]] = field(default_factory=dict)   # (config, split) -> rows
+
+
+def _viewer_error(status: int, message: str, code: str) -> Reply:
+    return Reply(status, {"error": message}, {"X-Error-Code": code})
+
+
+def _viewer_rows(found: FakeDataset, query: dict[str, list[str]]) -> Reply:
+    for name in ("config", "split"):
+        if not (query.get(name) or [""])[0]:
+            return _viewer_error(422, f"Parameter '{name}' is required", "MissingRequiredParameter")
+    numbers = {}
+    for name, default in (("offset", 0), ("length", VIEWER_MAX_LENGTH)):
+        raw = (query.get(name) or [str(default)])[0]
+        if not raw.lstrip("-").isdigit():
+            return _viewer_error(422, f"Parameter '{name}' must be integer", "InvalidParameter")
+        numbers[name] = int(raw)
+        if numbers[name] < 0:
+            return _viewer_error(422, f"Parameter '{name}' must be positive", "InvalidParameter")
+    if numbers["length"] > VIEWER_MAX_LENGTH:
+        return _viewer_error(422, f"Parameter 'length' must not be greater than {VIEWER_MAX_LENGTH}",
+                             "InvalidParameter")
+    rows = found.splits.get((query["config"][0], query["split"][0]))
+    if rows is None:
+        return _viewer_error(404, "Not found.", "ResponseNotFound")
+    start, page = numbers["offset"], rows[numbers["offset"]:numbers["offset"] + numbers["length"]]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    features = [{"feature_idx": i, "name": c, "type": _feature_type(next((r[c] for r in rows if c in r), None))}
+                for i, c in enumerate(columns)]
+    return Reply(200, {"features": features,
+                       "rows": [{"row_idx": start + i, "row": r, "truncated_cells": []} for i, r in enumerate(page)],
+                       "num_rows_total": len(rows), "num_rows_per_page": VIEWER_MAX_LENGTH, "partial": False})
+
+
+def _feature_type(value: Any) -> dict[str, Any]:
+    """A column's type as the viewer describes it (the `datasets` Features JSON)."""
+    if isinstance(value, list):
+        inner = _feature_type(value[0]) if value else {"dtype": "string", "_type": "Value"}
+        if value and isinstance(value[0], dict):
+            inner = {k: _feature_type(v) for k, v in value[0].items()}
+        return {"feature": inner, "_type": "List"}
+    if isinstance(value, dict):
+        return {k: _feature_type(v) for k, v in value.items()}
+    dtype = {bool: "bool", int: "int64", float: "float64", str: "string"}.get(type(value), "null")
+    return {"dtype": dtype, "_type": "Value"}
+
+
 def _hex_id(seed: str) -> str:
     return hashlib.sha1(seed.encode()).hexdigest()[:24]
 
@@ -653,7 +749,9 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
         forced = self.hub._record(RecordedRequest(method, unquote(parts.path), query, body, headers,
                                                   user.name if user else None))
-        if user is None:
+        if parts.path in VIEWER_PATHS and method == "GET":
+            self._reply(self.hub.viewer(parts.path, query, user))
+        elif user is None:
             self._reply(Reply(401, {"error": "Invalid credentials in Authorization header"},
                               {"X-Error-Message": "Invalid credentials in Authorization header"}))
         elif forced:

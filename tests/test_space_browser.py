@@ -45,7 +45,7 @@ def space(hub, tmp_path_factory):
     env = {"SPACE_ID": "alice/grpo-panel", "SYSTEM": "spaces", "SPACE_AUTHOR_NAME": "alice",
            "OAUTH_CLIENT_ID": "fake-client", "OAUTH_CLIENT_SECRET": CLIENT_SECRET,
            "OAUTH_SCOPES": "openid profile jobs", "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url,
-           "HF_HOME": str(home / "hf-home")}
+           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url}
     with running_panel("tests/space_app.py", env, home, unset=("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
         yield url, home
 

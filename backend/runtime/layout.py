@@ -2,6 +2,8 @@
 
     runs/<run_id>/spec.json                     the RunSpec, as launched (no secrets)
     runs/<run_id>/code/runtime/...              the runtime code that ran
+    runs/<run_id>/code/user_rewards.py          the run's own reward functions, if it has any
+    runs/<run_id>/data/<file>                   the run's own dataset file (.jsonl or .parquet), if it has one
     runs/<run_id>/metrics/<writer>-<seq>.jsonl  write-once metric fragments, one record per logging step
     runs/<run_id>/adapters/trl-policy-v<N>/     LoRA adapter versions, published by atomic rename
     runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
@@ -25,6 +27,8 @@ from .redact import redact_record
 RUNS_DIR = "runs"
 SPEC_FILE = "spec.json"
 CODE_DIR = "code"
+USER_REWARDS_MODULE = "user_rewards"    # code/user_rewards.py, imported by the trainer as a module
+DATA_DIR = "data"
 METRICS_DIR = "metrics"
 EVENTS_DIR = "events"
 ADAPTERS_DIR = "adapters"

@@ -1,7 +1,7 @@
-"""Prompt sets for GRPO: the builtin ones are built locally; any other name is a Hub dataset id.
+"""The builtin prompt sets, built locally with no Hub access (other datasets are read by task.py).
 
-A builtin set is a `datasets.Dataset` with a conversational "prompt" column (system + user message) and a
-"target_length" column that the `length_target` reward reads. The system message is short on purpose: the
+A builtin set's rows have a conversational "prompt" (system + user message) and a "target_length" that the
+`length_target` reward reads once `reward_columns` maps it. The system message is short on purpose: the
 builtin tokenizer is byte-level, so Qwen's default system prompt would add ~70 tokens to every prompt.
 """
 
@@ -29,24 +29,11 @@ def builtin_names() -> list[str]:
     return [BUILTIN_PREFIX + name for name in QUESTIONS]
 
 
-def builtin_prompts(name: str):
+def builtin_rows(name: str) -> list[dict]:
     """The builtin prompt set `name` (without the "builtin:" prefix), repeated to ROWS_PER_SET rows."""
-    from datasets import Dataset
-
     if name not in QUESTIONS:
         raise ValueError(f"unknown builtin dataset {name!r}; choose one of {', '.join(builtin_names())}")
     questions = QUESTIONS[name]
-    rows = [questions[i % len(questions)] for i in range(ROWS_PER_SET)]
-    return Dataset.from_dict({
-        "prompt": [[{"role": "system", "content": SYSTEM[name]}, {"role": "user", "content": q}] for q in rows],
-        "target_length": [TARGET_LENGTH] * len(rows),
-    })
-
-
-def load_prompts(dataset: str):
-    """A builtin set by its "builtin:<name>" id, else the train split of a Hub dataset (Hugging Face Jobs only)."""
-    if dataset.startswith(BUILTIN_PREFIX):
-        return builtin_prompts(dataset[len(BUILTIN_PREFIX):])
-    from datasets import load_dataset
-
-    return load_dataset(dataset, split="train")
+    return [{"prompt": [{"role": "system", "content": SYSTEM[name]},
+                        {"role": "user", "content": questions[i % len(questions)]}],
+             "target_length": TARGET_LENGTH} for i in range(ROWS_PER_SET)]

@@ -1,13 +1,23 @@
-"""Builtin reward functions, with TRL's signature: `f(completions, **kwargs) -> list[float]`.
+"""Reward functions, with TRL's signature `f(completions, **kwargs) -> list[float]`: the builtin toy rewards,
+TRL's reward library, and the run's own code (module `user_rewards`), each named as the panel plots it.
 
 They are module-level so TRL's async rollout worker (a spawned process) can pickle them, and each scores
 in [0, 1] as a *fraction* rather than pass/fail: the tiny random model starts low on every one of them, and
 a graded score gives GRPO a reward spread within each group from the first step. Measured on the builtin
 model with the default spec (2 CPU cores): digits 0.05 -> 0.95 in 100 steps; format 0.43 -> 0.99 and
 length_target 0.15 -> 0.90 in 200. TRL names the metric `rewards/<function name>`.
+
+Everything handed to a trainer pickles by reference (module-level functions, TRL's callable classes, and the
+small classes below), because TRL's async rollout worker is a spawned process that receives them pickled.
 """
 
+import importlib
+import math
+import numbers
 import string
+
+from .layout import USER_REWARDS_MODULE
+from .user_code import reward_function_names
 
 DEFAULT_TARGET_LENGTH = 8
 PLAIN_TEXT = frozenset(string.ascii_letters + string.digits + string.punctuation + " ")
@@ -50,12 +60,107 @@ def format(completions, **kwargs) -> list[float]:
     return [_fraction(completion_text(c), PLAIN_TEXT) for c in completions]
 
 
-REWARDS = {"digits": digits, "length_target": length_target, "format": format}
+BUILTIN_REWARDS = {"digits": digits, "length_target": length_target, "format": format}
 
 
-def reward_functions(names: list[str]) -> list:
-    """The reward functions named in a RunSpec, in order."""
-    unknown = [n for n in names if n not in REWARDS]
+def _trl_rewards():
+    from trl import rewards
+
+    return rewards
+
+
+# TRL's reward library by the metric name TRL logs it under. The factories read their parameters from the spec.
+TRL_REWARDS = {
+    "accuracy_reward": lambda spec: _trl_rewards().accuracy_reward,
+    "reasoning_accuracy_reward": lambda spec: _trl_rewards().reasoning_accuracy_reward,
+    "think_format_reward": lambda spec: _trl_rewards().think_format_reward,
+    "soft_overlong_punishment_reward": lambda spec: _trl_rewards().get_soft_overlong_punishment(
+        max_completion_len=spec.get("overlong_max_tokens") or spec["max_completion_length"],
+        soft_punish_cache=spec.get("overlong_cache_tokens", 0)),
+    "repetition_penalty_reward": lambda spec: _trl_rewards().get_repetition_penalty_reward(
+        ngram_size=spec.get("repetition_ngram_size", 3), max_penalty=spec.get("repetition_max_penalty", -1.0)),
+}
+# The dataset column (reward keyword) a reward cannot work without, and the package it imports.
+NEEDS_COLUMN = {"accuracy_reward": "solution", "reasoning_accuracy_reward": "solution"}
+NEEDS_PACKAGE = {"accuracy_reward": "math-verify==0.9.0", "reasoning_accuracy_reward": "math-verify==0.9.0"}
+PACKAGE_FOR_IMPORT = {"math_verify": "math-verify==0.9.0"}
+CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised, or returned something TRL cannot use; the message names the function."""
+
+
+def checked_scores(name: str, scores, expected: int, allow_none: bool = False) -> list:
+    """`scores` as floats, or RewardFunctionError saying what is wrong with them (one finite float per completion)."""
+    if isinstance(scores, (str, bytes, dict)) or not hasattr(scores, "__len__"):
+        raise RewardFunctionError(f"reward function {name!r} returned {type(scores).__name__}, not a list of floats")
+    if len(scores) != expected:
+        raise RewardFunctionError(f"reward function {name!r} returned {len(scores)} scores for {expected} "
+                                  "completions; return one float per completion")
+    out = []
+    for i, score in enumerate(scores):
+        if score is None and allow_none:
+            out.append(None)
+        elif isinstance(score, numbers.Real) and math.isfinite(float(score)):
+            out.append(float(score))
+        else:
+            shown = repr(score) if len(repr(score)) <= 40 else repr(score)[:40] + "..."
+            raise RewardFunctionError(f"reward function {name!r} returned {shown} ({type(score).__name__}) at "
+                                      f"index {i}; return one finite float per completion")
+    return out
+
+
+class UserReward:
+    """A function of the run's own reward code, by name. It pickles as (module, name) and is imported where it
+    runs; a failure is re-raised naming the function (the original traceback stays chained to it)."""
+
+    def __init__(self, name: str, module: str = USER_REWARDS_MODULE):
+        self.__name__ = name
+        self.module = module
+
+    def function(self):
+        return getattr(importlib.import_module(self.module), self.__name__)
+
+    def __call__(self, *args, **kwargs) -> list[float]:
+        try:
+            scores = self.function()(*args, **kwargs)
+        except Exception as error:
+            raise RewardFunctionError(f"reward function {self.__name__!r} raised "
+                                      f"{type(error).__name__}: {error}") from error
+        completions = kwargs["completions"] if "completions" in kwargs else args[0]
+        return checked_scores(self.__name__, scores, len(completions))
+
+
+class Weighted:
+    """A reward scaled by its weight, for TRL's async trainer (it has no `reward_weights`; it sums with weight 1)."""
+
+    def __init__(self, reward, weight: float):
+        self.reward = reward
+        self.weight = weight
+        self.__name__ = getattr(reward, "__name__", type(reward).__name__)
+
+    def __call__(self, *args, **kwargs) -> list:
+        return [None if r is None else r * self.weight for r in self.reward(*args, **kwargs)]
+
+
+def reward_functions(names: list[str], spec: dict | None = None) -> list:
+    """The builtin and TRL reward functions named in a RunSpec, in order."""
+    unknown = [n for n in names if n not in CHOICES]
     if unknown:
-        raise ValueError(f"unknown reward(s) {', '.join(unknown)}; choose from {', '.join(REWARDS)}")
-    return [REWARDS[n] for n in names]
+        raise ValueError(f"unknown reward(s) {', '.join(unknown)}; choose from {', '.join(CHOICES)}")
+    spec = spec or {}
+    return [BUILTIN_REWARDS[n] if n in BUILTIN_REWARDS else TRL_REWARDS[n](spec) for n in names]
+
+
+def run_rewards(spec: dict) -> tuple[list, list[float]]:
+    """Every reward of the run (chosen ones, then the run's own code, which is imported now) and their weights."""
+    functions = reward_functions(spec["rewards"], spec)
+    code_names = reward_function_names(spec.get("reward_code") or "")
+    for name in code_names:
+        reward = UserReward(name)
+        reward.function()   # import now: an error in the module fails the run before training starts
+        functions.append(reward)
+    names = [*spec["rewards"], *code_names]
+    weights = spec.get("reward_weights") or {}
+    return functions, [float(weights.get(name, 1.0)) for name in names]

@@ -87,6 +87,11 @@ def no_progress_bars() -> None:
 
     disable_progress_bars()
     hf_logging.disable_progress_bar()
+    try:
+        import datasets  # its "Map" and "Filter" bars, while the trainer shapes a task's rows
+    except ImportError:
+        return
+    datasets.disable_progress_bars()
 
 
 def main() -> None:

@@ -19,10 +19,11 @@ import traceback
 
 from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
 from .metrics_callback import WRITER, RunFolderCallback
-from .prompts import load_prompts
 from .redact import remember_env_secrets
-from .rewards import reward_functions
+from .rewards import run_rewards
+from .task import TaskDataError, drop_long_prompts, load_task_dataset
 from .tiny_model import no_progress_bars
+from .user_code import code_traceback
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BASE_MODEL_DIR = "base-model"
@@ -114,11 +115,54 @@ def shared_trainer_args(spec: dict) -> dict:
     )
 
 
-def grpo_config(spec: dict, run_dir: str, engine: dict):
+def grpo_config(spec: dict, run_dir: str, engine: dict, reward_weights: list[float] | None = None):
     from trl import GRPOConfig
 
     return GRPOConfig(output_dir=os.path.join(run_dir, CHECKPOINTS_DIR), beta=spec["beta"],
-                      **shared_trainer_args(spec), **engine)
+                      reward_weights=reward_weights, **shared_trainer_args(spec), **engine)
+
+
+def skip_long_prompts(spec: dict, model: str, data):
+    """The rows whose templated prompt fits `max_prompt_tokens` (TRL 1.16 has no prompt length limit of its own)."""
+    limit = spec.get("max_prompt_tokens") or 0
+    if not limit:
+        return data
+    from transformers import AutoTokenizer
+
+    kept, dropped = drop_long_prompts(data, AutoTokenizer.from_pretrained(model), limit)
+    if not len(kept):
+        raise TaskDataError(f"every prompt is longer than max_prompt_tokens ({limit} tokens)")
+    if process_rank() == 0:
+        print(f"task: {len(kept)} rows; skipped {dropped} whose prompt is over {limit} tokens", flush=True)
+    return kept
+
+
+SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
+MAX_TRACEBACK_CHARS = 6000
+
+
+def mask_secrets(text: str) -> str:
+    """The job's secrets (HF_TOKEN, ...) and anything token-shaped, masked: a failure is written to the bucket."""
+    for name, value in os.environ.items():
+        if SECRET_ENV.search(name) and len(value) >= 8:
+            text = text.replace(value, "***")
+    return re.sub(r"\bhf_[A-Za-z0-9]{8,}\b", "hf_***", text)
+
+
+def failure_fields(error: BaseException) -> dict:
+    """The `failed` event's fields: one line saying what failed (and its cause) and the masked traceback."""
+    if isinstance(error, SystemExit):   # SIGTERM: the reason is the whole story, a traceback is noise
+        return {"error": str(error)}
+    message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    cause = error.__cause__
+    if cause is not None and not message.startswith("RewardFunctionError"):
+        message += f" (cause: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})"
+    text = "".join(traceback.format_exception(error))
+    fields = {"error": mask_secrets(message), "traceback": mask_secrets(text[-MAX_TRACEBACK_CHARS:])}
+    yours = code_traceback(text)
+    if yours:   # a reward function of the run's own code raised: its frames are what the user needs to see
+        fields["code_traceback"] = mask_secrets(yours[0])
+    return fields
 
 
 def lora_config(spec: dict):
@@ -153,9 +197,10 @@ def _readable_json(path: str) -> bool:
 
 def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     # The run's own inputs first: a wrong dataset or reward fails in seconds, before TRL (and vLLM) import.
-    prompts = load_prompts(spec["dataset"])
-    rewards = reward_functions(spec["rewards"])
+    prompts = load_task_dataset(spec, run_dir)
+    rewards, weights = run_rewards(spec)
     model = resolve_model(spec, run_dir)
+    prompts = skip_long_prompts(spec, model, prompts)
     engine, engine_name = generation_engine(spec)
     if process_rank() == 0:
         print(f"generation engine: {engine_name}", flush=True)
@@ -165,7 +210,7 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     from trl import GRPOTrainer
 
     trainer = GRPOTrainer(
-        model=model, reward_funcs=rewards, args=grpo_config(spec, run_dir, engine), train_dataset=prompts,
+        model=model, reward_funcs=rewards, args=grpo_config(spec, run_dir, engine, weights), train_dataset=prompts,
         peft_config=lora_config(spec), callbacks=[callback],
     )
     trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; our progress line replaces it
@@ -197,14 +242,12 @@ def main() -> None:
         trainer.train(resume_from_checkpoint=checkpoint)
     except BaseException as error:
         callback.flush()
-        if isinstance(error, SystemExit):  # SIGTERM: the reason is the whole story, a traceback is noise
-            message = str(error)
-        else:
-            message = f"{type(error).__name__}: {error}"
+        if not isinstance(error, SystemExit):
             traceback.print_exc()
         rank = process_rank()
-        write_event(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", "failed", error=message)
-        sys.exit(f"training failed: {message}")
+        fields = failure_fields(error)
+        write_event(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", "failed", **fields)
+        sys.exit(f"training failed: {fields['error']}")
 
 
 if __name__ == "__main__":

@@ -24,17 +24,19 @@ import urllib.request
 from .cpu_fallbacks import install_cpu_fallbacks
 from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, adapter_name, write_event
 from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publish_adapter
-from .prompts import load_prompts
 from .proxy import start_proxy_process
 from .redact import remember_env_secrets
-from .rewards import reward_functions
+from .rewards import Weighted, run_rewards
+from .task import load_task_dataset
 from .tiny_model import no_progress_bars
 from .train import (
+    failure_fields,
     latest_checkpoint,
     lora_config,
     resolve_model,
     say_vllm_version_warning_once,
     shared_trainer_args,
+    skip_long_prompts,
     stop_on_sigterm,
 )
 
@@ -143,11 +145,13 @@ def trainer_class():
 def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
     from transformers import PrinterCallback
 
+    rewards, weights = run_rewards(spec)
+    model = resolve_model(spec, run_dir)
     trainer = trainer_class()(
-        model=resolve_model(spec, run_dir),
-        reward_funcs=reward_functions(spec["rewards"]),
+        model=model,
+        reward_funcs=[r if w == 1.0 else Weighted(r, w) for r, w in zip(rewards, weights)],
         args=async_config(spec, run_dir, proxy_url),
-        train_dataset=load_prompts(spec["dataset"]),
+        train_dataset=skip_long_prompts(spec, model, load_task_dataset(spec, run_dir)),
         peft_config=lora_config(spec),
         callbacks=[callback],
     )
@@ -200,10 +204,10 @@ def main() -> None:
     try:
         train(spec, run_dir, replica_urls(args.replica), args.replica_wait)
     except BaseException as error:
-        message = str(error) if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
-        write_event(run_dir, WRITER, "failed", error=message)
+        fields = failure_fields(error)
+        write_event(run_dir, WRITER, "failed", **fields)
         traceback.print_exc()
-        sys.exit(f"training failed: {message}")
+        sys.exit(f"training failed: {fields['error']}")
 
 
 if __name__ == "__main__":

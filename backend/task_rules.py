@@ -1,0 +1,108 @@
+"""The task's own rules in RunSpec validation: the dataset source, the column mapping, the rewards, their weights
+and parameters, and the reward code read without running it. Pure; the checks that read data or run code are in
+task_check.py.
+"""
+
+import math
+import os
+import re
+
+from backend.runtime import rewards as runtime_rewards
+from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
+from backend.runtime.user_code import code_problems, reward_function_names
+from backend.spec import BUILTIN_DATASETS, HUB_ID, REWARD_CHOICES, FieldError, RunSpec
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def task_errors(spec: RunSpec) -> list[FieldError]:
+    """Every problem of a spec's task fields (RunSpec.validate calls this)."""
+    errs = _check_dataset(spec.dataset, spec.executor)
+    if not spec.dataset.startswith("builtin:") and not is_local_file(spec.dataset):
+        if spec.dataset_config and not _NAME.match(spec.dataset_config):
+            errs.append(FieldError("dataset_config", "letters, digits, '-', '_' or '.'; empty for the first"))
+        if not _NAME.match(spec.dataset_split or ""):
+            errs.append(FieldError("dataset_split", "name a split such as train"))
+    if not spec.prompt_column or "\n" in spec.prompt_column:
+        errs.append(FieldError("prompt_column", "name the column that holds the prompt, e.g. prompt"))
+    columns, problem = _check_reward_columns(spec.reward_columns)
+    if problem:
+        errs.append(FieldError("reward_columns", problem))
+    errs += _check_rewards(spec, columns)
+    if spec.max_prompt_tokens < 0:
+        errs.append(FieldError("max_prompt_tokens", "must be >= 0 (0: no limit)"))
+    return errs
+
+
+def _check_dataset(dataset: str, executor: str) -> list[FieldError]:
+    if dataset in BUILTIN_DATASETS:
+        return []
+    if is_local_file(dataset):
+        if not dataset.lower().endswith(FILE_SUFFIXES):
+            return [FieldError("dataset", f"{os.path.basename(dataset)!r} is not a .jsonl or .parquet file; "
+                                          "convert it, or give a Hub dataset id")]
+        return []
+    if not HUB_ID.match(dataset or ""):
+        return [FieldError("dataset", f"use one of {', '.join(BUILTIN_DATASETS)}, a Hub dataset id like 'org/name', "
+                                      "or a local .jsonl / .parquet file")]
+    if executor == "local":
+        return [FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset or a local "
+                                      ".jsonl / .parquet file, or run on Hugging Face Jobs")]
+    return []
+
+
+def _check_reward_columns(entries: list[str]) -> tuple[set[str], str | None]:
+    """The reward keywords the mapped columns provide, or why the mapping is wrong."""
+    names = [e.partition("=")[0].strip() for e in entries]
+    columns = parse_reward_columns(entries)
+    for entry, name in zip(entries, names):
+        if not name.isidentifier():
+            return set(columns), (f"{entry!r}: the part before '=' is the keyword the reward functions receive; "
+                                  "it must be a Python name, e.g. solution or solution=answer")
+        if name in RESERVED_COLUMN_NAMES:
+            return set(columns), f"{name!r} is a name TRL passes itself; pass the column as another keyword"
+        if not columns[name]:
+            return set(columns), f"{entry!r}: name the dataset column after '='"
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        return set(columns), f"{', '.join(duplicates)} mapped more than once"
+    return set(columns), None
+
+
+def _check_rewards(spec: "RunSpec", columns: set[str]) -> list[FieldError]:
+    errs = []
+    bad = [r for r in spec.rewards if r not in REWARD_CHOICES]
+    if bad:
+        errs.append(FieldError("rewards", f"unknown: {', '.join(bad)}; choose from {', '.join(REWARD_CHOICES)}"))
+    for reward, column in runtime_rewards.NEEDS_COLUMN.items():
+        if reward in spec.rewards and column not in columns:
+            errs.append(FieldError("reward_columns", f"{reward} compares answers with a {column!r} column; map one "
+                                                     f"({column}, or {column}=<your column>)"))
+    problems = code_problems(spec.reward_code, columns) if spec.reward_code.strip() else []
+    errs += [FieldError("reward_code", str(p)) for p in problems]
+    code_names = reward_function_names(spec.reward_code)
+    clash = [n for n in code_names if n in REWARD_CHOICES]
+    if clash:
+        errs.append(FieldError("reward_code", f"{', '.join(clash)} is already a reward name; rename your function"))
+    if not spec.rewards and not code_names and not problems:
+        errs.append(FieldError("rewards", f"choose one or more of {', '.join(REWARD_CHOICES)}, or write your own "
+                                          "reward functions in reward_code"))
+    names = {*spec.rewards, *code_names}
+    unknown = [k for k in spec.reward_weights if k not in names]
+    if unknown and not problems:
+        errs.append(FieldError("reward_weights", f"no reward named {', '.join(unknown)} in this run; its rewards are "
+                                                 f"{', '.join(sorted(names))}"))
+    if any(not math.isfinite(w) for w in spec.reward_weights.values()):
+        errs.append(FieldError("reward_weights", "weights must be finite numbers"))
+    if "soft_overlong_punishment_reward" in spec.rewards:
+        limit = spec.overlong_max_tokens or spec.max_completion_length
+        if not 0 < spec.overlong_cache_tokens <= limit:
+            errs.append(FieldError("overlong_cache_tokens", f"set the zone before the {limit}-token limit where "
+                                                            f"the penalty grows: 1 to {limit} (e.g. {limit // 4})"))
+    if "repetition_penalty_reward" in spec.rewards:
+        if spec.repetition_ngram_size < 1:
+            errs.append(FieldError("repetition_ngram_size", "must be at least 1 token, e.g. 3"))
+        if spec.repetition_max_penalty > 0:
+            errs.append(FieldError("repetition_max_penalty", "a penalty: 0 or below, e.g. -1"))
+    return errs
+

@@ -1,0 +1,162 @@
+"""The launch form's "Your task" section: the dataset and its column mapping, the system prompt, the rewards with
+their weights and parameters, and a Python editor for your own reward functions, with a check that previews it all.
+
+`TaskSection` builds the components, keyed by RunSpec field names (they join the launch form), plus the check
+button and its preview outputs. `preview_outputs` turns a TaskReport into what the preview shows: plain data,
+so a test reads it without a browser.
+"""
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import gradio as gr
+import pandas as pd
+
+from backend.spec import BUILTIN_DATASETS, REWARD_CHOICES
+
+CODE_LABEL = ("Your reward functions (Python): every top-level def name(completions, **kwargs) -> list[float] is a "
+              "reward, plotted as rewards/<name>; mapped columns arrive as keyword arguments")
+
+
+def _columns_text(columns: list[str] | str) -> str:
+    return columns if isinstance(columns, str) else ", ".join(columns)
+
+
+def format_weights(weights: dict[str, float] | str) -> str:
+    """Reward weights as the form shows them: "accuracy_reward=1, think_format_reward=0.2"."""
+    if isinstance(weights, str):
+        return weights
+    return ", ".join(f"{name}={weight:g}" for name, weight in weights.items())
+
+
+@dataclass
+class TaskSection:
+    fields: dict
+    check_btn: gr.Button
+    message: gr.Markdown
+    prompt: gr.Textbox
+    scores: gr.Dataframe
+    rows: gr.Dataframe
+
+    @classmethod
+    def build(cls, initial: dict) -> "TaskSection":
+        """The section's components, showing `initial` (the form's starting preset)."""
+        start = SimpleNamespace(**{**initial, "reward_columns": _columns_text(initial["reward_columns"])})
+        f = {}
+        with gr.Accordion("Your task: dataset, prompt and rewards", open=True, elem_id="task-section"):
+            with gr.Row():
+                f["dataset"] = gr.Dropdown(
+                    list(BUILTIN_DATASETS), value=start.dataset, allow_custom_value=True, label="Dataset", scale=3,
+                    elem_id="f-dataset", info="a builtin prompt set, a Hub dataset id (HF Jobs), or a local .jsonl / "
+                                              ".parquet file (HF Jobs runs get a copy in the bucket)")
+                upload = gr.UploadButton("Upload .jsonl / .parquet", file_types=[".jsonl", ".parquet"], size="sm",
+                                         elem_id="dataset-upload", scale=1)
+                f["dataset_config"] = gr.Textbox(start.dataset_config, label="Config (Hub)", elem_id="f-dataset_config",
+                                                 scale=1)
+                f["dataset_split"] = gr.Textbox(start.dataset_split, label="Split (Hub)", elem_id="f-dataset_split",
+                                                scale=1)
+            with gr.Row():
+                f["prompt_column"] = gr.Textbox(start.prompt_column, label="Prompt column", elem_id="f-prompt_column",
+                                                info="plain text, or a list of {role, content} messages")
+                f["reward_columns"] = gr.Textbox(start.reward_columns, label="Columns for the rewards",
+                                                 elem_id="f-reward_columns",
+                                                 info="e.g. solution, or answer=final (keyword=column)")
+                f["max_prompt_tokens"] = gr.Number(start.max_prompt_tokens, precision=0, label="Max prompt tokens",
+                                                   elem_id="f-max_prompt_tokens",
+                                                   info="longer prompts are skipped in training; 0: no limit")
+            f["system_prompt"] = gr.Textbox(start.system_prompt, label="System prompt (optional)", lines=2,
+                                            elem_id="f-system_prompt", info="goes first in every prompt")
+            with gr.Row():
+                f["rewards"] = gr.CheckboxGroup(
+                    list(REWARD_CHOICES), value=start.rewards, label="Rewards", scale=3, elem_id="f-rewards",
+                    info="builtin toy rewards and TRL's reward library (accuracy rewards need a 'solution' column)")
+                f["reward_weights"] = gr.Textbox(format_weights(start.reward_weights), label="Reward weights", scale=1,
+                                                 elem_id="f-reward_weights",
+                                                 info="name=weight, comma-separated; unnamed rewards weigh 1")
+            with gr.Accordion("Reward parameters", open=False), gr.Row():
+                f["overlong_max_tokens"] = gr.Number(start.overlong_max_tokens, precision=0,
+                                                     label="Overlong: limit (tokens)", elem_id="f-overlong_max_tokens",
+                                                     info="0: max completion tokens")
+                f["overlong_cache_tokens"] = gr.Number(start.overlong_cache_tokens, precision=0,
+                                                       label="Overlong: soft zone (tokens)",
+                                                       elem_id="f-overlong_cache_tokens",
+                                                       info="the penalty grows to -1 over these last tokens")
+                f["repetition_ngram_size"] = gr.Number(start.repetition_ngram_size, precision=0,
+                                                       label="Repetition: n-gram size",
+                                                       elem_id="f-repetition_ngram_size")
+                f["repetition_max_penalty"] = gr.Number(start.repetition_max_penalty, label="Repetition: max penalty",
+                                                        elem_id="f-repetition_max_penalty")
+            f["reward_code"] = gr.Code(start.reward_code, language="python", lines=10, label=CODE_LABEL,
+                                       elem_id="f-reward_code", interactive=True)
+            check_btn = gr.Button("Check task", elem_id="check-task-btn")
+            message = gr.Markdown(elem_id="task-msg")
+            scores = gr.Dataframe(label="Sample completions and their scores", interactive=False,
+                                  elem_id="task-scores", wrap=True)
+            with gr.Row():
+                prompt = gr.Textbox(label="The first prompt, as the model sees it", lines=8, max_lines=16,
+                                    interactive=False, elem_id="task-prompt")
+                rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows",
+                                    wrap=True)
+        upload.upload(lambda path: gr.update(value=path), upload, f["dataset"])
+        return cls(f, check_btn, message, prompt, scores, rows)
+
+    def wire(self, panel, names: list[str], inputs: list) -> None:
+        """Connect the check button to `panel.check_task` over every form field."""
+        def on_check(oauth_token: gr.OAuthToken | None, *values):
+            # OAuth first: Gradio fills it only where it can match it positionally (never after *values).
+            report = panel.check_task(dict(zip(names, values)), oauth_token.token if oauth_token else None)
+            return preview_outputs(report)
+
+        self.check_btn.click(on_check, inputs, [self.message, self.rows, self.prompt, self.scores])
+
+
+def preview_outputs(report) -> tuple[str, pd.DataFrame, str, pd.DataFrame]:
+    """(message, first rows, the first prompt as the model sees it, sample scores) for a TaskReport."""
+    rows = pd.DataFrame(report.preview, columns=report.columns or None)
+    return summary_markdown(report), rows, prompt_text(report), scores_table(report)
+
+
+def summary_markdown(report) -> str:
+    parts = []
+    if report.errors:
+        items = "\n".join(f"- **{e.field}**: {e.message}" for e in report.errors)
+        parts.append(f"**Fix these fields before launching:**\n{items}")
+        parts += [f"`{name}`:\n```text\n{tb}\n```" for name, tb in report.tracebacks.items()]
+    elif report.scores or report.preview:
+        parts.append(f"**Task checked.** {_rows_line(report)}")
+    parts += [f"⚠️ {w}" for w in report.warnings]
+    if report.output:
+        parts.append(f"Your code printed:\n```text\n{report.output[-2000:]}\n```")
+    return "\n\n".join(parts)
+
+
+def _rows_line(report) -> str:
+    size = f"{report.num_rows:,} rows" if report.num_rows is not None else "rows"
+    line = f"{size}, columns {', '.join(report.columns)}."
+    if report.prompt_tokens is not None:
+        line += (f" The first prompt has {report.prompt_tokens} tokens; of {report.checked_rows} rows checked, "
+                 f"{report.long_rows} ({report.long_rows / max(report.checked_rows, 1):.0%}) are over the limit.")
+    if report.scores:
+        line += f" {len(report.scores)} reward function(s) scored {len(report.samples)} sample completions."
+    return line
+
+
+def prompt_text(report) -> str:
+    if report.prompt_text is not None:
+        return f"{report.prompt_text}\n\n[{report.prompt_tokens} tokens]"
+    if report.prompt_messages:   # no tokenizer: the conversation, without the model's template
+        return "\n".join(f"[{m['role']}] {m['content']}" for m in report.prompt_messages)
+    return ""
+
+
+def scores_table(report) -> pd.DataFrame:
+    """One row per sample completion: its dataset row, what it is, each reward's score, and its text."""
+    records = []
+    for i, sample in enumerate(report.samples):
+        record = {"row": sample["row"], "completion": sample["completion"]}
+        for name, scores in report.scores.items():
+            record[name] = "skipped (None)" if scores[i] is None else f"{scores[i]:.3f}"
+        text = sample["text"].replace("\n", " ")
+        record["text"] = text if len(text) <= 60 else text[:59] + "…"
+        records.append(record)
+    return pd.DataFrame(records)

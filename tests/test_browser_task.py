@@ -1,0 +1,80 @@
+"""Your own task in a real browser: write a reward in the editor, preview its sample scores, launch, and see
+its series on the dashboard. The same real `python app.py` process and Debian chromium as test_browser.py."""
+
+import os
+
+import pytest
+
+from tests import test_browser as shared
+from tests.test_browser import CHROMIUM, _plot_points, _set_number, _text, _wait_for_launch_answer
+
+# The same fixtures (this module gets its own panel process): pytest finds them by name in the module.
+app_home, app_url, browser, page = shared.app_home, shared.app_url, shared.browser, shared.page
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+REWARD = '''def short_answer(completions, **kwargs) -> list[float]:
+    """1.0 for an answer of at most 12 characters."""
+    return [1.0 if len(c[0]["content"]) <= 12 else 0.0 for c in completions]
+'''
+
+
+def _task_message(page) -> str:
+    page.wait_for_function("() => /Task checked|Fix these/.test(document.querySelector('#task-msg').innerText)",
+                           timeout=60000)
+    return _text(page, "task-msg")
+
+
+def _write_code(page, code: str) -> None:
+    editor = page.locator("#f-reward_code .cm-content")
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    editor.fill(code)
+
+
+def test_write_a_reward_preview_its_scores_and_launch(page):
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name="Tiny task: your reward code on a JSONL file (CPU)").click()
+    page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('tiny-math.jsonl')",
+                           timeout=10000)
+
+    # A reward that does not return a list is refused by the check, naming the field.
+    _write_code(page, "def broken(completions, **kwargs):\n    return 1.0\n")
+    page.locator("#f-reward_weights input, #f-reward_weights textarea").first.fill("")
+    page.locator("#check-task-btn").click()
+    message = _task_message(page)
+    assert "reward_code" in message and "returned float, not a list of floats" in message, message
+
+    _write_code(page, REWARD)
+    page.locator("#check-task-btn").click()
+    page.wait_for_function("() => document.querySelector('#task-msg').innerText.includes('Task checked')",
+                           timeout=60000)
+    message = _text(page, "task-msg")
+    assert "48 rows, columns question, solution" in message and "1 reward function(s) scored 12" in message
+    assert "Answer with the number only." in page.locator("#task-prompt textarea").input_value()
+    scores = _text(page, "task-scores")
+    assert "short_answer" in scores and "bare answer" in scores and "1.000" in scores and "0.000" in scores
+    folder = os.environ.get("DASHBOARD_SCREENSHOTS")
+    if folder:
+        page.locator("#task-section").screenshot(path=os.path.join(folder, "task.png"))
+
+    page.get_by_text("GRPO training", exact=True).click()
+    _set_number(page, "f-max_steps", 6)
+    page.locator("#launch-btn").click()
+    assert "Launched run" in _wait_for_launch_answer(page, timeout_ms=60000)
+    page.wait_for_function("() => document.getElementById('run-status').innerText.includes('final adapter ready')",
+                           timeout=240000)
+    assert _plot_points(page, "reward-plot", "short_answer") == 6, "the reward code's own series, every step"
+
+
+def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
+    data = tmp_path / "qa.jsonl"
+    data.write_text('{"q": "Name a prime.", "a": "7"}\n{"q": "Name an even number.", "a": "4"}\n')
+    page.locator("#dataset-upload").locator("xpath=..").locator("input[type=file]").set_input_files(str(data))
+    page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('qa.jsonl')",
+                           timeout=30000)
+    page.locator("#f-prompt_column input, #f-prompt_column textarea").first.fill("q")
+    page.locator("#check-task-btn").click()
+    message = _task_message(page)
+    assert "Task checked." in message and "2 rows, columns q, a" in message, message
+    assert "Name a prime." in _text(page, "task-rows")
