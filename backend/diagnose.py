@@ -1,0 +1,171 @@
+"""Why a run is slow or off: a bottleneck verdict with a proposed change, and alerts. Pure functions over the
+metrics the trainers log (TRL's own names) and the run's spec; no I/O.
+
+The verdict follows how the published async GRPO + LoRA study found its 3.9x: look at whether the trainer waits
+for rollouts, whether generation is held back by its in-flight cap, and what share of wall time weight sync
+takes, then change the one setting that bounds the run.
+"""
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+WINDOW = 20                  # recent logged steps a verdict reads
+WAITING_SHARE = 0.30         # the trainer waits for rollouts this share of a step or more: generation bounds it
+IDLE_WAIT_SHARE = 0.05       # ... this share or less, with a full queue: the trainer bounds it
+FULL = 0.8                   # a queue or an in-flight count at this share of its cap is "at its cap"
+SYNC_SHARE = 0.25            # weight sync takes this share of wall time or more: sync bounds it
+TARGET_SYNC_SHARE = 0.10     # what the proposed sync interval aims at
+
+# The importance ratio trainer/vLLM logprobs. A published healthy run stayed within 0.9993-1.0004, and the local
+# tiny runs here within 0.996-1.005 (small batches are noisier); a policy that was lost or never loaded drifts
+# past 1% and stays there. The old +-0.1 band was never crossed by a replica serving the base model early on.
+RATIO_BAND = 0.01
+STALL_FACTOR = 10            # no new step for this many median step times: stalled
+STALE_DROP_SHARE = 0.20      # stale samples dropped, as a share of samples scored, above which to alert
+GPU_IDLE_PERCENT = 5.0       # a GPU below this utilisation ...
+GPU_IDLE_MINUTES = 5.0       # ... for this long while the run trains is idle
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str                          # "trainer-bound", "generation-bound", "sync-bound", "healthy", "unknown"
+    line: str                          # one sentence with the evidence numbers
+    advice: str = ""                   # what the study found for this case
+    change: dict = field(default_factory=dict)    # RunSpec fields to change for "New run with this change"
+
+
+def _values(rows: list[dict], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    values = _values(rows, key)
+    return statistics.median(values) if values else None
+
+
+def verdict(rows: list[dict], spec: dict) -> Verdict:
+    """Which side bounds a distributed run over its last WINDOW logged steps, with the evidence and a change."""
+    if spec.get("mode") != "distributed":
+        return Verdict("unknown", "Colocated runs alternate generation and training on the same GPUs: there is no "
+                                  "queue between them to read a bottleneck from.")
+    window = rows[-WINDOW:]
+    step_s = _median(window, "perf/step_s")
+    wait_s = _median(window, "perf/rollout_wait_s")
+    if not step_s or wait_s is None:
+        return Verdict("unknown", "Not enough steps logged yet for a verdict.")
+    wait_share = wait_s / step_s
+    queue, cap_queue = _median(window, "sample/rollout_queue_size"), spec.get("queue_maxsize") or 0
+    inflight, cap_inflight = _median(window, "rollout/inflight"), spec.get("max_inflight_tasks") or 0
+    sync_s, every = _median(window, "perf/weight_sync_s"), max(int(spec.get("adapter_every") or 1), 1)
+    sync_share = (sync_s / (every * step_s)) if sync_s else 0.0
+
+    if sync_share >= SYNC_SHARE:
+        new_every = max(every * 2, math.ceil(every * sync_share / TARGET_SYNC_SHARE))
+        return Verdict(
+            "sync-bound",
+            f"Sync-bound: weight sync takes {sync_s:.2f} s every {every} step(s) of {step_s:.2f} s, "
+            f"{sync_share:.0%} of wall time.",
+            f"Sync less often: every {new_every} steps keeps sync near {TARGET_SYNC_SHARE:.0%} of wall time "
+            "(staleness grows by the same number of versions, so keep max_staleness above it).",
+            {"adapter_every": new_every, "max_staleness": max(int(spec.get("max_staleness") or 0), new_every)})
+    if wait_share >= WAITING_SHARE:
+        at_cap = inflight is not None and cap_inflight and inflight >= FULL * cap_inflight
+        evidence = (f"Generation-bound: the trainer waits {wait_s:.2f} s of each {step_s:.2f} s step for rollouts "
+                    f"({wait_share:.0%})" + (f"; in flight {inflight:.0f} of {cap_inflight}" if inflight is not None
+                                            else "") + ".")
+        if at_cap or inflight is None:
+            return Verdict("generation-bound", evidence,
+                           "Raise max_inflight_tasks before adding replicas: the replicas may have room the cap "
+                           "keeps idle.", {"max_inflight_tasks": max(int(cap_inflight or 1) * 2, 2)})
+        return Verdict("generation-bound", evidence,
+                       "In-flight requests are below their cap, so the replicas themselves are saturated: add one.",
+                       {"replicas": int(spec.get("replicas") or 1) + 1})
+    queue_full = queue is not None and cap_queue and queue >= FULL * cap_queue
+    if wait_share <= IDLE_WAIT_SHARE and queue_full:
+        evidence = (f"Trainer-bound: the trainer waits {wait_s:.2f} s of each {step_s:.2f} s step ({wait_share:.0%}) "
+                    f"and the rollout queue holds {queue:.0f} of {cap_queue}.")
+        if spec.get("gradient_checkpointing"):
+            return Verdict("trainer-bound", evidence,
+                           "Turn gradient checkpointing off where the model fits: it recomputes the forward pass.",
+                           {"gradient_checkpointing": False})
+        budget = int(spec.get("max_tokens_per_batch") or 0)
+        return Verdict("trainer-bound", evidence,
+                       "Pack more tokens per optimizer step (token-budget packing): fewer, fuller steps.",
+                       {"max_tokens_per_batch": max(budget * 2, 1)})
+    return Verdict("healthy", f"Healthy: the trainer waits {wait_share:.0%} of each {step_s:.2f} s step, weight sync "
+                              f"takes {sync_share:.0%} of wall time.")
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str          # "ratio", "stall", "job-error", "replica-down", "stale-drops", "gpu-idle", "serving"
+    message: str
+    key: str           # stable while the problem lasts: an alert is written and sent when its key appears
+
+
+def ratio_alert(rows: list[dict], window: int = 5) -> Alert | None:
+    values = _values(rows[-window:], "ratio")
+    if not values:
+        return None
+    mean = sum(values) / len(values)
+    if abs(mean - 1) <= RATIO_BAND:
+        return None
+    return Alert("ratio", f"ratio {mean:.4f} over the last {len(values)} steps is outside 1 ± {RATIO_BAND}: the "
+                          "trainer and vLLM disagree on the policy (a version lost, or not loaded on a replica)",
+                 "ratio")
+
+
+def stall_alert(rows: list[dict], now: float, running: bool) -> Alert | None:
+    """No new step for STALL_FACTOR median step times while the run's jobs run."""
+    times = _values(rows, "time")
+    if not running or len(times) < 3:
+        return None
+    recent = times[-WINDOW - 1:]
+    gaps = [b - a for a, b in zip(recent, recent[1:]) if b > a]
+    if not gaps:
+        return None
+    typical = statistics.median(gaps)
+    idle = now - times[-1]
+    if idle < STALL_FACTOR * typical:
+        return None
+    return Alert("stall", f"no new step for {idle:.0f} s, {idle / typical:.0f}x the median step time "
+                          f"({typical:.1f} s); last step {rows[-1].get('step')}", "stall")
+
+
+def stale_drop_alert(rows: list[dict], spec: dict) -> Alert | None:
+    """Stale samples dropped as a share of the samples the trainer received (scored) so far."""
+    dropped = _values(rows, "sample/dropped_stale_total")
+    if not dropped or not rows:
+        return None
+    per_step = int(spec.get("per_device_batch_size") or 1) * max(int(spec.get("num_processes") or 1), 1)
+    scored = dropped[-1] + per_step * len(rows)
+    share = dropped[-1] / scored if scored else 0.0
+    if share <= STALE_DROP_SHARE:
+        return None
+    return Alert("stale-drops", f"{dropped[-1]:.0f} stale samples dropped, {share:.0%} of those scored: generation "
+                                "is wasted; raise max_staleness or sync more often", "stale-drops")
+
+
+def job_alerts(stages: dict[str, str], messages: dict[str, str]) -> list[Alert]:
+    """A job in ERROR (the trainer, or a replica: then the run is degraded)."""
+    out = []
+    for role, stage in sorted(stages.items()):
+        if stage != "ERROR":
+            continue
+        kind = "replica-down" if role.startswith("vllm-") else "job-error"
+        out.append(Alert(kind, f"job {role} failed: {messages.get(role) or 'see its log'}", f"{kind}-{role}"))
+    return out
+
+
+def gpu_idle_alert(role: str, samples: list, now: float, running: bool) -> Alert | None:
+    """Every GPU of a job below GPU_IDLE_PERCENT for GPU_IDLE_MINUTES while the run trains."""
+    if not running:
+        return None
+    recent = [s for s in samples if now - s.time <= GPU_IDLE_MINUTES * 60 and s.gpu_util]
+    if not recent or now - recent[0].time < 0.9 * GPU_IDLE_MINUTES * 60:
+        return None
+    if any(max(s.gpu_util) >= GPU_IDLE_PERCENT for s in recent):
+        return None
+    return Alert("gpu-idle", f"{role}: GPUs below {GPU_IDLE_PERCENT:.0f}% utilisation for {GPU_IDLE_MINUTES:.0f} "
+                             "minutes while the run trains: it pays for hardware it does not use", f"gpu-idle-{role}")
