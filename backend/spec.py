@@ -16,12 +16,16 @@ from dataclasses import dataclass, field
 
 from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
+from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
 from backend.runtime.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
-BUILTIN_MODEL = "builtin:tiny-qwen2"
+BUILTIN_MODEL = TINY_MODEL   # the default: the 2-layer demo model
+MODEL_HELP = (f"a local folder, a Hub model id, {BUILTIN_MODEL} (the demo, built on the spot), or "
+              f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
+              "benchmarking throughput and memory (their rewards mean nothing)")
 BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
 BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
 TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
@@ -57,8 +61,7 @@ class RunSpec:
     mode: str = field(default="colocated",
                       metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
-    model: str = field(default=BUILTIN_MODEL,
-                       metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
+    model: str = field(default=BUILTIN_MODEL, metadata={"help": MODEL_HELP})
     # The task: data, prompt, rewards
     dataset: str = field(default="builtin:count-to-ten", metadata={
         "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
@@ -265,8 +268,10 @@ def _without_tokens(spec: RunSpec) -> list[FieldError]:
 
 
 def _check_model(model: str, executor: str) -> list[FieldError]:
-    if model == BUILTIN_MODEL:
+    if model in BUILTIN_MODELS:
         return []
+    if model.startswith("builtin:"):
+        return [FieldError("model", f"no builtin model {model!r}; the builtin models are {', '.join(BUILTIN_MODELS)}")]
     path = os.path.expanduser(model or "")
     if HUB_ID.match(model or "") and not os.path.exists(path):
         if executor == "local":
