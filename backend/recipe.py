@@ -73,7 +73,10 @@ def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
 
 def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
     if spec.num_processes > 1:
-        train = ["accelerate", "launch", "--num_processes", str(spec.num_processes), "-m", "runtime.train"]
+        # accelerate's launcher as a module of the job's own interpreter: an `accelerate` script on the PATH may
+        # belong to another Python (a local run's panel environment is not the shell's).
+        train = [PY, "-m", "accelerate.commands.launch", "--num_processes", str(spec.num_processes),
+                 "--num_machines", "1", "--dynamo_backend", "no", "-m", "runtime.train"]
     else:
         train = [PY, "-m", "runtime.train"]
     command = _shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
@@ -95,10 +98,18 @@ def split_cores(cores: list[int], parts: int) -> list[str]:
     return [",".join(map(str, cores[i * size:(i + 1) * size])) for i in range(parts)]
 
 
+def assign_local_gpus(gpus: list[str], replicas: int) -> tuple[str | None, list[str] | None]:
+    """(the trainer's GPU, one GPU per replica) when a local machine has a GPU for each job of a distributed run,
+    else (None, None): then every job shares what it sees (the first GPU) and the replicas split half of it."""
+    if len(gpus) < replicas + 1:
+        return None, None
+    return gpus[0], gpus[1:replicas + 1]
+
+
 def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python",
-                 cpu_binds: list[str] | None = None) -> list[JobSpec]:
-    """One vLLM server job per replica; `ports` and `cpu_binds` (cores per replica) are for local runs only
-    (one machine, N servers)."""
+                 cpu_binds: list[str] | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
+    """One vLLM server job per replica; `ports`, `cpu_binds` (cores per replica) and `gpus` (a GPU of its own per
+    replica, from assign_local_gpus) are for local runs only (one machine, N servers)."""
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
@@ -106,7 +117,10 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
         local = {}
-        if spec.executor == "local":
+        if spec.executor == "local" and gpus:
+            # A GPU of its own, as on HF Jobs: vLLM sizes its own KV cache (0.9 of the GPU), on loopback.
+            local = dict(host="127.0.0.1")
+        elif spec.executor == "local":
             local = dict(
                 host="127.0.0.1",   # loopback only
                 # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
@@ -127,14 +141,18 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
         if cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
         jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
     return jobs
 
 
-def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python") -> JobSpec:
+def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
+    """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
     steps = [*_ensure_model_step(spec), [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]]
     command = _shell(spec, steps, python, install=True)
-    return _job(spec, "trainer", command, spec.flavor, env={"VLLM_REPLICA_URLS": ",".join(replica_urls)})
+    env = {"VLLM_REPLICA_URLS": ",".join(replica_urls), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {})}
+    return _job(spec, "trainer", command, spec.flavor, env=env)
 
 
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:
