@@ -18,7 +18,7 @@ import sys
 import traceback
 
 from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
-from .metrics_callback import WRITER, RunFolderCallback
+from .metrics_callback import WRITER, ProfiledSeconds, RunFolderCallback
 from .redact import remember_env_secrets
 from .rewards import run_rewards
 from .task import TaskDataError, drop_long_prompts, load_task_dataset
@@ -234,7 +234,7 @@ def main() -> None:
     say_vllm_version_warning_once()
     no_progress_bars()
     limit_cpu_threads(spec)
-    callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"])
+    callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"], profiled=ProfiledSeconds().install())
     try:
         trainer = build_trainer(spec, run_dir, callback)
         checkpoint = latest_checkpoint(run_dir)
