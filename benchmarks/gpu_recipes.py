@@ -89,16 +89,20 @@ def build_spec(name: str, model: str, steps: int, overrides: dict) -> RunSpec:
 @contextmanager
 def visible_gpus(gpus: list[str]):
     """Local jobs inherit the environment: this pins the run's jobs to `gpus` (the launcher splits them further
-    between a distributed run's trainer and replicas)."""
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    between a distributed run's trainer and replicas). Each set of GPUs gets its own vLLM compile cache, so two
+    runs side by side never write one cache folder at once."""
+    wanted = {"CUDA_VISIBLE_DEVICES": ",".join(gpus),
+              "VLLM_CACHE_ROOT": os.path.expanduser(f"~/.cache/vllm-gpus-{'-'.join(gpus)}")}
+    before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def launch(registry: RunRegistry, spec: RunSpec, gpus: list[str]) -> dict:
