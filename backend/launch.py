@@ -146,7 +146,7 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
                           "No job was submitted.") from exc
     if spec.mode == "colocated":
-        jobs = recipe.colocated_jobs(spec, python=python)
+        jobs = recipe.colocated_jobs(spec, python=python, master_port=free_port() if local else None)
         ids = submit_jobs(executor, jobs, secrets)
         return LaunchedRun(spec.run_id, {j.role: i for j, i in zip(jobs, ids)})
     ports = [free_port() for _ in range(spec.replicas)] if local else None

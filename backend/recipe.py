@@ -71,16 +71,21 @@ def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
     return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed), "--name", spec.model]]
 
 
-def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
+def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | None = None) -> list[JobSpec]:
+    """The colocated run's one job. `master_port` (local runs) is the torch.distributed rendezvous port of its
+    processes and its vLLM: two local runs at once would otherwise both take 29500, and the second fails with
+    EADDRINUSE (seen on two H200s, two 1-GPU runs side by side)."""
+    port = ["--main_process_port", str(master_port)] if master_port else []
     if spec.num_processes > 1:
         # accelerate's launcher as a module of the job's own interpreter: an `accelerate` script on the PATH may
         # belong to another Python (a local run's panel environment is not the shell's).
         train = [PY, "-m", "accelerate.commands.launch", "--num_processes", str(spec.num_processes),
-                 "--num_machines", "1", "--dynamo_backend", "no", "-m", "runtime.train"]
+                 "--num_machines", "1", *port, "--dynamo_backend", "no", "-m", "runtime.train"]
     else:
         train = [PY, "-m", "runtime.train"]
     command = _shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
-    return [_job(spec, "trainer", command, spec.flavor)]
+    env = {"MASTER_PORT": str(master_port)} if master_port else None
+    return [_job(spec, "trainer", command, spec.flavor, env=env)]
 
 
 LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest

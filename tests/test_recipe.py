@@ -137,3 +137,32 @@ def test_local_gpus_follow_cuda_visible_devices(monkeypatch):
     assert local_gpu_ids() == ["1", "0"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert local_gpu_ids() == []
+
+
+def test_local_colocated_runs_each_rendezvous_on_a_port_of_their_own():
+    """Two colocated runs at once on one machine (a GPU each) both took torch.distributed's 29500 for vLLM's
+    process group; the second failed with EADDRINUSE. The launcher gives each local run a free port."""
+    one = recipe.colocated_jobs(RunSpec(use_vllm=True), master_port=41001)[0]
+    assert one.env["MASTER_PORT"] == "41001", "TRL keeps a MASTER_PORT that is set; vLLM's rendezvous uses it"
+    two = recipe.colocated_jobs(RunSpec(use_vllm=True, num_processes=2, per_device_batch_size=4), master_port=41002)[0]
+    assert "--num_machines 1 --main_process_port 41002" in two.command[2] and two.env["MASTER_PORT"] == "41002"
+    remote = RunSpec(executor="hf_jobs", bucket="alice/runs", model="Qwen/Qwen2.5-1.5B", use_vllm=True)
+    assert "MASTER_PORT" not in recipe.colocated_jobs(remote)[0].env, "a job alone on its machine keeps the default"
+
+
+def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
+    from backend.executors.local import LocalExecutor
+    from backend.launch import launch_run
+    from backend.store import FolderStore
+
+    class Recorder(LocalExecutor):
+        def submit(self, job, secrets=None):
+            self.seen = [*getattr(self, "seen", []), job]
+            return f"{job.run_id}--{job.role}"
+
+    executor = Recorder(str(tmp_path))
+    for _ in range(2):
+        spec = RunSpec(use_vllm=True)
+        launch_run(spec, executor, FolderStore(executor.bucket_root(spec.bucket)))
+    ports = [job.env["MASTER_PORT"] for job in executor.seen]
+    assert len(set(ports)) == 2 and all(p.isdigit() and p != "29500" for p in ports)
