@@ -161,18 +161,22 @@ def _range(values: list[float]) -> list[float] | None:
 
 
 def _gpu_figures(view, records: list[dict], gpus: list[str]) -> dict:
-    """Utilisation (mean, max) and memory (max GiB) of the run's GPUs over its training window, from the trainer
-    job's sampler (NVML sees every GPU of the machine, so one job's samples cover the replica's GPU too)."""
-    samples = view.jobs["trainer"].resources
-    if records:
-        samples = [s for s in samples if records[0]["time"] - 1 <= s.time <= records[-1]["time"] + 1]
-    out = {}
-    for g in map(int, gpus):
-        util = [s.gpu_util[g] for s in samples if len(s.gpu_util) > g]
-        mem = [s.gpu_mem_bytes[g] / 2**30 for s in samples if len(s.gpu_mem_bytes) > g]
-        if util:
-            out[f"gpu{g}"] = {"util_mean": statistics.mean(util), "util_max": max(util), "mem_max_gib": max(mem)}
-    return out
+    """Utilisation (mean, max) and memory (max GiB) of the run's GPUs over its training window, per GPU of the
+    machine, each from the first job (trainer first) whose sampler saw it: jobs sharing a GPU see the same GPU."""
+    util: dict[int, list[float]] = {}
+    mem: dict[int, list[float]] = {}
+    owner: dict[int, str] = {}
+    for role in sorted(view.jobs, key=lambda r: r != "trainer"):
+        for s in view.jobs[role].resources:
+            if records and not records[0]["time"] - 1 <= s.time <= records[-1]["time"] + 1:
+                continue
+            for pos, (u, m) in enumerate(zip(s.gpu_util, s.gpu_mem_bytes)):
+                index = s.gpu_index[pos] if pos < len(s.gpu_index) else pos
+                if owner.setdefault(index, role) == role:
+                    util.setdefault(index, []).append(u)
+                    mem.setdefault(index, []).append(m / 2**30)
+    return {f"gpu{g}": {"util_mean": statistics.mean(util[g]), "util_max": max(util[g]), "mem_max_gib": max(mem[g])}
+            for g in map(int, gpus) if util.get(g)}
 
 
 def export(executor: LocalExecutor, run: dict, row: dict, folder: str) -> str:
