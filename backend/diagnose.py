@@ -6,6 +6,7 @@ for rollouts, whether generation is held back by its in-flight cap, and what sha
 takes, then change the one setting that bounds the run.
 """
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -122,7 +123,7 @@ def stall_alert(rows: list[dict], now: float, running: bool) -> Alert | None:
     if not running or len(times) < 3:
         return None
     recent = times[-WINDOW - 1:]
-    gaps = [b - a for a, b in zip(recent, recent[1:]) if b > a]
+    gaps = [b - a for a, b in itertools.pairwise(recent) if b > a]
     if not gaps:
         return None
     typical = statistics.median(gaps)

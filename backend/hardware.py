@@ -80,7 +80,7 @@ def estimate_cost(jobs: list[JobSpec], flavors: list[Flavor]) -> float:
 
 def hardware_problems(spec: RunSpec, flavors: list[Flavor]) -> list[FieldError]:
     """What the chosen hardware cannot do for this spec (HF Jobs): unknown flavors, more data-parallel processes
-    than GPUs, a tensor-parallel size that does not divide the processes."""
+    than GPUs. (A tensor-parallel size that does not divide the processes is the spec's own error, local runs too.)"""
     known = {f.name: f for f in flavors}
     wanted = {"flavor": spec.flavor, **({"vllm_flavor": spec.vllm_flavor} if spec.mode == "distributed" else {})}
     errors = [FieldError(name, f"unknown hardware {value!r}; choose one of {', '.join(sorted(known))}")
@@ -92,11 +92,6 @@ def hardware_problems(spec: RunSpec, flavors: list[Flavor]) -> list[FieldError]:
         errors.append(FieldError("num_processes", f"flavor {spec.flavor!r} has {gpus} GPU(s) but the run asks for "
                                                   f"{spec.num_processes} data-parallel processes (one per GPU); pick a "
                                                   "larger flavor or fewer processes"))
-    elif spec.use_vllm and spec.num_processes % spec.vllm_tensor_parallel_size:
-        # Colocated vLLM shards over groups of the training processes: TP must divide their number.
-        errors.append(FieldError("vllm_tensor_parallel_size",
-                                 f"{spec.vllm_tensor_parallel_size} must divide the number of data-parallel "
-                                 f"processes ({spec.num_processes})"))
     return errors
 
 

@@ -90,6 +90,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def local_gpu_ids() -> list[str]:
+    """The GPUs local jobs may use: CUDA_VISIBLE_DEVICES where it is set, else every GPU NVML sees (none without
+    a driver)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver, no library: no GPU
+        return []
+
+
 def write_run_files(spec: RunSpec, store: BucketStore) -> None:
     """spec.json, the runtime code, the run's own reward code and dataset file, so the run can always be
     explained, relaunched and resumed, and a job on another machine finds everything in the bucket."""
@@ -131,15 +146,17 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
                           "No job was submitted.") from exc
     if spec.mode == "colocated":
-        jobs = recipe.colocated_jobs(spec, python=python)
+        jobs = recipe.colocated_jobs(spec, python=python, master_port=free_port() if local else None)
         ids = submit_jobs(executor, jobs, secrets)
         return LaunchedRun(spec.run_id, {j.role: i for j, i in zip(jobs, ids)})
     ports = [free_port() for _ in range(spec.replicas)] if local else None
     binds = recipe.split_cores(list(os.sched_getaffinity(0)), spec.replicas) if local else None
-    replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds)
+    # With a GPU for every job (trainer on the first, one replica on each of the next), each has its GPU alone.
+    trainer_gpu, replica_gpus = recipe.assign_local_gpus(local_gpu_ids(), spec.replicas) if local else (None, None)
+    replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds, gpus=replica_gpus)
     replica_ids = submit_jobs(executor, replicas, secrets)
     urls = [executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(replicas, replica_ids)]
-    trainer = recipe.trainer_job(spec, urls, python=python)
+    trainer = recipe.trainer_job(spec, urls, python=python, gpu=trainer_gpu)
     trainer_id = submit_jobs(executor, [trainer], secrets, already=replica_ids)[0]
     roles = {j.role: i for j, i in zip(replicas, replica_ids)}
     return LaunchedRun(spec.run_id, {**roles, "trainer": trainer_id})

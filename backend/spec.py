@@ -16,12 +16,16 @@ from dataclasses import dataclass, field
 
 from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
+from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
 from backend.runtime.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
-BUILTIN_MODEL = "builtin:tiny-qwen2"
+BUILTIN_MODEL = TINY_MODEL   # the default: the 2-layer demo model
+MODEL_HELP = (f"a local folder, a Hub model id, {BUILTIN_MODEL} (the demo, built on the spot), or "
+              f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
+              "benchmarking throughput and memory (their rewards mean nothing)")
 BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
 BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
 TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
@@ -57,8 +61,7 @@ class RunSpec:
     mode: str = field(default="colocated",
                       metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
-    model: str = field(default=BUILTIN_MODEL,
-                       metadata={"help": "a local folder, a Hub model id, or builtin:tiny-qwen2"})
+    model: str = field(default=BUILTIN_MODEL, metadata={"help": MODEL_HELP})
     # The task: data, prompt, rewards
     dataset: str = field(default="builtin:count-to-ten", metadata={
         "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
@@ -106,7 +109,9 @@ class RunSpec:
     use_vllm: bool = field(default=False, metadata={"help": "colocated vLLM (GPU); False generates with transformers"})
     vllm_gpu_memory_utilization: float = 0.3
     vllm_enable_sleep_mode: bool = True
-    vllm_tensor_parallel_size: int = 1
+    vllm_tensor_parallel_size: int = field(default=1, metadata={
+        "help": "GPUs one colocated vLLM engine spans; TRL groups the training processes by it, so it must divide "
+                "num_processes (TP 2 on two GPUs: num_processes 2)"})
     num_processes: int = field(default=1, metadata={"help": "data-parallel training processes (accelerate)"})
     # Distributed
     replicas: int = 2
@@ -114,7 +119,8 @@ class RunSpec:
     vllm_flavor: str = "l4x1"
     max_inflight_tasks: int = 8
     queue_maxsize: int = 64
-    max_tokens_per_batch: int = 4096
+    max_tokens_per_batch: int = field(default=4096, metadata={
+        "help": "tokens per training micro-batch (TRL's token_budget); 0: per_device_batch_size samples per step"})
     gradient_checkpointing: bool = False
     # Hardware and storage
     flavor: str = field(default="cpu-basic", metadata={"help": "the trainer's hardware (HF Jobs flavor)"})
@@ -212,6 +218,12 @@ class RunSpec:
              "must be strictly between 0 and 1, e.g. 0.3 leaves 70% of the GPU for training")
         need(self.vllm_tensor_parallel_size in (1, 2, 4, 8), "vllm_tensor_parallel_size", "must be 1, 2, 4 or 8")
         need(1 <= self.num_processes <= 64, "num_processes", "must be between 1 and 64")
+        if self.mode == "colocated" and self.use_vllm and self.vllm_tensor_parallel_size in (2, 4, 8):
+            # TRL builds one vLLM engine per group of `tensor_parallel_size` training processes and refuses the rest.
+            need(self.num_processes % self.vllm_tensor_parallel_size == 0, "vllm_tensor_parallel_size",
+                 f"tensor parallel size {self.vllm_tensor_parallel_size} must divide the training processes "
+                 f"(num_processes={self.num_processes}): one process per GPU, e.g. num_processes="
+                 f"{self.vllm_tensor_parallel_size} for TP {self.vllm_tensor_parallel_size}")
         if self.mode == "distributed":
             need(1 <= self.replicas <= 16, "replicas", "a distributed run needs between 1 and 16 vLLM replicas")
             need(self.max_staleness >= 0, "max_staleness",
@@ -220,8 +232,9 @@ class RunSpec:
                  "at most 16: vLLM must keep max_staleness + 2 adapters loaded")
             need(self.max_inflight_tasks > 0, "max_inflight_tasks", "must be positive")
             need(self.queue_maxsize > 0, "queue_maxsize", "must be positive")
-            need(self.max_tokens_per_batch >= self.max_completion_length, "max_tokens_per_batch",
-                 "the token budget must hold at least one completion (>= max_completion_length)")
+            need(self.max_tokens_per_batch == 0 or self.max_tokens_per_batch >= self.max_completion_length,
+                 "max_tokens_per_batch", "the token budget must hold at least one completion (>= "
+                 "max_completion_length), or be 0 for a fixed per_device_batch_size samples per step")
         need(isinstance(self.timeout_minutes, int) and 1 <= self.timeout_minutes <= MAX_TIMEOUT_MIN, "timeout_minutes",
              f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
         errs += _check_bucket(self.bucket, self.executor)
@@ -265,8 +278,10 @@ def _without_tokens(spec: RunSpec) -> list[FieldError]:
 
 
 def _check_model(model: str, executor: str) -> list[FieldError]:
-    if model == BUILTIN_MODEL:
+    if model in BUILTIN_MODELS:
         return []
+    if model.startswith("builtin:"):
+        return [FieldError("model", f"no builtin model {model!r}; the builtin models are {', '.join(BUILTIN_MODELS)}")]
     path = os.path.expanduser(model or "")
     if HUB_ID.match(model or "") and not os.path.exists(path):
         if executor == "local":

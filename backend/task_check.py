@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from backend.dataset_viewer import DatasetUnreadable, first_rows
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
-from backend.spec import BUILTIN_MODEL, FieldError, RunSpec
+from backend.runtime.tiny_model import BUILTIN_MODELS
+from backend.spec import FieldError, RunSpec
 
 BACKEND_DIR = os.path.dirname(os.path.abspath(__file__))
 PREVIEW_ROWS = 5
@@ -84,8 +85,8 @@ def secret_free_env(scratch: str) -> dict[str, str]:
 
 def tokenizer_source(spec: RunSpec, token: str | None, report: TaskReport) -> str | None:
     """What the check process loads the tokenizer from: "builtin", a local folder, or None (with a warning)."""
-    if spec.model == BUILTIN_MODEL:
-        return "builtin"
+    if spec.model in BUILTIN_MODELS:
+        return "builtin"   # every builtin model's tokenizer encodes text byte by byte, as this one does
     path = os.path.expanduser(spec.model)
     if os.path.isdir(path):
         return os.path.abspath(path)

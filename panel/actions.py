@@ -29,6 +29,7 @@ from backend.runs import RunRegistry
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
+from backend.runtime.tiny_model import benchmark_note
 from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
@@ -365,6 +366,11 @@ def _uploaded(path: str) -> bool:
 
 
 def engine_label(spec: RunSpec) -> str:
+    note = benchmark_note(spec.model)
+    return _engine(spec) + (f"; model {note}" if note else "")
+
+
+def _engine(spec: RunSpec) -> str:
     if spec.mode == "distributed":
         return f"vLLM server x{spec.replicas} behind the proxy (async GRPO)"
     if spec.use_vllm and spec.executor == "hf_jobs":

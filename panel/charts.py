@@ -134,7 +134,7 @@ def utilisation_figure(resources: dict[str, list]) -> go.Figure:
         for g in range(gpus):
             pts = [(s.time - t0, s.gpu_util[g]) for s in samples if len(s.gpu_util) > g]
             xs, ys = downsample([p[0] for p in pts], [p[1] for p in pts])
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{role} GPU{g} util"))
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{role} {samples[-1].gpu_name(g)} util"))
         if not gpus:
             pts = [(s.time - t0, s.cpu_percent) for s in samples if s.cpu_percent is not None]
             xs, ys = downsample([p[0] for p in pts], [p[1] for p in pts])
@@ -149,7 +149,8 @@ def memory_figure(resources: dict[str, list]) -> go.Figure:
         gpus = max((len(s.gpu_mem_bytes) for s in samples), default=0)
         for g in range(gpus):
             pts = [(s.time - t0, s.gpu_mem_bytes[g] / 2**30) for s in samples if len(s.gpu_mem_bytes) > g]
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name=f"{role} GPU{g}"))
+            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines",
+                                     name=f"{role} {samples[-1].gpu_name(g)}"))
         pts = [(s.time - t0, s.ram_bytes / 2**30) for s in samples if s.ram_bytes is not None]
         if pts:
             xs, ys = downsample([p[0] for p in pts], [p[1] for p in pts])

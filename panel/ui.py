@@ -7,7 +7,7 @@ Gradio fills only when it can match them positionally (never after `*args`), rea
 import gradio as gr
 
 from backend.access import Visitor
-from backend.spec import BUILTIN_MODEL, LORA_TARGET_CHOICES, RunSpec
+from backend.spec import LORA_TARGET_CHOICES, MODEL_HELP, RunSpec
 from panel import dashboard
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
@@ -58,8 +58,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
         f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
                                  info="local processes on this machine, or Hugging Face Jobs" if "local" in executors
                                  else "Hugging Face Jobs, with your own account")
-    f["model"] = _field("model", "Model", initial,
-                        info=f"a local folder, a Hub id, or {BUILTIN_MODEL} (built on the spot)")
+    f["model"] = _field("model", "Model", initial, info=MODEL_HELP)
     task = TaskSection.build(initial)
     f.update(task.fields)
     with gr.Accordion("LoRA", open=False):

@@ -28,7 +28,8 @@ def test_colocated_hf_job_installs_pinned_trl_and_takes_the_token_as_a_secret():
     assert job.image == recipe.VLLM_IMAGE and job.flavor == "a10g-large" and job.namespace == "alice"
     assert job.secrets == ("HF_TOKEN",) and "HF_TOKEN" not in job.env
     assert f"pip install --quiet trl=={recipe.TRL_VERSION} peft=={recipe.PEFT_VERSION}" in job.command[2]
-    assert "accelerate launch --num_processes 2 -m runtime.train" in job.command[2]
+    assert "python -m accelerate.commands.launch --num_processes 2 --num_machines 1" in job.command[2]
+    assert job.command[2].endswith("-m runtime.train --run-dir /bucket/runs/" + spec.run_id)
     assert "runtime.tiny_model" not in job.command[2]
     preview = job.cli_preview()
     assert "-s HF_TOKEN" in preview and "-v hf://buckets/alice/runs:/bucket" in preview
@@ -75,3 +76,93 @@ def test_local_replicas_each_get_cores_of_their_own():
     remote = RunSpec(mode="distributed", replicas=2, executor="hf_jobs", bucket="alice/runs",
                      model="Qwen/Qwen2.5-0.5B-Instruct")
     assert all("VLLM_CPU_OMP_THREADS_BIND" not in j.env for j in recipe.replica_jobs(remote)), "a GPU job's own"
+
+
+def test_two_gpu_colocated_runs_launch_one_process_per_gpu_with_the_jobs_own_python():
+    dp = RunSpec(use_vllm=True, num_processes=2, per_device_batch_size=4, num_generations=8)
+    tp = RunSpec(use_vllm=True, num_processes=2, vllm_tensor_parallel_size=2, per_device_batch_size=4,
+                 num_generations=8)
+    for spec in (dp, tp):
+        assert spec.validate() == []
+        script = recipe.colocated_jobs(spec, python="/opt/venv/bin/python3")[0].command[2]
+        # accelerate as a module of the job's interpreter: no `accelerate` script from another environment
+        train = shlex.split(script.split(" && ")[-1])
+        assert train[:6] == ["exec", "/opt/venv/bin/python3", "-m", "accelerate.commands.launch", "--num_processes",
+                             "2"]
+        assert train[-4:] == ["-m", "runtime.train", "--run-dir", spec.run_path]
+
+
+def test_tensor_parallel_vllm_needs_a_training_process_per_gpu_of_the_engine():
+    """TRL groups the training processes by the TP size and refuses a size that does not divide them."""
+    [error] = RunSpec(use_vllm=True, vllm_tensor_parallel_size=2).validate()
+    assert error.field == "vllm_tensor_parallel_size" and "num_processes=2" in error.message
+    assert RunSpec(use_vllm=False, vllm_tensor_parallel_size=2).validate() == [], "TP only matters with vLLM"
+    remote = RunSpec(executor="hf_jobs", bucket="alice/runs", model="Qwen/Qwen2.5-1.5B", use_vllm=True,
+                     num_processes=4, vllm_tensor_parallel_size=8, per_device_batch_size=2)
+    assert [e.field for e in remote.validate()] == ["vllm_tensor_parallel_size"]
+
+
+def test_a_benchmarking_model_is_built_in_the_run_folder_and_replicas_wait_for_it():
+    spec = RunSpec(mode="distributed", model="builtin:bench-qwen2.5-1.5b", replicas=1)
+    replica, trainer = recipe.preview_jobs(spec)
+    assert (f"runtime.tiny_model --out {spec.run_path}/base-model --seed 0 --name builtin:bench-qwen2.5-1.5b"
+            in trainer.command[2])
+    assert f"--wait-for {spec.run_path}/base-model" in replica.command[2]
+    assert f"--model {spec.run_path}/base-model" in replica.command[2]
+    assert [e.field for e in RunSpec(model="builtin:bench-qwen2.5-7b").validate()] == ["model"]
+
+
+def test_a_local_distributed_run_with_a_gpu_per_job_pins_each_job_to_its_own():
+    assert recipe.assign_local_gpus(["0", "1"], replicas=1) == ("0", ["1"])
+    assert recipe.assign_local_gpus(["2", "5", "7"], replicas=2) == ("2", ["5", "7"])
+    assert recipe.assign_local_gpus(["0"], replicas=1) == (None, None), "one GPU: every job shares it"
+    assert recipe.assign_local_gpus([], replicas=1) == (None, None)
+    spec = RunSpec(mode="distributed", replicas=1)
+    trainer_gpu, replica_gpus = recipe.assign_local_gpus(["0", "1"], spec.replicas)
+    [replica] = recipe.replica_jobs(spec, ports=[18001], gpus=replica_gpus)
+    trainer = recipe.trainer_job(spec, ["http://127.0.0.1:18001"], gpu=trainer_gpu)
+    assert replica.env["CUDA_VISIBLE_DEVICES"] == "1" and trainer.env["CUDA_VISIBLE_DEVICES"] == "0"
+    # Alone on its GPU a replica sizes its own KV cache, as on HF Jobs; it still listens on loopback only.
+    assert "--gpu-memory-utilization" not in replica.command[2] and "--kv-cache-memory-bytes" not in replica.command[2]
+    assert "--host 127.0.0.1" in replica.command[2]
+    [shared] = recipe.replica_jobs(spec, ports=[18001])
+    assert "CUDA_VISIBLE_DEVICES" not in shared.env and "--gpu-memory-utilization 0.5" in shared.command[2]
+    assert "CUDA_VISIBLE_DEVICES" not in recipe.trainer_job(spec, ["http://127.0.0.1:18001"]).env
+
+
+def test_local_gpus_follow_cuda_visible_devices(monkeypatch):
+    from backend.launch import local_gpu_ids
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    assert local_gpu_ids() == ["1", "0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert local_gpu_ids() == []
+
+
+def test_local_colocated_runs_each_rendezvous_on_a_port_of_their_own():
+    """Two colocated runs at once on one machine (a GPU each) both took torch.distributed's 29500 for vLLM's
+    process group; the second failed with EADDRINUSE. The launcher gives each local run a free port."""
+    one = recipe.colocated_jobs(RunSpec(use_vllm=True), master_port=41001)[0]
+    assert one.env["MASTER_PORT"] == "41001", "TRL keeps a MASTER_PORT that is set; vLLM's rendezvous uses it"
+    two = recipe.colocated_jobs(RunSpec(use_vllm=True, num_processes=2, per_device_batch_size=4), master_port=41002)[0]
+    assert "--num_machines 1 --main_process_port 41002" in two.command[2] and two.env["MASTER_PORT"] == "41002"
+    remote = RunSpec(executor="hf_jobs", bucket="alice/runs", model="Qwen/Qwen2.5-1.5B", use_vllm=True)
+    assert "MASTER_PORT" not in recipe.colocated_jobs(remote)[0].env, "a job alone on its machine keeps the default"
+
+
+def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
+    from backend.executors.local import LocalExecutor
+    from backend.launch import launch_run
+    from backend.store import FolderStore
+
+    class Recorder(LocalExecutor):
+        def submit(self, job, secrets=None):
+            self.seen = [*getattr(self, "seen", []), job]
+            return f"{job.run_id}--{job.role}"
+
+    executor = Recorder(str(tmp_path))
+    for _ in range(2):
+        spec = RunSpec(use_vllm=True)
+        launch_run(spec, executor, FolderStore(executor.bucket_root(spec.bucket)))
+    ports = [job.env["MASTER_PORT"] for job in executor.seen]
+    assert len(set(ports)) == 2 and all(p.isdigit() and p != "29500" for p in ports)

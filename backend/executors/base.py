@@ -8,7 +8,8 @@ from backend.jobspec import JobRecord, JobSpec, JobStatus
 
 @dataclass(frozen=True)
 class ResourceSample:
-    """One utilisation sample of a job. GPU fields are per-device lists (empty where there is no GPU)."""
+    """One utilisation sample of a job. GPU fields are per-device lists (empty where there is no GPU); `gpu_index`
+    names the machine's GPU of each entry where a job sees only some of them (empty: 0, 1, ... in order)."""
 
     time: float
     cpu_percent: float | None = None
@@ -16,6 +17,10 @@ class ResourceSample:
     gpu_util: tuple[float, ...] = ()
     gpu_mem_bytes: tuple[int, ...] = ()
     gpu_mem_total_bytes: tuple[int, ...] = ()
+    gpu_index: tuple[int, ...] = ()
+
+    def gpu_name(self, position: int) -> str:
+        return f"GPU{self.gpu_index[position] if position < len(self.gpu_index) else position}"
 
 
 class SubmitError(RuntimeError):

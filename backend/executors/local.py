@@ -27,7 +27,7 @@ from backend.jobspec import (
     JobStatus,
 )
 from backend.runtime.redact import TOKEN_ENV_VARS, redact_tokens, remember_secret
-from backend.runtime.sampler import ResourceSampler
+from backend.runtime.sampler import ResourceSampler, visible_gpu_indices
 
 GRACE_S = 5.0
 
@@ -104,7 +104,8 @@ class LocalExecutor:
         record["pid"] = proc.pid
         _write_json(os.path.join(job_dir, "job.json"), record)
         self._set_status(job_id, RUNNING)
-        sampler = ResourceSampler(proc.pid, os.path.join(job_dir, "resources.jsonl")).start()
+        sampler = ResourceSampler(proc.pid, os.path.join(job_dir, "resources.jsonl"),
+                                  gpu_indices=visible_gpu_indices(env)).start()
         threading.Thread(target=self._watch, args=(job_id, proc, job.timeout_s, sampler), daemon=True).start()
         return job_id
 
@@ -227,7 +228,8 @@ def _read_complete_lines(path: str, cursor: int) -> bytes:
 def _sample(d: dict) -> ResourceSample:
     return ResourceSample(time=d["time"], cpu_percent=d.get("cpu_percent"), ram_bytes=d.get("ram_bytes"),
                           gpu_util=tuple(d.get("gpu_util", ())), gpu_mem_bytes=tuple(d.get("gpu_mem_bytes", ())),
-                          gpu_mem_total_bytes=tuple(d.get("gpu_mem_total_bytes", ())))
+                          gpu_mem_total_bytes=tuple(d.get("gpu_mem_total_bytes", ())),
+                          gpu_index=tuple(d.get("gpu_index", ())))
 
 
 def _pid_alive(pid: int | None) -> bool:

@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import defaultdict
 
 from transformers import TrainerCallback
 
@@ -48,11 +49,14 @@ RENAMES = {
     "perf/weight_sync_s": "weight_sync_s",
     "rollout/generated_tok_s": "gen_tokens_per_s",
     "perf/trained_tok_s_wall_clock": "train_tokens_per_s",
+    "perf/fwd_bwd_s": "fwd_bwd_s",
+    "perf/rollout_wait_s": "rollout_wait_s",
 }
 CANONICAL_KEYS = (
     "step", "time", "reward", "reward_std", "kl", "entropy", "completion_length", "tokens_per_s",
     "staleness_mean", "staleness_max", "dropped_stale_total", "ratio", "weight_sync_s", "gen_tokens_per_s",
-    "train_tokens_per_s", "time_in_queue_s", "loss", "grad_norm", "learning_rate", "step_time",
+    "train_tokens_per_s", "time_in_queue_s", "loss", "grad_norm", "learning_rate", "step_time", "generation_s",
+    "fwd_bwd_s", "rollout_wait_s",
 )  # plus "rewards/<func>" per reward function
 
 
@@ -133,10 +137,50 @@ def latest_adapter_version(adapters_dir: str) -> int:
     return max(versions, default=0)
 
 
+GENERATE_BLOCKS = (".vLLM.generate", ".transformers.generate", ".transformers.generate_batch")
+SYNC_BLOCK = ".sync_weights"
+
+
+class ProfiledSeconds:
+    """Seconds GRPOTrainer spent generating and syncing weights into its colocated vLLM since the last `take()`.
+
+    TRL times both (`profiling_context`: "GRPOTrainer.vLLM.generate", "GRPOTrainer.sync_weights") but hands the
+    durations only to wandb, mlflow and trackio; this keeps the main process's durations for the run's metrics."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = defaultdict(float)
+
+    def install(self) -> "ProfiledSeconds":
+        from trl.extras import profiling
+
+        original, totals = profiling.ProfilingContext._log_metrics, self.totals
+
+        def log_metrics(context, duration: float) -> None:
+            if context.is_main_process:
+                totals[context.name] += duration
+            original(context, duration)
+
+        profiling.ProfilingContext._log_metrics = log_metrics
+        return self
+
+    def take(self) -> dict:
+        """{"generation_s", "weight_sync_s"}: the seconds since the last call, only the blocks that ran."""
+        out = {}
+        generation = [v for k, v in self.totals.items() if k.endswith(GENERATE_BLOCKS)]
+        if generation:
+            out["generation_s"] = sum(generation)
+        sync = [v for k, v in self.totals.items() if k.endswith(SYNC_BLOCK)]
+        if sync:
+            out["weight_sync_s"] = sum(sync)
+        self.totals.clear()
+        return out
+
+
 class RunFolderCallback(TrainerCallback):
     """Writes metric fragments, adapter versions, final/ and events into `run_dir` as the trainer runs."""
 
-    def __init__(self, run_dir: str, adapter_every: int, flush_every_s: float = 2.0):
+    def __init__(self, run_dir: str, adapter_every: int, flush_every_s: float = 2.0,
+                 profiled: ProfiledSeconds | None = None):
         self.run_dir = run_dir
         self.adapter_every = adapter_every
         self.flush_every_s = flush_every_s
@@ -145,6 +189,8 @@ class RunFolderCallback(TrainerCallback):
         self.last_flush = time.time()
         self.start = time.time()
         self.last_log = (self.start, None)  # (time, num_tokens) at the previous log, for tokens_per_s
+        self.last_step = 0
+        self.profiled = profiled
         self.version = latest_adapter_version(os.path.join(run_dir, ADAPTERS_DIR))
         self.published_step = None
 
@@ -158,6 +204,7 @@ class RunFolderCallback(TrainerCallback):
             return  # with several training processes, only the first one writes into the run folder
         self.start = time.time()
         self.last_log = (self.start, state.num_input_tokens_seen)
+        self.last_step = state.global_step
         write_event(self.run_dir, WRITER, "started", step=state.global_step, max_steps=state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -165,11 +212,24 @@ class RunFolderCallback(TrainerCallback):
             return  # other processes write nothing; the end-of-training summary (train_runtime, ...) is no step
         record = {"step": state.global_step, "time": time.time(), **canonical_metrics(logs)}
         record.update(staleness_mean=0.0, staleness_max=0.0)  # colocated: every rollout uses the current policy
+        record.update(self.profiled.take() if self.profiled else {})
+        self._add_completion_rate(record, args, state.global_step)
         self._add_token_rate(record, _number(logs.get("num_tokens")))
         self.pending.append(record)
         if time.time() - self.last_flush >= self.flush_every_s:
             self.flush()
         print(self._progress_line(record, state.max_steps), flush=True)
+
+    def _add_completion_rate(self, record: dict, args, step: int) -> None:
+        """Completion tokens per second of wall clock since the previous log: a colocated run trains every token it
+        generates, so the generated and trained rates are one figure, comparable with the async trainer's two."""
+        then, _ = self.last_log
+        steps, self.last_step = step - self.last_step, step
+        length = record.get("completion_length")
+        if length is None or steps <= 0 or record["time"] <= then:
+            return
+        completions = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps * steps
+        record["gen_tokens_per_s"] = record["train_tokens_per_s"] = length * completions / (record["time"] - then)
 
     def _add_token_rate(self, record: dict, num_tokens: float | None) -> None:
         then, tokens_then = self.last_log

@@ -1,8 +1,11 @@
 """Resource samples for a job: GPU utilisation and memory through NVML when GPUs exist, CPU and RAM always.
 
-    python -m runtime.sampler --pid PID --out samples.jsonl [--interval 1]
+    python -m runtime.sampler --pid PID --out samples.jsonl [--interval 1] [--gpus 0,1]
 
 The same `ResourceSampler` runs inside `LocalExecutor` (one thread per job) and stands alone for jobs.
+NVML sees every GPU of the machine whatever CUDA_VISIBLE_DEVICES says: a job pinned to some of them samples
+only those (`gpu_indices`), and each sample names them (`gpu_index`), so two jobs on two GPUs of one machine
+do not both report both GPUs.
 """
 
 import argparse
@@ -15,18 +18,21 @@ import psutil
 
 
 class _Nvml:
-    """Per-GPU utilisation and memory, or nothing where NVML (a GPU driver) is absent."""
+    """Per-GPU utilisation and memory of the GPUs `indices` (default: all), or nothing where NVML (a GPU driver)
+    is absent."""
 
-    def __init__(self):
-        self.handles = []
+    def __init__(self, indices: list[int] | None = None):
+        self.handles, self.indices = [], []
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self.nvml = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            count = pynvml.nvmlDeviceGetCount()
+            self.indices = [i for i in (range(count) if indices is None else indices) if 0 <= i < count]
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
         except Exception:  # no driver, no library, no device: CPU-only sampling
-            self.handles = []
+            self.handles, self.indices = [], []
 
     def sample(self) -> dict:
         if not self.handles:
@@ -37,7 +43,7 @@ class _Nvml:
             mem = self.nvml.nvmlDeviceGetMemoryInfo(h)
             used.append(int(mem.used))
             total.append(int(mem.total))
-        return {"gpu_util": util, "gpu_mem_bytes": used, "gpu_mem_total_bytes": total}
+        return {"gpu_util": util, "gpu_mem_bytes": used, "gpu_mem_total_bytes": total, "gpu_index": self.indices}
 
 
 def _process_tree(pid: int) -> list[psutil.Process]:
@@ -51,10 +57,10 @@ def _process_tree(pid: int) -> list[psutil.Process]:
 class ResourceSampler:
     """Samples a process tree (CPU %, RSS) and the GPUs every `interval` seconds into a JSONL file."""
 
-    def __init__(self, pid: int, out_path: str, interval: float = 1.0):
+    def __init__(self, pid: int, out_path: str, interval: float = 1.0, gpu_indices: list[int] | None = None):
         self.pid, self.out_path, self.interval = pid, out_path, interval
         self._stop = threading.Event()
-        self._nvml = _Nvml()
+        self._nvml = _Nvml(gpu_indices)
         self._known: dict[int, psutil.Process] = {}
         self._thread = threading.Thread(target=self._loop, name=f"sampler-{pid}", daemon=True)
 
@@ -89,13 +95,29 @@ class ResourceSampler:
                 f.write(json.dumps(self.sample()) + "\n")
 
 
+def visible_gpu_indices(env: dict) -> list[int] | None:
+    """The GPUs a process with environment `env` may use, as NVML indices; None: all of them (also where
+    CUDA_VISIBLE_DEVICES names GPUs by UUID, which is not mapped here)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or visible.strip().startswith(("GPU-", "MIG-")):
+        return None
+    indices = []
+    for item in visible.split(","):
+        if not item.strip().isdigit():
+            break   # CUDA reads up to the first id that is not a device number ("-1" hides every GPU)
+        indices.append(int(item))
+    return indices
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pid", type=int, default=os.getppid())
     parser.add_argument("--out", required=True)
     parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--gpus", default=None, help="NVML indices to sample, e.g. 0,1 (default: CUDA_VISIBLE_DEVICES)")
     args = parser.parse_args()
-    sampler = ResourceSampler(args.pid, args.out, args.interval)
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else visible_gpu_indices(dict(os.environ))
+    sampler = ResourceSampler(args.pid, args.out, args.interval, gpus)
     sampler._loop()
 
 

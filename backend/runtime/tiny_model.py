@@ -1,19 +1,25 @@
-"""Build a tiny random Qwen2-style causal LM and a byte-level tokenizer, locally, with no Hub access.
+"""Build the builtin models: random Qwen2-style causal LMs and a byte-level tokenizer, locally, with no Hub access.
 
-    python -m runtime.tiny_model --out /bucket/runs/<run_id>/base-model
+    python -m runtime.tiny_model --out /bucket/runs/<run_id>/base-model [--name builtin:bench-qwen2.5-1.5b]
+
+`builtin:tiny-qwen2` is the 2-layer demo model that learns the builtin tasks in a minute on a CPU.
+`builtin:bench-qwen2.5-0.5b` and `builtin:bench-qwen2.5-1.5b` have the shapes of Qwen2.5-0.5B and -1.5B (layers,
+hidden size, heads, KV heads, intermediate size, vocabulary, context) and random weights: they cost a GPU what the
+real models cost (throughput, memory, weight sync), but their rewards mean nothing. They are for benchmarking.
 
 The build is deterministic (fixed seed), so every job of a run that builds it gets the same weights, and
 it is published by atomic rename, so jobs racing to build it never see a half-written folder.
 Head size 64 because vLLM's CPU attention rejects 16; the chat template is Qwen2.5's, which TRL recognises.
-Weights start at std 0.15, not transformers' 0.02: the embeddings are tied and the final RMSNorm fixes the
-hidden state's norm, so at 0.02 no LoRA can move a logit by more than a fraction of a unit and GRPO raised no
-reward in 300 steps; at 0.15 the "digits" demo climbs from ~0.05 to ~0.9 in 50-70 steps (0.1 stalled at 0.7).
+The tiny model's weights start at std 0.15, not transformers' 0.02: the embeddings are tied and the final RMSNorm
+fixes the hidden state's norm, so at 0.02 no LoRA can move a logit by more than a fraction of a unit and GRPO raised
+no reward in 300 steps; at 0.15 the "digits" demo climbs from ~0.05 to ~0.9 in 50-70 steps (0.1 stalled at 0.7).
 """
 
 import argparse
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 CHAT_TEMPLATE = (Path(__file__).parent / "qwen2_5_chat_template.jinja").read_text()
@@ -23,52 +29,98 @@ TINY_CONFIG = dict(
     num_key_value_heads=1, head_dim=64, max_position_embeddings=512, rope_theta=10000.0,
     tie_word_embeddings=True, torch_dtype="float32", initializer_range=0.15,
 )
+# The shapes of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B (their config.json), bf16 as they are published.
+QWEN2_5_SHAPE = dict(max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                     vocab_size=151936, torch_dtype="bfloat16", initializer_range=0.02)
+BENCH_0_5B_CONFIG = dict(QWEN2_5_SHAPE, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2)
+BENCH_1_5B_CONFIG = dict(QWEN2_5_SHAPE, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2)
+TINY_MODEL = "builtin:tiny-qwen2"
+BENCHMARK_MODELS = {"builtin:bench-qwen2.5-0.5b": ("Qwen2.5-0.5B", BENCH_0_5B_CONFIG),
+                    "builtin:bench-qwen2.5-1.5b": ("Qwen2.5-1.5B", BENCH_1_5B_CONFIG)}
+BUILTIN_MODELS = (TINY_MODEL, *BENCHMARK_MODELS)
 
 
-def build_tokenizer():
-    """Byte-level tokenizer with no merges: 256 byte tokens plus Qwen's chat special tokens."""
+def model_config(name: str) -> dict:
+    if name == TINY_MODEL:
+        return TINY_CONFIG
+    if name in BENCHMARK_MODELS:
+        return BENCHMARK_MODELS[name][1]
+    raise ValueError(f"no builtin model {name!r}; builtin models: {', '.join(BUILTIN_MODELS)}")
+
+
+def benchmark_note(name: str) -> str | None:
+    """What a run on a benchmarking model must say wherever its model is named, or None for other models."""
+    if name not in BENCHMARK_MODELS:
+        return None
+    return (f"{name}: random weights shaped like {BENCHMARK_MODELS[name][0]}, for benchmarking "
+            "(throughput, memory and sync times are real; rewards mean nothing)")
+
+
+def filler_token(i: int) -> str:
+    """The i-th made-up token of a benchmarking vocabulary: a space and four letters ("Ġaaab" decodes to " aaab")."""
+    letters = "".join(chr(ord("a") + (i // 26**p) % 26) for p in (3, 2, 1, 0))
+    return "Ġ" + letters
+
+
+def build_tokenizer(vocab_size: int | None = None, max_length: int = TINY_CONFIG["max_position_embeddings"]):
+    """Byte-level tokenizer with no merges: 256 byte tokens plus Qwen's chat special tokens.
+
+    With `vocab_size`, made-up tokens fill the vocabulary up to it (special tokens last), so a model with a real
+    vocabulary can sample any id and vLLM can decode it. Text still encodes byte by byte: with no merges, no
+    encoding ever produces a made-up token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     byte_pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    fillers = (vocab_size or 0) - len(vocab) - len(SPECIAL_TOKENS)
+    if fillers > 26**4:
+        raise ValueError(f"a vocabulary of {vocab_size} needs more made-up tokens than four letters spell")
+    base = len(vocab)
+    vocab.update((filler_token(i), base + i) for i in range(max(fillers, 0)))
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = byte_pre
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIAL_TOKENS)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
-        model_max_length=TINY_CONFIG["max_position_embeddings"],
+        model_max_length=max_length,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def build_model(tokenizer, seed: int = 0):
+def build_model(tokenizer, seed: int = 0, shape: dict = TINY_CONFIG):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, **TINY_CONFIG,
-    )
-    model = Qwen2ForCausalLM(config)
+    config = Qwen2Config(**{
+        **shape, "vocab_size": len(tokenizer), "bos_token_id": None, "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    })
+    dtype = getattr(torch, shape["torch_dtype"])
+    # A GPU draws a 1.5B model's random weights in a second; a CPU takes a minute.
+    with torch.device("cuda" if torch.cuda.is_available() and shape is not TINY_CONFIG else "cpu"):
+        model = Qwen2ForCausalLM(config).to(dtype)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 
 
-def ensure_tiny_model(out: str, seed: int = 0) -> str:
-    """Build the tiny model at `out` unless it is already there; return `out`."""
+def ensure_tiny_model(out: str, seed: int = 0, name: str = TINY_MODEL) -> str:
+    """Build the builtin model `name` at `out` unless it is already there; return `out`."""
     if os.path.isfile(os.path.join(out, "config.json")):
         return out
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="_tmp-model-", dir=parent)
     try:
-        tokenizer = build_tokenizer()
-        build_model(tokenizer, seed).save_pretrained(tmp)
+        shape = model_config(name)
+        tokenizer = build_tokenizer(shape.get("vocab_size"), shape["max_position_embeddings"])
+        build_model(tokenizer, seed, shape).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:
             os.rename(tmp, out)
@@ -98,9 +150,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default=TINY_MODEL, choices=BUILTIN_MODELS)
     args = parser.parse_args()
     no_progress_bars()
-    print(f"tiny model ready at {ensure_tiny_model(args.out, args.seed)}", flush=True)
+    started = time.time()
+    out = ensure_tiny_model(args.out, args.seed, args.name)
+    print(f"{args.name} ready at {out} ({time.time() - started:.1f} s)", flush=True)
+    if benchmark_note(args.name):
+        print(f"note: {benchmark_note(args.name)}", flush=True)
 
 
 if __name__ == "__main__":

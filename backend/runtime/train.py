@@ -18,14 +18,13 @@ import sys
 import traceback
 
 from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
-from .metrics_callback import WRITER, RunFolderCallback
+from .metrics_callback import WRITER, ProfiledSeconds, RunFolderCallback
 from .redact import remember_env_secrets
 from .rewards import run_rewards
 from .task import TaskDataError, drop_long_prompts, load_task_dataset
-from .tiny_model import no_progress_bars
+from .tiny_model import BUILTIN_MODELS, TINY_MODEL, benchmark_note, no_progress_bars
 from .user_code import code_traceback
 
-BUILTIN_MODEL = "builtin:tiny-qwen2"
 BASE_MODEL_DIR = "base-model"
 
 
@@ -35,12 +34,12 @@ def process_rank() -> int:
 
 
 def resolve_model(spec: dict, run_dir: str) -> str:
-    """A model path or Hub id for TRL; the builtin tiny model is built into the run folder first."""
-    if spec["model"] != BUILTIN_MODEL:
+    """A model path or Hub id for TRL; a builtin model is built into the run folder first."""
+    if spec["model"] not in BUILTIN_MODELS:
         return spec["model"]
     from .tiny_model import ensure_tiny_model
 
-    return ensure_tiny_model(os.path.join(run_dir, BASE_MODEL_DIR), spec["seed"])
+    return ensure_tiny_model(os.path.join(run_dir, BASE_MODEL_DIR), spec["seed"], spec["model"])
 
 
 def limit_cpu_threads(spec: dict) -> None:
@@ -48,7 +47,7 @@ def limit_cpu_threads(spec: dict) -> None:
     machine OpenMP's spinning threads made steps 30x slower (0.04 s -> 1-15 s) than one thread."""
     import torch
 
-    if spec["model"] == BUILTIN_MODEL and not torch.cuda.is_available():
+    if spec["model"] == TINY_MODEL and not torch.cuda.is_available():
         torch.set_num_threads(1)
 
 
@@ -202,6 +201,8 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     model = resolve_model(spec, run_dir)
     prompts = skip_long_prompts(spec, model, prompts)
     engine, engine_name = generation_engine(spec)
+    if benchmark_note(spec["model"]):
+        engine_name += f" · model {benchmark_note(spec['model'])}"
     if process_rank() == 0:
         print(f"generation engine: {engine_name}", flush=True)
         write_event(run_dir, WRITER, "engine", engine=engine_name)
@@ -233,7 +234,7 @@ def main() -> None:
     say_vllm_version_warning_once()
     no_progress_bars()
     limit_cpu_threads(spec)
-    callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"])
+    callback = RunFolderCallback(run_dir, adapter_every=spec["adapter_every"], profiled=ProfiledSeconds().install())
     try:
         trainer = build_trainer(spec, run_dir, callback)
         checkpoint = latest_checkpoint(run_dir)

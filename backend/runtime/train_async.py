@@ -28,7 +28,7 @@ from .proxy import start_proxy_process
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .task import load_task_dataset
-from .tiny_model import no_progress_bars
+from .tiny_model import benchmark_note, no_progress_bars
 from .train import (
     failure_fields,
     latest_checkpoint,
@@ -175,6 +175,8 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float) -> N
                     "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
             engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
                       f"adapter-only sync{', fallbacks: ' + ', '.join(patched) if patched else ''})")
+            if benchmark_note(spec["model"]):
+                engine += f" · model {benchmark_note(spec['model'])}"
             print(f"generation engine: {engine}", flush=True)
             write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
             checkpoint = latest_checkpoint(run_dir)
