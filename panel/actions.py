@@ -267,9 +267,10 @@ class Panel:
         return self._final_zips[run_id]
 
     def shutdown(self) -> None:
+        """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper
+        process) and the next panel over the same home finds them, with their true status."""
         for registry in self._hub_registries.values():
             registry.executor.stop(timeout=0)
-        self.local.shutdown()
 
 
 def local_runtime_installed() -> bool:
