@@ -53,6 +53,7 @@ class RunRegistry:
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
+            run["bucket"] = run["bucket"] or rec.bucket
         summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
                            key=lambda r: r.created_at, reverse=True)
         self._listed = (time.time(), summaries)

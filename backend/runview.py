@@ -91,25 +91,36 @@ class RunView:
         self.jobs = {role: JobView(job_id, role) for role, job_id in jobs.items()}
         self.version += 1
 
+    @property
+    def unreadable(self) -> dict[str, int]:
+        """Records skipped as unreadable, per file: metric and event fragments, and the jobs' own files."""
+        counts = {**self._metric_cursor.bad, **self._event_cursor.bad}
+        if self.jobs:    # a view of bucket files alone has no executor to ask
+            counts.update(self.executor.unreadable_records(self.run_id))
+        return counts
+
     def _refresh_spec(self) -> bool:
         if self.spec:
             return False
         try:
-            self.spec = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.SPEC_FILE}"))
+            spec = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.SPEC_FILE}"))
         except (OSError, ValueError, KeyError):
             return False
-        return True
+        self.spec = spec if isinstance(spec, dict) else {}
+        return bool(self.spec)
 
     def _refresh_fragments(self) -> bool:
         prefix = layout.run_prefix(self.run_id)
-        new_metrics = read_new_records(self.store, f"{prefix}/{layout.METRICS_DIR}", self._metric_cursor)
+        new_metrics = read_new_records(self.store, f"{prefix}/{layout.METRICS_DIR}", self._metric_cursor,
+                                       check=_is_metric_record)
         for writer, record in new_metrics:
             if "replicas" in record:
                 self.replica_stats.append(record)
             else:
                 # A resumed trainer logs the steps after its checkpoint again: the latest record wins.
-                self._by_step[record.get("step", 0)] = record
-        new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor)
+                self._by_step[record["step"]] = record
+        new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor,
+                                      check=lambda r: isinstance(r.get("event"), str))
         for writer, record in new_events:
             self.events.append({"writer": writer, **record})
         if new_metrics:
@@ -139,3 +150,16 @@ class RunView:
         samples, job.resource_cursor = self.executor.read_resources(job.job_id, job.resource_cursor)
         job.resources.extend(samples)
         return changed or bool(lines or samples)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_metric_record(record: dict) -> bool:
+    """A trainer's metric record (an integer step and numbers), or a proxy's replica snapshot (a list of replicas)."""
+    if "replicas" in record:
+        return isinstance(record["replicas"], list) and all(isinstance(r, dict) for r in record["replicas"])
+    step = record.get("step")
+    return (isinstance(step, int) and not isinstance(step, bool) and step >= 0
+            and all(_is_number(v) for v in record.values()))

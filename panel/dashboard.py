@@ -60,6 +60,11 @@ def status_markdown(view) -> str:
     warning = charts.ratio_warning(view.metrics)
     if warning:
         parts.append(f"⚠️ **{warning}**")
+    unreadable = view.unreadable
+    if unreadable:
+        total = sum(unreadable.values())
+        files = ", ".join(f"`{path}`: {n}" for path, n in sorted(unreadable.items()))
+        parts.append(f"⚠️ {total} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     failed = [e for e in view.events if e.get("event") == "failed"]
     if failed:
         parts.append(f"❌ **{failed[-1].get('error', 'the trainer failed')}**")

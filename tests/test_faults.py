@@ -159,3 +159,57 @@ def test_when_a_jobs_main_process_is_killed_no_process_of_its_group_survives(exe
     assert alive == [], f"left running in group {group}: {[p.cmdline() for p in alive]}"
     status = _wait_for(lambda: (s := executor.status(job_id)).done and s, 15, "the job ended")
     assert status.stage == "ERROR" and "SIGKILL" in status.message, status
+
+
+# ---- one malformed record is skipped and counted; it breaks no view and not the runs list
+
+def _corrupt_run(ex: LocalExecutor, run_id: str) -> str:
+    """A run with one good job and, in every file the panel reads, one malformed record of each kind."""
+    from backend.runtime.layout import FragmentWriter, write_event
+
+    job_id = ex.submit(_job(["true"], run_id=run_id))
+    ex.wait(job_id, 30)
+    run_dir = os.path.join(ex.bucket_root("local/b"), "runs", run_id)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "spec.json"), "w") as f:
+        json.dump({"mode": "colocated", "model": "m", "max_steps": 3}, f)
+    FragmentWriter(os.path.join(run_dir, "metrics"), "trainer").write([{"step": 1, "reward": 0.5}])
+    with open(os.path.join(run_dir, "metrics", "trainer-000001.jsonl"), "w") as f:
+        f.write('{"step": "abc", "reward": 0.7}\n[1, 2]\n{"step": 2, "reward": 0.6}\n')
+    write_event(run_dir, "trainer", "started", step=0)
+    with open(os.path.join(run_dir, "events", "trainer-000001.jsonl"), "w") as f:
+        f.write('"not an object"\n')
+    with open(os.path.join(ex.home, "jobs", job_id, "resources.jsonl"), "a") as f:
+        f.write('not json\n{"time": "later"}\n')
+    bad_job = os.path.join(ex.home, "jobs", f"{run_id}--vllm-0--abcdef")
+    os.makedirs(bad_job)
+    with open(os.path.join(bad_job, "job.json"), "w") as f:
+        f.write("{}")
+    empty_job = os.path.join(ex.home, "jobs", f"{run_id}--vllm-1--abcdef")
+    os.makedirs(empty_job)
+    open(os.path.join(empty_job, "job.json"), "w").close()
+    for folder in (bad_job, empty_job):
+        with open(os.path.join(folder, "status.json"), "w") as f:
+            f.write('{"stage": "COMPLETED"}')
+    return job_id
+
+
+def test_a_malformed_record_is_skipped_counted_and_breaks_neither_its_run_nor_another_nor_the_list(executor):
+    from backend.runs import RunRegistry
+    from backend.store import FolderStore
+    from panel import dashboard
+
+    good = executor.submit(_job(["true"], run_id="good"))
+    executor.wait(good, 30)
+    _corrupt_run(executor, "bad")
+    registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
+    assert {r.run_id for r in registry.list_runs()} == {"good", "bad"}
+    view = registry.view("bad")
+    view.refresh()
+    assert [r["step"] for r in view.metrics] == [1, 2]
+    assert [e["event"] for e in view.events] == ["started"]
+    frame = dashboard.build_frame(view)
+    assert "7 unreadable records" in frame.status, frame.status
+    other = registry.view("good")
+    other.refresh()
+    assert "unreadable" not in dashboard.build_frame(other).status

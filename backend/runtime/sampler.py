@@ -2,7 +2,7 @@
 
     python -m runtime.sampler --pid PID --out samples.jsonl [--interval 1]
 
-The same `ResourceSampler` runs inside `LocalExecutor` (one thread per job) and stands alone for jobs.
+The same `ResourceSampler` runs in each local job's wrapper (`job_wrapper.py`, one thread) and stands alone for jobs.
 """
 
 import argparse
