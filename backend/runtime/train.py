@@ -13,15 +13,15 @@ import argparse
 import json
 import os
 import re
-import signal
 import sys
-import traceback
 
 from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
 from .metrics_callback import WRITER, RunFolderCallback
 from .prompts import load_prompts
 from .rewards import reward_functions
+from .run_end import record_end, stop_on_sigterm
 from .tiny_model import no_progress_bars
+from .versions import mark_superseded, published_versions
 
 BUILTIN_MODEL = "builtin:tiny-qwen2"
 BASE_MODEL_DIR = "base-model"
@@ -141,6 +141,19 @@ def latest_checkpoint(run_dir: str) -> str | None:
     return os.path.join(folder, max(complete)[1]) if complete else None
 
 
+def checkpoint_step(checkpoint: str | None) -> int:
+    """The step a checkpoint folder was saved at (0 for none: training starts from scratch)."""
+    return int(re.fullmatch(r".*checkpoint-(\d+)", checkpoint).group(1)) if checkpoint else 0
+
+
+def supersede_after_step(run_dir: str, step: int) -> None:
+    """Versions published after `step` belong to the branch this attempt discards by resuming from `step`."""
+    later = [v for v, meta in published_versions(run_dir).items() if meta["step"] is not None and meta["step"] > step]
+    names = mark_superseded(run_dir, later, step)
+    if names:
+        print(f"superseded (published after step {step}, now discarded): {', '.join(names)}", flush=True)
+
+
 def _readable_json(path: str) -> bool:
     try:
         with open(path) as f:
@@ -171,11 +184,6 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     return trainer
 
 
-def stop_on_sigterm() -> None:
-    # A cancelled or preempted job gets SIGTERM; turning it into SystemExit lets the run record why it stopped.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"terminated by signal {signum}"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="the run's folder: holds spec.json, receives everything else")
@@ -192,16 +200,12 @@ def main() -> None:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
+        if process_rank() == 0:
+            supersede_after_step(run_dir, checkpoint_step(checkpoint))
         trainer.train(resume_from_checkpoint=checkpoint)
     except BaseException as error:
-        callback.flush()
-        if isinstance(error, SystemExit):  # SIGTERM: the reason is the whole story, a traceback is noise
-            message = str(error)
-        else:
-            message = f"{type(error).__name__}: {error}"
-            traceback.print_exc()
         rank = process_rank()
-        write_event(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", "failed", error=message)
+        message = record_end(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", error, callback.flush)
         sys.exit(f"training failed: {message}")
 
 

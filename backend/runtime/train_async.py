@@ -16,25 +16,27 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 
 from .cpu_fallbacks import install_cpu_fallbacks
-from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, adapter_name, write_event
-from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publish_adapter
+from .heartbeat import Heartbeat
+from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, VLLM_LORA_DIR, adapter_name, write_event
+from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .prompts import load_prompts
 from .proxy import start_proxy
 from .rewards import reward_functions
+from .run_end import record_end, stop_on_sigterm
 from .tiny_model import no_progress_bars
 from .train import (
+    checkpoint_step,
     latest_checkpoint,
     lora_config,
     resolve_model,
     say_vllm_version_warning_once,
     shared_trainer_args,
-    stop_on_sigterm,
 )
+from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
 
 REPLICAS_ENV = "VLLM_REPLICA_URLS"
 
@@ -130,12 +132,48 @@ def trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
-        """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder."""
+        """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder; version
+        numbers past every version ever published; an `adapter_published` event per sync."""
+
+        version_floor = 0   # the highest version ever published in the run folder before this attempt
 
         def _get_output_dir(self, trial):
             return os.path.join(self.args.output_dir, CHECKPOINTS_DIR)
 
+        def _sync_weight_lora(self, t0):
+            # TRL restarts numbering at the checkpoint's model_version, but versions past it were published by
+            # the attempt that died: the same name with other weights would be served from vLLM's cache.
+            self.model_version = max(self.model_version, self.version_floor)
+            marks = super()._sync_weight_lora(t0)
+            if self.accelerator.is_main_process:
+                name = adapter_name(self.model_version)
+                write_event(self.args.output_dir, WRITER, PUBLISHED, name=name, version=self.model_version,
+                            step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
+                            size_bytes=folder_size(os.path.join(self._lora_dir, name)))
+            return marks
+
     return BucketAsyncGRPOTrainer
+
+
+def checkpoint_version(checkpoint: str | None) -> int:
+    """The policy version a checkpoint was trained to (TRL keeps it in rollout_state.json), 0 for none."""
+    try:
+        with open(os.path.join(checkpoint, "rollout_state.json")) as f:
+            return int(json.load(f).get("model_version", 0))
+    except (TypeError, OSError, ValueError, AttributeError):
+        return 0
+
+
+def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
+    """Number this attempt's versions past every version published before, and mark the discarded ones."""
+    trainer.version_floor = highest_published(run_dir)
+    resumed = checkpoint_version(checkpoint)
+    later = [v for v in published_versions(run_dir) if v > resumed]
+    names = mark_superseded(run_dir, later, checkpoint_step(checkpoint))
+    if names:
+        print(f"superseded (published after the checkpoint, now discarded): {', '.join(names)}", flush=True)
+    if trainer.version_floor:
+        print(f"adapter versions continue at {adapter_name(trainer.version_floor + 1)}", flush=True)
 
 
 def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
@@ -154,29 +192,27 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
     return trainer
 
 
-def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float) -> None:
+def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float, callback: AsyncRunFolderCallback) -> None:
     proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
     try:
         healthy = wait_for_replicas(proxy.url, replica_wait_s)
         patched = install_cpu_fallbacks()
-        callback = AsyncRunFolderCallback(run_dir)
-        try:
-            trainer = build_trainer(spec, run_dir, proxy.url, callback)
-            if not trainer._lora_sync:
-                raise RuntimeError(
-                    "TRL chose merged-weight sync (its warning above says why, e.g. an adapter on lm_head or "
-                    "embed_tokens); a distributed run can only sync LoRA adapters through the bucket, because the "
-                    "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
-            engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
-                      f"adapter-only sync{', fallbacks: ' + ', '.join(patched) if patched else ''})")
-            print(f"generation engine: {engine}", flush=True)
-            write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
-            checkpoint = latest_checkpoint(run_dir)
-            if checkpoint:
-                print(f"resuming from {checkpoint}", flush=True)
-            trainer.train(resume_from_checkpoint=checkpoint)
-        finally:
-            callback.flush()
+        trainer = build_trainer(spec, run_dir, proxy.url, callback)
+        if not trainer._lora_sync:
+            raise RuntimeError(
+                "TRL chose merged-weight sync (its warning above says why, e.g. an adapter on lm_head or "
+                "embed_tokens); a distributed run can only sync LoRA adapters through the bucket, because the "
+                "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
+        engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
+                  f"adapter-only sync{', fallbacks: ' + ', '.join(patched) if patched else ''})")
+        print(f"generation engine: {engine}", flush=True)
+        write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint:
+            print(f"resuming from {checkpoint}", flush=True)
+        continue_numbering(trainer, run_dir, checkpoint)
+        trainer.train(resume_from_checkpoint=checkpoint)
+        callback.flush()
     finally:
         proxy.stop()
 
@@ -194,12 +230,12 @@ def main() -> None:
     stop_on_sigterm()
     say_vllm_version_warning_once()
     no_progress_bars()
+    Heartbeat(run_dir).start()    # the replicas stop when it stops, however this process ends
+    callback = AsyncRunFolderCallback(run_dir)
     try:
-        train(spec, run_dir, replica_urls(args.replica), args.replica_wait)
+        train(spec, run_dir, replica_urls(args.replica), args.replica_wait, callback)
     except BaseException as error:
-        message = str(error) if isinstance(error, SystemExit) else f"{type(error).__name__}: {error}"
-        write_event(run_dir, WRITER, "failed", error=message)
-        traceback.print_exc()
+        message = record_end(run_dir, WRITER, error, callback.flush)
         sys.exit(f"training failed: {message}")
 
 
