@@ -9,10 +9,12 @@ import os
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
 from backend.launch import LaunchedRun, LaunchError, launch_run
+from backend.resume import resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runview import RunView
 from backend.spec import RunSpec
@@ -24,8 +26,9 @@ class RunSummary:
     run_id: str
     bucket: str | None
     created_at: float
-    jobs: dict[str, str]       # role -> job id
+    jobs: dict[str, str]       # role -> job id (the newest attempt)
     stages: dict[str, str]     # role -> stage
+    earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
 
 
 class RunRegistry:
@@ -47,13 +50,19 @@ class RunRegistry:
         if self.list_every_s and time.time() - listed_at < self.list_every_s:
             return cached
         runs: dict[str, dict] = {}
-        for rec in self.executor.list_jobs():
+        older: dict[str, dict[str, list[str]]] = {}     # run -> role -> job ids of earlier attempts, newest first
+        for rec in self.executor.list_jobs():           # newest first
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
-                                               "jobs": {}, "stages": {}})
+                                               "jobs": {}, "stages": {}, "earlier": {}})
+            if rec.role in run["jobs"]:
+                older.setdefault(rec.run_id, {}).setdefault(rec.role, []).append(rec.job_id)
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
             run["bucket"] = run["bucket"] or rec.bucket
+        for run_id, roles in older.items():
+            runs[run_id]["earlier"] = {f"{role}#{n}": job_id for role, ids in roles.items()
+                                       for n, job_id in enumerate(reversed(ids), start=1)}
         summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
                            key=lambda r: r.created_at, reverse=True)
         self._listed = (time.time(), summaries)
@@ -64,29 +73,33 @@ class RunRegistry:
             summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
             if summary is None or summary.bucket is None:
                 raise KeyError(f"no run {run_id!r}")
-            self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs)
+            self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs,
+                                          earlier=summary.earlier)
         return self._views[run_id]
 
-    def resume(self, run_id: str, secrets: dict[str, str] | None = None) -> LaunchedRun:
-        """Submit the run's jobs again from its spec.json: the trainer resumes from the bucket's checkpoints."""
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None, from_step_0: bool = False) -> LaunchedRun:
+        """Submit the run's jobs again from its spec.json: the trainer resumes from the bucket's last complete
+        checkpoint (see `resume_plan`). A run without one starts again from step 0 only if `from_step_0`."""
         view = self.view(run_id)
         view.refresh()
-        if not view.spec:
-            raise LaunchError(f"run {run_id} has no spec.json in its bucket; it cannot be resumed")
-        if not view.done:
-            raise LaunchError(f"run {run_id} still has running jobs; cancel it before resuming")
+        plan = resume_plan(view)
+        if plan.checkpoint_step is None and not from_step_0:
+            raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
         spec = RunSpec.from_dict(view.spec)
         launched = launch_run(spec, self.executor, view.store, secrets)
         view.replace_jobs(launched.job_ids)
         self._listed = (0.0, [])
-        return launched
+        return replace(launched, note=plan.message)
 
     def cancel(self, run_id: str) -> list[str]:
-        """Cancel every job of the run; return the job ids asked to stop."""
+        """Cancel every job of the run at once, the trainer first so it records that it was cancelled before its
+        replicas go; return the job ids asked to stop."""
         view = self.view(run_id)
-        for job in view.jobs.values():
-            self.executor.cancel(job.job_id)
-        return [j.job_id for j in view.jobs.values()]
+        ids = [job.job_id for role, job in sorted(view.current_jobs.items(), key=lambda item: item[0] != "trainer")]
+        errors = cancel_jobs(self.executor, ids)
+        if errors:
+            raise RuntimeError("could not cancel " + "; ".join(errors))
+        return ids
 
     def final_adapter_zip(self, run_id: str, folder: str) -> str | None:
         """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none."""
@@ -102,3 +115,18 @@ class RunRegistry:
         path = os.path.join(folder, f"{name}-{run_id}-final-adapter.zip")
         atomic_write_bytes(path, buf.getvalue())
         return path
+
+
+def cancel_jobs(executor: Executor, job_ids: list[str]) -> list[str]:
+    """Ask every job to stop, concurrently (on HF Jobs each is an API call), in the given order; return errors."""
+    if not job_ids:
+        return []
+    with ThreadPoolExecutor(max_workers=len(job_ids)) as pool:
+        futures = [(job_id, pool.submit(executor.cancel, job_id)) for job_id in job_ids]
+    errors = []
+    for job_id, future in futures:
+        try:
+            future.result()
+        except Exception as exc:   # keep cancelling the others: each is billing
+            errors.append(f"{job_id}: {exc}")
+    return errors

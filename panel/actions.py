@@ -253,8 +253,7 @@ class Panel:
             self._final_zips.pop(run_id, None)    # the resumed trainer writes a new final adapter
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return f"**Not resumed.** {redact_tokens(str(exc))}"
-        return (f"Resumed run {run_id} with {len(launched.job_ids)} new job(s); "
-                "the trainer continues from its last checkpoint.")
+        return f"Resumed with {len(launched.job_ids)} new job(s): {launched.note}"
 
     def final_adapter(self, run_id: str) -> str | None:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""

@@ -177,6 +177,8 @@ class Proxy:
         replica.healthy = False
         replica.last_error = reason
         replica.errors += 1
+        # A replica that is down serves none of its adapters (a restarted one holds none); rejoining reloads them.
+        replica.adapters = set()
         self._record()
 
     def _record(self) -> None:
