@@ -9,6 +9,7 @@ GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, r
 
 import atexit
 import os
+import signal
 
 from panel.actions import Panel
 from panel.ui import build_ui
@@ -17,6 +18,9 @@ from panel.ui import build_ui
 def main() -> None:
     panel = Panel()
     atexit.register(panel.shutdown)
+    # A container stop or a Space restart sends SIGTERM, Ctrl-C sends SIGINT: both close the server the same way.
+    # Local runs keep running either way (each job has its own wrapper process); the next panel finds them.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo = build_ui(panel)
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     host = os.environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if panel.settings.on_space else "127.0.0.1")

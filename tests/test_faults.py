@@ -110,11 +110,10 @@ def test_a_recycled_process_id_neither_looks_alive_nor_gets_signalled(tmp_path):
     job_id = _submit_from_a_panel_that_exits(home, ["sleep", "1"])
     job_dir = os.path.join(home, "jobs", job_id)
     _wait_for(lambda: not _processes_with(job_dir), 30, "the job ended")
-    # The machine restarted: no wrapper wrote how the job ended, and its process id now belongs to someone else.
-    for name in ("exit.json", "status.json"):
-        if name == "exit.json" and os.path.exists(os.path.join(job_dir, name)):
-            os.remove(os.path.join(job_dir, name))
-    with open(os.path.join(job_dir, "status.json"), "w") as f:
+    # The machine restarted: nobody recorded how the job ended, and its process id now belongs to someone else.
+    if os.path.exists(os.path.join(job_dir, "exit.json")):
+        os.remove(os.path.join(job_dir, "exit.json"))
+    with open(os.path.join(job_dir, "status.json"), "w") as f:      # what a panel of the old kind left
         json.dump({"stage": "RUNNING", "message": "", "time": time.time()}, f)
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
@@ -213,3 +212,224 @@ def test_a_malformed_record_is_skipped_counted_and_breaks_neither_its_run_nor_an
     other = registry.view("good")
     other.refresh()
     assert "unreadable" not in dashboard.build_frame(other).status
+
+
+# ---- real runs: cancel, resume, restart
+
+def _registry(ex: LocalExecutor):
+    from backend.runs import RunRegistry
+    from backend.store import FolderStore
+
+    return RunRegistry(ex, lambda bucket: FolderStore(ex.bucket_root(bucket)))
+
+
+def _run_processes(ex: LocalExecutor, run_id: str) -> list[psutil.Process]:
+    """Every live process of the run: in a process group or session one of its jobs recorded, or naming the run."""
+    groups = set()
+    for job_id in os.listdir(ex.jobs_dir):
+        if job_id.startswith(f"{run_id}--"):
+            for name in ("job.json", "process.json"):
+                try:
+                    groups.add(json.load(open(os.path.join(ex.jobs_dir, job_id, name)))["pid"])
+                except (OSError, ValueError, KeyError):
+                    pass
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+            continue
+        try:
+            in_group = os.getpgid(proc.pid) in groups
+        except ProcessLookupError:
+            continue
+        if in_group or run_id in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def _logged(ex: LocalExecutor, job_id: str, text: str) -> bool:
+    return any(text in line for line in _log(ex, job_id))
+
+
+def _trainer_events(view) -> list[dict]:
+    return [e for e in view.events if e.get("writer") == "trainer"]
+
+
+def test_a_colocated_run_cancelled_and_resumed_twice_reuses_no_version_name_and_keeps_every_attempt(executor):
+    from backend.launch import LaunchError
+    from backend.resume import resume_plan
+    from backend.runtime.train import latest_checkpoint
+    from backend.spec import RunSpec
+    from panel import dashboard
+
+    registry = _registry(executor)
+    spec = RunSpec(max_steps=30, adapter_every=2, checkpoint_every=10)
+    run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
+    first = registry.launch(spec).job_ids["trainer"]
+    view = registry.view(spec.run_id)
+    _wait_for(lambda: _logged(executor, first, "step 3/30"), 180, "the first attempt reached step 3")
+    view.refresh()
+    with pytest.raises(LaunchError, match="still has running jobs"):
+        resume_plan(view)
+
+    # Cancelled before its first checkpoint: resuming would start from step 0, so it is not done unasked.
+    asked = time.monotonic()
+    registry.cancel(spec.run_id)
+    _wait_for(lambda: not _run_processes(executor, spec.run_id), 15, "every process of the run ended")
+    assert time.monotonic() - asked < 10
+    assert executor.wait(first, 10).stage == "CANCELED"
+    view.refresh()
+    assert _trainer_events(view)[-1]["event"] == "canceled", "the trainer records that it was cancelled"
+    plan = resume_plan(view)
+    assert plan.checkpoint_step is None and "starts again from step 0" in plan.message
+    assert plan.next_version == max(view.adapters) + 1
+    with pytest.raises(LaunchError, match="no complete checkpoint"):
+        registry.resume(spec.run_id)
+    second = registry.resume(spec.run_id, from_step_0=True).job_ids["trainer"]
+    first_versions = sorted(v.name for v in view.adapters.values())
+
+    # Cancelled after checkpoint-10: the next attempt resumes from the newest complete checkpoint.
+    _wait_for(lambda: latest_checkpoint(run_dir), 180, "the second attempt saved a checkpoint")
+    registry.cancel(spec.run_id)
+    assert executor.wait(second, 30).stage == "CANCELED"
+    os.makedirs(os.path.join(run_dir, "adapters", "trl-policy-v99"))     # a half-written copy: counts for nothing
+    with open(os.path.join(run_dir, "adapters", "trl-policy-v99", "adapter_config.json"), "w") as f:
+        f.write("{}")
+    view.refresh()
+    plan = resume_plan(view)
+    assert plan.checkpoint_step == int(latest_checkpoint(run_dir).rsplit("-", 1)[1]) >= 10
+    assert plan.next_version == max(view.adapters) + 1 < 99
+    assert f"resumes from checkpoint-{plan.checkpoint_step}" in plan.message
+    third = registry.resume(spec.run_id).job_ids["trainer"]
+    assert executor.wait(third, 300).stage == "COMPLETED", "\n".join(_log(executor, third)[-20:])
+
+    view.refresh()
+    published = [e["name"] for e in _trainer_events(view) if e["event"] == "adapter_published"]
+    assert len(published) == len(set(published)), f"a version name was published twice: {published}"
+    third_published = [e for e in _trainer_events(view) if e["event"] == "adapter_published"
+                       and e["time"] > view.jobs["trainer#2"].resources[-1].time]
+    assert third_published[0]["name"] == f"trl-policy-v{plan.next_version}"
+    supersedes = [e["names"] for e in _trainer_events(view) if e["event"] == "adapters_superseded"]
+    assert supersedes[0] == first_versions, "a restart from step 0 discards every version before it"
+    assert supersedes[1:] == ([list(plan.superseded)] if plan.superseded else [])
+    rows = {row[0]: row[5] for row in dashboard.adapter_rows(view)}
+    assert all(rows[name].startswith("superseded") for names in supersedes for name in names)
+    assert set(view.jobs) == {"trainer", "trainer#1", "trainer#2"}
+    assert any("step 3/30" in line for line in view.jobs["trainer#1"].logs), "an earlier attempt's log stays"
+    assert view.jobs["trainer#1"].status.stage == "CANCELED" and view.stage == "COMPLETED"
+    with pytest.raises(LaunchError, match="finished"):
+        resume_plan(view)
+
+    fresh = _registry(LocalExecutor(executor.home)).view(spec.run_id)     # another panel, or a restarted one
+    fresh.refresh()
+    assert set(fresh.jobs) == set(view.jobs) and fresh.jobs["trainer#1"].job_id == first
+    assert sorted(fresh.adapters) == sorted(view.adapters)
+    assert fresh.superseded == view.superseded
+
+
+@pytest.fixture
+def small_bucket(executor):
+    """The local bucket on a 16 MiB tmpfs of its own (root ignores file modes, not a full disk)."""
+    root = executor.bucket_root("local/grpo-runs")
+    os.makedirs(root)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", root], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield root
+    finally:
+        _stop_everything(executor.home)
+        subprocess.run(["umount", "-l", root], check=False)
+
+
+def _fill(folder: str) -> None:
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_bucket_that_fills_up_is_reported_as_the_cause(executor, small_bucket):
+    from backend.spec import RunSpec
+    from panel import dashboard
+
+    registry = _registry(executor)
+    spec = RunSpec(max_steps=200, adapter_every=2, checkpoint_every=1000)
+    job_id = registry.launch(spec).job_ids["trainer"]
+    _wait_for(lambda: _logged(executor, job_id, "step 3/200"), 180, "training started")
+    _fill(small_bucket)
+    status = executor.wait(job_id, 60)
+    log_tail = "\n".join(_log(executor, job_id)[-15:])
+    assert status.stage == "ERROR", log_tail
+    assert "cannot write to the bucket: No space left on device" in status.message, (status, log_tail)
+    view = registry.view(spec.run_id)
+    view.refresh()
+    assert "❌ **trainer: exited with code 1: training failed: cannot write to the bucket: No space left on device" \
+        in dashboard.build_frame(view).status
+
+
+# ---- the panel's exit
+
+def _start_panel(home: str) -> tuple[subprocess.Popen, str]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GRPO_PANEL_HOME": home, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
+    env.pop("SPACE_ID", None)
+    os.makedirs(home, exist_ok=True)
+    log = open(os.path.join(home, "app.log"), "wb")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _launch_through(url: str, steps: int) -> str:
+    """Press Launch with the default preset through the panel's own API (what the browser does)."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    params = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/on_launch"]["parameters"]
+    by_label = {p["label"]: p["parameter_name"] for p in params}
+    message = client.predict(api_name="/on_launch", **{by_label["Steps"]: steps})[0]
+    assert message.startswith("Launched run"), message
+    return message.split("**")[1]
+
+
+def test_the_panel_exits_alike_on_sigterm_and_sigint_and_its_local_runs_finish_with_their_true_status(tmp_path):
+    panels = {sig: (str(tmp_path / sig.name), *_start_panel(str(tmp_path / sig.name)))
+              for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for home, proc, url in panels.values():
+            _wait_for(lambda url=url, proc=proc: proc.poll() is not None or _answers(url), 180, "the panel answers")
+            assert proc.poll() is None, open(os.path.join(home, "app.log")).read()
+        runs = {sig: _launch_through(url, steps=20) for sig, (_, _, url) in panels.items()}
+        for sig, (_, proc, _) in panels.items():
+            proc.send_signal(sig)        # a container stop or a Space restart (SIGTERM); Ctrl-C (SIGINT)
+        for sig, (home, proc, _) in panels.items():
+            assert proc.wait(timeout=60) == 0, f"{sig.name}: " + open(os.path.join(home, "app.log")).read()[-2000:]
+        for sig, (home, _, _) in panels.items():
+            fresh = LocalExecutor(home)      # the next panel
+            [job] = fresh.list_jobs()
+            assert job.run_id == runs[sig]
+            status = fresh.wait(job.job_id, 240)
+            assert (status.stage, status.message) == ("COMPLETED", ""), f"after {sig.name}: {status}"
+    finally:
+        for home, proc, _ in panels.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            _stop_everything(home)
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=2)
+        return True
+    except OSError:
+        return False
