@@ -433,3 +433,88 @@ def _answers(url: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_restart_and_a_resume(executor, monkeypatch):
+    from backend.resume import resume_plan
+    from backend.runtime.train import latest_checkpoint
+    from backend.spec import BUILTIN_MODEL, RunSpec
+    from panel import dashboard
+
+    monkeypatch.setenv("GRPO_HEARTBEAT_S", "2")             # the jobs inherit the panel's environment
+    monkeypatch.setenv("GRPO_TRAINER_GONE_AFTER_S", "10")
+    registry = _registry(executor)
+    spec = RunSpec(mode="distributed", model=BUILTIN_MODEL, rewards=["digits", "format"], replicas=2,
+                   max_staleness=1, lora_r=8, max_steps=500, adapter_every=1, checkpoint_every=2,
+                   per_device_batch_size=8, num_generations=4, max_completion_length=16, max_inflight_tasks=8,
+                   queue_maxsize=32, max_tokens_per_batch=512, timeout_minutes=20)
+    run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
+    jobs = registry.launch(spec).job_ids
+    view = registry.view(spec.run_id)
+
+    def steps() -> int:
+        view.refresh()
+        return max((r["step"] for r in view.metrics), default=0)
+
+    def published() -> list[str]:
+        view.refresh()
+        return [e["name"] for e in _trainer_events(view) if e["event"] == "adapter_published"]
+
+    _wait_for(lambda: steps() >= 2 and latest_checkpoint(run_dir), 480, "two steps and a checkpoint", interval=1)
+
+    # A replica dies (its whole process group): training goes on with the other one.
+    os.killpg(executor.main_pid(jobs["vllm-1"]), signal.SIGKILL)
+    _wait_for(lambda: steps() and view.degraded == "degraded (1/2 replicas)", 30, "the run shows degraded")
+    assert view.stage == "RUNNING"
+    at_kill = steps()
+    _wait_for(lambda: steps() >= at_kill + 2, 180, "training went on with one replica", interval=1)
+    rows = dashboard.replica_rows(view)
+    assert rows[1][1] == "DOWN (job ERROR)" and rows[1][5] == "", rows
+    assert "degraded (1/2 replicas)" in dashboard.build_frame(view).status
+
+    # The trainer is OOM-killed (its main process only): no event; its leftovers and the live replica must stop.
+    os.kill(executor.main_pid(jobs["trainer"]), signal.SIGKILL)
+    _wait_for(lambda: not _run_processes(executor, spec.run_id), 60, "no process of the run is left", interval=1)
+    view.refresh()
+    assert view.jobs["trainer"].status.stage == "ERROR" and "SIGKILL" in view.jobs["trainer"].status.message
+    assert _logged(executor, jobs["vllm-0"], "no trainer heartbeat for")
+    before = published()
+    assert sorted(view.adapters) == list(range(1, len(before) + 1))
+
+    # Another panel (or this one restarted) counts the same versions, though most serving copies are deleted.
+    fresh = _registry(LocalExecutor(executor.home)).view(spec.run_id)
+    fresh.refresh()
+    assert sorted(fresh.adapters) == sorted(view.adapters)
+    assert len(os.listdir(os.path.join(run_dir, ".vllm_lora"))) < len(view.adapters)
+
+    plan = resume_plan(view)
+    assert plan.checkpoint_step == int(latest_checkpoint(run_dir).rsplit("-", 1)[1])
+    assert plan.next_version == len(before) + 1
+    resumed = registry.resume(spec.run_id).job_ids
+    _wait_for(lambda: len(published()) > len(before) + 1, 480, "the resumed trainer published", interval=1)
+    assert published()[len(before)] == f"trl-policy-v{plan.next_version}"
+    assert len(published()) == len(set(published())), f"a version name was published twice: {published()}"
+    with open(os.path.join(latest_checkpoint(run_dir), "rollout_state.json")) as f:
+        assert json.load(f)["model_version"] < plan.next_version
+
+    # Cancel: every job at once, the trainer first (it records why), replicas drain within their grace.
+    asked = time.monotonic()
+    registry.cancel(spec.run_id)
+    _wait_for(lambda: not _run_processes(executor, spec.run_id), 45, "every process of the run ended", interval=0.5)
+    took = time.monotonic() - asked
+    view.refresh()
+    assert {role: view.jobs[role].status.stage for role in resumed} == dict.fromkeys(resumed, "CANCELED")
+    assert _trainer_events(view)[-1]["event"] == "canceled"
+    assert not any(_logged(executor, job_id, "sending SIGKILL") for job_id in resumed.values())
+    assert {"trainer#1", "vllm-0#1", "vllm-1#1"} <= set(view.jobs)
+    assert view.jobs["trainer#1"].logs, "the crashed attempt's log stays reachable"
+    print(f"cancel took {took:.1f} s")
+    assert took < 30
+
+
+def test_a_job_cancelled_the_moment_it_was_submitted_ends_canceled(executor):
+    job_id = executor.submit(_job(["sleep", "60"]))
+    executor.cancel(job_id)
+    status = executor.wait(job_id, 20)
+    assert (status.stage, status.message) == ("CANCELED", "canceled by the user")
+    assert not _processes_with(os.path.join(executor.jobs_dir, job_id))

@@ -190,9 +190,11 @@ class LocalExecutor:
             record = self._job_record(job_id)
         except Unreadable as exc:
             return JobStatus(ERROR, str(exc))
+        cancel = self._read_json(job_id, wrapper.CANCEL_FILE)
         if self._wrapper_alive(record):
-            cancel = self._read_json(job_id, wrapper.CANCEL_FILE)
             return JobStatus(RUNNING, f"stopping: {cancel.get('reason')}" if cancel else "")
+        if cancel:     # stopped while its wrapper was still starting, before it could record anything
+            return JobStatus(CANCELED, str(cancel.get("reason") or CANCELED_BY_USER))
         if "pid" not in record and time.time() - record["created_at"] < START_WAIT_S:
             return JobStatus(SCHEDULING)
         return JobStatus(ERROR, "its wrapper process ended without recording how the job ended "
@@ -234,7 +236,11 @@ class LocalExecutor:
         if not done and not os.path.exists(self._file(job_id, wrapper.CANCEL_FILE)):
             _write_json(self._file(job_id, wrapper.CANCEL_FILE), {"reason": reason, "time": time.time()})
         if self._wrapper_alive(record):
-            os.kill(record["pid"], signal.SIGTERM)
+            self._wait_for_start(job_id)
+            try:
+                os.kill(record["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass    # it ended meanwhile, and recorded how
             return
         group = self._job_group(job_id)
         if group is not None:
@@ -242,6 +248,15 @@ class LocalExecutor:
         if not done:    # its wrapper is gone, so nobody else will record the end
             ended = {"stage": CANCELED, "message": f"{reason} (its wrapper had already ended)", "time": time.time()}
             _write_json(self._file(job_id, wrapper.EXIT_FILE), ended)
+
+    def _wait_for_start(self, job_id: str, timeout: float = 5.0) -> None:
+        """A wrapper handles SIGTERM once Python has started it (a fraction of a second after submit): a cancel
+        right after a launch waits for that, so the job ends CANCELED, with its record, rather than killed."""
+        deadline = time.monotonic() + timeout
+        while self.main_pid(job_id) is None and time.monotonic() < deadline:
+            if self._read_json(job_id, wrapper.EXIT_FILE):
+                return
+            time.sleep(0.05)
 
     def wait(self, job_id: str, timeout: float) -> JobStatus:
         """Block until the job reaches a terminal stage (for tests and scripts)."""

@@ -8,9 +8,12 @@ group of its own. In DIR it writes `process.json` (the command's pid, which is a
 start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of the command's process
 tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time).
 
-SIGTERM to the wrapper stops the job: SIGTERM to the command's whole group, SIGKILL after `--grace` seconds. The
-reason is read from DIR/cancel.json (the executor writes it before signalling). When the command's main process
-ends, for whatever reason, what is left of its group (a rollout worker, a resource tracker) is stopped too.
+SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
+order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
+would kill TRL's rollout worker under the trainer, whose stop() then waits forever on an Event the dead worker
+was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling). When the
+command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
+tracker) is stopped too: SIGTERM, then SIGKILL.
 """
 
 import argparse
@@ -127,7 +130,7 @@ class JobWrapper:
         return 0 if stage == COMPLETED else 1
 
     def _wait(self, child: subprocess.Popen) -> int:
-        """Wait for the command to end; on a timeout or a stop request, SIGTERM its group, then SIGKILL it."""
+        """Wait for the command to end; on a timeout or a stop request, SIGTERM it, then SIGKILL its group."""
         deadline = time.monotonic() + self.timeout_s
         kill_at = None
         while (code := child.poll()) is None:
@@ -136,7 +139,7 @@ class JobWrapper:
                 self.stop_reason = (ERROR, f"timed out after {self.timeout_s:g} s; the job was stopped")
             if self.stop_reason is not None and kill_at is None:
                 print(f"[job wrapper] {self.stop_reason[1]}: sending SIGTERM", flush=True)
-                signal_group(child.pid, signal.SIGTERM)
+                child.send_signal(signal.SIGTERM)
                 kill_at = now + self.grace_s
             elif kill_at is not None and now >= kill_at:
                 print(f"[job wrapper] still running {self.grace_s:g} s after SIGTERM: sending SIGKILL", flush=True)

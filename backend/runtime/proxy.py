@@ -479,7 +479,9 @@ def start_proxy(replica_urls: list[str], *, host: str = "127.0.0.1", port: int =
     threading.Thread(target=loop.run_forever, name="lora-proxy", daemon=True).start()
 
     async def serve() -> tuple[web.AppRunner, int]:
-        runner = web.AppRunner(proxy.build_app(), access_log=None)
+        # The trainer stops the proxy when it stops: in-flight generations are its own, and it wants none of them
+        # (aiohttp would otherwise wait 60 s for them, past a cancelled job's grace period).
+        runner = web.AppRunner(proxy.build_app(), access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()

@@ -22,8 +22,10 @@ class Terminated(SystemExit):
     """The job was asked to stop (SIGTERM): cancelled, timed out, or preempted."""
 
 
-def stop_on_sigterm() -> None:
+def stop_on_sigterm(first=lambda: None) -> None:
+    """Turn SIGTERM into `Terminated` in the main thread, after calling `first()` (what must start at once)."""
     def stop(signum, _frame):
+        first()
         raise Terminated(f"stopped by {signal.Signals(signum).name} (cancelled, timed out or preempted)")
 
     signal.signal(signal.SIGTERM, stop)

@@ -70,9 +70,13 @@ class AsyncRunFolderCallback(RunFolderCallback):
         meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
                                {"version": version, "name": adapter_name(version), "step": state.global_step})
         write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)
-        # TRL stops its rollout child right after this. A process exits only once the samples it queued are
-        # flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later.
-        threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
+        self.drain_rollouts()
+
+    def drain_rollouts(self) -> None:
+        """TRL stops its rollout child when training ends (or is stopped). A process exits only once the samples it
+        queued are flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later."""
+        if self.trainer is not None and getattr(self.trainer, "rollout_queue", None) is not None:
+            threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
 
 
 def _drain(rollouts) -> None:
@@ -192,9 +196,12 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
     return trainer
 
 
-def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float, callback: AsyncRunFolderCallback) -> None:
-    proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
+def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
+          callback: AsyncRunFolderCallback) -> str | None:
+    """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
+    proxy = None
     try:
+        proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
         healthy = wait_for_replicas(proxy.url, replica_wait_s)
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)
@@ -213,8 +220,13 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float, call
         continue_numbering(trainer, run_dir, checkpoint)
         trainer.train(resume_from_checkpoint=checkpoint)
         callback.flush()
+        return None
+    except BaseException as error:
+        # Recorded before the proxy stops: a cancelled job has a grace period, and its replicas stop on the event.
+        return record_end(run_dir, WRITER, error, callback.flush)
     finally:
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
 
 
 def main() -> None:
@@ -227,15 +239,16 @@ def main() -> None:
     run_dir = os.path.abspath(args.run_dir)
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
-    stop_on_sigterm()
+    callback = AsyncRunFolderCallback(run_dir)
+    stop_on_sigterm(first=callback.drain_rollouts)
     say_vllm_version_warning_once()
     no_progress_bars()
     Heartbeat(run_dir).start()    # the replicas stop when it stops, however this process ends
-    callback = AsyncRunFolderCallback(run_dir)
     try:
-        train(spec, run_dir, replica_urls(args.replica), args.replica_wait, callback)
-    except BaseException as error:
+        message = train(spec, run_dir, replica_urls(args.replica), args.replica_wait, callback)
+    except BaseException as error:     # stopping the proxy failed, or a second SIGTERM arrived meanwhile
         message = record_end(run_dir, WRITER, error, callback.flush)
+    if message:
         sys.exit(f"training failed: {message}")
 
 
