@@ -28,13 +28,14 @@ class ResumePlan:
 def latest_checkpoint_step(store: BucketStore, run_id: str) -> int | None:
     """The step of the newest complete checkpoint in the bucket (the one the trainer will pick), or None."""
     prefix = f"{layout.run_prefix(run_id)}/{layout.CHECKPOINTS_DIR}"
-    steps = set()
+    states = {}
     for f in store.list_files(prefix):
         folder, name = posixpath.split(posixpath.relpath(f.path, prefix))
         match = CHECKPOINT_RE.match(folder)
-        if match and name == TRAINER_STATE and _readable_json(store, f.path):
-            steps.add(int(match.group(1)))
-    return max(steps, default=None)
+        if match and name == TRAINER_STATE:
+            states[int(match.group(1))] = f.path
+    # Newest first, reading one small file each (on the Hub, a download each) until one is whole.
+    return next((step for step in sorted(states, reverse=True) if _readable_json(store, states[step])), None)
 
 
 def _readable_json(store: BucketStore, path: str) -> bool:
