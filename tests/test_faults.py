@@ -428,7 +428,7 @@ def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_rest
     monkeypatch.setenv("GRPO_TRAINER_GONE_AFTER_S", "10")
     registry = _registry(executor)
     spec = RunSpec(mode="distributed", model=BUILTIN_MODEL, rewards=["digits", "format"], replicas=2,
-                   max_staleness=1, lora_r=8, max_steps=500, adapter_every=1, checkpoint_every=2,
+                   max_staleness=1, lora_r=8, max_steps=500, adapter_every=1, checkpoint_every=1,
                    per_device_batch_size=8, num_generations=4, max_completion_length=16, max_inflight_tasks=8,
                    queue_maxsize=32, max_tokens_per_batch=512, timeout_minutes=20)
     run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
@@ -443,14 +443,14 @@ def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_rest
         view.refresh()
         return [e["name"] for e in _trainer_events(view) if e["event"] == "adapter_published"]
 
-    _wait_for(lambda: steps() >= 2 and latest_checkpoint(run_dir), 480, "two steps and a checkpoint", interval=1)
+    _wait_for(lambda: steps() >= 1 and latest_checkpoint(run_dir), 480, "a step and a checkpoint", interval=1)
 
     # A replica dies (its whole process group): training goes on with the other one.
     os.killpg(executor.main_pid(jobs["vllm-1"]), signal.SIGKILL)
     _wait_for(lambda: steps() and view.degraded == "degraded (1/2 replicas)", 30, "the run shows degraded")
     assert view.stage == "RUNNING"
     at_kill = steps()
-    _wait_for(lambda: steps() >= at_kill + 2, 180, "training went on with one replica", interval=1)
+    _wait_for(lambda: steps() > at_kill, 180, "training went on with one replica", interval=1)
     rows = dashboard.replica_rows(view)
     assert rows[1][1] == "DOWN (job ERROR)" and rows[1][5] == "", rows
     assert "degraded (1/2 replicas)" in dashboard.build_frame(view).status

@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import asdict
 
+import psutil
+
 from backend.executors.base import ResourceSample, SubmitError
 from backend.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
 from backend.redact import redact_tokens
@@ -225,9 +227,9 @@ class LocalExecutor:
 
     # ---- control
     def cancel(self, job_id: str, reason: str = CANCELED_BY_USER) -> None:
-        """Ask the job to stop (its wrapper sends SIGTERM, then SIGKILL after the grace). Returns at once.
-
-        Whatever the recorded stage, a process of the job's group still alive is stopped too."""
+        """Ask the job to stop (its wrapper sends SIGTERM, then SIGKILL after the grace). Returns at once, or once
+        a job submitted a moment ago has started. Whatever the recorded stage, a process of the job's group still
+        alive is stopped too."""
         try:
             record = self._job_record(job_id)
         except Unreadable:
@@ -300,8 +302,6 @@ def _same_process(pid, started_at) -> bool:
     """Whether `pid` is still the process that started at `started_at` (and not a zombie)."""
     if not isinstance(pid, int):
         return False
-    import psutil
-
     try:
         proc = psutil.Process(pid)
         return proc.status() != psutil.STATUS_ZOMBIE and _same_start(proc.create_time(), started_at)

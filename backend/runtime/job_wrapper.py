@@ -23,6 +23,8 @@ import signal
 import subprocess
 import time
 
+import psutil
+
 from .layout import atomic_write_bytes
 from .sampler import ResourceSampler
 
@@ -41,8 +43,6 @@ COMPLETED, ERROR, CANCELED = "COMPLETED", "ERROR", "CANCELED"
 
 def process_start_time(pid: int) -> float | None:
     """When process `pid` started (seconds since the epoch), or None if there is no such process."""
-    import psutil
-
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
