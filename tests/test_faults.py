@@ -470,15 +470,22 @@ def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_rest
     assert sorted(fresh.adapters) == sorted(view.adapters)
     assert len(os.listdir(os.path.join(run_dir, ".vllm_lora"))) < len(view.adapters)
 
+    # Its newest checkpoint was cut off mid-save: the resume starts a step earlier, so TRL, which numbers on from the
+    # checkpoint's model_version, would publish names already published with other weights.
+    newest = latest_checkpoint(run_dir)
+    os.remove(os.path.join(newest, "trainer_state.json"))
+    resumed_from = latest_checkpoint(run_dir)
+    with open(os.path.join(resumed_from, "rollout_state.json")) as f:
+        assert json.load(f)["model_version"] < len(before)
     plan = resume_plan(view)
-    assert plan.checkpoint_step == int(latest_checkpoint(run_dir).rsplit("-", 1)[1])
-    assert plan.next_version == len(before) + 1
+    assert plan.checkpoint_step == int(resumed_from.rsplit("-", 1)[1])
+    assert plan.next_version == len(before) + 1 and plan.superseded
     resumed = registry.resume(spec.run_id).job_ids
     _wait_for(lambda: len(published()) > len(before) + 1, 480, "the resumed trainer published", interval=1)
     assert published()[len(before)] == f"trl-policy-v{plan.next_version}"
     assert len(published()) == len(set(published())), f"a version name was published twice: {published()}"
-    with open(os.path.join(latest_checkpoint(run_dir), "rollout_state.json")) as f:
-        assert json.load(f)["model_version"] < plan.next_version
+    [superseded] = [e["names"] for e in _trainer_events(view) if e["event"] == "adapters_superseded"]
+    assert superseded == list(plan.superseded)
 
     # Cancel: every job at once, the trainer first (it records why), replicas drain within their grace.
     asked = time.monotonic()

@@ -459,13 +459,20 @@ class ProxyHandle:
 
     def __init__(self, proxy: Proxy, loop: asyncio.AbstractEventLoop, runner: web.AppRunner, url: str):
         self.proxy, self._loop, self._runner, self.url = proxy, loop, runner, url
+        self._stop_lock = threading.Lock()
+        self._stopped = False
 
     def stats(self) -> dict:
         return asyncio.run_coroutine_threadsafe(_snapshot(self.proxy), self._loop).result(10)
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        """Stop serving (idempotent: a stopping trainer may ask twice, from two threads)."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 async def _snapshot(proxy: Proxy) -> dict:

@@ -49,6 +49,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
     def __init__(self, run_dir: str):
         super().__init__(run_dir, adapter_every=1)
         self.trainer = None  # set once the trainer exists: the policy version lives on it
+        self.proxy = None    # set once the proxy runs
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
@@ -72,11 +73,35 @@ class AsyncRunFolderCallback(RunFolderCallback):
         write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)
         self.drain_rollouts()
 
+    def stop_now(self) -> None:
+        """What starts the moment SIGTERM arrives, so that a cancelled trainer is gone in seconds: drain the
+        rollouts, stop the rollout worker, and close the proxy (a generation in flight through it keeps each
+        replica's shutdown waiting for the proxy's connections to close)."""
+        self.drain_rollouts()
+        worker = getattr(self.trainer, "rollout_worker", None)
+        if worker is not None:
+            threading.Thread(target=_stop_rollout_worker, args=(worker,), name="stop-rollouts", daemon=True).start()
+        if self.proxy is not None:
+            threading.Thread(target=self.proxy.stop, name="stop-proxy", daemon=True).start()
+
     def drain_rollouts(self) -> None:
         """TRL stops its rollout child when training ends (or is stopped). A process exits only once the samples it
         queued are flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later."""
         if self.trainer is not None and getattr(self.trainer, "rollout_queue", None) is not None:
             threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
+
+
+def _stop_rollout_worker(worker, grace_s: float = 3.0) -> None:
+    """TRL 1.16's AsyncRolloutWorker.stop() sets its stop Event, then waits 15 s for the child: a child retrying
+    requests to replicas that are stopping too takes all 15. Setting the Event here first also means the child
+    never sleeps on it again, so terminating it cannot leave TRL's own stop() waiting on a dead sleeper."""
+    event, process = getattr(worker, "_stop_event_mp", None), getattr(worker, "_process", None)
+    if event is None or process is None:
+        return
+    event.set()
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
 
 
 def _drain(rollouts) -> None:
@@ -201,7 +226,7 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
     """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
     proxy = None
     try:
-        proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
+        proxy = callback.proxy = start_proxy(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
         healthy = wait_for_replicas(proxy.url, replica_wait_s)
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)
@@ -240,7 +265,7 @@ def main() -> None:
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
     callback = AsyncRunFolderCallback(run_dir)
-    stop_on_sigterm(first=callback.drain_rollouts)
+    stop_on_sigterm(first=callback.stop_now)
     say_vllm_version_warning_once()
     no_progress_bars()
     Heartbeat(run_dir).start()    # the replicas stop when it stops, however this process ends
