@@ -14,6 +14,7 @@ GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datase
 import atexit
 import logging
 import os
+import signal
 
 from backend.access import Deployment
 from backend.executors.local import LocalExecutor
@@ -32,6 +33,9 @@ def main() -> None:
     atexit.register(panel.shutdown)
     for note in deployment.startup_notes():
         log.warning(note)
+    # A container stop or a Space restart sends SIGTERM, Ctrl-C sends SIGINT: both close the server the same way.
+    # Local runs keep running either way (each job has its own wrapper process); the next panel finds them.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo = build_ui(panel)
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     demo.queue(default_concurrency_limit=4).launch(

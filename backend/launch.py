@@ -36,6 +36,7 @@ class RunIdTaken(LaunchError):
 class LaunchedRun:
     run_id: str
     job_ids: dict[str, str]   # role -> job id
+    note: str = ""            # what a resume continues from
 
 
 def submit_jobs(executor: Executor, jobs: list[JobSpec], secrets: dict[str, str],

@@ -2,11 +2,14 @@
 
 Fragments are write-once JSONL files: a fully read fragment is never read again, and a fragment whose last
 line is torn (a writer that appends, or a copy in progress) is re-read from the end of its last complete
-line on the next refresh. Adapter folders are listed only once both adapter files are present.
+line on the next refresh. A complete line that is not a record (not JSON, not an object, or refused by the
+caller's check) is skipped and counted per fragment. Adapter folders are listed only once both adapter files
+are present.
 """
 
 import json
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend.runtime import layout
@@ -19,10 +22,13 @@ class FragmentCursor:
 
     offsets: dict[str, int] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
+    bad: dict[str, int] = field(default_factory=dict)     # fragment path -> lines skipped as unreadable
 
 
-def read_new_records(store: BucketStore, folder: str, cursor: FragmentCursor) -> list[tuple[str, dict]]:
-    """(writer, record) pairs added under `folder` since `cursor`, in fragment order."""
+def read_new_records(store: BucketStore, folder: str, cursor: FragmentCursor,
+                     check: Callable[[dict], bool] | None = None) -> list[tuple[str, dict]]:
+    """(writer, record) pairs added under `folder` since `cursor`, in fragment order. A line that is not a JSON
+    object, or that `check` refuses, is skipped and counted in `cursor.bad`."""
     out = []
     for f in store.list_files(folder):
         name = posixpath.basename(f.path)
@@ -35,16 +41,26 @@ def read_new_records(store: BucketStore, folder: str, cursor: FragmentCursor) ->
         data = store.read_bytes(f.path, start)
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines():
-            if line.strip():
-                try:
-                    out.append((match.group("writer"), json.loads(line)))
-                except ValueError:
-                    continue  # a corrupt line is skipped, not fatal to the dashboard
+            if not line.strip():
+                continue
+            record = _json_object(line)
+            if record is None or (check is not None and not check(record)):
+                cursor.bad[f.path] = cursor.bad.get(f.path, 0) + 1   # skipped, never fatal to the dashboard
+                continue
+            out.append((match.group("writer"), record))
         cursor.offsets[f.path] = start + end
         if start + end == f.size and end > 0:
             cursor.done.add(f.path)
             cursor.offsets.pop(f.path, None)
     return out
+
+
+def _json_object(line: bytes) -> dict | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,13 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES
 from backend.launch import LaunchedRun, LaunchError, launch_run
-from backend.runtime import layout
+from backend.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
 from backend.runview import RunView
@@ -31,29 +32,9 @@ class RunSummary:
     run_id: str
     bucket: str | None
     created_at: float
-    jobs: dict[str, str]       # role -> job id
+    jobs: dict[str, str]       # role -> job id (the newest attempt)
     stages: dict[str, str]     # role -> stage
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    spec: RunSpec
-    checkpoint_step: int | None     # None: no complete checkpoint, the trainer starts from step 0
-    message: str
-
-    def fingerprint(self) -> str:
-        return f"{self.spec.fingerprint()}-{self.checkpoint_step}"
-
-
-def latest_checkpoint_step(store: BucketStore, run_id: str) -> int | None:
-    """The step of the newest complete checkpoint in the bucket (transformers writes trainer_state.json last)."""
-    prefix = f"{layout.run_prefix(run_id)}/{layout.CHECKPOINTS_DIR}/"
-    steps = []
-    for f in store.list_files(prefix.rstrip("/")):
-        match = re.fullmatch(re.escape(prefix) + r"checkpoint-(\d+)/trainer_state.json", f.path)
-        if match and f.size > 0:
-            steps.append(int(match.group(1)))
-    return max(steps, default=None)
+    earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
 
 
 class RunRegistry:
@@ -71,6 +52,9 @@ class RunRegistry:
         self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
         return launched
 
+    def forget_listing(self) -> None:
+        self._listed = (0.0, [])
+
     def list_runs(self, fresh: bool = False) -> list[RunSummary]:
         """Every run of this executor, newest first. `fresh` asks again unless the list is a few seconds old."""
         listed_at, cached = self._listed
@@ -78,19 +62,23 @@ class RunRegistry:
         if max_age and time.time() - listed_at < max_age:
             return cached
         runs: dict[str, dict] = {}
-        for rec in self.executor.list_jobs():
+        older: dict[str, dict[str, list[str]]] = {}     # run -> role -> job ids of earlier attempts, newest first
+        for rec in self.executor.list_jobs():           # newest first
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
-                                               "jobs": {}, "stages": {}})
+                                               "jobs": {}, "stages": {}, "earlier": {}})
+            if rec.role in run["jobs"]:
+                older.setdefault(rec.run_id, {}).setdefault(rec.role, []).append(rec.job_id)
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
+            run["bucket"] = run["bucket"] or rec.bucket
+        for run_id, roles in older.items():
+            runs[run_id]["earlier"] = {f"{role}#{n}": job_id for role, ids in roles.items()
+                                       for n, job_id in enumerate(reversed(ids), start=1)}
         summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
                            key=lambda r: r.created_at, reverse=True)
         self._listed = (time.time(), summaries)
         return summaries
-
-    def forget_listing(self) -> None:
-        self._listed = (0.0, [])
 
     def has_run(self, run_id: str, fresh: bool = False) -> bool:
         return run_id in self._views or any(r.run_id == run_id for r in self.list_runs(fresh=fresh))
@@ -102,48 +90,47 @@ class RunRegistry:
                 summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
                 if summary is None or summary.bucket is None:
                     raise KeyError(f"no run {run_id!r}")
-                self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs)
+                self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs,
+                                              earlier=summary.earlier)
             return self._views[run_id]
 
     def resume_plan(self, run_id: str) -> ResumePlan:
-        """What Resume would do for this run; raises LaunchError when there is nothing to resume."""
+        """What Resume would do for this run (see `backend.resume`); raises LaunchError when it cannot."""
         view = self.view(run_id)
         view.refresh()
-        if not view.spec:
-            raise LaunchError(f"run {run_id} has no spec.json in its bucket; it cannot be resumed")
-        if not view.done:
-            raise LaunchError(f"run {run_id} still has running jobs; cancel it before resuming")
-        if any(e.get("event") == "finished" for e in view.events):
-            raise LaunchError(f"run {run_id} finished training; there is nothing to resume")
-        spec = RunSpec.from_dict(view.spec)
-        step = latest_checkpoint_step(view.store, run_id)
-        where = (f"from its checkpoint at step {step} of {spec.max_steps}" if step is not None
-                 else f"from step 0 of {spec.max_steps}: it wrote no checkpoint (one every {spec.checkpoint_every} "
-                      "steps)")
-        return ResumePlan(spec, step, f"The trainer resumes {where}.")
+        return resume_plan(view)
 
-    def resume(self, run_id: str, secrets: dict[str, str] | None = None) -> LaunchedRun:
-        """Submit the run's jobs again from its spec.json: the trainer resumes from the bucket's checkpoints."""
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None, from_step_0: bool = False) -> LaunchedRun:
+        """Submit the run's jobs again from its spec.json: the trainer resumes from the bucket's last complete
+        checkpoint (see `resume_plan`). A run without one starts again from step 0 only if `from_step_0`. The
+        jobs run on the files the run was launched with (code, dataset copy), which stay in the bucket."""
         plan = self.resume_plan(run_id)
+        if plan.checkpoint_step is None and not from_step_0:
+            raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
         view = self.view(run_id)
         launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
         view.replace_jobs(launched.job_ids)
-        self._listed = (0.0, [])
-        return launched
+        self.forget_listing()
+        return replace(launched, note=plan.message)
 
     def cancel(self, run_id: str) -> list[str]:
-        """Cancel every job of the run that is not over; return the job ids asked to stop.
+        """Cancel every job of the run that is not over, at once, the trainer first so it records that it was
+        cancelled before its replicas go; return the job ids asked to stop.
 
         The jobs are found by the run's label through the executor, not through the run's bucket: a run whose
         spec.json cannot be read (a restarted panel, a failing bucket) is still cancelled while it bills."""
-        job_ids = [r.job_id for r in self.executor.list_jobs(run_id=run_id) if r.stage not in TERMINAL_STAGES]
+        live = [r for r in self.executor.list_jobs(run_id=run_id) if r.stage not in TERMINAL_STAGES]
         view = self._views.get(run_id)
-        if view is not None:
-            job_ids += [j.job_id for j in view.jobs.values() if j.job_id not in job_ids and not j.status.done]
-        for job_id in job_ids:
-            self.executor.cancel(job_id)
-        self._listed = (0.0, [])
-        return job_ids
+        if view is not None:        # jobs the listing may not show yet (one just submitted)
+            known = {r.job_id for r in live}
+            live += [_Live(j.job_id, role) for role, j in view.current_jobs.items()
+                     if j.job_id not in known and not j.status.done]
+        ids = [r.job_id for r in sorted(live, key=lambda r: r.role != "trainer")]
+        errors = cancel_jobs(self.executor, ids)
+        self.forget_listing()
+        if errors:
+            raise RuntimeError("could not cancel " + "; ".join(errors))
+        return ids
 
     def final_adapter_zip(self, run_id: str, folder: str) -> str | None:
         """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none."""
@@ -159,3 +146,24 @@ class RunRegistry:
         path = os.path.join(folder, f"{name}-{run_id}-final-adapter.zip")
         atomic_write_bytes(path, buf.getvalue())
         return path
+
+
+@dataclass(frozen=True)
+class _Live:
+    job_id: str
+    role: str
+
+
+def cancel_jobs(executor: Executor, job_ids: list[str]) -> list[str]:
+    """Ask every job to stop, concurrently (on HF Jobs each is an API call), in the given order; return errors."""
+    if not job_ids:
+        return []
+    with ThreadPoolExecutor(max_workers=len(job_ids)) as pool:
+        futures = [(job_id, pool.submit(executor.cancel, job_id)) for job_id in job_ids]
+    errors = []
+    for job_id, future in futures:
+        try:
+            future.result()
+        except Exception as exc:   # keep cancelling the others: each is billing
+            errors.append(f"{job_id}: {exc}")
+    return errors

@@ -303,7 +303,8 @@ class Panel:
         return Preview(redact_tokens("\n\n".join(lines)), plan.fingerprint(), run_id)
 
     def resume(self, run_id: str, visitor: Visitor | str | None = None, confirmed: str | None = None) -> str:
-        """Relaunch a stopped run's jobs; on HF Jobs only once the visitor reviewed exactly this resume."""
+        """Relaunch a stopped run's jobs. A resume that costs money (HF Jobs) or starts again from step 0 (no
+        checkpoint) goes ahead only once the visitor reviewed exactly this resume (`confirmed` is its code)."""
         visitor = as_visitor(visitor)
         try:
             registry, token = self._registry_for_control(run_id, visitor)
@@ -312,15 +313,16 @@ class Panel:
                 expiry = token_lifetime_problem(visitor, plan.spec.timeout_minutes * 60)
                 if expiry:
                     raise Refused(expiry)
-                if confirmed != plan.fingerprint():
-                    return ("**Not resumed yet:** review what Resume submits and what it can cost, tick *I reviewed "
-                            "the resume* and press Resume again.\n\n" + self.resume_preview(run_id, visitor).markdown)
+            if (plan.spec.executor == "hf_jobs" or plan.checkpoint_step is None) and confirmed != plan.fingerprint():
+                return ("**Not resumed yet:** review what Resume submits, from where the trainer continues and what "
+                        "it can cost, tick *I reviewed the resume* and press Resume again.\n\n"
+                        + self.resume_preview(run_id, visitor).markdown)
             secrets = {recipe.TOKEN_SECRET: token} if token else {}
-            launched = registry.resume(run_id, secrets)
+            launched = registry.resume(run_id, secrets, from_step_0=plan.checkpoint_step is None)
             self._final_zips.pop(run_id, None)    # the resumed trainer writes a new final adapter
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return f"**Not resumed.** {_reason(exc)}"
-        return f"Resumed run {run_id} with {len(launched.job_ids)} new job(s). {plan.message}"
+        return f"Resumed run {run_id} with {len(launched.job_ids)} new job(s): {launched.note}"
 
     def final_adapter(self, run_id: str, visitor: Visitor | str | None = None) -> str | None:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
@@ -344,8 +346,9 @@ class Panel:
         return path
 
     def shutdown(self) -> None:
+        """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper
+        process) and the next panel over the same home finds them, with their true status."""
         self.runs.shutdown()
-        self.local.shutdown()
 
 
 def full_log_file(panel: Panel, run_id: str, role: str, visitor: Visitor | str | None = None) -> str | None:

@@ -46,7 +46,8 @@ def build_frame(view) -> Frame:
 def status_markdown(view) -> str:
     spec = view.spec
     last = view.metrics[-1] if view.metrics else {}
-    parts = [f"### Run `{view.run_id}` — **{view.stage}**"]
+    degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
+    parts = [f"### Run `{view.run_id}` — **{view.stage}**{degraded}"]
     jobs = " · ".join(f"{role}: {job.status.stage}" + (f" ({job.status.message})" if job.status.message else "")
                       for role, job in sorted(view.jobs.items()))
     parts.append(jobs)
@@ -62,12 +63,33 @@ def status_markdown(view) -> str:
     warning = charts.ratio_warning(view.metrics)
     if warning:
         parts.append(f"⚠️ **{warning}**")
-    failed = [e for e in view.events if e.get("event") == "failed"]
-    if failed:
-        parts.append(f"❌ **{redact_tokens(str(failed[-1].get('error', 'the trainer failed')))}**")
-        if failed[-1].get("code_traceback") or failed[-1].get("traceback"):
-            parts.append(traceback_block(failed[-1].get("code_traceback") or failed[-1]["traceback"]))
+    unreadable = view.unreadable
+    if unreadable:
+        total = sum(unreadable.values())
+        files = ", ".join(f"`{path}`: {n}" for path, n in sorted(unreadable.items()))
+        parts.append(f"⚠️ {total} unreadable record{'s' if total != 1 else ''} skipped ({files})")
+    parts += end_lines(view)
     return "\n\n".join(parts)
+
+
+def end_lines(view) -> list[str]:
+    """Why the current attempt's trainer stopped, if it failed or was cancelled: its event (with the end of its
+    traceback, a failing reward's own frames last), else its job's status (a trainer that was killed, or could
+    not write to the bucket, records no event)."""
+    ends = [e for e in view.events if e.get("writer") == "trainer"
+            and e.get("event") in ("started", "finished", "failed", "canceled")]
+    last = ends[-1] if ends else {}
+    if last.get("event") == "failed":
+        lines = [f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"]
+        if last.get("code_traceback") or last.get("traceback"):
+            lines.append(traceback_block(last.get("code_traceback") or last["traceback"]))
+        return lines
+    if last.get("event") == "canceled":
+        return [f"⏹ {redact_tokens(str(last.get('error', 'the trainer was stopped')))}"]
+    trainer = view.current_jobs.get("trainer")
+    if trainer is not None and trainer.status.stage == "ERROR" and last.get("event") != "finished":
+        return [f"❌ **trainer: {redact_tokens(trainer.status.message or 'the job failed')}**"]
+    return []
 
 
 def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
@@ -77,15 +99,17 @@ def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
 
 
 def adapter_rows(view) -> list[list]:
-    """version, step, published at, size (MB), registered on replicas."""
+    """version, step, published at, size (MB), registered on replicas, note (superseded by a resume)."""
     registered = _registered_adapters(view)
     first_step = _first_step_per_policy_version(view.metrics)
     rows = []
     for v in sorted(view.adapters.values(), key=lambda a: a.version, reverse=True):
         on = ", ".join(r for r, names in registered.items() if v.name in names) or "-"
         step = v.step if v.step is not None else first_step.get(v.version, "-")
-        rows.append([v.name, step,
-                     time.strftime("%H:%M:%S", time.localtime(v.time)), round(v.size_bytes / 1e6, 3), on])
+        note = (f"superseded: the run resumed from step {view.superseded[v.name]}"
+                if v.name in view.superseded else "")
+        rows.append([v.name, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
+                     round(v.size_bytes / 1e6, 3), on, note])
     return rows
 
 
@@ -98,20 +122,32 @@ def _first_step_per_policy_version(records: list[dict]) -> dict[int, int]:
     return first
 
 
-def _registered_adapters(view) -> dict[str, list[str]]:
+def _replicas(view) -> list[tuple[dict, str | None]]:
+    """The proxy's latest snapshot of each replica, with why it is down when its job has ended (replica i is
+    the job `vllm-i`: the trainer's proxy lists the replicas in that order)."""
     if not view.replica_stats:
-        return {}
-    latest = view.replica_stats[-1]
-    return {r.get("url", f"replica-{i}"): r.get("adapters", []) for i, r in enumerate(latest.get("replicas", []))}
+        return []
+    jobs = view.current_jobs
+    out = []
+    for i, r in enumerate(view.replica_stats[-1].get("replicas", [])):
+        job = jobs.get(f"vllm-{i}")
+        ended = job is not None and job.status.done
+        out.append((r, f"DOWN (job {job.status.stage})" if ended else None))
+    return out
+
+
+def _registered_adapters(view) -> dict[str, list[str]]:
+    # A replica that is down serves nothing, whatever its last snapshot held.
+    return {r.get("url", f"replica-{i}"): r.get("adapters", []) if r.get("healthy") and not down else []
+            for i, (r, down) in enumerate(_replicas(view))}
 
 
 def replica_rows(view) -> list[list]:
-    if not view.replica_stats:
-        return []
     rows = []
-    for r in view.replica_stats[-1].get("replicas", []):
-        rows.append([r.get("url"), "up" if r.get("healthy") else "DOWN", r.get("in_flight"), r.get("served"),
-                     r.get("errors"), ", ".join(r.get("adapters", []))])
+    for r, down in _replicas(view):
+        healthy = r.get("healthy") and not down
+        rows.append([r.get("url"), "up" if healthy else (down or "DOWN"), r.get("in_flight"), r.get("served"),
+                     r.get("errors"), ", ".join(r.get("adapters", [])) if healthy else ""])
     return rows
 
 

@@ -167,7 +167,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     kl_plot = gr.Plot(elem_id="kl-plot")
                     length_plot = gr.Plot(elem_id="length-plot")
                 ratio_plot = gr.Plot(elem_id="ratio-plot")
-                adapters = gr.Dataframe(headers=["adapter", "step", "published", "size (MB)", "on replicas"],
+                adapters = gr.Dataframe(headers=["adapter", "step", "published", "size (MB)", "on replicas", "note"],
                                         interactive=False, label="Adapter versions in the bucket",
                                         elem_id="adapters-table")
                 replicas = gr.Dataframe(headers=["replica", "health", "in flight", "served", "errors", "adapters"],

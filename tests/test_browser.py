@@ -52,13 +52,16 @@ def app_url(app_home):
                 time.sleep(0.5)
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)   # the panel stops its local jobs on exit
+        os.killpg(proc.pid, signal.SIGTERM)   # the panel exits; its local runs would keep running
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+        from backend.executors.local import LocalExecutor
+
+        LocalExecutor(str(app_home)).cancel_all()     # so stop whatever the tests left running
 
 
 def _tail(path, lines: int = 60) -> str:

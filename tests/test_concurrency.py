@@ -45,7 +45,7 @@ def test_sessions_refreshing_one_run_at_once_never_duplicate_a_line_or_an_event(
     view.refresh()
     assert list(view.jobs["trainer"].logs) == [f"line {i}" for i in range(300)]
     assert [e["i"] for e in view.events] == list(range(0, 300, 10))
-    executor.shutdown()
+    executor.cancel_all()
 
 
 def test_a_job_stream_buffer_keeps_the_newest_items_and_counts_from_the_start():

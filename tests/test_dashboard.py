@@ -7,7 +7,8 @@ from panel import dashboard
 
 
 def _view(**kw):
-    base = dict(adapters={}, metrics=[], replica_stats=[], jobs={}, events=[], spec={}, final_files=[])
+    base = dict(adapters={}, metrics=[], replica_stats=[], jobs={}, current_jobs={}, events=[], spec={},
+                final_files=[], superseded={})
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -15,12 +16,30 @@ def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
     adapters = {v: AdapterVersion(v, f"trl-policy-v{v}", f"runs/r/.vllm_lora/trl-policy-v{v}", None, 0.0, 41_000)
                 for v in (1, 2, 3)}
     metrics = [{"step": 1, "policy_version": 2}, {"step": 2, "policy_version": 3}, {"step": 3, "policy_version": 3}]
-    stats = [{"time": 1, "replicas": [{"url": "http://a", "adapters": ["trl-policy-v2", "trl-policy-v3"]},
-                                       {"url": "http://b", "adapters": ["trl-policy-v3"]}]}]
-    rows = dashboard.adapter_rows(_view(adapters=adapters, metrics=metrics, replica_stats=stats))
+    stats = [{"time": 1, "replicas": [
+        {"url": "http://a", "healthy": True, "adapters": ["trl-policy-v2", "trl-policy-v3"]},
+        {"url": "http://b", "healthy": True, "adapters": ["trl-policy-v3"]}]}]
+    rows = dashboard.adapter_rows(_view(adapters=adapters, metrics=metrics, replica_stats=stats,
+                                        superseded={"trl-policy-v1": 4}))
     assert [(r[0], r[1], r[4]) for r in rows] == [
         ("trl-policy-v3", 2, "http://a, http://b"), ("trl-policy-v2", 1, "http://a"), ("trl-policy-v1", "-", "-")]
     assert rows[0][3] == 0.041
+    assert [r[5] for r in rows] == ["", "", "superseded: the run resumed from step 4"]
+
+
+def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
+    from backend.jobspec import JobStatus
+
+    stats = [{"time": 1, "replicas": [
+        {"url": "http://a", "healthy": True, "adapters": ["trl-policy-v3"]},
+        {"url": "http://b", "healthy": True, "adapters": ["trl-policy-v3"]}]}]   # its last snapshot before it died
+    jobs = {"vllm-0": SimpleNamespace(status=JobStatus("RUNNING")),
+            "vllm-1": SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL"))}
+    adapters = {3: AdapterVersion(3, "trl-policy-v3", "runs/r/.vllm_lora/trl-policy-v3", 2, 0.0, 41_000)}
+    view = _view(replica_stats=stats, current_jobs=jobs, adapters=adapters)
+    assert [r[1] for r in dashboard.replica_rows(view)] == ["up", "DOWN (job ERROR)"]
+    assert [r[5] for r in dashboard.replica_rows(view)] == ["trl-policy-v3", ""]
+    assert dashboard.adapter_rows(view)[0][4] == "http://a"
 
 
 def test_log_text_filters_case_insensitively_and_keeps_the_tail():

@@ -22,9 +22,9 @@ def _job(command, timeout_s=60, role="trainer", run_id="t1"):
 
 @pytest.fixture
 def executor(tmp_path):
-    ex = LocalExecutor(str(tmp_path / "home"))
+    ex = LocalExecutor(str(tmp_path / "home"), grace_s=3)
     yield ex
-    ex.shutdown()
+    ex.cancel_all()
 
 
 def test_tiny_demo_runs_for_real_and_writes_metrics_adapters_and_final(executor):
@@ -63,7 +63,7 @@ def test_cancel_stops_every_process_of_the_job(executor):
     deadline = time.time() + 10
     while time.time() < deadline and executor.read_logs(job_id, 0)[0] != ["started"]:
         time.sleep(0.1)
-    parent = psutil.Process(executor._pid(job_id))
+    parent = psutil.Process(executor.main_pid(job_id))
     family = [parent, *parent.children(recursive=True)]
     assert len(family) == 3
     executor.cancel(job_id)
@@ -79,7 +79,7 @@ def test_cancel_reaches_a_child_that_ignores_sigterm(executor):
     deadline = time.time() + 10
     while time.time() < deadline and not executor.read_logs(job_id, 0)[0]:
         time.sleep(0.1)
-    pid = executor._pid(job_id)
+    pid = executor.main_pid(job_id)
     executor.cancel(job_id)
     assert executor.wait(job_id, 20).stage == "CANCELED"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

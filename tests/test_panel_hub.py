@@ -237,7 +237,7 @@ def test_resume_on_hf_jobs_is_previewed_and_confirmed_like_a_launch(hub, make_pa
     panel.view(run_id).refresh()
     posts = len(hub.job_posts())
     message = panel.resume(run_id)
-    assert "Not resumed yet" in message and "checkpoint at step 50" in message and "Estimated cost" in message
+    assert "Not resumed yet" in message and "resumes from checkpoint-50" in message and "Estimated cost" in message
     assert len(hub.job_posts()) == posts, "nothing is resubmitted unreviewed"
     shown = panel.resume_preview(run_id)
     assert "Resumed run" in panel.resume(run_id, confirmed=shown.fingerprint)

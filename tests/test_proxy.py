@@ -265,6 +265,7 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
     # If no completion happened to be routed to it, the health loop finds it: two missed checks, 0.5 s apart.
     _wait_for(lambda: not dead_replica()["healthy"], timeout=15)
     assert dead_replica()["last_error"]
+    assert dead_replica()["adapters"] == [], "a dead replica serves none of the adapters it held"
     assert requests.get(f"{proxy.url}/health").status_code == 200
     assert requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 503
 

@@ -239,6 +239,53 @@ def test_a_restarted_job_resumes_from_its_last_complete_checkpoint_and_keeps_num
     assert not [n for n in os.listdir(run_dir) if n.startswith("_tmp")]
 
 
+def test_a_job_resumed_from_an_earlier_checkpoint_marks_the_discarded_versions_and_never_reuses_a_name(trained_run):
+    run_dir, _, _ = trained_run
+    adapters = run_dir / layout.ADAPTERS_DIR
+    before = {n: (adapters / n / "adapter_model.safetensors").read_bytes() for n in os.listdir(adapters)}
+    assert sorted(before) == ["trl-policy-v1", "trl-policy-v2", "trl-policy-v3", "trl-policy-v4"]
+    # Checkpoints 6 and 8 lost (cut off while saving): the next attempt resumes from checkpoint-3, so the versions
+    # published after step 3 (v2 at 4, v3 at 6, v4 at 8) are a discarded branch. A half-written v99 counts for nothing.
+    for step in (6, 8):
+        (run_dir / layout.CHECKPOINTS_DIR / f"checkpoint-{step}" / "trainer_state.json").unlink()
+    (adapters / "trl-policy-v99").mkdir()
+    (adapters / "trl-policy-v99" / "adapter_config.json").write_text("{}")
+    write_job(run_dir, max_steps=10, adapter_every=2, checkpoint_every=3, seed=1)
+    out = run_job(run_dir)
+    assert "checkpoint-3" in out and "superseded" in out
+    [superseded] = [e for e in events(str(run_dir)) if e["event"] == "adapters_superseded"]
+    assert superseded["names"] == ["trl-policy-v2", "trl-policy-v3", "trl-policy-v4"]
+    assert superseded["resumed_from_step"] == 3
+    published = [(e["name"], e["step"]) for e in events(str(run_dir)) if e["event"] == "adapter_published"]
+    assert published[-4:] == [("trl-policy-v5", 4), ("trl-policy-v6", 6), ("trl-policy-v7", 8), ("trl-policy-v8", 10)]
+    names = [name for name, _ in published]
+    assert len(names) == len(set(names)), "a version name was published twice"
+    assert all((adapters / n / "adapter_model.safetensors").read_bytes() == b for n, b in before.items())
+    assert not (adapters / "trl-policy-v100").exists()
+
+
+def test_a_trainer_that_cannot_write_to_the_bucket_says_so_and_does_not_raise_again(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from backend.runtime import run_end
+
+    def full(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "events" / "trainer-000001.jsonl"))
+
+    monkeypatch.setattr(run_end, "write_event", full)
+    try:
+        full()
+    except OSError as error:
+        message = run_end.record_end(str(tmp_path), "trainer", error, flush=full)
+    assert message.startswith("cannot write to the bucket: No space left on device (")
+    err = capsys.readouterr().err
+    assert "could not write the last metrics into the bucket: cannot write to the bucket" in err
+    assert "could not write the 'failed' event into the bucket" in err
+    wrapped = RuntimeError("Error while serializing: IoError(Os { code: 28, message: \"No space left on device\" })")
+    assert run_end.describe(wrapped) == "cannot write to the bucket: No space left on device"
+    assert run_end.describe(ValueError("bad dataset")) == "ValueError: bad dataset"
+
+
 def test_a_job_that_fails_exits_non_zero_and_records_the_error(tmp_path):
     write_job(tmp_path, dataset="builtin:no-such-set")
     out = run_job(tmp_path, expect_rc=1)

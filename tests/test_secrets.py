@@ -64,7 +64,7 @@ def test_a_local_job_does_not_inherit_the_panels_token(tmp_path, monkeypatch):
     job_id = executor.submit(job)
     assert executor.wait(job_id, 30).stage == "COMPLETED"
     assert executor.read_logs(job_id, 0)[0] == ["False False"]
-    executor.shutdown()
+    executor.cancel_all()
 
 
 def test_a_failed_event_written_raw_into_the_bucket_is_shown_masked(tmp_path):

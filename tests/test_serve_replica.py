@@ -13,8 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
 
 
-def _start(run_dir, *extra, server=SERVER):
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend")}
+def _start(run_dir, *extra, server=SERVER, env=None):
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), **(env or {})}
     env.pop("VLLM_RPC_BASE_PATH", None)
     return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
                              "--", *server], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -82,3 +82,46 @@ def test_the_servers_sockets_go_in_a_folder_of_its_own_that_is_removed_when_it_s
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+def test_the_replica_stops_when_the_trainers_heartbeat_stops(tmp_path):
+    beat = tmp_path / "heartbeat" / "trainer.json"     # what the trainer rewrites every few seconds
+    beat.parent.mkdir()
+    with open(beat, "w") as f:
+        f.write('{"beat": 1}')             # an earlier attempt's last beat: not a sign of life
+    proc = _start(tmp_path, env={"GRPO_TRAINER_GONE_AFTER_S": "3"})
+    try:
+        assert proc.stdout.readline().strip() == "serving"
+        for n in range(2, 5):
+            time.sleep(2)
+            with open(beat, "w") as f:
+                f.write(f'{{"beat": {n}}}')
+        assert proc.poll() is None, "a trainer that beats keeps its replicas"
+        # The trainer is SIGKILLed: no event, the heartbeat just stops.
+        assert proc.wait(timeout=20) == 0
+        assert "no trainer heartbeat for" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def test_the_trainer_is_gone_when_its_heartbeat_stands_still_or_never_starts():
+    from backend.runtime.heartbeat import HeartbeatWatch
+
+    now = [0.0]
+    content = [b"old"]
+    watch = HeartbeatWatch("/nonexistent", gone_after_s=30, first_beat_s=600, clock=lambda: now[0])
+    watch._read = lambda: content[0]
+    watch.last = b"old"
+    now[0] = 500
+    assert watch.gone() is None, "still starting"
+    content[0], now[0] = b"1", 510
+    assert watch.gone() is None
+    now[0] = 539
+    assert watch.gone() is None
+    now[0] = 541
+    assert watch.gone() == "no trainer heartbeat for 31 s"
+    never = HeartbeatWatch("/nonexistent", gone_after_s=30, first_beat_s=600, clock=lambda: now[0])
+    now[0] += 601
+    assert never.gone() == "no trainer heartbeat within 600 s"

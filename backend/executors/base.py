@@ -49,4 +49,9 @@ class Executor(Protocol):
         """Where another job reaches this job's exposed `port` (a distributed run's trainer -> replicas)."""
 
     def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
-        """Every job this executor launched (found by labels), or only those of `run_id`, newest first."""
+        """Every job this executor launched (found by labels), or only those of `run_id`, newest first. A job whose
+        record cannot be read is left out (and counted by `unreadable_records`), so one bad record never empties
+        the list."""
+
+    def unreadable_records(self, run_id: str) -> dict[str, int]:
+        """Records of the run's jobs that were skipped as unreadable, per file."""

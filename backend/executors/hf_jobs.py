@@ -115,6 +115,9 @@ class HfJobsExecutor:
         infos = self._api.list_jobs(labels=labels, namespace=self.namespace)
         return sorted((_record(info) for info in infos), key=lambda r: r.created_at, reverse=True)
 
+    def unreadable_records(self, run_id: str) -> dict[str, int]:
+        return {}    # the Hub's job records and streams arrive parsed; there is no file of ours to misread
+
     def exposed_url(self, job_id: str, port: int) -> str:
         """Where an exposed port answers (callers send `Authorization: Bearer <token>`): the URL the Hub reports
         for that port, else the documented `https://<job id>--<port>.hf.jobs`."""

@@ -1,47 +1,55 @@
-"""LocalExecutor: runs a JobSpec's command as a local process group (the embedded default: no account).
+"""LocalExecutor: runs a JobSpec's command as local processes, under a wrapper that outlives the panel.
 
 Volumes are mapped onto local folders (`<home>/buckets/<namespace>/<name>`) by rewriting the mount path in
-the command and env; each job gets `<home>/jobs/<job_id>/` with `job.json`, `log.txt`, `resources.jsonl`
-and `status.json`, so a restarted panel rebuilds its run list from disk.
+the command and env. Each job gets `<home>/jobs/<job_id>/`: `job.json` (the spec, and the wrapper's pid with its
+start time) and `log.txt`, written here; `process.json`, `resources.jsonl` and `exit.json`, written by the job's
+wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout. A job's status is read from these
+files alone, so a restarted panel (or a second one) tells the same story as the panel that launched it. A pid is
+trusted only together with its start time: after a restart the same number may belong to another process.
 """
 
 import json
+import logging
 import os
 import secrets as _secrets
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict
 
-from backend.executors.base import ResourceSample, SubmitError
-from backend.jobspec import (
-    CANCELED,
-    COMPLETED,
-    ERROR,
-    RUNNING,
-    SCHEDULING,
-    TERMINAL_STAGES,
-    JobRecord,
-    JobSpec,
-    JobStatus,
-)
-from backend.runtime.redact import TOKEN_ENV_VARS, redact_tokens, remember_secret
-from backend.runtime.sampler import ResourceSampler, visible_gpu_indices
+import psutil
 
-GRACE_S = 5.0
+from backend.executors.base import ResourceSample, SubmitError
+from backend.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
+from backend.runtime import job_wrapper as wrapper
+from backend.runtime.layout import atomic_write_bytes
+from backend.runtime.redact import TOKEN_ENV_VARS, redact_tokens, remember_secret
+
+log = logging.getLogger(__name__)
+
+BACKEND_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # `runtime.job_wrapper` imports from here
+JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
+START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
+CANCELED_BY_USER = "canceled by the user"
+
+
+class Unreadable(ValueError):
+    """A job file that exists but holds no usable record."""
 
 
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, home: str):
+    def __init__(self, home: str, grace_s: float = wrapper.DEFAULT_GRACE_S):
         self.home = os.path.abspath(home)
         self.jobs_dir = os.path.join(self.home, "jobs")
         os.makedirs(self.jobs_dir, exist_ok=True)
-        self._procs: dict[str, subprocess.Popen] = {}
-        self._canceled: set[str] = set()
+        self.grace_s = grace_s
         self._secrets: dict[str, tuple[str, ...]] = {}
+        self._bad: dict[str, set[int]] = {}      # job file -> offsets of the records in it that were skipped
         self._lock = threading.Lock()
 
     # ---- paths
@@ -53,8 +61,11 @@ class LocalExecutor:
             raise ValueError(f"bad job id {job_id!r}")
         return os.path.join(self.jobs_dir, job_id)
 
+    def _file(self, job_id: str, name: str) -> str:
+        return os.path.join(self._dir(job_id), name)
+
     def log_path(self, job_id: str) -> str:
-        return os.path.join(self._dir(job_id), "log.txt")
+        return self._file(job_id, wrapper.LOG_FILE)
 
     def exposed_url(self, job_id: str, port: int) -> str:
         return f"http://127.0.0.1:{port}"
@@ -70,6 +81,9 @@ class LocalExecutor:
         missing = [name for name in job.secrets if name not in secrets]
         if missing:
             raise SubmitError(f"job {job.role}: no value for secret(s) {', '.join(missing)}")
+        command = [self._map_volumes(job, arg) for arg in job.command]
+        if shutil.which(command[0]) is None:
+            raise SubmitError(f"job {job.role}: could not start {command[0]!r}: no such program")
         job_id = f"{job.run_id}--{job.role}--{_secrets.token_hex(3)}"
         job_dir = self._dir(job_id)
         os.makedirs(job_dir)
@@ -84,95 +98,174 @@ class LocalExecutor:
         if "PYTHONPATH" in job.env and os.environ.get("PYTHONPATH"):
             # Locally the job runs in the panel's environment: keep what that environment adds to the path.
             env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
-        command = [self._map_volumes(job, arg) for arg in job.command]
         record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command}
-        _write_json(os.path.join(job_dir, "job.json"), record)
-        self._set_status(job_id, SCHEDULING)
-        log = open(self.log_path(job_id), "ab")
-        try:
-            # A new session makes the job its own process group, so cancel reaches every child.
-            proc = subprocess.Popen(command, cwd=job_dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            self._set_status(job_id, ERROR, f"could not start: {exc}")
-            raise SubmitError(f"job {job.role}: could not start {command[0]!r}: {exc}") from exc
-        finally:
-            log.close()
+        _write_json(os.path.join(job_dir, JOB_FILE), record)
+        wrapped = [sys.executable, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(job.timeout_s),
+                   "--grace", str(self.grace_s), "--", *command]
+        with open(self.log_path(job_id), "ab") as log_file:
+            try:
+                # A session of its own: the job lives on when the panel exits, and no terminal signal reaches it.
+                proc = subprocess.Popen(wrapped, cwd=BACKEND_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                _write_json(self._file(job_id, wrapper.EXIT_FILE),
+                            {"stage": ERROR, "message": f"could not start: {exc}", "time": time.time()})
+                raise SubmitError(f"job {job.role}: could not start its wrapper: {exc}") from exc
         with self._lock:
-            self._procs[job_id] = proc
             self._secrets[job_id] = tuple(secrets[k] for k in job.secrets)
-        record["pid"] = proc.pid
-        _write_json(os.path.join(job_dir, "job.json"), record)
-        self._set_status(job_id, RUNNING)
-        sampler = ResourceSampler(proc.pid, os.path.join(job_dir, "resources.jsonl"),
-                                  gpu_indices=visible_gpu_indices(env)).start()
-        threading.Thread(target=self._watch, args=(job_id, proc, job.timeout_s, sampler), daemon=True).start()
+        record.update(pid=proc.pid, pid_started_at=wrapper.process_start_time(proc.pid))
+        _write_json(os.path.join(job_dir, JOB_FILE), record)
+        # Only reaping: the wrapper watches the job. An unreaped wrapper would look alive until the panel exits.
+        threading.Thread(target=proc.wait, name=f"reap-{job_id}", daemon=True).start()
         return job_id
 
-    def _watch(self, job_id: str, proc: subprocess.Popen, timeout_s: int, sampler: ResourceSampler) -> None:
+    # ---- job files
+    def _read_json(self, job_id: str, name: str) -> dict | None:
+        """A job file as a dict; None if it does not exist. A file that is not a JSON object is counted, then None."""
+        path = self._file(job_id, name)
         try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            self._set_status(job_id, ERROR, f"timed out after {timeout_s} s; the job was stopped")
-            return
-        finally:
-            sampler.stop()
-        if job_id in self._canceled:
-            self._set_status(job_id, CANCELED, "canceled by the user")
-        elif code == 0:
-            self._set_status(job_id, COMPLETED)
-        else:
-            self._set_status(job_id, ERROR, f"exited with code {code}; see the log")
+            with open(path, "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            data = None
+        if not isinstance(data, dict):
+            self._count_bad(path, 0)
+            return None
+        return data
+
+    def _count_bad(self, path: str, offset: int) -> None:
+        with self._lock:
+            seen = self._bad.setdefault(path, set())
+            if offset not in seen:
+                seen.add(offset)
+                log.warning("skipped an unreadable record in %s (byte %d)", path, offset)
+
+    def _job_record(self, job_id: str) -> dict:
+        data = self._read_json(job_id, JOB_FILE)
+        if data is None:
+            if not os.path.isdir(self._dir(job_id)):
+                raise KeyError(f"no local job {job_id!r}")
+            raise Unreadable(f"job {job_id}: no readable {JOB_FILE}")
+        spec = data.get("spec")
+        ok = (isinstance(spec, dict) and isinstance(spec.get("run_id"), str) and isinstance(spec.get("role"), str)
+              and isinstance(spec.get("volumes", []), list) and isinstance(data.get("created_at"), (int, float)))
+        if not ok:
+            self._count_bad(self._file(job_id, JOB_FILE), 0)
+            raise Unreadable(f"job {job_id}: {JOB_FILE} is not a job record")
+        return data
+
+    def unreadable_records(self, run_id: str) -> dict[str, int]:
+        """Skipped records per job file of the run's jobs (paths relative to this executor's home)."""
+        prefix = os.path.join(self.jobs_dir, f"{run_id}--")
+        with self._lock:
+            return {os.path.relpath(path, self.home): len(offsets) for path, offsets in self._bad.items()
+                    if path.startswith(prefix)}
+
+    # ---- processes
+    def _wrapper_alive(self, record: dict) -> bool:
+        return _same_process(record.get("pid"), record.get("pid_started_at"))
+
+    def _job_group(self, job_id: str) -> int | None:
+        """The job command's process group id, if any process of that group may still be alive."""
+        proc = self._read_json(job_id, wrapper.PROCESS_FILE) or {}
+        pid = proc.get("pid")
+        if not isinstance(pid, int):
+            return None
+        started = wrapper.process_start_time(pid)
+        if started is not None and not _same_start(started, proc.get("started_at")):
+            return None     # that number is another process now, perhaps leading a group of its own
+        # With its leader gone, a group's id cannot be reused while any member lives: the group is still ours.
+        return pid if wrapper.group_alive(pid) else None
+
+    def main_pid(self, job_id: str) -> int | None:
+        """The pid of the job's own command (not its wrapper), once the wrapper has started it."""
+        pid = (self._read_json(job_id, wrapper.PROCESS_FILE) or {}).get("pid")
+        return pid if isinstance(pid, int) else None
 
     # ---- observe
-    def _set_status(self, job_id: str, stage: str, message: str = "") -> None:
-        _write_json(os.path.join(self._dir(job_id), "status.json"),
-                    {"stage": stage, "message": message, "time": time.time()})
-
     def status(self, job_id: str) -> JobStatus:
+        ended = self._read_json(job_id, wrapper.EXIT_FILE)
+        if ended and ended.get("stage") in TERMINAL_STAGES:
+            return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")))
+        legacy = self._read_json(job_id, LEGACY_STATUS_FILE)    # jobs launched before the wrapper existed
+        if legacy and legacy.get("stage") in TERMINAL_STAGES:
+            return JobStatus(legacy["stage"], str(legacy.get("message") or ""))
         try:
-            with open(os.path.join(self._dir(job_id), "status.json")) as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise KeyError(f"no local job {job_id!r}") from None
-        if data["stage"] == RUNNING and job_id not in self._procs and not _pid_alive(self._pid(job_id)):
-            # Launched by an earlier panel process that is gone: nobody watched it end.
-            return JobStatus(ERROR, "the panel restarted and this job is no longer running")
-        return JobStatus(data["stage"], data.get("message", ""))
+            record = self._job_record(job_id)
+        except Unreadable as exc:
+            return JobStatus(ERROR, str(exc))
+        cancel = self._read_json(job_id, wrapper.CANCEL_FILE)
+        if self._wrapper_alive(record):
+            return JobStatus(RUNNING, f"stopping: {cancel.get('reason')}" if cancel else "")
+        if cancel:     # stopped while its wrapper was still starting, before it could record anything
+            return JobStatus(CANCELED, str(cancel.get("reason") or CANCELED_BY_USER))
+        if "pid" not in record and time.time() - record["created_at"] < START_WAIT_S:
+            return JobStatus(SCHEDULING)
+        return JobStatus(ERROR, "its wrapper process ended without recording how the job ended "
+                                "(was the machine restarted?)")
 
-    def _pid(self, job_id: str) -> int | None:
-        with open(os.path.join(self._dir(job_id), "job.json")) as f:
-            return json.load(f).get("pid")
+    def _redact(self, job_id: str, text: str) -> str:
+        return redact_tokens(text, self._secrets.get(job_id, ()))
 
     def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:
         data = _read_complete_lines(self.log_path(job_id), cursor)
         text = data.decode("utf-8", errors="replace")
-        lines = [redact_tokens(line, self._secrets.get(job_id, ())) for line in text.splitlines()]
+        lines = [self._redact(job_id, line) for line in text.splitlines()]
         return lines, cursor + len(data)
 
     def all_logs(self, job_id: str) -> list[str]:
         return self.read_logs(job_id, 0)[0]
 
     def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]:
-        path = os.path.join(self._dir(job_id), "resources.jsonl")
+        path = self._file(job_id, wrapper.RESOURCES_FILE)
         data = _read_complete_lines(path, cursor)
-        samples = [_sample(json.loads(line)) for line in data.decode().splitlines() if line.strip()]
+        samples, offset = [], cursor
+        for line in data.splitlines(keepends=True):
+            if line.strip():
+                sample = _sample(line)
+                if sample is None:
+                    self._count_bad(path, offset)
+                else:
+                    samples.append(sample)
+            offset += len(line)
         return samples, cursor + len(data)
 
     # ---- control
-    def cancel(self, job_id: str) -> None:
-        proc = self._procs.get(job_id)
-        if self.status(job_id).stage in TERMINAL_STAGES:
+    def cancel(self, job_id: str, reason: str = CANCELED_BY_USER) -> None:
+        """Ask the job to stop (its wrapper sends SIGTERM, then SIGKILL after the grace). Returns at once, or once
+        a job submitted a moment ago has started. Whatever the recorded stage, a process of the job's group still
+        alive is stopped too."""
+        try:
+            record = self._job_record(job_id)
+        except Unreadable:
+            record = {}
+        done = self.status(job_id).done
+        if not done and not os.path.exists(self._file(job_id, wrapper.CANCEL_FILE)):
+            _write_json(self._file(job_id, wrapper.CANCEL_FILE), {"reason": reason, "time": time.time()})
+        if self._wrapper_alive(record):
+            self._wait_for_start(job_id)
+            try:
+                os.kill(record["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass    # it ended meanwhile, and recorded how
             return
-        self._canceled.add(job_id)
-        if proc is not None:
-            _kill_group(proc)
-        else:
-            pid = self._pid(job_id)
-            if pid and _pid_alive(pid):
-                _kill_pgid(pid)
-            self._set_status(job_id, CANCELED, "canceled by the user")
+        group = self._job_group(job_id)
+        if group is not None:
+            threading.Thread(target=_stop_group, args=(group, self.grace_s), daemon=True).start()
+        if not done:    # its wrapper is gone, so nobody else will record the end
+            ended = {"stage": CANCELED, "message": f"{reason} (its wrapper had already ended)", "time": time.time()}
+            _write_json(self._file(job_id, wrapper.EXIT_FILE), ended)
+
+    def _wait_for_start(self, job_id: str, timeout: float = 5.0) -> None:
+        """A wrapper handles SIGTERM once Python has started it (a fraction of a second after submit): a cancel
+        right after a launch waits for that, so the job ends CANCELED, with its record, rather than killed."""
+        deadline = time.monotonic() + timeout
+        while self.main_pid(job_id) is None and time.monotonic() < deadline:
+            if self._read_json(job_id, wrapper.EXIT_FILE):
+                return
+            time.sleep(0.05)
 
     def wait(self, job_id: str, timeout: float) -> JobStatus:
         """Block until the job reaches a terminal stage (for tests and scripts)."""
@@ -190,26 +283,50 @@ class LocalExecutor:
             if run_id and not job_id.startswith(f"{run_id}--"):
                 continue
             try:
-                with open(os.path.join(self._dir(job_id), "job.json")) as f:
-                    data = json.load(f)
+                data = self._job_record(job_id)
                 status = self.status(job_id)
             except (OSError, ValueError, KeyError):
-                continue
+                continue    # counted by _job_record; one bad job must not take the list down
             spec = data["spec"]
-            bucket = spec["volumes"][0]["bucket"] if spec["volumes"] else None
+            volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict)]
             records.append(JobRecord(job_id, spec["run_id"], spec["role"], status.stage, data["created_at"],
-                                     flavor=spec["flavor"], bucket=bucket))
+                                     flavor=spec.get("flavor"), bucket=volumes[0].get("bucket") if volumes else None))
         return sorted(records, key=lambda r: r.created_at, reverse=True)
 
-    def shutdown(self) -> None:
-        """Stop every job this executor started (the panel is exiting)."""
-        for job_id in list(self._procs):
+    def cancel_all(self, timeout: float = 60.0) -> None:
+        """Cancel every job under this home and wait until they have ended (tests, and stopping a machine)."""
+        jobs = [r.job_id for r in self.list_jobs()]
+        for job_id in jobs:
             self.cancel(job_id)
+        deadline = time.time() + timeout
+        for job_id in jobs:
+            self.wait(job_id, max(0.0, deadline - time.time()))
+
+
+def _same_start(started: float | None, recorded) -> bool:
+    return started is not None and isinstance(recorded, (int, float)) and abs(started - recorded) < 1.0
+
+
+def _same_process(pid, started_at) -> bool:
+    """Whether `pid` is still the process that started at `started_at` (and not a zombie)."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and _same_start(proc.create_time(), started_at)
+    except psutil.Error:
+        return False
+
+
+def _stop_group(pgid: int, grace_s: float) -> None:
+    wrapper.signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while wrapper.group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    wrapper.signal_group(pgid, signal.SIGKILL)
 
 
 def _write_json(path: str, data: dict) -> None:
-    from backend.runtime.layout import atomic_write_bytes
-
     atomic_write_bytes(path, json.dumps(data).encode())
 
 
@@ -225,44 +342,21 @@ def _read_complete_lines(path: str, cursor: int) -> bytes:
     return data[: end + 1] if end >= 0 else b""
 
 
-def _sample(d: dict) -> ResourceSample:
-    return ResourceSample(time=d["time"], cpu_percent=d.get("cpu_percent"), ram_bytes=d.get("ram_bytes"),
-                          gpu_util=tuple(d.get("gpu_util", ())), gpu_mem_bytes=tuple(d.get("gpu_mem_bytes", ())),
-                          gpu_mem_total_bytes=tuple(d.get("gpu_mem_total_bytes", ())),
-                          gpu_index=tuple(d.get("gpu_index", ())))
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
+def _sample(line: bytes) -> ResourceSample | None:
+    """One resources.jsonl line as a sample, or None if it is not one."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        d = json.loads(line)
+        sample = ResourceSample(
+            time=float(d["time"]), cpu_percent=_opt_float(d.get("cpu_percent")),
+            ram_bytes=None if d.get("ram_bytes") is None else int(d["ram_bytes"]),
+            gpu_util=tuple(float(x) for x in d.get("gpu_util", ())),
+            gpu_mem_bytes=tuple(int(x) for x in d.get("gpu_mem_bytes", ())),
+            gpu_mem_total_bytes=tuple(int(x) for x in d.get("gpu_mem_total_bytes", ())),
+            gpu_index=tuple(int(x) for x in d.get("gpu_index", ())))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return sample
 
 
-def _kill_pgid(pgid: int) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.time() + GRACE_S
-        while time.time() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the whole process group, then SIGKILL whatever is left after a grace period."""
-    _kill_pgid(proc.pid)
-    try:
-        proc.wait(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
+def _opt_float(value) -> float | None:
+    return None if value is None else float(value)

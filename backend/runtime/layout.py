@@ -9,7 +9,9 @@
     runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
     runs/<run_id>/checkpoints/                  trainer checkpoints, for resume
     runs/<run_id>/final/                        the last adapter, written when training ends
-    runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, finished, failed, ...)
+    runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, adapter_published,
+                                                adapters_superseded, finished, failed, canceled, ...)
+    runs/<run_id>/heartbeat/trainer.json        the distributed trainer's heartbeat, replaced every few seconds
 
 Every file is written once: to a temporary name beside its destination, then renamed. Readers ignore
 names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapter folders without both

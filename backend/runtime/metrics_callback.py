@@ -16,7 +16,6 @@ from transformers import TrainerCallback
 
 from .layout import (
     ADAPTER_META_FILE,
-    ADAPTER_NAME_RE,
     ADAPTERS_DIR,
     FINAL_DIR,
     METRICS_DIR,
@@ -24,6 +23,7 @@ from .layout import (
     adapter_name,
     write_event,
 )
+from .versions import highest_published
 
 WRITER = "trainer"
 
@@ -129,14 +129,6 @@ def publish_adapter(model, dest: str, meta: dict) -> dict:
     return meta
 
 
-def latest_adapter_version(adapters_dir: str) -> int:
-    """The highest published `trl-policy-v{N}` (0 if none), so a resumed run keeps numbering forward."""
-    if not os.path.isdir(adapters_dir):
-        return 0
-    versions = [int(m.group(1)) for m in map(ADAPTER_NAME_RE.match, os.listdir(adapters_dir)) if m]
-    return max(versions, default=0)
-
-
 GENERATE_BLOCKS = (".vLLM.generate", ".transformers.generate", ".transformers.generate_batch")
 SYNC_BLOCK = ".sync_weights"
 
@@ -191,7 +183,7 @@ class RunFolderCallback(TrainerCallback):
         self.last_log = (self.start, None)  # (time, num_tokens) at the previous log, for tokens_per_s
         self.last_step = 0
         self.profiled = profiled
-        self.version = latest_adapter_version(os.path.join(run_dir, ADAPTERS_DIR))
+        self.version = highest_published(run_dir)   # a resumed run numbers past every version ever published
         self.published_step = None
 
     def flush(self) -> None:

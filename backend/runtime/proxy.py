@@ -182,6 +182,8 @@ class Proxy:
         replica.healthy = False
         replica.last_error = reason
         replica.errors += 1
+        # A replica that is down serves none of its adapters (a restarted one holds none); rejoining reloads them.
+        replica.adapters = set()
         self._record()
 
     def _record(self) -> None:
@@ -462,13 +464,20 @@ class ProxyHandle:
 
     def __init__(self, proxy: Proxy, loop: asyncio.AbstractEventLoop, runner: web.AppRunner, url: str):
         self.proxy, self._loop, self._runner, self.url = proxy, loop, runner, url
+        self._stop_lock = threading.Lock()
+        self._stopped = False
 
     def stats(self) -> dict:
         return asyncio.run_coroutine_threadsafe(_snapshot(self.proxy), self._loop).result(10)
 
     def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        """Stop serving (idempotent: a stopping trainer may ask twice, from two threads)."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 async def _snapshot(proxy: Proxy) -> dict:
@@ -482,7 +491,9 @@ def start_proxy(replica_urls: list[str], *, host: str = "127.0.0.1", port: int =
     threading.Thread(target=loop.run_forever, name="lora-proxy", daemon=True).start()
 
     async def serve() -> tuple[web.AppRunner, int]:
-        runner = web.AppRunner(proxy.build_app(), access_log=None)
+        # The trainer stops the proxy when it stops: in-flight generations are its own, and it wants none of them
+        # (aiohttp would otherwise wait 60 s for them, past a cancelled job's grace period).
+        runner = web.AppRunner(proxy.build_app(), access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -498,19 +509,22 @@ class ProxyProcess:
 
     def __init__(self, proc: subprocess.Popen, url: str):
         self.proc, self.url = proc, url
+        self._stop_lock = threading.Lock()
 
     def stats(self) -> dict:
         with urllib.request.urlopen(f"{self.url}/proxy/stats", timeout=10) as response:
             return json.load(response)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """Stop serving (idempotent: a stopping trainer may ask twice, from two threads)."""
+        with self._stop_lock:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
 
 
 def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None, token: str | None = None,
@@ -571,7 +585,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
                   stats_dir=args.stats_dir)
-    web.run_app(proxy.build_app(), host=args.host, port=args.port, access_log=None, print=None)
+    # On SIGTERM the trainer wants none of the generations in flight: aiohttp would wait 60 s for them by default,
+    # past a cancelled job's grace period.
+    web.run_app(proxy.build_app(), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=2.0)
 
 
 if __name__ == "__main__":

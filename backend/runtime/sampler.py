@@ -2,8 +2,8 @@
 
     python -m runtime.sampler --pid PID --out samples.jsonl [--interval 1] [--gpus 0,1]
 
-The same `ResourceSampler` runs inside `LocalExecutor` (one thread per job) and stands alone for jobs.
-NVML sees every GPU of the machine whatever CUDA_VISIBLE_DEVICES says: a job pinned to some of them samples
+The same `ResourceSampler` runs in each local job's wrapper (`job_wrapper.py`, one thread) and stands alone for
+jobs. NVML sees every GPU of the machine whatever CUDA_VISIBLE_DEVICES says: a job pinned to some of them samples
 only those (`gpu_indices`), and each sample names them (`gpu_index`), so two jobs on two GPUs of one machine
 do not both report both GPUs.
 """

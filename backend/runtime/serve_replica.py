@@ -2,9 +2,10 @@
 
     python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] -- python -m vllm.entrypoints... ARGS
 
-Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished" or "failed" in
-`DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep serving,
-and billing, until its timeout. Events older than this replica's start are ignored, so a resumed trainer
+Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished", "failed" or
+"canceled" in `DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep
+serving, and billing, until its timeout. A trainer that was killed writes no event: its heartbeat stops, and the
+replica stops too (heartbeat.py). Events older than this replica's start are ignored, so a resumed trainer
 gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket.
 """
 
@@ -18,21 +19,28 @@ import sys
 import tempfile
 import time
 
+from .heartbeat import HeartbeatWatch
 from .layout import EVENTS_DIR, FRAGMENT_RE
 
 POLL_S = 5.0
 GRACE_S = 30.0
-END_EVENTS = ("finished", "failed")
+END_EVENTS = ("finished", "failed", "canceled")
 
 
-def wait_for_model(model_dir: str) -> None:
+def wait_for_model(model_dir: str, trainer_gone=lambda: None) -> bool:
+    """Wait until the base model is there (True), or until the trainer that builds it is gone (False)."""
     config = os.path.join(model_dir, "config.json")
     waited = 0.0
     while not os.path.isfile(config):
         if waited % 30 == 0:
             print(f"waiting for the base model at {model_dir}", flush=True)
+        reason = trainer_gone()
+        if reason:
+            print(f"{reason}: the trainer is gone, not starting this replica", flush=True)
+            return False
         time.sleep(2)
         waited += 2
+    return True
 
 
 class TrainerEndWatch:
@@ -53,12 +61,20 @@ class TrainerEndWatch:
             if not match or match.group("writer") != "trainer" or name in self.seen:
                 continue
             self.seen.add(name)
-            with open(os.path.join(self.folder, name)) as f:
+            with open(os.path.join(self.folder, name), "rb") as f:
                 for line in f:
-                    event = json.loads(line) if line.strip() else {}
+                    event = _event(line)
                     if event.get("event") in END_EVENTS and event.get("time", 0) >= self.since:
-                        return event["event"]
+                        return f"the trainer has {event['event']}"
         return None
+
+
+def _event(line: bytes) -> dict:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return {}
+    return event if isinstance(event, dict) and isinstance(event.get("time", 0), (int, float)) else {}
 
 
 def stop(child: subprocess.Popen) -> int:
@@ -95,8 +111,9 @@ def main() -> None:
         parser.error("give the vLLM server command after --")
     command = with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available)
     started = time.time()
-    if args.wait_for:
-        wait_for_model(args.wait_for)
+    heartbeat = HeartbeatWatch(args.run_dir)
+    if args.wait_for and not wait_for_model(args.wait_for, heartbeat.gone):
+        sys.exit(0)
     # vLLM's processes talk over ZMQ sockets it names in VLLM_RPC_BASE_PATH (default /tmp) and leaves behind
     # when killed; a folder of this replica's own keeps them together and goes when the replica stops.
     rpc_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else tempfile.mkdtemp(prefix="vllm-rpc-")
@@ -107,9 +124,9 @@ def main() -> None:
         watch = TrainerEndWatch(args.run_dir, since=started)
         while child.poll() is None:
             time.sleep(POLL_S)
-            event = watch.ended()
-            if event:
-                print(f"the trainer has {event}: stopping this replica", flush=True)
+            reason = watch.ended() or heartbeat.gone()
+            if reason:
+                print(f"{reason}: stopping this replica", flush=True)
                 stop(child)
                 sys.exit(0)
         sys.exit(child.returncode)

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import sys
 import traceback
 
@@ -21,9 +20,11 @@ from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
 from .metrics_callback import WRITER, ProfiledSeconds, RunFolderCallback
 from .redact import remember_env_secrets
 from .rewards import run_rewards
+from .run_end import record_end, stop_on_sigterm
 from .task import TaskDataError, drop_long_prompts, load_task_dataset
 from .tiny_model import BUILTIN_MODELS, TINY_MODEL, benchmark_note, no_progress_bars
 from .user_code import code_traceback
+from .versions import mark_superseded, published_versions
 
 BASE_MODEL_DIR = "base-model"
 
@@ -185,6 +186,19 @@ def latest_checkpoint(run_dir: str) -> str | None:
     return os.path.join(folder, max(complete)[1]) if complete else None
 
 
+def checkpoint_step(checkpoint: str | None) -> int:
+    """The step a checkpoint folder was saved at (0 for none: training starts from scratch)."""
+    return int(re.fullmatch(r".*checkpoint-(\d+)", checkpoint).group(1)) if checkpoint else 0
+
+
+def supersede_after_step(run_dir: str, step: int) -> None:
+    """Versions published after `step` belong to the branch this attempt discards by resuming from `step`."""
+    later = [v for v, meta in published_versions(run_dir).items() if meta["step"] is not None and meta["step"] > step]
+    names = mark_superseded(run_dir, later, step)
+    if names:
+        print(f"superseded (published after step {step}, now discarded): {', '.join(names)}", flush=True)
+
+
 def _readable_json(path: str) -> bool:
     try:
         with open(path) as f:
@@ -218,11 +232,6 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     return trainer
 
 
-def stop_on_sigterm() -> None:
-    # A cancelled or preempted job gets SIGTERM; turning it into SystemExit lets the run record why it stopped.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"terminated by signal {signum}"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="the run's folder: holds spec.json, receives everything else")
@@ -240,15 +249,14 @@ def main() -> None:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
+        if process_rank() == 0:
+            supersede_after_step(run_dir, checkpoint_step(checkpoint))
         trainer.train(resume_from_checkpoint=checkpoint)
     except BaseException as error:
-        callback.flush()
-        if not isinstance(error, SystemExit):
-            traceback.print_exc()
         rank = process_rank()
-        fields = failure_fields(error)
-        write_event(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", "failed", **fields)
-        sys.exit(f"training failed: {fields['error']}")
+        message = record_end(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", error, callback.flush,
+                             details=failure_fields)
+        sys.exit(f"training failed: {message}")
 
 
 if __name__ == "__main__":

@@ -17,19 +17,21 @@ import queue
 import sys
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 
 from .cpu_fallbacks import install_cpu_fallbacks
-from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, adapter_name, write_event
-from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, publish_adapter
+from .heartbeat import Heartbeat
+from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, VLLM_LORA_DIR, adapter_name, write_event
+from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import start_proxy_process
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
+from .run_end import record_end, stop_on_sigterm
 from .task import load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .train import (
+    checkpoint_step,
     failure_fields,
     latest_checkpoint,
     lora_config,
@@ -37,8 +39,8 @@ from .train import (
     say_vllm_version_warning_once,
     shared_trainer_args,
     skip_long_prompts,
-    stop_on_sigterm,
 )
+from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
 
 REPLICAS_ENV = "VLLM_REPLICA_URLS"
 
@@ -51,6 +53,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
     def __init__(self, run_dir: str):
         super().__init__(run_dir, adapter_every=1)
         self.trainer = None  # set once the trainer exists: the policy version lives on it
+        self.proxy = None    # set once the proxy runs
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
@@ -72,9 +75,37 @@ class AsyncRunFolderCallback(RunFolderCallback):
         meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
                                {"version": version, "name": adapter_name(version), "step": state.global_step})
         write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)
-        # TRL stops its rollout child right after this. A process exits only once the samples it queued are
-        # flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later.
-        threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
+        self.drain_rollouts()
+
+    def stop_now(self) -> None:
+        """What starts the moment SIGTERM arrives, so that a cancelled trainer is gone in seconds: drain the
+        rollouts, stop the rollout worker, and close the proxy (a generation in flight through it keeps each
+        replica's shutdown waiting for the proxy's connections to close)."""
+        self.drain_rollouts()
+        worker = getattr(self.trainer, "rollout_worker", None)
+        if worker is not None:
+            threading.Thread(target=_stop_rollout_worker, args=(worker,), name="stop-rollouts", daemon=True).start()
+        if self.proxy is not None:
+            threading.Thread(target=self.proxy.stop, name="stop-proxy", daemon=True).start()
+
+    def drain_rollouts(self) -> None:
+        """TRL stops its rollout child when training ends (or is stopped). A process exits only once the samples it
+        queued are flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later."""
+        if self.trainer is not None and getattr(self.trainer, "rollout_queue", None) is not None:
+            threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
+
+
+def _stop_rollout_worker(worker, grace_s: float = 3.0) -> None:
+    """TRL 1.16's AsyncRolloutWorker.stop() sets its stop Event, then waits 15 s for the child: a child retrying
+    requests to replicas that are stopping too takes all 15. Setting the Event here first also means the child
+    never sleeps on it again, so terminating it cannot leave TRL's own stop() waiting on a dead sleeper."""
+    event, process = getattr(worker, "_stop_event_mp", None), getattr(worker, "_process", None)
+    if event is None or process is None:
+        return
+    event.set()
+    process.join(grace_s)
+    if process.is_alive():
+        process.terminate()
 
 
 def _drain(rollouts) -> None:
@@ -134,12 +165,48 @@ def trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
-        """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder."""
+        """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder; version
+        numbers past every version ever published; an `adapter_published` event per sync."""
+
+        version_floor = 0   # the highest version ever published in the run folder before this attempt
 
         def _get_output_dir(self, trial):
             return os.path.join(self.args.output_dir, CHECKPOINTS_DIR)
 
+        def _sync_weight_lora(self, t0):
+            # TRL restarts numbering at the checkpoint's model_version, but versions past it were published by
+            # the attempt that died: the same name with other weights would be served from vLLM's cache.
+            self.model_version = max(self.model_version, self.version_floor)
+            marks = super()._sync_weight_lora(t0)
+            if self.accelerator.is_main_process:
+                name = adapter_name(self.model_version)
+                write_event(self.args.output_dir, WRITER, PUBLISHED, name=name, version=self.model_version,
+                            step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
+                            size_bytes=folder_size(os.path.join(self._lora_dir, name)))
+            return marks
+
     return BucketAsyncGRPOTrainer
+
+
+def checkpoint_version(checkpoint: str | None) -> int:
+    """The policy version a checkpoint was trained to (TRL keeps it in rollout_state.json), 0 for none."""
+    try:
+        with open(os.path.join(checkpoint, "rollout_state.json")) as f:
+            return int(json.load(f).get("model_version", 0))
+    except (TypeError, OSError, ValueError, AttributeError):
+        return 0
+
+
+def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
+    """Number this attempt's versions past every version published before, and mark the discarded ones."""
+    trainer.version_floor = highest_published(run_dir)
+    resumed = checkpoint_version(checkpoint)
+    later = [v for v in published_versions(run_dir) if v > resumed]
+    names = mark_superseded(run_dir, later, checkpoint_step(checkpoint))
+    if names:
+        print(f"superseded (published after the checkpoint, now discarded): {', '.join(names)}", flush=True)
+    if trainer.version_floor:
+        print(f"adapter versions continue at {adapter_name(trainer.version_floor + 1)}", flush=True)
 
 
 def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
@@ -160,33 +227,39 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
     return trainer
 
 
-def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float) -> None:
-    proxy = start_proxy_process(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
+def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
+          callback: AsyncRunFolderCallback) -> str | None:
+    """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
+    proxy = None
     try:
+        proxy = callback.proxy = start_proxy_process(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
         healthy = wait_for_replicas(proxy.url, replica_wait_s)
         patched = install_cpu_fallbacks()
-        callback = AsyncRunFolderCallback(run_dir)
-        try:
-            trainer = build_trainer(spec, run_dir, proxy.url, callback)
-            if not trainer._lora_sync:
-                raise RuntimeError(
-                    "TRL chose merged-weight sync (its warning above says why, e.g. an adapter on lm_head or "
-                    "embed_tokens); a distributed run can only sync LoRA adapters through the bucket, because the "
-                    "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
-            engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
-                      f"adapter-only sync{', fallbacks: ' + ', '.join(patched) if patched else ''})")
-            if benchmark_note(spec["model"]):
-                engine += f" · model {benchmark_note(spec['model'])}"
-            print(f"generation engine: {engine}", flush=True)
-            write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
-            checkpoint = latest_checkpoint(run_dir)
-            if checkpoint:
-                print(f"resuming from {checkpoint}", flush=True)
-            trainer.train(resume_from_checkpoint=checkpoint)
-        finally:
-            callback.flush()
+        trainer = build_trainer(spec, run_dir, proxy.url, callback)
+        if not trainer._lora_sync:
+            raise RuntimeError(
+                "TRL chose merged-weight sync (its warning above says why, e.g. an adapter on lm_head or "
+                "embed_tokens); a distributed run can only sync LoRA adapters through the bucket, because the "
+                "proxy cannot fan NCCL weight transfers out to several replicas. Use plain LoRA on linear layers.")
+        engine = (f"vLLM replicas behind the LoRA-aware proxy ({healthy}/{len(urls)} healthy at start, "
+                  f"adapter-only sync{', fallbacks: ' + ', '.join(patched) if patched else ''})")
+        if benchmark_note(spec["model"]):
+            engine += f" · model {benchmark_note(spec['model'])}"
+        print(f"generation engine: {engine}", flush=True)
+        write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint:
+            print(f"resuming from {checkpoint}", flush=True)
+        continue_numbering(trainer, run_dir, checkpoint)
+        trainer.train(resume_from_checkpoint=checkpoint)
+        callback.flush()
+        return None
+    except BaseException as error:
+        # Recorded before the proxy stops: a cancelled job has a grace period, and its replicas stop on the event.
+        return record_end(run_dir, WRITER, error, callback.flush, details=failure_fields)
     finally:
-        proxy.stop()
+        if proxy is not None:
+            proxy.stop()
 
 
 def main() -> None:
@@ -199,17 +272,18 @@ def main() -> None:
     run_dir = os.path.abspath(args.run_dir)
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
-    stop_on_sigterm()
+    callback = AsyncRunFolderCallback(run_dir)
+    stop_on_sigterm(first=callback.stop_now)
     remember_env_secrets()   # the job's token is masked in every event it writes
     say_vllm_version_warning_once()
     no_progress_bars()
+    Heartbeat(run_dir).start()    # the replicas stop when it stops, however this process ends
     try:
-        train(spec, run_dir, replica_urls(args.replica), args.replica_wait)
-    except BaseException as error:
-        fields = failure_fields(error)
-        write_event(run_dir, WRITER, "failed", **fields)
-        traceback.print_exc()
-        sys.exit(f"training failed: {fields['error']}")
+        message = train(spec, run_dir, replica_urls(args.replica), args.replica_wait, callback)
+    except BaseException as error:     # stopping the proxy failed, or a second SIGTERM arrived meanwhile
+        message = record_end(run_dir, WRITER, error, callback.flush, details=failure_fields)
+    if message:
+        sys.exit(f"training failed: {message}")
 
 
 if __name__ == "__main__":

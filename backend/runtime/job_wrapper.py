@@ -1,0 +1,178 @@
+"""The wrapper around one local job: starts its command, samples its resources, enforces its timeout, and records
+how it ended, so that neither the job nor its record depends on the panel that launched it.
+
+    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] -- COMMAND...
+
+LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the command in a process
+group of its own. In DIR it writes `process.json` (the command's pid, which is also its process group id, and its
+start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of the command's process
+tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time).
+
+SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
+order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
+would kill TRL's rollout worker under the trainer, whose stop() then waits forever on an Event the dead worker
+was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling). When the
+command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
+tracker) is stopped too: SIGTERM, then SIGKILL.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+from .layout import atomic_write_bytes
+from .sampler import ResourceSampler, visible_gpu_indices
+
+PROCESS_FILE = "process.json"
+EXIT_FILE = "exit.json"
+CANCEL_FILE = "cancel.json"
+RESOURCES_FILE = "resources.jsonl"
+LOG_FILE = "log.txt"
+
+DEFAULT_GRACE_S = 40.0       # above a vLLM replica's own 30 s drain (serve_replica.GRACE_S)
+LEFTOVER_GRACE_S = 5.0       # for what outlives the main process: it has nobody left to wait for
+POLL_S = 0.1
+
+COMPLETED, ERROR, CANCELED = "COMPLETED", "ERROR", "CANCELED"
+
+
+def process_start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), or None if there is no such process."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def last_log_line(job_dir: str, limit: int = 4096) -> str:
+    """The last non-empty line of the job's log: where a failing job says why."""
+    try:
+        with open(os.path.join(job_dir, LOG_FILE), "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:500]
+
+
+def exit_message(code: int, job_dir: str) -> tuple[str, str]:
+    """(stage, message) for a command that ended by itself with `code` (negative: killed by that signal)."""
+    if code == 0:
+        return COMPLETED, ""
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (out of memory, or killed from outside)" if name == "SIGKILL" else ""
+        return ERROR, f"killed by {name}{hint}"
+    line = last_log_line(job_dir)
+    return ERROR, f"exited with code {code}" + (f": {line}" if line else "; see the log")
+
+
+class JobWrapper:
+    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float):
+        self.job_dir, self.command, self.timeout_s, self.grace_s = job_dir, command, timeout_s, grace_s
+        self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.job_dir, name)
+
+    def _write(self, name: str, data: dict) -> None:
+        atomic_write_bytes(self._path(name), json.dumps(data).encode())
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = (CANCELED, self._cancel_reason(signal.Signals(signum).name))
+
+    def _cancel_reason(self, signal_name: str) -> str:
+        try:
+            with open(self._path(CANCEL_FILE)) as f:
+                return str(json.load(f)["reason"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"stopped by {signal_name}"
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        try:
+            child = subprocess.Popen(self.command, cwd=self.job_dir, stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as error:
+            self._write(EXIT_FILE, {"stage": ERROR, "code": None, "time": time.time(),
+                                    "message": f"could not start {self.command[0]!r}: {error}"})
+            return 127
+        self._write(PROCESS_FILE, {"pid": child.pid, "started_at": process_start_time(child.pid)})
+        # A job pinned to some GPUs samples only those (CUDA_VISIBLE_DEVICES in its environment is this one's).
+        sampler = ResourceSampler(child.pid, self._path(RESOURCES_FILE),
+                                  gpu_indices=visible_gpu_indices(os.environ)).start()
+        code = self._wait(child)
+        sampler.stop()
+        stage, message = self.stop_reason or exit_message(code, self.job_dir)
+        self._stop_leftovers(child.pid)
+        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time()})
+        return 0 if stage == COMPLETED else 1
+
+    def _wait(self, child: subprocess.Popen) -> int:
+        """Wait for the command to end; on a timeout or a stop request, SIGTERM it, then SIGKILL its group."""
+        deadline = time.monotonic() + self.timeout_s
+        kill_at = None
+        while (code := child.poll()) is None:
+            now = time.monotonic()
+            if self.stop_reason is None and now >= deadline:
+                self.stop_reason = (ERROR, f"timed out after {self.timeout_s:g} s; the job was stopped")
+            if self.stop_reason is not None and kill_at is None:
+                print(f"[job wrapper] {self.stop_reason[1]}: sending SIGTERM", flush=True)
+                child.send_signal(signal.SIGTERM)
+                kill_at = now + self.grace_s
+            elif kill_at is not None and now >= kill_at:
+                print(f"[job wrapper] still running {self.grace_s:g} s after SIGTERM: sending SIGKILL", flush=True)
+                signal_group(child.pid, signal.SIGKILL)
+                kill_at = float("inf")
+            time.sleep(POLL_S)
+        return code
+
+    def _stop_leftovers(self, pgid: int) -> None:
+        """Whatever of the group outlived its main process is stopped: nothing else would ever stop it."""
+        if not group_alive(pgid):
+            return
+        signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        signal_group(pgid, signal.SIGKILL)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job-dir", required=True)
+    parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")
+    parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the job's command after --")
+    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace).run())
+
+
+if __name__ == "__main__":
+    main()

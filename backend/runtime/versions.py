@@ -1,0 +1,95 @@
+"""Adapter version numbers across attempts: a version name is published once, also across resumes.
+
+vLLM keys its prefix cache, and TRL its staleness, by the name `trl-policy-v{N}`: republishing a name with other
+weights serves the wrong policy. So a resumed trainer numbers past the highest version *ever* published, which is
+the highest of
+- the `adapter_published` events the trainers record (they stay when TRL deletes old serving copies), and
+- the complete version folders (both adapter files) in `adapters/` and `.vllm_lora/`; a half-written folder (a
+  copy cut off, only its config) counts for nothing.
+Versions published after the checkpoint a run resumed from belong to a discarded branch: an `adapters_superseded`
+event names them, so the panel can mark them.
+"""
+
+import json
+import os
+
+from .layout import (
+    ADAPTER_FILES,
+    ADAPTER_META_FILE,
+    ADAPTER_NAME_RE,
+    ADAPTERS_DIR,
+    EVENTS_DIR,
+    FRAGMENT_RE,
+    VLLM_LORA_DIR,
+    write_event,
+)
+
+PUBLISHED, SUPERSEDED = "adapter_published", "adapters_superseded"
+
+
+def trainer_events(run_dir: str) -> list[dict]:
+    """The trainer's events in order; lines that are not event objects are skipped."""
+    folder = os.path.join(run_dir, EVENTS_DIR)
+    names = sorted(n for n in os.listdir(folder) if FRAGMENT_RE.match(n)) if os.path.isdir(folder) else []
+    events = []
+    for name in names:
+        if FRAGMENT_RE.match(name).group("writer") != "trainer":
+            continue
+        with open(os.path.join(folder, name), "rb") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and isinstance(event.get("event"), str):
+                    events.append(event)
+    return events
+
+
+def published_versions(run_dir: str) -> dict[int, dict]:
+    """Every version ever published in the run folder: number -> {"name", "step"} (step None where unknown)."""
+    found: dict[int, dict] = {}
+    for sub in (ADAPTERS_DIR, VLLM_LORA_DIR):
+        folder = os.path.join(run_dir, sub)
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            match = ADAPTER_NAME_RE.match(name)
+            if match and all(os.path.isfile(os.path.join(folder, name, f)) for f in ADAPTER_FILES):
+                found[int(match.group(1))] = {"name": name, "step": _meta_step(os.path.join(folder, name))}
+    for event in trainer_events(run_dir):
+        match = ADAPTER_NAME_RE.match(str(event.get("name", ""))) if event["event"] == PUBLISHED else None
+        if match:
+            step = event.get("step") if isinstance(event.get("step"), int) else None
+            found.setdefault(int(match.group(1)), {"name": event["name"], "step": step})
+    return found
+
+
+def _meta_step(folder: str) -> int | None:
+    try:
+        with open(os.path.join(folder, ADAPTER_META_FILE)) as f:
+            step = json.load(f).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def highest_published(run_dir: str) -> int:
+    """The highest version number ever published (0 if none): the next one is this plus one."""
+    return max(published_versions(run_dir), default=0)
+
+
+def superseded_names(run_dir: str) -> set[str]:
+    names: set[str] = set()
+    for event in trainer_events(run_dir):
+        if event["event"] == SUPERSEDED and isinstance(event.get("names"), list):
+            names.update(str(n) for n in event["names"])
+    return names
+
+
+def mark_superseded(run_dir: str, versions: list[int], resumed_from_step: int) -> list[str]:
+    """Record that `versions` belong to a branch the run discarded when it resumed from `resumed_from_step`."""
+    already = superseded_names(run_dir)
+    published = published_versions(run_dir)
+    names = [published[v]["name"] for v in sorted(versions) if v in published and published[v]["name"] not in already]
+    if names:
+        write_event(run_dir, "trainer", SUPERSEDED, names=names, resumed_from_step=resumed_from_step)
+    return names
