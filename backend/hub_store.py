@@ -46,6 +46,13 @@ class HubBucketStore:
         return sorted((StoredFile(f.path, f.size, f.mtime.timestamp() if f.mtime else 0.0) for f in files),
                       key=lambda f: f.path)
 
+    def sizes(self, paths: list[str]) -> dict[str, int]:
+        if not paths:
+            return {}
+        found = self._api.get_bucket_paths_info(self.bucket_id, paths)
+        self._remote.update((f.path, f) for f in found)
+        return {f.path: f.size for f in found if getattr(f, "type", "file") == "file"}
+
     def read_bytes(self, path: str, start: int = 0) -> bytes:
         with open(self._cached([path])[path], "rb") as f:
             f.seek(start)

@@ -1,15 +1,18 @@
 """Incremental readers of what jobs write into the bucket. Each refresh reads only what is new.
 
-Fragments are write-once JSONL files: a fully read fragment is never read again, and a fragment whose last
-line is torn (a writer that appends, or a copy in progress) is re-read from the end of its last complete
-line on the next refresh. A complete line that is not a record (not JSON, not an object, or refused by the
-caller's check) is skipped and counted per fragment. Adapter folders are listed only once both adapter files
-are present.
+Fragments are write-once JSONL files numbered per writer (`<writer>-000042.jsonl`): a fully read fragment is
+never read again, and a fragment whose last line is torn (a writer that appends, or a copy in progress) is
+re-read from the end of its last complete line on the next refresh. `FragmentReader` asks only for the next
+few numbers of each writer it knows (one cheap `sizes` call), and lists the whole folder only now and then to
+find new writers, so a refresh costs what is new, not what the folder holds. A complete line that is not a
+record (not JSON, not an object, or refused by the caller's check) is skipped and counted per fragment.
+Adapter folders are listed only once both adapter files are present.
 """
 
 import json
 import posixpath
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from backend.runtime import layout
@@ -31,27 +34,130 @@ def read_new_records(store: BucketStore, folder: str, cursor: FragmentCursor,
     object, or that `check` refuses, is skipped and counted in `cursor.bad`."""
     out = []
     for f in store.list_files(folder):
-        name = posixpath.basename(f.path)
-        match = layout.FRAGMENT_RE.match(name)
-        if not match or f.path in cursor.done:
-            continue
-        start = cursor.offsets.get(f.path, 0)
-        if start >= f.size:
-            continue
-        data = store.read_bytes(f.path, start)
-        end = data.rfind(b"\n") + 1
-        for line in data[:end].splitlines():
-            if not line.strip():
+        match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+        if match and f.path not in cursor.done and cursor.offsets.get(f.path, 0) < f.size:
+            out += _records(store, f.path, cursor.offsets.get(f.path, 0), f.size, cursor, match.group("writer"), check)
+    return out
+
+
+RESCAN_MIN_S, RESCAN_MAX_S = 2.0, 60.0
+RESCAN_COST_FACTOR = 200     # list the folder at most once per this many times what one listing took
+PROBE_AHEAD = 4              # next fragment numbers asked for, per writer, per call
+BATCH_RECORDS = 5000         # records handed over at a time
+
+
+class FragmentReader:
+    """The new records of one folder of fragments, read from a cursor.
+
+    Between listings the reader probes each known writer's next fragment numbers (and any fragment left torn),
+    so a refresh with nothing new is one `sizes` call; a full listing, which finds new writers, happens at most
+    every `rescan_s`, a time that grows with what a listing costs (a folder of 100,000 fragments is listed
+    rarely, a young run's folder every couple of seconds)."""
+
+    def __init__(self, store: BucketStore, folder: str, check: Callable[[dict], bool] | None = None,
+                 clock: Callable[[], float] = time.monotonic, latest_only: dict[str, int] | None = None):
+        """`latest_only` maps writers whose records are snapshots (each replaces the last) to how many of their
+        newest fragments are worth reading: a first look skips the rest."""
+        self.store, self.folder, self.check, self.clock = store, folder.rstrip("/"), check, clock
+        self.latest_only = latest_only or {}
+        self.cursor = FragmentCursor()
+        self.next_seq: dict[str, int] = {}       # writer -> the first fragment number not read yet
+        self.rescan_s = RESCAN_MIN_S
+        self.listed_at = float("-inf")
+
+    def read(self, full: bool = False) -> list[tuple[str, dict]]:
+        """(writer, record) pairs written since the last read; `full` lists the folder whatever the schedule."""
+        return [pair for batch in self.batches(full) for pair in batch]
+
+    def batches(self, full: bool = False, size: int = BATCH_RECORDS) -> Iterator[list[tuple[str, dict]]]:
+        """What `read` returns, a few thousand records at a time: a first look at a long run never holds its
+        whole history as dicts at once."""
+        if full or self.clock() - self.listed_at >= self.rescan_s:
+            yield from self._batches_from_listing(size)
+            return
+        while True:
+            ahead = {w: [self._path(w, self.next_seq[w] + k) for k in range(PROBE_AHEAD)] for w in self.next_seq}
+            probes = [*self._torn(), *(p for paths in ahead.values() for p in paths)]
+            sizes = self.store.sizes(probes) if probes else {}
+            out: list = []
+            for path in sorted(sizes):
+                self._read_fragment(path, sizes[path], out)
+            if out:
+                yield out
+            # Every number asked for a writer was there: there may be more of them, ask again.
+            if not any(all(p in sizes for p in paths) for paths in ahead.values()):
+                return
+
+    def _batches_from_listing(self, size: int) -> Iterator[list[tuple[str, dict]]]:
+        began = self.clock()
+        files = self.store.list_files(self.folder)
+        cost = self.clock() - began
+        self.listed_at = self.clock()
+        self.rescan_s = min(max(RESCAN_COST_FACTOR * cost, RESCAN_MIN_S), RESCAN_MAX_S)
+        skip = self._old_snapshots(files)
+        out: list = []
+        for f in files:
+            if f.path in skip:
+                self.cursor.done.add(f.path)
                 continue
-            record = _json_object(line)
-            if record is None or (check is not None and not check(record)):
-                cursor.bad[f.path] = cursor.bad.get(f.path, 0) + 1   # skipped, never fatal to the dashboard
-                continue
-            out.append((match.group("writer"), record))
-        cursor.offsets[f.path] = start + end
-        if start + end == f.size and end > 0:
-            cursor.done.add(f.path)
-            cursor.offsets.pop(f.path, None)
+            self._read_fragment(f.path, f.size, out)
+            if len(out) >= size:
+                yield out
+                out = []
+        if out:
+            yield out
+
+    def _old_snapshots(self, files: list[StoredFile]) -> set[str]:
+        """Fragments of `latest_only` writers older than the newest few: nothing on them is still current."""
+        by_writer: dict[str, list[str]] = {}
+        for f in files:
+            match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+            if match and match.group("writer") in self.latest_only and f.path not in self.cursor.done:
+                by_writer.setdefault(match.group("writer"), []).append(f.path)
+        return {p for w, paths in by_writer.items() for p in sorted(paths)[:-self.latest_only[w]]}
+
+    def _read_fragment(self, path: str, size: int, out: list) -> bool:
+        """Read `path` from its cursor into `out`; True if it was a fragment with anything new."""
+        match = layout.FRAGMENT_RE.match(posixpath.basename(path))
+        if not match or path in self.cursor.done:
+            return False
+        writer, seq = match.group("writer"), int(match.group("seq"))
+        self.next_seq[writer] = max(self.next_seq.get(writer, 0), seq + 1)
+        start = self.cursor.offsets.get(path, 0)
+        if start >= size:
+            return False
+        out.extend(_records(self.store, path, start, size, self.cursor, writer, self.check))
+        return True
+
+    def _torn(self) -> list[str]:
+        return [p for p in self.cursor.offsets if p not in self.cursor.done]
+
+    def _path(self, writer: str, seq: int) -> str:
+        return f"{self.folder}/{layout.fragment_name(writer, seq)}"
+
+
+def _records(store: BucketStore, path: str, start: int, size: int, cursor: FragmentCursor, writer: str,
+             check: Callable[[dict], bool] | None) -> list[tuple[str, dict]]:
+    """The complete lines of `path` after `start` as (writer, record); moves the cursor past them."""
+    data = store.read_bytes(path, start)
+    end = data.rfind(b"\n") + 1
+    lines = [line for line in data[:end].splitlines() if line.strip()]
+    try:        # one parse for the whole fragment; line by line only when something in it is not JSON
+        decoded = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        decoded = []
+    if len(decoded) != len(lines):      # two torn lines can join into one valid value: read them one by one
+        decoded = [_json_object(line) for line in lines]
+    out = []
+    for record in decoded:
+        if not isinstance(record, dict) or (check is not None and not check(record)):
+            cursor.bad[path] = cursor.bad.get(path, 0) + 1   # skipped, never fatal to the dashboard
+            continue
+        out.append((writer, record))
+    cursor.offsets[path] = start + end
+    if start + end == size and end > 0:
+        cursor.done.add(path)
+        cursor.offsets.pop(path, None)
     return out
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES
 from backend.launch import LaunchedRun, LaunchError, launch_run
+from backend.observers import final_adapter_files
 from backend.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
@@ -136,6 +137,8 @@ class RunRegistry:
         """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none."""
         view = self.view(run_id)
         view.refresh()
+        if not view.final_files:
+            view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
         if not view.final_files:
             return None
         buf = io.BytesIO()

@@ -7,25 +7,64 @@ whether it is done are the current attempt's. Adapter versions come from the tra
 events as well as from the folders, so a version whose serving copy was deleted still counts, in every panel.
 """
 
+import bisect
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from backend.executors.base import Executor, ResourceSample
 from backend.jobspec import TERMINAL_STAGES, JobStatus
-from backend.observers import (
-    AdapterVersion,
-    FragmentCursor,
-    final_adapter_files,
-    list_adapter_versions,
-    read_new_records,
-)
+from backend.observers import AdapterVersion, FragmentReader, final_adapter_files, list_adapter_versions
 from backend.runtime import layout
 from backend.runtime.redact import redact_record
+from backend.series import SeriesTable, Sketch
 from backend.store import BucketStore
 
 MAX_LOG_LINES = 5000
+RECENT_SAMPLES = 900        # raw resource samples kept per job (15 minutes at 1 Hz): alerts read them
+MAX_REPLICA_SNAPSHOTS = 100
+SAMPLE_CHUNK = 5000         # resource samples read at a time
+MIN_REFRESH_S = 1.0         # sessions ticking at once share one refresh: a second within this is a no-op
+SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its files do not change)
+
+
+def _usage_row(sample: ResourceSample) -> dict:
+    row = {"time": sample.time, "cpu_percent": sample.cpu_percent,
+           "ram_gib": None if sample.ram_bytes is None else sample.ram_bytes / 2**30}
+    for i, util in enumerate(sample.gpu_util):
+        row[f"{sample.gpu_name(i)} util"] = util
+    for i, used in enumerate(sample.gpu_mem_bytes):
+        row[f"{sample.gpu_name(i)} memory_gib"] = used / 2**30
+    return row
+
+
+class ResourceUsage:
+    """A job's resource samples as columns against time: CPU %, RAM, and per GPU its utilisation and memory
+    (GPUs named by the machine's index where the sampler knows it), drawn as bounded series."""
+
+    def __init__(self):
+        self.table = SeriesTable(axes=("time",))
+
+    def add(self, samples: list[ResourceSample]) -> None:
+        if len(samples) < 64 or any(s.gpu_util or s.gpu_mem_bytes for s in samples):
+            self.table.extend([_usage_row(s) for s in samples])
+            return
+        # CPU-only samples (a local job), column by column: a first look at a day of them makes no dict each.
+        self.table.extend_columns({
+            "time": [s.time for s in samples], "cpu_percent": [s.cpu_percent for s in samples],
+            "ram_gib": [None if s.ram_bytes is None else s.ram_bytes / 2**30 for s in samples]})
+
+    def sketch(self, key: str) -> Sketch | None:
+        return self.table.sketch(key, "time")
+
+    def gpus(self) -> list[str]:
+        return [key[: -len(" util")] for key in self.table.columns if key.endswith(" util")]
+
+    @property
+    def version(self) -> int:
+        return self.table.version
 
 
 @dataclass
@@ -36,7 +75,9 @@ class JobView:
     log_cursor: int = 0
     resource_cursor: int = 0
     logs: deque = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES))
-    resources: list[ResourceSample] = field(default_factory=list)
+    log_version: int = 0
+    resources: deque = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES))   # the newest raw samples
+    usage: ResourceUsage = field(default_factory=ResourceUsage)                       # all of them, bounded
     current: bool = True      # of the run's latest attempt (False: an earlier attempt, before a resume)
 
 
@@ -51,14 +92,26 @@ class RunView:
         self.jobs.update({role: JobView(job_id, role) for role, job_id in jobs.items()})
         self.superseded: dict[str, int] = {}    # adapter name -> the step the run resumed from, discarding it
         self.spec: dict = {}
-        self.metrics: list[dict] = []
-        self._by_step: dict[int, dict] = {}
+        self.table = SeriesTable()            # the trainer's metrics, one row per logged step, bounded to draw
+        self.first_step: dict[int, int] = {}  # policy version -> the first step trained with it (async runs)
         self.events: list[dict] = []
-        self.replica_stats: list[dict] = []
+        self.replica_stats: deque[dict] = deque(maxlen=MAX_REPLICA_SNAPSHOTS)
         self.adapters: dict[int, AdapterVersion] = {}
         self.final_files: list = []
-        self._metric_cursor = FragmentCursor()
-        self._event_cursor = FragmentCursor()
+        prefix = layout.run_prefix(run_id)
+        # The proxy's replica snapshots each replace the last: a first look reads only the newest ones.
+        self._metrics = FragmentReader(store, f"{prefix}/{layout.METRICS_DIR}", check=_is_metric_record,
+                                       latest_only={"proxy": MAX_REPLICA_SNAPSHOTS})
+        self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
+                                      check=lambda r: isinstance(r.get("event"), str))
+        self._engine: str | None = None
+        self.trainer_end: dict = {}          # the trainer's newest started/finished/failed/canceled event
+        self._versions: list[int] = []       # adapter version numbers, ascending
+        self._adapters_listed_at = float("-inf")
+        self._versions_from_events = False
+        self._refreshed_at = float("-inf")
+        self.min_refresh_s = MIN_REFRESH_S
+        self._settled = False     # every job over and the bucket read once since: nothing more will come
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
         # Every browser session watching this run shares this view, and Gradio runs their handlers in threads:
         # two refreshes at once would each append the same new lines.
@@ -106,19 +159,52 @@ class RunView:
 
     @property
     def engine(self) -> str | None:
-        for event in reversed(self.events):
-            if event.get("event") == "engine":
-                return event.get("engine")
-        return None
+        return self._engine
+
+    def newest_adapters(self, count: int) -> list[AdapterVersion]:
+        """The `count` highest versions, newest first (without sorting thousands of versions each time)."""
+        return [self.adapters[v] for v in self._versions[-count:][::-1]]
+
+    @property
+    def metrics(self) -> list[dict]:
+        """Every logged step as a dict, oldest first. O(run length): for scripts and tests, not for ticks."""
+        return self.table.rows()
+
+    @property
+    def latest(self) -> dict:
+        """The newest logged step's metrics ({} before the first)."""
+        return self.table.last_row
 
     # ---- refresh
+    def refresh_if_due(self) -> bool:
+        """`refresh()` for a timer tick. Sessions ticking together share the work: a refresh within MIN_REFRESH_S
+        of the last one returns at once, and a finished run (every job over, its files read since) is looked at
+        only every SETTLED_RECHECK_S."""
+        wait = SETTLED_RECHECK_S if self._settled else self.min_refresh_s
+        if time.monotonic() - self._refreshed_at < wait:
+            return False
+        return self.refresh()
+
+    def expire(self) -> None:
+        """Forget when the view last refreshed: the next `refresh_if_due` reads (a timer period has passed)."""
+        self._refreshed_at = float("-inf")
+
     def refresh(self) -> bool:
+        """Read what is new: metric and event fragments, adapter versions, job stages, log lines, resource
+        samples. Returns whether anything changed."""
         with self._lock:
+            self._refreshed_at = time.monotonic()
             changed = self._refresh_spec()
-            changed |= self._refresh_fragments()
-            changed |= self._refresh_adapters()
+            if not self._settled:      # a settled run's bucket holds nothing new: only its jobs are asked
+                changed |= self._refresh_fragments()
+                changed |= self._refresh_adapters()
             for job in self.jobs.values():
                 changed |= self._refresh_job(job)
+            # Settled once every job is over and the bucket was read in full after that.
+            if self.done and not self._settled:
+                changed |= self._refresh_fragments(True)
+                changed |= self._refresh_adapters(True)
+                self._settled = True
             self.version += changed
             return changed
 
@@ -130,12 +216,14 @@ class RunView:
                 job.role, job.current = f"{role}#{attempt}", False
                 self.jobs[job.role] = self.jobs.pop(role)
             self.jobs.update({role: JobView(job_id, role) for role, job_id in jobs.items()})
+            self._settled = False
+            self._refreshed_at = float("-inf")
             self.version += 1
 
     @property
     def unreadable(self) -> dict[str, int]:
         """Records skipped as unreadable, per file: metric and event fragments, and the jobs' own files."""
-        counts = {**self._metric_cursor.bad, **self._event_cursor.bad}
+        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad}
         if self.jobs:    # a view of bucket files alone has no executor to ask
             counts.update(self.executor.unreadable_records(self.run_id))
         return counts
@@ -150,26 +238,32 @@ class RunView:
         self.spec = redact_record(spec) if isinstance(spec, dict) else {}
         return bool(self.spec)
 
-    def _refresh_fragments(self) -> bool:
-        prefix = layout.run_prefix(self.run_id)
-        new_metrics = read_new_records(self.store, f"{prefix}/{layout.METRICS_DIR}", self._metric_cursor,
-                                       check=_is_metric_record)
-        for writer, record in new_metrics:
-            if "replicas" in record:
-                self.replica_stats.append(record)
-            else:
-                # A resumed trainer logs the steps after its checkpoint again: the latest record wins.
-                self._by_step[record["step"]] = record
-        new_events = read_new_records(self.store, f"{prefix}/{layout.EVENTS_DIR}", self._event_cursor,
-                                      check=lambda r: isinstance(r.get("event"), str))
+    def _refresh_fragments(self, full: bool = False) -> bool:
+        changed = False
+        for batch in self._metrics.batches(full):
+            changed = True
+            steps = []
+            for _writer, record in batch:
+                if "replicas" in record:
+                    self.replica_stats.append(record)
+                    continue
+                steps.append(_with_band(record))
+                if _is_number(record.get("policy_version")):
+                    self.first_step.setdefault(int(record["policy_version"]), record["step"])
+            # In the order they were written: a resumed trainer logs the steps after its checkpoint again, and
+            # the table keeps the latest.
+            self.table.extend(steps)
+        new_events = self._events.read(full)
         for writer, record in new_events:
             # Masked on the way in too: a job's event may quote a token that its own job did not know to mask.
-            record = redact_record(record)
-            self.events.append({"writer": writer, **record})
+            record = {"writer": writer, **redact_record(record)}
+            self.events.append(record)
             self._note_adapter_event(record)
-        if new_metrics:
-            self.metrics = [self._by_step[step] for step in sorted(self._by_step)]
-        return bool(new_metrics or new_events)
+            if record["event"] == "engine":
+                self._engine = record.get("engine")
+            if writer == "trainer" and record["event"] in ("started", "finished", "failed", "canceled"):
+                self.trainer_end = record
+        return changed or bool(new_events)
 
     def _note_adapter_event(self, event: dict) -> None:
         """A published version (its files may be gone: TRL deletes old serving copies) or superseded versions."""
@@ -179,25 +273,42 @@ class RunView:
         match = layout.ADAPTER_NAME_RE.match(str(event.get("name", "")))
         if event["event"] != "adapter_published" or not match or int(match.group(1)) in self.adapters:
             return
+        self._versions_from_events = True
         version, name = int(match.group(1)), event["name"]
         path = event.get("path") if isinstance(event.get("path"), str) else f"{layout.ADAPTERS_DIR}/{name}"
         step, size, when = event.get("step"), event.get("size_bytes"), event.get("time")
+        bisect.insort(self._versions, version)
         self.adapters[version] = AdapterVersion(
             version=version, name=name, path=f"{layout.run_prefix(self.run_id)}/{path}",
             step=step if isinstance(step, int) else None, time=when if isinstance(when, (int, float)) else 0.0,
             size_bytes=size if isinstance(size, int) else 0)
 
-    def _refresh_adapters(self) -> bool:
-        new = list_adapter_versions(self.store, self.run_id, known=set(self.adapters))
-        self.adapters.update(new)
-        changed = bool(new)
-        if not self.final_files:
+    def _refresh_adapters(self, full: bool = False) -> bool:
+        """Versions come from the trainers' events; their folders are listed (for runs whose trainer wrote no
+        such events) only as often as the metrics folder is, and final/ once the trainer says it finished."""
+        changed = rescan = False
+        # A trainer that records its versions as events is the authority: its folders need no listing (thousands
+        # of versions); one that never did (an older run) is listed as often as its metrics folder.
+        if (full or self._metrics.listed_at > self._adapters_listed_at) and not self._versions_from_events:
+            self._adapters_listed_at = self._metrics.listed_at
+            new = list_adapter_versions(self.store, self.run_id, known=set(self.adapters))
+            self.adapters.update(new)
+            for version in new:
+                bisect.insort(self._versions, version)
+            changed, rescan = bool(new), True
+        elif full or self._metrics.listed_at > self._adapters_listed_at:
+            self._adapters_listed_at = self._metrics.listed_at
+            rescan = True
+        finished = any(e.get("event") == "finished" for e in self.events[-20:])
+        if not self.final_files and (full or rescan or finished):
             self.final_files = final_adapter_files(self.store, self.run_id)
             changed |= bool(self.final_files)
         return changed
 
     def _refresh_job(self, job: JobView) -> bool:
         changed = False
+        if job.log_cursor == 0:     # a first look shows the tail: a day-long log is not read from its start
+            job.log_cursor = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
         if job.status.stage not in TERMINAL_STAGES or job.log_cursor == 0:
             try:
                 status = self.executor.status(job.job_id)
@@ -206,14 +317,32 @@ class RunView:
             changed |= status != job.status
             job.status = status
         lines, job.log_cursor = self.executor.read_logs(job.job_id, job.log_cursor)
-        job.logs.extend(lines)
-        samples, job.resource_cursor = self.executor.read_resources(job.job_id, job.resource_cursor)
-        job.resources.extend(samples)
-        return changed or bool(lines or samples)
+        if lines:
+            job.logs.extend(lines)
+            job.log_version += 1
+        sampled = False
+        while True:    # a day of samples on a first look is read in chunks, never all held at once
+            samples, job.resource_cursor = self.executor.read_resources(job.job_id, job.resource_cursor,
+                                                                        limit=SAMPLE_CHUNK)
+            if not samples:
+                break
+            sampled = True
+            job.resources.extend(samples)
+            job.usage.add(samples)
+        return changed or bool(lines) or sampled
+
+
+def _with_band(record: dict) -> dict:
+    """The record (just read, ours to change) with `reward` +- `reward_std` as series of their own, so the band
+    is drawn bounded too."""
+    reward, std = record.get("reward"), record.get("reward_std")
+    if _is_number(reward) and _is_number(std):
+        record["reward_upper"], record["reward_lower"] = reward + std, reward - std
+    return record
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) in (int, float)      # exactly: a bool is not a metric
 
 
 def _is_metric_record(record: dict) -> bool:
@@ -221,5 +350,4 @@ def _is_metric_record(record: dict) -> bool:
     if "replicas" in record:
         return isinstance(record["replicas"], list) and all(isinstance(r, dict) for r in record["replicas"])
     step = record.get("step")
-    return (isinstance(step, int) and not isinstance(step, bool) and step >= 0
-            and all(_is_number(v) for v in record.values()))
+    return type(step) is int and step >= 0 and {type(v) for v in record.values()} <= {int, float}

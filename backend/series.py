@@ -8,11 +8,13 @@ Bucket boundaries are always multiples of the width, so a sketch equals one buil
 points with the same width.
 """
 
+import itertools
 import math
 from array import array
 from collections import deque
 from dataclasses import dataclass
 
+BULK_ROWS = 64           # from this many rows at once, `SeriesTable.extend` goes column by column
 DEFAULT_BUDGET = 200     # buckets per series: at most 2 points each, so <= 400 points a trace, whatever the length
 RECENT_POINTS = 100      # the newest points are drawn as they are
 
@@ -107,64 +109,150 @@ class Sketch:
     def last(self) -> tuple[float, float] | None:
         return self.recent[-1] if self.recent else None
 
+    @classmethod
+    def build(cls, xs: list[float], ys: list[float], budget: int = DEFAULT_BUDGET,
+              recent: int = RECENT_POINTS) -> "Sketch":
+        """The sketch `append` would have made of these points, in one pass: the width is the smallest power of
+        two that fits them in `budget` buckets, and each bucket's extremes come from C-level min/max."""
+        sketch = cls(budget, recent)
+        n = len(xs)
+        while n > sketch.width * budget:
+            sketch.width *= 2
+        w = sketch.width
+        for start in range(0, n, w):
+            chunk = ys[start:start + w]
+            lo, hi = min(chunk), max(chunk)
+            ilo, ihi = start + chunk.index(lo), start + chunk.index(hi)
+            last = min(start + w, n) - 1
+            sketch.buckets.append(Bucket(len(chunk), xs[start], xs[last], xs[ilo], lo, xs[ihi], hi, sum(chunk)))
+        sketch.recent.extend(zip(xs[-recent:], ys[-recent:]))
+        sketch.count = n
+        return sketch
+
 
 class SeriesTable:
-    """Rows of numbers keyed by step, stored as columns (8 bytes a value), with a sketch per column drawn
-    against step and one against wall time. A row whose step is not past the last one (a resumed trainer logs
-    the steps after its checkpoint again) replaces the tail from that step on: the latest record wins."""
+    """Rows of numbers stored as columns (8 bytes a value), with a sketch per (column, x axis) kept up to date once
+    something has drawn it. `axes` are the x columns: ("step", "time") for a trainer's metrics, whose rows are
+    keyed by step (a row whose step is not past the last one, a resumed trainer logging the steps after its
+    checkpoint again, replaces the tail from that step on), or ("time",) for resource samples.
 
-    def __init__(self, budget: int = DEFAULT_BUDGET, recent: int = RECENT_POINTS):
-        self.budget, self.recent_n = budget, recent
-        self.steps = array("d")
-        self.times = array("d")
+    A sketch is built from its column the first time it is asked for, in one pass (C-level min/max per bucket),
+    then appended to with each row: opening a long run costs the columns that are drawn, not every column."""
+
+    def __init__(self, axes: tuple[str, ...] = ("step", "time"), budget: int = DEFAULT_BUDGET,
+                 recent: int = RECENT_POINTS):
+        self.axes, self.budget, self.recent_n = axes, budget, recent
+        self.x: dict[str, array] = {axis: array("d") for axis in axes}
         self.columns: dict[str, array] = {}          # key -> values (NaN where a row lacks the key)
-        self.by_step: dict[str, Sketch] = {}
-        self.by_time: dict[str, Sketch] = {}
+        self._sketches: dict[tuple[str, str], Sketch] = {}
         self.last_row: dict = {}
         self.version = 0
 
+    @property
+    def steps(self) -> array:
+        return self.x["step"]
+
+    @property
+    def times(self) -> array:
+        return self.x["time"]
+
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.x[self.axes[0]])
 
     def add(self, row: dict) -> None:
-        step = row.get("step")
-        if not _finite(step):
+        key_axis = self.axes[0]
+        first = row.get(key_axis)
+        if not _finite(first):
             return
-        if self.steps and step <= self.steps[-1]:
-            self._rewind(step)
-        t = row.get("time")
-        t = float(t) if _finite(t) else (self.times[-1] if self.times else 0.0)
-        n = len(self.steps)
-        self.steps.append(float(step))
-        self.times.append(t)
+        if key_axis == "step" and len(self) and first <= self.x["step"][-1]:
+            self._rewind(first)
+        n = len(self)
+        xs = {}
+        for axis in self.axes:
+            value = row.get(axis)
+            xs[axis] = float(value) if _finite(value) else (self.x[axis][-1] if n else 0.0)
+            self.x[axis].append(xs[axis])
         for key, value in row.items():
-            if key in ("step", "time") or not _finite(value):
+            if key in xs or not _finite(value):
                 continue
             column = self.columns.get(key)
             if column is None:
                 column = self.columns[key] = array("d", [math.nan]) * n
-                self.by_step[key] = Sketch(self.budget, self.recent_n)
-                self.by_time[key] = Sketch(self.budget, self.recent_n)
             column.append(float(value))
-            self.by_step[key].append(float(step), float(value))
-            self.by_time[key].append(t, float(value))
         for key, column in self.columns.items():
             if len(column) <= n:
                 column.append(math.nan)
-        self.last_row = {"step": int(step), "time": t, **{k: v for k, v in row.items() if k not in ("step", "time")}}
+        for (key, axis), sketch in self._sketches.items():
+            value = self.columns[key][n]
+            if not math.isnan(value):
+                sketch.append(xs[axis], value)
+        self.last_row = self.row(n)
         self.version += 1
 
+    def extend(self, rows: list[dict]) -> None:
+        """Many rows at once (a first look at a long run): one pass per column instead of one per row. Rows that
+        are not strictly after the last one on the key axis take the row-by-row path (which rewinds)."""
+        if len(rows) < BULK_ROWS or not self._in_order([r.get(self.axes[0]) for r in rows]):
+            for row in rows:
+                self.add(row)
+            return
+        xs = {}
+        for axis in self.axes:
+            last = self.x[axis][-1] if len(self) else 0.0
+            values = []
+            for row in rows:     # a row without a time takes the previous row's
+                v = row.get(axis)
+                last = float(v) if type(v) in _NUMBERS and v - v == 0 else last
+                values.append(last)
+            xs[axis] = values
+        keys = set().union(*rows).difference(self.axes)
+        self._append(xs, {key: [row.get(key) for row in rows] for key in keys}, len(rows))
+
+    def extend_columns(self, columns: dict[str, list]) -> None:
+        """Rows given as columns of equal length, the axes among them (no dict per row)."""
+        m = len(columns[self.axes[0]])
+        if m < BULK_ROWS or not self._in_order(columns[self.axes[0]]) or any(a not in columns for a in self.axes):
+            self.extend([{k: col[i] for k, col in columns.items()} for i in range(m)])
+            return
+        xs = {axis: [float(v) for v in columns[axis]] for axis in self.axes}
+        self._append(xs, {k: v for k, v in columns.items() if k not in xs}, m)
+
+    def _in_order(self, firsts: list) -> bool:
+        """Whether rows with these key-axis values can be appended as they are (strictly after the last row)."""
+        ordered = all(_finite(v) for v in firsts) and all(b > a for a, b in itertools.pairwise(firsts))
+        return ordered and not (len(self) and firsts and firsts[0] <= self.x[self.axes[0]][-1])
+
+    def _append(self, xs: dict[str, list[float]], values: dict[str, list], m: int) -> None:
+        n0 = len(self)
+        for axis in self.axes:
+            self.x[axis].extend(xs[axis])
+        for key, column_values in values.items():
+            column = self.columns.get(key)
+            if column is None:
+                column = self.columns[key] = array("d", [math.nan]) * n0
+            column.extend([float(v) if type(v) in _NUMBERS and v - v == 0 else math.nan for v in column_values])
+        for key, column in self.columns.items():
+            if key not in values:
+                column.extend(array("d", [math.nan]) * m)
+        for (key, axis), sketch in self._sketches.items():
+            column = self.columns[key]
+            for i in range(m):
+                if not math.isnan(column[n0 + i]):
+                    sketch.append(xs[axis][i], column[n0 + i])
+        if m:
+            self.last_row = self.row(len(self) - 1)
+            self.version += 1
+
     def _rewind(self, step: float) -> None:
-        """Drop every row from `step` on and rebuild the sketches from what is left (rare: a resume)."""
-        keep = next((i for i, s in enumerate(self.steps) if s >= step), len(self.steps))
-        rows, version = [self.row(i) for i in range(keep)], self.version
-        self.__init__(self.budget, self.recent_n)
-        for row in rows:
-            self.add(row)
-        self.version = version + 1
+        """Drop every row from `step` on and rebuild what was drawn from what is left (rare: a resume)."""
+        keep = next((i for i, s in enumerate(self.x["step"]) if s >= step), len(self))
+        for column in (*self.x.values(), *self.columns.values()):
+            del column[keep:]
+        self._sketches = {key: self._build(*key) for key in self._sketches}
+        self.last_row = self.row(keep - 1) if keep else {}
 
     def row(self, i: int) -> dict:
-        out = {"step": int(self.steps[i]), "time": self.times[i]}
+        out = {a: (int(self.x[a][i]) if a == "step" else self.x[a][i]) for a in self.axes}
         for key, column in self.columns.items():
             if not math.isnan(column[i]):
                 out[key] = column[i]
@@ -172,15 +260,26 @@ class SeriesTable:
 
     def rows(self, last: int | None = None) -> list[dict]:
         """Rows as dicts, oldest first: all of them (O(length): for scripts and tests), or the `last` few."""
-        start = 0 if last is None else max(len(self.steps) - last, 0)
-        return [self.row(i) for i in range(start, len(self.steps))]
+        start = 0 if last is None else max(len(self) - last, 0)
+        return [self.row(i) for i in range(start, len(self))]
 
-    def sketch(self, key: str, x: str = "step") -> Sketch | None:
-        return (self.by_step if x == "step" else self.by_time).get(key)
+    def sketch(self, key: str, x: str | None = None) -> Sketch | None:
+        """The drawable series of column `key` against axis `x` (the first axis by default), or None."""
+        x = x or self.axes[0]
+        if key not in self.columns or x not in self.x:
+            return None
+        if (key, x) not in self._sketches:
+            self._sketches[(key, x)] = self._build(key, x)
+        return self._sketches[(key, x)]
 
-    def keys(self) -> list[str]:
-        return list(self.columns)
+    def _build(self, key: str, axis: str) -> Sketch:
+        values, xs = self.columns[key], self.x[axis]
+        keep = [i for i, v in enumerate(values) if not math.isnan(v)]
+        return Sketch.build([xs[i] for i in keep], [values[i] for i in keep], self.budget, self.recent_n)
+
+
+_NUMBERS = (int, float)     # exactly: a bool is not a metric
 
 
 def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return type(value) in _NUMBERS and value - value == 0

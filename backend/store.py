@@ -24,6 +24,9 @@ class BucketStore(Protocol):
     def list_files(self, prefix: str) -> list[StoredFile]:
         """Every file under `prefix` (recursive), sorted by path."""
 
+    def sizes(self, paths: list[str]) -> dict[str, int]:
+        """The size of each of `paths` that exists (one call, whatever their number): a cheap "anything new?"."""
+
     def read_bytes(self, path: str, start: int = 0) -> bytes:
         """The file's bytes from offset `start`."""
 
@@ -53,18 +56,35 @@ class FolderStore:
         return full
 
     def list_files(self, prefix: str) -> list[StoredFile]:
-        base = self.local_path(prefix)
-        out = []
-        for folder, _dirs, files in os.walk(base):
-            for name in files:
-                full = os.path.join(folder, name)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue  # renamed or removed while we walked
-                rel = os.path.relpath(full, self.root).replace(os.sep, "/")
-                out.append(StoredFile(rel, st.st_size, st.st_mtime))
+        out: list[StoredFile] = []
+        start = prefix.strip("/")
+        self._walk(self.local_path(start), start, out)
         return sorted(out, key=lambda f: f.path)
+
+    def _walk(self, folder: str, rel: str, out: list[StoredFile]) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    self._walk(entry.path, path, out)
+                else:
+                    st = entry.stat()
+                    out.append(StoredFile(path, st.st_size, st.st_mtime))
+            except FileNotFoundError:
+                continue  # renamed or removed while we walked
+
+    def sizes(self, paths: list[str]) -> dict[str, int]:
+        out = {}
+        for path in paths:
+            try:
+                out[path] = os.stat(self.local_path(path)).st_size
+            except FileNotFoundError:
+                continue
+        return out
 
     def read_bytes(self, path: str, start: int = 0) -> bytes:
         with open(self.local_path(path), "rb") as f:

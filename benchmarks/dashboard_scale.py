@@ -71,10 +71,12 @@ class SyntheticRun:
         os.makedirs(folder, exist_ok=True)
         spec = {"run_id": self.spec.run_id, "role": role, "flavor": "local",
                 "volumes": [{"bucket": "local/bench", "mount_path": "/bucket", "read_only": False}]}
+        from backend.runtime.job_wrapper import process_start_time
+
+        # A live job as the local executor records one: its wrapper's pid (this process stands in) and start time.
         with open(os.path.join(folder, "job.json"), "w") as f:
-            json.dump({"job_id": job_id, "spec": spec, "created_at": self.t0, "pid": os.getpid()}, f)
-        with open(os.path.join(folder, "status.json"), "w") as f:
-            json.dump({"stage": "RUNNING", "message": "", "time": self.t0}, f)
+            json.dump({"job_id": job_id, "spec": spec, "created_at": self.t0, "pid": os.getpid(),
+                       "pid_started_at": process_start_time(os.getpid())}, f)
         return job_id
 
     def _write_steps(self, count: int, history: bool = False) -> None:
@@ -135,20 +137,16 @@ class SyntheticRun:
 
 
 def payload_bytes(values: list) -> int:
-    """The bytes Gradio would send for these outputs: each component's postprocessed value, as JSON."""
+    """The bytes Gradio would send for these outputs: plot JSON and text as they are, tables as Gradio's
+    postprocessed Dataframe."""
     import gradio as gr
 
     total = 0
     for value in values:
-        if value is None or isinstance(value, dict) and value.get("__type__") == "update" and len(value) == 1:
-            continue
-        if hasattr(value, "to_json") or type(value).__name__ == "PlotData":
-            out = gr.Plot().postprocess(value)
-            total += len(out.model_dump_json())
+        if isinstance(value, str):
+            total += len(value)
         elif isinstance(value, list):
             total += len(gr.Dataframe().postprocess(value).model_dump_json()) if value else 2
-        elif isinstance(value, str):
-            total += len(json.dumps(value))
     return total
 
 
@@ -158,6 +156,11 @@ def session_tick(panel, run_id: str, state: dict) -> int:
 
     update = live.dashboard_update(panel, run_id, state, visitor=None)
     return payload_bytes(update.outputs())
+
+
+def due(panel, run_id: str) -> None:
+    """As when the timer's 2 s have passed: the next tick refreshes the run (sessions within a second share it)."""
+    panel.view(run_id).expire()
 
 
 def measure(args) -> None:
@@ -189,6 +192,7 @@ def measure(args) -> None:
     for _ in range(args.ticks):
         for rows, run in runs.items():      # interleaved: every size sees the same machine moment
             run.grow(10)
+            due(panel, run.spec.run_id)
             began = time.perf_counter()
             payloads[rows].append(session_tick(panel, run.spec.run_id, states[rows]))
             ticks[rows].append(time.perf_counter() - began)
@@ -206,9 +210,8 @@ def measure(args) -> None:
     for _ in range(args.ticks):
         for sessions, out in ((1, one), (10, ten)):
             run.grow(10)
-            fresh = [{} for _ in range(sessions)]
-            for state in fresh:                 # every session has drawn the run once already
-                state.update(states[large])
+            fresh = [json.loads(json.dumps(states[large])) for _ in range(sessions)]   # each has drawn it once
+            due(panel, run.spec.run_id)
             cpu = time.process_time()
             threads = [threading.Thread(target=session_tick, args=(panel, run.spec.run_id, s)) for s in fresh]
             for t in threads:

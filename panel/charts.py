@@ -1,18 +1,47 @@
-"""Plotly figures from RunView data. Plain functions: unit-testable without a browser.
+"""Dashboard figures from a run's bounded series. Plain functions returning plotly's JSON as dicts: no plotly
+objects (their validation cost more than the data) and unit-testable without a browser.
 
-Long series are down-sampled to min/max per bin so a 100k-step run stays fast to draw.
+Every trace is drawn from a `Sketch` (backend/series.py): at most a few hundred points whatever the run's
+length, extremes kept, the newest points as they are. Charts share one x axis choice (steps, or wall time in
+minutes since the run started, resource charts included), one colour per metric and per job, an optional
+exponential moving average with the raw series kept faint behind it (as TensorBoard and W&B draw it), units on
+every axis, and a line saying why a chart is empty.
 """
 
+import json
 import math
+from dataclasses import dataclass
 
-import plotly.graph_objects as go
+from backend.diagnose import RATIO_BAND
 
 MAX_POINTS = 600
-RATIO_DRIFT = 0.1   # |ratio - 1| beyond this means a policy was probably lost between trainer and vLLM
+EMPTY = "waiting for the first metrics"
+METRIC_COLORS = {
+    "reward": "#1f77b4", "kl": "#d62728", "entropy": "#9467bd", "staleness_mean": "#1f77b4",
+    "staleness_max": "#ff7f0e", "dropped_stale_total": "#7f7f7f", "ratio": "#2ca02c", "completion_length": "#8c564b",
+    "tokens_per_s": "#1f77b4", "gen_tokens_per_s": "#ff7f0e", "train_tokens_per_s": "#2ca02c",
+    "step_time": "#1f77b4", "weight_sync_s": "#d62728", "generation_s": "#ff7f0e", "perf/rollout_wait_s": "#9467bd",
+    "loss": "#1f77b4", "grad_norm": "#ff7f0e", "learning_rate": "#2ca02c",
+}
+PALETTE = ["#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f", "#9467bd", "#ff7f0e", "#2ca02c"]
+ROLE_COLORS = {"trainer": "#1f77b4", "vllm-0": "#ff7f0e", "vllm-1": "#2ca02c", "vllm-2": "#d62728",
+               "vllm-3": "#9467bd"}
+GPU_DASHES = ["solid", "dot", "dash", "dashdot", "longdash", "longdashdot", "solid", "dot"]
+
+
+@dataclass(frozen=True)
+class ChartOptions:
+    x: str = "step"            # "step", or "time": minutes of wall time since the run started
+    smoothing: float = 0.0     # exponential moving average weight in [0, 0.99]; 0 draws the raw series only
+    t0: float = 0.0            # the run's start, epoch seconds, for the time axis
+
+    @property
+    def x_title(self) -> str:
+        return "step" if self.x == "step" else "wall time (min)"
 
 
 def downsample(xs: list, ys: list, max_points: int = MAX_POINTS) -> tuple[list, list]:
-    """Keep the min and max of each bin, in order, so spikes survive down-sampling."""
+    """Keep the min and max of each bin, in order, so spikes survive down-sampling (for series held whole)."""
     if len(xs) <= max_points:
         return list(xs), list(ys)
     bins = max_points // 2
@@ -37,122 +66,216 @@ def _num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _figure(title: str, y_title: str, x_title: str = "step") -> go.Figure:
-    fig = go.Figure()
-    # The legend sits below the x-axis title, not on it.
-    fig.update_layout(title=title, height=300, margin=dict(l=40, r=10, t=40, b=70), xaxis_title=x_title,
-                      yaxis_title=y_title, legend=dict(orientation="h", y=-0.3, yanchor="top"),
-                      template="plotly_white")
-    return fig
+def _round(value: float) -> float:
+    return float(f"{value:.5g}")
 
 
-def reward_figure(records: list[dict]) -> go.Figure:
-    fig = _figure("Reward", "reward")
-    xs, mean = series(records, "reward")
-    std_by_step = dict(zip(*series(records, "reward_std")))
-    if xs and std_by_step:
-        upper = [m + std_by_step.get(x, 0.0) for x, m in zip(xs, mean)]
-        lower = [m - std_by_step.get(x, 0.0) for x, m in zip(xs, mean)]
-        fig.add_trace(go.Scatter(x=xs + xs[::-1], y=upper + lower[::-1], fill="toself", name="± std",
-                                 line=dict(width=0), fillcolor="rgba(31,119,180,0.2)", hoverinfo="skip"))
-    dx, dy = downsample(xs, mean)
-    fig.add_trace(go.Scatter(x=dx, y=dy, mode="lines+markers", name="mean reward", line=dict(color="#1f77b4")))
-    for key in sorted({k for r in records for k in r if k.startswith("rewards/")}):
-        fx, fy = downsample(*series(records, key))
-        fig.add_trace(go.Scatter(x=fx, y=fy, mode="lines", name=key.split("/", 1)[1], line=dict(dash="dot")))
-    return fig
+def points(table, key: str, options: ChartOptions) -> tuple[list, list]:
+    """A metric's drawable points on the chosen x axis (steps, or minutes since the start)."""
+    sketch = table.sketch(key, "step" if options.x == "step" else "time")
+    if sketch is None:
+        return [], []
+    xs, ys = sketch.points()
+    if options.x == "step":
+        xs = [int(x) for x in xs]
+    else:
+        xs = [round((x - options.t0) / 60, 3) for x in xs]
+    return xs, [_round(y) for y in ys]
 
 
-def lines_figure(records: list[dict], keys: dict[str, str], title: str, y_title: str) -> go.Figure:
-    """One line per metric key that has data; `keys` maps metric key -> legend name."""
-    fig = _figure(title, y_title)
-    for key, name in keys.items():
-        xs, ys = downsample(*series(records, key))
-        if xs:
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name))
-    return fig
+def ema(ys: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing: an exponential moving average, debiased so the start is not pulled to 0."""
+    out, last = [], 0.0
+    for i, y in enumerate(ys, start=1):
+        last = weight * last + (1 - weight) * y
+        out.append(_round(last / (1 - weight**i)))
+    return out
 
 
-def staleness_figure(records: list[dict]) -> go.Figure:
-    return lines_figure(records, {"staleness_mean": "mean", "staleness_max": "max",
-                                  "dropped_stale_total": "dropped (total)"}, "Staleness (policy versions)", "versions")
+def figure(title: str, y_title: str, options: ChartOptions, **layout) -> dict:
+    """An empty figure: title, axis titles with units, legend below the plot, hover values for every series."""
+    xaxis = {"title": {"text": options.x_title}}
+    return {"data": [], "layout": {
+        "title": {"text": title}, "height": 300, "margin": {"l": 50, "r": 50, "t": 40, "b": 70},
+        "xaxis": xaxis, "yaxis": {"title": {"text": y_title}}, "template": "plotly_white",
+        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"}, "showlegend": True,
+        "hovermode": "x unified", **layout}}
 
 
-def ratio_figure(records: list[dict]) -> go.Figure:
-    fig = lines_figure(records, {"ratio": "ratio"}, "Importance ratio (should stay ~1)", "ratio")
-    if not fig.data:
-        _note(fig, "No ratio logged: async (distributed) runs log it; colocated runs sample on-policy.")
+def add_line(fig: dict, xs: list, ys: list, name: str, color: str | None, options: ChartOptions,
+             yaxis: str = "y", dash: str = "solid") -> None:
+    """A series, smoothed when asked: the smoothed line carries the name, the raw one stays faint behind it."""
+    if not xs:
+        return
+    line = {"color": color, "dash": dash, "width": 2}
+    base = {"type": "scatter", "mode": "lines", "x": xs, "yaxis": yaxis, "legendgroup": name}
+    if options.smoothing > 0 and len(ys) > 2:
+        fig["data"].append({**base, "y": ys, "name": f"{name} (raw)", "showlegend": False, "opacity": 0.25,
+                            "line": {**line, "width": 1}, "hoverinfo": "skip"})
+        fig["data"].append({**base, "y": ema(ys, options.smoothing), "name": name, "line": line})
+    else:
+        fig["data"].append({**base, "y": ys, "name": name, "line": line,
+                            "mode": "lines+markers" if len(xs) <= 50 else "lines", "marker": {"size": 4}})
+
+
+def finish(fig: dict, options: ChartOptions, note: str = EMPTY) -> dict:
+    """Integer ticks on a short step axis; an empty chart says why instead of drawing bare axes."""
+    if not fig["data"]:
+        fig["layout"]["annotations"] = [{"text": note, "showarrow": False, "xref": "paper", "yref": "paper",
+                                         "x": 0.5, "y": 0.5, "font": {"color": "#888"}}]
+        fig["layout"]["xaxis"]["visible"] = False
+        fig["layout"]["yaxis"]["visible"] = False
+        fig["layout"]["showlegend"] = False
         return fig
-    fig.add_hrect(y0=1 - RATIO_DRIFT, y1=1 + RATIO_DRIFT, fillcolor="green", opacity=0.08, line_width=0)
+    if options.x == "step":
+        top = max((max(t["x"]) for t in fig["data"] if t.get("x")), default=0)
+        fig["layout"]["xaxis"].update({"tickformat": "d"}, **({"dtick": 1} if top <= 10 else {}))
     return fig
 
 
-def throughput_figure(records: list[dict]) -> go.Figure:
-    """Completion length and weight-sync time on the left axis, tokens/s on the right: their scales differ
-    by three orders of magnitude, so one axis would flatten the small ones to zero."""
-    fig = _figure("Completions and throughput", "tokens · seconds")
-    left = {"completion_length": "completion length (tokens)", "weight_sync_s": "weight sync (s)"}
-    right = {"tokens_per_s": "tokens/s", "gen_tokens_per_s": "generated tok/s", "train_tokens_per_s": "trained tok/s"}
-    for keys, axis in ((left, "y"), (right, "y2")):
-        for key, name in keys.items():
-            xs, ys = downsample(*series(records, key))
-            if xs:
-                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, yaxis=axis,
-                                         line=dict(dash="dot") if axis == "y2" else None))
-    fig.update_layout(yaxis2=dict(title="tokens/s", overlaying="y", side="right", showgrid=False),
-                      margin=dict(r=50))
+def lines_figure(table, keys: dict[str, str], title: str, y_title: str, options: ChartOptions,
+                 right: dict[str, str] | None = None, right_title: str = "", log_y: bool = False) -> dict:
+    """One line per metric key that has data; `keys` (and `right`, on a second axis) map key -> legend name."""
+    fig = figure(title, y_title, options)
+    for axis, group in (("y", keys), ("y2", right or {})):
+        for key, name in group.items():
+            add_line(fig, *points(table, key, options), name, METRIC_COLORS.get(key), options, yaxis=axis)
+    if right and any(t["yaxis"] == "y2" for t in fig["data"]):
+        fig["layout"]["yaxis2"] = {"title": {"text": right_title}, "overlaying": "y", "side": "right",
+                                   "showgrid": False}
+    if log_y:
+        fig["layout"]["yaxis"]["type"] = "log"
+    return finish(fig, options)
+
+
+def reward_figure(table, options: ChartOptions) -> dict:
+    """Mean reward with its +-std band, and one line per reward function when there are several."""
+    fig = figure("Reward", "reward", options)
+    functions = sorted(k for k in table.columns if k.startswith("rewards/"))
+    xs_up, up = _means(table, "reward_upper", options)
+    xs_low, low = _means(table, "reward_lower", options)
+    if xs_up and xs_low:
+        # The band stays within the rewards seen: +-std must not suggest scores no completion got.
+        floor = min(_extreme(table, f, min) for f in functions) if functions else min(low)
+        ceiling = max(_extreme(table, f, max) for f in functions) if functions else max(up)
+        fig["data"].append({"type": "scatter", "x": xs_up + xs_low[::-1],
+                            "y": [min(v, ceiling) for v in up] + [max(v, floor) for v in low[::-1]],
+                            "fill": "toself", "name": "± std", "line": {"width": 0},
+                            "fillcolor": "rgba(31,119,180,0.15)", "hoverinfo": "skip"})
+    add_line(fig, *points(table, "reward", options), "mean reward", METRIC_COLORS["reward"], options)
+    if len(functions) > 1:
+        for i, key in enumerate(functions):
+            add_line(fig, *points(table, key, options), key.split("/", 1)[1], PALETTE[i % len(PALETTE)], options,
+                     dash="dot")
+    elif functions:
+        fig["layout"]["title"]["text"] = f"Reward ({functions[0].split('/', 1)[1]})"
+    return finish(fig, options)
+
+
+def _means(table, key: str, options: ChartOptions) -> tuple[list, list]:
+    sketch = table.sketch(key, "step" if options.x == "step" else "time")
+    if sketch is None:
+        return [], []
+    xs, ys = sketch.means()
+    xs = [int(x) for x in xs] if options.x == "step" else [round((x - options.t0) / 60, 3) for x in xs]
+    return xs, [_round(y) for y in ys]
+
+
+def _extreme(table, key: str, pick) -> float:
+    sketch = table.sketch(key)
+    values = [b.lo_y for b in sketch.buckets] + [b.hi_y for b in sketch.buckets] if sketch else [0.0]
+    return pick(values)
+
+
+def staleness_figure(table, options: ChartOptions) -> dict:
+    # TRL's dropped_stale_total is counted per logging step, not summed over the run.
+    return lines_figure(table, {"staleness_mean": "mean", "staleness_max": "max"}, "Staleness", "policy versions",
+                        options, right={"dropped_stale_total": "stale samples dropped (per step)"},
+                        right_title="samples")
+
+
+def ratio_figure(table, options: ChartOptions) -> dict:
+    fig = lines_figure(table, {"ratio": "ratio"}, "Importance ratio (should stay ~1)", "trainer / vLLM", options)
+    if not fig["data"]:
+        fig["layout"]["annotations"][0]["text"] = ("No ratio logged: async (distributed) runs log it; colocated runs "
+                                                   "sample on-policy.")
+        return fig
+    fig["layout"]["shapes"] = [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+                                "y0": 1 - RATIO_BAND, "y1": 1 + RATIO_BAND, "fillcolor": "green", "opacity": 0.08,
+                                "line": {"width": 0}}]
     return fig
 
 
-def _note(fig: go.Figure, text: str) -> None:
-    """A line of text in an empty chart, so a blank plot is never a riddle."""
-    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
-                       font=dict(color="#888"))
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False)
+def kl_figure(table, options: ChartOptions) -> dict:
+    kl = table.sketch("kl")
+    positive = kl is not None and min(b.lo_y for b in kl.buckets) > 0
+    return lines_figure(table, {"kl": "KL"}, "KL and entropy", "KL (nats)", options,
+                        right={"entropy": "entropy"}, right_title="entropy (nats)", log_y=positive)
 
 
-def ratio_warning(records: list[dict], window: int = 5) -> str | None:
-    """A warning when the recent mean ratio drifts from 1 beyond RATIO_DRIFT, else None."""
-    _, ys = series(records, "ratio")
-    if not ys:
-        return None
-    recent = ys[-window:]
-    mean = sum(recent) / len(recent)
-    if abs(mean - 1) > RATIO_DRIFT:
-        return (f"ratio {mean:.3f} has drifted from 1 (threshold ±{RATIO_DRIFT}): the trainer and vLLM disagree "
-                "on the policy; an adapter version was probably lost or not loaded")
-    return None
+def length_figure(table, options: ChartOptions) -> dict:
+    return lines_figure(table, {"completion_length": "mean completion length"}, "Completion length", "tokens",
+                        options)
 
 
-def utilisation_figure(resources: dict[str, list]) -> go.Figure:
-    """GPU utilisation per device where there are GPUs, else CPU %, per job role; time in seconds."""
-    fig = _figure("Utilisation", "%", x_title="seconds since start")
-    t0 = min((s[0].time for s in resources.values() if s), default=0)
-    for role, samples in resources.items():
-        gpus = max((len(s.gpu_util) for s in samples), default=0)
-        for g in range(gpus):
-            pts = [(s.time - t0, s.gpu_util[g]) for s in samples if len(s.gpu_util) > g]
-            xs, ys = downsample([p[0] for p in pts], [p[1] for p in pts])
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{role} {samples[-1].gpu_name(g)} util"))
-        if not gpus:
-            pts = [(s.time - t0, s.cpu_percent) for s in samples if s.cpu_percent is not None]
-            xs, ys = downsample([p[0] for p in pts], [p[1] for p in pts])
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{role} CPU"))
-    return fig
+def throughput_figure(table, options: ChartOptions) -> dict:
+    return lines_figure(table, {"tokens_per_s": "tokens/s", "gen_tokens_per_s": "generated",
+                                "train_tokens_per_s": "trained"}, "Throughput", "tokens / s", options)
 
 
-def memory_figure(resources: dict[str, list]) -> go.Figure:
-    fig = _figure("Memory", "GiB", x_title="seconds since start")
-    t0 = min((s[0].time for s in resources.values() if s), default=0)
-    for role, samples in resources.items():
-        gpus = max((len(s.gpu_mem_bytes) for s in samples), default=0)
-        for g in range(gpus):
-            pts = [(s.time - t0, s.gpu_mem_bytes[g] / 2**30) for s in samples if len(s.gpu_mem_bytes) > g]
-            fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines",
-                                     name=f"{role} {samples[-1].gpu_name(g)}"))
-        pts = [(s.time - t0, s.ram_bytes / 2**30) for s in samples if s.ram_bytes is not None]
-        if pts:
-            xs, ys = downsample([p[0] for p in pts], [p[1] for p in pts])
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{role} RAM"))
-    return fig
+def timing_figure(table, options: ChartOptions) -> dict:
+    return lines_figure(table, {"step_time": "step", "generation_s": "generation", "weight_sync_s": "weight sync",
+                                "perf/rollout_wait_s": "waiting for rollouts"}, "Time per step", "seconds", options)
+
+
+def optimisation_figure(table, options: ChartOptions) -> dict:
+    return lines_figure(table, {"loss": "loss"}, "Loss and gradient", "loss", options,
+                        right={"grad_norm": "grad norm"}, right_title="grad norm")
+
+
+def learning_rate_figure(table, options: ChartOptions) -> dict:
+    return lines_figure(table, {"learning_rate": "learning rate"}, "Learning rate", "learning rate", options)
+
+
+def _usage_points(sketch, options: ChartOptions, scale: float = 1.0) -> tuple[list, list]:
+    xs, ys = sketch.points()
+    return [round((x - options.t0) / 60, 3) for x in xs], [_round(y * scale) for y in ys]
+
+
+def _time_axis(options: ChartOptions) -> ChartOptions:
+    """Resource samples have no step: their charts are against wall time from the same start as the others."""
+    return ChartOptions("time", options.smoothing, options.t0)
+
+
+def utilisation_figure(usages: dict, options: ChartOptions) -> dict:
+    """GPU utilisation per device where a job has GPUs, else CPU %, per job; one colour per job."""
+    options = _time_axis(options)
+    fig = figure("Utilisation", "%", options)
+    for i, (role, usage) in enumerate(usages.items()):
+        color = ROLE_COLORS.get(role, PALETTE[i % len(PALETTE)])
+        gpus = usage.gpus()
+        for g, gpu in enumerate(gpus):
+            add_line(fig, *_usage_points(usage.sketch(f"{gpu} util"), options), f"{role} {gpu}", color, options,
+                     dash=GPU_DASHES[g % len(GPU_DASHES)])
+        if not gpus and usage.sketch("cpu_percent"):
+            add_line(fig, *_usage_points(usage.sketch("cpu_percent"), options), f"{role} CPU", color, options)
+    return finish(fig, options, "waiting for the first resource samples")
+
+
+def memory_figure(usages: dict, options: ChartOptions) -> dict:
+    options = _time_axis(options)
+    fig = figure("Memory", "GiB", options)
+    for i, (role, usage) in enumerate(usages.items()):
+        color = ROLE_COLORS.get(role, PALETTE[i % len(PALETTE)])
+        for g, gpu in enumerate(usage.gpus()):
+            add_line(fig, *_usage_points(usage.sketch(f"{gpu} memory_gib"), options), f"{role} {gpu}", color,
+                     options, dash=GPU_DASHES[g % len(GPU_DASHES)])
+        if usage.sketch("ram_gib"):
+            add_line(fig, *_usage_points(usage.sketch("ram_gib"), options), f"{role} RAM", color, options,
+                     dash="dot" if usage.gpus() else "solid")
+    return finish(fig, options, "waiting for the first resource samples")
+
+
+def plot_json(fig: dict) -> str:
+    """The figure as the JSON string Gradio's Plot sends (serialised once, shared by every session)."""
+    return json.dumps(fig, separators=(",", ":"))

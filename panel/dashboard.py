@@ -1,51 +1,102 @@
-"""One dashboard frame from a RunView: status text, figures, tables and the log tail. No Gradio here."""
+"""One dashboard frame from a RunView: status text, figures, tables. No Gradio here.
 
+A frame is built once per (run, view version, chart options) and shared by every session watching the run:
+each component carries its value serialised once and a digest, so a session sends only what changed since it
+last drew, and a tick of ten sessions costs about one frame.
+"""
+
+import hashlib
+import threading
 import time
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
-import plotly.graph_objects as go
-
+from backend.diagnose import ratio_alert
 from backend.runtime.redact import redact_tokens
 from panel import charts
 
 LOG_TAIL = 400
 TRACEBACK_LINES = 30
+ADAPTER_PAGE = 50          # the adapters table shows the newest versions; the count of all is in the header
+PLOTS = ("reward", "staleness", "utilisation", "memory", "kl", "length", "throughput", "timing", "optimisation",
+         "learning_rate", "ratio")
 
 
 @dataclass
 class Frame:
-    status: str
-    reward: go.Figure
-    staleness: go.Figure
-    utilisation: go.Figure
-    memory: go.Figure
-    kl: go.Figure
-    length: go.Figure
-    ratio: go.Figure
-    adapters: list[list]
-    replicas: list[list]
+    """What the dashboard shows: plots as plotly JSON strings, the status as markdown, tables as rows."""
+
+    values: dict = field(default_factory=dict)     # component -> value
+    digests: dict = field(default_factory=dict)    # component -> digest of its value
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
-def build_frame(view) -> Frame:
-    m = view.metrics
-    resources = {role: job.resources for role, job in view.jobs.items()}
-    return Frame(
-        status=status_markdown(view),
-        reward=charts.reward_figure(m),
-        staleness=charts.staleness_figure(m),
-        utilisation=charts.utilisation_figure(resources),
-        memory=charts.memory_figure(resources),
-        kl=charts.lines_figure(m, {"kl": "KL", "entropy": "entropy"}, "KL and entropy", "nats"),
-        length=charts.throughput_figure(m),
-        ratio=charts.ratio_figure(m),
-        adapters=adapter_rows(view),
-        replicas=replica_rows(view),
-    )
+def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
+    """Every component of the dashboard for `view` (built from its bounded series: the cost does not grow with
+    the run's length)."""
+    options = options or charts.ChartOptions(t0=run_start(view))
+    table = view.table
+    usages = {role: job.usage for role, job in view.current_jobs.items()}
+    values = {
+        "status": status_markdown(view),
+        "reward": charts.reward_figure(table, options),
+        "staleness": charts.staleness_figure(table, options),
+        "utilisation": charts.utilisation_figure(usages, options),
+        "memory": charts.memory_figure(usages, options),
+        "kl": charts.kl_figure(table, options),
+        "length": charts.length_figure(table, options),
+        "throughput": charts.throughput_figure(table, options),
+        "timing": charts.timing_figure(table, options),
+        "optimisation": charts.optimisation_figure(table, options),
+        "learning_rate": charts.learning_rate_figure(table, options),
+        "ratio": charts.ratio_figure(table, options),
+        "adapters": adapter_rows(view),
+        "replicas": replica_rows(view),
+    }
+    for name in PLOTS:
+        values[name] = charts.plot_json(values[name])
+    return Frame(values, {k: _digest(v) for k, v in values.items()})
+
+
+def _digest(value) -> str:
+    return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
+
+
+def run_start(view) -> float:
+    """When the run started, for wall-time axes: its spec's creation, else its first logged step."""
+    created = view.spec.get("created_at")
+    if isinstance(created, (int, float)) and created > 0:
+        return float(created)
+    return float(view.table.times[0]) if len(view.table) else 0.0
+
+
+_frames: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_frames_lock = threading.Lock()
+
+
+def shared_frame(view, options: charts.ChartOptions | None = None) -> Frame:
+    """The frame of `view` at its current version, built once for every session that asks (thread-safe)."""
+    options = options or charts.ChartOptions(t0=run_start(view))
+    key = (view.version, options)
+    with _frames_lock:
+        slot = _frames.setdefault(view, {"lock": threading.Lock(), "frames": {}})
+    with slot["lock"]:                   # a second session asking meanwhile waits for this build
+        frames = slot["frames"]
+        if key not in frames:
+            if len(frames) > 8:          # versions move on: keep the newest few option sets only
+                frames.clear()
+            frames[key] = build_frame(view, options)
+        return frames[key]
 
 
 def status_markdown(view) -> str:
     spec = view.spec
-    last = view.metrics[-1] if view.metrics else {}
+    last = view.latest
     degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
     parts = [f"### Run `{view.run_id}` — **{view.stage}**{degraded}"]
     jobs = " · ".join(f"{role}: {job.status.stage}" + (f" ({job.status.message})" if job.status.message else "")
@@ -60,9 +111,9 @@ def status_markdown(view) -> str:
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
                      + f" · {len(view.adapters)} adapter version(s)"
                      + (" · **final adapter ready**" if view.final_files else ""))
-    warning = charts.ratio_warning(view.metrics)
-    if warning:
-        parts.append(f"⚠️ **{warning}**")
+    drift = ratio_alert(view.table.rows(last=5))
+    if drift:
+        parts.append(f"⚠️ **{drift.message}**")
     unreadable = view.unreadable
     if unreadable:
         total = sum(unreadable.values())
@@ -76,9 +127,7 @@ def end_lines(view) -> list[str]:
     """Why the current attempt's trainer stopped, if it failed or was cancelled: its event (with the end of its
     traceback, a failing reward's own frames last), else its job's status (a trainer that was killed, or could
     not write to the bucket, records no event)."""
-    ends = [e for e in view.events if e.get("writer") == "trainer"
-            and e.get("event") in ("started", "finished", "failed", "canceled")]
-    last = ends[-1] if ends else {}
+    last = view.trainer_end
     if last.get("event") == "failed":
         lines = [f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"]
         if last.get("code_traceback") or last.get("traceback"):
@@ -98,12 +147,13 @@ def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
     return "```text\n" + tail.replace("```", "'''") + "\n```"
 
 
-def adapter_rows(view) -> list[list]:
-    """version, step, published at, size (MB), registered on replicas, note (superseded by a resume)."""
+def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
+    """The newest `page` versions: version, step, published at, size (MB), registered on replicas, note
+    (superseded by a resume)."""
     registered = _registered_adapters(view)
-    first_step = _first_step_per_policy_version(view.metrics)
+    first_step = view.first_step
     rows = []
-    for v in sorted(view.adapters.values(), key=lambda a: a.version, reverse=True):
+    for v in view.newest_adapters(page):
         on = ", ".join(r for r, names in registered.items() if v.name in names) or "-"
         step = v.step if v.step is not None else first_step.get(v.version, "-")
         note = (f"superseded: the run resumed from step {view.superseded[v.name]}"
@@ -111,15 +161,6 @@ def adapter_rows(view) -> list[list]:
         rows.append([v.name, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
                      round(v.size_bytes / 1e6, 3), on, note])
     return rows
-
-
-def _first_step_per_policy_version(records: list[dict]) -> dict[int, int]:
-    """Async runs log the policy version each step trained with; a version's step is the first such step."""
-    first: dict[int, int] = {}
-    for r in records:
-        if isinstance(r.get("policy_version"), int):
-            first.setdefault(r["policy_version"], r["step"])
-    return first
 
 
 def _replicas(view) -> list[tuple[dict, str | None]]:

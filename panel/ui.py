@@ -5,15 +5,22 @@ Gradio fills only when it can match them positionally (never after `*args`), rea
 """
 
 import gradio as gr
+from gradio.components.plot import PlotData
 
 from backend.access import Visitor
 from backend.spec import LORA_TARGET_CHOICES, MODEL_HELP, RunSpec
-from panel import dashboard
+from panel import dashboard, live
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
 from panel.task_form import TaskSection
 
 TICK_S = 2.0
+PLOT_IDS = {"reward": "reward-plot", "staleness": "staleness-plot", "utilisation": "util-plot",
+            "memory": "memory-plot", "kl": "kl-plot", "length": "length-plot", "throughput": "throughput-plot",
+            "timing": "timing-plot", "optimisation": "optimisation-plot", "learning_rate": "lr-plot",
+            "ratio": "ratio-plot"}
+PLOT_ROWS = [("reward", "staleness"), ("utilisation", "memory"), ("kl", "ratio"), ("length", "throughput"),
+             ("timing", "optimisation"), ("learning_rate",)]
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
                      "if (t) t.scrollTop = t.scrollHeight; }")
 LOGIN_HINT = "Sign in with Hugging Face (button at the top) to launch and watch your runs."
@@ -158,15 +165,14 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 action_msg = gr.Markdown(elem_id="action-msg")
                 status = gr.Markdown(elem_id="run-status")
                 with gr.Row():
-                    reward_plot = gr.Plot(elem_id="reward-plot")
-                    staleness_plot = gr.Plot(elem_id="staleness-plot")
-                with gr.Row():
-                    util_plot = gr.Plot(elem_id="util-plot")
-                    memory_plot = gr.Plot(elem_id="memory-plot")
-                with gr.Row():
-                    kl_plot = gr.Plot(elem_id="kl-plot")
-                    length_plot = gr.Plot(elem_id="length-plot")
-                ratio_plot = gr.Plot(elem_id="ratio-plot")
+                    x_axis = gr.Radio(["step", "wall time"], value="step", label="x axis", elem_id="x-axis", scale=1)
+                    smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (moving average)",
+                                          elem_id="smoothing", scale=2)
+                plots = {}
+                for pair in PLOT_ROWS:
+                    with gr.Row():
+                        for name in pair:
+                            plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
                 adapters = gr.Dataframe(headers=["adapter", "step", "published", "size (MB)", "on replicas", "note"],
                                         interactive=False, label="Adapter versions in the bucket",
                                         elem_id="adapters-table")
@@ -180,7 +186,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     log_btn = gr.DownloadButton("Download full log", elem_id="log-btn", scale=1)
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
         timer = gr.Timer(TICK_S)
-        drawn = gr.State(None)      # (run_id, RunView.version) this browser session last drew
+        drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
         listed = gr.State(None)     # the runs table this browser session last received
         reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the preview this session last saw
         resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
@@ -188,10 +194,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
         names = list(form)
         inputs = [form[n] for n in names]
         task.wire(panel, names, inputs)
-        dash = dict(status=status, reward=reward_plot, staleness=staleness_plot, utilisation=util_plot,
-                    memory=memory_plot, kl=kl_plot, length=length_plot, ratio=ratio_plot, adapters=adapters,
-                    replicas=replicas)
-        frame_outputs = [*dash.values(), log_box, final_btn, log_role, drawn]
+        dash = {**plots, "status": status, "adapters": adapters, "replicas": replicas, live.LOG_KEY: log_box}
+        dash_outputs = [*dash.values(), final_btn, log_role, drawn]
 
         def values_of(data: dict) -> dict:
             return {name: data[form[name]] for name in names}
@@ -221,45 +225,57 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     run_pick: gr.update(choices=_run_choices(panel, visitor_of(oauth_token, profile)),
                                         value=result.run_id)}
 
-        def draw(view, role, query, visitor) -> list:
-            frame = dashboard.build_frame(view)
-            final = panel.final_adapter(view.run_id, visitor) if view.final_files else None
+        def draw(run_id, role, query, x, smooth, session, visitor) -> dict:
+            """The dashboard components this session has not drawn yet (only what changed)."""
+            session = dict(session or {})
+            update = live.dashboard_update(panel, run_id, session, visitor, role, query,
+                                           x="time" if x == "wall time" else "step", smoothing=smooth)
+            out = {dash[name]: PlotData(type="plotly", plot=value) if name in PLOT_IDS else value
+                   for name, value in update.values.items()}
+            view = panel.view(run_id, visitor)
+            final = panel.final_adapter(run_id, visitor) if view.final_files else None
+            if session.get("final") != final:
+                session["final"] = final
+                out[final_btn] = gr.update(value=final, interactive=final is not None)
             roles = sorted(view.jobs)
-            return [*(getattr(frame, key) for key in dash), dashboard.log_text(view, role, query),
-                    gr.update(value=final, interactive=final is not None),
-                    gr.update(choices=roles, value=role if role in roles else "trainer"), (view.run_id, view.version)]
+            if session.get("roles") != roles:
+                session["roles"] = roles
+                out[log_role] = gr.update(choices=roles, value=role if role in roles else "trainer")
+            out[drawn] = session
+            return out
 
-        def on_tick(run_id, role, query, last, last_rows, oauth_token: gr.OAuthToken | None,
+        def on_tick(run_id, role, query, x, smooth, session, last_rows, oauth_token: gr.OAuthToken | None,
                     profile: gr.OAuthProfile | None):
             visitor = visitor_of(oauth_token, profile)
             rows = panel.runs_table(visitor)
-            # Re-send the runs table only when it changed: a re-render resets the table for the visitor.
-            head = [gr.skip(), gr.skip(), last_rows] if rows == last_rows else [
-                rows, gr.update(choices=[r[0] for r in rows]), rows]
-            head.append(panel.runs_hint(visitor))
-            skip = [gr.skip()] * (len(frame_outputs) - 1)
+            out = {runs_hint: panel.runs_hint(visitor)}
+            if rows != last_rows:      # re-sent only when it changed: a re-render resets the table for the visitor
+                out.update({runs_table: rows, run_pick: gr.update(choices=[r[0] for r in rows]), listed: rows})
             if not run_id:
-                return [*head, *skip, last]
+                return out
             try:
-                view = panel.view(run_id, visitor)
+                return {**out, **draw(run_id, role, query, x, smooth, session, visitor)}
             except KeyError:
-                return [*head, *skip, None]     # signed out, or not this visitor's run
-            view.refresh()
-            if last == (run_id, view.version):
-                return [*head, *skip, last]    # nothing new since this session last drew
-            return [*head, *draw(view, role, query, visitor)]
+                return {**out, drawn: None}     # signed out, or not this visitor's run
 
-        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
-            untick = [False, None]
+        def on_select(run_id, role, query, x, smooth, oauth_token: gr.OAuthToken | None,
+                      profile: gr.OAuthProfile | None):
+            untick = {resume_confirm: False, resume_reviewed: None}
             if not run_id:
-                return [*[gr.skip()] * (len(frame_outputs) - 1), None, *untick]
-            visitor = visitor_of(oauth_token, profile)
+                return {**untick, drawn: None}
             try:
-                view = panel.view(run_id, visitor)
+                return {**untick, **draw(run_id, role, query, x, smooth, None, visitor_of(oauth_token, profile))}
             except KeyError as exc:
-                return [exc.args[0], *[gr.skip()] * (len(frame_outputs) - 2), None, *untick]
-            view.refresh()
-            return [*draw(view, role, query, visitor), *untick]
+                return {**untick, status: exc.args[0], drawn: None}
+
+        def on_options(run_id, role, query, x, smooth, session, oauth_token: gr.OAuthToken | None,
+                       profile: gr.OAuthProfile | None):
+            if not run_id:
+                return {}
+            try:
+                return draw(run_id, role, query, x, smooth, session, visitor_of(oauth_token, profile))
+            except KeyError:
+                return {}
 
         def on_log_filter(run_id, role, query, oauth_token: gr.OAuthToken | None):
             try:
@@ -305,9 +321,12 @@ def build_ui(panel: Panel) -> gr.Blocks:
         gr.on([c.change for c in inputs], lambda: False, None, confirm, show_progress="hidden")
         preview_btn.click(on_preview, {*inputs}, [launch_msg, reviewed, confirm])
         launch_btn.click(on_launch, {*inputs, confirm, reviewed}, [launch_msg, reviewed, confirm, tabs, run_pick])
-        tick_outputs = [runs_table, run_pick, listed, runs_hint, *frame_outputs]
-        timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed], tick_outputs, show_progress="hidden")
-        run_pick.change(on_select, [run_pick, log_role, log_query], [*frame_outputs, resume_confirm, resume_reviewed])
+        view_inputs = [run_pick, log_role, log_query, x_axis, smoothing]
+        timer.tick(on_tick, [*view_inputs, drawn, listed], [runs_table, run_pick, listed, runs_hint, *dash_outputs],
+                   show_progress="hidden")
+        run_pick.change(on_select, view_inputs, [*dash_outputs, status, resume_confirm, resume_reviewed])
+        gr.on([x_axis.change, smoothing.release], on_options, [*view_inputs, drawn], dash_outputs,
+              show_progress="hidden")
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_btn.click(on_full_log, [run_pick, log_role], log_btn)

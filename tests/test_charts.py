@@ -1,7 +1,27 @@
-"""Dashboard figures from run data: plain functions, no browser."""
+"""Dashboard figures from a run's bounded series: plain functions, no browser."""
+
+import json
 
 from backend.executors.base import ResourceSample
+from backend.runview import ResourceUsage
+from backend.series import SeriesTable
 from panel import charts
+
+STEP = charts.ChartOptions()
+
+
+def table_of(rows: list[dict]) -> SeriesTable:
+    table = SeriesTable()
+    for row in rows:
+        if "reward" in row and "reward_std" in row:
+            row = {**row, "reward_upper": row["reward"] + row["reward_std"],
+                   "reward_lower": row["reward"] - row["reward_std"]}
+        table.add(row)
+    return table
+
+
+def names(fig: dict) -> list[str]:
+    return [t["name"] for t in fig["data"]]
 
 
 def test_downsampling_keeps_spikes_and_order():
@@ -13,42 +33,85 @@ def test_downsampling_keeps_spikes_and_order():
     assert 9.0 in dy and -9.0 in dy
 
 
-def test_ratio_warning_only_when_the_recent_ratio_drifts_from_one():
-    steady = [{"step": i, "ratio": 1.0 + (0.01 if i % 2 else -0.01)} for i in range(20)]
-    assert charts.ratio_warning(steady) is None
-    drifting = steady + [{"step": 20 + i, "ratio": 1.4} for i in range(5)]
-    assert "drifted" in charts.ratio_warning(drifting)
-    assert charts.ratio_warning([{"step": 1, "reward": 0.5}]) is None
+def test_reward_figure_has_a_band_and_one_line_per_reward_function_only_when_there_are_several():
+    rows = [{"step": i, "reward": i / 10, "reward_std": 0.1, "rewards/digits": i / 10, "rewards/format": 0.5}
+            for i in range(1, 6)]
+    assert names(charts.reward_figure(table_of(rows), STEP)) == ["± std", "mean reward", "digits", "format"]
+    one = [{"step": i, "reward": i / 10, "reward_std": 0.1, "rewards/digits": i / 10} for i in range(1, 6)]
+    fig = charts.reward_figure(table_of(one), STEP)
+    assert names(fig) == ["± std", "mean reward"], "one function: its line would be the mean drawn twice"
+    assert fig["layout"]["title"]["text"] == "Reward (digits)"
 
 
-def test_reward_figure_has_a_std_band_and_one_line_per_reward_function():
-    records = [{"step": i, "reward": i / 10, "reward_std": 0.1, "rewards/digits": i / 10, "rewards/format": 0.5}
-               for i in range(1, 6)]
-    names = [t.name for t in charts.reward_figure(records).data]
-    assert names == ["± std", "mean reward", "digits", "format"]
+def test_the_reward_band_stays_within_the_rewards_seen():
+    rows = [{"step": i, "reward": 0.05, "reward_std": 0.2, "rewards/digits": 0.05} for i in range(1, 6)]
+    band = charts.reward_figure(table_of(rows), STEP)["data"][0]
+    assert min(band["y"]) >= 0.05 - 1e-9, "a mean of 0.05 with std 0.2 must not draw the band down to -0.15"
 
 
 def test_missing_and_non_finite_values_are_left_out():
-    xs, ys = charts.series([{"step": 1, "kl": float("nan")}, {"step": 2, "kl": 0.1}, {"step": 3}], "kl")
-    assert (xs, ys) == ([2], [0.1])
+    table = table_of([{"step": 1, "kl": float("nan")}, {"step": 2, "kl": 0.1}, {"step": 3}])
+    assert charts.points(table, "kl", STEP) == ([2], [0.1])
 
 
-def test_utilisation_plots_each_gpu_where_there_are_gpus_and_cpu_otherwise():
-    gpu = [ResourceSample(time=t, cpu_percent=50, gpu_util=(80.0, 20.0), gpu_mem_bytes=(1, 2)) for t in range(3)]
-    cpu = [ResourceSample(time=t, cpu_percent=100.0) for t in range(3)]
-    names = [t.name for t in charts.utilisation_figure({"trainer": gpu, "vllm-0": cpu}).data]
-    assert names == ["trainer GPU0 util", "trainer GPU1 util", "vllm-0 CPU"]
+def test_a_short_run_gets_whole_step_ticks_and_a_single_series_keeps_its_legend():
+    fig = charts.kl_figure(table_of([{"step": i, "kl": 0.1 * i} for i in range(1, 4)]), STEP)
+    assert fig["layout"]["xaxis"]["dtick"] == 1 and fig["layout"]["xaxis"]["tickformat"] == "d"
+    assert fig["layout"]["showlegend"] and names(fig) == ["KL"]
+    assert fig["layout"]["yaxis"]["type"] == "log", "a positive KL is easier to read on a log axis"
 
 
-def test_throughput_puts_tokens_per_second_on_its_own_axis():
-    records = [{"step": i, "completion_length": 16.0, "tokens_per_s": 20_000.0, "weight_sync_s": 0.2}
-               for i in range(1, 4)]
-    axes = {t.name: t.yaxis for t in charts.throughput_figure(records).data}
-    assert axes == {"completion length (tokens)": "y", "weight sync (s)": "y", "tokens/s": "y2"}
+def test_smoothing_draws_the_average_over_a_faint_raw_series():
+    rows = [{"step": i, "loss": float(i % 2)} for i in range(1, 21)]
+    fig = charts.optimisation_figure(table_of(rows), charts.ChartOptions(smoothing=0.9))
+    raw, smooth = fig["data"]
+    assert raw["opacity"] < 0.5 and not raw["showlegend"] and smooth["name"] == "loss"
+    assert max(smooth["y"]) - min(smooth["y"]) < max(raw["y"]) - min(raw["y"])
 
 
-def test_an_empty_ratio_chart_says_why_and_a_filled_one_does_not():
-    empty = charts.ratio_figure([{"step": 1, "reward": 0.5}])
-    assert not empty.data and not empty.layout.shapes and "on-policy" in empty.layout.annotations[0].text
-    filled = charts.ratio_figure([{"step": 1, "ratio": 1.0}])
-    assert [t.name for t in filled.data] == ["ratio"] and not filled.layout.annotations
+def test_the_wall_time_axis_counts_minutes_from_the_runs_start_for_metrics_and_resources_alike():
+    options = charts.ChartOptions(x="time", t0=1000.0)
+    fig = charts.length_figure(table_of([{"step": 1, "time": 1060.0, "completion_length": 12.0}]), options)
+    assert fig["data"][0]["x"] == [1.0] and fig["layout"]["xaxis"]["title"]["text"] == "wall time (min)"
+    usage = ResourceUsage()
+    usage.add([ResourceSample(time=1120.0, cpu_percent=50.0, ram_bytes=2**30)])
+    util = charts.utilisation_figure({"trainer": usage}, charts.ChartOptions(t0=1000.0))
+    assert util["data"][0]["x"] == [2.0], "resource charts line up with the metric charts"
+
+
+def test_utilisation_plots_each_gpu_where_there_are_gpus_and_cpu_otherwise_one_colour_per_job():
+    gpu, cpu = ResourceUsage(), ResourceUsage()
+    for t in range(3):
+        gpu.add([ResourceSample(time=t, cpu_percent=50, gpu_util=(80.0, 20.0), gpu_mem_bytes=(1, 2))])
+        cpu.add([ResourceSample(time=t, cpu_percent=100.0)])
+    fig = charts.utilisation_figure({"trainer": gpu, "vllm-0": cpu}, STEP)
+    assert names(fig) == ["trainer GPU0", "trainer GPU1", "vllm-0 CPU"]
+    colours = [t["line"]["color"] for t in fig["data"]]
+    assert colours[0] == colours[1] != colours[2]
+
+
+def test_throughput_and_times_are_charts_of_their_own_units():
+    rows = [{"step": i, "completion_length": 16.0, "tokens_per_s": 20_000.0, "weight_sync_s": 0.2, "step_time": 1.0}
+            for i in range(1, 4)]
+    table = table_of(rows)
+    assert names(charts.throughput_figure(table, STEP)) == ["tokens/s"]
+    assert names(charts.timing_figure(table, STEP)) == ["step", "weight sync"]
+    assert charts.timing_figure(table, STEP)["layout"]["yaxis"]["title"]["text"] == "seconds"
+
+
+def test_an_empty_chart_says_why_and_a_filled_one_does_not():
+    empty = charts.ratio_figure(table_of([{"step": 1, "reward": 0.5}]), STEP)
+    assert not empty["data"] and "on-policy" in empty["layout"]["annotations"][0]["text"]
+    waiting = charts.reward_figure(SeriesTable(), STEP)
+    assert waiting["layout"]["annotations"][0]["text"] == charts.EMPTY
+    filled = charts.ratio_figure(table_of([{"step": 1, "ratio": 1.0}]), STEP)
+    assert names(filled) == ["ratio"] and "annotations" not in filled["layout"]
+    assert filled["layout"]["shapes"][0]["y0"] > 0.98, "the healthy band is narrow, not +-0.1"
+
+
+def test_a_long_run_draws_a_bounded_figure():
+    table = SeriesTable()
+    for i in range(1, 100_001):
+        table.add({"step": i, "reward": (i % 97) / 97})
+    text = charts.plot_json(charts.reward_figure(table, STEP))
+    assert len(json.loads(text)["data"][0]["x"]) <= 2 * 200 + 100 and len(text) < 20_000

@@ -7,19 +7,21 @@ from panel import dashboard
 
 
 def _view(**kw):
-    base = dict(adapters={}, metrics=[], replica_stats=[], jobs={}, current_jobs={}, events=[], spec={},
-                final_files=[], superseded={})
-    return SimpleNamespace(**{**base, **kw})
+    base = dict(adapters={}, first_step={}, replica_stats=[], jobs={}, current_jobs={}, events=[], spec={},
+                final_files=[], superseded={}, trainer_end={})
+    view = SimpleNamespace(**{**base, **kw})
+    view.newest_adapters = lambda n: sorted(view.adapters.values(), key=lambda a: a.version, reverse=True)[:n]
+    return view
 
 
 def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
     adapters = {v: AdapterVersion(v, f"trl-policy-v{v}", f"runs/r/.vllm_lora/trl-policy-v{v}", None, 0.0, 41_000)
                 for v in (1, 2, 3)}
-    metrics = [{"step": 1, "policy_version": 2}, {"step": 2, "policy_version": 3}, {"step": 3, "policy_version": 3}]
+    first_step = {2: 1, 3: 2}       # RunView's: the first step trained with each policy version
     stats = [{"time": 1, "replicas": [
         {"url": "http://a", "healthy": True, "adapters": ["trl-policy-v2", "trl-policy-v3"]},
         {"url": "http://b", "healthy": True, "adapters": ["trl-policy-v3"]}]}]
-    rows = dashboard.adapter_rows(_view(adapters=adapters, metrics=metrics, replica_stats=stats,
+    rows = dashboard.adapter_rows(_view(adapters=adapters, first_step=first_step, replica_stats=stats,
                                         superseded={"trl-policy-v1": 4}))
     assert [(r[0], r[1], r[4]) for r in rows] == [
         ("trl-policy-v3", 2, "http://a, http://b"), ("trl-policy-v2", 1, "http://a"), ("trl-policy-v1", "-", "-")]

@@ -3,7 +3,6 @@ whatever CUDA_VISIBLE_DEVICES says, and two pinned jobs on two H200s each report
 
 import sys
 import time
-import types
 
 import pytest
 
@@ -11,18 +10,43 @@ from backend.executors.base import ResourceSample
 from backend.executors.local import LocalExecutor
 from backend.jobspec import JobSpec
 from backend.runtime.sampler import visible_gpu_indices
+from backend.runview import ResourceUsage
 from panel import charts
+
+FAKE_NVML = '''"""NVML as a machine with two GPUs reports it (this machine has none): GPU 0 busy, GPU 1 idle."""
+from types import SimpleNamespace as _NS
+
+_HANDLES = [_NS(util=90, used=40 * 2**30), _NS(util=5, used=1 * 2**30)]
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return 2
+
+
+def nvmlDeviceGetHandleByIndex(i):
+    return _HANDLES[i]
+
+
+def nvmlDeviceGetUtilizationRates(h):
+    return _NS(gpu=h.util)
+
+
+def nvmlDeviceGetMemoryInfo(h):
+    return _NS(used=h.used, total=141 * 2**30)
+'''
 
 
 @pytest.fixture
-def two_gpus(monkeypatch):
-    """NVML as a machine with two GPUs reports it (this machine has none): GPU 0 busy, GPU 1 idle."""
-    handles = [types.SimpleNamespace(util=90, used=40 * 2**30), types.SimpleNamespace(util=5, used=1 * 2**30)]
-    fake = types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 2, nvmlDeviceGetHandleByIndex=lambda i: handles[i],
-        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=h.util),
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=h.used, total=141 * 2**30))
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+def two_gpus(tmp_path):
+    """A folder holding a fake `pynvml`: a job's wrapper process, which samples its resources, imports it."""
+    folder = tmp_path / "fake-nvml"
+    folder.mkdir()
+    (folder / "pynvml.py").write_text(FAKE_NVML)
+    return str(folder)
 
 
 def test_cuda_visible_devices_becomes_the_gpus_to_sample():
@@ -39,7 +63,7 @@ def test_a_local_job_pinned_to_gpu_1_samples_gpu_1_alone(two_gpus, tmp_path):
     executor = LocalExecutor(str(tmp_path))
     sleep = [sys.executable, "-c", "import time; time.sleep(3)"]
     job = JobSpec(run_id="r1", role="vllm-0", image="local", command=sleep, flavor="local", timeout_s=30,
-                  env={"CUDA_VISIBLE_DEVICES": "1"})
+                  env={"CUDA_VISIBLE_DEVICES": "1", "PYTHONPATH": two_gpus})
     job_id = executor.submit(job)
     assert executor.wait(job_id, timeout=30).stage == "COMPLETED"
     time.sleep(0.2)
@@ -49,8 +73,9 @@ def test_a_local_job_pinned_to_gpu_1_samples_gpu_1_alone(two_gpus, tmp_path):
 
 
 def test_charts_name_each_jobs_gpu_by_the_machines_index():
-    trainer = [ResourceSample(time=t, gpu_util=(60.0,), gpu_mem_bytes=(2**30,), gpu_index=(0,)) for t in range(3)]
-    replica = [ResourceSample(time=t, gpu_util=(90.0,), gpu_mem_bytes=(2**31,), gpu_index=(1,)) for t in range(3)]
-    resources = {"trainer": trainer, "vllm-0": replica}
-    assert [t.name for t in charts.utilisation_figure(resources).data] == ["trainer GPU0 util", "vllm-0 GPU1 util"]
-    assert [t.name for t in charts.memory_figure(resources).data] == ["trainer GPU0", "vllm-0 GPU1"]
+    trainer, replica = ResourceUsage(), ResourceUsage()
+    trainer.add([ResourceSample(time=t, gpu_util=(60.0,), gpu_mem_bytes=(2**30,), gpu_index=(0,)) for t in range(3)])
+    replica.add([ResourceSample(time=t, gpu_util=(90.0,), gpu_mem_bytes=(2**31,), gpu_index=(1,)) for t in range(3)])
+    usages, options = {"trainer": trainer, "vllm-0": replica}, charts.ChartOptions()
+    assert [t["name"] for t in charts.utilisation_figure(usages, options)["data"]] == ["trainer GPU0", "vllm-0 GPU1"]
+    assert [t["name"] for t in charts.memory_figure(usages, options)["data"]] == ["trainer GPU0", "vllm-0 GPU1"]

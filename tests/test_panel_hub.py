@@ -94,8 +94,8 @@ def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, make_panel)
     wait_until(everything_arrived, timeout=15)
     assert [r["reward"] for r in view.metrics] == [0.1, 0.3]
     frame = dashboard.build_frame(view)
-    gpu = [t for t in frame.utilisation.data if t.name == "trainer GPU0 util"]
-    assert gpu and list(gpu[0].y) == [87.0]
+    gpu = [t for t in json.loads(frame.utilisation)["data"] if t["name"] == "trainer GPU0"]
+    assert gpu and gpu[0]["y"] == [87.0]
     logs = dashboard.log_text(view, "trainer")
     assert "step 1/500" in logs and PLANTED not in logs and ALICE not in logs
     assert "RUNNING" in frame.status

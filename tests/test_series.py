@@ -54,3 +54,50 @@ def test_a_table_keeps_columns_and_a_resumed_trainers_repeated_steps_replace_the
     xs, ys = table.sketch("reward").points()
     assert xs[-1] == 25.0 and ys[-1] == -1.0 and 3.0 not in ys
     assert table.sketch("reward", x="time").last == (225.0, -1.0)
+
+
+def test_a_sketch_built_in_one_pass_equals_one_appended_point_by_point():
+    rng = random.Random(3)
+    for n in (0, 1, 150, 200, 201, 999, 12_345):
+        xs = [float(i) for i in range(n)]
+        ys = [rng.choice([0.0, 1.0, rng.gauss(0, 1)]) for _ in range(n)]    # ties: the first extreme wins
+        appended = Sketch(budget=200, recent=10)
+        for x, y in zip(xs, ys):
+            appended.append(x, y)
+        built = Sketch.build(xs, ys, budget=200, recent=10)
+        assert built.width == appended.width and list(built.recent) == list(appended.recent)
+        for a, b in zip(built.buckets, appended.buckets, strict=True):
+            assert (a.count, a.first_x, a.last_x, a.lo_x, a.lo_y, a.hi_x, a.hi_y) == \
+                   (b.count, b.first_x, b.last_x, b.lo_x, b.lo_y, b.hi_x, b.hi_y) and abs(a.total - b.total) < 1e-6
+
+
+def test_a_sketch_drawn_once_keeps_up_with_new_rows():
+    table = SeriesTable(budget=20, recent=5)
+    for step in range(1, 101):
+        table.add({"step": step, "time": float(step), "loss": float(step)})
+    assert table.sketch("loss").count == 100
+    for step in range(101, 121):
+        table.add({"step": step, "time": float(step), "loss": float(step)})
+    assert table.sketch("loss").last == (120.0, 120.0) and table.sketch("loss").count == 120
+    assert table.sketch("loss", "time").count == 120 and table.sketch("missing") is None
+
+
+def test_rows_added_at_once_equal_rows_added_one_by_one():
+    rng = random.Random(5)
+    rows = [{"step": i, "time": 10.0 + i, "loss": rng.random(), **({"kl": rng.random()} if i % 3 else {}),
+             "flag": True} for i in range(1, 3001)]
+    one, bulk = SeriesTable(), SeriesTable()
+    for row in rows[:500]:
+        one.add(row)
+    bulk.extend(rows[:500])
+    one.sketch("loss"), bulk.sketch("loss")            # drawn: the sketch follows new rows from here
+    for row in rows[500:]:
+        one.add(row)
+    bulk.extend(rows[500:])
+    assert one.rows() == bulk.rows() and "flag" not in one.rows()[0], "a bool is not a metric"
+    assert one.sketch("loss").points() == bulk.sketch("loss").points()
+    assert one.sketch("kl", "time").points() == bulk.sketch("kl", "time").points()
+    resumed = rows[:100] + [{**r, "loss": -1.0} for r in rows[80:120]]
+    table = SeriesTable()
+    table.extend(resumed)
+    assert [r["step"] for r in table.rows()] == list(range(1, 121)) and table.rows()[90]["loss"] == -1.0

@@ -1,15 +1,14 @@
 """The one small interface every executor implements. Executors know nothing about Gradio."""
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from backend.jobspec import JobRecord, JobSpec, JobStatus
 
 
-@dataclass(frozen=True)
-class ResourceSample:
+class ResourceSample(NamedTuple):
     """One utilisation sample of a job. GPU fields are per-device lists (empty where there is no GPU); `gpu_index`
-    names the machine's GPU of each entry where a job sees only some of them (empty: 0, 1, ... in order)."""
+    names the machine's GPU of each entry where a job sees only some of them (empty: 0, 1, ... in order).
+    A named tuple: a first look at a long job makes hundreds of thousands of them."""
 
     time: float
     cpu_percent: float | None = None
@@ -38,10 +37,14 @@ class Executor(Protocol):
     def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:
         """Log lines after `cursor`, and the cursor to pass next time. Only complete lines are returned."""
 
+    def tail_cursor(self, job_id: str, lines: int) -> int:
+        """A cursor from which `read_logs` returns about the last `lines` lines (a first look at a long log)."""
+
     def all_logs(self, job_id: str) -> list[str]:
         """The job's whole log (masked), for a download."""
 
-    def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]: ...
+    def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
+        """Samples after `cursor` (at most about `limit` of them), and the cursor to pass next time."""
 
     def cancel(self, job_id: str) -> None: ...
 

@@ -134,6 +134,11 @@ class HfJobsExecutor:
         with self._lock:
             return feed.since(cursor)
 
+    def tail_cursor(self, job_id: str, lines: int) -> int:
+        feed = self._feed("logs", job_id, self._follow_logs, MAX_LOG_LINES)
+        with self._lock:
+            return max(feed.count - lines, 0)
+
     def all_logs(self, job_id: str) -> list[str]:
         """The job's whole log: what the reader holds, or, where it has dropped old lines, the Hub's copy."""
         feed = self._feed("logs", job_id, self._follow_logs, MAX_LOG_LINES)
@@ -143,10 +148,13 @@ class HfJobsExecutor:
         lines = self._api.fetch_job_logs(job_id=job_id, namespace=self.namespace, follow=False)
         return [redact_tokens(line.rstrip("\r\n"), self._secrets) for line in lines]
 
-    def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]:
+    def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         feed = self._feed("metrics", job_id, self._follow_metrics, MAX_SAMPLES)
         with self._lock:
-            return feed.since(cursor)
+            samples, end = feed.since(cursor)
+        if limit is not None and len(samples) > limit:
+            return samples[:limit], end - (len(samples) - limit)
+        return samples, end
 
     def reader_error(self, job_id: str, kind: str = "logs") -> str | None:
         """Why a job's reader gave up for good (401/403/404), if it did."""

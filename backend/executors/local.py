@@ -34,6 +34,7 @@ BACKEND_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # `r
 JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
 START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
 CANCELED_BY_USER = "canceled by the user"
+SAMPLE_BYTES = 128        # about one resources.jsonl line, to turn a number of samples into bytes to read
 
 
 class Unreadable(ValueError):
@@ -218,9 +219,40 @@ class LocalExecutor:
     def all_logs(self, job_id: str) -> list[str]:
         return self.read_logs(job_id, 0)[0]
 
-    def read_resources(self, job_id: str, cursor: int) -> tuple[list[ResourceSample], int]:
+    def tail_cursor(self, job_id: str, lines: int) -> int:
+        """The offset of the line start `lines` lines before the log's end (0 for a shorter log)."""
+        try:
+            with open(self.log_path(job_id), "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                block = min(size, lines * 400)
+                while True:
+                    f.seek(size - block)
+                    data = f.read(block)
+                    # The last line may still lack its newline: count the ones before it.
+                    end = len(data) - 1
+                    for _ in range(lines):
+                        end = data.rfind(b"\n", 0, end)
+                        if end < 0:
+                            break
+                    if end >= 0:
+                        return size - block + end + 1
+                    if block == size:
+                        return 0
+                    block = min(size, block * 2)
+        except OSError:
+            return 0
+
+    def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         path = self._file(job_id, wrapper.RESOURCES_FILE)
-        data = _read_complete_lines(path, cursor)
+        data = _read_complete_lines(path, cursor, None if limit is None else limit * SAMPLE_BYTES)
+        lines = [line for line in data.splitlines() if line.strip()]
+        try:    # one parse for the whole chunk (a day of 1 Hz samples on a first look); line by line if one is bad
+            decoded = json.loads(b"[" + b",".join(lines) + b"]")
+            samples = [_sample_of(d) for d in decoded]
+            if len(samples) == len(lines) and all(samples):
+                return samples, cursor + len(data)
+        except ValueError:
+            pass
         samples, offset = [], cursor
         for line in data.splitlines(keepends=True):
             if line.strip():
@@ -268,11 +300,18 @@ class LocalExecutor:
             time.sleep(0.05)
 
     def wait(self, job_id: str, timeout: float) -> JobStatus:
-        """Block until the job reaches a terminal stage (for tests and scripts)."""
+        """Block until the job reaches a terminal stage and its wrapper has exited (for tests and scripts: the
+        wrapper records the end a moment before its own process is gone)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             status = self.status(job_id)
             if status.done:
+                try:
+                    record = self._job_record(job_id)
+                except (Unreadable, KeyError):
+                    return status
+                while self._wrapper_alive(record) and time.time() < deadline:
+                    time.sleep(0.05)
                 return status
             time.sleep(0.2)
         return self.status(job_id)
@@ -330,12 +369,13 @@ def _write_json(path: str, data: dict) -> None:
     atomic_write_bytes(path, json.dumps(data).encode())
 
 
-def _read_complete_lines(path: str, cursor: int) -> bytes:
-    """Bytes after `cursor` up to the last newline: a line still being written waits for the next read."""
+def _read_complete_lines(path: str, cursor: int, max_bytes: int | None = None) -> bytes:
+    """Bytes after `cursor` (at most about `max_bytes`) up to the last newline: a line still being written waits
+    for the next read."""
     try:
         with open(path, "rb") as f:
             f.seek(cursor)
-            data = f.read()
+            data = f.read(-1 if max_bytes is None else max_bytes)
     except FileNotFoundError:
         return b""
     end = data.rfind(b"\n")
@@ -345,17 +385,23 @@ def _read_complete_lines(path: str, cursor: int) -> bytes:
 def _sample(line: bytes) -> ResourceSample | None:
     """One resources.jsonl line as a sample, or None if it is not one."""
     try:
-        d = json.loads(line)
-        sample = ResourceSample(
-            time=float(d["time"]), cpu_percent=_opt_float(d.get("cpu_percent")),
-            ram_bytes=None if d.get("ram_bytes") is None else int(d["ram_bytes"]),
-            gpu_util=tuple(float(x) for x in d.get("gpu_util", ())),
-            gpu_mem_bytes=tuple(int(x) for x in d.get("gpu_mem_bytes", ())),
-            gpu_mem_total_bytes=tuple(int(x) for x in d.get("gpu_mem_total_bytes", ())),
-            gpu_index=tuple(int(x) for x in d.get("gpu_index", ())))
+        return _sample_of(json.loads(line))
+    except ValueError:
+        return None
+
+
+def _sample_of(d) -> ResourceSample | None:
+    """One decoded resources.jsonl record as a sample, or None if it is not one."""
+    try:
+        t, cpu, ram = d["time"], d.get("cpu_percent"), d.get("ram_bytes")
+        if len(d) == 3 and type(t) is float and type(cpu) is float and type(ram) is int:
+            return ResourceSample(t, cpu, ram)      # a CPU-only sample as the sampler writes it: nothing to convert
+        return ResourceSample(
+            float(d["time"]), None if cpu is None else float(cpu), None if ram is None else int(ram),
+            tuple(map(float, d.get("gpu_util", ()))), tuple(map(int, d.get("gpu_mem_bytes", ()))),
+            tuple(map(int, d.get("gpu_mem_total_bytes", ()))), tuple(map(int, d.get("gpu_index", ()))))
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return sample
 
 
 def _opt_float(value) -> float | None:
