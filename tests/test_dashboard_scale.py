@@ -1,0 +1,137 @@
+"""A tick costs what is new: incremental fragment reads, one frame per run version for every session, only the
+changed components sent, bounded payloads at any run length. (Figures: benchmarks/dashboard_scale.py.)"""
+
+import json
+import os
+import sys
+
+from backend.observers import FragmentReader
+from backend.runtime import layout
+from backend.runview import RunView
+from backend.store import FolderStore
+from panel import dashboard, live
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from dashboard_scale import SyntheticRun
+
+
+class CountingStore(FolderStore):
+    """A folder bucket that counts listings and probes."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.listings = self.probes = 0
+
+    def list_files(self, prefix):
+        self.listings += 1
+        return super().list_files(prefix)
+
+    def sizes(self, paths):
+        self.probes += 1
+        return super().sizes(paths)
+
+
+def _fragment(folder, writer, seq, records):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, layout.fragment_name(writer, seq)), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_between_listings_a_reader_probes_the_next_fragments_and_finds_new_writers_on_its_next_listing(tmp_path):
+    store = CountingStore(str(tmp_path))
+    folder = tmp_path / "runs" / "r" / "metrics"
+    clock = [0.0]
+    reader = FragmentReader(store, "runs/r/metrics", clock=lambda: clock[0])
+    _fragment(folder, "trainer", 0, [{"step": 1}])
+    assert [r["step"] for _, r in reader.read()] == [1] and store.listings == 1
+    for seq in range(1, 7):                         # more than one probe round's worth
+        _fragment(folder, "trainer", seq, [{"step": seq + 1}])
+    _fragment(folder, "proxy", 0, [{"replicas": []}])
+    clock[0] = 1.0
+    assert [r["step"] for _, r in reader.read()] == [2, 3, 4, 5, 6, 7]
+    assert store.listings == 1 and store.probes >= 2, "no listing: the trainer's next numbers were asked for"
+    assert reader.read() == [], "nothing new: one probe, no listing"
+    clock[0] = 1.0 + reader.rescan_s
+    assert [w for w, _ in reader.read()] == ["proxy"] and store.listings == 2, "the next listing finds a new writer"
+
+
+def test_a_first_look_reads_only_the_newest_snapshots_of_a_snapshot_writer(tmp_path):
+    store = FolderStore(str(tmp_path))
+    folder = tmp_path / "runs" / "r" / "metrics"
+    for seq in range(10):
+        _fragment(folder, "proxy", seq, [{"replicas": [{"served": seq}]}])
+    reader = FragmentReader(store, "runs/r/metrics", latest_only={"proxy": 3})
+    assert [r["replicas"][0]["served"] for _, r in reader.read()] == [7, 8, 9]
+
+
+def _view(home, run):
+    from backend.executors.local import LocalExecutor
+
+    executor = LocalExecutor(home)
+    return RunView(run.spec.run_id, FolderStore(executor.bucket_root("local/bench")), executor, run.job_ids)
+
+
+def test_ten_sessions_on_one_run_share_one_frame_build(tmp_path, monkeypatch):
+    run = SyntheticRun(str(tmp_path), 200)
+    view = _view(str(tmp_path), run)
+    view.refresh()
+    builds = []
+    original = dashboard.build_frame
+    monkeypatch.setattr(dashboard, "build_frame", lambda *a, **k: builds.append(1) or original(*a, **k))
+    frames = [dashboard.shared_frame(view) for _ in range(10)]
+    assert len(builds) == 1 and all(f is frames[0] for f in frames)
+    run.grow(10)
+    view.refresh()
+    assert dashboard.shared_frame(view) is not frames[0] and len(builds) == 2, "a new version, a new frame"
+
+
+class OneRun:
+    """The panel as `live.dashboard_update` sees it: one run's view."""
+
+    def __init__(self, view):
+        self._view = view
+
+    def view(self, run_id, visitor=None):
+        return self._view
+
+
+def test_a_session_is_sent_only_the_components_that_changed_since_it_last_drew(tmp_path):
+    run = SyntheticRun(str(tmp_path), 300)
+    panel = OneRun(_view(str(tmp_path), run))
+    session = {}
+    first = live.dashboard_update(panel, run.spec.run_id, session)
+    assert {"reward", "utilisation", "status", "adapters", live.LOG_KEY} <= set(first.values)
+    panel.view(run.spec.run_id).expire()
+    assert live.dashboard_update(panel, run.spec.run_id, session).values == {}, "nothing new, nothing sent"
+    run.grow(10)
+    panel.view(run.spec.run_id).expire()
+    update = live.dashboard_update(panel, run.spec.run_id, session)
+    assert "reward" in update.values and json.loads(update.values["reward"])["data"]
+    other = {}
+    assert set(live.dashboard_update(panel, run.spec.run_id, other).values) >= set(first.values), \
+        "a session that drew nothing yet gets everything"
+
+
+def test_a_long_runs_tick_sends_a_bounded_payload_and_the_adapters_table_pages(tmp_path):
+    run = SyntheticRun(str(tmp_path), 20_000)
+    panel = OneRun(_view(str(tmp_path), run))
+    update = live.dashboard_update(panel, run.spec.run_id, {})
+    plots = sum(len(update.values[name]) for name in dashboard.PLOTS)
+    assert plots < 300_000, f"{plots} bytes of figures"
+    assert len(update.values["adapters"]) == dashboard.ADAPTER_PAGE
+    assert update.values["adapters"][0][0] == "trl-policy-v1000", "newest first"
+
+
+def test_a_first_look_at_a_long_log_starts_at_its_tail(tmp_path):
+    from backend.executors.local import LocalExecutor
+
+    executor = LocalExecutor(str(tmp_path))
+    job_id = "r--trainer--000000"
+    os.makedirs(os.path.join(executor.jobs_dir, job_id))
+    with open(executor.log_path(job_id), "w") as f:
+        f.write("".join(f"line {i}\n" for i in range(100_000)))
+    lines, _ = executor.read_logs(job_id, executor.tail_cursor(job_id, 10))
+    assert lines == [f"line {i}" for i in range(99_990, 100_000)]
+    with open(executor.log_path(job_id), "w") as f:
+        f.write("one\ntwo\n")
+    assert executor.tail_cursor(job_id, 10) == 0
