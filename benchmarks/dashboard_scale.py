@@ -229,6 +229,45 @@ def measure(args) -> None:
     rss(home, run.spec.run_id)
 
 
+def finished_runs(home: str, count: int) -> None:
+    """`count` finished runs of three jobs each, as the local executor leaves them."""
+    for r in range(count):
+        for role in JOBS:
+            job_id = f"done-{r:03d}--{role}--000000"
+            folder = os.path.join(home, "jobs", job_id)
+            os.makedirs(folder, exist_ok=True)
+            spec = {"run_id": f"done-{r:03d}", "role": role, "flavor": "local",
+                    "volumes": [{"bucket": "local/bench", "mount_path": "/bucket", "read_only": False}]}
+            with open(os.path.join(folder, "job.json"), "w") as f:
+                json.dump({"job_id": job_id, "spec": spec, "created_at": 1.0e9 + r, "pid": 1,
+                           "pid_started_at": 0.0}, f)
+            with open(os.path.join(folder, "exit.json"), "w") as f:
+                json.dump({"stage": "COMPLETED", "message": "", "time": 1.0e9 + r}, f)
+
+
+def runs_list(args) -> None:
+    """The runs list's cost per tick with 10 and with 200 runs in the panel's home (interleaved)."""
+    from panel.actions import Panel, Settings
+
+    panels = {}
+    for count in (10, 200):
+        home = tempfile.mkdtemp(prefix=f"grpo-runs-{count}-")
+        finished_runs(home, count)
+        panels[count] = Panel(Settings(home=home, on_space=False, host="127.0.0.1"))
+        panels[count].runs_table()          # a first listing reads every job file once
+    times = {count: [] for count in panels}
+    for _ in range(args.ticks * 3):
+        for count, panel in panels.items():
+            began = time.perf_counter()
+            rows = panel.runs_table()
+            times[count].append(time.perf_counter() - began)
+    print(f"runs list per tick: 10 runs median {statistics.median(times[10]) * 1e3:.1f} ms, 200 runs median "
+          f"{statistics.median(times[200]) * 1e3:.1f} ms ({len(rows)} rows listed); ratio "
+          f"{statistics.median(times[200]) / statistics.median(times[10]):.2f}")
+    for panel in panels.values():
+        panel.shutdown()
+
+
 def rss(home: str, run_id: str) -> None:
     """Panel RSS idle and with the run open, in a fresh process (nothing else held)."""
     code = f"""
@@ -253,7 +292,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--ticks", type=int, default=7)
-    measure(parser.parse_args())
+    args = parser.parse_args()
+    measure(args)
+    runs_list(args)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 Settings = Deployment      # the name the panel's tests and scripts know
 FLAVORS_TTL_S = 600.0
+RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 
 
 @dataclass(frozen=True)
@@ -248,14 +249,15 @@ class Panel:
                             spec.run_id)
 
     # ---- runs
-    def runs_table(self, visitor: Visitor | str | None = None) -> list[list]:
-        """Rows: run id, executor, stage per job, created."""
+    def runs_table(self, visitor: Visitor | str | None = None, limit: int = RUNS_PAGE) -> list[list]:
+        """The newest `limit` runs: run id, executor, stage per job, created."""
+        runs = [(run, registry) for registry in self.runs.registries(as_visitor(visitor))
+                for run in registry.list_runs()]
         rows = []
-        for registry in self.runs.registries(as_visitor(visitor)):
-            for run in registry.list_runs():
-                stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
-                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-                rows.append([run.run_id, registry.executor.name, stages, created])
+        for run, registry in sorted(runs, key=lambda pair: pair[0].created_at, reverse=True)[:limit]:
+            stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
+            rows.append([run.run_id, registry.executor.name, stages, created])
         return rows
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:

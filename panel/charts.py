@@ -162,13 +162,15 @@ def reward_figure(table, options: ChartOptions) -> dict:
                             "y": [min(v, ceiling) for v in up] + [max(v, floor) for v in low[::-1]],
                             "fill": "toself", "name": "± std", "line": {"width": 0},
                             "fillcolor": "rgba(31,119,180,0.15)", "hoverinfo": "skip"})
-    add_line(fig, *points(table, "reward", options), "mean reward", METRIC_COLORS["reward"], options)
-    if len(functions) > 1:
-        for i, key in enumerate(functions):
-            add_line(fig, *points(table, key, options), key.split("/", 1)[1], PALETTE[i % len(PALETTE)], options,
-                     dash="dot")
-    elif functions:
+    mean = points(table, "reward", options)
+    add_line(fig, *mean, "mean reward", METRIC_COLORS["reward"], options)
+    lines = {key: points(table, key, options) for key in functions}
+    if len(functions) == 1 and lines[functions[0]] == mean:
+        # One reward function weighing 1 is the mean: the same line drawn twice would only confuse.
         fig["layout"]["title"]["text"] = f"Reward ({functions[0].split('/', 1)[1]})"
+        lines = {}
+    for i, (key, (xs, ys)) in enumerate(lines.items()):
+        add_line(fig, xs, ys, key.split("/", 1)[1], PALETTE[i % len(PALETTE)], options, dash="dot")
     return finish(fig, options)
 
 

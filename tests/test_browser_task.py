@@ -64,7 +64,9 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     assert "Launched run" in _wait_for_launch_answer(page, timeout_ms=60000)
     page.wait_for_function("() => document.getElementById('run-status').innerText.includes('final adapter ready')",
                            timeout=240000)
-    assert _plot_points(page, "reward-plot", "short_answer") == 6, "the reward code's own series, every step"
+    # One reward function weighing 1 is the mean reward: the chart names it instead of drawing it twice.
+    assert _plot_points(page, "reward-plot", "mean reward") == 6, "the reward code's series, every step"
+    assert "Reward (short_answer)" in _text(page, "reward-plot")
 
 
 def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):

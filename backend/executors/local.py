@@ -51,6 +51,9 @@ class LocalExecutor:
         self.grace_s = grace_s
         self._secrets: dict[str, tuple[str, ...]] = {}
         self._bad: dict[str, set[int]] = {}      # job file -> offsets of the records in it that were skipped
+        # What does not change once written, kept so that listing 200 runs does not re-read 600 job files a tick:
+        self._records: dict[str, dict] = {}      # job id -> its job.json once complete (with the wrapper's pid)
+        self._ended: dict[str, JobStatus] = {}   # job id -> its final status
         self._lock = threading.Lock()
 
     # ---- paths
@@ -144,6 +147,9 @@ class LocalExecutor:
                 log.warning("skipped an unreadable record in %s (byte %d)", path, offset)
 
     def _job_record(self, job_id: str) -> dict:
+        cached = self._records.get(job_id)
+        if cached is not None:
+            return cached
         data = self._read_json(job_id, JOB_FILE)
         if data is None:
             if not os.path.isdir(self._dir(job_id)):
@@ -155,6 +161,8 @@ class LocalExecutor:
         if not ok:
             self._count_bad(self._file(job_id, JOB_FILE), 0)
             raise Unreadable(f"job {job_id}: {JOB_FILE} is not a job record")
+        if "pid" in data:
+            self._records[job_id] = data
         return data
 
     def unreadable_records(self, run_id: str) -> dict[str, int]:
@@ -187,6 +195,14 @@ class LocalExecutor:
 
     # ---- observe
     def status(self, job_id: str) -> JobStatus:
+        if job_id in self._ended:
+            return self._ended[job_id]
+        status = self._status(job_id)
+        if status.done:
+            self._ended[job_id] = status
+        return status
+
+    def _status(self, job_id: str) -> JobStatus:
         ended = self._read_json(job_id, wrapper.EXIT_FILE)
         if ended and ended.get("stage") in TERMINAL_STAGES:
             return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")))
