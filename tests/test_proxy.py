@@ -301,3 +301,49 @@ def test_the_proxy_process_stops_when_the_trainer_that_started_it_is_killed(tmp_
     finally:
         if trainer.poll() is None:
             trainer.kill()
+
+
+def _load_directly(url: str, name: str, path: str) -> None:
+    response = requests.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path},
+                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def _unload_directly(url: str, name: str) -> None:
+    requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name},
+                  headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+def test_every_replica_proves_it_serves_the_loaded_adapter_and_a_replica_that_does_not_is_caught(
+        pool, proxy, adapters, tmp_path):
+    """The serving proof: after a load, every replica answers a canary with the new adapter and with its base
+    model. A replica whose adapter is missing, or applied as nothing (answers like the base model), raises an
+    alert; so does one listing a version another replica holds."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from backend.diagnose import serving_alerts
+
+    assert _load(proxy, "proof-v1", adapters["rank8"]).status_code == 200
+    _wait_for(lambda: all(proxy.proxy.proofs.get(u, {}).get("served") == "proof-v1" for u in pool.urls))
+    record = proxy.prove("proof-v1")
+    assert [(r["listed"], r["served"]) for r in record["replicas"]] == [(True, "proof-v1")] * 2
+    assert all(r["delta_base"] > 1e-3 for r in record["replicas"]), record
+    assert serving_alerts(record) == []
+    canary = [name for name in os.listdir(proxy.stats_dir) if name.startswith("canary-")]
+    assert canary, "the proofs are written beside the replica stats"
+
+    # Replica 1 silently swaps in an adapter that changes nothing (a policy that never arrived).
+    model = AutoModelForCausalLM.from_pretrained(pool.model_dir)
+    zero = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    zero.save_pretrained(tmp_path / "zero")         # PEFT's default init: B = 0, the base model's output
+    _unload_directly(pool.urls[1], "proof-v1")
+    _load_directly(pool.urls[1], "proof-v1", str(tmp_path / "zero"))
+    record = proxy.prove("proof-v1")
+    [alert] = serving_alerts(record)
+    assert pool.urls[1] in alert.message and "like its base model" in alert.message
+
+    _unload_directly(pool.urls[1], "proof-v1")      # ... or loses it altogether
+    [alert] = serving_alerts(proxy.prove("proof-v1"))
+    assert pool.urls[1] in alert.message and "does not list proof-v1" in alert.message
+    _unload(proxy, "proof-v1")

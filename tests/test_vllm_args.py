@@ -32,6 +32,7 @@ def test_the_command_serves_lora_with_processed_logprobs_on_the_given_port():
     assert _flag(args, "--model") == "/bucket/runs/r/base-model"
     assert _flag(args, "--port") == "8123" and _flag(args, "--host") == "0.0.0.0"
     assert "--enable-lora" in args and _flag(args, "--logprobs-mode") == "processed_logprobs"
+    assert _flag(args, "--generation-config") == "vllm", "vLLM's sampling defaults, not the model card's"
     assert _flag(args, "--dtype") == "float32" and args[-2:] == ["--seed", "1"]
     assert all(isinstance(a, str) for a in args)
 

@@ -83,16 +83,21 @@ def _canonical_name(key: str) -> str | None:
 
 
 def canonical_metrics(logs: dict) -> dict:
-    """Map one TRL log dict (GRPOTrainer or AsyncGRPOTrainer) to the panel's metric names; drop missing values.
+    """One TRL log dict (GRPOTrainer or AsyncGRPOTrainer) as a metric record: every numeric value under its TRL
+    name (nothing a user may want later is dropped), plus the panel's canonical names for the ones it plots;
+    missing values are left out.
 
     The async trainer's trained tokens per second also fills `tokens_per_s`, the throughput the panel plots
     for every run.
     """
     out = {}
     for key, value in logs.items():
-        name = _canonical_name(key)
         number = _number(value)
-        if name is not None and number is not None:
+        if number is None:
+            continue
+        out[key] = number
+        name = _canonical_name(key)
+        if name is not None:
             out[name] = number
     if "step" in out:
         out["step"] = int(out["step"])

@@ -46,6 +46,12 @@ PREFIX_CHARS = 1024  # of a prompt's JSON (~250 token ids) choose its replica
 FORWARDED_HEADERS = ("Content-Type", "Accept")
 SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+# Serving proof: after each adapter load (and every `canary_interval_s` for the newest), every replica answers
+# one short completion with the new adapter and with its base model; their logprobs differ when the adapter is
+# really applied. Token ids, so any tokenizer takes it.
+CANARY_WRITER = "canary"
+CANARY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]     # below 256: valid in any vocabulary
+CANARY_TIMEOUT_S = 30.0
 
 
 class ReplicaUnreachable(Exception):
@@ -99,7 +105,7 @@ def rendezvous_score(key: str, url: str) -> int:
 class Proxy:
     def __init__(self, replica_urls: list[str], *, spill_threshold: int = 8, load_deadline_s: float = 60.0,
                  health_interval_s: float = 1.0, stats_dir: str | None = None, stats_interval_s: float = 2.0,
-                 stats_flush_s: float = 30.0, token: str | None = None):
+                 stats_flush_s: float = 30.0, token: str | None = None, canary_interval_s: float = 30.0):
         if not replica_urls:
             raise ValueError("the proxy needs at least one --replica URL")
         self.replicas = [Replica(u.rstrip("/")) for u in replica_urls]
@@ -110,6 +116,11 @@ class Proxy:
         token = token if token is not None else os.environ.get("HF_TOKEN")
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._stats = StatsRecorder(stats_dir, stats_interval_s, stats_flush_s) if stats_dir else None
+        self._proofs = FragmentWriter(stats_dir, CANARY_WRITER) if stats_dir else None
+        self.canary_interval_s = canary_interval_s
+        self.newest: str | None = None        # the adapter loaded last: what the trainer samples from
+        self.proofs: dict[str, dict] = {}     # replica url -> its latest serving proof
+        self._base: dict[str, tuple[str, dict]] = {}   # replica url -> (base model id, its canary logprobs)
         self._session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -138,7 +149,7 @@ class Proxy:
         self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
                                               connector=aiohttp.TCPConnector(limit=0))
         self._lock = asyncio.Lock()
-        self._tasks = [asyncio.create_task(self._health_loop())]
+        self._tasks = [asyncio.create_task(self._health_loop()), asyncio.create_task(self._canary_loop())]
         if self._stats:
             self._tasks.append(asyncio.create_task(self._stats_loop()))
 
@@ -228,9 +239,12 @@ class Proxy:
             if not loaded:
                 return _error(503, "no healthy vLLM replica to load the adapter on")
             self.adapters[name] = path
+            self.newest = name
             for replica in loaded:
                 replica.adapters.add(name)
             self._record()
+        # Proof that every replica serves it, without holding up the trainer's sync.
+        self._tasks = [t for t in self._tasks if not t.done()] + [asyncio.create_task(self.prove(name))]
         return web.Response(text=f"Success: LoRA adapter '{name}' added on {len(loaded)} replica(s).")
 
     async def _roll_back(self, loaded: list[Replica], name: str) -> None:
@@ -407,6 +421,53 @@ class Proxy:
             self._record()
             log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))
 
+    # ---- serving proof
+    async def _canary_loop(self) -> None:
+        """Re-prove the newest adapter now and then: a replica that restarted, or lost an adapter, shows."""
+        while True:
+            await asyncio.sleep(self.canary_interval_s)
+            if self.newest:
+                await self.prove(self.newest)
+
+    async def prove(self, name: str) -> dict:
+        """Ask every replica for the canary with adapter `name` and with its base model; record per replica
+        whether it lists `name`, which model answered, and how far its logprobs are from the base model's."""
+        replicas = [r for r in self.replicas if r.healthy]
+        proofs = await asyncio.gather(*(self._prove_on(r, name) for r in replicas), return_exceptions=True)
+        record = {"version": name, "replicas": []}
+        for replica, proof in zip(replicas, proofs):
+            if isinstance(proof, BaseException):
+                proof = {"url": replica.url, "error": f"{type(proof).__name__}: {proof}"[:300]}
+            record["replicas"].append(proof)
+            self.proofs[replica.url] = proof
+        if self._proofs:
+            self._proofs.write([{"time": time.time(), "canary": record}])
+        return record
+
+    async def _prove_on(self, replica: Replica, name: str) -> dict:
+        models = json.loads((await self._call(replica, "GET", "/v1/models", timeout=CANARY_TIMEOUT_S)).text)
+        ids = [m["id"] for m in models.get("data", [])]
+        base = next((m["id"] for m in models.get("data", []) if not m.get("parent")), None)
+        if replica.url not in self._base and base:
+            self._base[replica.url] = (base, await self._canary_logprobs(replica, base))
+        served, logprobs = await self._canary_answer(replica, name)
+        _, base_logprobs = self._base.get(replica.url, (None, {}))
+        return {"url": replica.url, "listed": name in ids, "served": served,
+                "delta_base": _logprob_distance(logprobs, base_logprobs)}
+
+    async def _canary_answer(self, replica: Replica, model: str) -> tuple[str | None, dict]:
+        body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": 1, "temperature": 1.0, "logprobs": 5,
+                "seed": 0}
+        reply = await self._call(replica, "POST", "/v1/completions", json_body=body, timeout=CANARY_TIMEOUT_S)
+        if reply.status != 200:
+            return None, {}
+        answer = json.loads(reply.text)
+        top = ((answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}])[0] or {}
+        return answer.get("model"), {str(k): float(v) for k, v in top.items()}
+
+    async def _canary_logprobs(self, replica: Replica, model: str) -> dict:
+        return (await self._canary_answer(replica, model))[1]
+
     async def _stats_loop(self) -> None:
         while True:
             self._stats.sample(self.replicas)
@@ -436,6 +497,16 @@ class StatsRecorder:
             self.writer.write(self.pending)
             self.pending = []
             self.last_flush = time.monotonic()
+
+
+def _logprob_distance(a: dict, b: dict) -> float | None:
+    """How far two top-logprob answers are apart: the largest difference over the tokens both list, or inf
+    when their top tokens differ; None when either is missing."""
+    if not a or not b:
+        return None
+    if set(a) != set(b):
+        return float("inf")
+    return max(abs(a[t] - b[t]) for t in a)
 
 
 def _structure(snapshot: list[dict]) -> list:
@@ -469,6 +540,10 @@ class ProxyHandle:
 
     def stats(self) -> dict:
         return asyncio.run_coroutine_threadsafe(_snapshot(self.proxy), self._loop).result(10)
+
+    def prove(self, name: str) -> dict:
+        """Run the serving proof of adapter `name` now and return its record."""
+        return asyncio.run_coroutine_threadsafe(self.proxy.prove(name), self._loop).result(120)
 
     def stop(self) -> None:
         """Stop serving (idempotent: a stopping trainer may ask twice, from two threads)."""

@@ -49,6 +49,9 @@ def vllm_server_args(
         "--max-cpu-loras", str(slots),
         # TRL's importance ratio compares against the sampler's logprobs after temperature, not raw ones.
         "--logprobs-mode", "processed_logprobs",
+        # vLLM's own sampling defaults, not the model card's generation_config.json: a card's top_p/top_k/
+        # repetition penalty silently reshape every rollout (and have collapsed async runs).
+        "--generation-config", "vllm",
     ]
     if dtype:
         args += ["--dtype", dtype]
