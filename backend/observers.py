@@ -65,6 +65,10 @@ class FragmentReader:
         self.rescan_s = RESCAN_MIN_S
         self.listed_at = float("-inf")
 
+    def expect(self, writer: str) -> None:
+        """A writer this process knows has started (the panel's own): probe it from now on, not after a listing."""
+        self.next_seq.setdefault(writer, 0)
+
     def read(self, full: bool = False) -> list[tuple[str, dict]]:
         """(writer, record) pairs written since the last read; `full` lists the folder whatever the schedule."""
         return [pair for batch in self.batches(full) for pair in batch]

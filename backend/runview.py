@@ -26,6 +26,7 @@ MAX_LOG_LINES = 5000
 RECENT_SAMPLES = 900        # raw resource samples kept per job (15 minutes at 1 Hz): alerts read them
 MAX_REPLICA_SNAPSHOTS = 100
 SAMPLE_CHUNK = 5000         # resource samples read at a time
+SAMPLE_STEPS_KEPT = 100     # steps (or policy versions) whose sample completions a view keeps
 MIN_REFRESH_S = 1.0         # sessions ticking at once share one refresh: a second within this is a no-op
 SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its files do not change)
 
@@ -104,6 +105,13 @@ class RunView:
                                        latest_only={"proxy": MAX_REPLICA_SNAPSHOTS})
         self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
                                       check=lambda r: isinstance(r.get("event"), str))
+        # What the policy writes: a few completions per step; a first look reads only the newest steps.
+        self._samples = FragmentReader(store, f"{prefix}/{layout.SAMPLES_DIR}",
+                                       check=lambda r: isinstance(r.get("completion"), str),
+                                       latest_only={"trainer": SAMPLE_STEPS_KEPT})
+        self.samples: deque[dict] = deque(maxlen=SAMPLE_STEPS_KEPT * 4)
+        self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
+        self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
         self._engine: str | None = None
         self.trainer_end: dict = {}          # the trainer's newest started/finished/failed/canceled event
         self._versions: list[int] = []       # adapter version numbers, ascending
@@ -185,6 +193,10 @@ class RunView:
             return False
         return self.refresh()
 
+    def expect_event_writer(self, writer: str) -> None:
+        """The panel writes events of its own into the run's folder (alerts, a budget stop): read them at once."""
+        self._events.expect(writer)
+
     def expire(self) -> None:
         """Forget when the view last refreshed: the next `refresh_if_due` reads (a timer period has passed)."""
         self._refreshed_at = float("-inf")
@@ -247,12 +259,18 @@ class RunView:
                 if "replicas" in record:
                     self.replica_stats.append(record)
                     continue
+                if "canary" in record:
+                    self.serving = record["canary"]
+                    continue
                 steps.append(_with_band(record))
                 if _is_number(record.get("policy_version")):
                     self.first_step.setdefault(int(record["policy_version"]), record["step"])
             # In the order they were written: a resumed trainer logs the steps after its checkpoint again, and
             # the table keeps the latest.
             self.table.extend(steps)
+        for _writer, record in self._samples.read(full):
+            self.samples.append(redact_record(record))
+            changed = True
         new_events = self._events.read(full)
         for writer, record in new_events:
             # Masked on the way in too: a job's event may quote a token that its own job did not know to mask.
@@ -263,6 +281,10 @@ class RunView:
                 self._engine = record.get("engine")
             if writer == "trainer" and record["event"] in ("started", "finished", "failed", "canceled"):
                 self.trainer_end = record
+            if record["event"] == "alert" and isinstance(record.get("key"), str):
+                self.open_alerts[record["key"]] = record
+            elif record["event"] == "alert_cleared":
+                self.open_alerts.pop(record.get("key"), None)
         return changed or bool(new_events)
 
     def _note_adapter_event(self, event: dict) -> None:
@@ -346,8 +368,12 @@ def _is_number(value) -> bool:
 
 
 def _is_metric_record(record: dict) -> bool:
-    """A trainer's metric record (an integer step and numbers), or a proxy's replica snapshot (a list of replicas)."""
+    """A trainer's metric record (an integer step and numbers), a proxy's replica snapshot (a list of replicas) or
+    its serving proof (a canary record)."""
     if "replicas" in record:
         return isinstance(record["replicas"], list) and all(isinstance(r, dict) for r in record["replicas"])
+    if "canary" in record:
+        canary = record["canary"]
+        return isinstance(canary, dict) and isinstance(canary.get("replicas"), list)
     step = record.get("step")
     return type(step) is int and step >= 0 and {type(v) for v in record.values()} <= {int, float}

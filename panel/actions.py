@@ -21,6 +21,7 @@ from backend.access import (
     no_token_reason,
     token_lifetime_problem,
 )
+from backend.alerts import AlertBook, WebhookStore
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, hardware_problems, list_flavors
 from backend.launch import LaunchError
@@ -77,6 +78,8 @@ class Panel:
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
         self._final_zips: dict[str, str] = {}
+        self.webhooks = WebhookStore(self.settings.home)
+        self._alert_books: dict[str, AlertBook] = {}
         # Files built for download (final adapters, full logs) live here under stable names, one per run (and
         # role), replaced on each build: a long-lived Space does not collect a temp folder per click.
         self.downloads = os.path.join(self.settings.home, "downloads")
@@ -346,6 +349,17 @@ class Panel:
         path = os.path.join(self.downloads, f"{run_id}-{role}.log")
         atomic_write_bytes(path, ("\n".join(redact_tokens(line) for line in lines) + "\n").encode())
         return path
+
+    def watch_alerts(self, view: RunView) -> list:
+        """Evaluate the run's alerts once per new version of its view: fired ones are recorded in its bucket
+        folder and sent to its webhook, if it has one."""
+        book = self._alert_books.get(view.run_id)
+        if book is None:
+            book = self._alert_books[view.run_id] = AlertBook(view.store, view.run_id, self.webhooks.get(view.run_id))
+        if getattr(book, "seen_version", None) == view.version:
+            return []
+        book.seen_version = view.version
+        return book.update(view)
 
     def shutdown(self) -> None:
         """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper

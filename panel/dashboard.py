@@ -11,6 +11,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 
+from backend import diagnose
 from backend.diagnose import ratio_alert
 from backend.runtime.redact import redact_tokens
 from panel import charts
@@ -111,9 +112,16 @@ def status_markdown(view) -> str:
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
                      + f" · {len(view.adapters)} adapter version(s)"
                      + (" · **final adapter ready**" if view.final_files else ""))
-    drift = ratio_alert(view.table.rows(last=5))
-    if drift:
-        parts.append(f"⚠️ **{drift.message}**")
+    for alert in sorted(view.open_alerts.values(), key=lambda a: a.get("time", 0)):
+        when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))
+        parts.append(f"🔔 **{alert.get('kind', 'alert')}** since {when}: {redact_tokens(str(alert.get('message')))}")
+    if not view.open_alerts:     # no panel has recorded it yet: say it anyway
+        drift = ratio_alert(view.table.rows(last=5))
+        if drift:
+            parts.append(f"⚠️ **{drift.message}**")
+    verdict = diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec)
+    if verdict.kind not in ("unknown",):
+        parts.append(f"**Bottleneck:** {verdict.line}" + (f" {verdict.advice}" if verdict.advice else ""))
     unreadable = view.unreadable
     if unreadable:
         total = sum(unreadable.values())

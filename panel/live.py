@@ -28,7 +28,8 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
     session's own: the run it drew and the digest of each component it has."""
     view = panel.view(run_id, visitor)
-    view.refresh_if_due()
+    if view.refresh_if_due() and hasattr(panel, "watch_alerts"):
+        panel.watch_alerts(view)
     if state.get("run_id") != run_id:
         state.clear()
         state["run_id"] = run_id

@@ -33,6 +33,7 @@ USER_REWARDS_MODULE = "user_rewards"    # code/user_rewards.py, imported by the 
 DATA_DIR = "data"
 METRICS_DIR = "metrics"
 EVENTS_DIR = "events"
+SAMPLES_DIR = "samples"
 ADAPTERS_DIR = "adapters"
 VLLM_LORA_DIR = ".vllm_lora"
 CHECKPOINTS_DIR = "checkpoints"

@@ -23,6 +23,7 @@ from .layout import (
     adapter_name,
     write_event,
 )
+from .samples import SampleWriter, colocated_samples
 from .versions import highest_published
 
 WRITER = "trainer"
@@ -182,6 +183,8 @@ class RunFolderCallback(TrainerCallback):
         self.adapter_every = adapter_every
         self.flush_every_s = flush_every_s
         self.metrics = FragmentWriter(os.path.join(run_dir, METRICS_DIR), WRITER)
+        self.samples = SampleWriter(run_dir)
+        self.trainer = None     # set once the trainer exists: its newest completions are written as samples
         self.pending: list[dict] = []
         self.last_flush = time.time()
         self.start = time.time()
@@ -213,6 +216,11 @@ class RunFolderCallback(TrainerCallback):
         self._add_completion_rate(record, args, state.global_step)
         self._add_token_rate(record, _number(logs.get("num_tokens")))
         self.pending.append(record)
+        if self.trainer is not None:
+            try:
+                self.samples.write(colocated_samples(self.trainer, state.global_step, args.max_completion_length))
+            except Exception as error:   # showing samples must never stop training
+                print(f"could not write samples: {type(error).__name__}: {error}", flush=True)
         if time.time() - self.last_flush >= self.flush_every_s:
             self.flush()
         print(self._progress_line(record, state.max_steps), flush=True)

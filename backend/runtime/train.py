@@ -229,6 +229,7 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
         peft_config=lora_config(spec), callbacks=[callback],
     )
     trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; our progress line replaces it
+    callback.trainer = trainer                # the callback reads a few completions per step from it
     return trainer
 
 
