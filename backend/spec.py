@@ -33,6 +33,10 @@ REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_TIMEOUT_MIN = 7 * 24 * 60
 DEFAULT_MOUNT = "/bucket"
+# A bucket mounted over one of these would hide what the job needs to run (and /vllm-workspace is the pinned
+# image's working directory).
+SYSTEM_FOLDERS = frozenset({"/", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys",
+                            "/root", "/home", "/var", "/opt", "/boot", "/run", "/vllm-workspace"})
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
@@ -238,6 +242,10 @@ class RunSpec:
         need(isinstance(self.timeout_minutes, int) and 1 <= self.timeout_minutes <= MAX_TIMEOUT_MIN, "timeout_minutes",
              f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
         errs += _check_bucket(self.bucket, self.executor)
+        mount = os.path.normpath(self.mount_path or "")
+        need(mount not in SYSTEM_FOLDERS and not mount.startswith(("/proc/", "/dev/", "/sys/")), "mount_path",
+             f"{self.mount_path!r} would hide a system folder inside every job; use a folder of its own such as "
+             f"{DEFAULT_MOUNT}")
         need(self.mount_path.startswith("/") and self.mount_path != "/" and " " not in self.mount_path, "mount_path",
              "must be an absolute folder path such as /bucket")
         need(bool(re.fullmatch(r"[a-z0-9][a-z0-9-]*", self.flavor or "")), "flavor",

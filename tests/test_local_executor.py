@@ -17,7 +17,7 @@ from backend.store import FolderStore
 
 def _job(command, timeout_s=60, role="trainer", run_id="t1"):
     return JobSpec(run_id=run_id, role=role, image="local", command=command, flavor="local", timeout_s=timeout_s,
-                   volumes=(VolumeSpec("local/b", "/bucket"),), env={"OUT": "/bucket/out.txt"})
+                   volumes=(VolumeSpec("local/b", "/bucket"),), env={"OUT": f"/bucket/runs/{run_id}/out.txt"})
 
 
 @pytest.fixture
@@ -49,11 +49,12 @@ def test_tiny_demo_runs_for_real_and_writes_metrics_adapters_and_final(executor)
 
 
 def test_volume_mount_path_is_mapped_to_the_local_bucket_folder(executor):
-    job_id = executor.submit(_job(["bash", "-c", 'echo hello > "$OUT"; echo /bucket/x']))
+    os.makedirs(os.path.join(executor.bucket_root("local/b"), "runs", "t1"), exist_ok=True)
+    job_id = executor.submit(_job(["bash", "-c", 'echo hello > "$OUT"; echo /bucket/runs/t1/x']))
     assert executor.wait(job_id, 30).stage == "COMPLETED"
-    root = executor.bucket_root("local/b")
-    assert open(os.path.join(root, "out.txt")).read() == "hello\n"
-    assert executor.read_logs(job_id, 0)[0] == [f"{root}/x"]
+    run = os.path.join(executor.bucket_root("local/b"), "runs", "t1")
+    assert open(os.path.join(run, "out.txt")).read() == "hello\n"
+    assert executor.read_logs(job_id, 0)[0] == [f"{run}/x"]
 
 
 def test_cancel_stops_every_process_of_the_job(executor):
@@ -160,3 +161,24 @@ def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
 
 def _checkpoint_step(path):
     return int(path.rsplit("checkpoint-", 1)[1]) if path else 0
+
+
+def test_the_mount_path_maps_only_the_runs_own_folder_not_paths_that_start_the_same_way(tmp_path):
+    """With the bucket mounted at /srv, an interpreter living under /srv/... keeps its path; the run's folder
+    /srv/runs/<id> becomes the local folder standing for the bucket."""
+    import json as _json
+
+    from backend.jobspec import VolumeSpec
+
+    executor = LocalExecutor(str(tmp_path))
+    script = "import sys; print(sys.argv[1])"
+    job = JobSpec(run_id="r9", role="trainer", image="local", flavor="local", timeout_s=60,
+                  command=[sys.executable, "-c", script, "/srv/runs/r9/spec.json", "/srv/tools/python"],
+                  env={"PYTHONPATH": "/srv/runs/r9/code"}, volumes=(VolumeSpec("local/b", "/srv"),))
+    job_id = executor.submit(job)
+    executor.wait(job_id, 60)
+    record = _json.load(open(os.path.join(executor.jobs_dir, job_id, "job.json")))
+    local_run = os.path.join(executor.bucket_root("local/b"), "runs", "r9")
+    assert record["command"][3] == f"{local_run}/spec.json"
+    assert record["command"][4] == "/srv/tools/python", "a path that merely starts with the mount path stays"
+    assert executor.read_logs(job_id, 0)[0] == [f"{local_run}/spec.json"]

@@ -76,8 +76,12 @@ class LocalExecutor:
 
     # ---- submit
     def _map_volumes(self, job: JobSpec, text: str) -> str:
+        """The job's own run folder, named under its mount path in the recipe, as the local folder that stands for
+        the bucket. Only that folder is rewritten: a mount path such as /tmp must not rewrite the Python
+        interpreter's own path (/tmp/.../venv/bin/python), or any other path that merely starts the same way."""
         for vol in job.volumes:
-            text = text.replace(vol.mount_path.rstrip("/"), self.bucket_root(vol.bucket))
+            run_folder = f"{vol.mount_path.rstrip('/')}/runs/{job.run_id}"
+            text = text.replace(run_folder, f"{self.bucket_root(vol.bucket)}/runs/{job.run_id}")
         return text
 
     def submit(self, job: JobSpec, secrets: dict[str, str] | None = None) -> str:
