@@ -30,6 +30,9 @@ BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
 BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
 TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
 REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
+# Modules whose adapters vLLM cannot serve as a LoRA: TRL falls back to syncing merged weights (DoRA and
+# modules_to_save would too; the form offers neither).
+WHOLE_MODEL_TARGETS = frozenset({"lm_head", "embed_tokens", "wte", "embed_out", "word_embeddings"})
 LORA_TARGET_CHOICES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 MAX_TIMEOUT_MIN = 7 * 24 * 60
 DEFAULT_MOUNT = "/bucket"
@@ -229,6 +232,11 @@ class RunSpec:
                  f"(num_processes={self.num_processes}): one process per GPU, e.g. num_processes="
                  f"{self.vllm_tensor_parallel_size} for TP {self.vllm_tensor_parallel_size}")
         if self.mode == "distributed":
+            whole = sorted(set(self.lora_target_modules) & WHOLE_MODEL_TARGETS)
+            need(not whole, "lora_target_modules",
+                 f"a distributed run syncs only the adapter through the bucket, and an adapter on {', '.join(whole)} "
+                 "makes TRL merge and ship the whole model at every sync: target linear layers such as "
+                 f"{', '.join(LORA_TARGET_CHOICES[:4])}")
             need(1 <= self.replicas <= 16, "replicas", "a distributed run needs between 1 and 16 vLLM replicas")
             need(self.max_staleness >= 0, "max_staleness",
                  "must be >= 0 (0 means rollouts always use the newest policy)")

@@ -84,17 +84,21 @@ PRESETS: dict[str, dict] = {
         timeout_minutes=180),             # 500 steps x 8 x 1024 tokens on one A10G, with margin
     "Qwen2.5-1.5B math, distributed (HF Jobs, 2 vLLM replicas)": dict(
         MATH_TASK, name="qwen15b-math-async", mode="distributed", executor="hf_jobs",
-        model="Qwen/Qwen2.5-1.5B-Instruct", replicas=2, max_staleness=2, lora_r=32, lora_alpha=64,
+        model="Qwen/Qwen2.5-1.5B-Instruct", replicas=2, lora_r=32, lora_alpha=64,
         learning_rate=1e-5, max_steps=1000, max_completion_length=1024,
         # Long completions cost generation time for nothing (a cut answer scores 0): DAPO's soft overlong
         # punishment starts 256 tokens before the 1024-token cap and reaches -1 at it.
         rewards=["accuracy_reward", "think_format_reward", "soft_overlong_punishment_reward"],
         overlong_cache_tokens=256,
         reward_weights="accuracy_reward=1, think_format_reward=0.2, soft_overlong_punishment_reward=0.5",
-        max_tokens_per_batch=32768,       # 32 completions of 1024 tokens per optimizer step
-        gradient_checkpointing=True,      # 1.5B with long sequences: trade compute for activation memory
-        max_inflight_tasks=64, queue_maxsize=512,   # keep both replicas busy; queue ~ max_staleness x a few batches
-        adapter_every=1,                  # adapter-only sync every step keeps staleness low
+        # As the published async GRPO + LoRA study tuned it (3.9x faster than its first setting):
+        max_tokens_per_batch=32768,       # token-budget packing: 32 completions of 1024 tokens per optimizer step
+        gradient_checkpointing=False,     # a rank-32 LoRA on 1.5B fits an A100-80GB without it; it recomputes forwards
+        max_inflight_tasks=128,           # raise in-flight requests before adding replicas: keeps both replicas full
+        max_staleness=4,                  # the trainer may use rollouts up to 4 versions old ...
+        adapter_every=4,                  # ... since it syncs every 4 steps: across a bucket a sync costs seconds,
+                                          # so syncing every step would double the step time
+        queue_maxsize=512,                # the queue holds the staleness window: max_staleness x 128 samples
         checkpoint_every=100, flavor="a100-large", vllm_flavor="l40sx1", timeout_minutes=240),
 }
 

@@ -86,3 +86,17 @@ def test_spec_round_trips_through_json():
     spec = RunSpec(name="x", lora_r=4, model=BUILTIN_MODEL)
     again = RunSpec.from_dict(json.loads(spec.to_json()))
     assert again == spec
+
+
+def test_a_distributed_run_refuses_an_adapter_that_would_ship_the_whole_model_at_every_sync():
+    errors = RunSpec(mode="distributed", lora_target_modules=["q_proj", "lm_head"]).validate()
+    [error] = [e for e in errors if e.field == "lora_target_modules"]
+    assert "lm_head" in error.message and "whole model" in error.message
+    assert not [e for e in RunSpec(lora_target_modules=["q_proj", "lm_head"]).validate()
+                if e.field == "lora_target_modules"], "colocated runs merge anyway: allowed there"
+
+
+def test_a_mount_path_that_would_hide_a_system_folder_is_refused():
+    for mount in ("/tmp", "/usr", "/", "/proc/self"):
+        assert [e for e in RunSpec(mount_path=mount).validate() if e.field == "mount_path"], mount
+    assert not [e for e in RunSpec(mount_path="/data/bucket").validate() if e.field == "mount_path"]
