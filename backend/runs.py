@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.executors.base import Executor
-from backend.jobspec import TERMINAL_STAGES
+from backend.jobspec import TERMINAL_STAGES, JobRecord
 from backend.launch import LaunchedRun, LaunchError, launch_run
 from backend.runtime import layout
 from backend.runtime.layout import atomic_write_bytes
@@ -63,6 +63,7 @@ class RunRegistry:
         self.list_every_s = list_every_s    # a remote job list is an API call: ask at most this often
         self._views: dict[str, RunView] = {}
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
+        self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
@@ -78,7 +79,9 @@ class RunRegistry:
         if max_age and time.time() - listed_at < max_age:
             return cached
         runs: dict[str, dict] = {}
+        records: dict[str, list[JobRecord]] = {}
         for rec in self.executor.list_jobs():
+            records.setdefault(rec.run_id, []).append(rec)
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
                                                "jobs": {}, "stages": {}})
             run["jobs"].setdefault(rec.role, rec.job_id)
@@ -86,8 +89,13 @@ class RunRegistry:
             run["created_at"] = min(run["created_at"], rec.created_at)
         summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
                            key=lambda r: r.created_at, reverse=True)
-        self._listed = (time.time(), summaries)
+        self._listed, self._records = (time.time(), summaries), records
         return summaries
+
+    def job_records(self, run_id: str) -> list[JobRecord]:
+        """Every job of the run (each launch and resume) as the last listing saw it, newest first."""
+        self.list_runs()
+        return list(self._records.get(run_id, []))
 
     def forget_listing(self) -> None:
         self._listed = (0.0, [])
