@@ -8,6 +8,7 @@ from a spec that does not validate.
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import secrets as _secrets
@@ -119,6 +120,9 @@ class RunSpec:
     # Hardware and storage
     flavor: str = field(default="cpu-basic", metadata={"help": "the trainer's hardware (HF Jobs flavor)"})
     timeout_minutes: int = 30
+    budget_usd: float = field(default=0.0, metadata={
+        "help": "HF Jobs: once the run's spend, or its projected total at max_steps, reaches this many USD, the panel "
+                "cancels every job of the run; 0: no cap"})
     bucket: str = "local/grpo-runs"
     mount_path: str = DEFAULT_MOUNT
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
@@ -224,6 +228,10 @@ class RunSpec:
                  "the token budget must hold at least one completion (>= max_completion_length)")
         need(isinstance(self.timeout_minutes, int) and 1 <= self.timeout_minutes <= MAX_TIMEOUT_MIN, "timeout_minutes",
              f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
+        need(math.isfinite(self.budget_usd) and self.budget_usd >= 0, "budget_usd",
+             "must be 0 (no cap) or a positive amount in USD, e.g. 5")
+        need(self.executor != "local" or not self.budget_usd > 0, "budget_usd",
+             "local runs cost nothing: leave it 0, or run on hf_jobs")
         errs += _check_bucket(self.bucket, self.executor)
         need(self.mount_path.startswith("/") and self.mount_path != "/" and " " not in self.mount_path, "mount_path",
              "must be an absolute folder path such as /bucket")

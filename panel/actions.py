@@ -21,6 +21,7 @@ from backend.access import (
     no_token_reason,
     token_lifetime_problem,
 )
+from backend.budget import BudgetEnforcer, BudgetStop, SpendWatch
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, hardware_problems, list_flavors
 from backend.launch import LaunchError
@@ -74,6 +75,8 @@ class Panel:
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
+        self.spend = SpendWatch()
+        self._enforcer = BudgetEnforcer(self.enforce_budgets, self.settings.budget_check_s).start()
         self._final_zips: dict[str, str] = {}
         # Files built for download (final adapters, full logs) live here under stable names, one per run (and
         # role), replaced on each build: a long-lived Space does not collect a temp folder per click.
@@ -84,7 +87,7 @@ class Panel:
         return self.runs.local
 
     # ---- who may do what
-    def _control_token(self, registry_or_executor: str, namespace: str | None, visitor: Visitor) -> str | None:
+    def control_token(self, registry_or_executor: str, namespace: str | None, visitor: Visitor) -> str | None:
         """The token to act with on `namespace`; raises Refused with a reason the visitor can act on."""
         if registry_or_executor == "local":
             if not local_runtime_installed():
@@ -168,6 +171,10 @@ class Panel:
                   f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
         if spec.executor == "hf_jobs":
             lines.append(self._cost_line(jobs, visitor) + f" Review code **`{spec.fingerprint()}`**.")
+            if spec.budget_usd:
+                from panel.spend_view import budget_line
+
+                lines.append(budget_line(spec))
             expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60)
             if expiry:
                 lines.append(f"⚠️ Not launchable as it is: {expiry}")
@@ -213,7 +220,7 @@ class Panel:
             return LaunchResult(f"**Not launched.** {no_token_reason(self.settings)}")
         try:
             spec = self.build_spec(values, run_id, visitor)
-            token = self._control_token(spec.executor, spec.bucket_namespace, visitor)
+            token = self.control_token(spec.executor, spec.bucket_namespace, visitor)
             if spec.executor == "hf_jobs":
                 expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60)
                 if expiry:
@@ -248,14 +255,24 @@ class Panel:
 
     # ---- runs
     def runs_table(self, visitor: Visitor | str | None = None) -> list[list]:
-        """Rows: run id, executor, stage per job, created."""
+        """Rows: run id, executor, stage per job, created, cost (spend or time, projection, budget)."""
         rows = []
         for registry in self.runs.registries(as_visitor(visitor)):
             for run in registry.list_runs():
                 stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
                 created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-                rows.append([run.run_id, registry.executor.name, stages, created])
+                rows.append([run.run_id, registry.executor.name, stages, created, self._cost_cell(registry, run)])
         return rows
+
+    def _cost_cell(self, registry: RunRegistry, run) -> str:
+        from panel.spend_view import cost_cell
+
+        try:
+            cost, spec = self.spend.cost(registry, run.run_id)
+        except Exception as exc:   # a failing price list or bucket must not break the runs list
+            log.debug("no cost for run %s: %s", run.run_id, exc)
+            return "-"
+        return cost_cell(cost, float(spec.get("budget_usd") or 0.0))
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
         """A line above the runs list when the visitor can see no Hub runs, saying why."""
@@ -270,7 +287,7 @@ class Panel:
     def _registry_for_control(self, run_id: str, visitor: Visitor) -> tuple[RunRegistry, str | None]:
         registry = self.runs.find(run_id, visitor)
         namespace = getattr(registry.executor, "namespace", None)
-        return registry, self._control_token(registry.executor.name, namespace, visitor)
+        return registry, self.control_token(registry.executor.name, namespace, visitor)
 
     def cancel(self, run_id: str, visitor: Visitor | str | None = None) -> str:
         """Cancel every job of the run, found through the executor (its labels), not the bucket."""
@@ -342,7 +359,20 @@ class Panel:
         atomic_write_bytes(path, ("\n".join(redact_tokens(line) for line in lines) + "\n").encode())
         return path
 
+    def enforce_budgets(self) -> list[BudgetStop]:
+        """Check the budget cap of every live run this process can reach (the host's runs, the runs of visitors
+        seen lately) and stop those that reached it. Safe to run from several processes at once."""
+        stops = []
+        regs = {id(r): r for r in [*self.runs.registries(ANONYMOUS), *self.runs.held()]}
+        for registry in regs.values():
+            try:
+                stops += self.spend.enforce(registry)
+            except Exception as exc:   # one namespace failing must not stop the others' caps
+                log.warning("budget check failed for %s runs: %s", registry.executor.name, redact_tokens(str(exc)))
+        return stops
+
     def shutdown(self) -> None:
+        self._enforcer.stop()
         self.runs.shutdown()
         self.local.shutdown()
 
