@@ -7,8 +7,9 @@ Gradio fills only when it can match them positionally (never after `*args`), rea
 import gradio as gr
 
 from backend.access import Visitor
+from backend.compare import X_AXES
 from backend.spec import BUILTIN_MODEL, LORA_TARGET_CHOICES, RunSpec
-from panel import dashboard
+from panel import compare_view, dashboard, publish_view, spend_view
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
 from panel.task_form import TaskSection
@@ -111,6 +112,8 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
         f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["flavor"], allow_custom_value=True,
                                   label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
         f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)", initial)
+        f["budget_usd"] = _field("budget_usd", "Budget cap (USD)", initial,
+                                 info="HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none")
         f["bucket"] = _field("bucket", "Bucket (namespace/name)", initial,
                              info="HF Jobs: your namespace's bucket, created (private) on first launch")
         f["mount_path"] = _field("mount_path", "Mount path in every job", initial)
@@ -154,10 +157,14 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm",
                                                  scale=1)
                     resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
-                runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created"], interactive=False,
+                runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created", "cost"], interactive=False,
                                           elem_id="runs-table")
+                spend_view.build_orphans(panel, visitor_of)
                 action_msg = gr.Markdown(elem_id="action-msg")
                 status = gr.Markdown(elem_id="run-status")
+                with gr.Row():
+                    cost_md = gr.Markdown(elem_id="run-cost")
+                    x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis")
                 with gr.Row():
                     reward_plot = gr.Plot(elem_id="reward-plot")
                     staleness_plot = gr.Plot(elem_id="staleness-plot")
@@ -175,11 +182,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
                                         interactive=False, label="vLLM replicas (distributed runs)",
                                         elem_id="replicas-table")
                 final_btn = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
+                push = publish_view.build(panel)
                 with gr.Row():
                     log_role = gr.Dropdown(["trainer"], value="trainer", label="Job", elem_id="log-role", scale=1)
                     log_query = gr.Textbox(label="Search the log", elem_id="log-query", scale=3)
                     log_btn = gr.DownloadButton("Download full log", elem_id="log-btn", scale=1)
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
+            compare = compare_view.build(panel, visitor_of)
         timer = gr.Timer(TICK_S)
         drawn = gr.State(None)      # (run_id, RunView.version) this browser session last drew
         listed = gr.State(None)     # the runs table this browser session last received
@@ -222,45 +231,61 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     run_pick: gr.update(choices=_run_choices(panel, visitor_of(oauth_token, profile)),
                                         value=result.run_id)}
 
-        def draw(view, role, query, visitor) -> list:
+        def draw(view, role, query, visitor, x="step") -> list:
             frame = dashboard.build_frame(view)
+            if x != "step":
+                registry = panel.runs.find(view.run_id, visitor)
+                spend_view.apply_x_axis(frame, view, x, spend_view.cost_at(panel, registry, view.run_id))
             final = panel.final_adapter(view.run_id, visitor) if view.final_files else None
             roles = sorted(view.jobs)
             return [*(getattr(frame, key) for key in dash), dashboard.log_text(view, role, query),
                     gr.update(value=final, interactive=final is not None),
                     gr.update(choices=roles, value=role if role in roles else "trainer"), (view.run_id, view.version)]
 
-        def on_tick(run_id, role, query, last, last_rows, oauth_token: gr.OAuthToken | None,
+        def cost_line(view, visitor) -> str:
+            try:
+                cost, spec, _ = spend_view.run_cost(panel, view.run_id, visitor, view)
+            except Exception:   # a failing price list or listing must not break the dashboard
+                return ""
+            return spend_view.cost_markdown(cost, float(spec.get("budget_usd") or 0.0), view.events)
+
+        def on_tick(run_id, role, query, last, last_rows, x, oauth_token: gr.OAuthToken | None,
                     profile: gr.OAuthProfile | None):
             visitor = visitor_of(oauth_token, profile)
             rows = panel.runs_table(visitor)
             # Re-send the runs table only when it changed: a re-render resets the table for the visitor.
-            head = [gr.skip(), gr.skip(), last_rows] if rows == last_rows else [
-                rows, gr.update(choices=[r[0] for r in rows]), rows]
+            choices = [r[0] for r in rows]
+            head = [gr.skip(), gr.skip(), last_rows, gr.skip()] if rows == last_rows else [
+                rows, gr.update(choices=choices), rows, gr.update(choices=choices)]
             head.append(panel.runs_hint(visitor))
             skip = [gr.skip()] * (len(frame_outputs) - 1)
             if not run_id:
-                return [*head, *skip, last]
+                return [*head, gr.skip(), *skip, last]
             try:
                 view = panel.view(run_id, visitor)
             except KeyError:
-                return [*head, *skip, None]     # signed out, or not this visitor's run
+                return [*head, "", *skip, None]     # signed out, or not this visitor's run
             view.refresh()
+            head.append(cost_line(view, visitor))     # time passes: spend and ETA change without new records
             if last == (run_id, view.version):
                 return [*head, *skip, last]    # nothing new since this session last drew
-            return [*head, *draw(view, role, query, visitor)]
+            return [*head, *draw(view, role, query, visitor, x)]
 
-        def on_select(run_id, role, query, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+        def on_select(run_id, role, query, x, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             untick = [False, None]
             if not run_id:
-                return [*[gr.skip()] * (len(frame_outputs) - 1), None, *untick]
+                return [gr.skip(), *[gr.skip()] * (len(frame_outputs) - 1), None, *untick, gr.skip()]
             visitor = visitor_of(oauth_token, profile)
             try:
                 view = panel.view(run_id, visitor)
             except KeyError as exc:
-                return [exc.args[0], *[gr.skip()] * (len(frame_outputs) - 2), None, *untick]
+                return ["", exc.args[0], *[gr.skip()] * (len(frame_outputs) - 2), None, *untick, gr.skip()]
             view.refresh()
-            return [*draw(view, role, query, visitor), *untick]
+            return [cost_line(view, visitor), *draw(view, role, query, visitor, x), *untick,
+                    publish_view.suggested_repo_id(panel, run_id, visitor)]
+
+        def on_push(run_id, repo_id, private, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            return publish_view.push(panel, run_id, repo_id, private, visitor_of(oauth_token, profile))
 
         def on_log_filter(run_id, role, query, oauth_token: gr.OAuthToken | None):
             try:
@@ -306,9 +331,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
         gr.on([c.change for c in inputs], lambda: False, None, confirm, show_progress="hidden")
         preview_btn.click(on_preview, {*inputs}, [launch_msg, reviewed, confirm])
         launch_btn.click(on_launch, {*inputs, confirm, reviewed}, [launch_msg, reviewed, confirm, tabs, run_pick])
-        tick_outputs = [runs_table, run_pick, listed, runs_hint, *frame_outputs]
-        timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed], tick_outputs, show_progress="hidden")
-        run_pick.change(on_select, [run_pick, log_role, log_query], [*frame_outputs, resume_confirm, resume_reviewed])
+        tick_outputs = [runs_table, run_pick, listed, compare["picks"], runs_hint, cost_md, *frame_outputs]
+        timer.tick(on_tick, [run_pick, log_role, log_query, drawn, listed, x_axis], tick_outputs,
+                   show_progress="hidden")
+        select_outputs = [cost_md, *frame_outputs, resume_confirm, resume_reviewed, push["repo"]]
+        run_pick.change(on_select, [run_pick, log_role, log_query, x_axis], select_outputs)
+        x_axis.change(on_select, [run_pick, log_role, log_query, x_axis], select_outputs)
+        push["button"].click(on_push, [run_pick, push["repo"], push["private"]], push["message"])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_btn.click(on_full_log, [run_pick, log_role], log_btn)
