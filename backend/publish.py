@@ -32,7 +32,7 @@ class RunFacts:
     final_reward: float | None
     last_rewards_mean: float | None      # mean reward of the last logged steps
     reward_parts: dict[str, float]       # rewards/<name> at the last step
-    bucket_path: str                     # where the run's files are: hf://buckets/... or the local bucket name
+    bucket_path: str                     # where the run's files are (Markdown): hf://buckets/... or a local bucket
     trainer_url: str | None = None       # the trainer job on the Hub
     panel_url: str | None = None         # the Space the run was launched from
 
@@ -55,8 +55,8 @@ def run_facts(view, bucket: str, executor: str, trainer_url: str | None = None,
     rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), (int, float))]
     final = rows[-1] if rows else {}
     parts = {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("rewards/") and isinstance(v, float)}
-    where = f"hf://buckets/{bucket}/runs/{view.run_id}" if executor == "hf_jobs" else (
-        f"the local bucket {bucket}, runs/{view.run_id}")
+    where = (f"`hf://buckets/{bucket}/runs/{view.run_id}`" if executor == "hf_jobs"
+             else f"`runs/{view.run_id}` in the panel's local bucket `{bucket}`")
     return RunFacts(view.run_id, executor, final.get("step"), rewards[-1] if rewards else None,
                     sum(rewards) / len(rewards) if rewards else None, parts, where, trainer_url, panel_url)
 
@@ -72,11 +72,11 @@ def model_card(spec: dict, facts: RunFacts, repo_id: str) -> str:
                ("final reward (last logged step)", _num(facts.final_reward)),
                ("mean reward, last logged steps", _num(facts.last_rewards_mean))]
     results += [(f"reward `{k}` (last step)", _num(v)) for k, v in sorted(facts.reward_parts.items())]
-    origin = [f"- The run's files (spec.json, metrics, events, code): {_code(facts.bucket_path)}"]
+    origin = [f"- The run's files (spec.json, metrics, events, code): {facts.bucket_path}"]
     origin += [f"- Trainer job: {facts.trainer_url}"] if facts.trainer_url else []
     origin += [f"- Launched from the panel: {facts.panel_url}"] if facts.panel_url else []
     lines = [*_front_matter(spec, hub_base), "", f"# {repo_id.split('/', 1)[1]}", "", intro, "",
-             "## Results", "", *_table(("", ""), results), "",
+             "## Results", "", *_table(("result", "value"), results), "",
              "## Training", "", *_table(("setting", "value"), _settings(spec)), "",
              "## Use it", "", *_usage(spec, repo_id, hub_base), "",
              "## Where it comes from", "", *origin]
@@ -133,10 +133,11 @@ def _settings(spec: dict) -> list[tuple[str, str]]:
             f"{spec.get('per_device_batch_size')} per device x {spec.get('num_processes')} process(es), "
             f"{spec.get('num_generations')} generations per prompt, max completion {spec.get('max_completion_length')} "
             f"tokens, temperature {spec.get('temperature')}, KL beta {spec.get('beta')}, seed {spec.get('seed')}")
-    rows = [("Base model", spec.get("model")), ("Dataset", dataset),
-            ("Config / split", f"{spec.get('dataset_config') or '(first)'} / {spec.get('dataset_split')}"),
-            ("Prompt column", spec.get("prompt_column")), ("Rewards", ", ".join(rewards)),
-            ("LoRA", lora), ("GRPO", grpo)]
+    rows = [("Base model", spec.get("model")), ("Dataset", dataset)]
+    if HUB_ID.match(str(spec.get("dataset") or "")):
+        rows.append(("Config / split", f"{spec.get('dataset_config') or '(first)'} / {spec.get('dataset_split')}"))
+    rows += [("Prompt column", spec.get("prompt_column")), ("Rewards", ", ".join(rewards)), ("LoRA", lora),
+             ("GRPO", grpo)]
     if spec.get("system_prompt"):
         rows.append(("System prompt", spec["system_prompt"]))
     if spec.get("mode") == "distributed":

@@ -27,9 +27,12 @@ def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
     if not namespace:
         return ""
     try:
-        name = str(panel.view(run_id, visitor).spec.get("name") or "grpo")
+        view = panel.view(run_id, visitor)
     except KeyError:
         return ""
+    if not view.spec:
+        view.refresh()
+    name = str(view.spec.get("name") or "grpo")
     return default_repo_id(namespace, name)
 
 
