@@ -82,7 +82,7 @@ def _default(f: dataclasses.Field):
 def _shown(value) -> str:
     if isinstance(value, str) and "\n" in value:
         digest = hashlib.sha256(value.encode()).hexdigest()[:8]
-        return f"{value.count(chr(10)) + 1} lines (sha256 {digest})"
+        return f"{len(value.splitlines())} lines (sha256 {digest})"
     if isinstance(value, list):
         return ", ".join(map(str, value))
     if isinstance(value, dict):

@@ -11,6 +11,7 @@ from panel import spend_view
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 X_TITLES = {"step": "step", "wall time": "wall time (s)", "dollars": "dollars spent"}
+NOT_LOGGED = {"ratio": "not logged: only async (distributed) runs log the importance ratio"}
 
 
 def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[str, go.Figure], pd.DataFrame, str]:
@@ -44,7 +45,7 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
                                                line=dict(color=COLORS[i % len(COLORS)])))
     for name, figure in figures.items():
         if not figure.data:
-            _note(figure, "nothing logged" if runs else "pick runs to compare")
+            _note(figure, NOT_LOGGED.get(name, "not logged by these runs") if runs else "pick runs to compare")
     diff = config_diff({run_id: view.spec for run_id, view, _ in runs}) if len(runs) >= 2 else []
     note = "; ".join(notes) if notes else f"{len(runs)} runs; {len(diff)} setting(s) differ."
     table = pd.DataFrame(diff, columns=["setting", *(run_id for run_id, _, _ in runs)] if len(runs) >= 2
@@ -68,6 +69,8 @@ def _figure(title: str, x: str) -> go.Figure:
 
 def _note(fig: go.Figure, text: str) -> None:
     fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(color="#888"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
 
 
 def build(panel, visitor_of) -> dict:
