@@ -130,7 +130,9 @@ class SpendWatch:
         bucket = next((r.bucket for r in records if r.bucket), None)
         with self._lock:
             watched = self._runs.setdefault((bucket or "", run_id), _Watched())
-        if watched.spec is None and bucket:
+        # A run that is over needs no cap: its spec is read only while it runs (a long runs list costs no reads).
+        live = any(r.stage not in TERMINAL_STAGES for r in records)
+        if watched.spec is None and bucket and live:
             with watched.lock:
                 try:
                     data = json.loads(registry.store_for(bucket).read_bytes(

@@ -93,8 +93,10 @@ class RunRegistry:
         return summaries
 
     def job_records(self, run_id: str) -> list[JobRecord]:
-        """Every job of the run (each launch and resume) as the last listing saw it, newest first."""
-        self.list_runs()
+        """Every job of the run (each launch and resume) as a listing at most a few seconds old saw it (the runs
+        list asks this for every run it shows: one listing serves them all), newest first."""
+        if time.time() - self._listed[0] > FRESH_LIST_AGE_S:
+            self.list_runs()
         return list(self._records.get(run_id, []))
 
     def forget_listing(self) -> None:
