@@ -18,7 +18,7 @@ from backend.cost import RATE_POINTS, RunCost, format_duration, format_usd, hour
 from backend.jobspec import TERMINAL_STAGES, JobRecord
 from backend.observers import FragmentCursor, read_new_records
 from backend.runtime import layout
-from backend.runtime.redact import redact_record
+from backend.runtime.redact import redact_record, redact_tokens
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +108,24 @@ class SpendWatch:
             cost, spec = self.cost(registry, run.run_id)
             budget = float(spec.get("budget_usd") or 0.0)
             reason = budget_reason(cost, budget)
-            if reason:
+            if not reason:
+                continue
+            try:
                 stops.append(self.stop(registry, run.run_id, run.bucket, reason, cost, budget))
+            except Exception as exc:   # e.g. a read-only token: the other runs' caps are still checked
+                log.warning("run %s reached its budget cap (%s) but could not be stopped with this token: %s",
+                            run.run_id, reason, redact_tokens(str(exc)))
         return stops
+
+    def resume_problem(self, registry, run_id: str, budget_usd: float) -> str | None:
+        """Why resuming would be pointless: the run already spent its cap, so its new jobs would be cancelled."""
+        if not budget_usd:
+            return None
+        cost, _ = self.cost(registry, run_id)
+        if cost.billed and (cost.spent_usd or 0.0) >= budget_usd:
+            return (f"run {run_id} has already spent {format_usd(cost.spent_usd)} of its budget cap "
+                    f"{format_usd(budget_usd)}: the panel would cancel the resumed jobs at once")
+        return None
 
     def stop(self, registry, run_id: str, bucket: str, reason: str, cost: RunCost, budget: float) -> BudgetStop:
         cancelled = registry.cancel(run_id)

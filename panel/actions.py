@@ -254,14 +254,15 @@ class Panel:
                             spec.run_id)
 
     # ---- runs
-    def runs_table(self, visitor: Visitor | str | None = None) -> list[list]:
-        """Rows: run id, executor, stage per job, created, cost (spend or time, projection, budget)."""
+    def runs_table(self, visitor: Visitor | str | None = None, with_cost: bool = True) -> list[list]:
+        """Rows: run id, executor, stage per job, created, cost (spend or time, projection, budget; '' without)."""
         rows = []
         for registry in self.runs.registries(as_visitor(visitor)):
             for run in registry.list_runs():
                 stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
                 created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-                rows.append([run.run_id, registry.executor.name, stages, created, self._cost_cell(registry, run)])
+                cost = self._cost_cell(registry, run) if with_cost else ""
+                rows.append([run.run_id, registry.executor.name, stages, created, cost])
         return rows
 
     def _cost_cell(self, registry: RunRegistry, run) -> str:
@@ -308,7 +309,7 @@ class Panel:
         visitor = as_visitor(visitor)
         try:
             registry, _ = self._registry_for_control(run_id, visitor)
-            plan = registry.resume_plan(run_id)
+            plan = self._resume_plan(registry, run_id)
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return Preview(f"**Cannot resume.** {_reason(exc)}")
         jobs = recipe.preview_jobs(plan.spec)
@@ -318,12 +319,19 @@ class Panel:
             lines.append(self._cost_line(jobs, visitor) + f" Review code **`{plan.fingerprint()}`**.")
         return Preview(redact_tokens("\n\n".join(lines)), plan.fingerprint(), run_id)
 
+    def _resume_plan(self, registry: RunRegistry, run_id: str):
+        plan = registry.resume_plan(run_id)
+        problem = self.spend.resume_problem(registry, run_id, plan.spec.budget_usd)
+        if problem:
+            raise LaunchError(problem)
+        return plan
+
     def resume(self, run_id: str, visitor: Visitor | str | None = None, confirmed: str | None = None) -> str:
         """Relaunch a stopped run's jobs; on HF Jobs only once the visitor reviewed exactly this resume."""
         visitor = as_visitor(visitor)
         try:
             registry, token = self._registry_for_control(run_id, visitor)
-            plan = registry.resume_plan(run_id)
+            plan = self._resume_plan(registry, run_id)
             if plan.spec.executor == "hf_jobs":
                 expiry = token_lifetime_problem(visitor, plan.spec.timeout_minutes * 60)
                 if expiry:

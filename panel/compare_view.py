@@ -77,8 +77,9 @@ def build(panel, visitor_of) -> dict:
     """The Compare tab's components and its handler; `visitor_of` turns Gradio's OAuth values into a Visitor."""
     with gr.Tab("Compare", id="compare"):
         with gr.Row():
+            # Custom values: a picked run that a later listing lacks must not make every compare fail.
             picks = gr.Dropdown([], multiselect=True, label="Runs to compare (two or more)", elem_id="compare-pick",
-                                scale=4)
+                                scale=4, allow_custom_value=True)
             x_axis = gr.Radio(list(X_AXES), value="step", label="x axis", elem_id="compare-x", scale=2)
             button = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
         note = gr.Markdown(elem_id="compare-note")

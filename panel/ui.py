@@ -152,7 +152,9 @@ def build_ui(panel: Panel) -> gr.Blocks:
             with gr.Tab("Runs", id="runs"):
                 runs_hint = gr.Markdown(elem_id="runs-hint")
                 with gr.Row():
-                    run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3)
+                    # A timer tick that listed the runs just before a launch may send choices without the new run
+                    # after the launch selected it: a custom value keeps every later event from being refused.
+                    run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3, allow_custom_value=True)
                     cancel_btn = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
                     resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm",
                                                  scale=1)
@@ -352,4 +354,4 @@ def build_ui(panel: Panel) -> gr.Blocks:
 
 
 def _run_choices(panel: Panel, visitor: Visitor) -> list[str]:
-    return [r[0] for r in panel.runs_table(visitor)]
+    return [r[0] for r in panel.runs_table(visitor, with_cost=False)]

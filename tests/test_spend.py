@@ -183,6 +183,10 @@ def test_the_cap_cancels_every_job_of_a_distributed_run_and_survives_a_panel_res
     again = late.spend.stop(registry, run_id, "alice/grpo-runs", "late", cost, 0.5)
     assert again.cancelled == [] and len([r for r in hub.requests if r.path.endswith("/cancel")]) == cancels
     assert [p for p in files if "panel-budget-" in p] == [event_path], "the event is written once"
+    posts = len(hub.job_posts())
+    for answer in (restarted.resume_preview(run_id).markdown, restarted.resume(run_id, confirmed="any")):
+        assert "has already spent $0.506 of its budget cap $0.50" in answer, answer
+    assert len(hub.job_posts()) == posts, "a capped run is not resumed into an instant cancel"
 
 
 def test_a_projection_past_the_cap_stops_the_run_before_it_spends_it(hub, make_panel, clock):
