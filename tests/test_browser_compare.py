@@ -120,3 +120,13 @@ def test_two_local_runs_with_different_learning_rates_are_overlaid_with_their_se
                            " return el && el.layout.xaxis.title.text === 'wall time (s)'; }", timeout=30000)
     for trace in _traces(page, "compare-reward"):
         assert trace["x"][0] == 0 and trace["x"] == sorted(trace["x"]) and trace["x"][-1] > 0, trace
+
+    # The single-run dashboard's charts follow the x-axis choice too (a local run has no dollars: wall time).
+    page.get_by_role("tab", name="Runs").click()
+    wait_for_text(page, "run-status", re.escape(slow))
+    for choice, title in (("wall time", "wall time (s)"), ("dollars", "wall time (s) (local runs cost nothing)")):
+        page.locator(f"#x-axis input[value='{choice}']").check()
+        page.wait_for_function("(t) => { const el = document.querySelector('#reward-plot .js-plotly-plot');"
+                               " return el && el.layout.xaxis.title.text === t; }", arg=title, timeout=30000)
+    mean = next(t for t in _traces(page, "reward-plot") if t["name"] == "mean reward")
+    assert mean["x"][0] == 0 and len(mean["x"]) == STEPS and mean["x"][-1] > 0, mean
