@@ -46,7 +46,7 @@ def space(hub, tmp_path_factory):
     env = {"SPACE_ID": "alice/grpo-panel", "SYSTEM": "spaces", "SPACE_AUTHOR_NAME": "alice",
            "OAUTH_CLIENT_ID": "fake-client", "OAUTH_CLIENT_SECRET": CLIENT_SECRET,
            "OAUTH_SCOPES": "openid profile jobs", "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url,
-           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url, "GRPO_PANEL_BUDGET_CHECK_S": "1"}
+           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url, "GRPO_PANEL_BUDGET_CHECK_S": "2"}
     with running_panel("tests/space_app.py", env, home, unset=("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
         yield url, home
 
@@ -76,6 +76,13 @@ def visit(browser, space, request):
         page = context.new_page()
         page.goto(url)
         page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        if token:
+            # The page's load event fills in the visitor's own bucket, and any change to the form unticks a review:
+            # a visitor who clicks before it has answered loses the tick (on a busy machine, seconds after the page
+            # shows), so the clicks start once it has.
+            _open_hardware(page)
+            page.wait_for_function("() => { const b = document.querySelector('#f-bucket textarea, #f-bucket input');"
+                                   " return b && b.value.endsWith('/grpo-runs'); }", timeout=60000)
         return page
 
     yield open_page
@@ -87,6 +94,13 @@ def visit(browser, space, request):
         print(f"--- panel log tail:\n{tail(home / 'app.log')}")
     for context in contexts:
         context.close()
+
+
+def _open_hardware(page) -> None:
+    """Open the form's "Hardware and storage" section unless it is open (a click on an open one closes it)."""
+    if not page.locator("#f-bucket textarea, #f-bucket input").first.is_visible():
+        page.get_by_text("Hardware and storage", exact=True).click()
+        page.locator("#f-bucket textarea, #f-bucket input").first.wait_for(state="visible", timeout=10000)
 
 
 def _textbox(page, name: str):
@@ -132,7 +146,7 @@ def test_a_signed_in_newcomer_launches_on_hf_jobs_in_three_clicks(visit, hub):
 
 def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothing(visit, hub):
     alice = visit(ALICE, "alice")
-    alice.get_by_text("Hardware and storage", exact=True).click()
+    _open_hardware(alice)
     _textbox(alice, "bucket").fill("acme/grpo-runs")
     _textbox(alice, "bucket").press("Tab")
     run_id = _run_id(_launch_reviewed(alice)[1])
@@ -224,7 +238,7 @@ def test_a_signed_in_visitor_pushes_a_finished_runs_adapter_and_others_are_refus
 
 def test_the_budget_cap_stops_a_run_in_the_background_and_the_visitor_is_told(visit, hub):
     alice = visit(ALICE, "alice")
-    alice.get_by_text("Hardware and storage", exact=True).click()
+    _open_hardware(alice)
     _textbox(alice, "budget_usd").fill("0.5")
     _textbox(alice, "budget_usd").press("Tab")
     preview, message = _launch_reviewed(alice)
