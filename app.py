@@ -8,7 +8,8 @@ Face Jobs, SPACE_ID (set by Spaces: OAuth sign-in, every visitor acts with their
 GRPO_PANEL_LOCAL_RUNS=on|off|owner (default: on here, off on a Space), GRPO_PANEL_AUTH=user:password (a panel
 login), GRPO_PANEL_ALLOW_HOST_TOKEN=1 (let visitors of a panel reachable from other machines use this
 machine's token), GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder),
-GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datasets-server.huggingface.co).
+GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datasets-server.huggingface.co),
+GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 0: never).
 """
 
 import atexit

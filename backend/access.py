@@ -68,6 +68,8 @@ class Deployment:
     datasets_server: str = field(default_factory=lambda: os.environ.get("GRPO_PANEL_DATASETS_SERVER")
                                  or _hub_constants().DATASETS_SERVER_ENDPOINT)
     task_check_timeout_s: float = 15.0   # per reward function, on the sample completions
+    # How often this process checks the budget caps of the runs it can reach (0: never; tests call it directly).
+    budget_check_s: float = field(default_factory=lambda: float(os.environ.get("GRPO_PANEL_BUDGET_CHECK_S") or 30.0))
 
     def __post_init__(self):
         self.host = self.host or _default_host(self.on_space)

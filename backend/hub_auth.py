@@ -27,6 +27,12 @@ def whoami_name(token: str) -> str:
     return _whoami(token)["name"]
 
 
+def writable_namespaces(token: str) -> list[str]:
+    """The namespaces this token may create repos and run jobs in: its user and the orgs it may write to."""
+    info = _whoami(token)
+    return sorted({info["name"], *(o["name"] for o in info.get("orgs", []) if o.get("roleInOrg") != "read")})
+
+
 def can_control(namespace: str, token: str | None, on_space: bool) -> tuple[bool, str]:
     """Whether this token may launch or cancel runs in `namespace`, and if not, a reason a user can act on."""
     if token is None:

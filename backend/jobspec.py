@@ -89,3 +89,9 @@ class JobRecord:
     url: str | None = None
     flavor: str | None = None
     bucket: str | None = None      # "namespace/name" of the run's bucket volume
+    # What the cost of a job is computed from (HF Jobs; None where the executor does not say): when it started
+    # and finished running, in epoch seconds, and the running seconds the Hub counted as of `listed_at`.
+    started_at: float | None = None
+    finished_at: float | None = None
+    running_s: float | None = None
+    listed_at: float | None = None

@@ -72,6 +72,12 @@ class RunDirectory:
                 log.warning("cannot list Hugging Face Jobs runs: %s", redact_tokens(str(exc), (token,)))
         return regs
 
+    def held(self) -> list[RunRegistry]:
+        """The Hub registries held right now (visitors seen within the idle time, the host's token), without
+        counting as a use: the budget enforcer walks them and must not keep an idle visitor's registry alive."""
+        with self._lock:
+            return list(self._hub.values())
+
     def find(self, run_id: str, visitor: Visitor) -> RunRegistry:
         """The registry through which this visitor reaches `run_id`; KeyError if they cannot."""
         regs = self.registries(visitor)

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
-from backend.jobspec import TERMINAL_STAGES
+from backend.jobspec import TERMINAL_STAGES, JobRecord
 from backend.launch import LaunchedRun, LaunchError, launch_run
 from backend.observers import final_adapter_files
 from backend.resume import ResumePlan, resume_plan
@@ -45,6 +45,7 @@ class RunRegistry:
         self.list_every_s = list_every_s    # a remote job list is an API call: ask at most this often
         self._views: dict[str, RunView] = {}
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
+        self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
@@ -63,8 +64,10 @@ class RunRegistry:
         if max_age and time.time() - listed_at < max_age:
             return cached
         runs: dict[str, dict] = {}
+        records: dict[str, list[JobRecord]] = {}
         older: dict[str, dict[str, list[str]]] = {}     # run -> role -> job ids of earlier attempts, newest first
         for rec in self.executor.list_jobs():           # newest first
+            records.setdefault(rec.run_id, []).append(rec)
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
                                                "jobs": {}, "stages": {}, "earlier": {}})
             if rec.role in run["jobs"]:
@@ -78,8 +81,15 @@ class RunRegistry:
                                        for n, job_id in enumerate(reversed(ids), start=1)}
         summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
                            key=lambda r: r.created_at, reverse=True)
-        self._listed = (time.time(), summaries)
+        self._listed, self._records = (time.time(), summaries), records
         return summaries
+
+    def job_records(self, run_id: str) -> list[JobRecord]:
+        """Every job of the run (each launch and resume) as a listing at most a few seconds old saw it (the runs
+        list asks this for every run it shows: one listing serves them all), newest first."""
+        if time.time() - self._listed[0] > FRESH_LIST_AGE_S:
+            self.list_runs()
+        return list(self._records.get(run_id, []))
 
     def has_run(self, run_id: str, fresh: bool = False) -> bool:
         return run_id in self._views or any(r.run_id == run_id for r in self.list_runs(fresh=fresh))

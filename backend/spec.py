@@ -8,6 +8,7 @@ from a spec that does not validate.
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import secrets as _secrets
@@ -132,6 +133,9 @@ class RunSpec:
     # Hardware and storage
     flavor: str = field(default="cpu-basic", metadata={"help": "the trainer's hardware (HF Jobs flavor)"})
     timeout_minutes: int = 30
+    budget_usd: float = field(default=0.0, metadata={
+        "help": "HF Jobs: once the run's spend, or its projected total at max_steps, reaches this many USD, the panel "
+                "cancels every job of the run; 0: no cap"})
     bucket: str = "local/grpo-runs"
     mount_path: str = DEFAULT_MOUNT
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
@@ -249,6 +253,10 @@ class RunSpec:
                  "max_completion_length), or be 0 for a fixed per_device_batch_size samples per step")
         need(isinstance(self.timeout_minutes, int) and 1 <= self.timeout_minutes <= MAX_TIMEOUT_MIN, "timeout_minutes",
              f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
+        need(math.isfinite(self.budget_usd) and self.budget_usd >= 0, "budget_usd",
+             "must be 0 (no cap) or a positive amount in USD, e.g. 5")
+        need(self.executor != "local" or not self.budget_usd > 0, "budget_usd",
+             "local runs cost nothing: leave it 0, or run on hf_jobs")
         errs += _check_bucket(self.bucket, self.executor)
         mount = os.path.normpath(self.mount_path or "")
         need(mount not in SYSTEM_FOLDERS and not mount.startswith(("/proc/", "/dev/", "/sys/")), "mount_path",

@@ -22,6 +22,7 @@ from backend.access import (
     token_lifetime_problem,
 )
 from backend.alerts import AlertBook, WebhookStore
+from backend.budget import BudgetEnforcer, BudgetStop, SpendWatch
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, hardware_problems, list_flavors
 from backend.launch import LaunchError
@@ -77,6 +78,8 @@ class Panel:
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
+        self.spend = SpendWatch()
+        self._enforcer = BudgetEnforcer(self.enforce_budgets, self.settings.budget_check_s).start()
         self._final_zips: dict[str, str] = {}
         self.webhooks = WebhookStore(self.settings.home)
         self._alert_books: dict[str, AlertBook] = {}
@@ -89,7 +92,7 @@ class Panel:
         return self.runs.local
 
     # ---- who may do what
-    def _control_token(self, registry_or_executor: str, namespace: str | None, visitor: Visitor) -> str | None:
+    def control_token(self, registry_or_executor: str, namespace: str | None, visitor: Visitor) -> str | None:
         """The token to act with on `namespace`; raises Refused with a reason the visitor can act on."""
         if registry_or_executor == "local":
             if not local_runtime_installed():
@@ -173,6 +176,10 @@ class Panel:
                   f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
         if spec.executor == "hf_jobs":
             lines.append(self._cost_line(jobs, visitor) + f" Review code **`{spec.fingerprint()}`**.")
+            if spec.budget_usd:
+                from panel.spend_view import budget_line
+
+                lines.append(budget_line(spec))
             expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60)
             if expiry:
                 lines.append(f"⚠️ Not launchable as it is: {expiry}")
@@ -218,7 +225,7 @@ class Panel:
             return LaunchResult(f"**Not launched.** {no_token_reason(self.settings)}")
         try:
             spec = self.build_spec(values, run_id, visitor)
-            token = self._control_token(spec.executor, spec.bucket_namespace, visitor)
+            token = self.control_token(spec.executor, spec.bucket_namespace, visitor)
             if spec.executor == "hf_jobs":
                 expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60)
                 if expiry:
@@ -252,16 +259,29 @@ class Panel:
                             spec.run_id)
 
     # ---- runs
-    def runs_table(self, visitor: Visitor | str | None = None, limit: int = RUNS_PAGE) -> list[list]:
-        """The newest `limit` runs: run id, executor, stage per job, created."""
+    def runs_table(self, visitor: Visitor | str | None = None, with_cost: bool = True,
+                   limit: int = RUNS_PAGE) -> list[list]:
+        """The newest `limit` runs: run id, executor, stage per job, created, cost (spend or time, projection,
+        budget; '' without)."""
         runs = [(run, registry) for registry in self.runs.registries(as_visitor(visitor))
                 for run in registry.list_runs()]
         rows = []
         for run, registry in sorted(runs, key=lambda pair: pair[0].created_at, reverse=True)[:limit]:
             stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
             created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-            rows.append([run.run_id, registry.executor.name, stages, created])
+            cost = self._cost_cell(registry, run) if with_cost else ""
+            rows.append([run.run_id, registry.executor.name, stages, created, cost])
         return rows
+
+    def _cost_cell(self, registry: RunRegistry, run) -> str:
+        from panel.spend_view import cost_cell
+
+        try:
+            cost, spec = self.spend.cost(registry, run.run_id)
+        except Exception as exc:   # a failing price list or bucket must not break the runs list
+            log.debug("no cost for run %s: %s", run.run_id, exc)
+            return "-"
+        return cost_cell(cost, float(spec.get("budget_usd") or 0.0))
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
         """A line above the runs list when the visitor can see no Hub runs, saying why."""
@@ -276,7 +296,7 @@ class Panel:
     def _registry_for_control(self, run_id: str, visitor: Visitor) -> tuple[RunRegistry, str | None]:
         registry = self.runs.find(run_id, visitor)
         namespace = getattr(registry.executor, "namespace", None)
-        return registry, self._control_token(registry.executor.name, namespace, visitor)
+        return registry, self.control_token(registry.executor.name, namespace, visitor)
 
     def cancel(self, run_id: str, visitor: Visitor | str | None = None) -> str:
         """Cancel every job of the run, found through the executor (its labels), not the bucket."""
@@ -297,7 +317,7 @@ class Panel:
         visitor = as_visitor(visitor)
         try:
             registry, _ = self._registry_for_control(run_id, visitor)
-            plan = registry.resume_plan(run_id)
+            plan = self._resume_plan(registry, run_id)
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return Preview(f"**Cannot resume.** {_reason(exc)}")
         jobs = recipe.preview_jobs(plan.spec)
@@ -307,13 +327,20 @@ class Panel:
             lines.append(self._cost_line(jobs, visitor) + f" Review code **`{plan.fingerprint()}`**.")
         return Preview(redact_tokens("\n\n".join(lines)), plan.fingerprint(), run_id)
 
+    def _resume_plan(self, registry: RunRegistry, run_id: str):
+        plan = registry.resume_plan(run_id)
+        problem = self.spend.resume_problem(registry, run_id, plan.spec.budget_usd)
+        if problem:
+            raise LaunchError(problem)
+        return plan
+
     def resume(self, run_id: str, visitor: Visitor | str | None = None, confirmed: str | None = None) -> str:
         """Relaunch a stopped run's jobs. A resume that costs money (HF Jobs) or starts again from step 0 (no
         checkpoint) goes ahead only once the visitor reviewed exactly this resume (`confirmed` is its code)."""
         visitor = as_visitor(visitor)
         try:
             registry, token = self._registry_for_control(run_id, visitor)
-            plan = registry.resume_plan(run_id)
+            plan = self._resume_plan(registry, run_id)
             if plan.spec.executor == "hf_jobs":
                 expiry = token_lifetime_problem(visitor, plan.spec.timeout_minutes * 60)
                 if expiry:
@@ -361,9 +388,22 @@ class Panel:
         book.seen_version = view.version
         return book.update(view)
 
+    def enforce_budgets(self) -> list[BudgetStop]:
+        """Check the budget cap of every live run this process can reach (the host's runs, the runs of visitors
+        seen lately) and stop those that reached it. Safe to run from several processes at once."""
+        stops = []
+        regs = {id(r): r for r in [*self.runs.registries(ANONYMOUS), *self.runs.held()]}
+        for registry in regs.values():
+            try:
+                stops += self.spend.enforce(registry)
+            except Exception as exc:   # one namespace failing must not stop the others' caps
+                log.warning("budget check failed for %s runs: %s", registry.executor.name, redact_tokens(str(exc)))
+        return stops
+
     def shutdown(self) -> None:
         """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper
         process) and the next panel over the same home finds them, with their true status."""
+        self._enforcer.stop()
         self.runs.shutdown()
 
 

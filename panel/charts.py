@@ -8,11 +8,13 @@ exponential moving average with the raw series kept faint behind it (as TensorBo
 every axis, and a line saying why a chart is empty.
 """
 
+import bisect
 import json
 import math
 from dataclasses import dataclass
 
 from backend.diagnose import RATIO_BAND
+from backend.runtime.layout import reward_function_keys
 
 MAX_POINTS = 600
 EMPTY = "waiting for the first metrics"
@@ -31,13 +33,33 @@ GPU_DASHES = ["solid", "dot", "dash", "dashdot", "longdash", "longdashdot", "sol
 
 @dataclass(frozen=True)
 class ChartOptions:
-    x: str = "step"            # "step", or "time": minutes of wall time since the run started
+    x: str = "step"            # "step"; "time": minutes of wall time since the run started; "dollars": spent by then
     smoothing: float = 0.0     # exponential moving average weight in [0, 0.99]; 0 draws the raw series only
     t0: float = 0.0            # the run's start, epoch seconds, for the time axis
+    dollars: tuple = ()        # ((epoch s, USD spent), ...) corners of the run's spend (backend.cost.spend_knots)
+    x_note: str = ""           # said after the axis title (why a dollars axis shows wall time)
 
     @property
     def x_title(self) -> str:
-        return "step" if self.x == "step" else "wall time (min)"
+        title = {"step": "step", "dollars": "dollars spent (USD)"}.get(self.x, "wall time (min)")
+        return f"{title} ({self.x_note})" if self.x_note else title
+
+    def at(self, t: float) -> float:
+        """An epoch time on this (non-step) axis."""
+        if self.x != "dollars":
+            return round((t - self.t0) / 60, 3)
+        return _round(spent_at(self.dollars, t))
+
+
+def spent_at(corners: tuple, t: float) -> float:
+    """Dollars spent by epoch time `t`, linear between the corners of the spend curve."""
+    if not corners or t <= corners[0][0]:
+        return 0.0
+    i = bisect.bisect_right(corners, (t, math.inf))
+    if i >= len(corners):
+        return corners[-1][1]
+    (t0, c0), (t1, c1) = corners[i - 1], corners[i]
+    return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
 
 
 def downsample(xs: list, ys: list, max_points: int = MAX_POINTS) -> tuple[list, list]:
@@ -76,10 +98,7 @@ def points(table, key: str, options: ChartOptions) -> tuple[list, list]:
     if sketch is None:
         return [], []
     xs, ys = sketch.points()
-    if options.x == "step":
-        xs = [int(x) for x in xs]
-    else:
-        xs = [round((x - options.t0) / 60, 3) for x in xs]
+    xs = [int(x) for x in xs] if options.x == "step" else [options.at(x) for x in xs]
     return xs, [_round(y) for y in ys]
 
 
@@ -151,7 +170,7 @@ def lines_figure(table, keys: dict[str, str], title: str, y_title: str, options:
 def reward_figure(table, options: ChartOptions) -> dict:
     """Mean reward with its +-std band, and one line per reward function when there are several."""
     fig = figure("Reward", "reward", options)
-    functions = sorted(k for k in table.columns if k.startswith("rewards/"))
+    functions = reward_function_keys(table.columns)
     xs_up, up = _means(table, "reward_upper", options)
     xs_low, low = _means(table, "reward_lower", options)
     if xs_up and xs_low:
@@ -179,7 +198,7 @@ def _means(table, key: str, options: ChartOptions) -> tuple[list, list]:
     if sketch is None:
         return [], []
     xs, ys = sketch.means()
-    xs = [int(x) for x in xs] if options.x == "step" else [round((x - options.t0) / 60, 3) for x in xs]
+    xs = [int(x) for x in xs] if options.x == "step" else [options.at(x) for x in xs]
     return xs, [_round(y) for y in ys]
 
 
@@ -241,12 +260,12 @@ def learning_rate_figure(table, options: ChartOptions) -> dict:
 
 def _usage_points(sketch, options: ChartOptions, scale: float = 1.0) -> tuple[list, list]:
     xs, ys = sketch.points()
-    return [round((x - options.t0) / 60, 3) for x in xs], [_round(y * scale) for y in ys]
+    return [options.at(x) for x in xs], [_round(y * scale) for y in ys]
 
 
 def _time_axis(options: ChartOptions) -> ChartOptions:
-    """Resource samples have no step: their charts are against wall time from the same start as the others."""
-    return ChartOptions("time", options.smoothing, options.t0)
+    """Resource samples have no step: against the step their charts use wall time from the same start."""
+    return ChartOptions("time", options.smoothing, options.t0) if options.x == "step" else options
 
 
 def utilisation_figure(usages: dict, options: ChartOptions) -> dict:

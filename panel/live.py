@@ -24,16 +24,21 @@ class DashboardUpdate:
 
 
 def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
-                     x: str = "step", smoothing: float = 0.0) -> DashboardUpdate:
+                     x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None) -> DashboardUpdate:
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
-    session's own: the run it drew and the digest of each component it has."""
+    session's own: the run it drew and the digest of each component it has. `x` is "step", "time" or "dollars";
+    `dollars` the run's spend corners (None for a run that costs nothing: wall time then)."""
     view = panel.view(run_id, visitor)
     if view.refresh_if_due() and hasattr(panel, "watch_alerts"):
         panel.watch_alerts(view)
     if state.get("run_id") != run_id:
         state.clear()
         state["run_id"] = run_id
-    options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=dashboard.run_start(view))
+    note = ""
+    if x == "dollars" and dollars is None:
+        x, note = "time", "local runs cost nothing"
+    options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=dashboard.run_start(view),
+                                  dollars=tuple(dollars or ()), x_note=note)
     frame = dashboard.shared_frame(view, options)
     drawn = state.setdefault("digests", {})
     values = {name: value for name, value in frame.values.items() if drawn.get(name) != frame.digests[name]}

@@ -8,8 +8,9 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from backend.access import Visitor
+from backend.compare import X_AXES
 from backend.spec import LORA_TARGET_CHOICES, MODEL_HELP, RunSpec
-from panel import dashboard, live
+from panel import compare_view, dashboard, live, publish_view, spend_view
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
 from panel.task_form import TaskSection
@@ -117,6 +118,8 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
         f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["flavor"], allow_custom_value=True,
                                   label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
         f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)", initial)
+        f["budget_usd"] = _field("budget_usd", "Budget cap (USD)", initial,
+                                 info="HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none")
         f["bucket"] = _field("bucket", "Bucket (namespace/name)", initial,
                              info="HF Jobs: your namespace's bucket, created (private) on first launch")
         f["mount_path"] = _field("mount_path", "Mount path in every job", initial)
@@ -155,17 +158,21 @@ def build_ui(panel: Panel) -> gr.Blocks:
             with gr.Tab("Runs", id="runs"):
                 runs_hint = gr.Markdown(elem_id="runs-hint")
                 with gr.Row():
-                    run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3)
+                    # A timer tick that listed the runs just before a launch may send choices without the new run
+                    # after the launch selected it: a custom value keeps every later event from being refused.
+                    run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3, allow_custom_value=True)
                     cancel_btn = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
                     resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm",
                                                  scale=1)
                     resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
-                runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created"], interactive=False,
+                runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created", "cost"], interactive=False,
                                           elem_id="runs-table")
+                spend_view.build_orphans(panel, visitor_of)
                 action_msg = gr.Markdown(elem_id="action-msg")
                 status = gr.Markdown(elem_id="run-status")
+                cost_md = gr.Markdown(elem_id="run-cost")
                 with gr.Row():
-                    x_axis = gr.Radio(["step", "wall time"], value="step", label="x axis", elem_id="x-axis", scale=1)
+                    x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis", scale=1)
                     smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (moving average)",
                                           elem_id="smoothing", scale=2)
                 plots = {}
@@ -180,11 +187,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
                                         interactive=False, label="vLLM replicas (distributed runs)",
                                         elem_id="replicas-table")
                 final_btn = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
+                push = publish_view.build(panel)
                 with gr.Row():
                     log_role = gr.Dropdown(["trainer"], value="trainer", label="Job", elem_id="log-role", scale=1)
                     log_query = gr.Textbox(label="Search the log", elem_id="log-query", scale=3)
                     log_btn = gr.DownloadButton("Download full log", elem_id="log-btn", scale=1)
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
+            compare = compare_view.build(panel, visitor_of)
         timer = gr.Timer(TICK_S)
         drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
         listed = gr.State(None)     # the runs table this browser session last received
@@ -195,7 +204,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         inputs = [form[n] for n in names]
         task.wire(panel, names, inputs)
         dash = {**plots, "status": status, "adapters": adapters, "replicas": replicas, live.LOG_KEY: log_box}
-        dash_outputs = [*dash.values(), final_btn, log_role, drawn]
+        dash_outputs = [*dash.values(), cost_md, final_btn, log_role, drawn]
 
         def values_of(data: dict) -> dict:
             return {name: data[form[name]] for name in names}
@@ -225,14 +234,28 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     run_pick: gr.update(choices=_run_choices(panel, visitor_of(oauth_token, profile)),
                                         value=result.run_id)}
 
+        def cost_line(run_id, visitor) -> str:
+            view = panel.view(run_id, visitor)
+            try:
+                cost, spec, _ = spend_view.run_cost(panel, run_id, visitor, view)
+            except Exception:   # a failing price list or listing must not break the dashboard
+                return ""
+            return spend_view.cost_markdown(cost, float(spec.get("budget_usd") or 0.0), view.events)
+
         def draw(run_id, role, query, x, smooth, session, visitor) -> dict:
             """The dashboard components this session has not drawn yet (only what changed)."""
             session = dict(session or {})
-            update = live.dashboard_update(panel, run_id, session, visitor, role, query,
-                                           x="time" if x == "wall time" else "step", smoothing=smooth)
+            axis = {"wall time": "time"}.get(x, x)
+            corners = spend_view.spend_corners(panel, run_id, visitor) if axis == "dollars" else None
+            update = live.dashboard_update(panel, run_id, session, visitor, role, query, x=axis, smoothing=smooth,
+                                           dollars=corners)
             out = {dash[name]: PlotData(type="plotly", plot=value) if name in PLOT_IDS else value
                    for name, value in update.values.items()}
             view = panel.view(run_id, visitor)
+            cost = cost_line(run_id, visitor)      # time passes: spend and ETA change without new records
+            if session.get("cost") != cost:
+                session["cost"] = cost
+                out[cost_md] = cost
             final = panel.final_adapter(run_id, visitor) if view.final_files else None
             if session.get("final") != final:
                 session["final"] = final
@@ -250,7 +273,9 @@ def build_ui(panel: Panel) -> gr.Blocks:
             rows = panel.runs_table(visitor)
             out = {runs_hint: panel.runs_hint(visitor)}
             if rows != last_rows:      # re-sent only when it changed: a re-render resets the table for the visitor
-                out.update({runs_table: rows, run_pick: gr.update(choices=[r[0] for r in rows]), listed: rows})
+                choices = [r[0] for r in rows]
+                out.update({runs_table: rows, run_pick: gr.update(choices=choices), listed: rows,
+                            compare["picks"]: gr.update(choices=choices)})
             if not run_id:
                 return out
             try:
@@ -262,11 +287,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
                       profile: gr.OAuthProfile | None):
             untick = {resume_confirm: False, resume_reviewed: None}
             if not run_id:
-                return {**untick, drawn: None}
+                return {**untick, drawn: None, cost_md: ""}
+            visitor = visitor_of(oauth_token, profile)
             try:
-                return {**untick, **draw(run_id, role, query, x, smooth, None, visitor_of(oauth_token, profile))}
+                return {**untick, **draw(run_id, role, query, x, smooth, None, visitor),
+                        push["repo"]: publish_view.suggested_repo_id(panel, run_id, visitor)}
             except KeyError as exc:
-                return {**untick, status: exc.args[0], drawn: None}
+                return {**untick, status: exc.args[0], drawn: None, cost_md: ""}
 
         def on_options(run_id, role, query, x, smooth, session, oauth_token: gr.OAuthToken | None,
                        profile: gr.OAuthProfile | None):
@@ -276,6 +303,9 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 return draw(run_id, role, query, x, smooth, session, visitor_of(oauth_token, profile))
             except KeyError:
                 return {}
+
+        def on_push(run_id, repo_id, private, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            return publish_view.push(panel, run_id, repo_id, private, visitor_of(oauth_token, profile))
 
         def on_log_filter(run_id, role, query, oauth_token: gr.OAuthToken | None):
             try:
@@ -322,11 +352,12 @@ def build_ui(panel: Panel) -> gr.Blocks:
         preview_btn.click(on_preview, {*inputs}, [launch_msg, reviewed, confirm])
         launch_btn.click(on_launch, {*inputs, confirm, reviewed}, [launch_msg, reviewed, confirm, tabs, run_pick])
         view_inputs = [run_pick, log_role, log_query, x_axis, smoothing]
-        timer.tick(on_tick, [*view_inputs, drawn, listed], [runs_table, run_pick, listed, runs_hint, *dash_outputs],
-                   show_progress="hidden")
-        run_pick.change(on_select, view_inputs, [*dash_outputs, status, resume_confirm, resume_reviewed])
+        timer.tick(on_tick, [*view_inputs, drawn, listed],
+                   [runs_table, run_pick, listed, compare["picks"], runs_hint, *dash_outputs], show_progress="hidden")
+        run_pick.change(on_select, view_inputs, [*dash_outputs, status, resume_confirm, resume_reviewed, push["repo"]])
         gr.on([x_axis.change, smoothing.release], on_options, [*view_inputs, drawn], dash_outputs,
               show_progress="hidden")
+        push["button"].click(on_push, [run_pick, push["repo"], push["private"]], push["message"])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_btn.click(on_full_log, [run_pick, log_role], log_btn)
@@ -341,4 +372,4 @@ def build_ui(panel: Panel) -> gr.Blocks:
 
 
 def _run_choices(panel: Panel, visitor: Visitor) -> list[str]:
-    return [r[0] for r in panel.runs_table(visitor)]
+    return [r[0] for r in panel.runs_table(visitor, with_cost=False)]

@@ -25,6 +25,12 @@ Bucket file bytes travel over Xet in the real client, which this fake does not s
 `HfApi.download_bucket_files` with functions that read and write the fake's in-memory files (recorded in
 `transfers`). Listing (`/tree`, `/paths-info`) stays HTTP, served from the same files.
 
+Model repos: create (`/api/repos/create`), card metadata check (`/api/validate-yaml`), `preupload` (regular or
+LFS per file), `commit` (the ndjson body `create_commit` sends) and model info. File bytes that `preupload` sends
+to LFS travel over Xet or LFS in the real client: `install_repo_transfers(monkeypatch)` replaces
+`huggingface_hub._commit_api._upload_files` with a function that stores them in the fake (`lfs_objects`), and the
+commit refuses an LFS pointer to bytes it never received, as the Hub does.
+
 It also answers the dataset viewer API (datasets-server: `/splits`, `/rows`) from `datasets`, with the JSON
 shapes of its OpenAPI description: public datasets need no token, a private one answers 401 to anonymous
 callers and 404 to others (both with the viewer's "does not exist, or is not accessible" error), an unknown
@@ -36,7 +42,8 @@ Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` 
 stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`,
 `fail_nth_job_submission`, `create_then_fail_nth_job_submission` (the job exists, the answer is a 504),
 `bucket_read_error` (bucket listings fail), `expose_url_format`, `hardware_error`, `page_size` (Link-header
-pagination), `requests` (every call, Authorization header removed).
+pagination), `requests` (every call, Authorization header removed), `clock` (the Hub's time: job timestamps and
+`durations` follow it).
 """
 
 import base64
@@ -136,6 +143,9 @@ class FakeJob:
     drops: int = 0              # bumped to cut the job's open log streams
     refuse_logs: int = 0        # refuse this many next log connections
     refuse_status: int = 503
+    created: float = 0.0        # the hub clock's epoch seconds at creation, when it started and finished running
+    started: float | None = None
+    finished: float | None = None
 
 
 @dataclass
@@ -158,6 +168,28 @@ class FakeBucket:
 
 
 @dataclass
+class FakeRepo:
+    id: str
+    type: str
+    private: bool
+    created_at: str
+    files: dict[str, bytes] = field(default_factory=dict)
+    lfs: set[str] = field(default_factory=set)          # paths committed as LFS pointers
+    commits: list[dict[str, Any]] = field(default_factory=list)   # {"oid", "summary", "paths"} newest last
+
+    @property
+    def sha(self) -> str:
+        return self.commits[-1]["oid"] if self.commits else "0" * 40
+
+    def oid(self, path: str) -> str:
+        """What the Hub's preupload answers for a file already there: sha256 for LFS, git's blob sha1 otherwise."""
+        data = self.files[path]
+        if path in self.lfs:
+            return hashlib.sha256(data).hexdigest()
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
 class Reply:
     status: int
     body: Any = None
@@ -169,6 +201,8 @@ class FakeHub:
 
     def __init__(self, users: dict[str, FakeUser] | None = None):
         self.users = users or {DEFAULT_TOKEN: FakeUser("alice", {"acme": "write", "readers": "read"})}
+        # The Hub's clock: job timestamps and durations are read from it, so a test can make time pass.
+        self.clock: Callable[[], float] = time.time
         self.token = next(iter(self.users))
         self.hardware: list[dict] = [dict(h) for h in HARDWARE]
         self.hardware_error: int | None = None
@@ -177,6 +211,8 @@ class FakeHub:
         self.transfers: list[tuple[str, str, str]] = []   # ("upload" | "download" | "delete", bucket, path)
         self.jobs: dict[str, FakeJob] = {}
         self.buckets: dict[str, FakeBucket] = {}
+        self.repos: dict[str, FakeRepo] = {}
+        self.lfs_objects: dict[tuple[str, str], bytes] = {}   # (repo id, sha256) -> bytes uploaded beside git
         deepmath = FakeDataset("trl-lib/DeepMath-103K", False, {("default", "train"): DEEPMATH_STAND_IN})
         self.datasets: dict[str, FakeDataset] = {deepmath.id: deepmath}
         self._cond = threading.Condition(threading.RLock())
@@ -228,9 +264,13 @@ class FakeHub:
     def set_stage(self, job_id: str, stage: str, message: str | None = None) -> None:
         with self._cond:
             job = self.jobs[job_id]
+            now = self.clock()
             if stage == "RUNNING" and job.stage == "SCHEDULING":
                 # The Hub writes this banner first; the client filters it out of fetch_job_logs.
-                job.logs.append({"data": f"===== Job started at {utc_stamp()} =====", "timestamp": utc_stamp()})
+                job.logs.append({"data": f"===== Job started at {utc_stamp(now)} =====", "timestamp": utc_stamp(now)})
+                job.started = now
+            if stage in TERMINAL and job.stage not in TERMINAL:
+                job.finished = now
             job.stage, job.message = stage, message
             self._cond.notify_all()
 
@@ -320,6 +360,29 @@ class FakeHub:
         monkeypatch.setattr(HfApi, "batch_bucket_files", batch_bucket_files)
         monkeypatch.setattr(HfApi, "download_bucket_files", download_bucket_files)
 
+    # ---- LFS/Xet file bytes of repo commits, faked at the method level (the real client moves them over Xet or
+    # LFS; the JSON endpoints around them, preupload and commit, stay HTTP)
+    def install_repo_transfers(self, monkeypatch: Any) -> None:
+        import huggingface_hub._commit_api as commit_api
+
+        hub = self
+
+        def upload_files(*, additions, repo_type, repo_id, headers, endpoint=None, num_threads=5, revision=None,
+                         create_pr=None):
+            user = hub.users.get(_bearer(headers.get("authorization") or headers.get("Authorization") or ""))
+            if user is None or not hub._may_write(user, repo_id.split("/")[0]):
+                raise PermissionError(f"401/403: token may not upload to {repo_type} {repo_id}")
+            for op in additions:
+                with op.as_file() as f:
+                    hub.put_lfs_object(repo_id, f.read())
+                hub.transfers.append(("lfs-upload", repo_id, op.path_in_repo))
+
+        monkeypatch.setattr(commit_api, "_upload_files", upload_files)
+
+    def put_lfs_object(self, repo_id: str, data: bytes) -> None:
+        with self._cond:
+            self.lfs_objects[(repo_id, hashlib.sha256(data).hexdigest())] = data
+
     def _check_transfer_token(self, api: Any, token: Any, bucket_id: str) -> None:
         user = self.users.get(token if isinstance(token, str) else api.token)
         if user is None or not self._may_read(user, bucket_id.split("/")[0]):
@@ -379,8 +442,9 @@ class FakeHub:
         if problem:
             return Reply(400, {"error": problem})
         owner_type = "user" if ns == user.name else "org"
+        now = self.clock()
         job = FakeJob(_hex_id(f"{ns}{time.time_ns()}{len(self.jobs)}"), ns,
-                      {"id": _hex_id(ns), "name": ns, "type": owner_type}, body, utc_stamp())
+                      {"id": _hex_id(ns), "name": ns, "type": owner_type}, body, utc_stamp(now), created=now)
         with self._cond:
             self.jobs[job.id] = job
         late = self.created_then_failed()
@@ -502,6 +566,107 @@ class FakeHub:
         self.transfers.append(("download", bucket_id, path))
         return Reply(200, {"data": base64.b64encode(stored.data).decode()})
 
+    # ---- model repos: create, validate a card's metadata, preupload, commit, info
+    def _create_repo(self, user: FakeUser, body: Any, **_: Any) -> Reply:
+        body = body or {}
+        ns, name = body.get("organization") or user.name, str(body.get("name") or "")
+        repo_type, repo_id = body.get("type") or "model", f"{ns}/{name}"
+        url = f"{self.url}/{repo_id}" if repo_type == "model" else f"{self.url}/{repo_type}s/{repo_id}"
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}", name) or "--" in name or ".." in name:
+            return Reply(400, {"error": "Invalid repo name"})
+        if not self._may_write(user, ns):
+            message = f'You don\'t have the rights to create a {repo_type} under the namespace "{ns}"'
+            return Reply(403, {"error": message})
+        with self._cond:
+            if repo_id in self.repos:
+                return Reply(409, {"error": f"You already created this {repo_type} repo", "url": url})
+            self.repos[repo_id] = FakeRepo(repo_id, repo_type, body.get("visibility") == "private", utc_stamp())
+        return Reply(200, {"url": url, "name": repo_id, "id": _hex_id(repo_id)})
+
+    def _validate_yaml(self, body: Any, **_: Any) -> Reply:
+        import yaml
+
+        content = str((body or {}).get("content") or "")
+        match = re.match(r"^---\n(.*?)\n---\n", content, re.DOTALL)
+        try:
+            meta = yaml.safe_load(match.group(1)) if match else {}
+        except yaml.YAMLError as err:
+            return Reply(400, {"errors": [{"message": f"Invalid YAML: {err}"}], "warnings": []})
+        if match and not isinstance(meta, dict):
+            return Reply(400, {"errors": [{"message": "metadata must be a YAML mapping"}], "warnings": []})
+        warnings = [] if match else [{"message": "empty or missing yaml metadata in repo card"}]
+        return Reply(200, {"errors": [], "warnings": warnings})
+
+    def _writable_repo(self, user: FakeUser, ns: str, name: str) -> FakeRepo | Reply:
+        repo = self.repos.get(f"{ns}/{name}")
+        if repo is None or (repo.private and not self._may_read(user, ns)):
+            return Reply(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+        if not self._may_write(user, ns):
+            return Reply(403, {"error": f"You don't have the rights to write to {ns}/{name}"})
+        return repo
+
+    def _preupload(self, user: FakeUser, ns: str, name: str, body: Any, **_: Any) -> Reply:
+        repo = self._writable_repo(user, ns, name)
+        if isinstance(repo, Reply):
+            return repo
+        files = []
+        for item in (body or {}).get("files", []):
+            sample = base64.b64decode(item.get("sample") or "")
+            lfs = item["path"].endswith(LFS_SUFFIXES) or b"\0" in sample or int(item.get("size") or 0) > 10 * 2**20
+            files.append({"path": item["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
+                          **({"oid": repo.oid(item["path"])} if item["path"] in repo.files else {})})
+        return Reply(200, {"files": files, "commitOid": repo.sha})
+
+    def _commit(self, user: FakeUser, ns: str, name: str, body: Any, **_: Any) -> Reply:
+        repo = self._writable_repo(user, ns, name)
+        if isinstance(repo, Reply):
+            return repo
+        lines = body if isinstance(body, list) else []
+        header = next((line["value"] for line in lines if line.get("key") == "header"), None)
+        if not header or not header.get("summary"):
+            return Reply(400, {"error": "A commit needs a header with a summary"})
+        added: dict[str, tuple[bytes, bool]] = {}
+        deleted = []
+        with self._cond:
+            for line in lines:
+                key, value = line.get("key"), line.get("value") or {}
+                if key == "file":
+                    added[value["path"]] = (base64.b64decode(value["content"]), False)
+                elif key == "lfsFile":
+                    data = self.lfs_objects.get((repo.id, value.get("oid")))
+                    if data is None:
+                        return Reply(422, {"error": f"Your push was rejected because an LFS pointer pointed to a file "
+                                                    f"that does not exist ({value.get('path')})"})
+                    added[value["path"]] = (data, True)
+                elif key in ("deletedFile", "deletedFolder"):
+                    deleted.append(value["path"])
+            for path in deleted:
+                repo.files.pop(path, None)
+                repo.lfs.discard(path)
+            for path, (data, lfs) in added.items():
+                repo.files[path] = data
+                (repo.lfs.add if lfs else repo.lfs.discard)(path)
+            oid = hashlib.sha1(f"{repo.sha}{header['summary']}{sorted(added)}{time.time_ns()}".encode()).hexdigest()
+            repo.commits.append({"oid": oid, "summary": header["summary"], "paths": sorted(added)})
+        return Reply(200, {"success": True, "commitOid": oid, "commitUrl": f"{self.url}/{repo.id}/commit/{oid}",
+                           "hookOutput": ""})
+
+    def _model_info(self, user: FakeUser, ns: str, name: str, **_: Any) -> Reply:
+        repo = self.repos.get(f"{ns}/{name}")
+        if repo is None or (repo.private and not self._may_read(user, ns)):
+            return Reply(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+        return Reply(200, {"id": repo.id, "author": ns, "sha": repo.sha, "private": repo.private,
+                           "createdAt": repo.created_at, "lastModified": repo.created_at,
+                           "siblings": [{"rfilename": path} for path in sorted(repo.files)]})
+
+    def _fake_put_lfs(self, user: FakeUser, body: Any, **_: Any) -> Reply:
+        repo_id = body["repo"]
+        if repo_id not in self.repos or not self._may_write(user, repo_id.split("/")[0]):
+            return Reply(403, {"error": f"may not upload to {repo_id}"})
+        self.put_lfs_object(repo_id, base64.b64decode(body["data"]))
+        self.transfers.append(("lfs-upload", repo_id, body.get("path", "")))
+        return Reply(200, {})
+
     def _find_bucket(self, user: FakeUser, ns: str, name: str) -> FakeBucket | Reply:
         bucket = self.buckets.get(f"{ns}/{name}")
         if bucket is None or not self._may_read(user, ns):
@@ -531,7 +696,17 @@ class FakeHub:
             "secrets": {name: None for name in spec.get("secrets") or {}},   # values never come back
             "flavor": spec.get("flavor"), "labels": spec.get("labels"), "volumes": spec.get("volumes"),
             "expose": spec.get("expose"), "status": status, "owner": job.owner,
+            **({"startedAt": utc_stamp(job.started)} if job.started is not None else {}),
+            **({"finishedAt": utc_stamp(job.finished)} if job.finished is not None else {}),
+            "durations": self._durations(job),
         }
+
+    def _durations(self, job: FakeJob) -> dict[str, int | None]:
+        """Whole seconds, recomputed on every request while the job is in progress (as the Hub does)."""
+        end = job.finished if job.finished is not None else self.clock()
+        ran = job.started is not None
+        return {"schedulingSecs": int(job.started - job.created) if ran else None,
+                "runningSecs": int(end - job.started) if ran else None, "totalSecs": int(end - job.created)}
 
     # ---- bookkeeping used by the handler
     def _record(self, request: RecordedRequest) -> int | None:
@@ -561,6 +736,7 @@ class FakeHub:
 _ID = r"(?P<{}>[^/]+)"
 _JOB = rf"/api/jobs/{_ID.format('ns')}/{_ID.format('job')}"
 _BUCKET = rf"/api/buckets/{_ID.format('ns')}/{_ID.format('name')}"
+_MODEL = rf"/api/models/{_ID.format('ns')}/{_ID.format('name')}"
 _ROUTES = [
     ("GET", r"/api/whoami-v2", "whoami"),
     ("GET", r"/api/jobs/hardware", "hardware"),
@@ -574,6 +750,12 @@ _ROUTES = [
     ("GET", _BUCKET, "bucket_info"),
     ("GET", _BUCKET + r"/tree(?:/(?P<prefix>.+))?", "bucket_tree"),
     ("POST", _BUCKET + "/paths-info", "paths_info"),
+    ("POST", r"/api/repos/create", "create_repo"),
+    ("POST", r"/api/validate-yaml", "validate_yaml"),
+    ("POST", _MODEL + r"/preupload/(?P<rev>[^/]+)", "preupload"),
+    ("POST", _MODEL + r"/commit/(?P<rev>[^/]+)", "commit"),
+    ("GET", _MODEL + r"(?:/revision/(?P<rev>[^/]+))?", "model_info"),
+    ("POST", r"/_fake/lfs-objects", "fake_put_lfs"),
     # Test-only: bucket bytes for a panel running in another process (the real client moves them over Xet).
     ("POST", r"/_fake/bucket-files", "fake_put_files"),
     ("POST", r"/_fake/bucket-files/read", "fake_read_file"),
@@ -618,6 +800,31 @@ def install_remote_bucket_transfers(hub_url: str) -> None:
     HfApi.download_bucket_files = download_bucket_files
 
 
+def install_remote_repo_transfers(hub_url: str) -> None:
+    """In a process that is not the fake's, move the LFS/Xet bytes of repo commits through the fake's test-only
+    route. `huggingface_hub._commit_api._upload_files` is replaced for good; preupload and commit stay HTTP."""
+    import urllib.request
+
+    import huggingface_hub._commit_api as commit_api
+
+    def upload_files(*, additions, repo_type, repo_id, headers, endpoint=None, num_threads=5, revision=None,
+                     create_pr=None):
+        auth = headers.get("authorization") or headers.get("Authorization") or ""
+        for op in additions:
+            with op.as_file() as f:
+                payload = {"repo": repo_id, "path": op.path_in_repo, "data": base64.b64encode(f.read()).decode()}
+            request = urllib.request.Request(f"{hub_url}/_fake/lfs-objects", data=json.dumps(payload).encode(),
+                                             method="POST", headers={"Content-Type": "application/json",
+                                                                     "Authorization": auth})
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+
+    commit_api._upload_files = upload_files
+
+
+# Paths the Hub's default .gitattributes stores with LFS (a subset that covers model weights and archives).
+LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npy", ".npz",
+                ".pkl", ".zip", ".gz", ".tar", ".parquet", ".arrow")
 VIEWER_PATHS = ("/splits", "/rows")
 VIEWER_NOT_ACCESSIBLE = ("The dataset does not exist, or is not accessible without authentication (private or gated). "
                          "Please check the spelling of the dataset name or retry with authentication.")

@@ -37,7 +37,9 @@ def test_reward_figure_has_a_band_and_one_line_per_reward_function_only_when_the
     rows = [{"step": i, "reward": i / 10, "reward_std": 0.1, "rewards/digits": i / 10, "rewards/format": 0.5}
             for i in range(1, 6)]
     assert names(charts.reward_figure(table_of(rows), STEP)) == ["± std", "mean reward", "digits", "format"]
-    one = [{"step": i, "reward": i / 10, "reward_std": 0.1, "rewards/digits": i / 10} for i in range(1, 6)]
+    # GRPOTrainer's own "rewards/<f>/mean" and "/std" are kept in the records beside "rewards/<f>": not functions.
+    one = [{"step": i, "reward": i / 10, "reward_std": 0.1, "rewards/digits": i / 10, "rewards/digits/mean": i / 10,
+            "rewards/digits/std": 0.1} for i in range(1, 6)]
     fig = charts.reward_figure(table_of(one), STEP)
     assert names(fig) == ["± std", "mean reward"], "one function: its line would be the mean drawn twice"
     assert fig["layout"]["title"]["text"] == "Reward (digits)"

@@ -6,6 +6,7 @@ their OAuth access token, so every click reaches the handlers through Gradio's O
 queue, exactly as on a Space.
 """
 
+import json
 import re
 import time
 
@@ -45,7 +46,7 @@ def space(hub, tmp_path_factory):
     env = {"SPACE_ID": "alice/grpo-panel", "SYSTEM": "spaces", "SPACE_AUTHOR_NAME": "alice",
            "OAUTH_CLIENT_ID": "fake-client", "OAUTH_CLIENT_SECRET": CLIENT_SECRET,
            "OAUTH_SCOPES": "openid profile jobs", "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url,
-           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url}
+           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url, "GRPO_PANEL_BUDGET_CHECK_S": "2"}
     with running_panel("tests/space_app.py", env, home, unset=("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
         yield url, home
 
@@ -75,6 +76,13 @@ def visit(browser, space, request):
         page = context.new_page()
         page.goto(url)
         page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        if token:
+            # The page's load event fills in the visitor's own bucket, and any change to the form unticks a review:
+            # a visitor who clicks before it has answered loses the tick (on a busy machine, seconds after the page
+            # shows), so the clicks start once it has.
+            _open_hardware(page)
+            page.wait_for_function("() => { const b = document.querySelector('#f-bucket textarea, #f-bucket input');"
+                                   " return b && b.value.endsWith('/grpo-runs'); }", timeout=60000)
         return page
 
     yield open_page
@@ -86,6 +94,13 @@ def visit(browser, space, request):
         print(f"--- panel log tail:\n{tail(home / 'app.log')}")
     for context in contexts:
         context.close()
+
+
+def _open_hardware(page) -> None:
+    """Open the form's "Hardware and storage" section unless it is open (a click on an open one closes it)."""
+    if not page.locator("#f-bucket textarea, #f-bucket input").first.is_visible():
+        page.get_by_text("Hardware and storage", exact=True).click()
+        page.locator("#f-bucket textarea, #f-bucket input").first.wait_for(state="visible", timeout=10000)
 
 
 def _textbox(page, name: str):
@@ -131,7 +146,7 @@ def test_a_signed_in_newcomer_launches_on_hf_jobs_in_three_clicks(visit, hub):
 
 def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothing(visit, hub):
     alice = visit(ALICE, "alice")
-    alice.get_by_text("Hardware and storage", exact=True).click()
+    _open_hardware(alice)
     _textbox(alice, "bucket").fill("acme/grpo-runs")
     _textbox(alice, "bucket").press("Tab")
     run_id = _run_id(_launch_reviewed(alice)[1])
@@ -167,3 +182,96 @@ def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothi
     wait_for_text(bob, "action-msg", "cancel requested")
     wait_until(lambda: job.stage == "CANCELED", timeout=10)
     assert [r.user for r in hub.requests if r.path.endswith(f"{job.id}/cancel")] == ["bob"]
+
+
+def _finish(hub, run_id: str, bucket: str = "alice/grpo-runs") -> None:
+    """The run's trainer logged two steps, wrote final/ and completed."""
+    [job] = [j for j in hub.jobs.values() if j.spec["labels"]["grpo-panel-run"] == run_id]
+    records = [{"step": 1, "time": 1.0, "reward": 0.2}, {"step": 2, "time": 2.0, "reward": 0.6}]
+    hub.put_file(bucket, f"runs/{run_id}/metrics/trainer-000000.jsonl",
+                 "".join(json.dumps(r) + "\n" for r in records).encode())
+    hub.put_file(bucket, f"runs/{run_id}/final/adapter_config.json", b'{"r": 16, "peft_type": "LORA"}')
+    hub.put_file(bucket, f"runs/{run_id}/final/adapter_model.safetensors", b"\x00safetensors bytes")
+    hub.set_stage(job.id, "RUNNING")
+    hub.set_stage(job.id, "COMPLETED")
+
+
+def _push(page, repo_id: str | None = None) -> str:
+    if not page.locator("#push-repo textarea, #push-repo input").first.is_visible():
+        page.get_by_text("Push the final adapter to the Hub", exact=True).click()
+    box = page.locator("#push-repo textarea, #push-repo input").first
+    if repo_id is not None:
+        box.fill(repo_id)
+        box.press("Tab")
+    before = text_of(page, "push-msg")
+    page.locator("#push-btn").click()
+    page.wait_for_function("(b) => { const t = document.getElementById('push-msg').innerText; "
+                           "return /pushed/i.test(t) && t !== b; }", arg=before, timeout=30000)
+    return text_of(page, "push-msg")
+
+
+def test_a_signed_in_visitor_pushes_a_finished_runs_adapter_and_others_are_refused(visit, hub):
+    alice = visit(ALICE, "alice")
+    run_id = _run_id(_launch_reviewed(alice)[1])
+    _finish(hub, run_id)
+    wait_for_text(alice, "run-status", "final adapter ready")
+    alice.get_by_text("Push the final adapter to the Hub", exact=True).click()
+    box = alice.locator("#push-repo textarea, #push-repo input").first
+    alice.wait_for_function("() => { const b = document.querySelector('#push-repo textarea, #push-repo input');"
+                            " return b && /^alice\\/.+-lora$/.test(b.value); }", timeout=30000)
+    repo_id = box.input_value()
+    message = _push(alice)
+    assert message.startswith("Pushed the final adapter of run") and "(private)" in message, message
+    repo = hub.repos[repo_id]
+    assert repo.private and set(repo.files) == {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+    card = repo.files["README.md"].decode()
+    assert repo.lfs == {"adapter_model.safetensors"} and "hf://buckets/alice/grpo-runs" in card
+    assert "https://huggingface.co/spaces/alice/grpo-panel" in card
+
+    refused = _push(alice, "carol/stolen-lora")
+    assert "Not pushed" in refused and "You cannot write to carol" in refused, refused
+    anonymous = visit()
+    anonymous.get_by_role("tab", name="Runs").click()
+    assert "Sign in with Hugging Face to push" in _push(anonymous)
+    assert set(hub.repos) == {repo_id}
+
+
+def test_the_budget_cap_stops_a_run_in_the_background_and_the_visitor_is_told(visit, hub):
+    alice = visit(ALICE, "alice")
+    _open_hardware(alice)
+    _textbox(alice, "budget_usd").fill("0.5")
+    _textbox(alice, "budget_usd").press("Tab")
+    preview, message = _launch_reviewed(alice)
+    assert "Budget cap $0.50" in preview, preview
+    run_id = _run_id(message)
+    [job] = [j for j in hub.jobs.values() if j.spec["labels"]["grpo-panel-run"] == run_id]
+    hub.clock = lambda: time.time() - 3600          # it started an hour ago: $1.50 on a10g-large
+    try:
+        hub.set_stage(job.id, "RUNNING")
+    finally:
+        hub.clock = time.time
+    wait_until(lambda: job.stage == "CANCELED", timeout=90)
+    header = wait_for_text(alice, "run-cost", "budget cap reached", timeout_ms=30000)
+    assert "cancelled 1 job(s)" in header and "reached the budget cap of $0.50" in header, header
+    wait_for_text(alice, "runs-table", "⛔ cap \\$0\\.50")
+    files = hub.buckets["alice/grpo-runs"].files
+    assert [p for p in files if p.startswith(f"runs/{run_id}/events/panel-budget-")]
+
+
+def test_orphan_jobs_are_listed_and_cancelled_with_one_click(visit, hub):
+    alice = visit(ALICE, "alice")
+    run_id = _run_id(_launch_reviewed(alice)[1])
+    [job] = [j for j in hub.jobs.values() if j.spec["labels"]["grpo-panel-run"] == run_id]
+    hub.set_stage(job.id, "RUNNING")
+    bucket = hub.buckets["alice/grpo-runs"]
+    for path in [p for p in bucket.files if p.startswith(f"runs/{run_id}/")]:
+        del bucket.files[path]                      # the run's folder was deleted; its job still bills
+    alice.get_by_role("tab", name="Runs").click()
+    alice.get_by_text("Jobs still running after their run ended", exact=True).click()
+    alice.locator("#orphans-find").click()
+    wait_for_text(alice, "orphans-table", re.escape(job.id))
+    assert f"runs/{run_id} is gone" in text_of(alice, "orphans-table")
+    alice.locator("#orphans-cancel").click()
+    wait_for_text(alice, "orphans-msg", "cancel requested for [1-9]")
+    wait_until(lambda: job.stage == "CANCELED", timeout=10)
+    assert [r.user for r in hub.requests if r.path.endswith(f"{job.id}/cancel")] == ["alice"]

@@ -113,7 +113,15 @@ class HfJobsExecutor:
         them, newest first."""
         labels = {LABEL_APP: APP_LABEL_VALUE, **({LABEL_RUN: run_id} if run_id else {})}
         infos = self._api.list_jobs(labels=labels, namespace=self.namespace)
-        return sorted((_record(info) for info in infos), key=lambda r: r.created_at, reverse=True)
+        listed_at = time.time()
+        return sorted((_record(info, listed_at) for info in infos), key=lambda r: r.created_at, reverse=True)
+
+    def flavors(self) -> list:
+        """The Jobs hardware and hourly prices as this executor's token sees them (the built-in list if the Hub
+        cannot be asked)."""
+        from backend.hardware import list_flavors
+
+        return list_flavors(self._api)
 
     def unreadable_records(self, run_id: str) -> dict[str, int]:
         return {}    # the Hub's job records and streams arrive parsed; there is no file of ours to misread
@@ -285,14 +293,21 @@ def _http_status(err: Exception) -> int | None:
     return getattr(response, "status_code", None)
 
 
-def _record(info: Any) -> JobRecord:
+def _record(info: Any, listed_at: float | None = None) -> JobRecord:
     labels = info.labels or {}
+    durations = getattr(info, "durations", None)
     return JobRecord(
         job_id=info.id, run_id=labels.get(LABEL_RUN, ""), role=labels.get(LABEL_ROLE, ""),
         stage=_stage(info.status.stage), created_at=info.created_at.timestamp() if info.created_at else 0.0,
         url=info.url, flavor=_stage(info.flavor) if info.flavor else None,
         bucket=next((v.source for v in info.volumes or [] if v.type == "bucket"), None),
+        started_at=_epoch(getattr(info, "started_at", None)), finished_at=_epoch(getattr(info, "finished_at", None)),
+        running_s=getattr(durations, "running_secs", None), listed_at=listed_at,
     )
+
+
+def _epoch(moment: Any) -> float | None:
+    return moment.timestamp() if moment else None
 
 
 def _resource_sample(payload: dict[str, Any], received_at: float) -> ResourceSample:

@@ -106,3 +106,9 @@ def write_event(run_dir: str, writer: str, kind: str, **fields) -> None:
     """One event as its own fragment. Its text is masked first: an error message can quote a token."""
     record = redact_record({"time": time.time(), "event": kind, **fields})
     FragmentWriter(os.path.join(run_dir, EVENTS_DIR), writer).write([record])
+
+
+def reward_function_keys(keys) -> list[str]:
+    """The canonical per-function reward keys, `rewards/<func>`, among a record's keys (TRL's raw
+    `rewards/<func>/mean` and `/std`, kept beside them, are not functions)."""
+    return sorted(k for k in keys if k.startswith("rewards/") and "/" not in k[len("rewards/"):])

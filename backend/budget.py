@@ -1,0 +1,207 @@
+"""Live spend of runs, and the budget cap, enforced by whichever panel process is running.
+
+A run's cap is `budget_usd` in its spec.json, so a restarted panel, or a second one, enforces it too. Enforcing
+is idempotent: the run's jobs are found by label and only those not over are cancelled, and the event that says
+why (`events/panel-budget-<seq>.jsonl` in the run's folder) is written once, and again only when a later pass
+cancelled more jobs (a resumed run that reached its cap again).
+"""
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from backend.cost import RATE_POINTS, RunCost, format_duration, format_usd, hourly_prices, run_cost, view_points
+from backend.jobspec import TERMINAL_STAGES, JobRecord
+from backend.observers import FragmentCursor, read_new_records
+from backend.runtime import layout
+from backend.runtime.redact import redact_record, redact_tokens
+
+log = logging.getLogger(__name__)
+
+BUDGET_WRITER = "panel-budget"
+BUDGET_EVENT = "budget_cap"
+PRICES_TTL_S = 600.0     # the Hub's price list, asked at most this often per namespace
+READ_EVERY_S = 10.0      # a live run's new metric fragments, read at most this often when no dashboard has them
+
+
+def budget_reason(cost: RunCost, budget_usd: float) -> str | None:
+    """Why the run must stop (its spend, or its projected total, reached the cap), or None."""
+    if not budget_usd or not cost.billed or cost.spent_usd is None:
+        return None
+    if cost.spent_usd >= budget_usd:
+        return f"its spend, {format_usd(cost.spent_usd)}, reached the budget cap of {format_usd(budget_usd)}"
+    if cost.projected_usd is not None and cost.projected_usd >= budget_usd:
+        return (f"its projected total at step {cost.max_steps}, {format_usd(cost.projected_usd)} (ETA "
+                f"{format_duration(cost.eta_s or 0)} at the recent step rate; {format_usd(cost.spent_usd)} spent so "
+                f"far), reaches the budget cap of {format_usd(budget_usd)}")
+    return None
+
+
+@dataclass(frozen=True)
+class BudgetStop:
+    run_id: str
+    reason: str
+    cancelled: list[str]
+
+
+@dataclass
+class _Watched:
+    """What the watch keeps of one run: its spec (read once) and its newest (step, time) points."""
+
+    spec: dict | None = None
+    cursor: FragmentCursor = field(default_factory=FragmentCursor)
+    points: deque = field(default_factory=lambda: deque(maxlen=RATE_POINTS + 1))
+    read_at: float = float("-inf")
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class SpendWatch:
+    """Spend of the runs of any registry, and the cap. Shared by every browser session and the enforcer thread."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, read_every_s: float = READ_EVERY_S):
+        self.clock = clock
+        self.read_every_s = read_every_s
+        self._runs: dict[tuple[str, str], _Watched] = {}
+        self._prices: dict[str, tuple[float, dict[str, float]]] = {}
+        self._lock = threading.Lock()
+
+    def prices(self, registry) -> dict[str, float]:
+        """Flavor -> USD per hour as the registry's token sees the Hub's list (none for local runs)."""
+        executor = registry.executor
+        if not hasattr(executor, "flavors"):
+            return {}
+        key = getattr(executor, "namespace", "")
+        hit = self._prices.get(key)
+        if hit and time.monotonic() - hit[0] < PRICES_TTL_S:
+            return hit[1]
+        prices = hourly_prices(executor.flavors())
+        self._prices[key] = (time.monotonic(), prices)
+        return prices
+
+    def cost(self, registry, run_id: str, view=None) -> tuple[RunCost, dict]:
+        """The run's cost now and its spec. A view being watched supplies the step points; otherwise the run's
+        new metric fragments are read here, at most every `read_every_s` and only while a job is active."""
+        records = registry.job_records(run_id)
+        watched = self._watched(registry, run_id, records)
+        spec = (view.spec if view is not None and view.spec else None) or watched.spec or {}
+        if view is not None:
+            points = view_points(view)
+        else:
+            points = self._points(registry, run_id, records, watched)
+        billed = registry.executor.name != "local"
+        cost = run_cost(records, self.prices(registry) if billed else {}, points, spec.get("max_steps"),
+                        self.clock(), billed)
+        return cost, spec
+
+    def enforce(self, registry) -> list[BudgetStop]:
+        """Cancel every job of each live run of the registry whose spend or projection reached its cap."""
+        if registry.executor.name == "local":
+            return []     # local runs cost nothing (a budget on one is refused when it is launched)
+        stops = []
+        for run in registry.list_runs():
+            if run.bucket is None or all(stage in TERMINAL_STAGES for stage in run.stages.values()):
+                continue
+            cost, spec = self.cost(registry, run.run_id)
+            budget = float(spec.get("budget_usd") or 0.0)
+            reason = budget_reason(cost, budget)
+            if not reason:
+                continue
+            try:
+                stops.append(self.stop(registry, run.run_id, run.bucket, reason, cost, budget))
+            except Exception as exc:   # e.g. a read-only token: the other runs' caps are still checked
+                log.warning("run %s reached its budget cap (%s) but could not be stopped with this token: %s",
+                            run.run_id, reason, redact_tokens(str(exc)))
+        return stops
+
+    def resume_problem(self, registry, run_id: str, budget_usd: float) -> str | None:
+        """Why resuming would be pointless: the run already spent its cap, so its new jobs would be cancelled."""
+        if not budget_usd:
+            return None
+        cost, _ = self.cost(registry, run_id)
+        if cost.billed and (cost.spent_usd or 0.0) >= budget_usd:
+            return (f"run {run_id} has already spent {format_usd(cost.spent_usd)} of its budget cap "
+                    f"{format_usd(budget_usd)}: the panel would cancel the resumed jobs at once")
+        return None
+
+    def stop(self, registry, run_id: str, bucket: str, reason: str, cost: RunCost, budget: float) -> BudgetStop:
+        cancelled = registry.cancel(run_id)
+        store = registry.store_for(bucket)
+        folder = f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}"
+        written = [f for f in store.list_files(folder) if f.path.rsplit("/", 1)[-1].startswith(BUDGET_WRITER + "-")]
+        if cancelled or not written:
+            record = redact_record({"time": self.clock(), "event": BUDGET_EVENT, "reason": reason,
+                                    "budget_usd": budget, "spent_usd": cost.spent_usd,
+                                    "projected_usd": cost.projected_usd, "cancelled": cancelled})
+            name = layout.fragment_name(BUDGET_WRITER, len(written))
+            store.write_bytes(f"{folder}/{name}", (json.dumps(record) + "\n").encode())
+        log.info("run %s: budget cap reached (%s); cancelled %d job(s)", run_id, reason, len(cancelled))
+        return BudgetStop(run_id, reason, cancelled)
+
+    def _watched(self, registry, run_id: str, records: list[JobRecord]) -> _Watched:
+        bucket = next((r.bucket for r in records if r.bucket), None)
+        with self._lock:
+            watched = self._runs.setdefault((bucket or "", run_id), _Watched())
+        # A run that is over needs no cap: its spec is read only while it runs (a long runs list costs no reads).
+        live = any(r.stage not in TERMINAL_STAGES for r in records)
+        if watched.spec is None and bucket and live:
+            with watched.lock:
+                try:
+                    data = json.loads(registry.store_for(bucket).read_bytes(
+                        f"{layout.run_prefix(run_id)}/{layout.SPEC_FILE}"))
+                    watched.spec = redact_record(data) if isinstance(data, dict) else {}
+                except (OSError, ValueError, KeyError):
+                    pass     # not written yet, or the bucket failing: asked again next time
+        return watched
+
+    def _points(self, registry, run_id: str, records: list[JobRecord], watched: _Watched) -> list[tuple]:
+        bucket = next((r.bucket for r in records if r.bucket), None)
+        live = any(r.stage not in TERMINAL_STAGES for r in records)
+        with watched.lock:
+            if bucket and live and time.monotonic() - watched.read_at >= self.read_every_s:
+                watched.read_at = time.monotonic()
+                folder = f"{layout.run_prefix(run_id)}/{layout.METRICS_DIR}"
+                try:
+                    new = read_new_records(registry.store_for(bucket), folder, watched.cursor)
+                except Exception as exc:   # a failing bucket: the spend is still known from the job records
+                    log.debug("run %s: metrics unreadable for the projection: %s", run_id, exc)
+                    new = []
+                for _, record in new:
+                    step, t = record.get("step"), record.get("time")
+                    if "replicas" in record or step is None or t is None:
+                        continue
+                    if watched.points and step <= watched.points[-1][0]:
+                        watched.points.clear()     # a resumed trainer logs from its checkpoint again
+                    watched.points.append((step, t))
+            return list(watched.points)
+
+
+class BudgetEnforcer:
+    """Runs `check()` every `interval_s` seconds in a daemon thread, from `start()` to `stop()` (0: never)."""
+
+    def __init__(self, check: Callable[[], object], interval_s: float):
+        self.check = check
+        self.interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "BudgetEnforcer":
+        if self.interval_s > 0:
+            self._thread = threading.Thread(target=self._loop, name="budget-enforcer", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception:   # the next pass tries again; a crashed thread would enforce nothing
+                log.exception("budget check failed")

@@ -1,0 +1,102 @@
+"""The Compare tab: two or more runs (local or HF Jobs, any mode) overlaid on one set of charts, and the settings
+that differ between them. Figures are built from down-sampled series (backend.compare), so long runs stay cheap."""
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from backend.access import Visitor
+from backend.compare import COMPARED, X_AXES, config_diff, first_key, metric_points, on_axis
+from panel import spend_view
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+X_TITLES = {"step": "step", "wall time": "wall time (min)", "dollars": "dollars spent (USD)"}
+NOT_LOGGED = {"ratio": "not logged: only async (distributed) runs log the importance ratio"}
+
+
+def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[str, go.Figure], pd.DataFrame, str]:
+    """Overlaid figures (one per COMPARED metric), the settings that differ (a column per run), and a note."""
+    notes, runs = [], []
+    for run_id in dict.fromkeys(run_ids or []):
+        try:
+            registry = panel.runs.find(run_id, visitor)
+            view = registry.view(run_id)
+        except KeyError:
+            notes.append(f"no run {run_id} that you can see")
+            continue
+        view.refresh()
+        runs.append((run_id, view, spend_view.cost_at(panel, registry, run_id) if x == "dollars" else None))
+    if len(runs) < 2:
+        notes.insert(0, "Pick two or more runs to compare.")
+    figures = {name: _figure(title, x) for name, (title, _) in COMPARED.items()}
+    for i, (run_id, view, dollars_at) in enumerate(runs):
+        label = f"{view.spec.get('name', 'run')} · {run_id}"
+        start = _start(view)
+        if x == "dollars" and dollars_at is None:
+            notes.append(f"{run_id} is a local run: it costs nothing, so it is not on the dollars axis")
+            continue
+        for name, (_, keys) in COMPARED.items():
+            key = first_key(view, keys)
+            if key is None:
+                continue
+            xs, ys = metric_points(view, key, x)
+            shown = on_axis(xs, x, start, dollars_at)
+            figures[name].add_trace(go.Scatter(x=shown, y=ys, mode="lines", name=label, legendgroup=run_id,
+                                               line=dict(color=COLORS[i % len(COLORS)])))
+    for name, figure in figures.items():
+        if not figure.data:
+            _note(figure, NOT_LOGGED.get(name, "not logged by these runs") if runs else "pick runs to compare")
+    diff = config_diff({run_id: view.spec for run_id, view, _ in runs}) if len(runs) >= 2 else []
+    note = "; ".join(notes) if notes else f"{len(runs)} runs; {len(diff)} setting(s) differ."
+    table = pd.DataFrame(diff, columns=["setting", *(run_id for run_id, _, _ in runs)] if len(runs) >= 2
+                         else ["setting", "run 1", "run 2"])
+    return figures, table, note
+
+
+def _start(view) -> float:
+    """The epoch time of the run's first logged step (wall time is counted from there)."""
+    table = getattr(view, "table", None)
+    times = table.times[:1] if table is not None else [r["time"] for r in view.metrics[:1] if "time" in r]
+    return float(times[0]) if len(times) else 0.0
+
+
+def _figure(title: str, x: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, height=300, margin=dict(l=40, r=10, t=40, b=70), xaxis_title=X_TITLES[x],
+                      legend=dict(orientation="h", y=-0.3, yanchor="top"), template="plotly_white")
+    return fig
+
+
+def _note(fig: go.Figure, text: str) -> None:
+    fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font=dict(color="#888"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+
+
+def build(panel, visitor_of) -> dict:
+    """The Compare tab's components and its handler; `visitor_of` turns Gradio's OAuth values into a Visitor."""
+    with gr.Tab("Compare", id="compare"):
+        with gr.Row():
+            # Custom values: a picked run that a later listing lacks must not make every compare fail.
+            picks = gr.Dropdown([], multiselect=True, label="Runs to compare (two or more)", elem_id="compare-pick",
+                                scale=4, allow_custom_value=True)
+            x_axis = gr.Radio(list(X_AXES), value="step", label="x axis", elem_id="compare-x", scale=2)
+            button = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
+        note = gr.Markdown(elem_id="compare-note")
+        plots = {}
+        names = list(COMPARED)
+        for pair in (names[0:2], names[2:4], names[4:]):
+            with gr.Row():
+                for name in pair:
+                    plots[name] = gr.Plot(elem_id=f"compare-{name.replace('_', '-')}")
+        diff = gr.Dataframe(headers=["setting", "run 1", "run 2"], interactive=False, wrap=True,
+                            label="Settings that differ", elem_id="compare-diff")
+
+    def on_compare(run_ids, x, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+        figures, table, message = compare(panel, run_ids or [], x, visitor_of(oauth_token, profile))
+        return [*(figures[n] for n in COMPARED), table, message]
+
+    outputs = [*(plots[n] for n in COMPARED), diff, note]
+    button.click(on_compare, [picks, x_axis], outputs)
+    x_axis.change(on_compare, [picks, x_axis], outputs)
+    return {"picks": picks}

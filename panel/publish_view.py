@@ -1,0 +1,102 @@
+"""Push a finished run's final adapter to the Hub, from the Runs tab: the handler's logic as plain functions, and
+the few components it needs. Who may push where is the Hub's rule: a signed-in visitor, into a namespace they
+may write to."""
+
+import os
+
+import gradio as gr
+
+from backend.access import Visitor, acting_token, no_token_reason
+from backend.publish import PublishError, default_repo_id, model_card, push_final_adapter, repo_id_problem, run_facts
+from backend.runtime.redact import redact_tokens
+
+
+def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
+    """`<namespace>/<run name>-lora` for the visitor's own namespace; '' when it cannot be known."""
+    if not run_id:
+        return ""
+    token = acting_token(visitor, panel.settings)
+    namespace = visitor.username
+    if not namespace and token:
+        from backend.hub_auth import whoami_name
+
+        try:
+            namespace = whoami_name(token)
+        except Exception:   # the Hub unreachable: the visitor types the repo id
+            return ""
+    if not namespace:
+        return ""
+    try:
+        view = panel.view(run_id, visitor)
+    except KeyError:
+        return ""
+    if not view.spec:
+        view.refresh()
+    name = str(view.spec.get("name") or "grpo")
+    return default_repo_id(namespace, name)
+
+
+def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visitor) -> str:
+    """Push the run's final/ adapter and a generated card to `repo_id`; a message saying what happened."""
+    token = acting_token(visitor, panel.settings)
+    if not token:
+        reason = ("Sign in with Hugging Face to push an adapter to the Hub." if panel.settings.on_space
+                  else no_token_reason(panel.settings))
+        return f"**Not pushed.** {reason}"
+    if not run_id:
+        return "Pick a finished run first."
+    repo_id = (repo_id or "").strip()
+    problem = repo_id_problem(repo_id)
+    if problem:
+        return f"**Not pushed.** repo_id: {problem}."
+    refusal = _namespace_refusal(repo_id.split("/", 1)[0], token)
+    if refusal:
+        return f"**Not pushed.** {refusal}"
+    try:
+        registry = panel.runs.find(run_id, visitor)
+        view = registry.view(run_id)
+        view.refresh()
+        if not view.final_files:
+            raise PublishError(f"run {run_id} has no final adapter yet: final/ is written when training ends")
+        records = registry.job_records(run_id)
+        trainer = next((r for r in records if r.role == "trainer" and r.url), None)
+        space = os.environ.get("SPACE_ID")
+        facts = run_facts(view, next((r.bucket for r in records if r.bucket), view.spec.get("bucket", "")),
+                          registry.executor.name, trainer.url if trainer else None,
+                          f"https://huggingface.co/spaces/{space}" if space else None)
+        url = push_final_adapter(view.store, run_id, view.final_files, repo_id, model_card(view.spec, facts, repo_id),
+                                 token, private=bool(private))
+    except KeyError as exc:
+        return f"**Not pushed.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"
+    except PublishError as exc:
+        return f"**Not pushed.** {redact_tokens(str(exc))}"
+    except Exception as exc:   # the Hub refusing or failing: its own words, masked
+        return f"**Not pushed:** {redact_tokens(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
+    files = len(view.final_files)
+    return (f"Pushed the final adapter of run {run_id} to [{repo_id}]({url}) "
+            f"({'private' if private else 'public'}): {files} file(s) and a model card (README.md).")
+
+
+def _namespace_refusal(namespace: str, token: str) -> str | None:
+    from backend.hub_auth import can_control, writable_namespaces
+
+    allowed, reason = can_control(namespace, token, on_space=True)
+    if allowed:
+        return None
+    try:
+        mine = writable_namespaces(token)
+    except Exception:
+        return reason
+    return f"You cannot write to {namespace}; you can push to: {', '.join(mine)}."
+
+
+def build(panel) -> dict:
+    """The push controls (under the adapter download in the Runs tab)."""
+    with gr.Accordion("Push the final adapter to the Hub", open=False, elem_id="push-section"):
+        with gr.Row():
+            repo = gr.Textbox(label="Model repo id", placeholder="namespace/run-name-lora", elem_id="push-repo",
+                              scale=3, info="created if it does not exist; a model card is written from the run")
+            private = gr.Checkbox(True, label="Private", elem_id="push-private", scale=1)
+            button = gr.Button("Push to Hub", elem_id="push-btn", scale=1)
+        message = gr.Markdown(elem_id="push-msg")
+    return {"repo": repo, "private": private, "button": button, "message": message}

@@ -1,0 +1,132 @@
+"""Compare two real local runs in a real browser: two tiny demo runs launched from the form with different
+learning rates, overlaid on the Compare tab, with a settings diff that lists exactly the learning rate.
+
+Set COMPARE_SCREENSHOT=docs/compare.png to write the README's screenshot of the comparison.
+"""
+
+import os
+import re
+
+import pytest
+
+from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, running_panel, tail, text_of, wait_for_text
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    home = tmp_path_factory.mktemp("compare-home")
+    with running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+        yield url, home
+
+
+@pytest.fixture
+def page(app, request):
+    from playwright.sync_api import sync_playwright
+
+    url, home = app
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        yield page
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            page.screenshot(path=str(home / f"{request.node.name}.png"), full_page=True)
+            print(f"--- panel log tail:\n{tail(home / 'app.log')}")
+        browser.close()
+
+
+def _set_number(page, elem_id: str, value) -> None:
+    """Type a number until the field keeps it (a field in a just-opened accordion can be reset once)."""
+    box = page.locator(f"#{elem_id} input").first
+    for _ in range(10):
+        box.fill(str(value))
+        box.press("Tab")
+        page.wait_for_timeout(400)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"#{elem_id} does not keep {value!r}")
+
+
+def _launch(page, learning_rate: str, before: str = "") -> str:
+    """Launch the tiny demo with this learning rate and wait for its final adapter; `before` is the run launched
+    last (the launch message shows it, with a busy overlay, until the new launch answers)."""
+    page.get_by_role("tab", name="Launch").click()
+    if not page.locator("#f-learning_rate input").first.is_visible():
+        page.get_by_text("GRPO training", exact=True).click()
+    _set_number(page, "f-max_steps", STEPS)
+    _set_number(page, "f-learning_rate", learning_rate)
+    page.locator("#launch-btn").click()
+    page.wait_for_function("""(before) => {
+        const m = /Launched run (\\S+)|not launched|nothing was launched/i.exec(
+            document.getElementById('launch-msg').innerText);
+        return m && m[1] !== before;
+    }""", arg=before, timeout=60000)
+    message = text_of(page, "launch-msg")
+    match = re.search(r"Launched run (\S+)", message)
+    assert match and match.group(1) != before, message
+    run_id = match.group(1)
+    page.wait_for_function("""(id) => {
+        const t = document.getElementById('run-status').innerText;
+        return t.includes(id) && t.includes('final adapter ready');
+    }""", arg=run_id, timeout=300000)
+    assert "Time:" in text_of(page, "run-cost") and "local runs cost nothing" in text_of(page, "run-cost")
+    return run_id
+
+
+def _traces(page, plot_id: str) -> list[dict]:
+    return page.evaluate("""(id) => {
+        const el = document.querySelector('#' + id + ' .js-plotly-plot');
+        return el && el.data ? el.data.map(t => ({name: t.name, x: Array.from(t.x || [])})) : [];
+    }""", plot_id)
+
+
+def test_two_local_runs_with_different_learning_rates_are_overlaid_with_their_settings_diff(page):
+    fast = _launch(page, "0.005")
+    slow = _launch(page, "0.001", before=fast)
+    wait_for_text(page, "runs-table", re.escape(slow))
+
+    page.get_by_role("tab", name="Compare").click()
+    picker = page.locator("#compare-pick input").first
+    for run_id in (fast, slow):
+        picker.click()
+        page.get_by_role("option", name=run_id).click()
+    page.locator("#compare-btn").click()
+    wait_for_text(page, "compare-note", "2 runs; 1 setting")
+    page.wait_for_function("() => { const el = document.querySelector('#compare-reward .js-plotly-plot');"
+                           " return el && el.data && el.data.length === 2; }", timeout=30000)
+    for plot in ("compare-reward", "compare-step-time", "compare-throughput"):
+        traces = _traces(page, plot)
+        assert [t["name"].split(" · ")[1] for t in traces] == [fast, slow], (plot, traces)
+        assert all(len(t["x"]) == STEPS for t in traces), (plot, [len(t["x"]) for t in traces])
+    assert all(t["x"][-1] == STEPS for t in _traces(page, "compare-reward"))
+
+    rows = page.evaluate("""() => Array.from(document.querySelectorAll('#compare-diff .virtual-row'))
+        .map(r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.textContent.trim()))""")
+    assert rows == [["learning_rate", "0.005", "0.001"]], rows
+    headers = page.evaluate("() => Array.from(document.querySelectorAll('#compare-diff [role=columnheader]'))"
+                            ".map(c => c.getAttribute('title'))")
+    assert headers == ["setting", fast, slow], headers
+    shot = os.environ.get("COMPARE_SCREENSHOT")
+    if shot:
+        page.screenshot(path=shot, full_page=True)
+
+    page.locator("#compare-x input[value='wall time']").check()
+    page.wait_for_function("() => { const el = document.querySelector('#compare-reward .js-plotly-plot');"
+                           " return el && el.layout.xaxis.title.text === 'wall time (min)'; }", timeout=30000)
+    for trace in _traces(page, "compare-reward"):
+        assert trace["x"][0] == 0 and trace["x"] == sorted(trace["x"]) and trace["x"][-1] > 0, trace
+
+    # The single-run dashboard's charts follow the x-axis choice too (a local run has no dollars: wall time).
+    page.get_by_role("tab", name="Runs").click()
+    wait_for_text(page, "run-status", re.escape(slow))
+    for choice, title in (("wall time", "wall time (min)"), ("dollars", "wall time (min) (local runs cost nothing)")):
+        page.locator(f"#x-axis input[value='{choice}']").check()
+        page.wait_for_function("(t) => { const el = document.querySelector('#reward-plot .js-plotly-plot');"
+                               " return el && el.layout.xaxis.title.text === t; }", arg=title, timeout=30000)
+    mean = next(t for t in _traces(page, "reward-plot") if t["name"] == "mean reward")
+    assert mean["x"][0] >= 0 and len(mean["x"]) == STEPS and mean["x"][-1] > mean["x"][0], mean

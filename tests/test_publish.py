@@ -1,0 +1,164 @@
+"""Push to Hub: a finished run's final adapter and a generated model card, into a model repo on the loopback fake
+Hub through the real huggingface_hub client (create_repo, validate-yaml, preupload, LFS bytes, commit)."""
+
+import json
+import os
+
+import pytest
+import yaml
+
+from backend.access import Visitor
+from panel import publish_view
+from panel.actions import Panel, Settings
+from tests.fakehub import FakeHub, FakeUser
+
+ALICE = "hf_oauth_alicePushToken00000000000"
+CAROL = "hf_oauth_carolPushToken00000000000"
+DAVE = "hf_oauth_daveReadsAcmePush00000000"
+FORM = {"executor": "hf_jobs", "name": "math-grpo", "model": "Qwen/Qwen2.5-0.5B-Instruct",
+        "dataset": "trl-lib/DeepMath-103K", "bucket": "alice/grpo-runs", "flavor": "a10g-small", "rewards": ["format"],
+        "max_steps": 3, "learning_rate": 2e-5, "lora_r": 16, "lora_alpha": 32, "reward_weights": "format=0.5"}
+ADAPTER = {"adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32, "peft_type": "LORA"}).encode(),
+           "adapter_model.safetensors": b"\x00\x01weights-as-the-trainer-wrote-them"}
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
+                         DAVE: FakeUser("dave", {"acme": "read"})}).start()
+    hub.patch_endpoint(monkeypatch)
+    hub.install_bucket_transfers(monkeypatch)
+    hub.install_repo_transfers(monkeypatch)
+    monkeypatch.setenv("HF_TOKEN", ALICE)
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def make_panel(tmp_path):
+    panels = []
+
+    def make(**settings) -> Panel:
+        settings = {"home": str(tmp_path / "home"), "on_space": False, "host": "127.0.0.1", "budget_check_s": 0,
+                    **settings}
+        panels.append(Panel(Settings(**settings)))
+        return panels[-1]
+
+    yield make
+    for panel in panels:
+        panel.shutdown()
+
+
+def finished_hub_run(hub: FakeHub, panel: Panel, visitor=None) -> str:
+    """An HF Jobs run whose trainer finished: three logged steps and final/ in its bucket."""
+    shown = panel.preview(FORM, visitor)
+    run_id = panel.launch(FORM, visitor, confirmed=shown.fingerprint, run_id=shown.run_id).run_id
+    assert run_id, shown.markdown
+    records = [{"step": s, "time": 100.0 + s, "reward": 0.25 * s, "rewards/format": 0.1 * s} for s in (1, 2, 3)]
+    hub.put_file("alice/grpo-runs", f"runs/{run_id}/metrics/trainer-000000.jsonl",
+                 "".join(json.dumps(r) + "\n" for r in records).encode())
+    for name, data in ADAPTER.items():
+        hub.put_file("alice/grpo-runs", f"runs/{run_id}/final/{name}", data)
+    [job] = hub.jobs.values()
+    hub.set_stage(job.id, "RUNNING")
+    hub.set_stage(job.id, "COMPLETED")
+    return run_id
+
+
+def test_the_final_adapter_and_a_card_of_the_run_are_pushed_to_a_private_repo(hub, make_panel):
+    panel = make_panel()
+    run_id = finished_hub_run(hub, panel)
+    alice = Visitor(ALICE, "alice")
+    repo_id = publish_view.suggested_repo_id(panel, run_id, alice)
+    assert repo_id == "alice/math-grpo-lora"
+    message = publish_view.push(panel, run_id, repo_id, True, alice)
+    assert message.startswith(f"Pushed the final adapter of run {run_id} to [alice/math-grpo-lora]"), message
+    assert "(private): 2 file(s) and a model card" in message
+
+    repo = hub.repos["alice/math-grpo-lora"]
+    assert repo.private and repo.type == "model"
+    assert {p: repo.files[p] for p in ADAPTER} == ADAPTER, "the bucket's bytes, unchanged"
+    assert repo.lfs == {"adapter_model.safetensors"}, "weights went through the LFS/Xet path"
+    assert ("lfs-upload", "alice/math-grpo-lora", "adapter_model.safetensors") in hub.transfers
+    posts = [r.path for r in hub.requests if r.method == "POST" and "/api/" in r.path]
+    assert posts[-4:] == ["/api/repos/create", "/api/validate-yaml", "/api/models/alice/math-grpo-lora/preupload/main",
+                          "/api/models/alice/math-grpo-lora/commit/main"]
+
+    card = repo.files["README.md"].decode()
+    meta = yaml.safe_load(card.split("---")[1])
+    assert meta["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct" and meta["library_name"] == "peft"
+    assert meta["datasets"] == ["trl-lib/DeepMath-103K"] and "grpo" in meta["tags"]
+    for text in ("| steps | 3 of 3 |", "| final reward (last logged step) | 0.75 |",
+                 "| mean reward, last logged steps | 0.5 |", "| reward `format` (last step) | 0.3 |",
+                 "r=16, alpha=32, dropout=0.0, target modules q_proj, k_proj, v_proj, o_proj",
+                 "learning rate 2e-05, 3 steps", "format (weight 0.5)", "| Hardware | trainer on a10g-small |",
+                 f"hf://buckets/alice/grpo-runs/runs/{run_id}", f"/jobs/alice/{next(iter(hub.jobs))}",
+                 'PeftModel.from_pretrained(base, "alice/math-grpo-lora")',
+                 "vllm serve Qwen/Qwen2.5-0.5B-Instruct --enable-lora --max-lora-rank 16",
+                 "--lora-modules math-grpo-lora=alice/math-grpo-lora"):
+        assert text in card, text
+    assert ALICE not in card
+
+    again = publish_view.push(panel, run_id, repo_id, True, alice)
+    assert again.startswith("Pushed"), "pushing again to the same repo updates it"
+
+
+def test_pushes_the_visitor_may_not_make_are_refused_and_create_nothing(hub, make_panel):
+    panel = make_panel(on_space=True)
+    alice = Visitor(ALICE, "alice")
+    run_id = finished_hub_run(hub, panel, alice)
+    cases = [(Visitor(), "alice/x-lora", "Sign in with Hugging Face to push"),
+             (alice, "no-namespace", "repo_id: write it as 'namespace/name'"),
+             (alice, "alice/bad--name", "repo_id: must not contain '--'"),
+             (alice, "carol/stolen-lora", "You cannot write to carol; you can push to: acme, alice."),
+             (Visitor(DAVE, "dave"), "acme/x-lora", "You cannot write to acme; you can push to: dave."),
+             (Visitor(CAROL, "carol"), "carol/x-lora", f"no run '{run_id}' that you can see")]
+    for visitor, repo_id, expected in cases:
+        message = publish_view.push(panel, run_id, repo_id, True, visitor)
+        assert message.startswith("**Not pushed.**") and expected in message, (repo_id, message)
+    assert hub.repos == {}
+
+
+def test_a_run_without_a_final_adapter_is_not_pushed(hub, make_panel):
+    panel = make_panel()
+    shown = panel.preview(FORM)
+    run_id = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id).run_id
+    message = publish_view.push(panel, run_id, "alice/early-lora", True, Visitor(ALICE, "alice"))
+    assert "has no final adapter yet" in message and hub.repos == {}
+
+
+def test_a_local_runs_pushed_adapter_loads_with_peft(hub, make_panel):
+    import torch
+    from peft import PeftModel, get_peft_model_state_dict
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    panel = make_panel()
+    result = panel.launch({"executor": "local", "name": "tiny-push", "max_steps": 6, "adapter_every": 3,
+                           "checkpoint_every": 3})
+    assert result.run_id, result.message
+    view = panel.view(result.run_id)
+    status = panel.local.wait(view.jobs["trainer"].job_id, timeout=300)
+    assert status.stage == "COMPLETED", (status, list(view.jobs["trainer"].logs)[-20:])
+
+    message = publish_view.push(panel, result.run_id, "alice/tiny-push-lora", False, Visitor())
+    assert message.startswith("Pushed") and "(public)" in message, message
+    repo = hub.repos["alice/tiny-push-lora"]
+    assert not repo.private
+    card = repo.files["README.md"].decode()
+    assert "builtin:tiny-qwen2" in card and "| steps | 6 of 6 |" in card and "base_model:" not in card
+    assert f"`runs/{result.run_id}` in the panel's local bucket `local/grpo-runs`" in card
+
+    pushed = os.path.join(panel.settings.home, "pushed")
+    os.makedirs(pushed)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        with open(os.path.join(pushed, name), "wb") as f:
+            f.write(repo.files[name])
+    run_dir = os.path.join(panel.local.bucket_root("local/grpo-runs"), "runs", result.run_id)
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "base-model"))
+    model = PeftModel.from_pretrained(base, pushed)
+    loaded = get_peft_model_state_dict(model)
+    trained = load_file(os.path.join(run_dir, "final", "adapter_model.safetensors"))
+    assert loaded.keys() == trained.keys() and len(trained) > 0
+    assert all(torch.equal(loaded[k], trained[k]) for k in trained)
+    assert any(k.endswith("lora_B.weight") and trained[k].abs().sum() > 0 for k in trained), "the adapter was trained"
