@@ -271,7 +271,9 @@ class RunView:
         for _writer, record in self._samples.read(full):
             self.samples.append(redact_record(record))
             changed = True
-        new_events = self._events.read(full)
+        # Several writers' fragments arrive in one batch (the trainer's, each panel's): in the order they happened,
+        # so an alert cleared by a restarted panel is not read back before the one that raised it.
+        new_events = sorted(self._events.read(full), key=lambda pair: _event_time(pair[1]))
         for writer, record in new_events:
             # Masked on the way in too: a job's event may quote a token that its own job did not know to mask.
             record = {"writer": writer, **redact_record(record)}
@@ -377,3 +379,8 @@ def _is_metric_record(record: dict) -> bool:
         return isinstance(canary, dict) and isinstance(canary.get("replicas"), list)
     step = record.get("step")
     return type(step) is int and step >= 0 and {type(v) for v in record.values()} <= {int, float}
+
+
+def _event_time(record: dict) -> float:
+    when = record.get("time")
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0

@@ -33,7 +33,7 @@ def _events(store) -> list[dict]:
     out = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         out += [json.loads(line) for line in open(os.path.join(folder, name))]
-    return out
+    return sorted(out, key=lambda e: e["time"])     # two books write fragments of their own: order by time
 
 
 class Webhook:

@@ -122,3 +122,18 @@ def test_a_distributed_runs_engine_event_is_an_event_and_proxy_stats_are_replica
     assert view.engine == engine
     assert [r["replicas"] for r in view.replica_stats] == [[{"url": "a"}]]
     assert [r["step"] for r in view.metrics] == [1]
+
+
+def test_events_of_several_writers_are_read_in_the_order_they_happened(tmp_path):
+    from backend.runtime.layout import EVENTS_DIR
+    from backend.runview import RunView
+
+    store = FolderStore(tmp_path)
+    events = store.local_path(f"runs/{RUN}/{EVENTS_DIR}")
+    # A restarted panel clears the alert an earlier panel raised; its writer name sorts first.
+    FragmentWriter(events, "alerts.ffff").write([{"time": 10.0, "event": "alert", "key": "ratio", "message": "m"}])
+    FragmentWriter(events, "alerts.0000").write([{"time": 20.0, "event": "alert_cleared", "key": "ratio"}])
+    view = RunView(RUN, store, executor=None, jobs={})
+    view.refresh()
+    assert [e["event"] for e in view.events] == ["alert", "alert_cleared"]
+    assert view.open_alerts == {}
