@@ -16,6 +16,7 @@ import os
 import secrets
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 from backend import diagnose
@@ -121,6 +122,14 @@ def post_webhook(url: str, text: str, alert: diagnose.Alert) -> None:
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:
         response.read()
+
+
+def webhook_problem(url: str) -> str | None:
+    """Why `url` cannot be an alert webhook (None when it can): an http(s) URL with a host, no spaces."""
+    parsed = urllib.parse.urlsplit(url.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or any(c.isspace() for c in url.strip()):
+        return "must be an http(s) URL such as https://hooks.slack.com/services/… or a Discord webhook URL"
+    return None
 
 
 class WebhookStore:

@@ -8,6 +8,7 @@ cancelled more jobs (a resumed run that reached its cap again).
 
 import json
 import logging
+import posixpath
 import threading
 import time
 from collections import deque
@@ -56,6 +57,8 @@ class _Watched:
     cursor: FragmentCursor = field(default_factory=FragmentCursor)
     points: deque = field(default_factory=lambda: deque(maxlen=RATE_POINTS + 1))
     read_at: float = float("-inf")
+    latest: dict = field(default_factory=dict)     # the newest logged step's {"step", "reward"}, for the runs list
+    glanced: bool = False                          # a finished run's last fragment was read once for `latest`
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -145,9 +148,8 @@ class SpendWatch:
         bucket = next((r.bucket for r in records if r.bucket), None)
         with self._lock:
             watched = self._runs.setdefault((bucket or "", run_id), _Watched())
-        # A run that is over needs no cap: its spec is read only while it runs (a long runs list costs no reads).
-        live = any(r.stage not in TERMINAL_STAGES for r in records)
-        if watched.spec is None and bucket and live:
+        # Read once per run (the runs list shows its name, mode and steps); a run's spec.json never changes.
+        if watched.spec is None and bucket:
             with watched.lock:
                 try:
                     data = json.loads(registry.store_for(bucket).read_bytes(
@@ -176,7 +178,50 @@ class SpendWatch:
                     if watched.points and step <= watched.points[-1][0]:
                         watched.points.clear()     # a resumed trainer logs from its checkpoint again
                     watched.points.append((step, t))
+                    watched.latest = _glance(record)
             return list(watched.points)
+
+    def latest(self, registry, run_id: str, view=None) -> dict:
+        """The run's newest logged step and reward ({} before its first step), for the runs list: from the view a
+        dashboard keeps, else from what the spend watch read of a live run, else (a finished run nobody watched)
+        from its newest metrics fragment, read once."""
+        if view is not None and view.latest:
+            return _glance(view.latest)
+        records = registry.job_records(run_id)
+        watched = self._watched(registry, run_id, records)
+        bucket = next((r.bucket for r in records if r.bucket), None)
+        live = any(r.stage not in TERMINAL_STAGES for r in records)
+        with watched.lock:
+            if live or watched.latest or watched.glanced or not bucket:
+                return dict(watched.latest)
+            watched.glanced = True
+            try:
+                watched.latest = _glance(last_record(registry.store_for(bucket), run_id))
+            except Exception as exc:   # a failing bucket: the list shows no reward, the run is still listed
+                log.debug("run %s: no latest step: %s", run_id, exc)
+            return dict(watched.latest)
+
+
+def _glance(record: dict) -> dict:
+    return {k: record[k] for k in ("step", "reward") if isinstance(record.get(k), (int, float))}
+
+
+def last_record(store, run_id: str) -> dict:
+    """The last step record of the trainer's newest metrics fragment ({} when there is none)."""
+    fragments = []
+    for f in store.list_files(f"{layout.run_prefix(run_id)}/{layout.METRICS_DIR}"):
+        match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+        if match and match.group("writer") == "trainer":
+            fragments.append((int(match.group("seq")), f.path))
+    for _, path in sorted(fragments, reverse=True)[:2]:     # the newest may be torn: one back is enough
+        for line in reversed(store.read_bytes(path).decode(errors="replace").splitlines()):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                return record
+    return {}
 
 
 class BudgetEnforcer:

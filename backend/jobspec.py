@@ -44,12 +44,16 @@ class JobSpec:
     namespace: str | None = None
 
     def local_preview(self) -> str:
-        """The command as a local process runs it (env first), for local runs."""
+        """The command as a local process runs it (env first), for local runs; wrapped for reading."""
         env = [f"{k}={v}" for k, v in sorted(self.env.items())]
-        return shlex.join([*env, *self.command])
+        return wrapped([*env, *self.command])
 
     def cli_preview(self) -> str:
-        """The equivalent `hf jobs run ...` command. Secret values never appear: only their names."""
+        """The equivalent `hf jobs run ...` command, wrapped for reading. Secret values never appear: only their
+        names."""
+        return wrapped(self.cli_preview_args())
+
+    def cli_preview_args(self) -> list[str]:
         parts = ["hf", "jobs", "run", "--flavor", self.flavor, "--timeout", f"{self.timeout_s}s"]
         if self.namespace:
             parts += ["--namespace", self.namespace]
@@ -63,8 +67,52 @@ class JobSpec:
             parts += ["-v", vol.cli()]
         for port in self.expose:
             parts += ["--expose", str(port)]
-        parts += [self.image, *self.command]
-        return shlex.join(parts)
+        return [*parts, self.image, *self.command]
+
+
+WRAP_AT = 100
+
+
+def wrapped(tokens: list[str], width: int = WRAP_AT) -> str:
+    """A command line as bash reads it, laid out for a person: lines broken between arguments with a trailing
+    backslash, and a `bash -c` script one step per line (its steps joined by `&&`, long ones broken the same way).
+    Pasted into bash it runs exactly the tokens given."""
+    words = []
+    for i, token in enumerate(tokens):
+        script = i >= 2 and tokens[i - 1] == "-c" and tokens[i - 2] == "bash"
+        words.append(_script(token, width) if script else shlex.quote(token))
+    return _fill(_paired(words), width, "  ")
+
+
+def _script(script: str, width: int) -> str:
+    # The steps were joined by " && " from shlex-quoted arguments (recipe._shell), so they split back exactly.
+    steps = [_fill(_paired([shlex.quote(t) for t in shlex.split(step)]), width, "      ")
+             for step in script.split(" && ")]
+    return shlex.quote("\n    " + " &&\n    ".join(steps) + "\n")
+
+
+def _paired(words: list[str]) -> list[str]:
+    """An option stays on one line with its value ("--flavor a10g-small")."""
+    out: list[str] = []
+    for word in words:
+        if (out and out[-1].startswith("-") and out[-1] != "--" and " " not in out[-1] and not word.startswith("-")
+                and "\n" not in word):
+            out[-1] += " " + word
+        else:
+            out.append(word)
+    return out
+
+
+def _fill(words: list[str], width: int, indent: str) -> str:
+    out, column = "", 0
+    for word in words:
+        if out and column + 1 + len(word.split("\n", 1)[0]) > width:
+            out, column = out + " \\\n" + indent, len(indent)
+        elif out:
+            out, column = out + " ", column + 1
+        out += word
+        column = len(word.rsplit("\n", 1)[-1]) if "\n" in word else column + len(word)
+    return out
 
 
 @dataclass(frozen=True)

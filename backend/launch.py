@@ -130,6 +130,33 @@ def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str) -> None:
         store.write_bytes(f"{prefix}/{layout.DATA_DIR}/{os.path.basename(spec.dataset)}", f.read())
 
 
+def _local_split(spec: RunSpec) -> tuple[list[str], str | None, list[str] | None]:
+    """A local distributed run's CPU cores per replica, and its GPUs: with a GPU for every job (trainer on the
+    first, one replica on each of the next), each has its GPU alone."""
+    binds = recipe.split_cores(list(os.sched_getaffinity(0)), spec.replicas)
+    trainer_gpu, replica_gpus = recipe.assign_local_gpus(local_gpu_ids(), spec.replicas)
+    return binds, trainer_gpu, replica_gpus
+
+
+LOCAL_PORT = "FREE_PORT_{i}"     # in a local preview: the free port the launch picks
+
+
+def preview_jobs(spec: RunSpec) -> list[JobSpec]:
+    """Every job of the run as it will be submitted. A local run's as it will start on this machine (this
+    interpreter, its CPU and GPU split; FREE_PORT_i where the launch picks a free port); an HF Jobs run's with its
+    replicas' URLs as placeholders (known once they are submitted)."""
+    if spec.executor != "local":
+        return recipe.preview_jobs(spec)
+    python = sys.executable
+    if spec.mode == "colocated":
+        return recipe.colocated_jobs(spec, python=python, master_port=LOCAL_PORT.format(i=0))
+    ports = [LOCAL_PORT.format(i=i) for i in range(spec.replicas)]
+    binds, trainer_gpu, replica_gpus = _local_split(spec)
+    replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds, gpus=replica_gpus)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    return [*replicas, recipe.trainer_job(spec, urls, python=python, gpu=trainer_gpu)]
+
+
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
                secrets: dict[str, str] | None = None, resume: bool = False) -> LaunchedRun:
     """Submit a run's jobs. A new run writes spec.json and the runtime code first; a resumed one runs again on
@@ -151,9 +178,7 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         ids = submit_jobs(executor, jobs, secrets)
         return LaunchedRun(spec.run_id, {j.role: i for j, i in zip(jobs, ids)})
     ports = [free_port() for _ in range(spec.replicas)] if local else None
-    binds = recipe.split_cores(list(os.sched_getaffinity(0)), spec.replicas) if local else None
-    # With a GPU for every job (trainer on the first, one replica on each of the next), each has its GPU alone.
-    trainer_gpu, replica_gpus = recipe.assign_local_gpus(local_gpu_ids(), spec.replicas) if local else (None, None)
+    binds, trainer_gpu, replica_gpus = _local_split(spec) if local else (None, None, None)
     replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds, gpus=replica_gpus)
     replica_ids = submit_jobs(executor, replicas, secrets)
     urls = [executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(replicas, replica_ids)]

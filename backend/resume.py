@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from backend.launch import LaunchError
+from backend.observers import list_adapter_versions
 from backend.runtime import layout
 from backend.spec import RunSpec
 from backend.store import BucketStore
@@ -78,9 +79,12 @@ def resume_plan(view) -> ResumePlan:
     if step is not None and isinstance(max_steps, int) and step >= max_steps:
         raise LaunchError(f"{run}'s last checkpoint is at its last step ({step} of {max_steps}): nothing is left to "
                           "train")
-    next_version = max(view.adapters, default=0) + 1
+    # Resuming is rare and a version name must never be reused: every folder counts here, not only the versions
+    # the view learnt from events (a trainer that crashed between publishing and recording leaves only a folder).
+    versions = {**list_adapter_versions(view.store, view.run_id, known=set(view.adapters)), **view.adapters}
+    next_version = max(versions, default=0) + 1
     after = step or 0
-    superseded = tuple(v.name for v in sorted(view.adapters.values(), key=lambda v: v.version)
+    superseded = tuple(v.name for v in sorted(versions.values(), key=lambda v: v.version)
                        if v.step is not None and v.step > after and v.name not in view.superseded)
     continue_at = f"adapter versions continue at {layout.adapter_name(next_version)}"
     discards = (f"; {len(superseded)} version(s) published after step {after} ({', '.join(superseded)}) will be "

@@ -105,6 +105,10 @@ class RunRegistry:
                                               earlier=summary.earlier)
             return self._views[run_id]
 
+    def open_view(self, run_id: str) -> RunView | None:
+        """The run's view if a dashboard opened it already (none is made here)."""
+        return self._views.get(run_id)
+
     def resume_plan(self, run_id: str) -> ResumePlan:
         """What Resume would do for this run (see `backend.resume`); raises LaunchError when it cannot."""
         view = self.view(run_id)

@@ -21,11 +21,12 @@ from backend.access import (
     no_token_reason,
     token_lifetime_problem,
 )
-from backend.alerts import AlertBook, WebhookStore
+from backend.alerts import AlertBook, WebhookStore, webhook_problem
 from backend.budget import BudgetEnforcer, BudgetStop, SpendWatch
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, hardware_problems, list_flavors
-from backend.launch import LaunchError
+from backend.jobspec import TERMINAL_STAGES
+from backend.launch import LaunchError, preview_jobs
 from backend.run_directory import RunDirectory
 from backend.runs import RunRegistry
 from backend.runtime.layout import atomic_write_bytes
@@ -35,6 +36,9 @@ from backend.runtime.tiny_model import benchmark_note
 from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
+from panel.presets import TINY_DEMO, preset_values
+from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
+from panel.spend_view import cost_cell
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,7 @@ class Preview:
     markdown: str
     fingerprint: str | None = None     # of the previewed spec; a launch on HF Jobs must quote it
     run_id: str | None = None          # the id the previewed jobs carry; the launch uses the same one
+    fields: tuple[str, ...] = ()       # the form fields to fix (the form opens and marks them)
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class LaunchResult:
     message: str
     run_id: str | None = None
     preview: Preview | None = None     # when the launch asks for a (new) review instead
+    fields: tuple[str, ...] = ()       # the form fields to fix, when the launch was refused for them
 
     def __iter__(self):
         """Unpacks as `message, run_id`, the two things a script wants to know."""
@@ -79,9 +85,11 @@ class Panel:
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
         self.spend = SpendWatch()
-        self._enforcer = BudgetEnforcer(self.enforce_budgets, self.settings.budget_check_s).start()
+        self._enforcer = BudgetEnforcer(self.background_checks, self.settings.budget_check_s).start()
         self._final_zips: dict[str, str] = {}
         self.webhooks = WebhookStore(self.settings.home)
+        # The launch form's labels (set by the UI that builds the form): messages name a field as the visitor sees it.
+        self.field_labels: dict[str, str] = {}
         self._alert_books: dict[str, AlertBook] = {}
         # Files built for download (final adapters, full logs) live here under stable names, one per run (and
         # role), replaced on each build: a long-lived Space does not collect a temp folder per click.
@@ -170,8 +178,8 @@ class Panel:
         except SpecError as exc:
             hint = "" if acting_token(visitor, self.settings) or values.get("executor") != "hf_jobs" else (
                 f"\n\n{no_token_reason(self.settings)}")
-            return Preview(_errors_markdown(exc) + hint)
-        jobs = recipe.preview_jobs(spec)
+            return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
+        jobs = preview_jobs(spec)
         lines = [(f"**{len(jobs)} job(s)** of run `{spec.run_id}`, image `{spec.image}`, TRL {recipe.TRL_VERSION}, "
                   f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
         if spec.executor == "hf_jobs":
@@ -184,10 +192,11 @@ class Panel:
             if expiry:
                 lines.append(f"⚠️ Not launchable as it is: {expiry}")
         else:
-            lines.append("Runs here as local processes; the bucket is the folder "
-                         f"`{self.local.bucket_root(spec.bucket)}`.")
+            lines.append("Runs here as local processes, each under a wrapper that enforces its timeout; the bucket "
+                         f"is the folder `{self.local.bucket_root(spec.bucket)}`; `FREE_PORT_i` is a free port "
+                         "picked at launch.")
         for job in jobs:
-            command = job.cli_preview() if spec.executor == "hf_jobs" else job.local_preview()
+            command = job.cli_preview() if spec.executor == "hf_jobs" else self.local.as_run(job).local_preview()
             lines.append(f"```bash\n# {job.role}\n{command}\n```")
         return Preview(redact_tokens("\n\n".join(lines)), spec.fingerprint(), spec.run_id)
 
@@ -215,12 +224,16 @@ class Panel:
                 f"({jobs[0].timeout_s // 60} min) for each job: {per_job}.")
 
     def launch(self, values: dict, visitor: Visitor | str | None = None, confirmed: str | None = None,
-               run_id: str | None = None) -> LaunchResult:
+               run_id: str | None = None, webhook: str = "") -> LaunchResult:
         """Launch the form's run. Nothing is launched unless the spec validates and the visitor may.
 
         A run on HF Jobs costs money: it is launched only when `confirmed` is the fingerprint of the preview the
-        visitor reviewed and that fingerprint is still the form's; otherwise the answer carries a fresh preview."""
+        visitor reviewed and that fingerprint is still the form's; otherwise the answer carries a fresh preview.
+        `webhook`, if given, receives the run's alerts; it is kept encrypted, never shown or written to the bucket."""
         visitor = as_visitor(visitor)
+        webhook = (webhook or "").strip()
+        if webhook and webhook_problem(webhook):
+            return LaunchResult(f"**Not launched.** Alert webhook: {webhook_problem(webhook)}.")
         if values.get("executor") == "hf_jobs" and not acting_token(visitor, self.settings):
             return LaunchResult(f"**Not launched.** {no_token_reason(self.settings)}")
         try:
@@ -247,9 +260,11 @@ class Panel:
                 registry = self.runs.hub_registry(token, spec.bucket_namespace)
                 secrets = {recipe.TOKEN_SECRET: token}
             launched = registry.launch(spec, secrets)
+            if webhook:
+                self.webhooks.put(spec.run_id, webhook)
             self.runs.relist(spec.bucket_namespace)
         except SpecError as exc:
-            return LaunchResult(_errors_markdown(exc))
+            return LaunchResult(_errors_markdown(exc, self.field_labels), fields=_fields(exc))
         except (Refused, LaunchError) as exc:
             text = str(exc)
             return LaunchResult(redact_tokens(text if text.startswith("Not launched") else f"**Not launched.** {text}"))
@@ -260,28 +275,38 @@ class Panel:
 
     # ---- runs
     def runs_table(self, visitor: Visitor | str | None = None, with_cost: bool = True,
-                   limit: int = RUNS_PAGE) -> list[list]:
-        """The newest `limit` runs: run id, executor, stage per job, created, cost (spend or time, projection,
-        budget; '' without)."""
+                   limit: int = RUNS_PAGE, query: str = "", status: str = "all") -> list[list]:
+        """The newest `limit` runs (RUNS_HEADERS), optionally only those whose id or name contains `query` and
+        whose status is `status` (a RUN_FILTERS key)."""
         runs = [(run, registry) for registry in self.runs.registries(as_visitor(visitor))
                 for run in registry.list_runs()]
+        wanted = RUN_FILTERS.get(status) or ()
+        q = (query or "").strip().lower()
         rows = []
-        for run, registry in sorted(runs, key=lambda pair: pair[0].created_at, reverse=True)[:limit]:
-            stages = ", ".join(f"{role}: {stage}" for role, stage in sorted(run.stages.items()))
-            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-            cost = self._cost_cell(registry, run) if with_cost else ""
-            rows.append([run.run_id, registry.executor.name, stages, created, cost])
+        for run, registry in sorted(runs, key=lambda pair: pair[0].created_at, reverse=True):
+            stage = run_stage(run.stages)
+            if wanted and stage not in wanted:
+                continue
+            spec, cost = {}, ""
+            if with_cost:
+                try:
+                    run_cost, spec = self.spend.cost(registry, run.run_id)
+                    cost = cost_cell(run_cost, float(spec.get("budget_usd") or 0.0))
+                except Exception as exc:   # a failing price list or bucket must not break the runs list
+                    log.debug("no cost for run %s: %s", run.run_id, exc)
+                    cost = "-"
+            name = str(spec.get("name") or "")
+            if q and q not in run.run_id.lower() and q not in name.lower():
+                continue
+            latest = self.spend.latest(registry, run.run_id, registry.open_view(run.run_id)) if with_cost else {}
+            reward = latest.get("reward")
+            created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
+            rows.append([run.run_id, name, status_badge(stage), progress_bar(latest.get("step"), spec.get("max_steps")),
+                         f"{reward:.3f}" if isinstance(reward, (int, float)) else "", cost,
+                         str(spec.get("mode") or ""), registry.executor.name, created])
+            if len(rows) == limit:
+                break
         return rows
-
-    def _cost_cell(self, registry: RunRegistry, run) -> str:
-        from panel.spend_view import cost_cell
-
-        try:
-            cost, spec = self.spend.cost(registry, run.run_id)
-        except Exception as exc:   # a failing price list or bucket must not break the runs list
-            log.debug("no cost for run %s: %s", run.run_id, exc)
-            return "-"
-        return cost_cell(cost, float(spec.get("budget_usd") or 0.0))
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
         """A line above the runs list when the visitor can see no Hub runs, saying why."""
@@ -292,6 +317,24 @@ class Panel:
     def view(self, run_id: str, visitor: Visitor | str | None = None) -> RunView:
         """A run's view, only if this visitor reaches the run (local runs they may use, or their namespaces')."""
         return self.runs.find(run_id, as_visitor(visitor)).view(run_id)
+
+    def form_from_run(self, run_id: str, visitor: Visitor | str | None = None,
+                      change: dict | None = None) -> tuple[dict, str]:
+        """The launch form's values for a new run like `run_id` (its spec.json, with `change` applied), and a line
+        saying what was filled. Fields an older spec lacks take their defaults."""
+        view = self.view(run_id, as_visitor(visitor))
+        if not view.spec:
+            view.refresh()
+        if not view.spec:
+            raise KeyError(f"Run {run_id} has no spec.json yet.")
+        values = preset_values(TINY_DEMO)
+        values.update({k: v for k, v in view.spec.items() if k in values})
+        changed = {k: v for k, v in (change or {}).items() if k in values}
+        line = f"Filled from run `{run_id}`"
+        if changed:
+            line += " with " + ", ".join(f"`{k}` {values[k]!r} → {v!r}" for k, v in changed.items())
+            values.update(changed)
+        return values, line + ". Review the preview, then launch."
 
     def _registry_for_control(self, run_id: str, visitor: Visitor) -> tuple[RunRegistry, str | None]:
         registry = self.runs.find(run_id, visitor)
@@ -320,7 +363,7 @@ class Panel:
             plan = self._resume_plan(registry, run_id)
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return Preview(f"**Cannot resume.** {_reason(exc)}")
-        jobs = recipe.preview_jobs(plan.spec)
+        jobs = preview_jobs(plan.spec)
         lines = [f"**Resume run `{run_id}`:** {plan.message} It submits {len(jobs)} new job(s): "
                  + ", ".join(f"{j.role} on {j.flavor}" for j in jobs) + "."]
         if plan.spec.executor == "hf_jobs":
@@ -388,6 +431,31 @@ class Panel:
         book.seen_version = view.version
         return book.update(view)
 
+    def background_checks(self) -> list[BudgetStop]:
+        """What the panel checks whether anyone watches or not: budget caps, then the alerts of live runs."""
+        stops = self.enforce_budgets()
+        self.watch_live_alerts()
+        return stops
+
+    def watch_live_alerts(self) -> None:
+        """Evaluate the alerts of every live run this process can reach, so a stall or a lost adapter reaches the
+        bucket and the webhook with no browser open."""
+        regs = {id(r): r for r in [*self.runs.registries(ANONYMOUS), *self.runs.held()]}
+        for registry in regs.values():
+            try:
+                live = [run.run_id for run in registry.list_runs()
+                        if run.stages and not all(stage in TERMINAL_STAGES for stage in run.stages.values())]
+            except Exception as exc:   # one namespace failing must not stop the others' alerts
+                log.warning("alert check could not list %s runs: %s", registry.executor.name, redact_tokens(str(exc)))
+                continue
+            for run_id in live:
+                try:
+                    view = registry.view(run_id)
+                    view.refresh_if_due()
+                    self.watch_alerts(view)
+                except Exception as exc:
+                    log.warning("alert check failed for run %s: %s", run_id, redact_tokens(str(exc)))
+
     def enforce_budgets(self) -> list[BudgetStop]:
         """Check the budget cap of every live run this process can reach (the host's runs, the runs of visitors
         seen lately) and stop those that reached it. Safe to run from several processes at once."""
@@ -445,7 +513,14 @@ def _reason(exc: Exception) -> str:
     return redact_tokens(str(text))
 
 
-def _errors_markdown(exc: SpecError) -> str:
-    items = "\n".join(f"- **{e.field}**: {redact_tokens(e.message)}" for e in exc.errors)
+def _fields(exc: SpecError) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(e.field for e in exc.errors))
+
+
+def _errors_markdown(exc: SpecError, labels: dict[str, str] | None = None) -> str:
+    """Each bad field by its form label (its spec name beside it, as the preview and spec.json call it)."""
+    labels = labels or {}
+    items = "\n".join(f"- **{labels[e.field]}** (`{e.field}`): {redact_tokens(e.message)}" if e.field in labels
+                      else f"- **{e.field}**: {redact_tokens(e.message)}" for e in exc.errors)
     return f"**Fix these fields before launching (nothing was launched):**\n{items}"
 

@@ -22,8 +22,10 @@ METRIC_COLORS = {
     "reward": "#1f77b4", "kl": "#d62728", "entropy": "#9467bd", "staleness_mean": "#1f77b4",
     "staleness_max": "#ff7f0e", "dropped_stale_total": "#7f7f7f", "ratio": "#2ca02c", "completion_length": "#8c564b",
     "tokens_per_s": "#1f77b4", "gen_tokens_per_s": "#ff7f0e", "train_tokens_per_s": "#2ca02c",
-    "step_time": "#1f77b4", "weight_sync_s": "#d62728", "generation_s": "#ff7f0e", "perf/rollout_wait_s": "#9467bd",
-    "loss": "#1f77b4", "grad_norm": "#ff7f0e", "learning_rate": "#2ca02c",
+    "step_time": "#1f77b4", "weight_sync_s": "#d62728", "generation_s": "#ff7f0e",
+    "loss": "#1f77b4", "grad_norm": "#ff7f0e", "learning_rate": "#2ca02c", "fwd_bwd_s": "#2ca02c",
+    "rollout_wait_s": "#9467bd", "perf/mfu_wall_clock": "#7f7f7f", "sample/rollout_queue_size": "#1f77b4",
+    "rollout/inflight": "#ff7f0e", "rollout/backpressure_s": "#d62728", "rollout/score_block_s": "#9467bd",
 }
 PALETTE = ["#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f", "#9467bd", "#ff7f0e", "#2ca02c"]
 ROLE_COLORS = {"trainer": "#1f77b4", "vllm-0": "#ff7f0e", "vllm-1": "#2ca02c", "vllm-2": "#d62728",
@@ -208,11 +210,28 @@ def _extreme(table, key: str, pick) -> float:
     return pick(values)
 
 
-def staleness_figure(table, options: ChartOptions) -> dict:
+def cap_line(fig: dict, value, name: str, color: str, yaxis: str = "y") -> None:
+    """A dashed horizontal line at a configured limit (a queue size, an in-flight cap, max staleness)."""
+    if not isinstance(value, (int, float)) or not fig["data"]:
+        return
+    ref = "y" if yaxis == "y" else "y2"
+    fig["layout"].setdefault("shapes", []).append({
+        "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": ref, "y0": value, "y1": value,
+        "line": {"color": color, "dash": "dash", "width": 1}})
+    fig["layout"].setdefault("annotations", []).append({
+        "text": f"{name} {value:g}", "xref": "paper", "x": 1, "xanchor": "right", "yref": ref, "y": value,
+        "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": color}})
+
+
+def staleness_figure(table, options: ChartOptions, spec: dict | None = None) -> dict:
+    """Off-policy health: staleness against max_staleness, and the stale samples TRL dropped."""
     # TRL's dropped_stale_total is counted per logging step, not summed over the run.
-    return lines_figure(table, {"staleness_mean": "mean", "staleness_max": "max"}, "Staleness", "policy versions",
-                        options, right={"dropped_stale_total": "stale samples dropped (per step)"},
-                        right_title="samples")
+    fig = lines_figure(table, {"staleness_mean": "mean", "staleness_max": "max"}, "Staleness", "policy versions",
+                       options, right={"dropped_stale_total": "stale samples dropped (per step)"},
+                       right_title="samples")
+    cap_line(fig, (spec or {}).get("max_staleness") if (spec or {}).get("mode") == "distributed" else None,
+             "max staleness", "#ff7f0e")
+    return fig
 
 
 def ratio_figure(table, options: ChartOptions) -> dict:
@@ -224,6 +243,9 @@ def ratio_figure(table, options: ChartOptions) -> dict:
     fig["layout"]["shapes"] = [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
                                 "y0": 1 - RATIO_BAND, "y1": 1 + RATIO_BAND, "fillcolor": "green", "opacity": 0.08,
                                 "line": {"width": 0}}]
+    # An axis scaled to the healthy range: a drift of 0.5 % must be visible, not flattened by autoscale.
+    ys = [y for trace in fig["data"] for y in trace["y"]]
+    fig["layout"]["yaxis"]["range"] = [min(min(ys), 1 - 3 * RATIO_BAND), max(max(ys), 1 + 3 * RATIO_BAND)]
     return fig
 
 
@@ -245,8 +267,46 @@ def throughput_figure(table, options: ChartOptions) -> dict:
 
 
 def timing_figure(table, options: ChartOptions) -> dict:
-    return lines_figure(table, {"step_time": "step", "generation_s": "generation", "weight_sync_s": "weight sync",
-                                "perf/rollout_wait_s": "waiting for rollouts"}, "Time per step", "seconds", options)
+    """Trainer vs generation balance: where each step's time goes, and the model FLOPs utilisation."""
+    return lines_figure(table, {"step_time": "step", "fwd_bwd_s": "forward + backward", "generation_s": "generation",
+                                "rollout_wait_s": "waiting for rollouts"}, "Trainer vs generation (time per step)",
+                        "seconds", options, right={"perf/mfu_wall_clock": "MFU (wall clock)"}, right_title="MFU")
+
+
+def queue_figure(table, options: ChartOptions, spec: dict | None = None) -> dict:
+    """Queue and in-flight: the rollout queue against its size, requests in flight against their cap, and the time
+    rollouts spend blocked (a full queue pushes back; scoring blocks)."""
+    spec = spec or {}
+    fig = lines_figure(table, {"sample/rollout_queue_size": "rollout queue", "rollout/inflight": "in flight"},
+                       "Queue and in-flight", "samples / requests", options,
+                       right={"rollout/backpressure_s": "backpressure", "rollout/score_block_s": "score blocked"},
+                       right_title="seconds")
+    if not fig["data"]:
+        fig["layout"]["annotations"][0]["text"] = ("Async (distributed) runs log their rollout queue; colocated runs "
+                                                   "have none.")
+        return fig
+    if "sample/rollout_queue_size" in table.columns:
+        cap_line(fig, spec.get("queue_maxsize"), "queue size", "#1f77b4")
+    if "rollout/inflight" in table.columns:
+        cap_line(fig, spec.get("max_inflight_tasks"), "in-flight cap", "#ff7f0e")
+    return fig
+
+
+def sync_figure(table, options: ChartOptions, spec: dict | None = None) -> dict:
+    """Weight sync: seconds per sync beside the step time, and its recent share of wall time in the title."""
+    fig = lines_figure(table, {"weight_sync_s": "weight sync", "step_time": "step"}, "Weight sync", "seconds", options)
+    every = max(int((spec or {}).get("adapter_every") or 1), 1)
+    if "weight_sync_s" not in table.columns:
+        if fig["data"]:
+            fig["layout"]["title"]["text"] = "Weight sync (none logged: colocated runs share the weights in memory)"
+        return fig
+    rows = table.rows(last=20)
+    syncs = [r["weight_sync_s"] for r in rows if _num(r.get("weight_sync_s"))]
+    steps = [r["step_time"] for r in rows if _num(r.get("step_time"))]
+    if syncs and steps and sum(steps) > 0:
+        share = (sum(syncs) / len(syncs)) / (every * sum(steps) / len(steps))
+        fig["layout"]["title"]["text"] = f"Weight sync ({share:.0%} of wall time lately, every {every} step(s))"
+    return fig
 
 
 def optimisation_figure(table, options: ChartOptions) -> dict:

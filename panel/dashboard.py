@@ -6,6 +6,7 @@ last drew, and a tick of ten sessions costs about one frame.
 """
 
 import hashlib
+import re
 import threading
 import time
 import weakref
@@ -18,9 +19,13 @@ from panel import charts
 
 LOG_TAIL = 400
 TRACEBACK_LINES = 30
+# A log line that states a failure: the one quoted as a failed job's cause (the last such line in its log).
+ERROR_LINE = re.compile(r"error|exception|no such file|not found|killed|denied|fatal|out of memory|cannot ",
+                        re.IGNORECASE)
+MAX_CAUSE = 300
 ADAPTER_PAGE = 50          # the adapters table shows the newest versions; the count of all is in the header
-PLOTS = ("reward", "staleness", "utilisation", "memory", "kl", "length", "throughput", "timing", "optimisation",
-         "learning_rate", "ratio")
+PLOTS = ("reward", "staleness", "utilisation", "memory", "kl", "length", "throughput", "timing", "queue", "sync",
+         "optimisation", "learning_rate", "ratio")
 
 
 @dataclass
@@ -46,13 +51,15 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     values = {
         "status": status_markdown(view),
         "reward": charts.reward_figure(table, options),
-        "staleness": charts.staleness_figure(table, options),
+        "staleness": charts.staleness_figure(table, options, view.spec),
         "utilisation": charts.utilisation_figure(usages, options),
         "memory": charts.memory_figure(usages, options),
         "kl": charts.kl_figure(table, options),
         "length": charts.length_figure(table, options),
         "throughput": charts.throughput_figure(table, options),
         "timing": charts.timing_figure(table, options),
+        "queue": charts.queue_figure(table, options, view.spec),
+        "sync": charts.sync_figure(table, options, view.spec),
         "optimisation": charts.optimisation_figure(table, options),
         "learning_rate": charts.learning_rate_figure(table, options),
         "ratio": charts.ratio_figure(table, options),
@@ -100,6 +107,9 @@ def status_markdown(view) -> str:
     last = view.latest
     degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
     parts = [f"### Run `{view.run_id}` — **{view.stage}**{degraded}"]
+    cause = failure_cause(view)
+    if cause:
+        parts.append(cause)
     jobs = " · ".join(f"{role}: {job.status.stage}" + (f" ({job.status.message})" if job.status.message else "")
                       for role, job in sorted(view.jobs.items()))
     parts.append(jobs)
@@ -131,21 +141,36 @@ def status_markdown(view) -> str:
     return "\n\n".join(parts)
 
 
-def end_lines(view) -> list[str]:
-    """Why the current attempt's trainer stopped, if it failed or was cancelled: its event (with the end of its
-    traceback, a failing reward's own frames last), else its job's status (a trainer that was killed, or could
-    not write to the bucket, records no event)."""
+def failure_cause(view) -> str:
+    """Why the run failed, in one line for the top of the header: the trainer's own error when it recorded one,
+    else the last error line of the first failing job's log (masked), else its job status."""
     last = view.trainer_end
     if last.get("event") == "failed":
-        lines = [f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"]
+        return f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"
+    failing = sorted((role != "trainer", role, job) for role, job in view.current_jobs.items()
+                     if job.status.stage == "ERROR")
+    if not failing or (last.get("event") == "finished" and failing[0][1] == "trainer"):
+        return ""
+    _, role, job = failing[0]
+    status = redact_tokens(job.status.message or "the job failed")
+    lines = [line.strip() for line in job.logs if line.strip()]
+    errors = [line for line in lines if ERROR_LINE.search(line) and not line.startswith("Traceback")]
+    cause = f"❌ **{role}: {status}**"
+    if errors and errors[-1] not in status:
+        cause += f" — `{redact_tokens(errors[-1])[:MAX_CAUSE].replace('`', chr(39))}`"
+    return cause
+
+
+def end_lines(view) -> list[str]:
+    """How the current attempt's trainer stopped, below the charts' summary: the end of a failed trainer's
+    traceback (a failing reward's own frames last), or why it was cancelled. The cause itself is at the top."""
+    last = view.trainer_end
+    if last.get("event") == "failed":
         if last.get("code_traceback") or last.get("traceback"):
-            lines.append(traceback_block(last.get("code_traceback") or last["traceback"]))
-        return lines
+            return [traceback_block(last.get("code_traceback") or last["traceback"])]
+        return []
     if last.get("event") == "canceled":
         return [f"⏹ {redact_tokens(str(last.get('error', 'the trainer was stopped')))}"]
-    trainer = view.current_jobs.get("trainer")
-    if trainer is not None and trainer.status.stage == "ERROR" and last.get("event") != "finished":
-        return [f"❌ **trainer: {redact_tokens(trainer.status.message or 'the job failed')}**"]
     return []
 
 
@@ -187,16 +212,65 @@ def _replicas(view) -> list[tuple[dict, str | None]]:
 
 def _registered_adapters(view) -> dict[str, list[str]]:
     # A replica that is down serves nothing, whatever its last snapshot held.
-    return {r.get("url", f"replica-{i}"): r.get("adapters", []) if r.get("healthy") and not down else []
+    return {replica_name(i): r.get("adapters", []) if r.get("healthy") and not down else []
             for i, (r, down) in enumerate(_replicas(view))}
 
 
+def replica_name(i: int) -> str:
+    """Replica i is the job `vllm-i` everywhere: tables, logs and charts name it alike."""
+    return f"vllm-{i}"
+
+
 def replica_rows(view) -> list[list]:
+    """One row per replica: its job name, health, load, adapters, and the proof that it serves the newest version
+    (the proxy's canary: listed and answering for vN, with logprobs that differ from the base model's)."""
+    proofs = {p.get("url"): p for p in (view.serving or {}).get("replicas", [])}
+    version = (view.serving or {}).get("version")
     rows = []
-    for r, down in _replicas(view):
+    for i, (r, down) in enumerate(_replicas(view)):
         healthy = r.get("healthy") and not down
-        rows.append([r.get("url"), "up" if healthy else (down or "DOWN"), r.get("in_flight"), r.get("served"),
-                     r.get("errors"), ", ".join(r.get("adapters", [])) if healthy else ""])
+        rows.append([replica_name(i), "up" if healthy else (down or "DOWN"), r.get("in_flight"), r.get("served"),
+                     r.get("errors"), ", ".join(r.get("adapters", [])) if healthy else "",
+                     proof_cell(version, proofs.get(r.get("url"))), r.get("url")])
+    return rows
+
+
+def proof_cell(version: str | None, proof: dict | None) -> str:
+    """'serves trl-policy-v17: yes · differs from base: yes', or what the canary found instead."""
+    if not version or proof is None:
+        return "-"
+    if proof.get("error"):
+        return f"canary failed: {redact_tokens(str(proof['error']))}"
+    serves = proof.get("listed") and proof.get("served") == version
+    differs = (proof.get("delta_base") or 0) > diagnose.SERVING_TOLERANCE
+    return f"serves {version}: {'yes' if serves else 'NO'} · differs from base: {'yes' if differs else 'NO'}"
+
+
+SAMPLE_HEADERS = ["step", "version", "prompt", "completion", "rewards", "advantage", "length", "truncated"]
+
+
+def sample_steps(view) -> list[int]:
+    """The steps the trainer wrote samples of, newest first."""
+    return sorted({int(s["step"]) for s in view.samples if isinstance(s.get("step"), (int, float))}, reverse=True)
+
+
+def sample_rows(view, step: int | str | None = "latest") -> list[list]:
+    """What the policy wrote at `step` ("latest": the newest step with samples): prompt, completion, each
+    reward, advantage, length in tokens and whether it hit the completion limit."""
+    steps = sample_steps(view)
+    if not steps:
+        return []
+    chosen = steps[0] if step in (None, "", "latest") else int(step)
+    rows = []
+    for s in view.samples:
+        if s.get("step") != chosen:
+            continue
+        rewards = " · ".join(f"{k.split('/', 1)[-1]} {v:.3g}" for k, v in (s.get("rewards") or {}).items())
+        advantage = s.get("advantage")
+        rows.append([s.get("step"), s.get("policy_version") if s.get("policy_version") is not None else "-",
+                     s.get("prompt", ""), s.get("completion", ""), rewards,
+                     "-" if advantage is None else round(float(advantage), 3), s.get("length") or "-",
+                     {True: "yes", False: "no"}.get(s.get("truncated"), "-")])
     return rows
 
 

@@ -4,26 +4,41 @@ Every handler learns who clicked from Gradio itself: `gr.OAuthToken` / `gr.OAuth
 Gradio fills only when it can match them positionally (never after `*args`), read through `visitor_of`.
 """
 
+import contextlib
+
 import gradio as gr
 from gradio.components.plot import PlotData
 
+from backend import diagnose
 from backend.access import Visitor
 from backend.compare import X_AXES
 from backend.spec import LORA_TARGET_CHOICES, MODEL_HELP, RunSpec
 from panel import compare_view, dashboard, live, publish_view, spend_view
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
+from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 from panel.task_form import TaskSection
 
 TICK_S = 2.0
 PLOT_IDS = {"reward": "reward-plot", "staleness": "staleness-plot", "utilisation": "util-plot",
             "memory": "memory-plot", "kl": "kl-plot", "length": "length-plot", "throughput": "throughput-plot",
-            "timing": "timing-plot", "optimisation": "optimisation-plot", "learning_rate": "lr-plot",
-            "ratio": "ratio-plot"}
-PLOT_ROWS = [("reward", "staleness"), ("utilisation", "memory"), ("kl", "ratio"), ("length", "throughput"),
-             ("timing", "optimisation"), ("learning_rate",)]
+            "timing": "timing-plot", "queue": "queue-plot", "sync": "sync-plot", "optimisation": "optimisation-plot",
+            "learning_rate": "lr-plot", "ratio": "ratio-plot"}
+# Learning first, then the four questions of a slow or off run: trainer vs generation, queue, sync, resources.
+PLOT_ROWS = [("reward", "kl"), ("staleness", "ratio"), ("timing", "queue"), ("sync", "throughput"),
+             ("utilisation", "memory"), ("length", "optimisation"), ("learning_rate",)]
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
                      "if (t) t.scrollTop = t.scrollHeight; }")
+# The picked run is in the page's address (?run=<id>): a reload or a shared link opens it again.
+RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
+              "if (id) { u.searchParams.set('run', id); } else { u.searchParams.delete('run'); } "
+              "window.history.replaceState(null, '', u); return []; }")
+# One click downloads the full log: the file the click wrote is fetched through its link at once.
+DOWNLOAD_LOG = ("() => { const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
+                "if (a) a.click(); }")
+COLOCATED_SECTION, DISTRIBUTED_SECTION = "vLLM (colocated)", "Distributed (async GRPO)"
+# A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).
+CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }"
 LOGIN_HINT = "Sign in with Hugging Face (button at the top) to launch and watch your runs."
 
 
@@ -56,9 +71,18 @@ def _flavor_choices(flavors) -> list[tuple[str, str]]:
     return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
 
 
+@contextlib.contextmanager
+def _section(f: dict, sections: dict, title: str, **kw):
+    """An accordion of the form; `sections[title]` keeps it with the names of the fields built inside it."""
+    before = set(f)
+    with gr.Accordion(title, open=False, **kw) as accordion:
+        yield
+    sections[title] = (accordion, set(f) - before)
+
+
 def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, gr.components.Component],
-                                                                        TaskSection]:
-    f = {}
+                                                                        TaskSection, dict]:
+    f, sections = {}, {}
     with gr.Row():
         f["name"] = _field("name", "Run name", initial)
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
@@ -69,14 +93,14 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
     f["model"] = _field("model", "Model", initial, info=MODEL_HELP)
     task = TaskSection.build(initial)
     f.update(task.fields)
-    with gr.Accordion("LoRA", open=False):
+    with _section(f, sections, "LoRA"):
         with gr.Row():
             f["lora_r"] = _field("lora_r", "Rank r", initial)
             f["lora_alpha"] = _field("lora_alpha", "Alpha", initial)
             f["lora_dropout"] = _field("lora_dropout", "Dropout", initial)
         f["lora_target_modules"] = _field("lora_target_modules", "Target modules", initial,
                                           choices=list(LORA_TARGET_CHOICES))
-    with gr.Accordion("GRPO training", open=False):
+    with _section(f, sections, "GRPO training"):
         with gr.Row():
             for name, label in [("learning_rate", "Learning rate"), ("max_steps", "Steps"),
                                 ("per_device_batch_size", "Batch size / device"),
@@ -90,7 +114,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
             f["adapter_every"] = _field("adapter_every", "Publish adapter every K steps", initial)
             f["checkpoint_every"] = _field("checkpoint_every", "Checkpoint every K steps", initial)
             f["logging_steps"] = _field("logging_steps", "Log every K steps", initial)
-    with gr.Accordion("vLLM (colocated)", open=False):
+    with _section(f, sections, COLOCATED_SECTION, visible=initial["mode"] == "colocated"):
         with gr.Row():
             f["use_vllm"] = _field("use_vllm", "Generate with colocated vLLM", initial,
                                    info="needs a GPU; on CPU the trainer generates with transformers")
@@ -102,7 +126,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
             f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel", initial,
                                                     choices=[1, 2, 4, 8])
             f["num_processes"] = _field("num_processes", "Data-parallel processes", initial)
-    with gr.Accordion("Distributed (async GRPO)", open=False):
+    with _section(f, sections, DISTRIBUTED_SECTION, visible=initial["mode"] == "distributed"):
         with gr.Row():
             f["replicas"] = _field("replicas", "vLLM replicas", initial)
             f["max_staleness"] = _field("max_staleness", "Max staleness", initial,
@@ -114,7 +138,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
             f["max_inflight_tasks"] = _field("max_inflight_tasks", "Max in-flight tasks", initial)
             f["queue_maxsize"] = _field("queue_maxsize", "Rollout queue size", initial)
             f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing", initial)
-    with gr.Accordion("Hardware and storage", open=False), gr.Row():
+    with _section(f, sections, "Hardware and storage"), gr.Row():
         f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["flavor"], allow_custom_value=True,
                                   label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
         f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)", initial)
@@ -123,7 +147,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
         f["bucket"] = _field("bucket", "Bucket (namespace/name)", initial,
                              info="HF Jobs: your namespace's bucket, created (private) on first launch")
         f["mount_path"] = _field("mount_path", "Mount path in every job", initial)
-    return f, task
+    return f, task, sections
 
 
 def _presets_for(panel: Panel) -> tuple[list[str], str]:
@@ -148,7 +172,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
         with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
                 preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset")
-                form, task = _form(panel, initial, executors)
+                form, task, sections = _form(panel, initial, executors)
+                panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
+                with gr.Accordion("Alerts", open=False):
+                    webhook = gr.Textbox(label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
+                                         info="Slack or Discord webhook: the run's alerts (ratio drift, stall, a "
+                                              "replica not serving its adapter, ...) are posted there. Kept encrypted "
+                                              "by this panel; never shown again or written to the bucket.")
                 with gr.Row():
                     preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
                     confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
@@ -165,12 +195,20 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm",
                                                  scale=1)
                     resume_btn = gr.Button("Resume run", elem_id="resume-btn", scale=1)
-                runs_table = gr.Dataframe(headers=["run", "executor", "jobs", "created", "cost"], interactive=False,
-                                          elem_id="runs-table")
+                with gr.Row():
+                    runs_query = gr.Textbox(label="Filter by name or id", elem_id="runs-query", scale=3)
+                    runs_status = gr.Radio(list(RUN_FILTERS), value="all", label="Status", elem_id="runs-status",
+                                           scale=2)
+                runs_table = gr.Dataframe(headers=RUNS_HEADERS, interactive=False, elem_id="runs-table",
+                                          label="Runs (newest first; click a row to open it)")
                 spend_view.build_orphans(panel, visitor_of)
                 action_msg = gr.Markdown(elem_id="action-msg")
                 status = gr.Markdown(elem_id="run-status")
                 cost_md = gr.Markdown(elem_id="run-cost")
+                with gr.Row():
+                    change_btn = gr.Button("New run with this change", visible=False, elem_id="new-run-change",
+                                           variant="primary")
+                    clone_btn = gr.Button("New run from this", elem_id="new-run-from")
                 with gr.Row():
                     x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis", scale=1)
                     smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (moving average)",
@@ -183,28 +221,38 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 adapters = gr.Dataframe(headers=["adapter", "step", "published", "size (MB)", "on replicas", "note"],
                                         interactive=False, label="Adapter versions in the bucket",
                                         elem_id="adapters-table")
-                replicas = gr.Dataframe(headers=["replica", "health", "in flight", "served", "errors", "adapters"],
+                with gr.Accordion("What the policy writes (samples)", open=True, elem_id="samples-section"):
+                    sample_step = gr.Dropdown(["latest"], value="latest", label="Step", elem_id="sample-step",
+                                              allow_custom_value=True)
+                    samples = gr.Dataframe(headers=dashboard.SAMPLE_HEADERS, interactive=False, wrap=True,
+                                           elem_id="samples-table")
+                replicas = gr.Dataframe(headers=["replica", "health", "in flight", "served", "errors", "adapters",
+                                                 "serving proof (canary)", "url"],
                                         interactive=False, label="vLLM replicas (distributed runs)",
                                         elem_id="replicas-table")
                 final_btn = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
+                with gr.Accordion("Config (spec.json: everything this run was launched with)", open=False):
+                    config = gr.JSON(elem_id="config-json")
                 push = publish_view.build(panel)
                 with gr.Row():
                     log_role = gr.Dropdown(["trainer"], value="trainer", label="Job", elem_id="log-role", scale=1)
                     log_query = gr.Textbox(label="Search the log", elem_id="log-query", scale=3)
-                    log_btn = gr.DownloadButton("Download full log", elem_id="log-btn", scale=1)
+                    log_btn = gr.Button("Download full log", elem_id="log-btn", scale=1)
+                log_file = gr.File(label="Full log", elem_id="log-file", interactive=False, height=60)
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
             compare = compare_view.build(panel, visitor_of)
         timer = gr.Timer(TICK_S)
         drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
         listed = gr.State(None)     # the runs table this browser session last received
         reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the preview this session last saw
+        marks = gr.State([])        # the form fields marked as refused by the last preview or launch
         resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
 
         names = list(form)
         inputs = [form[n] for n in names]
         task.wire(panel, names, inputs)
         dash = {**plots, "status": status, "adapters": adapters, "replicas": replicas, live.LOG_KEY: log_box}
-        dash_outputs = [*dash.values(), cost_md, final_btn, log_role, drawn]
+        dash_outputs = [*dash.values(), cost_md, change_btn, samples, sample_step, config, final_btn, log_role, drawn]
 
         def values_of(data: dict) -> dict:
             return {name: data[form[name]] for name in names}
@@ -215,23 +263,41 @@ def build_ui(panel: Panel) -> gr.Blocks:
             values = preset_values(choice, bucket=panel.default_bucket(visitor_of(oauth_token, profile), executor))
             return [values[n] for n in names]
 
+        def show_fields(bad: tuple[str, ...] | list[str], marked: list[str] | None) -> dict:
+            """Open the sections holding `bad` fields and mark those fields; unmark the ones marked before."""
+            out = {accordion: gr.Accordion(open=True) for accordion, held in sections.values() if held & set(bad)}
+            for name in set(marked or []) - set(bad):
+                out[form[name]] = gr.update(elem_classes=[])
+            for name in bad:
+                if name in form:
+                    out[form[name]] = gr.update(elem_classes=["field-error"])
+            return {**out, marks: [n for n in bad if n in form]}
+
+        def on_mode(mode):
+            """Only the sections that apply to the chosen mode are shown."""
+            return {sections[COLOCATED_SECTION][0]: gr.Accordion(visible=mode == "colocated"),
+                    sections[DISTRIBUTED_SECTION][0]: gr.Accordion(visible=mode == "distributed")}
+
         def on_preview(data: dict, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             shown = panel.preview(values_of(data), visitor_of(oauth_token, profile))
             seen = {"fingerprint": shown.fingerprint, "run_id": shown.run_id} if shown.fingerprint else None
-            return {launch_msg: shown.markdown, reviewed: seen, confirm: False}
+            return {launch_msg: shown.markdown, reviewed: seen, confirm: False,
+                    **show_fields(shown.fields, data[marks])}
 
         def on_launch(data: dict, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             seen = data[reviewed] or {}
             result = panel.launch(values_of(data), visitor_of(oauth_token, profile),
                                   confirmed=seen.get("fingerprint") if data[confirm] else None,
-                                  run_id=seen.get("run_id"))
+                                  run_id=seen.get("run_id"), webhook=data[webhook])
             if result.run_id is None:
                 fresh = result.preview
                 seen = {"fingerprint": fresh.fingerprint, "run_id": fresh.run_id} if fresh else data[reviewed]
-                return {launch_msg: result.message, reviewed: seen, confirm: False}
+                return {launch_msg: result.message, reviewed: seen, confirm: False,
+                        **show_fields(result.fields, data[marks])}
             # The reviewed preview is spent: a second launch needs its own preview (and its own run id).
             return {launch_msg: result.message, reviewed: None, confirm: False, tabs: gr.Tabs(selected="runs"),
-                    run_pick: gr.update(choices=_run_choices(panel, visitor_of(oauth_token, profile)),
+                    **show_fields((), data[marks]),
+                    webhook: "", run_pick: gr.update(choices=_run_choices(panel, visitor_of(oauth_token, profile)),
                                         value=result.run_id)}
 
         def cost_line(run_id, visitor) -> str:
@@ -242,7 +308,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 return ""
             return spend_view.cost_markdown(cost, float(spec.get("budget_usd") or 0.0), view.events)
 
-        def draw(run_id, role, query, x, smooth, session, visitor) -> dict:
+        def draw(run_id, role, query, x, smooth, pick, session, visitor) -> dict:
             """The dashboard components this session has not drawn yet (only what changed)."""
             session = dict(session or {})
             axis = {"wall time": "time"}.get(x, x)
@@ -256,6 +322,21 @@ def build_ui(panel: Panel) -> gr.Blocks:
             if session.get("cost") != cost:
                 session["cost"] = cost
                 out[cost_md] = cost
+            change = diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change
+            if session.get("change") != change:
+                session["change"] = change
+                out[change_btn] = gr.update(visible=bool(change))
+            steps = dashboard.sample_steps(view)[:100]
+            if session.get("sample_steps") != steps:
+                session["sample_steps"] = steps
+                out[sample_step] = gr.update(choices=["latest", *steps])
+            rows = dashboard.sample_rows(view, pick)
+            if session.get("samples") != rows:
+                session["samples"] = rows
+                out[samples] = rows
+            if session.get("config") != view.version and view.spec:
+                session["config"] = view.version
+                out[config] = view.spec
             final = panel.final_adapter(run_id, visitor) if view.final_files else None
             if session.get("final") != final:
                 session["final"] = final
@@ -267,42 +348,71 @@ def build_ui(panel: Panel) -> gr.Blocks:
             out[drawn] = session
             return out
 
-        def on_tick(run_id, role, query, x, smooth, session, last_rows, oauth_token: gr.OAuthToken | None,
-                    profile: gr.OAuthProfile | None):
+        def list_update(visitor, find, state, last_rows) -> dict:
+            """The runs list, re-sent only when it changed: a re-render resets the table for the visitor."""
+            rows = panel.runs_table(visitor, query=find, status=state)
+            if rows == last_rows:
+                return {}
+            choices = _run_choices(panel, visitor)
+            return {runs_table: rows, run_pick: gr.update(choices=choices), listed: rows,
+                    compare["picks"]: gr.update(choices=choices)}
+
+        def on_tick(run_id, role, query, x, smooth, pick, session, last_rows, find, state,
+                    oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             visitor = visitor_of(oauth_token, profile)
-            rows = panel.runs_table(visitor)
-            out = {runs_hint: panel.runs_hint(visitor)}
-            if rows != last_rows:      # re-sent only when it changed: a re-render resets the table for the visitor
-                choices = [r[0] for r in rows]
-                out.update({runs_table: rows, run_pick: gr.update(choices=choices), listed: rows,
-                            compare["picks"]: gr.update(choices=choices)})
+            out = {runs_hint: panel.runs_hint(visitor), **list_update(visitor, find, state, last_rows)}
             if not run_id:
                 return out
             try:
-                return {**out, **draw(run_id, role, query, x, smooth, session, visitor)}
+                return {**out, **draw(run_id, role, query, x, smooth, pick, session, visitor)}
             except KeyError:
                 return {**out, drawn: None}     # signed out, or not this visitor's run
 
-        def on_select(run_id, role, query, x, smooth, oauth_token: gr.OAuthToken | None,
+        def on_select(run_id, role, query, x, smooth, pick, oauth_token: gr.OAuthToken | None,
                       profile: gr.OAuthProfile | None):
             untick = {resume_confirm: False, resume_reviewed: None}
             if not run_id:
                 return {**untick, drawn: None, cost_md: ""}
             visitor = visitor_of(oauth_token, profile)
             try:
-                return {**untick, **draw(run_id, role, query, x, smooth, None, visitor),
+                out = draw(run_id, role, query, x, smooth, "latest", None, visitor)
+                steps = out[drawn].get("sample_steps", [])
+                return {**untick, **out, sample_step: gr.update(choices=["latest", *steps], value="latest"),
                         push["repo"]: publish_view.suggested_repo_id(panel, run_id, visitor)}
             except KeyError as exc:
                 return {**untick, status: exc.args[0], drawn: None, cost_md: ""}
 
-        def on_options(run_id, role, query, x, smooth, session, oauth_token: gr.OAuthToken | None,
+        def on_options(run_id, role, query, x, smooth, pick, session, oauth_token: gr.OAuthToken | None,
                        profile: gr.OAuthProfile | None):
             if not run_id:
-                return {}
+                return {drawn: gr.skip()}     # Gradio wants at least one output named
             try:
-                return draw(run_id, role, query, x, smooth, session, visitor_of(oauth_token, profile))
+                return draw(run_id, role, query, x, smooth, pick, session, visitor_of(oauth_token, profile))
             except KeyError:
-                return {}
+                return {drawn: gr.skip()}     # Gradio wants at least one output named
+
+        def new_run(run_id, with_change: bool, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            """The launch form filled from a run's spec (with the verdict's change), ready to preview."""
+            if not run_id:
+                return {action_msg: "Pick a run first."}
+            visitor = visitor_of(oauth_token, profile)
+            try:
+                view = panel.view(run_id, visitor)
+                change = (diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change
+                          if with_change else None)
+                values, line = panel.form_from_run(run_id, visitor, change)
+            except KeyError as exc:
+                return {action_msg: exc.args[0]}
+            opened = {accordion: gr.Accordion(open=True) for accordion, held in sections.values()
+                      if held & set(change or {})}
+            return {**{form[n]: values[n] for n in names}, launch_msg: line, reviewed: None, confirm: False,
+                    tabs: gr.Tabs(selected="launch"), **opened}
+
+        def on_new_run_with_change(run_id, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            return new_run(run_id, True, oauth_token, profile)
+
+        def on_new_run_from(run_id, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            return new_run(run_id, False, oauth_token, profile)
 
         def on_push(run_id, repo_id, private, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             return publish_view.push(panel, run_id, repo_id, private, visitor_of(oauth_token, profile))
@@ -313,6 +423,26 @@ def build_ui(panel: Panel) -> gr.Blocks:
             except KeyError:
                 view = None
             return dashboard.log_text(view, role, query) if view else ""
+
+        def on_filter(find, state, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            return list_update(visitor_of(oauth_token, profile), find, state, None)
+
+        def on_row(evt: gr.SelectData):
+            """A click anywhere in a row opens that run (the dropdown follows)."""
+            row = evt.row_value or []
+            return row[0] if row else gr.skip()
+
+        def on_url(request: gr.Request, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
+            """`?run=<id>` opens that run on the Runs tab, if this visitor may see it."""
+            run_id = (request.query_params.get("run") or "").strip() if request else ""
+            if not run_id:
+                return {run_pick: gr.skip()}
+            try:
+                panel.view(run_id, visitor_of(oauth_token, profile))
+            except KeyError:
+                return {action_msg: f"Run `{run_id}` (from the address) is not one you can open here.",
+                        tabs: gr.Tabs(selected="runs")}
+            return {run_pick: run_id, tabs: gr.Tabs(selected="runs")}
 
         def on_full_log(run_id, role, oauth_token: gr.OAuthToken | None):
             if not run_id:
@@ -349,18 +479,29 @@ def build_ui(panel: Panel) -> gr.Blocks:
         preset.change(on_preset, preset, inputs)
         # Any change to the form withdraws the tick: the review was of another spec (the server checks it too).
         gr.on([c.change for c in inputs], lambda: False, None, confirm, show_progress="hidden")
-        preview_btn.click(on_preview, {*inputs}, [launch_msg, reviewed, confirm])
-        launch_btn.click(on_launch, {*inputs, confirm, reviewed}, [launch_msg, reviewed, confirm, tabs, run_pick])
-        view_inputs = [run_pick, log_role, log_query, x_axis, smoothing]
-        timer.tick(on_tick, [*view_inputs, drawn, listed],
+        accordions = [accordion for accordion, _ in sections.values()]
+        form["mode"].change(on_mode, form["mode"], [sections[COLOCATED_SECTION][0], sections[DISTRIBUTED_SECTION][0]],
+                            show_progress="hidden")
+        preview_btn.click(on_preview, {*inputs, marks}, [launch_msg, reviewed, confirm, marks, *accordions, *inputs])
+        launch_btn.click(on_launch, {*inputs, confirm, reviewed, webhook, marks},
+                         [launch_msg, reviewed, confirm, tabs, run_pick, webhook, marks, *accordions, *inputs])
+        view_inputs = [run_pick, log_role, log_query, x_axis, smoothing, sample_step]
+        timer.tick(on_tick, [*view_inputs, drawn, listed, runs_query, runs_status],
                    [runs_table, run_pick, listed, compare["picks"], runs_hint, *dash_outputs], show_progress="hidden")
         run_pick.change(on_select, view_inputs, [*dash_outputs, status, resume_confirm, resume_reviewed, push["repo"]])
-        gr.on([x_axis.change, smoothing.release], on_options, [*view_inputs, drawn], dash_outputs,
+        run_pick.change(None, run_pick, None, js=RUN_IN_URL)
+        runs_table.select(on_row, None, run_pick)
+        gr.on([runs_query.submit, runs_status.change], on_filter, [runs_query, runs_status],
+              [runs_table, run_pick, listed, compare["picks"]], show_progress="hidden")
+        gr.on([x_axis.change, smoothing.release, sample_step.change], on_options, [*view_inputs, drawn], dash_outputs,
               show_progress="hidden")
+        new_run_outputs = [*inputs, launch_msg, reviewed, confirm, tabs, action_msg, *accordions]
+        change_btn.click(on_new_run_with_change, run_pick, new_run_outputs)
+        clone_btn.click(on_new_run_from, run_pick, new_run_outputs)
         push["button"].click(on_push, [run_pick, push["repo"], push["private"]], push["message"])
         log_query.change(on_log_filter, [run_pick, log_role, log_query], log_box)
         log_role.change(on_log_filter, [run_pick, log_role, log_query], log_box)
-        log_btn.click(on_full_log, [run_pick, log_role], log_btn)
+        log_btn.click(on_full_log, [run_pick, log_role], log_file).then(None, None, None, js=DOWNLOAD_LOG)
         # A tail is read from the bottom; the textbox's own autoscroll does not fire on timer updates here.
         log_box.change(None, None, None, js=SCROLL_LOG_TO_END)
         cancel_btn.click(on_cancel, run_pick, action_msg)
@@ -368,6 +509,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                          [action_msg, resume_confirm, resume_reviewed])
         demo.load(on_load, [form["executor"], form["bucket"]],
                   [run_pick, runs_hint, form["bucket"], form["flavor"], form["vllm_flavor"]])
+        demo.load(on_url, None, [run_pick, tabs, action_msg])
     return demo
 
 

@@ -146,13 +146,58 @@ def _reward_points(page) -> int:
     }""")
 
 
-def test_bad_input_is_refused_in_the_form_and_nothing_launches(page):
+def _visible(page, elem_id: str) -> bool:
+    return page.evaluate("(id) => { const e = document.getElementById(id); return !!e && e.offsetParent !== null; }",
+                         elem_id)
+
+
+def _marked(page, elem_id: str) -> bool:
+    return page.evaluate("(id) => document.getElementById(id).classList.contains('field-error')", elem_id)
+
+
+def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_launches(page):
     page.get_by_text("LoRA", exact=True).click()
     _set_number(page, "f-lora_r", 0)
+    page.get_by_text("GRPO training", exact=True).click()
+    _set_number(page, "f-max_steps", 0)
+    page.get_by_text("GRPO training", exact=True).click()       # closed again: the refusal opens it
+    page.wait_for_function("() => document.querySelector('#f-max_steps') === null || "
+                           "document.querySelector('#f-max_steps').offsetParent === null", timeout=10000)
     page.locator("#launch-btn").click()
     message = _wait_for_launch_answer(page)
-    assert "nothing was launched" in message and "lora_r" in message, message
-    assert "Launched run" not in message
+    assert "nothing was launched" in message and "Launched run" not in message, message
+    assert "Rank r (lora_r): LoRA rank must be a positive integer" in message, message
+    assert "Steps (max_steps): must be a positive number of steps" in message, message
+    page.wait_for_function("() => { const e = document.getElementById('f-max_steps'); "
+                           "return e && e.offsetParent !== null && e.classList.contains('field-error'); }",
+                           timeout=10000)
+    assert _marked(page, "f-lora_r") and not _marked(page, "f-learning_rate")
+
+    _set_number(page, "f-lora_r", 8)
+    _set_number(page, "f-max_steps", 5)
+    page.locator("#preview-btn").click()
+    page.wait_for_function("() => /job\\(s\\) of run/.test(document.getElementById('launch-msg').innerText)",
+                           timeout=30000)
+    page.wait_for_function("() => !document.getElementById('f-lora_r').classList.contains('field-error')",
+                           timeout=10000)
+    assert not _marked(page, "f-max_steps"), "a fixed field is no longer marked"
+
+
+def test_the_form_shows_the_sections_of_the_chosen_mode(page):
+    assert _visible(page, "f-mode")
+    sections = ("vLLM (colocated)", "Distributed (async GRPO)")
+
+    def shown():
+        return [page.get_by_text(title, exact=True).first.is_visible() for title in sections]
+
+    assert shown() == [True, False], "the tiny demo is colocated"
+    page.locator("#f-mode").get_by_text("distributed", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
+    page.get_by_text("Distributed (async GRPO)", exact=True).wait_for(state="visible", timeout=10000)
+    assert shown() == [False, True]
+    page.locator("#f-mode").get_by_text("colocated", exact=True).click()
+    page.get_by_text("vLLM (colocated)", exact=True).wait_for(state="visible", timeout=10000)
+    assert shown() == [True, False]
 
 
 def _plot_points(page, plot_id: str, trace: str) -> int:
@@ -232,7 +277,9 @@ def test_a_local_distributed_run_from_the_browser(page):
     assert replicas.count("127.0.0.1") == 2 and "DOWN" not in replicas
     adapters = _text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v4" in adapters
-    assert adapters.count("127.0.0.1") >= 2, "the newest versions are listed as loaded on the replicas"
+    assert adapters.count("vllm-") >= 2, "the newest versions are listed as loaded on the replicas"
+    # The proxy's canary: every replica lists the newest version, answers for it, and differs from its base model.
+    assert replicas.count(": yes · differs from base: yes") == 2, replicas
     assert _plot_points(page, "staleness-plot", "mean") == 4
     assert _plot_points(page, "ratio-plot", "ratio") == 4
     assert _plot_points(page, "reward-plot", "mean reward") == 4

@@ -97,8 +97,33 @@ def test_throughput_and_times_are_charts_of_their_own_units():
             for i in range(1, 4)]
     table = table_of(rows)
     assert names(charts.throughput_figure(table, STEP)) == ["tokens/s"]
-    assert names(charts.timing_figure(table, STEP)) == ["step", "weight sync"]
+    assert names(charts.timing_figure(table, STEP)) == ["step"]
     assert charts.timing_figure(table, STEP)["layout"]["yaxis"]["title"]["text"] == "seconds"
+    assert names(charts.sync_figure(table, STEP)) == ["weight sync", "step"]
+
+
+def test_the_diagnosis_groups_show_their_limits_and_the_sync_share():
+    spec = {"mode": "distributed", "queue_maxsize": 4, "max_inflight_tasks": 16, "adapter_every": 2,
+            "max_staleness": 3}
+    rows = [{"step": i, "step_time": 2.0, "weight_sync_s": 1.0, "fwd_bwd_s": 1.5, "rollout_wait_s": 0.1,
+             "perf/mfu_wall_clock": 0.2, "sample/rollout_queue_size": 4.0, "rollout/inflight": 9.0,
+             "rollout/backpressure_s": 0.5, "staleness_mean": 1.0, "staleness_max": 2.0, "ratio": 1.001}
+            for i in range(1, 6)]
+    table = table_of(rows)
+    timing = charts.timing_figure(table, STEP)
+    assert names(timing) == ["step", "forward + backward", "waiting for rollouts", "MFU (wall clock)"]
+    assert timing["data"][-1]["yaxis"] == "y2", "MFU has an axis of its own"
+    queue = charts.queue_figure(table, STEP, spec)
+    assert names(queue) == ["rollout queue", "in flight", "backpressure"]
+    assert [shape["y0"] for shape in queue["layout"]["shapes"]] == [4, 16], "the queue size and the in-flight cap"
+    assert "25% of wall time" in charts.sync_figure(table, STEP, spec)["layout"]["title"]["text"], "1 s / (2 x 2 s)"
+    assert charts.staleness_figure(table, STEP, spec)["layout"]["shapes"][0]["y0"] == 3, "max staleness drawn"
+    low, high = charts.ratio_figure(table, STEP)["layout"]["yaxis"]["range"]
+    assert 0.95 < low < 1 < high < 1.05, "the ratio's axis is scaled to its healthy range, not autoscaled"
+    colocated = table_of([{"step": 1, "step_time": 1.0, "generation_s": 0.4}])
+    note = charts.queue_figure(colocated, STEP, {"mode": "colocated"})["layout"]["annotations"][0]["text"]
+    assert "colocated" in note
+    assert "none logged" in charts.sync_figure(colocated, STEP)["layout"]["title"]["text"]
 
 
 def test_an_empty_chart_says_why_and_a_filled_one_does_not():

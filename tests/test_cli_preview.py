@@ -1,7 +1,6 @@
 """The `hf jobs run ...` commands the form previews are real: the `hf` CLI parses them (dry run, nothing sent)."""
 
 import os
-import shlex
 import shutil
 import subprocess
 
@@ -9,6 +8,7 @@ import pytest
 
 from backend import recipe
 from backend.spec import RunSpec
+from tests.test_command_preview import bash_argv
 
 pytestmark = pytest.mark.skipif(shutil.which("hf") is None, reason="the hf CLI is not installed")
 HUB = dict(executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct", dataset="trl-lib/DeepMath-103K",
@@ -16,7 +16,7 @@ HUB = dict(executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct", dataset="trl-
 
 
 def dry_run(preview: str) -> str:
-    argv = shlex.split(preview)
+    argv = bash_argv(preview)
     assert argv[:3] == ["hf", "jobs", "run"]
     env = {**os.environ, "HF_TOKEN": "hf_" + "f" * 34, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
     done = subprocess.run([*argv[:3], "--dry-run", *argv[3:]], env=env, capture_output=True, text=True, timeout=60)

@@ -8,7 +8,7 @@ from panel import dashboard
 
 def _view(**kw):
     base = dict(adapters={}, first_step={}, replica_stats=[], jobs={}, current_jobs={}, events=[], spec={},
-                final_files=[], superseded={}, trainer_end={})
+                final_files=[], superseded={}, trainer_end={}, serving={}, samples=[])
     view = SimpleNamespace(**{**base, **kw})
     view.newest_adapters = lambda n: sorted(view.adapters.values(), key=lambda a: a.version, reverse=True)[:n]
     return view
@@ -24,7 +24,7 @@ def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
     rows = dashboard.adapter_rows(_view(adapters=adapters, first_step=first_step, replica_stats=stats,
                                         superseded={"trl-policy-v1": 4}))
     assert [(r[0], r[1], r[4]) for r in rows] == [
-        ("trl-policy-v3", 2, "http://a, http://b"), ("trl-policy-v2", 1, "http://a"), ("trl-policy-v1", "-", "-")]
+        ("trl-policy-v3", 2, "vllm-0, vllm-1"), ("trl-policy-v2", 1, "vllm-0"), ("trl-policy-v1", "-", "-")]
     assert rows[0][3] == 0.041
     assert [r[5] for r in rows] == ["", "", "superseded: the run resumed from step 4"]
 
@@ -41,7 +41,35 @@ def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
     view = _view(replica_stats=stats, current_jobs=jobs, adapters=adapters)
     assert [r[1] for r in dashboard.replica_rows(view)] == ["up", "DOWN (job ERROR)"]
     assert [r[5] for r in dashboard.replica_rows(view)] == ["trl-policy-v3", ""]
-    assert dashboard.adapter_rows(view)[0][4] == "http://a"
+    assert dashboard.adapter_rows(view)[0][4] == "vllm-0"
+
+
+def test_each_replica_row_carries_the_proxys_serving_proof_of_the_newest_version():
+    stats = [{"time": 1, "replicas": [{"url": f"http://{h}", "healthy": True, "adapters": ["trl-policy-v7"]}
+                                      for h in "abc"]}]
+    serving = {"version": "trl-policy-v7", "replicas": [
+        {"url": "http://a", "listed": True, "served": "trl-policy-v7", "delta_base": 0.4},
+        {"url": "http://b", "listed": True, "served": "trl-policy-v7", "delta_base": 0.0},     # the base model
+        {"url": "http://c", "error": "timed out"}]}
+    rows = dashboard.replica_rows(_view(replica_stats=stats, serving=serving))
+    assert [r[0] for r in rows] == ["vllm-0", "vllm-1", "vllm-2"] and rows[0][7] == "http://a"
+    assert [r[6] for r in rows] == ["serves trl-policy-v7: yes · differs from base: yes",
+                                    "serves trl-policy-v7: yes · differs from base: NO",
+                                    "canary failed: timed out"]
+    assert dashboard.replica_rows(_view(replica_stats=stats, serving={}))[0][6] == "-", "no proof yet"
+
+
+def test_samples_of_the_latest_step_or_a_chosen_one():
+    samples = [{"step": s, "policy_version": s - 1, "prompt": f"p{s}", "completion": f"c{s}{i}",
+                "rewards": {"reward": 0.5, "rewards/digits": 1.0}, "advantage": 0.25, "length": 12, "truncated": i == 1}
+               for s in (3, 4) for i in range(2)]
+    view = _view(samples=samples)
+    assert dashboard.sample_steps(view) == [4, 3]
+    rows = dashboard.sample_rows(view)
+    assert [r[3] for r in rows] == ["c40", "c41"] and rows[0][1] == 3
+    assert rows[0][4] == "reward 0.5 · digits 1" and rows[0][5] == 0.25 and [r[7] for r in rows] == ["no", "yes"]
+    assert [r[3] for r in dashboard.sample_rows(view, 3)] == ["c30", "c31"]
+    assert dashboard.sample_rows(_view(samples=[])) == []
 
 
 def test_log_text_filters_case_insensitively_and_keeps_the_tail():
@@ -49,3 +77,28 @@ def test_log_text_filters_case_insensitively_and_keeps_the_tail():
     view = _view(jobs={"trainer": job})
     assert dashboard.log_text(view, "trainer", "error") == "ERROR boom"
     assert dashboard.log_text(view, "trainer", "", tail=2).splitlines() == ["step 999 reward", "ERROR boom"]
+
+
+def test_a_failed_jobs_cause_is_the_last_error_line_of_its_log_masked():
+    from backend.jobspec import JobStatus
+
+    logs = ["step 1/20 reward 0.1", "Traceback (most recent call last):", '  File "x.py", line 3',
+            "bash: /venv/bin/python: No such file or directory", "token hf_abcdefghijklmnopqrstuvwxyz12 printed"]
+    jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 127; see the log"), logs=logs),
+            "vllm-0": SimpleNamespace(status=JobStatus("RUNNING"), logs=["ERROR not this one"])}
+    cause = dashboard.failure_cause(_view(current_jobs=jobs))
+    assert cause == ("❌ **trainer: exited with code 127; see the log** — "
+                     "`bash: /venv/bin/python: No such file or directory`")
+    jobs["trainer"].logs = [*logs, "ValueError: bad token hf_abcdefghijklmnopqrstuvwxyz12"]
+    cause = dashboard.failure_cause(_view(current_jobs=jobs))
+    assert "ValueError: bad token hf_***" in cause and "abcdefghij" not in cause, cause
+
+
+def test_the_trainers_own_error_is_the_cause_and_a_healthy_run_has_none():
+    from backend.jobspec import JobStatus
+
+    failed = {"event": "failed", "error": "RewardFunctionError: boom"}
+    jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=["ERROR other"])}
+    assert dashboard.failure_cause(_view(current_jobs=jobs, trainer_end=failed)) == "❌ **RewardFunctionError: boom**"
+    running = {"trainer": SimpleNamespace(status=JobStatus("RUNNING"), logs=["Error in a warning"])}
+    assert dashboard.failure_cause(_view(current_jobs=running)) == ""

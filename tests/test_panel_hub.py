@@ -14,6 +14,7 @@ from backend.access import Visitor
 from backend.jobspec import LABEL_RUN
 from panel import dashboard
 from panel.actions import Panel, Settings
+from panel.runs_list import RUNS_HEADERS
 from tests.fakehub import FakeHub, FakeUser, wait_until
 
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
@@ -22,6 +23,7 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
 ALICE = "hf_oauth_aliceToken000000000000"
 BOB = "hf_oauth_bobToken00000000000000"
 CAROL = "hf_oauth_carolToken0000000000"
+EXECUTOR = RUNS_HEADERS.index("executor")
 
 
 @pytest.fixture
@@ -259,7 +261,7 @@ def test_a_panel_reachable_from_other_machines_lends_no_token_unless_the_operato
     exposed = make_panel(host="0.0.0.0")
     result = exposed.launch(FORM, confirmed=exposed.preview(FORM).fingerprint)
     assert result.run_id is None and "GRPO_PANEL_AUTH" in result.message and hub.job_posts() == []
-    assert exposed.runs_table() == [] or all(row[1] == "local" for row in exposed.runs_table())
+    assert exposed.runs_table() == [] or all(row[EXECUTOR] == "local" for row in exposed.runs_table())
     opted_in = make_panel(host="0.0.0.0", allow_host_token=True)
     assert launch_reviewed(opted_in, FORM)[0].run_id
 
@@ -319,7 +321,7 @@ def test_local_runs_on_a_space_belong_to_its_owner_when_turned_on(hub, make_pane
     assert refused.run_id is None and "belong to its owner (acme)" in refused.message
     assert panel.launch(tiny, None).run_id is None
     assert panel.local.list_jobs() == []
-    assert all(row[1] != "local" for row in panel.runs_table(Visitor(CAROL, "carol")))
+    assert all(row[EXECUTOR] != "local" for row in panel.runs_table(Visitor(CAROL, "carol")))
     from backend.access import local_runs_problem
 
     assert local_runs_problem(Visitor(BOB, "bob"), panel.settings) is None, "a member of the owning org may"

@@ -205,8 +205,10 @@ def _push(page, repo_id: str | None = None) -> str:
         box.press("Tab")
     before = text_of(page, "push-msg")
     page.locator("#push-btn").click()
-    page.wait_for_function("(b) => { const t = document.getElementById('push-msg').innerText; "
-                           "return /pushed/i.test(t) && t !== b; }", arg=before, timeout=30000)
+    # Gradio shows a timer ("0.0s") over the old message while the click is pending: wait until it is gone.
+    page.wait_for_function("(b) => { const t = document.getElementById('push-msg').innerText.trim(); "
+                           "return /pushed/i.test(t) && t !== b && !/^\\d+(\\.\\d+)?s/.test(t); }",
+                           arg=before, timeout=30000)
     return text_of(page, "push-msg")
 
 

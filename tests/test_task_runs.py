@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from panel import dashboard
+from panel import charts, dashboard
 from panel.actions import Panel, Settings
 
 RUN_TIMEOUT_S = 240
@@ -77,7 +77,7 @@ def test_reward_code_on_a_jsonl_file_trains_and_each_function_is_its_own_series(
         # GRPOConfig.reward_weights: the reward is the weighted sum of the per-function means.
         weighted = parts["accuracy_reward"] + 0.5 * parts["numeric"] + 2 * parts["right_answer"]
         assert record["reward"] == pytest.approx(weighted, abs=1e-4)
-    traces = {t.name for t in dashboard.build_frame(view).reward.data}
+    traces = {t["name"] for t in charts.reward_figure(view.table, charts.ChartOptions())["data"]}
     assert {"accuracy_reward", "numeric", "right_answer", "mean reward"} <= traces
     code_file = view.store.read_bytes(f"runs/{view.run_id}/code/user_rewards.py").decode()
     assert code_file == CODE.strip(), "the code that ran is kept with the run"

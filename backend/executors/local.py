@@ -8,6 +8,7 @@ files alone, so a restarted panel (or a second one) tells the same story as the 
 trusted only together with its start time: after a restart the same number may belong to another process.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -84,12 +85,18 @@ class LocalExecutor:
             text = text.replace(run_folder, f"{self.bucket_root(vol.bucket)}/runs/{job.run_id}")
         return text
 
+    def as_run(self, job: JobSpec) -> JobSpec:
+        """The job as this machine runs it: its run folder mapped to the local folder that stands for the bucket."""
+        return dataclasses.replace(job, command=[self._map_volumes(job, arg) for arg in job.command],
+                                   env={k: self._map_volumes(job, v) for k, v in job.env.items()})
+
     def submit(self, job: JobSpec, secrets: dict[str, str] | None = None) -> str:
         secrets = secrets or {}
         missing = [name for name in job.secrets if name not in secrets]
         if missing:
             raise SubmitError(f"job {job.role}: no value for secret(s) {', '.join(missing)}")
-        command = [self._map_volumes(job, arg) for arg in job.command]
+        mapped = self.as_run(job)
+        command = mapped.command
         if shutil.which(command[0]) is None:
             raise SubmitError(f"job {job.role}: could not start {command[0]!r}: no such program")
         job_id = f"{job.run_id}--{job.role}--{_secrets.token_hex(3)}"
@@ -99,7 +106,7 @@ class LocalExecutor:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
         # The panel's own token stays with the panel: a local job gets only the secrets its JobSpec names.
         inherited = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV_VARS}
-        env = {**inherited, **{k: self._map_volumes(job, v) for k, v in job.env.items()},
+        env = {**inherited, **mapped.env,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:
             remember_secret(secrets[name])

@@ -1,0 +1,32 @@
+"""The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward)."""
+
+RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "time · cost", "mode", "executor", "created"]
+BADGES = {"RUNNING": "🟢", "SCHEDULING": "🟡", "COMPLETED": "✅", "ERROR": "❌", "CANCELED": "⏹", "DELETED": "⏹"}
+# The status filter's choices: label -> the run stages it keeps (none: every run).
+RUN_FILTERS = {"all": (), "running": ("RUNNING", "SCHEDULING"), "completed": ("COMPLETED",), "failed": ("ERROR",),
+               "canceled": ("CANCELED", "DELETED")}
+BAR_CELLS = 10
+
+
+def run_stage(stages: dict[str, str]) -> str:
+    """One stage for a run from its jobs': the trainer's when it has one, else the most telling of the others."""
+    if "trainer" in stages:
+        return stages["trainer"]
+    for stage in ("ERROR", "RUNNING", "SCHEDULING", "CANCELED", "COMPLETED"):
+        if stage in stages.values():
+            return stage
+    return next(iter(stages.values()), "UNKNOWN")
+
+
+def status_badge(stage: str) -> str:
+    return f"{BADGES.get(stage, '⚪')} {stage.lower()}"
+
+
+def progress_bar(step, max_steps) -> str:
+    """'▰▰▰▱▱▱▱▱▱▱ 30/100', or the step alone when the run's length is unknown."""
+    if not isinstance(step, (int, float)):
+        step = 0
+    if not isinstance(max_steps, int) or max_steps <= 0:
+        return str(int(step)) if step else ""
+    filled = min(BAR_CELLS, int(BAR_CELLS * step / max_steps))
+    return "▰" * filled + "▱" * (BAR_CELLS - filled) + f" {int(step)}/{max_steps}"

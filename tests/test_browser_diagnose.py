@@ -1,0 +1,226 @@
+"""The runs list and a run's diagnosis in a real browser: name, status, progress and reward in the list, a filter,
+a row click and `?run=<id>` to open a run, a failed run's cause at the top of its header, the full log in one
+click; for a live distributed run the bottleneck verdict with its one-click change, the samples a step wrote,
+each replica's serving proof, and a serving alert raised by the panel's background check.
+
+The runs are synthetic run folders in the project's own format (what the trainer, proxy and canary write, and the
+local executor's job files), the live one kept running by a stand-in process as its jobs' pid, so the panel's own
+readers and background checks do the work.
+"""
+
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+
+from backend import diagnose
+from backend.runtime import layout
+from backend.runtime.job_wrapper import process_start_time
+from backend.runtime.samples import sample_record
+from benchmarks.dashboard_scale import JOBS, SyntheticRun, record
+from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, running_panel, tail, text_of, wait_for_text
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+
+HISTORY = 30                     # steps already logged by the live run
+FAILED_AT = 12                   # the failed run's last logged step
+CAUSE = "bash: /opt/venv/bin/python: No such file or directory"
+SYNC_BOUND = {"perf/step_s": 2.0, "step_time": 2.0, "perf/rollout_wait_s": 0.1, "rollout_wait_s": 0.1,
+              "perf/weight_sync_s": 1.5, "weight_sync_s": 1.5}
+
+
+def _live(run: SyntheticRun, pid: int) -> None:
+    """Point every job of the run at `pid`: the local executor reads a job as RUNNING while its pid lives."""
+    for role in JOBS:
+        path = os.path.join(run.home, "jobs", run.job_ids[role], "job.json")
+        with open(path) as f:
+            job = json.load(f)
+        job.update(pid=pid, pid_started_at=process_start_time(pid))
+        with open(path, "w") as f:
+            json.dump(job, f)
+
+
+def _set_spec(run: SyntheticRun, **fields) -> dict:
+    path = os.path.join(run.run_dir, layout.SPEC_FILE)
+    with open(path) as f:
+        spec = json.load(f)
+    spec.update(fields)
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    return spec
+
+
+def _sync_bound_run(home: str) -> tuple[SyntheticRun, diagnose.Verdict]:
+    """A live sync-bound run (weight sync every step, 1.5 s of each 2 s step) with samples at two steps and a
+    canary that finds replica 1 answering exactly like the base model."""
+    run = SyntheticRun(home, HISTORY)
+    spec = _set_spec(run, name="sync-heavy", adapter_every=1, max_staleness=1)
+    rows = [{**record(step, run.t0), **SYNC_BOUND} for step in range(HISTORY + 1, HISTORY + diagnose.WINDOW + 1)]
+    layout.FragmentWriter(run.metrics, "trainer").write(rows)
+    last = rows[-1]["step"]
+    samples = layout.FragmentWriter(os.path.join(run.run_dir, layout.SAMPLES_DIR), "trainer")
+    for step, words in ((last - 10, "an early answer"), (last, "the newest answer")):
+        samples.write([sample_record(step, step // 20, "What is 2+2?", f"{words} at step {step}",
+                                     {"digits": 0.5}, 0.25, 12, False)])
+    version = layout.adapter_name(HISTORY // 20)
+    replicas = [{"url": "http://127.0.0.1:8000", "listed": True, "served": version, "delta_base": 0.4},
+                {"url": "http://127.0.0.1:8001", "listed": True, "served": version, "delta_base": 0.0}]
+    layout.FragmentWriter(run.metrics, "canary").write([{"time": time.time(), "canary": {"version": version,
+                                                                                         "replicas": replicas}}])
+    return run, diagnose.verdict(rows, spec)
+
+
+def _failed_run(home: str) -> SyntheticRun:
+    """A run whose trainer exited with code 127 at step 12, its replicas stopped after it."""
+    run = SyntheticRun(home, FAILED_AT)
+    _set_spec(run, name="broken-interpreter")
+    for role in JOBS:
+        folder = os.path.join(home, "jobs", run.job_ids[role])
+        if role == "trainer":
+            with open(os.path.join(folder, "log.txt"), "a") as f:
+                f.write(f"{CAUSE}\n")
+        ended = ({"stage": "ERROR", "code": 127, "message": "exited with code 127; see the log"} if role == "trainer"
+                 else {"stage": "CANCELED", "code": -15, "message": "stopped with its trainer"})
+        with open(os.path.join(folder, "exit.json"), "w") as f:
+            json.dump({**ended, "time": time.time()}, f)
+    return run
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """A panel whose home holds the live sync-bound run and the failed run."""
+    home = tmp_path_factory.mktemp("diagnose-home")
+    live, verdict = _sync_bound_run(str(home))
+    failed = _failed_run(str(home))
+    stand_in = subprocess.Popen(["sleep", "900"], start_new_session=True)
+    try:
+        _live(live, stand_in.pid)
+        with running_panel("app.py", {"GRPO_PANEL_BUDGET_CHECK_S": "1"}, home,
+                           unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+            yield url, home, live, verdict, failed
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
+@pytest.fixture
+def page(app, request):
+    from playwright.sync_api import sync_playwright
+
+    url, home, *_ = app
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        yield page
+        report = getattr(request.node, "rep_call", None)
+        if report is not None and report.failed:
+            page.screenshot(path=str(home / f"{request.node.name}.png"), full_page=True)
+            print(f"--- panel log tail:\n{tail(home / 'app.log')}")
+        browser.close()
+
+
+def _pick(page, run_id: str) -> None:
+    page.get_by_role("tab", name="Runs").click()
+    wait_for_text(page, "runs-table", re.escape(run_id))
+    page.locator("#run-pick input").first.click()
+    page.get_by_role("option", name=run_id).click()
+    wait_for_text(page, "run-status", re.escape(run_id))
+
+
+def test_a_sync_bound_run_shows_its_verdict_samples_and_serving_proof_and_one_click_fills_the_change(app, page):
+    _, _, run, verdict, _ = app
+    assert verdict.kind == "sync-bound" and "adapter_every" in verdict.change
+    _pick(page, run.spec.run_id)
+
+    status = wait_for_text(page, "run-status", "Sync-bound")
+    assert "1.50 s every 1 step(s) of 2.00 s" in status, status
+    # The panel's background check (no click) records the serving alert, and the header shows it.
+    status = wait_for_text(page, "run-status", "serving.*8001 answers .* exactly like its base model", 60000)
+    assert "8000" not in status.split("serving", 1)[1].split("\n")[0], status
+
+    replicas = wait_for_text(page, "replicas-table", "differs from base: NO")
+    assert "differs from base: yes" in replicas and "vllm-0" in replicas and "vllm-1" in replicas, replicas
+
+    samples = wait_for_text(page, "samples-table", "the newest answer")
+    assert "an early answer" not in samples and "What is 2+2?" in samples, samples
+    earlier = str(HISTORY + diagnose.WINDOW - 10)
+    page.locator("#sample-step input").first.click()
+    page.get_by_role("option", name=earlier, exact=True).click()
+    samples = wait_for_text(page, "samples-table", "an early answer")
+    assert "the newest answer" not in samples
+
+    change = page.locator("#new-run-change")
+    change.wait_for(state="visible", timeout=30000)
+    change.click()
+    every = page.locator("#f-adapter_every input").first
+    page.wait_for_function("(want) => { const b = document.querySelector('#f-adapter_every input');"
+                           " return b && b.value === want; }",
+                           arg=str(verdict.change["adapter_every"]), timeout=30000)
+    assert every.input_value() == str(verdict.change["adapter_every"])
+    staleness = page.locator("#f-max_staleness input").first.input_value()
+    assert staleness == str(verdict.change["max_staleness"]), staleness
+    assert f"adapter_every 1 → {verdict.change['adapter_every']}" in text_of(page, "launch-msg")
+
+
+def _rows(page) -> list[list[str]]:
+    return page.evaluate("""() => Array.from(document.querySelectorAll('#runs-table [role=row].virtual-row')).map(
+        row => Array.from(row.querySelectorAll('[role=gridcell]')).map(cell => cell.innerText.trim()))""")
+
+
+def _row_of(page, run_id: str) -> list[str]:
+    page.wait_for_function("(id) => document.getElementById('runs-table').innerText.includes(id)", arg=run_id,
+                           timeout=30000)
+    [row] = [r for r in _rows(page) if r and r[0] == run_id]
+    return row
+
+
+def test_the_runs_list_shows_name_status_progress_and_reward_and_filters(app, page):
+    _, _, live, _, failed = app
+    page.get_by_role("tab", name="Runs").click()
+    live_row = _row_of(page, live.spec.run_id)
+    assert live_row[1:5] == ["sync-heavy", "🟢 running", f"▰▱▱▱▱▱▱▱▱▱ {HISTORY + diagnose.WINDOW}/300",
+                             f"{record(HISTORY + diagnose.WINDOW, 0)['reward']:.3f}"], live_row
+    failed_row = _row_of(page, failed.spec.run_id)
+    assert failed_row[1:4] == ["broken-interpreter", "❌ error", f"▰▱▱▱▱▱▱▱▱▱ {FAILED_AT}/120"], failed_row
+    assert [r[0] for r in _rows(page)] == [failed.spec.run_id, live.spec.run_id], "newest first"
+
+    page.locator("#runs-query input, #runs-query textarea").first.fill("broken")
+    page.locator("#runs-query input, #runs-query textarea").first.press("Enter")
+    page.wait_for_function("(id) => !document.getElementById('runs-table').innerText.includes(id)",
+                           arg=live.spec.run_id, timeout=30000)
+    assert [r[0] for r in _rows(page)] == [failed.spec.run_id]
+    page.locator("#runs-query input, #runs-query textarea").first.fill("")
+    page.locator("#runs-query input, #runs-query textarea").first.press("Enter")
+    page.locator("#runs-status").get_by_text("running", exact=True).click()
+    page.wait_for_function("(id) => !document.getElementById('runs-table').innerText.includes(id)",
+                           arg=failed.spec.run_id, timeout=30000)
+    assert [r[0] for r in _rows(page)] == [live.spec.run_id]
+
+
+def test_a_row_click_opens_a_failed_run_with_its_cause_on_top_and_its_address_reopens_it(app, page):
+    url, _, _, _, failed = app
+    run_id = failed.spec.run_id
+    page.get_by_role("tab", name="Runs").click()
+    _row_of(page, run_id)
+    page.locator("#runs-table [role=row].virtual-row", has_text=run_id).locator("[role=gridcell]").nth(1).click()
+    status = wait_for_text(page, "run-status", re.escape(run_id))
+    lines = [line for line in status.splitlines() if line.strip()]
+    title = next(i for i, line in enumerate(lines) if line.startswith(f"Run {run_id}"))
+    assert lines[title + 1] == f"❌ trainer: exited with code 127; see the log — {CAUSE}", lines[:4]
+    page.wait_for_function("(id) => new URL(window.location.href).searchParams.get('run') === id", arg=run_id,
+                           timeout=10000)
+
+    page.goto(f"{url}/?run={run_id}")
+    status = wait_for_text(page, "run-status", re.escape(run_id), 60000)
+    assert CAUSE in status
+    with page.expect_download(timeout=30000) as download:
+        page.locator("#log-btn").click()
+    path = download.value.path()
+    with open(path) as f:
+        log = f.read()
+    assert log.rstrip().endswith(CAUSE) and "step 1/" in log, log[-300:]
