@@ -21,7 +21,7 @@ from backend.access import Deployment
 from backend.executors.local import LocalExecutor
 from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
-from panel.ui import CSS, build_ui
+from panel.ui import CSS, KEEP_CLEARED_CHOICES, build_ui
 
 log = logging.getLogger("grpo-panel")
 
@@ -40,7 +40,7 @@ def main() -> None:
     demo = build_ui(panel)
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     demo.queue(default_concurrency_limit=4).launch(
-        server_name=deployment.host, server_port=port, show_error=True, css=CSS,
+        server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=KEEP_CLEARED_CHOICES,
         auth=[deployment.auth] if deployment.auth else None)
 
 

@@ -475,10 +475,6 @@ class Panel:
         self.runs.shutdown()
 
 
-def full_log_file(panel: Panel, run_id: str, role: str, visitor: Visitor | str | None = None) -> str | None:
-    return panel.full_log_file(run_id, role, visitor)
-
-
 def local_runtime_installed() -> bool:
     import importlib.util
 

@@ -23,10 +23,10 @@ def status_badge(stage: str) -> str:
 
 
 def progress_bar(step, max_steps) -> str:
-    """'▰▰▰▱▱▱▱▱▱▱ 30/100', or the step alone when the run's length is unknown."""
+    """'███░░░░░░░ 30/100', or the step alone when the run's length is unknown."""
     if not isinstance(step, (int, float)):
         step = 0
     if not isinstance(max_steps, int) or max_steps <= 0:
         return str(int(step)) if step else ""
     filled = min(BAR_CELLS, int(BAR_CELLS * step / max_steps))
-    return "▰" * filled + "▱" * (BAR_CELLS - filled) + f" {int(step)}/{max_steps}"
+    return "█" * filled + "░" * (BAR_CELLS - filled) + f" {int(step)}/{max_steps}"

@@ -14,6 +14,7 @@ import pandas as pd
 
 from backend.spec import BUILTIN_DATASETS, REWARD_CHOICES
 
+REQUIRED_CHOICE = "required-choice"     # a dropdown that must not be left empty (see ui.KEEP_CLEARED_CHOICES)
 CODE_LABEL = ("Your reward functions (Python): every top-level def name(completions, **kwargs) -> list[float] is a "
               "reward, plotted as rewards/<name>; mapped columns arrive as keyword arguments")
 
@@ -47,8 +48,9 @@ class TaskSection:
             with gr.Row():
                 f["dataset"] = gr.Dropdown(
                     list(BUILTIN_DATASETS), value=start.dataset, allow_custom_value=True, label="Dataset", scale=3,
-                    elem_id="f-dataset", info="a builtin prompt set, a Hub dataset id (HF Jobs), or a local .jsonl / "
-                                              ".parquet file (HF Jobs runs get a copy in the bucket)")
+                    elem_id="f-dataset", elem_classes=[REQUIRED_CHOICE],
+                    info="a builtin prompt set, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file (HF Jobs "
+                         "runs get a copy in the bucket)")
                 upload = gr.UploadButton("Upload .jsonl / .parquet", file_types=[".jsonl", ".parquet"], size="sm",
                                          elem_id="dataset-upload", scale=1)
                 f["dataset_config"] = gr.Textbox(start.dataset_config, label="Config (Hub)", elem_id="f-dataset_config",

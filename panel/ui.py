@@ -17,7 +17,7 @@ from panel import compare_view, dashboard, live, publish_view, spend_view
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
-from panel.task_form import TaskSection
+from panel.task_form import REQUIRED_CHOICE, TaskSection
 
 TICK_S = 2.0
 PLOT_IDS = {"reward": "reward-plot", "staleness": "staleness-plot", "utilisation": "util-plot",
@@ -34,11 +34,19 @@ RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
               "if (id) { u.searchParams.set('run', id); } else { u.searchParams.delete('run'); } "
               "window.history.replaceState(null, '', u); return []; }")
 # One click downloads the full log: the file the click wrote is fetched through its link at once.
-DOWNLOAD_LOG = ("() => { const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
-                "if (a) a.click(); }")
+DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
+                "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
+                "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
 COLOCATED_SECTION, DISTRIBUTED_SECTION = "vLLM (colocated)", "Distributed (async GRPO)"
 # A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).
 CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }"
+# Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
+# must stay empty and be refused by the form's checks, not silently become the first dataset or flavor.
+KEEP_CLEARED_CHOICES = """() => { document.addEventListener('keydown', (e) => {
+    const box = e.target;
+    if (e.key === 'Enter' && box instanceof HTMLInputElement && box.closest('.required-choice')
+        && box.value.trim() === '') { e.stopImmediatePropagation(); e.preventDefault(); box.blur(); }
+}, true); }"""
 LOGIN_HINT = "Sign in with Hugging Face (button at the top) to launch and watch your runs."
 
 
@@ -132,6 +140,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
             f["max_staleness"] = _field("max_staleness", "Max staleness", initial,
                                         info="vLLM keeps max_staleness + 2 adapters")
             f["vllm_flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["vllm_flavor"],
+                                           elem_classes=[REQUIRED_CHOICE],
                                            allow_custom_value=True, label="Replica flavor", elem_id="f-vllm_flavor")
         with gr.Row():
             f["max_tokens_per_batch"] = _field("max_tokens_per_batch", "Token budget / batch", initial)
@@ -140,6 +149,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
             f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing", initial)
     with _section(f, sections, "Hardware and storage"), gr.Row():
         f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["flavor"], allow_custom_value=True,
+                                  elem_classes=[REQUIRED_CHOICE],
                                   label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
         f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)", initial)
         f["budget_usd"] = _field("budget_usd", "Budget cap (USD)", initial,
@@ -211,7 +221,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     clone_btn = gr.Button("New run from this", elem_id="new-run-from")
                 with gr.Row():
                     x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis", scale=1)
-                    smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (moving average)",
+                    smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (exponential moving average)",
                                           elem_id="smoothing", scale=2)
                 plots = {}
                 for pair in PLOT_ROWS:
@@ -238,7 +248,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     log_role = gr.Dropdown(["trainer"], value="trainer", label="Job", elem_id="log-role", scale=1)
                     log_query = gr.Textbox(label="Search the log", elem_id="log-query", scale=3)
                     log_btn = gr.Button("Download full log", elem_id="log-btn", scale=1)
-                log_file = gr.File(label="Full log", elem_id="log-file", interactive=False, height=60)
+                log_file = gr.File(label="Full log", elem_id="log-file", interactive=False, visible=False)
                 log_box = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
             compare = compare_view.build(panel, visitor_of)
         timer = gr.Timer(TICK_S)
@@ -445,12 +455,11 @@ def build_ui(panel: Panel) -> gr.Blocks:
             return {run_pick: run_id, tabs: gr.Tabs(selected="runs")}
 
         def on_full_log(run_id, role, oauth_token: gr.OAuthToken | None):
-            if not run_id:
-                return None
             try:
-                return panel.full_log_file(run_id, role, visitor_of(oauth_token))
+                path = panel.full_log_file(run_id, role, visitor_of(oauth_token)) if run_id else None
             except KeyError:
-                return None
+                path = None
+            return gr.update(value=path, visible=path is not None)
 
         def on_cancel(run_id, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             if not run_id:

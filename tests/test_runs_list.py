@@ -16,10 +16,10 @@ def test_a_runs_stage_is_its_trainers_or_the_most_telling_of_its_jobs(stages, st
 
 
 def test_progress_is_a_bar_of_ten_cells_with_the_steps():
-    assert progress_bar(0, 200) == "▱▱▱▱▱▱▱▱▱▱ 0/200"
-    assert progress_bar(150, 200) == "▰▰▰▰▰▰▰▱▱▱ 150/200"
-    assert progress_bar(205, 200) == "▰▰▰▰▰▰▰▰▰▰ 205/200", "a resumed run may log past max_steps"
-    assert progress_bar(None, 200) == "▱▱▱▱▱▱▱▱▱▱ 0/200"
+    assert progress_bar(0, 200) == "░░░░░░░░░░ 0/200"
+    assert progress_bar(150, 200) == "███████░░░ 150/200"
+    assert progress_bar(205, 200) == "██████████ 205/200", "a resumed run may log past max_steps"
+    assert progress_bar(None, 200) == "░░░░░░░░░░ 0/200"
     assert progress_bar(7, None) == "7" and progress_bar(None, None) == ""
 
 

@@ -5,7 +5,7 @@ each replica's serving proof, and a serving alert raised by the panel's backgrou
 
 The runs are synthetic run folders in the project's own format (what the trainer, proxy and canary write, and the
 local executor's job files), the live one kept running by a stand-in process as its jobs' pid, so the panel's own
-readers and background checks do the work.
+readers and background checks do the work. Set DIAGNOSE_SCREENSHOTS=docs to write the README's screenshots.
 """
 
 import json
@@ -21,6 +21,7 @@ from backend.runtime import layout
 from backend.runtime.job_wrapper import process_start_time
 from backend.runtime.samples import sample_record
 from benchmarks.dashboard_scale import JOBS, SyntheticRun, record
+from panel.presets import preset_values
 from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, running_panel, tail, text_of, wait_for_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
@@ -153,6 +154,8 @@ def test_a_sync_bound_run_shows_its_verdict_samples_and_serving_proof_and_one_cl
     page.get_by_role("option", name=earlier, exact=True).click()
     samples = wait_for_text(page, "samples-table", "an early answer")
     assert "the newest answer" not in samples
+    _screenshot(page, "diagnose-header.png", "run-status")
+    _screenshot(page, "diagnose-samples.png", "samples-section")
 
     change = page.locator("#new-run-change")
     change.wait_for(state="visible", timeout=30000)
@@ -165,6 +168,15 @@ def test_a_sync_bound_run_shows_its_verdict_samples_and_serving_proof_and_one_cl
     staleness = page.locator("#f-max_staleness input").first.input_value()
     assert staleness == str(verdict.change["max_staleness"]), staleness
     assert f"adapter_every 1 → {verdict.change['adapter_every']}" in text_of(page, "launch-msg")
+
+
+def _screenshot(page, name: str, elem_id: str) -> None:
+    """With DIAGNOSE_SCREENSHOTS=docs, the README's screenshots: the viewport from `elem_id` down."""
+    folder = os.environ.get("DIAGNOSE_SCREENSHOTS")
+    if folder:
+        page.evaluate("(id) => document.getElementById(id).scrollIntoView()", elem_id)
+        page.wait_for_timeout(500)
+        page.screenshot(path=os.path.join(folder, name))
 
 
 def _rows(page) -> list[list[str]]:
@@ -183,10 +195,10 @@ def test_the_runs_list_shows_name_status_progress_and_reward_and_filters(app, pa
     _, _, live, _, failed = app
     page.get_by_role("tab", name="Runs").click()
     live_row = _row_of(page, live.spec.run_id)
-    assert live_row[1:5] == ["sync-heavy", "🟢 running", f"▰▱▱▱▱▱▱▱▱▱ {HISTORY + diagnose.WINDOW}/300",
+    assert live_row[1:5] == ["sync-heavy", "🟢 running", f"█░░░░░░░░░ {HISTORY + diagnose.WINDOW}/300",
                              f"{record(HISTORY + diagnose.WINDOW, 0)['reward']:.3f}"], live_row
     failed_row = _row_of(page, failed.spec.run_id)
-    assert failed_row[1:4] == ["broken-interpreter", "❌ error", f"▰▱▱▱▱▱▱▱▱▱ {FAILED_AT}/120"], failed_row
+    assert failed_row[1:4] == ["broken-interpreter", "❌ error", f"█░░░░░░░░░ {FAILED_AT}/120"], failed_row
     assert [r[0] for r in _rows(page)] == [failed.spec.run_id, live.spec.run_id], "newest first"
 
     page.locator("#runs-query input, #runs-query textarea").first.fill("broken")
@@ -209,6 +221,7 @@ def test_a_row_click_opens_a_failed_run_with_its_cause_on_top_and_its_address_re
     _row_of(page, run_id)
     page.locator("#runs-table [role=row].virtual-row", has_text=run_id).locator("[role=gridcell]").nth(1).click()
     status = wait_for_text(page, "run-status", re.escape(run_id))
+    _screenshot(page, "runs.png", "runs-query")
     lines = [line for line in status.splitlines() if line.strip()]
     title = next(i for i, line in enumerate(lines) if line.startswith(f"Run {run_id}"))
     assert lines[title + 1] == f"❌ trainer: exited with code 127; see the log — {CAUSE}", lines[:4]
@@ -224,3 +237,79 @@ def test_a_row_click_opens_a_failed_run_with_its_cause_on_top_and_its_address_re
     with open(path) as f:
         log = f.read()
     assert log.rstrip().endswith(CAUSE) and "step 1/" in log, log[-300:]
+
+
+def _number(page, elem_id: str) -> str:
+    return page.evaluate("(id) => { const b = document.querySelector('#' + id + ' input'); "
+                         "return b ? b.value : null; }", elem_id)
+
+
+def test_smoothing_draws_the_smoothed_series_over_the_faint_raw_one(app, page):
+    _, _, run, _, _ = app
+    _pick(page, run.spec.run_id)
+    page.wait_for_function("() => { const el = document.querySelector('#reward-plot .js-plotly-plot');"
+                           " return el && el.data && el.data.some(t => t.name === 'mean reward'); }", timeout=30000)
+    names = page.evaluate("() => document.querySelector('#reward-plot .js-plotly-plot').data.map(t => t.name)")
+    assert "mean reward (raw)" not in names
+    box = page.locator("#smoothing input[type=number]").first
+    box.fill("0.9")
+    box.press("Enter")
+    page.wait_for_function("() => document.querySelector('#reward-plot .js-plotly-plot').data"
+                           ".some(t => t.name === 'mean reward (raw)')", timeout=30000)
+    traces = page.evaluate("""() => document.querySelector('#reward-plot .js-plotly-plot').data
+        .filter(t => t.name.startsWith('mean reward')).map(t => ({name: t.name, y: Array.from(t.y),
+                                                                   opacity: t.opacity}))""")
+    raw = next(t for t in traces if t["name"] == "mean reward (raw)")
+    smooth = next(t for t in traces if t["name"] == "mean reward")
+    assert raw["opacity"] < 1 and len(raw["y"]) == len(smooth["y"]) and raw["y"] != smooth["y"]
+
+
+def test_new_run_from_this_fills_the_form_and_presets_set_every_field(app, page):
+    _, _, run, _, _ = app
+    _pick(page, run.spec.run_id)
+    page.locator("#new-run-from").click()
+    page.wait_for_function("() => /Filled from run/.test(document.getElementById('launch-msg').innerText)",
+                           timeout=30000)
+    assert "with" not in text_of(page, "launch-msg").split("Filled from run", 1)[1].split(".")[0]
+    assert page.locator("#f-name input, #f-name textarea").first.input_value() == "sync-heavy"
+    assert page.locator("#f-mode input[value=distributed]").is_checked()
+
+    # Back and forth between presets: every field takes the chosen preset's value, named or not.
+    big, tiny = "Qwen2.5-1.5B math, distributed (HF Jobs, 2 vLLM replicas)", "Tiny demo (CPU)"
+    fields = ("max_steps", "learning_rate", "lora_r", "adapter_every", "max_completion_length")
+    wanted = {f: preset_values(tiny)[f] for f in fields}
+    assert all(preset_values(big)[f] != wanted[f] for f in fields), "the big preset sets each of them otherwise"
+    for preset in (big, tiny):
+        page.locator("#preset input").first.click()
+        page.get_by_role("option", name=preset).click()
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]').checked", timeout=10000)
+    page.get_by_text("GRPO training", exact=True).click()
+    page.get_by_text("LoRA", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#f-max_steps input') !== null", timeout=10000)
+    assert {f: float(_number(page, f"f-{f}")) for f in fields} == wanted
+
+
+def test_a_mount_path_over_a_system_folder_is_refused_by_its_label(app, page):
+    page.get_by_text("Hardware and storage", exact=True).click()
+    box = page.locator("#f-mount_path input, #f-mount_path textarea").first
+    box.fill("/tmp")
+    box.press("Tab")
+    page.locator("#launch-btn").click()
+    page.wait_for_function("() => /launched/i.test(document.getElementById('launch-msg').innerText)", timeout=30000)
+    message = text_of(page, "launch-msg")
+    assert "Mount path in every job (mount_path): '/tmp' would hide a system folder" in message, message
+    assert "Launched run" not in message
+
+
+def test_a_cleared_dataset_stays_empty_on_enter_and_is_refused(app, page):
+    box = page.locator("#f-dataset input").first
+    box.click()
+    box.fill("")
+    box.press("Enter")
+    page.wait_for_timeout(500)
+    assert box.input_value() == "", "Enter in an emptied box does not pick the first dataset"
+    page.locator("#launch-btn").click()
+    page.wait_for_function("() => /launched/i.test(document.getElementById('launch-msg').innerText)", timeout=30000)
+    message = text_of(page, "launch-msg")
+    assert "Dataset (dataset): use one of builtin:count-to-ten" in message and "Launched run" not in message, message
+    assert box.input_value() == ""
