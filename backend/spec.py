@@ -63,13 +63,32 @@ class SpecError(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
 
 
+LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE = (
+    "LoRA", "GRPO training", "vLLM (colocated)", "Distributed (async GRPO)", "Hardware and storage")
+
+
+def setting(default, label: str, section: str = "", help: str = "", choices=None, widget: str = ""):
+    """A RunSpec field as the launch form shows it (TRL's config style: the help lives with the field). A callable
+    `default` makes a fresh value per spec (lists); `choices` makes a dropdown or checkboxes; `widget` names a
+    special one ("flavor": the Hub's hardware with prices)."""
+    meta = {"label": label, "section": section, "help": help, "choices": tuple(choices or ()), "widget": widget}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def form_fields(section: str) -> list[dataclasses.Field]:
+    """The RunSpec fields the launch form shows in `section`, in declaration order."""
+    return [f for f in dataclasses.fields(RunSpec) if f.metadata.get("section") == section]
+
+
 @dataclass
 class RunSpec:
-    name: str = "tiny-demo"
+    name: str = setting("tiny-demo", "Run name")
     mode: str = field(default="colocated",
                       metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
-    model: str = field(default=BUILTIN_MODEL, metadata={"help": MODEL_HELP})
+    model: str = setting(BUILTIN_MODEL, "Model", help=MODEL_HELP)
     # The task: data, prompt, rewards
     dataset: str = field(default="builtin:count-to-ten", metadata={
         "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
@@ -96,48 +115,56 @@ class RunSpec:
     repetition_ngram_size: int = field(default=3, metadata={"help": "repetition penalty: n-gram size in tokens"})
     repetition_max_penalty: float = field(default=-1.0, metadata={
         "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
+    # The launch form is built from these fields: `setting` gives each its label, help, form section and widget.
     # LoRA
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_r: int = setting(8, "Rank r", LORA, "adapter rank; vLLM serves 8, 16, 32, 64, 128, 256, 320 or 512")
+    lora_alpha: int = setting(16, "Alpha", LORA, "scaling, typically 2x the rank")
+    lora_dropout: float = setting(0.0, "Dropout", LORA)
+    lora_target_modules: list[str] = setting(lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], "Target modules", LORA,
+                                             choices=LORA_TARGET_CHOICES)
     # GRPO
-    learning_rate: float = 5e-3
-    max_steps: int = 200
-    per_device_batch_size: int = 8
-    num_generations: int = 8
-    max_completion_length: int = 16
-    temperature: float = 1.0
-    beta: float = 0.0
-    logging_steps: int = 1
-    adapter_every: int = field(default=20, metadata={"help": "publish an adapter version every K steps"})
-    checkpoint_every: int = 50
-    seed: int = 0
+    learning_rate: float = setting(5e-3, "Learning rate", GRPO)
+    max_steps: int = setting(200, "Steps", GRPO)
+    per_device_batch_size: int = setting(8, "Batch size / device", GRPO)
+    num_generations: int = setting(8, "Generations / prompt", GRPO, "completions per prompt, compared in a group")
+    max_completion_length: int = setting(16, "Max completion tokens", GRPO)
+    temperature: float = setting(1.0, "Temperature", GRPO)
+    beta: float = setting(0.0, "KL beta", GRPO, "0: no reference model")
+    seed: int = setting(0, "Seed", GRPO)
+    adapter_every: int = setting(20, "Publish adapter every K steps", GRPO, "publish an adapter version every K steps")
+    checkpoint_every: int = setting(50, "Checkpoint every K steps", GRPO)
+    logging_steps: int = setting(1, "Log every K steps", GRPO)
     # Generation engine
-    use_vllm: bool = field(default=False, metadata={"help": "colocated vLLM (GPU); False generates with transformers"})
-    vllm_gpu_memory_utilization: float = 0.3
-    vllm_enable_sleep_mode: bool = True
-    vllm_tensor_parallel_size: int = field(default=1, metadata={
-        "help": "GPUs one colocated vLLM engine spans; TRL groups the training processes by it, so it must divide "
-                "num_processes (TP 2 on two GPUs: num_processes 2)"})
-    num_processes: int = field(default=1, metadata={"help": "data-parallel training processes (accelerate)"})
+    use_vllm: bool = setting(False, "Generate with colocated vLLM", COLOCATED,
+                             "needs a GPU; on CPU the trainer generates with transformers")
+    vllm_gpu_memory_utilization: float = setting(0.3, "vLLM GPU memory share", COLOCATED,
+                                                 "vLLM's weights and KV cache; the rest of the GPU is the trainer's")
+    vllm_enable_sleep_mode: bool = setting(True, "Sleep between generations", COLOCATED,
+                                           "level 2: weights and KV cache freed; TRL re-syncs the weights after every "
+                                           "step anyway")
+    vllm_tensor_parallel_size: int = setting(1, "Tensor parallel", COLOCATED,
+                                             "GPUs one colocated vLLM engine spans; it must divide the data-parallel "
+                                             "processes", choices=(1, 2, 4, 8))
+    num_processes: int = setting(1, "Data-parallel processes", COLOCATED, "training processes (accelerate)")
     # Distributed
-    replicas: int = 2
-    max_staleness: int = 1
-    vllm_flavor: str = "l4x1"
-    max_inflight_tasks: int = 8
-    queue_maxsize: int = 64
-    max_tokens_per_batch: int = field(default=4096, metadata={
-        "help": "tokens per training micro-batch (TRL's token_budget); 0: per_device_batch_size samples per step"})
-    gradient_checkpointing: bool = False
+    replicas: int = setting(2, "vLLM replicas", DISTRIBUTED)
+    max_staleness: int = setting(1, "Max staleness", DISTRIBUTED, "vLLM keeps max_staleness + 2 adapters")
+    vllm_flavor: str = setting("l4x1", "Replica flavor", DISTRIBUTED, "HF Jobs hardware of each replica",
+                               widget="flavor")
+    max_tokens_per_batch: int = setting(4096, "Token budget / batch", DISTRIBUTED,
+                                        "tokens per training micro-batch (TRL's token_budget); 0: "
+                                        "per_device_batch_size samples per step")
+    max_inflight_tasks: int = setting(8, "Max in-flight tasks", DISTRIBUTED)
+    queue_maxsize: int = setting(64, "Rollout queue size", DISTRIBUTED)
+    gradient_checkpointing: bool = setting(False, "Gradient checkpointing", DISTRIBUTED)
     # Hardware and storage
-    flavor: str = field(default="cpu-basic", metadata={"help": "the trainer's hardware (HF Jobs flavor)"})
-    timeout_minutes: int = 30
-    budget_usd: float = field(default=0.0, metadata={
-        "help": "HF Jobs: once the run's spend, or its projected total at max_steps, reaches this many USD, the panel "
-                "cancels every job of the run; 0: no cap"})
-    bucket: str = "local/grpo-runs"
-    mount_path: str = DEFAULT_MOUNT
+    flavor: str = setting("cpu-basic", "Trainer flavor", STORAGE, "HF Jobs hardware, price per hour", widget="flavor")
+    timeout_minutes: int = setting(30, "Timeout (minutes)", STORAGE)
+    budget_usd: float = setting(0.0, "Budget cap (USD)", STORAGE,
+                                "HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none")
+    bucket: str = setting("local/grpo-runs", "Bucket (namespace/name)", STORAGE,
+                          "HF Jobs: your namespace's bucket, created (private) on first launch")
+    mount_path: str = setting(DEFAULT_MOUNT, "Mount path in every job", STORAGE)
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
         "help": "container image of HF Jobs runs; pinned with TRL 1.16, which supports vLLM 0.22-0.31"})
     run_id: str = ""

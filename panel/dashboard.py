@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend import diagnose
@@ -24,8 +25,30 @@ ERROR_LINE = re.compile(r"error|exception|no such file|not found|killed|denied|f
                         re.IGNORECASE)
 MAX_CAUSE = 300
 ADAPTER_PAGE = 50          # the adapters table shows the newest versions; the count of all is in the header
-PLOTS = ("reward", "staleness", "utilisation", "memory", "kl", "length", "throughput", "timing", "queue", "sync",
-         "optimisation", "learning_rate", "ratio")
+
+def _usages(view) -> dict:
+    return {role: job.usage for role, job in view.current_jobs.items()}
+
+
+# Every chart of the dashboard, in the order the page shows them (two a row): name -> (element id, its figure from
+# the view and the chart options). Learning first, then the questions of a slow or off run: off-policy health,
+# trainer vs generation, queue, sync, resources. Adding a chart is one entry here (and its figure in charts.py).
+CHARTS: dict[str, tuple[str, Callable]] = {
+    "reward": ("reward-plot", lambda view, o: charts.reward_figure(view.table, o)),
+    "kl": ("kl-plot", lambda view, o: charts.kl_figure(view.table, o)),
+    "staleness": ("staleness-plot", lambda view, o: charts.staleness_figure(view.table, o, view.spec)),
+    "ratio": ("ratio-plot", lambda view, o: charts.ratio_figure(view.table, o)),
+    "timing": ("timing-plot", lambda view, o: charts.timing_figure(view.table, o)),
+    "queue": ("queue-plot", lambda view, o: charts.queue_figure(view.table, o, view.spec)),
+    "sync": ("sync-plot", lambda view, o: charts.sync_figure(view.table, o, view.spec)),
+    "throughput": ("throughput-plot", lambda view, o: charts.throughput_figure(view.table, o)),
+    "utilisation": ("util-plot", lambda view, o: charts.utilisation_figure(_usages(view), o)),
+    "memory": ("memory-plot", lambda view, o: charts.memory_figure(_usages(view), o)),
+    "length": ("length-plot", lambda view, o: charts.length_figure(view.table, o)),
+    "optimisation": ("optimisation-plot", lambda view, o: charts.optimisation_figure(view.table, o)),
+    "learning_rate": ("lr-plot", lambda view, o: charts.learning_rate_figure(view.table, o)),
+}
+PLOTS = tuple(CHARTS)
 
 
 @dataclass
@@ -46,28 +69,8 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     """Every component of the dashboard for `view` (built from its bounded series: the cost does not grow with
     the run's length)."""
     options = options or charts.ChartOptions(t0=run_start(view))
-    table = view.table
-    usages = {role: job.usage for role, job in view.current_jobs.items()}
-    values = {
-        "status": status_markdown(view),
-        "reward": charts.reward_figure(table, options),
-        "staleness": charts.staleness_figure(table, options, view.spec),
-        "utilisation": charts.utilisation_figure(usages, options),
-        "memory": charts.memory_figure(usages, options),
-        "kl": charts.kl_figure(table, options),
-        "length": charts.length_figure(table, options),
-        "throughput": charts.throughput_figure(table, options),
-        "timing": charts.timing_figure(table, options),
-        "queue": charts.queue_figure(table, options, view.spec),
-        "sync": charts.sync_figure(table, options, view.spec),
-        "optimisation": charts.optimisation_figure(table, options),
-        "learning_rate": charts.learning_rate_figure(table, options),
-        "ratio": charts.ratio_figure(table, options),
-        "adapters": adapter_rows(view),
-        "replicas": replica_rows(view),
-    }
-    for name in PLOTS:
-        values[name] = charts.plot_json(values[name])
+    values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
+    values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view))
     return Frame(values, {k: _digest(v) for k, v in values.items()})
 
 

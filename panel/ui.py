@@ -4,7 +4,7 @@ Every handler learns who clicked from Gradio itself: `gr.OAuthToken` / `gr.OAuth
 Gradio fills only when it can match them positionally (never after `*args`), read through `visitor_of`.
 """
 
-import contextlib
+import dataclasses
 
 import gradio as gr
 from gradio.components.plot import PlotData
@@ -12,7 +12,7 @@ from gradio.components.plot import PlotData
 from backend import diagnose
 from backend.access import Visitor
 from backend.compare import X_AXES
-from backend.spec import LORA_TARGET_CHOICES, MODEL_HELP, RunSpec
+from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
 from panel import compare_view, dashboard, live, publish_view, spend_view
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_values
@@ -20,13 +20,7 @@ from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 from panel.task_form import REQUIRED_CHOICE, TaskSection
 
 TICK_S = 2.0
-PLOT_IDS = {"reward": "reward-plot", "staleness": "staleness-plot", "utilisation": "util-plot",
-            "memory": "memory-plot", "kl": "kl-plot", "length": "length-plot", "throughput": "throughput-plot",
-            "timing": "timing-plot", "queue": "queue-plot", "sync": "sync-plot", "optimisation": "optimisation-plot",
-            "learning_rate": "lr-plot", "ratio": "ratio-plot"}
-# Learning first, then the four questions of a slow or off run: trainer vs generation, queue, sync, resources.
-PLOT_ROWS = [("reward", "kl"), ("staleness", "ratio"), ("timing", "queue"), ("sync", "throughput"),
-             ("utilisation", "memory"), ("length", "optimisation"), ("learning_rate",)]
+PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
                      "if (t) t.scrollTop = t.scrollHeight; }")
 # The picked run is in the page's address (?run=<id>): a reload or a shared link opens it again.
@@ -37,7 +31,6 @@ RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
 DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
                 "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
                 "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
-COLOCATED_SECTION, DISTRIBUTED_SECTION = "vLLM (colocated)", "Distributed (async GRPO)"
 # A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).
 CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }"
 # Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
@@ -47,6 +40,7 @@ KEEP_CLEARED_CHOICES = """() => { document.addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && box instanceof HTMLInputElement && box.closest('.required-choice')
         && box.value.trim() === '') { e.stopImmediatePropagation(); e.preventDefault(); box.blur(); }
 }, true); }"""
+SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 LOGIN_HINT = "Sign in with Hugging Face (button at the top) to launch and watch your runs."
 
 
@@ -58,105 +52,73 @@ def visitor_of(token: gr.OAuthToken | None, profile: gr.OAuthProfile | None = No
                    expires_at=float(token.expires_at) if token.expires_at else None)
 
 
-def _field(name: str, label: str, initial: dict, **kw):
-    value = initial[name]
-    info = kw.pop("info", None)
-    default = getattr(RunSpec, name, None)
-    if isinstance(default, bool) or isinstance(value, bool):
-        return gr.Checkbox(value=value, label=label, info=info, elem_id=f"f-{name}")
+def _field(name: str, initial: dict, flavors: list | None = None):
+    """The form's widget for RunSpec field `name`, labelled and explained by the field itself (`spec.setting`)."""
+    spec_field = SPEC_FIELDS[name]
+    meta, value = spec_field.metadata, initial[name]
+    common = dict(label=meta.get("label", name), info=meta.get("help") or None, elem_id=f"f-{name}")
+    if meta.get("widget") == "flavor":
+        return gr.Dropdown(_flavor_choices(flavors or []), value=value, allow_custom_value=True,
+                           elem_classes=[REQUIRED_CHOICE], **common)
     if isinstance(value, list):
-        return gr.CheckboxGroup(choices=kw.pop("choices"), value=value, label=label, info=info, elem_id=f"f-{name}")
-    if "choices" in kw:
-        return gr.Dropdown(choices=kw.pop("choices"), value=value, label=label, info=info, elem_id=f"f-{name}", **kw)
-    if isinstance(default, int):
-        return gr.Number(value=value, label=label, precision=0, info=info, elem_id=f"f-{name}")
-    if isinstance(default, float):
-        return gr.Number(value=value, label=label, info=info, elem_id=f"f-{name}")
-    return gr.Textbox(value=value, label=label, info=info, elem_id=f"f-{name}", **kw)
+        return gr.CheckboxGroup(choices=list(meta["choices"]), value=value, **common)
+    if meta.get("choices"):
+        return gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
+    if spec_field.type in (bool, "bool"):
+        return gr.Checkbox(value=value, **common)
+    if spec_field.type in (int, "int"):
+        return gr.Number(value=value, precision=0, **common)
+    if spec_field.type in (float, "float"):
+        return gr.Number(value=value, **common)
+    return gr.Textbox(value=value, **common)
 
 
 def _flavor_choices(flavors) -> list[tuple[str, str]]:
     return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
 
 
-@contextlib.contextmanager
-def _section(f: dict, sections: dict, title: str, **kw):
-    """An accordion of the form; `sections[title]` keeps it with the names of the fields built inside it."""
-    before = set(f)
+ROW = 4     # fields a row of a form section
+
+
+def _section(f: dict, sections: dict, title: str, initial: dict, flavors: list, **kw) -> None:
+    """An accordion holding RunSpec's fields of section `title` (in their declaration order, ROW a row; a list of
+    checkboxes on a row of its own); `sections[title]` keeps it with the names of its fields."""
+    names = [spec_field.name for spec_field in form_fields(title)]
     with gr.Accordion(title, open=False, **kw) as accordion:
-        yield
-    sections[title] = (accordion, set(f) - before)
+        row: list[str] = []
+        for name in [*names, None]:
+            wide = name is not None and isinstance(initial[name], list)
+            if row and (name is None or wide or len(row) == ROW):
+                with gr.Row():
+                    for held in row:
+                        f[held] = _field(held, initial, flavors)
+                row = []
+            if wide:
+                f[name] = _field(name, initial, flavors)
+            elif name is not None:
+                row.append(name)
+    sections[title] = (accordion, set(names))
 
 
 def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, gr.components.Component],
                                                                         TaskSection, dict]:
     f, sections = {}, {}
+    flavors = panel.flavors()
     with gr.Row():
-        f["name"] = _field("name", "Run name", initial)
+        f["name"] = _field("name", initial)
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
         f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
                                  info="local processes on this machine, or Hugging Face Jobs" if "local" in executors
                                  else "Hugging Face Jobs, with your own account")
-    f["model"] = _field("model", "Model", initial, info=MODEL_HELP)
+    f["model"] = _field("model", initial)
     task = TaskSection.build(initial)
     f.update(task.fields)
-    with _section(f, sections, "LoRA"):
-        with gr.Row():
-            f["lora_r"] = _field("lora_r", "Rank r", initial)
-            f["lora_alpha"] = _field("lora_alpha", "Alpha", initial)
-            f["lora_dropout"] = _field("lora_dropout", "Dropout", initial)
-        f["lora_target_modules"] = _field("lora_target_modules", "Target modules", initial,
-                                          choices=list(LORA_TARGET_CHOICES))
-    with _section(f, sections, "GRPO training"):
-        with gr.Row():
-            for name, label in [("learning_rate", "Learning rate"), ("max_steps", "Steps"),
-                                ("per_device_batch_size", "Batch size / device"),
-                                ("num_generations", "Generations / prompt")]:
-                f[name] = _field(name, label, initial)
-        with gr.Row():
-            for name, label in [("max_completion_length", "Max completion tokens"), ("temperature", "Temperature"),
-                                ("beta", "KL beta"), ("seed", "Seed")]:
-                f[name] = _field(name, label, initial)
-        with gr.Row():
-            f["adapter_every"] = _field("adapter_every", "Publish adapter every K steps", initial)
-            f["checkpoint_every"] = _field("checkpoint_every", "Checkpoint every K steps", initial)
-            f["logging_steps"] = _field("logging_steps", "Log every K steps", initial)
-    with _section(f, sections, COLOCATED_SECTION, visible=initial["mode"] == "colocated"):
-        with gr.Row():
-            f["use_vllm"] = _field("use_vllm", "Generate with colocated vLLM", initial,
-                                   info="needs a GPU; on CPU the trainer generates with transformers")
-            f["vllm_gpu_memory_utilization"] = _field("vllm_gpu_memory_utilization", "vLLM GPU memory share", initial)
-            f["vllm_enable_sleep_mode"] = _field(
-                "vllm_enable_sleep_mode", "Sleep between generations", initial,
-                info="level 2: weights and KV cache freed; TRL re-syncs the weights after every step anyway")
-        with gr.Row():
-            f["vllm_tensor_parallel_size"] = _field("vllm_tensor_parallel_size", "Tensor parallel", initial,
-                                                    choices=[1, 2, 4, 8])
-            f["num_processes"] = _field("num_processes", "Data-parallel processes", initial)
-    with _section(f, sections, DISTRIBUTED_SECTION, visible=initial["mode"] == "distributed"):
-        with gr.Row():
-            f["replicas"] = _field("replicas", "vLLM replicas", initial)
-            f["max_staleness"] = _field("max_staleness", "Max staleness", initial,
-                                        info="vLLM keeps max_staleness + 2 adapters")
-            f["vllm_flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["vllm_flavor"],
-                                           elem_classes=[REQUIRED_CHOICE],
-                                           allow_custom_value=True, label="Replica flavor", elem_id="f-vllm_flavor")
-        with gr.Row():
-            f["max_tokens_per_batch"] = _field("max_tokens_per_batch", "Token budget / batch", initial)
-            f["max_inflight_tasks"] = _field("max_inflight_tasks", "Max in-flight tasks", initial)
-            f["queue_maxsize"] = _field("queue_maxsize", "Rollout queue size", initial)
-            f["gradient_checkpointing"] = _field("gradient_checkpointing", "Gradient checkpointing", initial)
-    with _section(f, sections, "Hardware and storage"), gr.Row():
-        f["flavor"] = gr.Dropdown(_flavor_choices(panel.flavors()), value=initial["flavor"], allow_custom_value=True,
-                                  elem_classes=[REQUIRED_CHOICE],
-                                  label="Trainer flavor", elem_id="f-flavor", info="HF Jobs hardware, price per hour")
-        f["timeout_minutes"] = _field("timeout_minutes", "Timeout (minutes)", initial)
-        f["budget_usd"] = _field("budget_usd", "Budget cap (USD)", initial,
-                                 info="HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none")
-        f["bucket"] = _field("bucket", "Bucket (namespace/name)", initial,
-                             info="HF Jobs: your namespace's bucket, created (private) on first launch")
-        f["mount_path"] = _field("mount_path", "Mount path in every job", initial)
+    for title in (LORA, GRPO):
+        _section(f, sections, title, initial, flavors)
+    _section(f, sections, COLOCATED, initial, flavors, visible=initial["mode"] == "colocated")
+    _section(f, sections, DISTRIBUTED, initial, flavors, visible=initial["mode"] == "distributed")
+    _section(f, sections, STORAGE, initial, flavors)
     return f, task, sections
 
 
@@ -224,7 +186,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
                     smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (exponential moving average)",
                                           elem_id="smoothing", scale=2)
                 plots = {}
-                for pair in PLOT_ROWS:
+                names = list(PLOT_IDS)
+                for pair in (names[i:i + 2] for i in range(0, len(names), 2)):
                     with gr.Row():
                         for name in pair:
                             plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
@@ -285,8 +248,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
 
         def on_mode(mode):
             """Only the sections that apply to the chosen mode are shown."""
-            return {sections[COLOCATED_SECTION][0]: gr.Accordion(visible=mode == "colocated"),
-                    sections[DISTRIBUTED_SECTION][0]: gr.Accordion(visible=mode == "distributed")}
+            return {sections[COLOCATED][0]: gr.Accordion(visible=mode == "colocated"),
+                    sections[DISTRIBUTED][0]: gr.Accordion(visible=mode == "distributed")}
 
         def on_preview(data: dict, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             shown = panel.preview(values_of(data), visitor_of(oauth_token, profile))
@@ -489,7 +452,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         # Any change to the form withdraws the tick: the review was of another spec (the server checks it too).
         gr.on([c.change for c in inputs], lambda: False, None, confirm, show_progress="hidden")
         accordions = [accordion for accordion, _ in sections.values()]
-        form["mode"].change(on_mode, form["mode"], [sections[COLOCATED_SECTION][0], sections[DISTRIBUTED_SECTION][0]],
+        form["mode"].change(on_mode, form["mode"], [sections[COLOCATED][0], sections[DISTRIBUTED][0]],
                             show_progress="hidden")
         preview_btn.click(on_preview, {*inputs, marks}, [launch_msg, reviewed, confirm, marks, *accordions, *inputs])
         launch_btn.click(on_launch, {*inputs, confirm, reviewed, webhook, marks},
