@@ -147,7 +147,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 form, task, sections = _form(panel, initial, executors)
                 panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
                 with gr.Accordion("Alerts", open=False):
-                    webhook = gr.Textbox(label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
+                    webhook = gr.Textbox("", label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
                                          info="Slack or Discord webhook: the run's alerts (ratio drift, stall, a "
                                               "replica not serving its adapter, ...) are posted there. Kept encrypted "
                                               "by this panel; never shown again or written to the bucket.")

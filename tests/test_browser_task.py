@@ -65,6 +65,10 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     page.wait_for_function("() => document.getElementById('run-status').innerText.includes('final adapter ready')",
                            timeout=240000)
     # One reward function weighing 1 is the mean reward: the chart names it instead of drawing it twice.
+    # Plotly draws after the header's text: wait for the chart, then count.
+    page.wait_for_function("() => { const el = document.querySelector('#reward-plot .js-plotly-plot');"
+                           " const t = el && el.data ? el.data.find(d => d.name === 'mean reward') : null;"
+                           " return t && t.x.length >= 6; }", timeout=30000)
     assert _plot_points(page, "reward-plot", "mean reward") == 6, "the reward code's series, every step"
     assert "Reward (short_answer)" in _text(page, "reward-plot")
 
