@@ -14,7 +14,7 @@ from huggingface_hub import CommitOperationAdd, HfApi
 from backend.recipe import PEFT_VERSION, TRL_VERSION
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
-from backend.runtime.vllm_args import VLLM_LORA_RANKS
+from backend.vllm_args import VLLM_LORA_RANKS
 from backend.spec import BUILTIN_MODEL, HUB_ID, bucket_name_problem
 
 

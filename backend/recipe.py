@@ -11,7 +11,7 @@ from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, J
 from backend.runtime import rewards
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
-from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
+from backend.vllm_args import vllm_server_args, vllm_server_env
 from backend.spec import RunSpec
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.

@@ -19,7 +19,7 @@ from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
-from backend.runtime.vllm_args import VLLM_LORA_RANKS
+from backend.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
