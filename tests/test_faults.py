@@ -257,7 +257,7 @@ def _trainer_events(view) -> list[dict]:
 def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_every_attempt(executor):
     from backend.launch import LaunchError
     from backend.resume import resume_plan
-    from backend.runtime.train import latest_checkpoint
+    from backend.runtime.common import latest_checkpoint
     from backend.spec import RunSpec
     from panel import dashboard
 
@@ -420,7 +420,7 @@ def _answers(url: str) -> bool:
 
 def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_restart_and_a_resume(executor, monkeypatch):
     from backend.resume import resume_plan
-    from backend.runtime.train import latest_checkpoint
+    from backend.runtime.common import latest_checkpoint
     from backend.spec import BUILTIN_MODEL, RunSpec
     from panel import dashboard
 

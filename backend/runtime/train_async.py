@@ -20,6 +20,16 @@ import time
 import urllib.error
 import urllib.request
 
+from .common import (
+    checkpoint_step,
+    failure_fields,
+    latest_checkpoint,
+    lora_config,
+    resolve_model,
+    say_vllm_version_warning_once,
+    shared_trainer_args,
+    skip_long_prompts,
+)
 from .cpu_fallbacks import install_cpu_fallbacks
 from .heartbeat import Heartbeat
 from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, VLLM_LORA_DIR, adapter_name, write_event
@@ -31,16 +41,6 @@ from .run_end import record_end, stop_on_sigterm
 from .samples import SampleWriter, install_async_samples
 from .task import load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
-from .train import (
-    checkpoint_step,
-    failure_fields,
-    latest_checkpoint,
-    lora_config,
-    resolve_model,
-    say_vllm_version_warning_once,
-    shared_trainer_args,
-    skip_long_prompts,
-)
 from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
 
 REPLICAS_ENV = "VLLM_REPLICA_URLS"
