@@ -6,12 +6,10 @@ import os
 import re
 import traceback
 
-from .layout import CHECKPOINTS_DIR
+from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR
 from .task import TaskDataError, drop_long_prompts
 from .tiny_model import BUILTIN_MODELS
 from .user_code import code_traceback
-
-BASE_MODEL_DIR = "base-model"
 
 
 def process_rank() -> int:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from .layout import FragmentWriter
+from .layout import CANARY_WRITER, PROXY_WRITER, FragmentWriter
 
 log = logging.getLogger("runtime.proxy")
 
@@ -49,7 +49,6 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 # Serving proof: after each adapter load (and every `canary_interval_s` for the newest), every replica answers
 # one short completion with the new adapter and with its base model; their logprobs differ when the adapter is
 # really applied. Token ids, so any tokenizer takes it.
-CANARY_WRITER = "canary"
 CANARY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]     # below 256: valid in any vocabulary
 CANARY_TIMEOUT_S = 30.0
 
@@ -479,7 +478,7 @@ class StatsRecorder:
     replica's health or adapter set changes, since that is what the panel must show promptly."""
 
     def __init__(self, folder: str, interval_s: float, flush_s: float):
-        self.writer = FragmentWriter(folder, "proxy")
+        self.writer = FragmentWriter(folder, PROXY_WRITER)
         self.interval_s = interval_s
         self.flush_s = flush_s
         self.pending: list[dict] = []

@@ -9,10 +9,9 @@ texts cut to MAX_TEXT characters, and masked like every event.
 import os
 import time
 
-from .layout import SAMPLES_DIR, FragmentWriter
+from .layout import SAMPLES_DIR, TRAINER_WRITER, FragmentWriter
 from .redact import redact_record
 
-WRITER = "trainer"
 SAMPLES_PER_STEP = 4
 MAX_TEXT = 2000
 
@@ -42,7 +41,7 @@ def sample_record(step: int, version: int | None, prompt, completion, rewards: d
 
 class SampleWriter:
     def __init__(self, run_dir: str):
-        self.fragments = FragmentWriter(os.path.join(run_dir, SAMPLES_DIR), WRITER)
+        self.fragments = FragmentWriter(os.path.join(run_dir, SAMPLES_DIR), TRAINER_WRITER)
 
     def write(self, records: list[dict]) -> None:
         self.fragments.write(records[:SAMPLES_PER_STEP])

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE
+from .layout import EVENTS_DIR, FRAGMENT_RE, TRAINER_WRITER
 
 POLL_S = 5.0
 GRACE_S = 30.0
@@ -58,7 +58,7 @@ class TrainerEndWatch:
             return None
         for name in names:
             match = FRAGMENT_RE.match(name)
-            if not match or match.group("writer") != "trainer" or name in self.seen:
+            if not match or match.group("writer") != TRAINER_WRITER or name in self.seen:
                 continue
             self.seen.add(name)
             with open(os.path.join(self.folder, name), "rb") as f:

@@ -17,10 +17,10 @@ no reward in 300 steps; at 0.15 the "digits" demo climbs from ~0.05 to ~0.9 in 5
 
 import argparse
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
+
+from .layout import publish_folder
 
 CHAT_TEMPLATE = (Path(__file__).parent / "qwen2_5_chat_template.jinja").read_text()
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -114,21 +114,15 @@ def ensure_tiny_model(out: str, seed: int = 0, name: str = TINY_MODEL) -> str:
     """Build the builtin model `name` at `out` unless it is already there; return `out`."""
     if os.path.isfile(os.path.join(out, "config.json")):
         return out
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="_tmp-model-", dir=parent)
     try:
-        shape = model_config(name)
-        tokenizer = build_tokenizer(shape.get("vocab_size"), shape["max_position_embeddings"])
-        build_model(tokenizer, seed, shape).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if not os.path.isfile(os.path.join(out, "config.json")):
-                raise  # another job published first otherwise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with publish_folder(out, replace=False, prefix="_tmp-model-") as tmp:
+            shape = model_config(name)
+            tokenizer = build_tokenizer(shape.get("vocab_size"), shape["max_position_embeddings"])
+            build_model(tokenizer, seed, shape).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    except OSError:
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            raise  # another job published first otherwise
     return out
 
 

@@ -25,8 +25,8 @@ from .common import (
     shared_trainer_args,
     skip_long_prompts,
 )
-from .layout import CHECKPOINTS_DIR, SPEC_FILE, write_event
-from .metrics_callback import WRITER, ProfiledSeconds, RunFolderCallback
+from .layout import CHECKPOINTS_DIR, SPEC_FILE, TRAINER_WRITER, write_event
+from .metrics_callback import ProfiledSeconds, RunFolderCallback
 from .redact import remember_env_secrets
 from .rewards import run_rewards
 from .run_end import record_end, stop_on_sigterm
@@ -90,7 +90,7 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
         engine_name += f" · model {benchmark_note(spec['model'])}"
     if process_rank() == 0:
         print(f"generation engine: {engine_name}", flush=True)
-        write_event(run_dir, WRITER, "engine", engine=engine_name)
+        write_event(run_dir, TRAINER_WRITER, "engine", engine=engine_name)
 
     from transformers import PrinterCallback
     from trl import GRPOTrainer
@@ -126,8 +126,8 @@ def main() -> None:
         trainer.train(resume_from_checkpoint=checkpoint)
     except BaseException as error:
         rank = process_rank()
-        message = record_end(run_dir, WRITER if rank == 0 else f"{WRITER}-rank{rank}", error, callback.flush,
-                             details=failure_fields)
+        writer = TRAINER_WRITER if rank == 0 else f"{TRAINER_WRITER}-rank{rank}"
+        message = record_end(run_dir, writer, error, callback.flush, details=failure_fields)
         sys.exit(f"training failed: {message}")
 
 
