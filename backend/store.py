@@ -35,9 +35,6 @@ class BucketStore(Protocol):
 
     def upload_folder(self, local_dir: str, prefix: str) -> None: ...
 
-    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
-        """Copy every file under `prefix` into `local_dir`; return the local paths written."""
-
 
 class FolderStore:
     """A bucket that is a local folder: local runs, or a bucket mounted into the Space as a volume."""
@@ -100,13 +97,3 @@ class FolderStore:
         dest = self.local_path(prefix)
         shutil.copytree(local_dir, dest, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-
-    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
-        written = []
-        for f in self.list_files(prefix):
-            rel = os.path.relpath(f.path, prefix)
-            target = os.path.join(local_dir, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copyfile(self.local_path(f.path), target)
-            written.append(target)
-        return written

@@ -51,12 +51,6 @@ RENAMES = {
     "perf/fwd_bwd_s": "fwd_bwd_s",
     "perf/rollout_wait_s": "rollout_wait_s",
 }
-CANONICAL_KEYS = (
-    "step", "time", "reward", "reward_std", "kl", "entropy", "completion_length", "tokens_per_s",
-    "staleness_mean", "staleness_max", "dropped_stale_total", "ratio", "weight_sync_s", "gen_tokens_per_s",
-    "train_tokens_per_s", "time_in_queue_s", "loss", "grad_norm", "learning_rate", "step_time", "generation_s",
-    "fwd_bwd_s", "rollout_wait_s",
-)  # plus "rewards/<func>" per reward function
 
 
 def _number(value) -> float | None:
