@@ -13,8 +13,9 @@
   stall on a dead replica, and it cannot serve a stale policy because it gets no traffic until it is healthy
   again and has been reconciled to the proxy's adapter set (missing versions loaded, unknown ones unloaded).
 - `/health` is 200 while at least one replica is healthy: TRL only polls it at start, and one replica can
-  generate and take adapter loads; late replicas join through reconciliation. `/health?require=all` is 200
-  only when every replica is healthy (the trainer's start-up waits on it first).
+  generate and take adapter loads; late replicas join through reconciliation. Its body counts the healthy
+  replicas: the trainer's start-up waits until all are (or at least one, after a while). `/health?require=all`
+  is 200 only when every replica is healthy.
 - `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments.
 Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it).
 """
