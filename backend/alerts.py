@@ -10,6 +10,8 @@ The webhook URL is a secret (a Slack or Discord incoming webhook lets anyone pos
 panel's own home, never in spec.json or the bucket, and never shown back.
 """
 
+import base64
+import hashlib
 import json
 import logging
 import os
@@ -17,6 +19,8 @@ import secrets
 import threading
 import time
 import urllib.request
+
+from cryptography.fernet import Fernet
 
 from backend import diagnose
 from backend.runtime import layout
@@ -133,11 +137,6 @@ class WebhookStore:
         self.folder = os.path.join(home, "secrets")
 
     def _fernet(self):
-        import base64
-        import hashlib
-
-        from cryptography.fernet import Fernet
-
         secret = os.environ.get("GRPO_PANEL_SECRET_KEY")
         if not secret:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)

@@ -15,6 +15,7 @@ from backend.recipe import PEFT_VERSION, TRL_VERSION
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import TINY_MODEL
+from backend.runtime.user_code import reward_function_names
 from backend.spec import HUB_ID, bucket_name_problem
 from backend.vllm_args import VLLM_LORA_RANKS
 
@@ -152,8 +153,6 @@ def _settings(spec: dict) -> list[tuple[str, str]]:
 
 
 def _reward_names(spec: dict) -> list[str]:
-    from backend.runtime.user_code import reward_function_names
-
     return [*(spec.get("rewards") or []), *reward_function_names(spec.get("reward_code") or "")]
 
 

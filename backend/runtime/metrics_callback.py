@@ -127,7 +127,7 @@ class ProfiledSeconds:
         self.totals: dict[str, float] = defaultdict(float)
 
     def install(self) -> "ProfiledSeconds":
-        from trl.extras import profiling
+        from trl.extras import profiling  # noqa: PLC0415 TRL only in the trainer, not in the panel
 
         original, totals = profiling.ProfilingContext._log_metrics, self.totals
 

@@ -22,10 +22,12 @@ Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exp
 
 import argparse
 import asyncio
+import ctypes
 import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -635,9 +637,6 @@ def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None
 def die_with_parent(parent_pid: int) -> None:
     """Get SIGTERM when the parent dies, however it dies (a SIGKILLed or OOM-killed trainer): a proxy alone
     would keep a job's process group, and its bill, alive."""
-    import ctypes
-    import signal
-
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
     if os.getppid() != parent_pid:       # the parent died before the line above took effect

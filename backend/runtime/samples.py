@@ -90,7 +90,7 @@ def install_async_samples(writer: SampleWriter, max_completion_length: int, step
     TRL 1.16 (pinned by the recipe) passes a few consumed samples of every 8th policy version to
     `log_rollout_traces` (for trackio) from a thread of its own: that function is wrapped, and its queue dataset
     asks for samples of every version. `step()` is the trainer's current step."""
-    from trl.experimental.async_grpo import async_grpo_trainer as module
+    from trl.experimental.async_grpo import async_grpo_trainer as module  # noqa: PLC0415 TRL only in the trainer
 
     original_log, original_init = module.log_rollout_traces, module.RolloutQueueDataset.__init__
 

@@ -94,7 +94,7 @@ def with_dtype_without_cuda(command: list[str], dtype: str | None, cuda_availabl
 
 
 def cuda_available() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 heavy: only to ask about CUDA
 
     return torch.cuda.is_available()
 

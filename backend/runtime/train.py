@@ -39,7 +39,7 @@ from .versions import mark_superseded, published_versions
 def limit_cpu_threads(spec: dict) -> None:
     """One thread for the builtin model on CPU: a 64-wide model gains nothing from more, and on a busy
     machine OpenMP's spinning threads made steps 30x slower (0.04 s -> 1-15 s) than one thread."""
-    import torch
+    import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     if spec["model"] == TINY_MODEL and not torch.cuda.is_available():
         torch.set_num_threads(1)
@@ -47,7 +47,7 @@ def limit_cpu_threads(spec: dict) -> None:
 
 def generation_engine(spec: dict) -> tuple[dict, str]:
     """GRPOConfig fields for the generation engine, and a line naming it for the log and the panel."""
-    import torch
+    import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     if not torch.cuda.is_available():
         return {"use_vllm": False}, "transformers (CPU)"
@@ -66,7 +66,7 @@ def generation_engine(spec: dict) -> tuple[dict, str]:
 
 
 def grpo_config(spec: dict, run_dir: str, engine: dict, reward_weights: list[float] | None = None):
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return GRPOConfig(output_dir=os.path.join(run_dir, CHECKPOINTS_DIR), beta=spec["beta"],
                       reward_weights=reward_weights, **shared_trainer_args(spec), **engine)
@@ -93,8 +93,8 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
         print(f"generation engine: {engine_name}", flush=True)
         write_event(run_dir, TRAINER_WRITER, "engine", engine=engine_name)
 
-    from transformers import PrinterCallback
-    from trl import GRPOTrainer
+    from transformers import PrinterCallback  # noqa: PLC0415 heavy: after the run's own inputs are read
+    from trl import GRPOTrainer  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     trainer = GRPOTrainer(
         model=model, reward_funcs=rewards, args=grpo_config(spec, run_dir, engine, weights), train_dataset=prompts,

@@ -155,7 +155,7 @@ def _proxy_health(proxy_url: str) -> tuple[int, int]:
 
 
 def async_config(spec: dict, run_dir: str, proxy_url: str):
-    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return AsyncGRPOConfig(
         # output_dir is the run folder so TRL's .vllm_lora/ lands in the bucket the replicas mount.
@@ -172,7 +172,7 @@ def async_config(spec: dict, run_dir: str, proxy_url: str):
 
 
 def trainer_class():
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
+    from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
         """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder; version
@@ -220,7 +220,7 @@ def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
 
 
 def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
-    from transformers import PrinterCallback
+    from transformers import PrinterCallback  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     rewards, weights = run_rewards(spec)
     model = resolve_model(spec, run_dir)
