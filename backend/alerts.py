@@ -29,7 +29,7 @@ from backend.store import BucketStore
 
 log = logging.getLogger(__name__)
 
-WRITER = "panel-alerts"
+WRITER = f"{layout.PANEL_WRITER}-alerts"
 FIRED, CLEARED = "alert", "alert_cleared"
 WEBHOOK_TIMEOUT_S = 10.0
 

@@ -14,9 +14,7 @@ import os
 import threading
 import time
 
-from .layout import TRAINER_WRITER, atomic_write_bytes
-
-HEARTBEAT_DIR = "heartbeat"
+from .layout import HEARTBEAT_DIR, TRAINER_WRITER, atomic_write_bytes
 
 
 def _env_seconds(name: str, default: float) -> float:

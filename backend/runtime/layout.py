@@ -42,6 +42,7 @@ ADAPTERS_DIR = "adapters"
 VLLM_LORA_DIR = ".vllm_lora"
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
+HEARTBEAT_DIR = "heartbeat"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
