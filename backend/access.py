@@ -16,6 +16,9 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from huggingface_hub import constants, get_token
+
+from backend.hub_auth import can_control
 from backend.runtime.redact import remember_secret
 
 LOOPBACK_NAMES = ("localhost", "")
@@ -110,8 +113,6 @@ class Deployment:
 
 
 def _hub_constants():
-    from huggingface_hub import constants
-
     return constants
 
 
@@ -130,8 +131,6 @@ def acting_token(visitor: Visitor, deployment: Deployment) -> str | None:
         return visitor.token
     if not deployment.lends_host_token:
         return None
-    from huggingface_hub import get_token
-
     return get_token()
 
 
@@ -156,8 +155,6 @@ def local_runs_problem(visitor: Visitor, deployment: Deployment) -> str | None:
         owner = deployment.space_owner or ""
         if not visitor.token:
             return "Sign in with Hugging Face: only this Space's owner may use local runs."
-        from backend.hub_auth import can_control
-
         allowed, _ = can_control(owner, visitor.token, on_space=True)
         if not allowed:
             return (f"Local runs on this Space belong to its owner ({owner}); choose 'hf_jobs' to run on your own "

@@ -10,6 +10,8 @@ The webhook URL is a secret (a Slack or Discord incoming webhook lets anyone pos
 panel's own home, never in spec.json or the bucket, and never shown back.
 """
 
+import base64
+import hashlib
 import json
 import logging
 import os
@@ -19,6 +21,8 @@ import time
 import urllib.parse
 import urllib.request
 
+from cryptography.fernet import Fernet
+
 from backend import diagnose
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
@@ -26,7 +30,7 @@ from backend.store import BucketStore
 
 log = logging.getLogger(__name__)
 
-WRITER = "panel-alerts"
+WRITER = f"{layout.PANEL_WRITER}-alerts"
 FIRED, CLEARED = "alert", "alert_cleared"
 WEBHOOK_TIMEOUT_S = 10.0
 
@@ -142,11 +146,6 @@ class WebhookStore:
         self.folder = os.path.join(home, "secrets")
 
     def _fernet(self):
-        import base64
-        import hashlib
-
-        from cryptography.fernet import Fernet
-
         secret = os.environ.get("GRPO_PANEL_SECRET_KEY")
         if not secret:
             os.makedirs(self.folder, mode=0o700, exist_ok=True)

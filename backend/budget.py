@@ -23,7 +23,7 @@ from backend.runtime.redact import redact_record, redact_tokens
 
 log = logging.getLogger(__name__)
 
-BUDGET_WRITER = "panel-budget"
+BUDGET_WRITER = f"{layout.PANEL_WRITER}-budget"
 BUDGET_EVENT = "budget_cap"
 PRICES_TTL_S = 600.0     # the Hub's price list, asked at most this often per namespace
 READ_EVERY_S = 10.0      # a live run's new metric fragments, read at most this often when no dashboard has them

@@ -10,6 +10,8 @@ a user can act on; the token is sent as a bearer header and never appears in a m
 
 from dataclasses import dataclass
 
+from huggingface_hub.utils import get_session
+
 MAX_LENGTH = 100   # the API refuses a longer slice
 TIMEOUT_S = 20.0
 
@@ -28,8 +30,6 @@ class ViewerRows:
 
 
 def _get(base: str, path: str, params: dict, token: str | None) -> dict:
-    from huggingface_hub.utils import get_session
-
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = get_session().get(f"{base.rstrip('/')}/{path}", params=params, headers=headers, timeout=TIMEOUT_S)

@@ -1,7 +1,6 @@
 """Job hardware: the flavors a run can ask for, their hourly prices, and what a run can cost at most."""
 
 import logging
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,38 +20,37 @@ class Flavor:
     name: str
     pretty: str
     gpus: int
-    gpu_memory_gb: float | None      # total VRAM as the Hub reports it; None without a GPU
     price_per_hour_usd: float
     fallback: bool = False           # from the built-in list below: prices may be out of date
 
 
-def _fallback(name: str, pretty: str, gpus: int, gb_per_gpu: float | None, price: float) -> Flavor:
-    return Flavor(name, pretty, gpus, gb_per_gpu * gpus if gb_per_gpu else None, price, fallback=True)
+def _fallback(name: str, pretty: str, gpus: int, price: float) -> Flavor:
+    return Flavor(name, pretty, gpus, price, fallback=True)
 
 
 # Used when the Hub cannot be asked (offline, refused): names follow huggingface_hub's JobHardware enum,
 # prices are approximate list prices per hour.
 FALLBACK_FLAVORS: tuple[Flavor, ...] = (
-    _fallback("cpu-basic", "CPU Basic", 0, None, 0.01),
-    _fallback("cpu-upgrade", "CPU Upgrade", 0, None, 0.03),
-    _fallback("t4-small", "Nvidia T4 - small", 1, 16, 0.40),
-    _fallback("t4-medium", "Nvidia T4 - medium", 1, 16, 0.60),
-    _fallback("l4x1", "Nvidia 1xL4", 1, 24, 0.80),
-    _fallback("l4x4", "Nvidia 4xL4", 4, 24, 3.80),
-    _fallback("l40sx1", "Nvidia 1xL40S", 1, 48, 1.80),
-    _fallback("l40sx4", "Nvidia 4xL40S", 4, 48, 8.30),
-    _fallback("l40sx8", "Nvidia 8xL40S", 8, 48, 23.50),
-    _fallback("a10g-small", "Nvidia A10G - small", 1, 24, 1.00),
-    _fallback("a10g-large", "Nvidia A10G - large", 1, 24, 1.50),
-    _fallback("a10g-largex2", "2x Nvidia A10G - large", 2, 24, 3.00),
-    _fallback("a10g-largex4", "4x Nvidia A10G - large", 4, 24, 5.00),
-    _fallback("a100-large", "Nvidia A100 - large", 1, 80, 2.50),
-    _fallback("a100x4", "4x Nvidia A100", 4, 80, 10.00),
-    _fallback("a100x8", "8x Nvidia A100", 8, 80, 20.00),
-    _fallback("h200", "Nvidia H200", 1, 141, 5.00),
-    _fallback("h200x2", "2x Nvidia H200", 2, 141, 10.00),
-    _fallback("h200x4", "4x Nvidia H200", 4, 141, 20.00),
-    _fallback("h200x8", "8x Nvidia H200", 8, 141, 40.00),
+    _fallback("cpu-basic", "CPU Basic", 0, 0.01),
+    _fallback("cpu-upgrade", "CPU Upgrade", 0, 0.03),
+    _fallback("t4-small", "Nvidia T4 - small", 1, 0.40),
+    _fallback("t4-medium", "Nvidia T4 - medium", 1, 0.60),
+    _fallback("l4x1", "Nvidia 1xL4", 1, 0.80),
+    _fallback("l4x4", "Nvidia 4xL4", 4, 3.80),
+    _fallback("l40sx1", "Nvidia 1xL40S", 1, 1.80),
+    _fallback("l40sx4", "Nvidia 4xL40S", 4, 8.30),
+    _fallback("l40sx8", "Nvidia 8xL40S", 8, 23.50),
+    _fallback("a10g-small", "Nvidia A10G - small", 1, 1.00),
+    _fallback("a10g-large", "Nvidia A10G - large", 1, 1.50),
+    _fallback("a10g-largex2", "2x Nvidia A10G - large", 2, 3.00),
+    _fallback("a10g-largex4", "4x Nvidia A10G - large", 4, 5.00),
+    _fallback("a100-large", "Nvidia A100 - large", 1, 2.50),
+    _fallback("a100x4", "4x Nvidia A100", 4, 10.00),
+    _fallback("a100x8", "8x Nvidia A100", 8, 20.00),
+    _fallback("h200", "Nvidia H200", 1, 5.00),
+    _fallback("h200x2", "2x Nvidia H200", 2, 10.00),
+    _fallback("h200x4", "4x Nvidia H200", 4, 20.00),
+    _fallback("h200x8", "8x Nvidia H200", 8, 40.00),
 )
 
 
@@ -105,14 +103,6 @@ def _from_hub(hardware: Any) -> Flavor | None:
         name=hardware.name,
         pretty=hardware.pretty_name,
         gpus=int(accelerator.quantity) if accelerator else 0,
-        gpu_memory_gb=_gigabytes(accelerator.vram) if accelerator else None,
         price_per_hour_usd=round(hardware.unit_cost_usd * per_hour, 4),
     )
 
-
-def _gigabytes(text: str) -> float | None:
-    match = re.match(r"\s*([\d.]+)\s*(GB|GiB|TB)?", text or "", re.IGNORECASE)
-    if not match:
-        return None
-    value = float(match.group(1))
-    return value * 1000 if (match.group(2) or "").upper() == "TB" else value

@@ -7,7 +7,6 @@ bucket mounted as a volume.
 """
 
 import os
-import shutil
 import uuid
 
 from huggingface_hub import HfApi
@@ -65,17 +64,6 @@ class HubBucketStore:
         adds = [(full, f"{prefix.strip('/')}/{rel}") for full, rel in _local_files(local_dir)]
         if adds:
             self._api.batch_bucket_files(self.bucket_id, add=adds)
-
-    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
-        files = self.list_files(prefix)
-        cached = self._cached([f.path for f in files])
-        written = []
-        for f in files:
-            target = os.path.join(local_dir, os.path.relpath(f.path, prefix.strip("/") or "."))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copyfile(cached[f.path], target)
-            written.append(target)
-        return written
 
     def _cached(self, paths: list[str]) -> dict[str, str]:
         """Local copies of `paths`, downloading (in one call) only those whose content is not cached yet."""

@@ -9,6 +9,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
+import pynvml
+
 from backend import recipe
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobSpec
@@ -98,8 +100,6 @@ def local_gpu_ids() -> list[str]:
     if visible is not None:
         return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
     try:
-        import pynvml
-
         pynvml.nvmlInit()
         return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
     except Exception:  # no driver, no library: no GPU

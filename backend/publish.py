@@ -14,8 +14,10 @@ from huggingface_hub import CommitOperationAdd, HfApi
 from backend.recipe import PEFT_VERSION, TRL_VERSION
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
-from backend.runtime.vllm_args import VLLM_LORA_RANKS
-from backend.spec import BUILTIN_MODEL, HUB_ID, bucket_name_problem
+from backend.runtime.tiny_model import TINY_MODEL
+from backend.runtime.user_code import reward_function_names
+from backend.spec import HUB_ID, bucket_name_problem
+from backend.vllm_args import VLLM_LORA_RANKS
 
 
 class PublishError(ValueError):
@@ -151,8 +153,6 @@ def _settings(spec: dict) -> list[tuple[str, str]]:
 
 
 def _reward_names(spec: dict) -> list[str]:
-    from backend.runtime.user_code import reward_function_names
-
     return [*(spec.get("rewards") or []), *reward_function_names(spec.get("reward_code") or "")]
 
 
@@ -162,10 +162,10 @@ def _usage(spec: dict, repo_id: str, hub_base: str | None) -> list[str]:
     seed = spec.get("seed")
     if hub_base:
         base, note = hub_base, []
-    elif spec.get("model") == BUILTIN_MODEL:
-        base = "base-model"
-        note = [(f"The base model is the panel's builtin tiny random model ({BUILTIN_MODEL}, seed {seed}): the run "
-                 "keeps it in `base-model/` of its bucket folder, and `python -m runtime.tiny_model --out base-model "
+    elif spec.get("model") == TINY_MODEL:
+        base = layout.BASE_MODEL_DIR
+        note = [(f"The base model is the panel's builtin tiny random model ({TINY_MODEL}, seed {seed}): the run "
+                 f"keeps it in `{base}/` of its bucket folder, and `python -m runtime.tiny_model --out {base} "
                  f"--seed {seed}` in the run's `code/` folder builds it again."), ""]
     else:
         base = str(spec.get("model"))

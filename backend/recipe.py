@@ -8,11 +8,11 @@ JobSpec needs the replicas' URLs, which exist only once they are submitted, so i
 import shlex
 
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
-from backend.runtime import rewards
+from backend.runtime import layout, rewards
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
-from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
 from backend.spec import RunSpec
+from backend.vllm_args import vllm_server_args, vllm_server_env
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
@@ -35,7 +35,7 @@ def reward_packages(spec: RunSpec) -> list[str]:
 
 def model_path(spec: RunSpec) -> str:
     """Where jobs find the base model: a builtin one is built into the run folder on the spot."""
-    return f"{spec.run_path}/base-model" if spec.model in BUILTIN_MODELS else spec.model
+    return f"{spec.run_path}/{layout.BASE_MODEL_DIR}" if spec.model in BUILTIN_MODELS else spec.model
 
 
 def _labels(spec: RunSpec, role: str) -> dict[str, str]:

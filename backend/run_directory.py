@@ -12,6 +12,9 @@ import threading
 import time
 
 from backend.access import Deployment, Visitor, acting_token, local_runs_problem
+from backend.executors.hf_jobs import HfJobsExecutor
+from backend.hub_auth import whoami_namespaces
+from backend.hub_store import open_store
 from backend.runs import RunRegistry
 from backend.runtime.redact import redact_tokens
 
@@ -34,9 +37,6 @@ class RunDirectory:
             self._used[key] = now
             self._evict_idle(now)
             if key not in self._hub:
-                from backend.executors.hf_jobs import HfJobsExecutor
-                from backend.hub_store import open_store
-
                 executor = HfJobsExecutor(token, namespace)
                 mount, cache = self.deployment.bucket_mount, self.cache_dir
                 self._hub[key] = RunRegistry(
@@ -64,8 +64,6 @@ class RunDirectory:
         regs = [] if local_runs_problem(visitor, self.deployment) else [self.local]
         token = acting_token(visitor, self.deployment)
         if token:
-            from backend.hub_auth import whoami_namespaces
-
             try:
                 regs += [self.hub_registry(token, ns) for ns in sorted(whoami_namespaces(token))]
             except Exception as exc:  # the Hub unreachable must not take the local runs down with it

@@ -102,13 +102,13 @@ class RunView:
         prefix = layout.run_prefix(run_id)
         # The proxy's replica snapshots each replace the last: a first look reads only the newest ones.
         self._metrics = FragmentReader(store, f"{prefix}/{layout.METRICS_DIR}", check=_is_metric_record,
-                                       latest_only={"proxy": MAX_REPLICA_SNAPSHOTS})
+                                       latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS})
         self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
                                       check=lambda r: isinstance(r.get("event"), str))
         # What the policy writes: a few completions per step; a first look reads only the newest steps.
         self._samples = FragmentReader(store, f"{prefix}/{layout.SAMPLES_DIR}",
                                        check=lambda r: isinstance(r.get("completion"), str),
-                                       latest_only={"trainer": SAMPLE_STEPS_KEPT})
+                                       latest_only={layout.TRAINER_WRITER: SAMPLE_STEPS_KEPT})
         self.samples: deque[dict] = deque(maxlen=SAMPLE_STEPS_KEPT * 4)
         self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
         self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
@@ -281,7 +281,7 @@ class RunView:
             self._note_adapter_event(record)
             if record["event"] == "engine":
                 self._engine = record.get("engine")
-            if writer == "trainer" and record["event"] in ("started", "finished", "failed", "canceled"):
+            if writer == layout.TRAINER_WRITER and record["event"] in ("started", "finished", "failed", "canceled"):
                 self.trainer_end = record
             if record["event"] == "alert" and isinstance(record.get("key"), str):
                 self.open_alerts[record["key"]] = record

@@ -19,12 +19,11 @@ from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
-from backend.runtime.vllm_args import VLLM_LORA_RANKS
+from backend.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
-BUILTIN_MODEL = TINY_MODEL   # the default: the 2-layer demo model
-MODEL_HELP = (f"a local folder, a Hub model id, {BUILTIN_MODEL} (the demo, built on the spot), or "
+MODEL_HELP = (f"a local folder, a Hub model id, {TINY_MODEL} (the demo, built on the spot), or "
               f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
               "benchmarking throughput and memory (their rewards mean nothing)")
 BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
@@ -88,7 +87,7 @@ class RunSpec:
     mode: str = field(default="colocated",
                       metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
     executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
-    model: str = setting(BUILTIN_MODEL, "Model", help=MODEL_HELP)
+    model: str = setting(TINY_MODEL, "Model", help=MODEL_HELP)
     # The task: data, prompt, rewards
     dataset: str = field(default="builtin:count-to-ten", metadata={
         "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
@@ -304,7 +303,7 @@ class RunSpec:
         return [*self.rewards, *reward_function_names(self.reward_code)]
 
     def _task_errors(self) -> list[FieldError]:
-        from backend.task_rules import task_errors  # the task's own rules (they import FieldError from here)
+        from backend.task_rules import task_errors  # the task's own rules (they import FieldError from here)  # noqa: PLC0415 import cycle
 
         return task_errors(self)
 
@@ -337,11 +336,11 @@ def _check_model(model: str, executor: str) -> list[FieldError]:
     if HUB_ID.match(model or "") and not os.path.exists(path):
         if executor == "local":
             return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
-                                        f"{BUILTIN_MODEL}, or run on Hugging Face Jobs")]
+                                        f"{TINY_MODEL}, or run on Hugging Face Jobs")]
         return []
     if not os.path.isdir(path):
         return [FieldError("model", f"no model folder at {model!r}; give an existing folder with config.json, "
-                                    f"a Hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or {BUILTIN_MODEL}")]
+                                    f"a Hub id like 'Qwen/Qwen2.5-0.5B-Instruct', or {TINY_MODEL}")]
     if not os.path.isfile(os.path.join(path, "config.json")):
         return [FieldError("model", f"{model!r} has no config.json; is it a transformers model folder?")]
     return []

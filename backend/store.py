@@ -9,6 +9,8 @@ import shutil
 from dataclasses import dataclass
 from typing import Protocol
 
+from backend.runtime.layout import atomic_write_bytes
+
 
 @dataclass(frozen=True)
 class StoredFile:
@@ -34,9 +36,6 @@ class BucketStore(Protocol):
         """Write a whole file at once (atomic where the backend allows)."""
 
     def upload_folder(self, local_dir: str, prefix: str) -> None: ...
-
-    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
-        """Copy every file under `prefix` into `local_dir`; return the local paths written."""
 
 
 class FolderStore:
@@ -92,21 +91,9 @@ class FolderStore:
             return f.read()
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        from backend.runtime.layout import atomic_write_bytes
-
         atomic_write_bytes(self.local_path(path), data)
 
     def upload_folder(self, local_dir: str, prefix: str) -> None:
         dest = self.local_path(prefix)
         shutil.copytree(local_dir, dest, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-
-    def download_folder(self, prefix: str, local_dir: str) -> list[str]:
-        written = []
-        for f in self.list_files(prefix):
-            rel = os.path.relpath(f.path, prefix)
-            target = os.path.join(local_dir, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copyfile(self.local_path(f.path), target)
-            written.append(target)
-        return written

@@ -21,6 +21,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from huggingface_hub import snapshot_download
+
 from backend.dataset_viewer import DatasetUnreadable, first_rows
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
@@ -91,8 +93,6 @@ def tokenizer_source(spec: RunSpec, token: str | None, report: TaskReport) -> st
     if os.path.isdir(path):
         return os.path.abspath(path)
     try:
-        from huggingface_hub import snapshot_download
-
         return snapshot_download(spec.model, allow_patterns=TOKENIZER_FILES, token=token or False)
     except Exception as exc:
         report.warnings.append(f"could not fetch the tokenizer of {spec.model} ({type(exc).__name__}); the prompt "

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from backend.executors.local import LocalExecutor
 from backend.launch import local_gpu_ids
 from backend.runs import RunRegistry
+from backend.runtime import layout
 from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
 
@@ -184,7 +185,8 @@ def export(executor: LocalExecutor, run: dict, row: dict, folder: str) -> str:
     opens (GRPO_PANEL_HOME), and its row appended to DIR/results.jsonl: written as each run ends, so a command
     stopped at its time limit still leaves the runs before it."""
     home, spec = Path(executor.home), run["spec"]
-    heavy = {"base-model", "adapters", "checkpoints", ".vllm_lora", "final", "code"}
+    heavy = {layout.BASE_MODEL_DIR, layout.ADAPTERS_DIR, layout.CHECKPOINTS_DIR, layout.VLLM_LORA_DIR, layout.FINAL_DIR,
+             layout.CODE_DIR}
     path = os.path.join(folder, f"{spec.name}.tar.gz")
     with tarfile.open(path, "w:gz") as tar:
         for job_id in run["launched"].job_ids.values():

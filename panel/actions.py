@@ -5,6 +5,7 @@ watch, download. Who may do what is decided in `backend.access`; which registry 
 `backend.run_directory`. Every handler in `panel/ui.py` is a thin wrapper over one method here.
 """
 
+import importlib.util
 import logging
 import os
 import time
@@ -24,7 +25,8 @@ from backend.access import (
 from backend.alerts import AlertBook, WebhookStore, webhook_problem
 from backend.budget import BudgetEnforcer, BudgetStop, SpendWatch
 from backend.executors.local import LocalExecutor
-from backend.hardware import Flavor, hardware_problems, list_flavors
+from backend.hardware import Flavor, estimate_cost, hardware_problems, list_flavors
+from backend.hub_auth import can_control, whoami_name
 from backend.jobspec import TERMINAL_STAGES
 from backend.launch import LaunchError, preview_jobs
 from backend.run_directory import RunDirectory
@@ -36,9 +38,10 @@ from backend.runtime.tiny_model import benchmark_note
 from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
+from backend.task_check import TaskReport, check_task, task_field_errors
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
-from panel.spend_view import cost_cell
+from panel.spend_view import budget_line, cost_cell
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +116,6 @@ class Panel:
         token = acting_token(visitor, self.settings)
         if not token:
             raise Refused(no_token_reason(self.settings))
-        from backend.hub_auth import can_control
-
         allowed, reason = can_control(namespace or "", token, self.settings.on_space)
         if not allowed:
             raise Refused(reason)
@@ -130,8 +131,6 @@ class Panel:
             return f"{visitor.username}/grpo-runs"
         token = acting_token(visitor, self.settings)
         if token:
-            from backend.hub_auth import whoami_name
-
             try:
                 return f"{whoami_name(token)}/grpo-runs"
             except Exception:   # the Hub unreachable: the visitor types the bucket
@@ -142,8 +141,6 @@ class Panel:
     def check_task(self, values: dict, visitor: Visitor | str | None = None, spec: RunSpec | None = None):
         """The task check and preview (a TaskReport): dataset rows, the prompt as the model sees it, sample scores.
         It runs in a separate process with a time limit and no token (reward code is never run in the panel)."""
-        from backend.task_check import TaskReport, check_task, task_field_errors
-
         try:
             spec = spec or RunSpec.from_dict(values)
         except SpecError as exc:
@@ -185,8 +182,6 @@ class Panel:
         if spec.executor == "hf_jobs":
             lines.append(self._cost_line(jobs, visitor) + f" Review code **`{spec.fingerprint()}`**.")
             if spec.budget_usd:
-                from panel.spend_view import budget_line
-
                 lines.append(budget_line(spec))
             expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60)
             if expiry:
@@ -211,8 +206,6 @@ class Panel:
         return flavors
 
     def _cost_line(self, jobs, visitor: Visitor) -> str:
-        from backend.hardware import estimate_cost
-
         flavors = self.flavors(visitor)
         try:
             cost = estimate_cost(jobs, flavors)
@@ -476,14 +469,12 @@ class Panel:
 
 
 def local_runtime_installed() -> bool:
-    import importlib.util
-
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
 
 
 def _uploaded(path: str) -> bool:
     """Whether a dataset path is a file a visitor uploaded through Gradio."""
-    from gradio.utils import get_upload_folder
+    from gradio.utils import get_upload_folder  # noqa: PLC0415 gradio loads slowly: handlers do without it
 
     return os.path.realpath(path).startswith(os.path.realpath(get_upload_folder()) + os.sep)
 

@@ -9,7 +9,8 @@ task's reward code) from the one before. HF Jobs presets name no bucket: the for
 
 import dataclasses
 
-from backend.spec import BUILTIN_MODEL, RunSpec
+from backend.runtime.tiny_model import TINY_MODEL
+from backend.spec import RunSpec
 
 TINY_DEMO = "Tiny demo (CPU)"
 TINY_TASK = "Tiny task: your reward code on a JSONL file (CPU)"
@@ -61,13 +62,13 @@ MATH_TASK = dict(
 )
 
 PRESETS: dict[str, dict] = {
-    TINY_DEMO: dict(NO_TASK, name="tiny-demo", mode="colocated", executor="local", model=BUILTIN_MODEL,
+    TINY_DEMO: dict(NO_TASK, name="tiny-demo", mode="colocated", executor="local", model=TINY_MODEL,
                     dataset="builtin:count-to-ten", rewards=["digits"], use_vllm=False, flavor="cpu-basic",
                     bucket="local/grpo-runs"),
-    TINY_TASK: dict(TINY_TASK_FIELDS, name="tiny-task", mode="colocated", executor="local", model=BUILTIN_MODEL,
+    TINY_TASK: dict(TINY_TASK_FIELDS, name="tiny-task", mode="colocated", executor="local", model=TINY_MODEL,
                     use_vllm=False, max_steps=100, flavor="cpu-basic", bucket="local/grpo-runs"),
     "Tiny distributed (CPU, 2 vLLM replicas)": dict(
-        NO_TASK, name="tiny-distributed", mode="distributed", executor="local", model=BUILTIN_MODEL,
+        NO_TASK, name="tiny-distributed", mode="distributed", executor="local", model=TINY_MODEL,
         dataset="builtin:count-to-ten", rewards=["digits"], replicas=2, max_staleness=1, lora_r=8, max_steps=20,
         adapter_every=1, flavor="cpu-basic", bucket="local/grpo-runs", timeout_minutes=30),
     "Qwen2.5-0.5B math, colocated (HF Jobs, 1x A10G)": dict(

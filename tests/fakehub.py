@@ -239,7 +239,9 @@ class FakeHub:
         handler = type("BoundHandler", (_Handler,), {"hub": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fakehub", daemon=True)
+        # A short poll: stop() waits for it, once per test using the fake.
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fakehub", daemon=True)
         self._thread.start()
         return self
 

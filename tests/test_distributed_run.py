@@ -13,7 +13,8 @@ import pytest
 from vllm_replicas import API_KEY, MAX_STALENESS, served_models, shared_pool
 
 from backend.observers import FragmentCursor, read_new_records
-from backend.spec import BUILTIN_MODEL, RunSpec
+from backend.runtime.tiny_model import TINY_MODEL
+from backend.spec import RunSpec
 from backend.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,7 +27,7 @@ def run(request, tmp_path_factory):
     pool = shared_pool(request.config)
     run_dir = tmp_path_factory.mktemp("run")
     spec = RunSpec(
-        mode="distributed", model=BUILTIN_MODEL, rewards=["digits", "format"], max_steps=MAX_STEPS,
+        mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], max_steps=MAX_STEPS,
         adapter_every=1, checkpoint_every=2, max_staleness=MAX_STALENESS, replicas=2, per_device_batch_size=8,
         num_generations=4, max_completion_length=16, max_inflight_tasks=8, queue_maxsize=32,
         max_tokens_per_batch=512, lora_r=8,

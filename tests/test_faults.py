@@ -257,7 +257,7 @@ def _trainer_events(view) -> list[dict]:
 def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_every_attempt(executor):
     from backend.launch import LaunchError
     from backend.resume import resume_plan
-    from backend.runtime.train import latest_checkpoint
+    from backend.runtime.common import latest_checkpoint
     from backend.spec import RunSpec
     from panel import dashboard
 
@@ -420,14 +420,15 @@ def _answers(url: str) -> bool:
 
 def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_restart_and_a_resume(executor, monkeypatch):
     from backend.resume import resume_plan
-    from backend.runtime.train import latest_checkpoint
-    from backend.spec import BUILTIN_MODEL, RunSpec
+    from backend.runtime.common import latest_checkpoint
+    from backend.runtime.tiny_model import TINY_MODEL
+    from backend.spec import RunSpec
     from panel import dashboard
 
     monkeypatch.setenv("GRPO_HEARTBEAT_S", "2")             # the jobs inherit the panel's environment
     monkeypatch.setenv("GRPO_TRAINER_GONE_AFTER_S", "10")
     registry = _registry(executor)
-    spec = RunSpec(mode="distributed", model=BUILTIN_MODEL, rewards=["digits", "format"], replicas=2,
+    spec = RunSpec(mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], replicas=2,
                    max_staleness=1, lora_r=8, max_steps=500, adapter_every=1, checkpoint_every=1,
                    per_device_batch_size=8, num_generations=4, max_completion_length=16, max_inflight_tasks=8,
                    queue_maxsize=32, max_tokens_per_batch=512, timeout_minutes=20)

@@ -4,7 +4,6 @@ Run: python -m pytest tests/test_hf_jobs.py -q
 """
 
 import json
-import os
 from dataclasses import replace
 
 import pytest
@@ -309,9 +308,7 @@ def test_hub_store_round_trips_a_folder(hub, tmp_path):
     store.upload_folder(str(source), "runs/r1/code")
     assert sorted(hub.buckets[BUCKET].files) == ["runs/r1/code/README.md", "runs/r1/code/runtime/train.py"]
 
-    written = store.download_folder("runs/r1/code", str(tmp_path / "back"))
-    assert sorted(os.path.relpath(p, tmp_path / "back") for p in written) == ["README.md", "runtime/train.py"]
-    assert (tmp_path / "back" / "runtime" / "train.py").read_text() == "print('train')\n"
+    assert store.read_bytes("runs/r1/code/runtime/train.py") == b"print('train')\n"
 
 
 def test_open_store_prefers_a_mounted_bucket(tmp_path):
@@ -334,7 +331,7 @@ def test_hardware_falls_back_when_the_endpoint_fails(hub):
     live = {f.name: f for f in list_flavors(HfApi(token=hub.token))}
     assert not any(f.fallback for f in live.values())
     assert live["a10g-small"].price_per_hour_usd == pytest.approx(1.0, abs=0.001)
-    assert (live["l4x4"].gpus, live["l4x4"].gpu_memory_gb, live["cpu-basic"].gpus) == (4, 96.0, 0)
+    assert (live["l4x4"].gpus, live["cpu-basic"].gpus) == (4, 0)
 
     cost = estimate_cost([trainer_job(), replica_job()], list(live.values()))
     assert cost == pytest.approx(1.0 * 1.0 + 0.8 * 1.5, abs=0.01)   # $/h x timeout hours

@@ -10,7 +10,7 @@ import pytest
 from backend.executors.local import LocalExecutor
 from backend.jobspec import JobSpec, VolumeSpec
 from backend.runs import RunRegistry
-from backend.runtime.train import latest_checkpoint
+from backend.runtime.common import latest_checkpoint
 from backend.spec import RunSpec
 from backend.store import FolderStore
 

@@ -200,7 +200,7 @@ def test_training_job_writes_live_metrics_with_canonical_keys(trained_run):
 def test_the_vllm_version_warning_is_said_once_and_other_warnings_pass_through(tmp_path):
     code = """
 import warnings
-from backend.runtime.train import say_vllm_version_warning_once
+from backend.runtime.common import say_vllm_version_warning_once
 say_vllm_version_warning_once()
 def a(): warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 9.9.")
 def b(): warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 9.9.")
@@ -298,7 +298,7 @@ def test_a_job_that_fails_exits_non_zero_and_records_the_error(tmp_path):
 
 
 def test_resume_picks_the_newest_complete_checkpoint_and_skips_one_cut_off_mid_save(tmp_path):
-    from backend.runtime.train import latest_checkpoint
+    from backend.runtime.common import latest_checkpoint
 
     assert latest_checkpoint(str(tmp_path)) is None, "no checkpoints folder: start from scratch"
     folder = tmp_path / layout.CHECKPOINTS_DIR

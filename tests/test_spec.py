@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from backend.spec import BUILTIN_MODEL, RunSpec, SpecError
+from backend.runtime.tiny_model import TINY_MODEL
+from backend.spec import RunSpec, SpecError
 
 
 def test_defaults_validate():
@@ -83,7 +84,7 @@ def test_hub_ids_are_fine_on_hf_jobs():
 
 
 def test_spec_round_trips_through_json():
-    spec = RunSpec(name="x", lora_r=4, model=BUILTIN_MODEL)
+    spec = RunSpec(name="x", lora_r=4, model=TINY_MODEL)
     again = RunSpec.from_dict(json.loads(spec.to_json()))
     assert again == spec
 

@@ -195,8 +195,8 @@ def test_a_failed_event_names_the_reward_and_its_frames_in_both_trainers(tmp_pat
     inside a RuntimeError (type, message and the child's traceback)."""
     import traceback
 
+    from backend.runtime.common import failure_fields
     from backend.runtime.rewards import UserReward
-    from backend.runtime.train import failure_fields
 
     token = "hf_" + "Q" * 30
     (tmp_path / "user_rewards.py").write_text(

@@ -12,7 +12,8 @@ from vllm_replicas import API_KEY, MAX_STALENESS, shared_pool
 
 from backend.observers import FragmentCursor, read_new_records
 from backend.runtime import layout
-from backend.spec import BUILTIN_MODEL, RunSpec
+from backend.runtime.tiny_model import TINY_MODEL
+from backend.spec import RunSpec
 from backend.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +28,7 @@ def test_reward_code_runs_in_the_async_rollout_worker_with_its_weight(request, t
     data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
                             for i in range(16)))
     spec = RunSpec(
-        mode="distributed", model=BUILTIN_MODEL, dataset=str(data), prompt_column="question",
+        mode="distributed", model=TINY_MODEL, dataset=str(data), prompt_column="question",
         reward_columns=["solution"], rewards=["digits"], reward_code=CODE, reward_weights={"long_enough": 0.5},
         max_steps=2, adapter_every=1, checkpoint_every=100, max_staleness=MAX_STALENESS, replicas=2,
         per_device_batch_size=8, num_generations=4, max_completion_length=16, max_inflight_tasks=8,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backend.runtime.vllm_args import VLLM_LORA_RANKS, round_lora_rank, vllm_server_args, vllm_server_env
+from backend.vllm_args import VLLM_LORA_RANKS, round_lora_rank, vllm_server_args, vllm_server_env
 
 
 def _flag(args: list[str], name: str) -> str:

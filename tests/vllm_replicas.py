@@ -19,7 +19,7 @@ import requests
 
 from backend.recipe import split_cores
 from backend.runtime.tiny_model import ensure_tiny_model
-from backend.runtime.vllm_args import vllm_server_args, vllm_server_env
+from backend.vllm_args import vllm_server_args, vllm_server_env
 
 API_KEY = "test-replica-token"
 MAX_STALENESS = 1

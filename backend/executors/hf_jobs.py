@@ -18,6 +18,7 @@ from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import HfHubHTTPError
 
 from backend.executors.base import ResourceSample, SubmitError
+from backend.hardware import list_flavors
 from backend.jobspec import APP_LABEL_VALUE, DELETED, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobRecord, JobSpec, JobStatus
 from backend.runtime.redact import redact_tokens
 
@@ -119,8 +120,6 @@ class HfJobsExecutor:
     def flavors(self) -> list:
         """The Jobs hardware and hourly prices as this executor's token sees them (the built-in list if the Hub
         cannot be asked)."""
-        from backend.hardware import list_flavors
-
         return list_flavors(self._api)
 
     def unreadable_records(self, run_id: str) -> dict[str, int]:

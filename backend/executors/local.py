@@ -430,6 +430,3 @@ def _sample_of(d) -> ResourceSample | None:
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
-
-def _opt_float(value) -> float | None:
-    return None if value is None else float(value)

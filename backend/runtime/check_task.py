@@ -29,6 +29,7 @@ from .task import (
     render_prompt,
     task_row,
 )
+from .tiny_model import build_tokenizer
 from .user_code import FILENAME, code_traceback, reward_function_names
 
 PREVIEW_CELL_CHARS = 300
@@ -63,10 +64,8 @@ def load_tokenizer(source: str | None):
     if source is None:
         return None
     if source == "builtin":
-        from .tiny_model import build_tokenizer
-
         return build_tokenizer()
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # noqa: PLC0415 transformers loads slowly: only for a model's own tokenizer
 
     return AutoTokenizer.from_pretrained(source)
 

@@ -10,6 +10,7 @@ Call `install_cpu_fallbacks()` before building the trainer. With CUDA it does no
 package is missing (an offline GPU machine): then only the attention stand-in goes in.
 """
 
+import importlib.util
 import types
 from itertools import pairwise
 
@@ -55,13 +56,11 @@ def install_cpu_fallbacks() -> list[str]:
 
     Without CUDA both stand-ins go in. With CUDA, the attention stand-in goes in only when the `kernels`
     package (which fetches flash-attn3 from the Hub) is not installed, as on an offline GPU machine."""
-    import importlib.util
-
     cuda = torch.cuda.is_available()
     if cuda and importlib.util.find_spec("kernels") is not None:
         return []
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
-    from trl.trainer import utils as trl_utils
+    from trl.experimental.async_grpo import async_grpo_trainer, packing  # noqa: PLC0415 only when a fallback is needed
+    from trl.trainer import utils as trl_utils  # noqa: PLC0415 only when a fallback is needed
 
     patched = []
     if not cuda:

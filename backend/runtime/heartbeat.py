@@ -14,23 +14,21 @@ import os
 import threading
 import time
 
-from .layout import atomic_write_bytes
-
-HEARTBEAT_DIR = "heartbeat"
+from .layout import HEARTBEAT_DIR, TRAINER_WRITER, atomic_write_bytes
 
 
 def _env_seconds(name: str, default: float) -> float:
     return float(os.environ.get(name) or default)
 
 
-def heartbeat_path(run_dir: str, writer: str = "trainer") -> str:
+def heartbeat_path(run_dir: str, writer: str = TRAINER_WRITER) -> str:
     return os.path.join(run_dir, HEARTBEAT_DIR, f"{writer}.json")
 
 
 class Heartbeat:
     """A daemon thread that rewrites the heartbeat file until the process ends."""
 
-    def __init__(self, run_dir: str, writer: str = "trainer", interval_s: float | None = None):
+    def __init__(self, run_dir: str, writer: str = TRAINER_WRITER, interval_s: float | None = None):
         self.path = heartbeat_path(run_dir, writer)
         self.interval_s = interval_s or _env_seconds("GRPO_HEARTBEAT_S", 10)
         self._stop = threading.Event()
@@ -59,7 +57,7 @@ class Heartbeat:
 class HeartbeatWatch:
     """Tells a replica whether the trainer is gone, from how the heartbeat file changes over time."""
 
-    def __init__(self, run_dir: str, writer: str = "trainer", gone_after_s: float | None = None,
+    def __init__(self, run_dir: str, writer: str = TRAINER_WRITER, gone_after_s: float | None = None,
                  first_beat_s: float | None = None, clock=time.monotonic):
         self.path = heartbeat_path(run_dir, writer)
         self.gone_after_s = gone_after_s or _env_seconds("GRPO_TRAINER_GONE_AFTER_S", 90)

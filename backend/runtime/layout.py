@@ -9,6 +9,8 @@
     runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
     runs/<run_id>/checkpoints/                  trainer checkpoints, for resume
     runs/<run_id>/final/                        the last adapter, written when training ends
+    runs/<run_id>/samples/<writer>-<seq>.jsonl  write-once fragments of a few completions per step
+    runs/<run_id>/base-model/                   a builtin model, built by the first job that needs it
     runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, adapter_published,
                                                 adapters_superseded, finished, failed, canceled, ...)
     runs/<run_id>/heartbeat/trainer.json        the distributed trainer's heartbeat, replaced every few seconds
@@ -18,9 +20,11 @@ names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapte
 adapter files.
 """
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 
@@ -38,12 +42,22 @@ ADAPTERS_DIR = "adapters"
 VLLM_LORA_DIR = ".vllm_lora"
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
+HEARTBEAT_DIR = "heartbeat"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
+BASE_MODEL_DIR = "base-model"          # a builtin model, built into the run folder by the first job that needs it
+
+# Writers: the `<writer>` of a fragment's name. Readers pick some out by name.
+TRAINER_WRITER = "trainer"      # both trainers: metrics, events, samples, the heartbeat
+PROXY_WRITER = "proxy"          # the proxy's per-replica snapshots
+CANARY_WRITER = "canary"        # the proxy's proofs that a replica serves the version it loaded
+PANEL_WRITER = "panel"          # prefix of the panel's own event writers (`panel-budget`, ...)
+
 ADAPTER_PREFIX = "trl-policy-v"
+# Neither pattern takes a name starting with "." or "_tmp": a file or folder on its way to its final name.
 ADAPTER_NAME_RE = re.compile(r"^trl-policy-v(\d+)$")
-FRAGMENT_RE = re.compile(r"^(?P<writer>[A-Za-z0-9_.-]+)-(?P<seq>\d{6})\.jsonl$")
+FRAGMENT_RE = re.compile(r"^(?!\.|_tmp)(?P<writer>[A-Za-z0-9_.-]+)-(?P<seq>\d{6})\.jsonl$")
 
 
 def run_prefix(run_id: str) -> str:
@@ -72,6 +86,33 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+
+@contextlib.contextmanager
+def publish_folder(dest: str, *, replace: bool = True, prefix: str = "_tmp-"):
+    """Publish a folder whole: yields a new folder beside `dest` (its name starts with `_tmp`, which readers skip)
+    and renames it to `dest` once the block ends without error, so a reader sees nothing or all of it.
+
+    With `replace`, a folder already at `dest` (final/ again after a resume: rename cannot replace a non-empty
+    folder) is moved aside first and put back if the job stops between the two renames. Without it the rename
+    raises OSError when `dest` is already there, and the caller decides whether that is another writer's copy."""
+    parent = os.path.dirname(os.path.abspath(dest))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    old = None
+    try:
+        yield tmp
+        if replace and os.path.exists(dest):
+            old = tempfile.mkdtemp(prefix="_tmp-old-", dir=parent)
+            os.rename(dest, os.path.join(old, "previous"))
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old:
+            if not os.path.exists(dest):  # stopped between the two renames: put the previous folder back
+                os.rename(os.path.join(old, "previous"), dest)
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class FragmentWriter:

@@ -7,8 +7,6 @@ the names the panel plots; `RunFolderCallback` is the `TrainerCallback` the colo
 import json
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections import defaultdict
 
@@ -19,14 +17,14 @@ from .layout import (
     ADAPTERS_DIR,
     FINAL_DIR,
     METRICS_DIR,
+    TRAINER_WRITER,
     FragmentWriter,
     adapter_name,
+    publish_folder,
     write_event,
 )
 from .samples import SampleWriter, colocated_samples
 from .versions import highest_published
-
-WRITER = "trainer"
 
 # TRL name -> canonical name. GRPOTrainer and AsyncGRPOTrainer both log some of these; async-only keys
 # are absent from colocated runs (the callback fills the staleness pair with 0 there).
@@ -53,12 +51,6 @@ RENAMES = {
     "perf/fwd_bwd_s": "fwd_bwd_s",
     "perf/rollout_wait_s": "rollout_wait_s",
 }
-CANONICAL_KEYS = (
-    "step", "time", "reward", "reward_std", "kl", "entropy", "completion_length", "tokens_per_s",
-    "staleness_mean", "staleness_max", "dropped_stale_total", "ratio", "weight_sync_s", "gen_tokens_per_s",
-    "train_tokens_per_s", "time_in_queue_s", "loss", "grad_norm", "learning_rate", "step_time", "generation_s",
-    "fwd_bwd_s", "rollout_wait_s",
-)  # plus "rewards/<func>" per reward function
 
 
 def _number(value) -> float | None:
@@ -112,26 +104,12 @@ def folder_size(path: str) -> int:
 
 
 def publish_adapter(model, dest: str, meta: dict) -> dict:
-    """Save `model`'s adapter to `dest` by atomic rename of a `_tmp` folder beside it; return its version.json."""
-    parent = os.path.dirname(dest)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="_tmp-", dir=parent)
-    old = None
-    try:
+    """Save `model`'s adapter to `dest`, published whole (`publish_folder`); return its version.json."""
+    with publish_folder(dest) as tmp:
         model.save_pretrained(tmp)
         meta = {**meta, "time": time.time(), "size_bytes": folder_size(tmp)}
         with open(os.path.join(tmp, ADAPTER_META_FILE), "w") as f:
             json.dump(meta, f)
-        if os.path.exists(dest):  # final/ again after a resume: rename cannot replace a non-empty folder
-            old = tempfile.mkdtemp(prefix="_tmp-old-", dir=parent)
-            os.rename(dest, os.path.join(old, "previous"))
-        os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old:
-            if not os.path.exists(dest):  # stopped between the two renames: put the previous adapter back
-                os.rename(os.path.join(old, "previous"), dest)
-            shutil.rmtree(old, ignore_errors=True)
     return meta
 
 
@@ -149,7 +127,7 @@ class ProfiledSeconds:
         self.totals: dict[str, float] = defaultdict(float)
 
     def install(self) -> "ProfiledSeconds":
-        from trl.extras import profiling
+        from trl.extras import profiling  # noqa: PLC0415 TRL only in the trainer, not in the panel
 
         original, totals = profiling.ProfilingContext._log_metrics, self.totals
 
@@ -182,7 +160,7 @@ class RunFolderCallback(TrainerCallback):
         self.run_dir = run_dir
         self.adapter_every = adapter_every
         self.flush_every_s = flush_every_s
-        self.metrics = FragmentWriter(os.path.join(run_dir, METRICS_DIR), WRITER)
+        self.metrics = FragmentWriter(os.path.join(run_dir, METRICS_DIR), TRAINER_WRITER)
         self.samples = SampleWriter(run_dir)
         self.trainer = None     # set once the trainer exists: its newest completions are written as samples
         self.pending: list[dict] = []
@@ -205,7 +183,7 @@ class RunFolderCallback(TrainerCallback):
         self.start = time.time()
         self.last_log = (self.start, state.num_input_tokens_seen)
         self.last_step = state.global_step
-        write_event(self.run_dir, WRITER, "started", step=state.global_step, max_steps=state.max_steps)
+        write_event(self.run_dir, TRAINER_WRITER, "started", step=state.global_step, max_steps=state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
@@ -257,7 +235,7 @@ class RunFolderCallback(TrainerCallback):
         name = adapter_name(self.version)
         dest = os.path.join(self.run_dir, ADAPTERS_DIR, name)
         meta = publish_adapter(model, dest, {"version": self.version, "step": step})
-        write_event(self.run_dir, WRITER, "adapter_published", name=name, **meta)
+        write_event(self.run_dir, TRAINER_WRITER, "adapter_published", name=name, **meta)
         print(f"published adapter {name} at step {step}", flush=True)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
@@ -268,4 +246,4 @@ class RunFolderCallback(TrainerCallback):
             self.publish_version(model, state.global_step)
         dest = os.path.join(self.run_dir, FINAL_DIR)
         meta = publish_adapter(model, dest, {"version": self.version, "step": state.global_step})
-        write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)
+        write_event(self.run_dir, TRAINER_WRITER, "finished", final=FINAL_DIR, **meta)

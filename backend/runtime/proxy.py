@@ -13,18 +13,21 @@
   stall on a dead replica, and it cannot serve a stale policy because it gets no traffic until it is healthy
   again and has been reconciled to the proxy's adapter set (missing versions loaded, unknown ones unloaded).
 - `/health` is 200 while at least one replica is healthy: TRL only polls it at start, and one replica can
-  generate and take adapter loads; late replicas join through reconciliation. `/health?require=all` is 200
-  only when every replica is healthy (the trainer's start-up waits on it first).
+  generate and take adapter loads; late replicas join through reconciliation. Its body counts the healthy
+  replicas: the trainer's start-up waits until all are (or at least one, after a while). `/health?require=all`
+  is 200 only when every replica is healthy.
 - `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments.
 Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it).
 """
 
 import argparse
 import asyncio
+import ctypes
 import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from .layout import FragmentWriter
+from .layout import CANARY_WRITER, PROXY_WRITER, FragmentWriter
 
 log = logging.getLogger("runtime.proxy")
 
@@ -49,7 +52,6 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 # Serving proof: after each adapter load (and every `canary_interval_s` for the newest), every replica answers
 # one short completion with the new adapter and with its base model; their logprobs differ when the adapter is
 # really applied. Token ids, so any tokenizer takes it.
-CANARY_WRITER = "canary"
 CANARY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]     # below 256: valid in any vocabulary
 CANARY_TIMEOUT_S = 30.0
 
@@ -479,7 +481,7 @@ class StatsRecorder:
     replica's health or adapter set changes, since that is what the panel must show promptly."""
 
     def __init__(self, folder: str, interval_s: float, flush_s: float):
-        self.writer = FragmentWriter(folder, "proxy")
+        self.writer = FragmentWriter(folder, PROXY_WRITER)
         self.interval_s = interval_s
         self.flush_s = flush_s
         self.pending: list[dict] = []
@@ -635,9 +637,6 @@ def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None
 def die_with_parent(parent_pid: int) -> None:
     """Get SIGTERM when the parent dies, however it dies (a SIGKILLed or OOM-killed trainer): a proxy alone
     would keep a job's process group, and its bill, alive."""
-    import ctypes
-    import signal
-
     pr_set_pdeathsig = 1
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
     if os.getppid() != parent_pid:       # the parent died before the line above took effect

@@ -24,7 +24,7 @@ class _Nvml:
     def __init__(self, indices: list[int] | None = None):
         self.handles, self.indices = [], []
         try:
-            import pynvml
+            import pynvml  # noqa: PLC0415 optional in a job's image
 
             pynvml.nvmlInit()
             self.nvml = pynvml

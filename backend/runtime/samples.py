@@ -9,10 +9,9 @@ texts cut to MAX_TEXT characters, and masked like every event.
 import os
 import time
 
-from .layout import SAMPLES_DIR, FragmentWriter
+from .layout import SAMPLES_DIR, TRAINER_WRITER, FragmentWriter
 from .redact import redact_record
 
-WRITER = "trainer"
 SAMPLES_PER_STEP = 4
 MAX_TEXT = 2000
 
@@ -42,7 +41,7 @@ def sample_record(step: int, version: int | None, prompt, completion, rewards: d
 
 class SampleWriter:
     def __init__(self, run_dir: str):
-        self.fragments = FragmentWriter(os.path.join(run_dir, SAMPLES_DIR), WRITER)
+        self.fragments = FragmentWriter(os.path.join(run_dir, SAMPLES_DIR), TRAINER_WRITER)
 
     def write(self, records: list[dict]) -> None:
         self.fragments.write(records[:SAMPLES_PER_STEP])
@@ -91,7 +90,7 @@ def install_async_samples(writer: SampleWriter, max_completion_length: int, step
     TRL 1.16 (pinned by the recipe) passes a few consumed samples of every 8th policy version to
     `log_rollout_traces` (for trackio) from a thread of its own: that function is wrapped, and its queue dataset
     asks for samples of every version. `step()` is the trainer's current step."""
-    from trl.experimental.async_grpo import async_grpo_trainer as module
+    from trl.experimental.async_grpo import async_grpo_trainer as module  # noqa: PLC0415 TRL only in the trainer
 
     original_log, original_init = module.log_rollout_traces, module.RolloutQueueDataset.__init__
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE
+from .layout import EVENTS_DIR, FRAGMENT_RE, TRAINER_WRITER
 
 POLL_S = 5.0
 GRACE_S = 30.0
@@ -58,7 +58,7 @@ class TrainerEndWatch:
             return None
         for name in names:
             match = FRAGMENT_RE.match(name)
-            if not match or match.group("writer") != "trainer" or name in self.seen:
+            if not match or match.group("writer") != TRAINER_WRITER or name in self.seen:
                 continue
             self.seen.add(name)
             with open(os.path.join(self.folder, name), "rb") as f:
@@ -94,7 +94,7 @@ def with_dtype_without_cuda(command: list[str], dtype: str | None, cuda_availabl
 
 
 def cuda_available() -> bool:
-    import torch
+    import torch  # noqa: PLC0415 heavy: only to ask about CUDA
 
     return torch.cuda.is_available()
 

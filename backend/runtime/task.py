@@ -120,7 +120,7 @@ def _read_jsonl(path: str, limit: int) -> tuple[list[dict], int]:
 
 
 def _read_parquet(path: str, limit: int) -> tuple[list[dict], int]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # noqa: PLC0415 only for Parquet files
 
     try:
         parquet = pq.ParquetFile(path)
@@ -137,7 +137,7 @@ def _read_parquet(path: str, limit: int) -> tuple[list[dict], int]:
 
 def load_task_dataset(spec: dict, run_dir: str):
     """The run's rows as a `datasets.Dataset` with a conversational `prompt` and one column per reward keyword."""
-    from datasets import Dataset, load_dataset
+    from datasets import Dataset, load_dataset  # noqa: PLC0415 heavy: trainer only, absent on a Space
 
     source = spec["dataset"]
     if source.startswith(BUILTIN_PREFIX):

@@ -17,10 +17,10 @@ no reward in 300 steps; at 0.15 the "digits" demo climbs from ~0.05 to ~0.9 in 5
 
 import argparse
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
+
+from .layout import publish_folder
 
 CHAT_TEMPLATE = (Path(__file__).parent / "qwen2_5_chat_template.jinja").read_text()
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -70,8 +70,8 @@ def build_tokenizer(vocab_size: int | None = None, max_length: int = TINY_CONFIG
     With `vocab_size`, made-up tokens fill the vocabulary up to it (special tokens last), so a model with a real
     vocabulary can sample any id and vLLM can decode it. Text still encodes byte by byte: with no merges, no
     encoding ever produces a made-up token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: PLC0415 heavy: only to build a model
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 heavy: only to build a model
 
     byte_pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
@@ -93,8 +93,8 @@ def build_tokenizer(vocab_size: int | None = None, max_length: int = TINY_CONFIG
 
 
 def build_model(tokenizer, seed: int = 0, shape: dict = TINY_CONFIG):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import torch  # noqa: PLC0415 heavy: only to build a model
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: PLC0415 heavy: only to build a model
 
     torch.manual_seed(seed)
     config = Qwen2Config(**{
@@ -114,33 +114,27 @@ def ensure_tiny_model(out: str, seed: int = 0, name: str = TINY_MODEL) -> str:
     """Build the builtin model `name` at `out` unless it is already there; return `out`."""
     if os.path.isfile(os.path.join(out, "config.json")):
         return out
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="_tmp-model-", dir=parent)
     try:
-        shape = model_config(name)
-        tokenizer = build_tokenizer(shape.get("vocab_size"), shape["max_position_embeddings"])
-        build_model(tokenizer, seed, shape).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, out)
-        except OSError:
-            if not os.path.isfile(os.path.join(out, "config.json")):
-                raise  # another job published first otherwise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with publish_folder(out, replace=False, prefix="_tmp-model-") as tmp:
+            shape = model_config(name)
+            tokenizer = build_tokenizer(shape.get("vocab_size"), shape["max_position_embeddings"])
+            build_model(tokenizer, seed, shape).save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    except OSError:
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            raise  # another job published first otherwise
     return out
 
 
 def no_progress_bars() -> None:
     """Job logs are read line by line in the panel: carriage-return progress bars only garble them."""
-    from huggingface_hub.utils import disable_progress_bars
-    from transformers.utils import logging as hf_logging
+    from huggingface_hub.utils import disable_progress_bars  # noqa: PLC0415 only in a job
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415 heavy: only in a job
 
     disable_progress_bars()
     hf_logging.disable_progress_bar()
     try:
-        import datasets  # its "Map" and "Filter" bars, while the trainer shapes a task's rows
+        import datasets  # its "Map" and "Filter" bars, while the trainer shapes a task's rows  # noqa: PLC0415 optional
     except ImportError:
         return
     datasets.disable_progress_bars()

@@ -20,18 +20,7 @@ import time
 import urllib.error
 import urllib.request
 
-from .cpu_fallbacks import install_cpu_fallbacks
-from .heartbeat import Heartbeat
-from .layout import CHECKPOINTS_DIR, FINAL_DIR, METRICS_DIR, SPEC_FILE, VLLM_LORA_DIR, adapter_name, write_event
-from .metrics_callback import WRITER, RunFolderCallback, canonical_metrics, folder_size, publish_adapter
-from .proxy import start_proxy_process
-from .redact import remember_env_secrets
-from .rewards import Weighted, run_rewards
-from .run_end import record_end, stop_on_sigterm
-from .samples import SampleWriter, install_async_samples
-from .task import load_task_dataset
-from .tiny_model import benchmark_note, no_progress_bars
-from .train import (
+from .common import (
     checkpoint_step,
     failure_fields,
     latest_checkpoint,
@@ -41,6 +30,26 @@ from .train import (
     shared_trainer_args,
     skip_long_prompts,
 )
+from .cpu_fallbacks import install_cpu_fallbacks
+from .heartbeat import Heartbeat
+from .layout import (
+    CHECKPOINTS_DIR,
+    FINAL_DIR,
+    METRICS_DIR,
+    SPEC_FILE,
+    TRAINER_WRITER,
+    VLLM_LORA_DIR,
+    adapter_name,
+    write_event,
+)
+from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
+from .proxy import start_proxy_process
+from .redact import remember_env_secrets
+from .rewards import Weighted, run_rewards
+from .run_end import record_end, stop_on_sigterm
+from .samples import SampleWriter, install_async_samples
+from .task import load_task_dataset
+from .tiny_model import benchmark_note, no_progress_bars
 from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
 
 REPLICAS_ENV = "VLLM_REPLICA_URLS"
@@ -75,7 +84,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
         version = self.trainer.model_version
         meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
                                {"version": version, "name": adapter_name(version), "step": state.global_step})
-        write_event(self.run_dir, WRITER, "finished", final=FINAL_DIR, **meta)
+        write_event(self.run_dir, TRAINER_WRITER, "finished", final=FINAL_DIR, **meta)
         self.drain_rollouts()
 
     def stop_now(self) -> None:
@@ -146,7 +155,7 @@ def _proxy_health(proxy_url: str) -> tuple[int, int]:
 
 
 def async_config(spec: dict, run_dir: str, proxy_url: str):
-    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return AsyncGRPOConfig(
         # output_dir is the run folder so TRL's .vllm_lora/ lands in the bucket the replicas mount.
@@ -163,7 +172,7 @@ def async_config(spec: dict, run_dir: str, proxy_url: str):
 
 
 def trainer_class():
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
+    from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
         """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder; version
@@ -181,7 +190,7 @@ def trainer_class():
             marks = super()._sync_weight_lora(t0)
             if self.accelerator.is_main_process:
                 name = adapter_name(self.model_version)
-                write_event(self.args.output_dir, WRITER, PUBLISHED, name=name, version=self.model_version,
+                write_event(self.args.output_dir, TRAINER_WRITER, PUBLISHED, name=name, version=self.model_version,
                             step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
                             size_bytes=folder_size(os.path.join(self._lora_dir, name)))
             return marks
@@ -211,7 +220,7 @@ def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
 
 
 def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
-    from transformers import PrinterCallback
+    from transformers import PrinterCallback  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     rewards, weights = run_rewards(spec)
     model = resolve_model(spec, run_dir)
@@ -248,7 +257,7 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
         if benchmark_note(spec["model"]):
             engine += f" · model {benchmark_note(spec['model'])}"
         print(f"generation engine: {engine}", flush=True)
-        write_event(run_dir, WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
+        write_event(run_dir, TRAINER_WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
@@ -258,7 +267,7 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
         return None
     except BaseException as error:
         # Recorded before the proxy stops: a cancelled job has a grace period, and its replicas stop on the event.
-        return record_end(run_dir, WRITER, error, callback.flush, details=failure_fields)
+        return record_end(run_dir, TRAINER_WRITER, error, callback.flush, details=failure_fields)
     finally:
         if proxy is not None:
             proxy.stop()
@@ -283,7 +292,7 @@ def main() -> None:
     try:
         message = train(spec, run_dir, replica_urls(args.replica), args.replica_wait, callback)
     except BaseException as error:     # stopping the proxy failed, or a second SIGTERM arrived meanwhile
-        message = record_end(run_dir, WRITER, error, callback.flush, details=failure_fields)
+        message = record_end(run_dir, TRAINER_WRITER, error, callback.flush, details=failure_fields)
     if message:
         sys.exit(f"training failed: {message}")
 

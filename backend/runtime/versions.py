@@ -20,6 +20,7 @@ from .layout import (
     ADAPTERS_DIR,
     EVENTS_DIR,
     FRAGMENT_RE,
+    TRAINER_WRITER,
     VLLM_LORA_DIR,
     write_event,
 )
@@ -33,7 +34,7 @@ def trainer_events(run_dir: str) -> list[dict]:
     names = sorted(n for n in os.listdir(folder) if FRAGMENT_RE.match(n)) if os.path.isdir(folder) else []
     events = []
     for name in names:
-        if FRAGMENT_RE.match(name).group("writer") != "trainer":
+        if FRAGMENT_RE.match(name).group("writer") != TRAINER_WRITER:
             continue
         with open(os.path.join(folder, name), "rb") as f:
             for line in f:
@@ -91,5 +92,5 @@ def mark_superseded(run_dir: str, versions: list[int], resumed_from_step: int) -
     published = published_versions(run_dir)
     names = [published[v]["name"] for v in sorted(versions) if v in published and published[v]["name"] not in already]
     if names:
-        write_event(run_dir, "trainer", SUPERSEDED, names=names, resumed_from_step=resumed_from_step)
+        write_event(run_dir, TRAINER_WRITER, SUPERSEDED, names=names, resumed_from_step=resumed_from_step)
     return names
