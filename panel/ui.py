@@ -333,13 +333,13 @@ def build_ui(panel: Panel) -> gr.Blocks:
         def on_tick(run_id, role, query, x, smooth, pick, session, last_rows, find, state,
                     oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             visitor = visitor_of(oauth_token, profile)
-            out = {runs_hint: panel.runs_hint(visitor), **list_update(visitor, find, state, last_rows)}
-            if not run_id:
-                return out
-            try:
-                return {**out, **draw(run_id, role, query, x, smooth, pick, session, visitor)}
-            except KeyError:
-                return {**out, drawn: None}     # signed out, or not this visitor's run
+            out = {runs_hint: panel.runs_hint(visitor)}
+            if run_id:
+                try:       # first: drawing refreshes the open run's view, which the runs list then reads
+                    out.update(draw(run_id, role, query, x, smooth, pick, session, visitor))
+                except KeyError:
+                    out[drawn] = None     # signed out, or not this visitor's run
+            return {**out, **list_update(visitor, find, state, last_rows)}
 
         def on_select(run_id, role, query, x, smooth, pick, oauth_token: gr.OAuthToken | None,
                       profile: gr.OAuthProfile | None):
