@@ -22,12 +22,11 @@ from backend.access import (
     no_token_reason,
     token_lifetime_problem,
 )
-from backend.alerts import AlertBook, WebhookStore, webhook_problem
-from backend.budget import BudgetEnforcer, BudgetStop, SpendWatch
+from backend.alerts import webhook_problem
+from backend.budget import SpendWatch
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, estimate_cost, hardware_problems, list_flavors
 from backend.hub_auth import can_control, whoami_name
-from backend.jobspec import TERMINAL_STAGES
 from backend.launch import LaunchError, preview_jobs
 from backend.run_directory import RunDirectory
 from backend.runs import RunRegistry
@@ -42,6 +41,7 @@ from backend.task_check import TaskReport, check_task, task_field_errors
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
 from panel.spend_view import budget_line, cost_cell
+from panel.watch import RunWatch
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,11 @@ class Panel:
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
         self.spend = SpendWatch()
-        self._enforcer = BudgetEnforcer(self.background_checks, self.settings.budget_check_s).start()
+        # Budget caps and alerts of every live run, checked in the background whether anyone watches or not.
+        self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
         self._final_zips: dict[str, str] = {}
-        self.webhooks = WebhookStore(self.settings.home)
-        # The launch form's labels (set by the UI that builds the form): messages name a field as the visitor sees it.
+        # The launch form's labels (set by the UI that builds the form): messages name a field as it is shown.
         self.field_labels: dict[str, str] = {}
-        self._alert_books: dict[str, AlertBook] = {}
         # Files built for download (final adapters, full logs) live here under stable names, one per run (and
         # role), replaced on each build: a long-lived Space does not collect a temp folder per click.
         self.downloads = os.path.join(self.settings.home, "downloads")
@@ -254,7 +253,7 @@ class Panel:
                 secrets = {recipe.TOKEN_SECRET: token}
             launched = registry.launch(spec, secrets)
             if webhook:
-                self.webhooks.put(spec.run_id, webhook)
+                self.watch.webhooks.put(spec.run_id, webhook)
             self.runs.relist(spec.bucket_namespace)
         except SpecError as exc:
             return LaunchResult(_errors_markdown(exc, self.field_labels), fields=_fields(exc))
@@ -413,58 +412,10 @@ class Panel:
         atomic_write_bytes(path, ("\n".join(redact_tokens(line) for line in lines) + "\n").encode())
         return path
 
-    def watch_alerts(self, view: RunView) -> list:
-        """Evaluate the run's alerts once per new version of its view: fired ones are recorded in its bucket
-        folder and sent to its webhook, if it has one."""
-        book = self._alert_books.get(view.run_id)
-        if book is None:
-            book = self._alert_books[view.run_id] = AlertBook(view.store, view.run_id, self.webhooks.get(view.run_id))
-        if getattr(book, "seen_version", None) == view.version:
-            return []
-        book.seen_version = view.version
-        return book.update(view)
-
-    def background_checks(self) -> list[BudgetStop]:
-        """What the panel checks whether anyone watches or not: budget caps, then the alerts of live runs."""
-        stops = self.enforce_budgets()
-        self.watch_live_alerts()
-        return stops
-
-    def watch_live_alerts(self) -> None:
-        """Evaluate the alerts of every live run this process can reach, so a stall or a lost adapter reaches the
-        bucket and the webhook with no browser open."""
-        regs = {id(r): r for r in [*self.runs.registries(ANONYMOUS), *self.runs.held()]}
-        for registry in regs.values():
-            try:
-                live = [run.run_id for run in registry.list_runs()
-                        if run.stages and not all(stage in TERMINAL_STAGES for stage in run.stages.values())]
-            except Exception as exc:   # one namespace failing must not stop the others' alerts
-                log.warning("alert check could not list %s runs: %s", registry.executor.name, redact_tokens(str(exc)))
-                continue
-            for run_id in live:
-                try:
-                    view = registry.view(run_id)
-                    view.refresh_if_due()
-                    self.watch_alerts(view)
-                except Exception as exc:
-                    log.warning("alert check failed for run %s: %s", run_id, redact_tokens(str(exc)))
-
-    def enforce_budgets(self) -> list[BudgetStop]:
-        """Check the budget cap of every live run this process can reach (the host's runs, the runs of visitors
-        seen lately) and stop those that reached it. Safe to run from several processes at once."""
-        stops = []
-        regs = {id(r): r for r in [*self.runs.registries(ANONYMOUS), *self.runs.held()]}
-        for registry in regs.values():
-            try:
-                stops += self.spend.enforce(registry)
-            except Exception as exc:   # one namespace failing must not stop the others' caps
-                log.warning("budget check failed for %s runs: %s", registry.executor.name, redact_tokens(str(exc)))
-        return stops
-
     def shutdown(self) -> None:
         """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper
         process) and the next panel over the same home finds them, with their true status."""
-        self._enforcer.stop()
+        self.watch.stop()
         self.runs.shutdown()
 
 

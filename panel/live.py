@@ -29,8 +29,8 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     session's own: the run it drew and the digest of each component it has. `x` is "step", "time" or "dollars";
     `dollars` the run's spend corners (None for a run that costs nothing: wall time then)."""
     view = panel.view(run_id, visitor)
-    if view.refresh_if_due() and hasattr(panel, "watch_alerts"):
-        panel.watch_alerts(view)
+    if view.refresh_if_due() and hasattr(panel, "watch"):
+        panel.watch.alerts(view)
     if state.get("run_id") != run_id:
         state.clear()
         state["run_id"] = run_id

@@ -121,7 +121,7 @@ def test_a_run_made_to_stall_raises_the_stall_alert_on_its_dashboard_and_webhook
     result = panel.launch({"max_steps": 400, "adapter_every": 1000, "checkpoint_every": 1000})
     run_id = result.run_id
     assert run_id, result.message
-    panel.webhooks.put(run_id, webhook.url)
+    panel.watch.webhooks.put(run_id, webhook.url)
     view = panel.view(run_id)
     job = view.jobs["trainer"]
     try:
@@ -139,7 +139,7 @@ def test_a_run_made_to_stall_raises_the_stall_alert_on_its_dashboard_and_webhook
                 assert time.monotonic() < deadline, "no stall alert"
                 time.sleep(1.0)
                 view.refresh()
-                fired += panel.watch_alerts(view)
+                fired += panel.watch.alerts(view)
         finally:
             os.killpg(group, signal.SIGCONT)
         view.refresh()

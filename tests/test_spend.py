@@ -52,7 +52,7 @@ def hub(monkeypatch, clock):
 @pytest.fixture
 def make_panel(tmp_path, clock):
     """Panels over one home (a second one is the panel after a restart), on the fake clock, with no enforcer
-    thread: the tests call `enforce_budgets()` themselves."""
+    thread: the tests call `watch.enforce_budgets()` themselves."""
     panels = []
 
     def make(**settings) -> Panel:
@@ -155,13 +155,13 @@ def test_the_cap_cancels_every_job_of_a_distributed_run_and_survives_a_panel_res
     run_id = launch(first, {**DISTRIBUTED, "budget_usd": 0.5})
     run_for(hub, clock, run_id, {"vllm-0": T0, "vllm-1": T0, "trainer": T0})
     clock.t = T0 + 300                                 # $0.217 spent, no step logged: no projection yet
-    assert first.enforce_budgets() == []
+    assert first.watch.enforce_budgets() == []
     assert {j.stage for j in jobs_of(hub, run_id).values()} == {"RUNNING"}
     first.shutdown()
 
     clock.t = T0 + 700                                 # 700 s x $2.60/h = $0.506: past the cap
     restarted = make_panel()
-    [stop] = restarted.enforce_budgets()
+    [stop] = restarted.watch.enforce_budgets()
     assert stop.run_id == run_id and "its spend, $0.506, reached the budget cap of $0.50" in stop.reason
     assert sorted(stop.cancelled) == sorted(j.id for j in jobs_of(hub, run_id).values())
     assert {j.stage for j in jobs_of(hub, run_id).values()} == {"CANCELED"}, "every job of the run stops"
@@ -178,7 +178,7 @@ def test_the_cap_cancels_every_job_of_a_distributed_run_and_survives_a_panel_res
     assert "Budget cap reached:** the panel cancelled 3 job(s)" in header and "$0.506 spent" in header
 
     cancels = len([r for r in hub.requests if r.path.endswith("/cancel")])
-    assert restarted.enforce_budgets() == [], "a run that is over is not stopped again"
+    assert restarted.watch.enforce_budgets() == [], "a run that is over is not stopped again"
     late = make_panel()     # a second panel that decided a moment before the first acted: harmless
     registry = late.runs.find(run_id, Visitor())
     again = late.spend.stop(registry, run_id, "alice/grpo-runs", "late", cost, 0.5)
@@ -196,7 +196,7 @@ def test_a_projection_past_the_cap_stops_the_run_before_it_spends_it(hub, make_p
     run_for(hub, clock, run_id, {"vllm-0": T0 + 60, "vllm-1": T0 + 60, "trainer": T0 + 120})
     log_steps(hub, run_id, range(1, 11), start=T0 + 120, every_s=6.0)
     clock.t = T0 + 720                                 # $0.46 spent, $0.85 projected at step 100
-    [stop] = panel.enforce_budgets()
+    [stop] = panel.watch.enforce_budgets()
     assert "its projected total at step 100, $0.850 (ETA 9 min 00 s" in stop.reason and "$0.460 spent" in stop.reason
     assert {j.stage for j in jobs_of(hub, run_id).values()} == {"CANCELED"}
 
