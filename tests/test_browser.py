@@ -242,6 +242,9 @@ def test_launch_the_demo_and_watch_it_live(page):
 
     page.locator("#run-status").get_by_text("final adapter ready").wait_for(timeout=120000)
     assert "transformers (CPU)" in _text(page, "run-status")
+    # The runs list names the run and shows its progress and latest reward.
+    page.wait_for_function("() => /tiny-demo[\\s\\S]*200\\/200\\s+\\d\\.\\d{3}/.test("
+                           "document.getElementById('runs-table').innerText)", timeout=30000)
     adapters = _text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
     assert "step 200/200" in page.locator("#log-box textarea").input_value()

@@ -285,7 +285,8 @@ def test_new_run_from_this_fills_the_form_and_presets_set_every_field(app, page)
     page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]').checked", timeout=10000)
     page.get_by_text("GRPO training", exact=True).click()
     page.get_by_text("LoRA", exact=True).click()
-    page.wait_for_function("() => document.querySelector('#f-max_steps input') !== null", timeout=10000)
+    page.wait_for_function("(ids) => ids.every(id => document.querySelector('#' + id + ' input') !== null)",
+                           arg=[f"f-{f}" for f in fields], timeout=10000)
     assert {f: float(_number(page, f"f-{f}")) for f in fields} == wanted
 
 

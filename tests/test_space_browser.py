@@ -205,9 +205,11 @@ def _push(page, repo_id: str | None = None) -> str:
         box.press("Tab")
     before = text_of(page, "push-msg")
     page.locator("#push-btn").click()
-    # Gradio shows a timer ("0.0s") over the old message while the click is pending: wait until it is gone.
-    page.wait_for_function("(b) => { const t = document.getElementById('push-msg').innerText.trim(); "
-                           "return /pushed/i.test(t) && t !== b && !/^\\d+(\\.\\d+)?s/.test(t); }",
+    # While the click is pending Gradio shows its status tracker ("queue: 1/1", a timer) over the old message:
+    # wait until the tracker is hidden again and the message is a new one.
+    page.wait_for_function("(b) => { const e = document.getElementById('push-msg'); "
+                           "const busy = e.querySelector('[data-testid=\"status-tracker\"]:not(.hide)'); "
+                           "const t = e.innerText.trim(); return !busy && /pushed/i.test(t) && t !== b; }",
                            arg=before, timeout=30000)
     return text_of(page, "push-msg")
 
