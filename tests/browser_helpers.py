@@ -66,6 +66,27 @@ def running_panel(script: str, env: dict, home, startup_s: float = 120.0, unset:
         log.close()
 
 
+@contextlib.contextmanager
+def panel_page(url: str, home, request):
+    """A fresh chromium page on the panel at `url`, once its form is up; when the test failed, a full-page
+    screenshot and the panel's log tail are left in `home`."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        try:
+            yield page
+        finally:
+            report = getattr(request.node, "rep_call", None)
+            if report is not None and report.failed:
+                page.screenshot(path=os.path.join(str(home), f"{request.node.name}.png"), full_page=True)
+                print(f"--- panel log tail:\n{tail(os.path.join(str(home), 'app.log'))}")
+            browser.close()
+
+
 def space_session_cookie(client_secret: str, token: str, username: str, expires_at: float) -> str:
     """The `session` cookie Gradio's OAuth callback would set for a signed-in visitor: Starlette's
     SessionMiddleware format (base64 JSON, itsdangerous TimestampSigner) under Gradio's key,

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, running_panel, tail, text_of, wait_for_text
+from tests.browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 STEPS = 40
@@ -24,20 +24,9 @@ def app(tmp_path_factory):
 
 @pytest.fixture
 def page(app, request):
-    from playwright.sync_api import sync_playwright
-
     url, home = app
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url)
-        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+    with panel_page(url, home, request) as page:
         yield page
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            page.screenshot(path=str(home / f"{request.node.name}.png"), full_page=True)
-            print(f"--- panel log tail:\n{tail(home / 'app.log')}")
-        browser.close()
 
 
 def _set_number(page, elem_id: str, value) -> None:
