@@ -66,11 +66,14 @@ LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE = (
     "LoRA", "GRPO training", "vLLM (colocated)", "Distributed (async GRPO)", "Hardware and storage")
 
 
-def setting(default, label: str, section: str = "", help: str = "", choices=None, widget: str = ""):
+def setting(default, label: str, section: str = "", help: str = "", choices=None, widget: str = "",
+            limits: tuple[int, int | None] | None = None):
     """A RunSpec field as the launch form shows it (TRL's config style: the help lives with the field). A callable
     `default` makes a fresh value per spec (lists); `choices` makes a dropdown or checkboxes; `widget` names a
-    special one ("flavor": the Hub's hardware with prices)."""
-    meta = {"label": label, "section": section, "help": help, "choices": tuple(choices or ()), "widget": widget}
+    special one ("flavor": the Hub's hardware with prices); `limits` are a whole number's valid (lowest, highest)
+    as `validate` enforces them (None: no highest), shown with the field."""
+    meta = {"label": label, "section": section, "help": help, "choices": tuple(choices or ()), "widget": widget,
+            "limits": limits}
     if callable(default):
         return field(default_factory=default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -116,23 +119,26 @@ class RunSpec:
         "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
     # The launch form is built from these fields: `setting` gives each its label, help, form section and widget.
     # LoRA
-    lora_r: int = setting(8, "Rank r", LORA, "adapter rank; vLLM serves 8, 16, 32, 64, 128, 256, 320 or 512")
-    lora_alpha: int = setting(16, "Alpha", LORA, "scaling, typically 2x the rank")
+    lora_r: int = setting(8, "Rank r", LORA, "adapter rank; vLLM serves 8, 16, 32, 64, 128, 256, 320 or 512",
+                          limits=(1, 512))
+    lora_alpha: int = setting(16, "Alpha", LORA, "scaling, typically 2x the rank", limits=(1, None))
     lora_dropout: float = setting(0.0, "Dropout", LORA)
     lora_target_modules: list[str] = setting(lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], "Target modules", LORA,
                                              choices=LORA_TARGET_CHOICES)
     # GRPO
     learning_rate: float = setting(5e-3, "Learning rate", GRPO)
-    max_steps: int = setting(200, "Steps", GRPO)
-    per_device_batch_size: int = setting(8, "Batch size / device", GRPO)
-    num_generations: int = setting(8, "Generations / prompt", GRPO, "completions per prompt, compared in a group")
-    max_completion_length: int = setting(16, "Max completion tokens", GRPO)
+    max_steps: int = setting(200, "Steps", GRPO, limits=(1, 1_000_000))
+    per_device_batch_size: int = setting(8, "Batch size / device", GRPO, limits=(1, None))
+    num_generations: int = setting(8, "Generations / prompt", GRPO, "completions per prompt, compared in a group",
+                                   limits=(2, None))
+    max_completion_length: int = setting(16, "Max completion tokens", GRPO, limits=(1, 32768))
     temperature: float = setting(1.0, "Temperature", GRPO)
     beta: float = setting(0.0, "KL beta", GRPO, "0: no reference model")
     seed: int = setting(0, "Seed", GRPO)
-    adapter_every: int = setting(20, "Publish adapter every K steps", GRPO, "publish an adapter version every K steps")
-    checkpoint_every: int = setting(50, "Checkpoint every K steps", GRPO)
-    logging_steps: int = setting(1, "Log every K steps", GRPO)
+    adapter_every: int = setting(20, "Publish adapter every K steps", GRPO, "publish an adapter version every K steps",
+                                 limits=(1, None))
+    checkpoint_every: int = setting(50, "Checkpoint every K steps", GRPO, limits=(1, None))
+    logging_steps: int = setting(1, "Log every K steps", GRPO, limits=(1, None))
     # Generation engine
     use_vllm: bool = setting(False, "Generate with colocated vLLM", COLOCATED,
                              "needs a GPU; on CPU the trainer generates with transformers")
@@ -144,21 +150,23 @@ class RunSpec:
     vllm_tensor_parallel_size: int = setting(1, "Tensor parallel", COLOCATED,
                                              "GPUs one colocated vLLM engine spans; it must divide the data-parallel "
                                              "processes", choices=(1, 2, 4, 8))
-    num_processes: int = setting(1, "Data-parallel processes", COLOCATED, "training processes (accelerate)")
+    num_processes: int = setting(1, "Data-parallel processes", COLOCATED, "training processes (accelerate)",
+                                 limits=(1, 64))
     # Distributed
-    replicas: int = setting(2, "vLLM replicas", DISTRIBUTED)
-    max_staleness: int = setting(1, "Max staleness", DISTRIBUTED, "vLLM keeps max_staleness + 2 adapters")
+    replicas: int = setting(2, "vLLM replicas", DISTRIBUTED, limits=(1, 16))
+    max_staleness: int = setting(1, "Max staleness", DISTRIBUTED, "vLLM keeps max_staleness + 2 adapters",
+                                 limits=(0, 16))
     vllm_flavor: str = setting("l4x1", "Replica flavor", DISTRIBUTED, "HF Jobs hardware of each replica",
                                widget="flavor")
     max_tokens_per_batch: int = setting(4096, "Token budget / batch", DISTRIBUTED,
                                         "tokens per training micro-batch (TRL's token_budget); 0: "
                                         "per_device_batch_size samples per step")
-    max_inflight_tasks: int = setting(8, "Max in-flight tasks", DISTRIBUTED)
-    queue_maxsize: int = setting(64, "Rollout queue size", DISTRIBUTED)
+    max_inflight_tasks: int = setting(8, "Max in-flight tasks", DISTRIBUTED, limits=(1, None))
+    queue_maxsize: int = setting(64, "Rollout queue size", DISTRIBUTED, limits=(1, None))
     gradient_checkpointing: bool = setting(False, "Gradient checkpointing", DISTRIBUTED)
     # Hardware and storage
     flavor: str = setting("cpu-basic", "Trainer flavor", STORAGE, "HF Jobs hardware, price per hour", widget="flavor")
-    timeout_minutes: int = setting(30, "Timeout (minutes)", STORAGE)
+    timeout_minutes: int = setting(30, "Timeout (minutes)", STORAGE, limits=(1, MAX_TIMEOUT_MIN))
     budget_usd: float = setting(0.0, "Budget cap (USD)", STORAGE,
                                 "HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none")
     bucket: str = setting("local/grpo-runs", "Bucket (namespace/name)", STORAGE,

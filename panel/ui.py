@@ -56,7 +56,8 @@ def _field(name: str, initial: dict, flavors: list | None = None):
     """The form's widget for RunSpec field `name`, labelled and explained by the field itself (`spec.setting`)."""
     spec_field = SPEC_FIELDS[name]
     meta, value = spec_field.metadata, initial[name]
-    common = dict(label=meta.get("label", name), info=meta.get("help") or None, elem_id=f"f-{name}")
+    info = "; ".join(part for part in (meta.get("help"), limits_text(meta.get("limits"))) if part)
+    common = dict(label=meta.get("label", name), info=info or None, elem_id=f"f-{name}")
     if meta.get("widget") == "flavor":
         return gr.Dropdown(_flavor_choices(flavors or []), value=value, allow_custom_value=True,
                            elem_classes=[REQUIRED_CHOICE], **common)
@@ -71,6 +72,15 @@ def _field(name: str, initial: dict, flavors: list | None = None):
     if spec_field.type in (float, "float"):
         return gr.Number(value=value, **common)
     return gr.Textbox(value=value, **common)
+
+
+def limits_text(limits: tuple | None) -> str:
+    """A whole number's valid range as the form shows it: '1 to 512', 'at least 2'. (Not Gradio's own minimum and
+    maximum: those refuse a value with a toast before the form's check can name the field and open its section.)"""
+    if not limits:
+        return ""
+    low, high = limits
+    return f"{low:,} to {high:,}" if high is not None else f"at least {low:,}"
 
 
 def _flavor_choices(flavors) -> list[tuple[str, str]]:

@@ -62,3 +62,6 @@ def test_the_ui_builds_with_every_control(panel):
               "reward-plot", "staleness-plot", "util-plot", "ratio-plot", "adapters-table", "replicas-table",
               "final-btn", "log-query", "log-btn", "log-box"}
     assert wanted <= ids, wanted - ids
+    by_id = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
+    assert by_id["f-lora_r"].label == "Rank r" and by_id["f-lora_r"].info.endswith("; 1 to 512")
+    assert by_id["f-num_generations"].info.endswith("at least 2"), "each whole number shows its valid range"

@@ -1,5 +1,6 @@
 """RunSpec validation: every bad field is refused with a message that names it and says what is valid."""
 
+import dataclasses
 import json
 
 import pytest
@@ -101,3 +102,16 @@ def test_a_mount_path_that_would_hide_a_system_folder_is_refused():
     for mount in ("/tmp", "/usr", "/", "/proc/self"):
         assert [e for e in RunSpec(mount_path=mount).validate() if e.field == "mount_path"], mount
     assert not [e for e in RunSpec(mount_path="/data/bucket").validate() if e.field == "mount_path"]
+
+
+def _field_errors(name: str, value) -> list:
+    spec = RunSpec(mode="distributed", **{name: value})
+    return [e for e in spec.validate() if e.field == name]
+
+
+@pytest.mark.parametrize("name", [f.name for f in dataclasses.fields(RunSpec) if f.metadata.get("limits")])
+def test_the_limits_the_form_shows_are_the_ones_validate_enforces(name):
+    low, high = next(f for f in dataclasses.fields(RunSpec) if f.name == name).metadata["limits"]
+    assert _field_errors(name, low) == [] and _field_errors(name, low - 1) != []
+    if high is not None:
+        assert _field_errors(name, high) == [] and _field_errors(name, high + 1) != []
