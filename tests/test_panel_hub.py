@@ -13,9 +13,9 @@ import pytest
 from backend.access import Visitor
 from backend.jobspec import LABEL_RUN
 from panel import dashboard
-from panel.actions import Panel, Settings
+from panel.actions import Panel
 from panel.runs_list import RUNS_HEADERS
-from tests.fakehub import FakeHub, FakeUser, wait_until
+from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
 
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
 FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
@@ -30,26 +30,15 @@ EXECUTOR = RUNS_HEADERS.index("executor")
 def hub(monkeypatch):
     hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), BOB: FakeUser("bob", {"acme": "write"}),
                          CAROL: FakeUser("carol")}).start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    monkeypatch.setenv("HF_TOKEN", ALICE)
-    yield hub
-    hub.stop()
+    with hub.serving(monkeypatch, ALICE):
+        yield hub
 
 
 @pytest.fixture
 def make_panel(tmp_path):
     """Panels over one home (a second one is the panel after a restart); each is shut down after the test."""
-    panels = []
-
-    def make(**settings) -> Panel:
-        settings = {"home": str(tmp_path / "home"), "on_space": False, "host": "127.0.0.1", **settings}
-        panels.append(Panel(Settings(**settings)))
-        return panels[-1]
-
-    yield make
-    for panel in panels:
-        panel.shutdown()
+    with panel_factory(str(tmp_path / "home")) as make:
+        yield make
 
 
 def launch_reviewed(panel: Panel, form: dict, visitor=None):

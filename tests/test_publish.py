@@ -9,8 +9,8 @@ import yaml
 
 from backend.access import Visitor
 from panel import publish_view
-from panel.actions import Panel, Settings
-from tests.fakehub import FakeHub, FakeUser
+from panel.actions import Panel
+from tests.fakehub import FakeHub, FakeUser, panel_factory
 
 ALICE = "hf_oauth_alicePushToken00000000000"
 CAROL = "hf_oauth_carolPushToken00000000000"
@@ -26,27 +26,14 @@ ADAPTER = {"adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32, "peft_t
 def hub(monkeypatch):
     hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
                          DAVE: FakeUser("dave", {"acme": "read"})}).start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    hub.install_repo_transfers(monkeypatch)
-    monkeypatch.setenv("HF_TOKEN", ALICE)
-    yield hub
-    hub.stop()
+    with hub.serving(monkeypatch, ALICE, repos=True):
+        yield hub
 
 
 @pytest.fixture
 def make_panel(tmp_path):
-    panels = []
-
-    def make(**settings) -> Panel:
-        settings = {"home": str(tmp_path / "home"), "on_space": False, "host": "127.0.0.1", "budget_check_s": 0,
-                    **settings}
-        panels.append(Panel(Settings(**settings)))
-        return panels[-1]
-
-    yield make
-    for panel in panels:
-        panel.shutdown()
+    with panel_factory(str(tmp_path / "home"), budget_check_s=0) as make:
+        yield make
 
 
 def finished_hub_run(hub: FakeHub, panel: Panel, visitor=None) -> str:

@@ -13,8 +13,8 @@ from backend.cost import running_interval, spend_curve
 from backend.jobspec import JobRecord
 from backend.spec import RunSpec
 from panel import spend_view
-from panel.actions import Panel, Settings
-from tests.fakehub import FakeHub, FakeUser
+from panel.actions import Panel
+from tests.fakehub import FakeHub, FakeUser, panel_factory
 
 ALICE = "hf_oauth_aliceSpendToken0000000000"
 DAVE = "hf_oauth_daveReadsAcme000000000000"
@@ -41,30 +41,21 @@ def clock():
 def hub(monkeypatch, clock):
     hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), DAVE: FakeUser("dave", {"acme": "read"})})
     hub.clock = clock
-    hub.start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    monkeypatch.setenv("HF_TOKEN", ALICE)
-    yield hub
-    hub.stop()
+    with hub.start().serving(monkeypatch, ALICE):
+        yield hub
 
 
 @pytest.fixture
 def make_panel(tmp_path, clock):
     """Panels over one home (a second one is the panel after a restart), on the fake clock, with no enforcer
     thread: the tests call `watch.enforce_budgets()` themselves."""
-    panels = []
+    with panel_factory(str(tmp_path / "home"), budget_check_s=0) as make:
+        def on_the_clock(**settings):
+            panel = make(**settings)
+            panel.spend.clock = clock
+            return panel
 
-    def make(**settings) -> Panel:
-        settings = {"home": str(tmp_path / "home"), "on_space": False, "host": "127.0.0.1", "budget_check_s": 0,
-                    **settings}
-        panels.append(Panel(Settings(**settings)))
-        panels[-1].spend.clock = clock
-        return panels[-1]
-
-    yield make
-    for panel in panels:
-        panel.shutdown()
+        yield on_the_clock
 
 
 def launch(panel: Panel, form: dict, visitor=None) -> str:
