@@ -55,11 +55,16 @@ class FragmentReader:
     rarely, a young run's folder every couple of seconds)."""
 
     def __init__(self, store: BucketStore, folder: str, check: Callable[[dict], bool] | None = None,
-                 clock: Callable[[], float] = time.monotonic, latest_only: dict[str, int] | None = None):
+                 clock: Callable[[], float] = time.monotonic, latest_only: dict[str, int] | None = None,
+                 defer: dict[str, int] | None = None):
         """`latest_only` maps writers whose records are snapshots (each replaces the last) to how many of their
-        newest fragments are worth reading: a first look skips the rest."""
+        newest fragments are worth reading: a first look skips the rest. `defer` maps writers whose history a
+        first look may leave for later to how many of their newest fragments it reads now: the older ones are
+        set aside in `deferred` (marked read here) for `read_deferred`, so a long run opens at once."""
         self.store, self.folder, self.check, self.clock = store, folder.rstrip("/"), check, clock
         self.latest_only = latest_only or {}
+        self.defer = defer or {}
+        self.deferred: list[StoredFile] = []     # older fragments a first look left for `read_deferred`
         self.cursor = FragmentCursor()
         self.next_seq: dict[str, int] = {}       # writer -> the first fragment number not read yet
         self.rescan_s = RESCAN_MIN_S
@@ -99,9 +104,11 @@ class FragmentReader:
         self.listed_at = self.clock()
         self.rescan_s = min(max(RESCAN_COST_FACTOR * cost, RESCAN_MIN_S), RESCAN_MAX_S)
         skip = self._old_snapshots(files)
+        later = self._history(files)
+        self.deferred += [f for f in files if f.path in later]
         out: list = []
         for f in files:
-            if f.path in skip:
+            if f.path in skip or f.path in later:
                 self.cursor.done.add(f.path)
                 continue
             self._read_fragment(f.path, f.size, out)
@@ -119,6 +126,29 @@ class FragmentReader:
             if match and match.group("writer") in self.latest_only and f.path not in self.cursor.done:
                 by_writer.setdefault(match.group("writer"), []).append(f.path)
         return {p for w, paths in by_writer.items() for p in sorted(paths)[:-self.latest_only[w]]}
+
+    def _history(self, files: list[StoredFile]) -> set[str]:
+        """On a first look at a `defer` writer (none of its fragments read yet), its fragments but the newest few."""
+        by_writer: dict[str, list[str]] = {}
+        for f in files:
+            match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+            if match and match.group("writer") in self.defer and match.group("writer") not in self.next_seq:
+                by_writer.setdefault(match.group("writer"), []).append(f.path)
+        return {p for w, paths in by_writer.items() for p in sorted(paths)[:-self.defer[w]]}
+
+    def read_deferred(self, files: list[StoredFile], size: int = BATCH_RECORDS) -> Iterator[list[tuple[str, dict]]]:
+        """The records of fragments a first look set aside, oldest first, a few thousand at a time. Safe to call
+        from another thread: it keeps a cursor of its own and touches nothing of this reader's but the counts of
+        unreadable lines (one dict update per bad fragment)."""
+        cursor, out = FragmentCursor(bad=self.cursor.bad), []
+        for f in sorted(files, key=lambda f: f.path):
+            match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+            out.extend(_records(self.store, f.path, 0, f.size, cursor, match.group("writer"), self.check))
+            if len(out) >= size:
+                yield out
+                out = []
+        if out:
+            yield out
 
     def _read_fragment(self, path: str, size: int, out: list) -> bool:
         """Read `path` from its cursor into `out`; True if it was a fragment with anything new."""

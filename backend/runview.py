@@ -9,6 +9,8 @@ events as well as from the folders, so a version whose serving copy was deleted 
 
 import bisect
 import json
+import logging
+import math
 import threading
 import time
 from collections import deque
@@ -22,6 +24,8 @@ from backend.runtime.redact import redact_record
 from backend.series import SeriesTable, Sketch
 from backend.store import BucketStore
 
+log = logging.getLogger(__name__)
+
 MAX_LOG_LINES = 5000
 RECENT_SAMPLES = 900        # raw resource samples kept per job (15 minutes at 1 Hz): alerts read them
 MAX_REPLICA_SNAPSHOTS = 100
@@ -29,6 +33,11 @@ SAMPLE_CHUNK = 5000         # resource samples read at a time
 SAMPLE_STEPS_KEPT = 100     # steps (or policy versions) whose sample completions a view keeps
 MIN_REFRESH_S = 1.0         # sessions ticking at once share one refresh: a second within this is a no-op
 SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its files do not change)
+# A first look at a long run reads its newest metric fragments (about 1,000 steps) and the last hour of each
+# job's resource samples at once, and the history before them in the background: it opens in a second, whatever
+# its length, and the charts fill in once the history is read.
+HISTORY_TAIL_FRAGMENTS = 100
+HISTORY_TAIL_SAMPLES = 3600
 
 
 def _usage_row(sample: ResourceSample) -> dict:
@@ -75,6 +84,7 @@ class JobView:
     status: JobStatus = field(default_factory=lambda: JobStatus("SCHEDULING"))
     log_cursor: int = 0
     resource_cursor: int = 0
+    history_end: int = -1     # where a first look started reading samples (-1: not looked at yet; >0: history)
     logs: deque = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES))
     log_version: int = 0
     resources: deque = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES))   # the newest raw samples
@@ -102,7 +112,8 @@ class RunView:
         prefix = layout.run_prefix(run_id)
         # The proxy's replica snapshots each replace the last: a first look reads only the newest ones.
         self._metrics = FragmentReader(store, f"{prefix}/{layout.METRICS_DIR}", check=_is_metric_record,
-                                       latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS})
+                                       latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS},
+                                       defer={layout.TRAINER_WRITER: HISTORY_TAIL_FRAGMENTS})
         self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
                                       check=lambda r: isinstance(r.get("event"), str))
         # What the policy writes: a few completions per step; a first look reads only the newest steps.
@@ -124,6 +135,7 @@ class RunView:
         # Every browser session watching this run shares this view, and Gradio runs their handlers in threads:
         # two refreshes at once would each append the same new lines.
         self._lock = threading.Lock()
+        self._history: threading.Thread | None = None    # reads a long run's history in the background
 
     # ---- derived
     @property
@@ -217,8 +229,78 @@ class RunView:
                 changed |= self._refresh_fragments(True)
                 changed |= self._refresh_adapters(True)
                 self._settled = True
+            self._start_history()
             self.version += changed
             return changed
+
+    # ---- history (a long run's older rows, read in the background)
+    @property
+    def history_pending(self) -> bool:
+        """Whether older rows a first look left for later are still being read."""
+        return self._history is not None and self._history.is_alive()
+
+    def wait_for_history(self, timeout: float | None = None) -> bool:
+        """Wait until the history is read (for a one-off drawing such as Compare); True if it is."""
+        thread = self._history
+        if thread is not None:
+            thread.join(timeout)
+        return not self.history_pending
+
+    def _start_history(self) -> None:
+        """Read what a first look set aside, in a thread of its own (called under the lock)."""
+        if self.history_pending:
+            return
+        fragments, self._metrics.deferred = self._metrics.deferred, []
+        samples = {}
+        for job in self.jobs.values():
+            if job.history_end > 0:
+                samples[job.job_id], job.history_end = job.history_end, 0
+        if fragments or samples:
+            self._history = threading.Thread(target=self._read_history, args=(fragments, samples),
+                                             name=f"history-{self.run_id}", daemon=True)
+            self._history.start()
+
+    def _read_history(self, fragments: list, samples: dict[str, int]) -> None:
+        """The rows before what a first look read, joined in front of the rows read since (one swap under the
+        lock; what is drawn is built here, so the swap costs the rows read since, not the history)."""
+        try:
+            with self._lock:
+                drawn = self.table.drawn()
+                # Each job's samples up to the first one a first look read (a chunk can run past it), drawn alike.
+                jobs = {job.job_id: (job.usage.table.times[0] if len(job.usage.table) else math.inf,
+                                     job.usage.table.drawn()) for job in self.jobs.values()}
+            table, first_step = SeriesTable(), {}
+            for batch in self._metrics.read_deferred(fragments):
+                steps = [_with_band(record) for _writer, record in batch if _is_step_record(record)]
+                for record in steps:
+                    if _is_number(record.get("policy_version")):
+                        first_step.setdefault(int(record["policy_version"]), record["step"])
+                table.extend(steps)
+            for key in drawn:
+                table.sketch(*key)
+            usages = {}
+            for job_id, end in samples.items():
+                usage, cursor = ResourceUsage(), 0
+                first, drawn_usage = jobs.get(job_id, (math.inf, []))
+                while cursor < end:
+                    chunk, cursor = self.executor.read_resources(job_id, cursor, limit=SAMPLE_CHUNK)
+                    if not chunk:
+                        break
+                    usage.add([sample for sample in chunk if sample.time < first])
+                for key in drawn_usage:
+                    usage.table.sketch(*key)
+                usages[job_id] = usage
+            with self._lock:
+                self.table = self.table.after(table)
+                for version, step in first_step.items():
+                    if step < self.first_step.get(version, step + 1):
+                        self.first_step[version] = step
+                for job in self.jobs.values():
+                    if job.job_id in usages:
+                        job.usage.table = job.usage.table.after(usages[job.job_id].table)
+                self.version += 1
+        except Exception:  # the dashboard goes on with the rows it has; the history is only missing
+            log.exception("could not read the history of run %s", self.run_id)
 
     def replace_jobs(self, jobs: dict[str, str]) -> None:
         """Watch a new attempt's jobs (the run was resumed); the earlier attempts' jobs stay, as `<role>#<n>`."""
@@ -333,6 +415,9 @@ class RunView:
         changed = False
         if job.log_cursor == 0:     # a first look shows the tail: a day-long log is not read from its start
             job.log_cursor = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
+        if job.history_end < 0:     # and the last hour of samples: the ones before are read in the background
+            job.resource_cursor = job.history_end = self.executor.resources_tail_cursor(job.job_id,
+                                                                                        HISTORY_TAIL_SAMPLES)
         if job.status.stage not in TERMINAL_STAGES or job.log_cursor == 0:
             try:
                 status = self.executor.status(job.job_id)
@@ -363,6 +448,10 @@ def _with_band(record: dict) -> dict:
     if _is_number(reward) and _is_number(std):
         record["reward_upper"], record["reward_lower"] = reward + std, reward - std
     return record
+
+
+def _is_step_record(record: dict) -> bool:
+    return "replicas" not in record and "canary" not in record
 
 
 def _is_number(value) -> bool:

@@ -1,11 +1,15 @@
 """Series that stay cheap at any length: a bounded min/max sketch per metric, kept as points arrive.
 
-A `Sketch` holds a series as at most `budget` buckets of equal width (in points), each remembering its first
-and last x, its lowest and highest point and its sum. Appending is O(1); when the buckets outgrow the budget,
-neighbours merge and the width doubles (O(budget), once per doubling). Drawing takes each bucket's low and
-high point in x order, so spikes survive at any run length, plus the newest points at full resolution.
-Bucket boundaries are always multiples of the width, so a sketch equals one built from scratch over the same
-points with the same width.
+A `Sketch` holds a series as at most `2 * budget` buckets of equal width (in points), each remembering its
+first and last x, its lowest and highest point and its sum. Appending is O(1); when the buckets outgrow that,
+neighbours merge and the width doubles (O(budget), once per doubling). Bucket boundaries are always multiples
+of the width, so a sketch equals one built from scratch over the same points with the same width.
+
+Drawing uses exactly `budget` groups once the series is longer than that, whatever its length: a sketch holds
+between `budget` and `2 * budget` buckets, so its oldest buckets are drawn merged in pairs and its newest ones
+as they are (older history coarser). A fixed number of points per trace means a tick costs the same at step
+1,000 as at step 100,000. Each group gives its low and high point in x order, so spikes survive, and the
+newest points are drawn at full resolution.
 """
 
 import itertools
@@ -15,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 
 BULK_ROWS = 64           # from this many rows at once, `SeriesTable.extend` goes column by column
-DEFAULT_BUDGET = 200     # buckets per series: at most 2 points each, so <= 400 points a trace, whatever the length
+DEFAULT_BUDGET = 200     # groups drawn per series: at most 2 points each, so <= 400 points a trace, whatever the length
 RECENT_POINTS = 100      # the newest points are drawn as they are
 
 
@@ -59,14 +63,20 @@ class Bucket:
 
 
 class Sketch:
-    """One series (x ascending) as at most `budget` min/max buckets plus its newest `recent` points."""
+    """One series (x ascending) as at most `2 * budget` min/max buckets, drawn as `budget` groups, plus its
+    newest `recent` points."""
 
     def __init__(self, budget: int = DEFAULT_BUDGET, recent: int = RECENT_POINTS):
         self.budget = budget
         self.width = 1
         self.buckets: list[Bucket] = []
+        self._pairs: list[Bucket] = []      # buckets 2i and 2i+1 merged, for every full pair so far (drawing)
         self.recent: deque[tuple[float, float]] = deque(maxlen=recent)
         self.count = 0
+
+    @property
+    def capacity(self) -> int:
+        return 2 * self.budget
 
     def append(self, x: float, y: float) -> None:
         self.count += 1
@@ -75,21 +85,39 @@ class Sketch:
             self.buckets[-1].add(x, y)
         else:
             self.buckets.append(Bucket.of(x, y))
-        if len(self.buckets) > self.budget:
+        if len(self.buckets) > self.capacity:
             self._halve()
 
     def _halve(self) -> None:
-        merged = [a.merge(b) for a, b in zip(self.buckets[0::2], self.buckets[1::2])]
+        merged = self._merged_pairs(len(self.buckets) // 2)
         if len(self.buckets) % 2:
             merged.append(self.buckets[-1])
-        self.buckets = merged
+        self.buckets, self._pairs = merged, []
         self.width *= 2
 
+    def _merged_pairs(self, count: int) -> list[Bucket]:
+        """The first `count` pairs of buckets, each merged; full pairs are merged once and kept."""
+        while len(self._pairs) < count and self.buckets[2 * len(self._pairs) + 1].count == self.width:
+            i = len(self._pairs)
+            self._pairs.append(self.buckets[2 * i].merge(self.buckets[2 * i + 1]))
+        pairs = self._pairs[:count]
+        if len(pairs) < count:      # the last pair holds the bucket still filling
+            i = count - 1
+            pairs.append(self.buckets[2 * i].merge(self.buckets[2 * i + 1]))
+        return pairs
+
+    def groups(self) -> list[Bucket]:
+        """The buckets to draw: all of them up to `budget`, else exactly `budget`, the oldest merged in pairs."""
+        extra = len(self.buckets) - self.budget
+        if extra <= 0:
+            return self.buckets
+        return self._merged_pairs(extra) + self.buckets[2 * extra:]
+
     def points(self) -> tuple[list[float], list[float]]:
-        """What to draw: the buckets' extremes before the recent window, then the recent points as they are."""
+        """What to draw: the groups' extremes before the recent window, then the recent points as they are."""
         start = self.recent[0][0] if self.recent else math.inf
         xs, ys = [], []
-        for bucket in self.buckets:
+        for bucket in self.groups():
             if bucket.first_x >= start:
                 break
             for x, y in bucket.points():
@@ -102,8 +130,9 @@ class Sketch:
         return xs, ys
 
     def means(self) -> tuple[list[float], list[float]]:
-        """Each bucket's mean at its middle x: a down-sampled series for smoothing and bands."""
-        return ([(b.first_x + b.last_x) / 2 for b in self.buckets], [b.mean for b in self.buckets])
+        """Each group's mean at its middle x: a down-sampled series for smoothing and bands."""
+        groups = self.groups()
+        return ([(b.first_x + b.last_x) / 2 for b in groups], [b.mean for b in groups])
 
     @property
     def last(self) -> tuple[float, float] | None:
@@ -113,10 +142,10 @@ class Sketch:
     def build(cls, xs: list[float], ys: list[float], budget: int = DEFAULT_BUDGET,
               recent: int = RECENT_POINTS) -> "Sketch":
         """The sketch `append` would have made of these points, in one pass: the width is the smallest power of
-        two that fits them in `budget` buckets, and each bucket's extremes come from C-level min/max."""
+        two that fits them in `2 * budget` buckets, and each bucket's extremes come from C-level min/max."""
         sketch = cls(budget, recent)
         n = len(xs)
-        while n > sketch.width * budget:
+        while n > sketch.width * sketch.capacity:
             sketch.width *= 2
         w = sketch.width
         for start in range(0, n, w):
@@ -243,9 +272,29 @@ class SeriesTable:
             self.last_row = self.row(len(self) - 1)
             self.version += 1
 
-    def _rewind(self, step: float) -> None:
-        """Drop every row from `step` on and rebuild what was drawn from what is left (rare: a resume)."""
-        keep = next((i for i, s in enumerate(self.x["step"]) if s >= step), len(self))
+    def drawn(self) -> list[tuple[str, str]]:
+        """The (column, axis) pairs something has drawn, whose sketches this table keeps up to date."""
+        return list(self._sketches)
+
+    def after(self, earlier: "SeriesTable") -> "SeriesTable":
+        """`earlier`'s rows from before this table's first row, then this table's rows, drawn as this table is:
+        a long run's history, read in the background, joined in front of what was read since. Costs this
+        table's rows (and the sketches `earlier` was not asked for), not the history's."""
+        if len(self):
+            earlier._rewind(self.x[self.axes[0]][0])
+            earlier.extend(self.rows())
+        for key in self._sketches:
+            earlier.sketch(*key)
+        earlier.version = self.version + 1
+        return earlier
+
+    def _rewind(self, first: float) -> None:
+        """Drop every row from `first` on (on the key axis) and rebuild what was drawn from what is left (rare: a
+        resume)."""
+        key_axis = self.x[self.axes[0]]
+        if not len(key_axis) or key_axis[-1] < first:
+            return
+        keep = next((i for i, s in enumerate(key_axis) if s >= first), len(self))
         for column in (*self.x.values(), *self.columns.values()):
             del column[keep:]
         self._sketches = {key: self._build(*key) for key in self._sketches}

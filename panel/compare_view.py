@@ -11,6 +11,7 @@ from panel import spend_view
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 X_TITLES = {"step": "step", "wall time": "wall time (min)", "dollars": "dollars spent (USD)"}
+HISTORY_WAIT_S = 30.0      # how long a comparison waits for a long run's history, read in the background
 NOT_LOGGED = {"ratio": "not logged: only async (distributed) runs log the importance ratio"}
 
 
@@ -25,6 +26,8 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
             notes.append(f"no run {run_id} that you can see")
             continue
         view.refresh()
+        if not view.wait_for_history(HISTORY_WAIT_S):
+            notes.append(f"{run_id}'s earlier history is still being read: compare again shortly for all of it")
         runs.append((run_id, view, spend_view.cost_at(panel, registry, run_id) if x == "dollars" else None))
     if len(runs) < 2:
         notes.insert(0, "Pick two or more runs to compare.")

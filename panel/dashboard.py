@@ -125,6 +125,9 @@ def status_markdown(view) -> str:
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
                      + f" · {len(view.adapters)} adapter version(s)"
                      + (" · **final adapter ready**" if view.final_files else ""))
+    if view.history_pending:
+        first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
+        parts.append(f"⏳ Reading the run's earlier history{first} in the background: the charts fill in shortly.")
     for alert in sorted(view.open_alerts.values(), key=lambda a: a.get("time", 0)):
         when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))
         parts.append(f"🔔 **{alert.get('kind', 'alert')}** since {when}: {redact_tokens(str(alert.get('message')))}")

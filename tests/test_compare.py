@@ -18,7 +18,8 @@ def _view(run_id: str, steps: int, spec: dict | None = None, every_s: float = 2.
     metrics = [{"step": s, "time": T0 + every_s * s, "reward": (s % 100) / 100, "step_time": every_s,
                 "tokens_per_s": 1000.0 + s % 7} for s in range(1, steps + 1)]
     return SimpleNamespace(run_id=run_id, metrics=metrics, spec=spec or RunSpec(run_id=run_id).to_dict(),
-                           refresh=lambda: False, jobs={}, events=[], adapters={}, replica_stats=[], final_files=[],
+                           refresh=lambda: False, wait_for_history=lambda timeout=None: True, jobs={}, events=[],
+                           adapters={}, replica_stats=[], final_files=[],
                            stage="COMPLETED", engine=None)
 
 

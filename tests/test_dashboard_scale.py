@@ -4,10 +4,12 @@ changed components sent, bounded payloads at any run length. (Figures: benchmark
 import json
 import os
 import sys
+import threading
 
 from backend.observers import FragmentReader
 from backend.runtime import layout
-from backend.runview import RunView
+from backend.runview import HISTORY_TAIL_FRAGMENTS, HISTORY_TAIL_SAMPLES, RunView
+from backend.series import SeriesTable
 from backend.store import FolderStore
 from panel import dashboard, live
 
@@ -135,3 +137,62 @@ def test_a_first_look_at_a_long_log_starts_at_its_tail(tmp_path):
     with open(executor.log_path(job_id), "w") as f:
         f.write("one\ntwo\n")
     assert executor.tail_cursor(job_id, 10) == 0
+
+
+class GatedStore(FolderStore):
+    """A folder bucket whose reads from any thread but the test's wait until `gate` is set."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.gate, self.main = threading.Event(), threading.get_ident()
+
+    def read_bytes(self, path, start=0):
+        if threading.get_ident() != self.main:
+            assert self.gate.wait(60), "the test never opened the gate"
+        return super().read_bytes(path, start)
+
+
+def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_in_the_background(tmp_path):
+    from backend.executors.local import LocalExecutor
+
+    rows = 20_000
+    run = SyntheticRun(str(tmp_path), rows)
+    with open(os.path.join(run.metrics, layout.fragment_name("trainer", 5)), "a") as f:
+        f.write("not json\n")                                   # an unreadable line deep in the history
+    executor = LocalExecutor(str(tmp_path))
+    store = GatedStore(executor.bucket_root("local/bench"))
+    view = RunView(run.spec.run_id, store, executor, run.job_ids)
+    view.refresh()
+    tail = HISTORY_TAIL_FRAGMENTS * 10
+    assert view.history_pending and list(view.table.steps) == list(range(rows - tail + 1, rows + 1))
+    usage = view.jobs["trainer"].usage.table
+    assert len(usage) == HISTORY_TAIL_SAMPLES and usage.times[-1] == run.t0 + rows
+    assert f"history before step {rows - tail + 1}" in dashboard.status_markdown(view)
+    before = view.version
+    dashboard.shared_frame(view)                                 # drawn: the history joins drawn alike
+
+    run.grow(10)                                                 # rows arriving while the history is read
+    view.refresh()
+    store.gate.set()
+    assert view.wait_for_history(60) and view.version > before
+    assert list(view.table.steps) == list(range(1, rows + 11))
+    metrics = f"{layout.run_prefix(run.spec.run_id)}/{layout.METRICS_DIR}"
+    whole = SeriesTable()                                        # the same rows read in one go, no deferral
+    whole.extend([r for _, r in FragmentReader(FolderStore(store.root), metrics, check=lambda r: "step" in r).read()])
+    assert view.table.sketch("reward").points() == whole.sketch("reward").points()
+    assert view.table.sketch("kl", "time").points() == whole.sketch("kl", "time").points()
+    assert view.first_step[0] == 1 and view.first_step[1] == 20, "policy versions from the history's first steps"
+    usage = view.jobs["trainer"].usage.table
+    assert list(usage.times) == [run.t0 + step for step in range(1, rows + 11)], "every sample once, in order"
+    assert view.unreadable == {f"{metrics}/{layout.fragment_name('trainer', 5)}": 1}
+    assert "earlier history" not in dashboard.status_markdown(view)
+    run.grow(10)
+    view.refresh()
+    assert view.table.steps[-1] == rows + 20 and len(view.table) == rows + 20
+
+
+def test_a_short_run_is_read_at_once(tmp_path):
+    run = SyntheticRun(str(tmp_path), HISTORY_TAIL_FRAGMENTS * 10)
+    view = _view(str(tmp_path), run)
+    view.refresh()
+    assert not view.history_pending and len(view.table) == HISTORY_TAIL_FRAGMENTS * 10

@@ -1,5 +1,6 @@
 """Bounded series: the sketch keeps a series' shape in a fixed number of points, whatever its length."""
 
+import itertools
 import random
 
 from backend.series import SeriesTable, Sketch
@@ -25,7 +26,7 @@ def test_the_incremental_sketch_equals_a_full_recomputation_on_random_data():
             sketch.append(x, y)
         got = [(b.count, b.first_x, b.last_x, (b.lo_x, b.lo_y), (b.hi_x, b.hi_y), b.total) for b in sketch.buckets]
         want = _from_scratch(points, sketch.width)
-        assert len(got) == len(want) <= 200
+        assert len(got) == len(want) <= 2 * 200
         for g, w in zip(got, want):
             assert g[:5] == w[:5] and abs(g[5] - w[5]) < 1e-6
 
@@ -40,6 +41,33 @@ def test_a_drawn_series_keeps_its_extremes_its_last_point_and_a_fixed_size():
     assert len(xs) <= 2 * 100 + 20 and xs == sorted(xs)
     assert 9.0 in drawn and -9.0 in drawn
     assert xs[-20:] == [float(x) for x in range(99_980, 100_000)], "the newest points at full resolution"
+
+
+def test_a_drawn_series_uses_its_whole_budget_at_any_length():
+    """Exactly `budget` groups, whatever the length (a tick costs the same at step 1,000 as at 100,000), each the
+    true extremes of the consecutive points it spans, checked as the series grows (merged pairs are kept)."""
+    rng = random.Random(11)
+    ys = [rng.gauss(0, 1) for _ in range(60_000)]
+    sketch = Sketch(budget=100, recent=10)
+    checkpoints = {150, 201, 450, 1000, 1001, 4097, 33_333, 60_000}
+    for x, y in enumerate(ys, start=1):
+        sketch.append(float(x), y)
+        if x not in checkpoints:
+            continue
+        groups = sketch.groups()
+        assert len(groups) == min(100, len(sketch.buckets)) and (x < 200 or len(groups) == 100)
+        assert sum(g.count for g in groups) == x and groups[0].first_x == 1.0 and groups[-1].last_x == x
+        for g, nxt in itertools.pairwise(groups):
+            assert nxt.first_x == g.last_x + 1
+        for g in groups:
+            span = ys[int(g.first_x) - 1:int(g.last_x)]
+            assert (g.lo_y, g.hi_y) == (min(span), max(span)) and abs(g.mean - sum(span) / len(span)) < 1e-9
+        assert [(g.first_x, g.lo_y, g.hi_y) for g in groups] == \
+               [(g.first_x, g.lo_y, g.hi_y) for g in Sketch.build([float(i) for i in range(1, x + 1)], ys[:x],
+                                                                   budget=100, recent=10).groups()]
+    drawn = {n: len(Sketch.build([float(i) for i in range(n)], ys[:n], budget=100, recent=10).points()[0])
+             for n in (1000, 10_000, 60_000)}
+    assert max(drawn.values()) <= 2 * 100 + 10 and min(drawn.values()) >= 0.9 * max(drawn.values()), drawn
 
 
 def test_a_table_keeps_columns_and_a_resumed_trainers_repeated_steps_replace_the_old_ones():

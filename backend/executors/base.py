@@ -46,6 +46,10 @@ class Executor(Protocol):
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         """Samples after `cursor` (at most about `limit` of them), and the cursor to pass next time."""
 
+    def resources_tail_cursor(self, job_id: str, samples: int) -> int:
+        """A cursor from which `read_resources` returns about the last `samples` samples (a first look at a long
+        job; the samples before it are read in the background)."""
+
     def cancel(self, job_id: str) -> None: ...
 
     def exposed_url(self, job_id: str, port: int) -> str:

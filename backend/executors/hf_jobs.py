@@ -163,6 +163,10 @@ class HfJobsExecutor:
             return samples[:limit], end - (len(samples) - limit)
         return samples, end
 
+    def resources_tail_cursor(self, job_id: str, samples: int) -> int:
+        """0: the feed holds at most MAX_SAMPLES samples, few enough to read at once."""
+        return 0
+
     def reader_error(self, job_id: str, kind: str = "logs") -> str | None:
         """Why a job's reader gave up for good (401/403/404), if it did."""
         feed = self._feeds.get((kind, job_id))

@@ -248,26 +248,11 @@ class LocalExecutor:
 
     def tail_cursor(self, job_id: str, lines: int) -> int:
         """The offset of the line start `lines` lines before the log's end (0 for a shorter log)."""
-        try:
-            with open(self.log_path(job_id), "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                block = min(size, lines * 400)
-                while True:
-                    f.seek(size - block)
-                    data = f.read(block)
-                    # The last line may still lack its newline: count the ones before it.
-                    end = len(data) - 1
-                    for _ in range(lines):
-                        end = data.rfind(b"\n", 0, end)
-                        if end < 0:
-                            break
-                    if end >= 0:
-                        return size - block + end + 1
-                    if block == size:
-                        return 0
-                    block = min(size, block * 2)
-        except OSError:
-            return 0
+        return _tail_offset(self.log_path(job_id), lines, 400)
+
+    def resources_tail_cursor(self, job_id: str, samples: int) -> int:
+        """A cursor from which `read_resources` returns about the last `samples` samples (0 for fewer)."""
+        return _tail_offset(self._file(job_id, wrapper.RESOURCES_FILE), samples, SAMPLE_BYTES)
 
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         path = self._file(job_id, wrapper.RESOURCES_FILE)
@@ -394,6 +379,31 @@ def _stop_group(pgid: int, grace_s: float) -> None:
 
 def _write_json(path: str, data: dict) -> None:
     atomic_write_bytes(path, json.dumps(data).encode())
+
+
+def _tail_offset(path: str, lines: int, line_bytes: int) -> int:
+    """The offset of the line start `lines` lines before the file's end (0 for a shorter file), reading back from
+    the end a block of about `lines * line_bytes` bytes, doubled until it holds them."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            block = min(size, lines * line_bytes)
+            while True:
+                f.seek(size - block)
+                data = f.read(block)
+                # The last line may still lack its newline: count the ones before it.
+                end = len(data) - 1
+                for _ in range(lines):
+                    end = data.rfind(b"\n", 0, end)
+                    if end < 0:
+                        break
+                if end >= 0:
+                    return size - block + end + 1
+                if block == size:
+                    return 0
+                block = min(size, block * 2)
+    except OSError:
+        return 0
 
 
 def _read_complete_lines(path: str, cursor: int, max_bytes: int | None = None) -> bytes:
