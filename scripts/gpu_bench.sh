@@ -2,6 +2,7 @@
 # Run benchmarks/gpu_recipes.py on a GPU machine with no network, from the parts scripts/gpu_wheels.sh made.
 #
 #   bash scripts/gpu_bench.sh PARTS_DIR [gpu_recipes.py arguments]
+#   BENCH=benchmarks/proxy_overhead.py bash scripts/gpu_bench.sh PARTS_DIR --gpus 0 1 ...   # another benchmark
 #
 # PARTS_DIR holds some or all of site.tar.xz.part-NN-of-MM and site.tar.xz.sha256 (a device call carries one
 # 60 MiB part). Parts are kept in /tmp/gpu-site-parts, which lasts as long as the machine; with fewer than MM
@@ -55,4 +56,4 @@ export VLLM_USE_FLASHINFER_SAMPLER=0
 # symmetric-memory all-reduce, which would use it for tensor parallelism.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 versions
-exec python3 benchmarks/gpu_recipes.py "$@"
+exec python3 "${BENCH:-benchmarks/gpu_recipes.py}" "$@"

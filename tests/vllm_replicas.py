@@ -18,7 +18,7 @@ import time
 import requests
 
 from backend.recipe import split_cores
-from backend.runtime.tiny_model import ensure_tiny_model
+from backend.runtime.tiny_model import TINY_MODEL, ensure_tiny_model
 from backend.vllm_args import vllm_server_args, vllm_server_env
 
 API_KEY = "test-replica-token"
@@ -34,9 +34,11 @@ def free_port() -> int:
 
 
 class ReplicaPool:
-    def __init__(self, size: int = 2):
+    def __init__(self, size: int = 2, gpus: list[str] | None = None, model: str = TINY_MODEL):
+        """`size` replicas of the builtin `model`, each on cores of its own, or each on one of `gpus` (bf16)."""
         self.workdir = tempfile.mkdtemp(prefix="vllm-replicas-")
-        self.model_dir = ensure_tiny_model(os.path.join(self.workdir, "base-model"))
+        self.model_dir = ensure_tiny_model(os.path.join(self.workdir, "base-model"), name=model)
+        self.gpus = gpus
         self.ports = [free_port() for _ in range(size)]
         self.procs: list[subprocess.Popen | None] = [None] * size
 
@@ -48,13 +50,16 @@ class ReplicaPool:
         return os.path.join(self.workdir, f"replica-{i}.log")
 
     def _start(self, i: int) -> None:
+        on_gpu = {"dtype": "bfloat16", "max_model_len": 2048, "gpu_memory_utilization": 0.5} if self.gpus else {}
         args = vllm_server_args(self.model_dir, self.ports[i], MAX_LORA_RANK, MAX_STALENESS, host="127.0.0.1",
-                                dtype="float32", extra_args=("--api-key", API_KEY))
+                                extra_args=("--api-key", API_KEY), **({"dtype": "float32"} | on_gpu))
         # vLLM's ZMQ sockets go in the pool's own folder (removed at stop), not /tmp where a kill would leave them;
-        # each replica gets cores of its own, as the recipe gives local replicas.
-        cores = split_cores(list(os.sched_getaffinity(0)), len(self.ports))[i]
-        env = {**os.environ, **vllm_server_env(cpu=True), "VLLM_RPC_BASE_PATH": self.workdir,
-               "VLLM_CPU_OMP_THREADS_BIND": cores}
+        # each replica gets cores of its own, as the recipe gives local replicas, or a GPU of its own.
+        env = {**os.environ, **vllm_server_env(cpu=not self.gpus), "VLLM_RPC_BASE_PATH": self.workdir}
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[i]
+        else:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = split_cores(list(os.sched_getaffinity(0)), len(self.ports))[i]
         with open(self.log_path(i), "ab") as log:
             self.procs[i] = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
                                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
