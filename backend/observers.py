@@ -44,6 +44,7 @@ RESCAN_MIN_S, RESCAN_MAX_S = 2.0, 60.0
 RESCAN_COST_FACTOR = 200     # list the folder at most once per this many times what one listing took
 PROBE_AHEAD = 4              # next fragment numbers asked for, per writer, per call
 BATCH_RECORDS = 5000         # records handed over at a time
+PREFETCH_FILES = 500         # fragments asked of the store in one batch (one download on the Hub)
 
 
 class FragmentReader:
@@ -88,6 +89,7 @@ class FragmentReader:
             ahead = {w: [self._path(w, self.next_seq[w] + k) for k in range(PROBE_AHEAD)] for w in self.next_seq}
             probes = [*self._torn(), *(p for paths in ahead.values() for p in paths)]
             sizes = self.store.sizes(probes) if probes else {}
+            self.store.prefetch([p for p in sizes if self._unread(p, sizes[p])])
             out: list = []
             for path in sorted(sizes):
                 self._read_fragment(path, sizes[path], out)
@@ -106,11 +108,13 @@ class FragmentReader:
         skip = self._old_snapshots(files)
         later = self._history(files)
         self.deferred += [f for f in files if f.path in later]
+        for path in skip | later:
+            self.cursor.done.add(path)
+        todo = [f for f in files if self._unread(f.path, f.size)]
         out: list = []
-        for f in files:
-            if f.path in skip or f.path in later:
-                self.cursor.done.add(f.path)
-                continue
+        for i, f in enumerate(todo):
+            if i % PREFETCH_FILES == 0:
+                self.store.prefetch([g.path for g in todo[i:i + PREFETCH_FILES]])
             self._read_fragment(f.path, f.size, out)
             if len(out) >= size:
                 yield out
@@ -141,7 +145,10 @@ class FragmentReader:
         from another thread: it keeps a cursor of its own and touches nothing of this reader's but the counts of
         unreadable lines (one dict update per bad fragment)."""
         cursor, out = FragmentCursor(bad=self.cursor.bad), []
-        for f in sorted(files, key=lambda f: f.path):
+        files = sorted(files, key=lambda f: f.path)
+        for i, f in enumerate(files):
+            if i % PREFETCH_FILES == 0:
+                self.store.prefetch([g.path for g in files[i:i + PREFETCH_FILES]])
             match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
             out.extend(_records(self.store, f.path, 0, f.size, cursor, match.group("writer"), self.check))
             if len(out) >= size:
@@ -162,6 +169,11 @@ class FragmentReader:
             return False
         out.extend(_records(self.store, path, start, size, self.cursor, writer, self.check))
         return True
+
+    def _unread(self, path: str, size: int) -> bool:
+        """Whether `path` is a fragment with bytes this reader has not read yet."""
+        return (layout.FRAGMENT_RE.match(posixpath.basename(path)) is not None and path not in self.cursor.done
+                and self.cursor.offsets.get(path, 0) < size)
 
     def _torn(self) -> list[str]:
         return [p for p in self.cursor.offsets if p not in self.cursor.done]

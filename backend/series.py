@@ -12,6 +12,7 @@ as they are (older history coarser). A fixed number of points per trace means a 
 newest points are drawn at full resolution.
 """
 
+import bisect
 import itertools
 import math
 from array import array
@@ -106,20 +107,22 @@ class Sketch:
             pairs.append(self.buckets[2 * i].merge(self.buckets[2 * i + 1]))
         return pairs
 
-    def groups(self) -> list[Bucket]:
-        """The buckets to draw: all of them up to `budget`, else exactly `budget`, the oldest merged in pairs."""
-        extra = len(self.buckets) - self.budget
+    def groups(self, count: int | None = None) -> list[Bucket]:
+        """The first `count` buckets (all by default) to draw: as they are up to `budget` of them, else exactly
+        `budget` groups, the oldest buckets merged in pairs."""
+        count = len(self.buckets) if count is None else count
+        extra = count - self.budget
         if extra <= 0:
-            return self.buckets
-        return self._merged_pairs(extra) + self.buckets[2 * extra:]
+            return self.buckets[:count]
+        return self._merged_pairs(extra) + self.buckets[2 * extra:count]
 
     def points(self) -> tuple[list[float], list[float]]:
-        """What to draw: the groups' extremes before the recent window, then the recent points as they are."""
+        """What to draw: the extremes of `budget` groups of what comes before the recent window, then the recent
+        points as they are (the same number of points at any length)."""
         start = self.recent[0][0] if self.recent else math.inf
+        before = bisect.bisect_left([b.first_x for b in self.buckets], start)
         xs, ys = [], []
-        for bucket in self.groups():
-            if bucket.first_x >= start:
-                break
+        for bucket in self.groups(before):
             for x, y in bucket.points():
                 if x < start:
                     xs.append(x)

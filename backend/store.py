@@ -32,6 +32,10 @@ class BucketStore(Protocol):
     def read_bytes(self, path: str, start: int = 0) -> bytes:
         """The file's bytes from offset `start`."""
 
+    def prefetch(self, paths: list[str]) -> None:
+        """Make the next reads of `paths` cheap: one batch download on the Hub (instead of one per file), nothing
+        for a folder. A path that is not there is left for its read to report."""
+
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write a whole file at once (atomic where the backend allows)."""
 
@@ -89,6 +93,9 @@ class FolderStore:
         with open(self.local_path(path), "rb") as f:
             f.seek(start)
             return f.read()
+
+    def prefetch(self, paths: list[str]) -> None:
+        pass    # reads are local already
 
     def write_bytes(self, path: str, data: bytes) -> None:
         atomic_write_bytes(self.local_path(path), data)

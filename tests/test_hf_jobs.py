@@ -287,6 +287,38 @@ def test_hub_store_lists_and_reads_incrementally(hub, tmp_path):
     assert tree[0].path == f"/api/buckets/{BUCKET}/tree/runs/r1" and tree[0].query["recursive"] == ["true"]
 
 
+def test_a_first_look_at_a_run_on_the_hub_downloads_its_fragments_in_batches(hub, tmp_path, monkeypatch):
+    """A long run's fragments come down a batch per call, not one call each: its newest ones at once, its history
+    in the background, and new fragments found by a probe together."""
+    from huggingface_hub import HfApi
+
+    from backend.observers import FragmentReader
+    from backend.runtime.layout import fragment_name
+
+    store = HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "cache"))
+    store.ensure_bucket()
+    metrics = "runs/r1/metrics"
+    for seq in range(150):
+        hub.put_file(BUCKET, f"{metrics}/{fragment_name('trainer', seq)}", b'{"step": %d}\n' % (seq + 1))
+    calls = []
+    fake = HfApi.download_bucket_files
+
+    def counted(api, bucket_id, files, **kw):
+        calls.append(len(files))
+        return fake(api, bucket_id, files, **kw)
+
+    monkeypatch.setattr(HfApi, "download_bucket_files", counted)
+    clock = [0.0]
+    reader = FragmentReader(store, metrics, clock=lambda: clock[0], defer={"trainer": 100})
+    assert [r["step"] for _, r in reader.read()] == list(range(51, 151)) and calls == [100]
+    history = [r["step"] for batch in reader.read_deferred(reader.deferred) for _, r in batch]
+    assert history == list(range(1, 51)) and calls == [100, 50]
+    for seq in (150, 151):
+        hub.put_file(BUCKET, f"{metrics}/{fragment_name('trainer', seq)}", b'{"step": %d}\n' % (seq + 1))
+    clock[0] = 1.0                                     # before the next listing: the next numbers are probed
+    assert [r["step"] for _, r in reader.read()] == [151, 152] and calls == [100, 50, 2]
+
+
 def test_hub_store_reads_a_file_it_has_not_listed(hub, tmp_path):
     HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "other")).ensure_bucket()
     hub.put_file(BUCKET, "runs/r1/spec.json", b'{"mode": "distributed"}')   # written by a job
