@@ -120,7 +120,7 @@ class Sketch:
         """What to draw: the extremes of `budget` groups of what comes before the recent window, then the recent
         points as they are (the same number of points at any length)."""
         start = self.recent[0][0] if self.recent else math.inf
-        before = bisect.bisect_left([b.first_x for b in self.buckets], start)
+        before = bisect.bisect_left(self.buckets, start, key=_first_x)
         xs, ys = [], []
         for bucket in self.groups(before):
             for x, y in bucket.points():
@@ -328,6 +328,10 @@ class SeriesTable:
         values, xs = self.columns[key], self.x[axis]
         keep = [i for i, v in enumerate(values) if not math.isnan(v)]
         return Sketch.build([xs[i] for i in keep], [values[i] for i in keep], self.budget, self.recent_n)
+
+
+def _first_x(bucket: Bucket) -> float:
+    return bucket.first_x
 
 
 _NUMBERS = (int, float)     # exactly: a bool is not a metric
