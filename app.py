@@ -16,6 +16,8 @@ import atexit
 import logging
 import os
 import signal
+import threading
+import time
 
 from backend.access import Deployment
 from backend.executors.local import LocalExecutor
@@ -24,6 +26,7 @@ from panel.actions import Panel
 from panel.ui import CSS, KEEP_CLEARED_CHOICES, build_ui
 
 log = logging.getLogger("grpo-panel")
+EXIT_GRACE_S = 20.0     # after the server closed, the most the process waits for anything else before it exits
 
 
 def main() -> None:
@@ -42,6 +45,22 @@ def main() -> None:
     demo.queue(default_concurrency_limit=4).launch(
         server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=KEEP_CLEARED_CHOICES,
         auth=[deployment.auth] if deployment.auth else None)
+    # launch() returns once the server is closed (SIGTERM, SIGINT): a thread some library left busy must not keep
+    # the process alive after that (a container stop would end in SIGKILL).
+    exit_within(EXIT_GRACE_S)
+
+
+def exit_within(seconds: float) -> None:
+    """Exit with status 0 in `seconds` if the interpreter has not exited by then, naming what it waited for."""
+    def force() -> None:
+        time.sleep(seconds)
+        busy = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+        log.warning("still exiting after %.0f s (waiting for threads: %s): exiting now", seconds,
+                    ", ".join(busy) or "none")
+        logging.shutdown()
+        os._exit(0)
+
+    threading.Thread(target=force, name="exit-watchdog", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """What the deployment decides before any click: the Space's packages, who gets a token, what the form offers."""
 
+import os
 import re
+import subprocess
+import sys
 
 from backend.access import Deployment, Visitor, acting_token, local_runs_problem
 from panel.actions import Panel
@@ -47,3 +50,14 @@ def test_local_runs_on_a_space_are_off_by_default_and_the_form_opens_on_hf_jobs(
     finally:
         panel.shutdown()
     assert local_runs_problem(Visitor(), Deployment(home=str(tmp_path), on_space=False)) is None
+
+
+def test_a_closed_panel_exits_even_when_a_thread_would_keep_it_alive():
+    """After the server closed, a non-daemon thread left busy (by a library, say) does not keep the process up."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"import sys, threading, time; sys.path.insert(0, {root!r}); import app; "
+            "threading.Thread(target=time.sleep, args=(600,), name='stuck-worker').start(); "
+            "app.exit_within(0.5)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "waiting for threads: stuck-worker" in done.stderr, done.stderr[-2000:]

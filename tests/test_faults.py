@@ -321,7 +321,8 @@ def small_bucket(executor):
 
 
 def _fill(folder: str) -> None:
-    with open(os.path.join(folder, "filler"), "wb") as f:
+    # Unbuffered: a write refused for want of space leaves nothing pending for close() to write (and fail) again.
+    with open(os.path.join(folder, "filler"), "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
