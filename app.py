@@ -13,9 +13,11 @@ GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 
 """
 
 import atexit
+import faulthandler
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -31,6 +33,7 @@ EXIT_GRACE_S = 20.0     # after the server closed, the most the process waits fo
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)    # `kill -USR1 <pid>`: every thread's stack to stderr
     remember_env_secrets()    # the host's own token is masked in everything the panel shows
     deployment = Deployment()
     panel = Panel(deployment, LocalExecutor(deployment.home))
@@ -45,9 +48,16 @@ def main() -> None:
     demo.queue(default_concurrency_limit=4).launch(
         server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=KEEP_CLEARED_CHOICES,
         auth=[deployment.auth] if deployment.auth else None)
-    # launch() returns once the server is closed (SIGTERM, SIGINT): a thread some library left busy must not keep
-    # the process alive after that (a container stop would end in SIGKILL).
+    # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
+    # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
+    # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),
+    # and a container stop would end in SIGKILL. The watchdog bounds the exit handlers too.
     exit_within(EXIT_GRACE_S)
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def exit_within(seconds: float) -> None:

@@ -390,7 +390,13 @@ def test_the_panel_exits_alike_on_sigterm_and_sigint_and_its_local_runs_finish_w
         for sig, (_, proc, _) in panels.items():
             proc.send_signal(sig)        # a container stop or a Space restart (SIGTERM); Ctrl-C (SIGINT)
         for sig, (home, proc, _) in panels.items():
-            assert proc.wait(timeout=60) == 0, f"{sig.name}: " + open(os.path.join(home, "app.log")).read()[-2000:]
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)         # the panel prints every thread's stack
+                time.sleep(3)
+                code = "still running"
+            assert code == 0, f"{sig.name}: {code}\n" + open(os.path.join(home, "app.log")).read()[-12000:]
         for sig, (home, _, _) in panels.items():
             fresh = LocalExecutor(home)      # the next panel
             [job] = fresh.list_jobs()
