@@ -42,7 +42,9 @@ def main() -> None:
         log.warning(note)
     # A container stop or a Space restart sends SIGTERM, Ctrl-C sends SIGINT: both close the server the same way.
     # Local runs keep running either way (each job has its own wrapper process); the next panel finds them.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGINT too: a panel started from a script in the background inherits SIGINT ignored, and would outlive a Ctrl-C.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.default_int_handler)
     demo = build_ui(panel)
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     demo.queue(default_concurrency_limit=4).launch(

@@ -3,6 +3,7 @@ into real local jobs: each test says what must still be true afterwards."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -352,7 +353,8 @@ def test_a_bucket_that_fills_up_is_reported_as_the_cause(executor, small_bucket)
 
 # ---- the panel's exit
 
-def _start_panel(home: str) -> tuple[subprocess.Popen, str]:
+def _start_panel(home: str, sigint_ignored: bool = False) -> tuple[subprocess.Popen, str]:
+    """`python app.py` on a free port; `sigint_ignored`: started as a background script starts it (SIGINT ignored)."""
     import socket
 
     with socket.socket() as s:
@@ -362,8 +364,9 @@ def _start_panel(home: str) -> tuple[subprocess.Popen, str]:
     env.pop("SPACE_ID", None)
     os.makedirs(home, exist_ok=True)
     log = open(os.path.join(home, "app.log"), "wb")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    command = ["bash", "-c", f"trap '' INT; exec {shlex.quote(sys.executable)} app.py"] if sigint_ignored \
+        else [sys.executable, "app.py"]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -380,7 +383,8 @@ def _launch_through(url: str, steps: int) -> str:
 
 
 def test_the_panel_exits_alike_on_sigterm_and_sigint_and_its_local_runs_finish_with_their_true_status(tmp_path):
-    panels = {sig: (str(tmp_path / sig.name), *_start_panel(str(tmp_path / sig.name)))
+    # The SIGINT one is started as a script in the background starts it, with SIGINT ignored: Ctrl-C still stops it.
+    panels = {sig: (str(tmp_path / sig.name), *_start_panel(str(tmp_path / sig.name), sig == signal.SIGINT))
               for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for home, proc, url in panels.values():
