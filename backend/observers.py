@@ -124,21 +124,11 @@ class FragmentReader:
 
     def _old_snapshots(self, files: list[StoredFile]) -> set[str]:
         """Fragments of `latest_only` writers older than the newest few: nothing on them is still current."""
-        by_writer: dict[str, list[str]] = {}
-        for f in files:
-            match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
-            if match and match.group("writer") in self.latest_only and f.path not in self.cursor.done:
-                by_writer.setdefault(match.group("writer"), []).append(f.path)
-        return {p for w, paths in by_writer.items() for p in sorted(paths)[:-self.latest_only[w]]}
+        return _all_but_newest(files, self.latest_only, lambda writer, path: path not in self.cursor.done)
 
     def _history(self, files: list[StoredFile]) -> set[str]:
         """On a first look at a `defer` writer (none of its fragments read yet), its fragments but the newest few."""
-        by_writer: dict[str, list[str]] = {}
-        for f in files:
-            match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
-            if match and match.group("writer") in self.defer and match.group("writer") not in self.next_seq:
-                by_writer.setdefault(match.group("writer"), []).append(f.path)
-        return {p for w, paths in by_writer.items() for p in sorted(paths)[:-self.defer[w]]}
+        return _all_but_newest(files, self.defer, lambda writer, path: writer not in self.next_seq)
 
     def read_deferred(self, files: list[StoredFile], size: int = BATCH_RECORDS) -> Iterator[list[tuple[str, dict]]]:
         """The records of fragments a first look set aside, oldest first, a few thousand at a time. Safe to call
@@ -180,6 +170,16 @@ class FragmentReader:
 
     def _path(self, writer: str, seq: int) -> str:
         return f"{self.folder}/{layout.fragment_name(writer, seq)}"
+
+
+def _all_but_newest(files: list[StoredFile], keep: dict[str, int], eligible: Callable[[str, str], bool]) -> set[str]:
+    """Per writer in `keep`: its fragments `eligible(writer, path)` accepts, but its newest `keep[writer]`."""
+    by_writer: dict[str, list[str]] = {}
+    for f in files:
+        match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+        if match and match.group("writer") in keep and eligible(match.group("writer"), f.path):
+            by_writer.setdefault(match.group("writer"), []).append(f.path)
+    return {p for w, paths in by_writer.items() for p in sorted(paths)[:-keep[w]]}
 
 
 def _records(store: BucketStore, path: str, start: int, size: int, cursor: FragmentCursor, writer: str,
