@@ -1,16 +1,19 @@
 """The pre-launch check of a run's task: can its dataset be read and shaped, and do its rewards score it?
 
-Pure rules live in `RunSpec.validate`; this module does the checks that need I/O. It fetches what needs the
-visitor's token here (the first rows of a Hub dataset through the dataset viewer, the model's tokenizer files),
-then runs `runtime.check_task` in a separate process: a scratch folder as its working directory, the reward
-code as `user_rewards.py` there, no token anywhere in its environment, and a time limit on each reward call.
-The panel never runs visitor code in its own process. Problems come back as `FieldError`s, like validation.
+Pure rules live in `RunSpec.validate`, which only reads the code (parse, signatures). This module does the
+checks that need I/O. Here, in the panel, it fetches what needs the visitor's token (the first rows of a Hub
+dataset through the dataset viewer, the model's tokenizer files) and builds the check's request; the part that
+runs code runs elsewhere: `runtime.check_task` in the bubblewrap sandbox of `backend.sandbox` on a local panel
+(`check_task`), or in a short CPU job in the visitor's own account on a panel that serves others
+(`backend.check_job`). Both speak the same framed report (`runtime.check_protocol`), read here into a
+`TaskReport`. Problems come back as `FieldError`s, like validation.
 """
 
+import fnmatch
 import json
 import os
 import queue
-import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -24,21 +27,25 @@ from dataclasses import dataclass, field
 from huggingface_hub import snapshot_download
 
 from backend.dataset_viewer import DatasetUnreadable, first_rows
+from backend.runtime.check_protocol import Reassembler
+from backend.runtime.check_task import TOKENIZER_FILES
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
 from backend.runtime.tiny_model import BUILTIN_MODELS
+from backend.runtime.user_code import reward_function_names
+from backend.sandbox import INSIDE_WORK, LIMITS, Sandbox, local_sandbox
 from backend.spec import FieldError, RunSpec
 
-BACKEND_DIR = os.path.dirname(os.path.abspath(__file__))
 PREVIEW_ROWS = 5
 SAMPLE_ROWS = 3
 STATS_ROWS = 200            # rows measured for the prompt-length share (the viewer gives at most 100)
 SETUP_TIMEOUT_S = 180.0     # imports, reading the file, building the tokenizer: before any reward code runs
 MAX_EVENT_BYTES = 16 * 2**20       # one report line (a long prompt, rendered, is the largest part)
 MAX_OUTPUT_LINE_BYTES = 64 * 2**10  # what the reward code prints: a line longer than this arrives in pieces
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|ACCESS_KEY|CREDENTIAL", re.IGNORECASE)
-TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
-                   "chat_template*", "config.json"]
+CALL_MARGIN_S = 5.0         # per reward call, on top of its own limit (the harness enforces that one)
+# The fields a check's answer may blame (anything else a check job's log claims is blamed on the code).
+REPORT_FIELDS = frozenset({"dataset", "prompt_column", "reward_columns", "model", "max_prompt_tokens", "rewards",
+                           "reward_code"})
 # The RunSpec fields a task check reads; the preview names only their problems.
 TASK_FIELDS = ("model", "dataset", "dataset_config", "dataset_split", "prompt_column", "reward_columns",
                "system_prompt", "max_prompt_tokens", "rewards", "reward_weights", "reward_code",
@@ -65,6 +72,8 @@ class TaskReport:
     scores: dict[str, list] = field(default_factory=dict)      # reward name -> one score per sample
     tracebacks: dict[str, str] = field(default_factory=dict)   # reward name -> the failing frames of its code
     output: str = ""                                           # what the reward code printed (tail)
+    check_job: str | None = None                               # the check job's id, where it ran in one
+    cost_usd: float | None = None                              # what that job cost (price x time it ran)
 
     @property
     def ok(self) -> bool:
@@ -76,17 +85,8 @@ def task_field_errors(spec: RunSpec) -> list[FieldError]:
     return [e for e in spec.validate() if e.field in TASK_FIELDS]
 
 
-def secret_free_env(scratch: str) -> dict[str, str]:
-    """The environment of the check process: no variable that could hold a secret, no Hub login, no network."""
-    env = {k: v for k, v in os.environ.items() if not SECRET_NAME.search(k)}
-    env.update(PYTHONPATH=BACKEND_DIR, HF_HOME=os.path.join(scratch, "hf-home"), HF_HUB_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false", PYTHONDONTWRITEBYTECODE="1",
-               PYTHONUNBUFFERED="1")
-    return env
-
-
 def tokenizer_source(spec: RunSpec, token: str | None, report: TaskReport) -> str | None:
-    """What the check process loads the tokenizer from: "builtin", a local folder, or None (with a warning)."""
+    """What the check loads the tokenizer from: "builtin", a local folder, or None (with a warning)."""
     if spec.model in BUILTIN_MODELS:
         return "builtin"   # every builtin model's tokenizer encodes text byte by byte, as this one does
     path = os.path.expanduser(spec.model)
@@ -100,10 +100,8 @@ def tokenizer_source(spec: RunSpec, token: str | None, report: TaskReport) -> st
         return None
 
 
-def check_task(spec: RunSpec, token: str | None, datasets_server: str, timeout_s: float = 15.0,
-               python: str = sys.executable) -> TaskReport:
-    """Check and preview `spec`'s task. `timeout_s` bounds each reward call (and the import of the code)."""
-    report = TaskReport()
+def check_request(spec: RunSpec, token: str | None, datasets_server: str, report: TaskReport) -> dict | None:
+    """What the check process is asked, with the rows of a Hub dataset read here; None (and errors) if unreadable."""
     request = {"spec": spec.to_dict(), "rows": None, "file": None, "preview_rows": PREVIEW_ROWS,
                "sample_rows": SAMPLE_ROWS, "stats_rows": STATS_ROWS}
     if is_local_file(spec.dataset):
@@ -114,36 +112,114 @@ def check_task(spec: RunSpec, token: str | None, datasets_server: str, timeout_s
                                 token)
         except DatasetUnreadable as exc:
             report.errors.append(FieldError("dataset", redact_tokens(str(exc), (token or "",))))
-            return report
+            return None
         request.update(rows=viewer.rows, num_rows=viewer.num_rows_total, columns=viewer.columns)
+    return request
+
+
+def calls_deadline_s(spec: RunSpec, timeout_s: float) -> float:
+    """The longest the reward calls of a check may take in all (each has its own limit in the harness)."""
+    calls = len(spec.rewards) + (1 + len(reward_function_names(spec.reward_code)) if spec.reward_code.strip() else 0)
+    return (calls + 1) * (timeout_s + CALL_MARGIN_S)
+
+
+def check_task(spec: RunSpec, token: str | None, datasets_server: str, timeout_s: float = 15.0,
+               sandbox: Sandbox | None = None) -> TaskReport:
+    """Check and preview `spec`'s task on this machine, its code in the sandbox. `timeout_s` bounds each reward
+    call (and the import of the code)."""
+    report = TaskReport()
+    request = check_request(spec, token, datasets_server, report)
+    if request is None:
+        return report
     request["tokenizer"] = tokenizer_source(spec, token, report)
     with _SLOTS:
-        _run_check_process(request, spec.reward_code, python, timeout_s, report)
+        run_in_sandbox(request, spec, timeout_s, report, sandbox or local_sandbox())
     return report
 
 
-def _run_check_process(request: dict, code: str, python: str, timeout_s: float, report: TaskReport) -> None:
+def run_in_sandbox(request: dict, spec: RunSpec, timeout_s: float, report: TaskReport, box: Sandbox) -> None:
     scratch = tempfile.mkdtemp(prefix="grpo-task-check-")
     try:
-        with open(os.path.join(scratch, "user_rewards.py"), "w") as f:
-            f.write(code)
-        proc = subprocess.Popen([python, "-m", "runtime.check_task"], cwd=scratch, env=secret_free_env(scratch),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
+        binds = _stage_files(request, spec.reward_code, scratch, box)
+        nonce = secrets.token_hex(16)
+        request.update(nonce=nonce, limits=LIMITS, drop_uid=box.drop_uid, timeout_s=timeout_s)
+        argv, env, cwd = box.command([sys.executable, "-m", "runtime.check_task"], scratch, binds)
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
         try:
-            _converse(proc, request, timeout_s, report)
+            _converse(proc, request, nonce, calls_deadline_s(spec, timeout_s), report)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if box.missing:
+            report.warnings.append(f"The check ran without {', '.join(box.missing)}: {box.reason}. Your code could "
+                                   "reach what this machine's user can (files, processes, network).")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _converse(proc: subprocess.Popen, request: dict, timeout_s: float, report: TaskReport) -> None:
-    events: queue.Queue = queue.Queue()
+def _stage_files(request: dict, code: str, scratch: str, box: Sandbox) -> dict[str, str]:
+    """Put the code, the dataset file and the tokenizer where the check process finds them; returns the
+    read-only binds (host path -> path inside)."""
+    def inside(host: str, path: str) -> str:
+        return path if box.bwrap else host
+
+    binds = {}
+    with open(os.path.join(scratch, "user_rewards.py"), "w") as f:
+        f.write(code)
+    if request["file"]:
+        name = os.path.basename(request["file"])
+        binds[request["file"]] = f"/check/data/{name}"
+        request["file"] = inside(request["file"], f"/check/data/{name}")
+    source = request.get("tokenizer")
+    if source and source != "builtin":
+        # Only the tokenizer's files (a model folder can hold gigabytes of weights), links resolved: a Hub cache
+        # snapshot is links into its blobs, which the sandbox does not see.
+        target = os.path.join(scratch, "tokenizer")
+        os.makedirs(target)
+        for name in os.listdir(source):
+            path = os.path.join(source, name)
+            if os.path.isfile(path) and any(fnmatch.fnmatch(name, p) for p in TOKENIZER_FILES):
+                shutil.copyfile(path, os.path.join(target, name))
+        request["tokenizer"] = inside(target, f"{INSIDE_WORK}/tokenizer")
+    if box.drop_uid is not None:
+        for folder, dirs, files in os.walk(scratch):
+            for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
+                os.chown(name, box.drop_uid, box.drop_uid)
+    return binds
+
+
+class ReportReader:
+    """Reads one check's framed report into a TaskReport: only lines with its nonce count."""
+
+    def __init__(self, nonce: str):
+        self.events = Reassembler(nonce)
+        self.done = False
+        self.started = False            # the data part is in: the reward calls come next
+        self.calling: str | None = None
+
+    def feed(self, line: str, report: TaskReport) -> bool:
+        """Whether `line` belongs to the report."""
+        event = self.events.feed(line)
+        if event is None:
+            return self.events.is_protocol(line)
+        kind = event["event"]
+        self.done = self.done or kind == "done"
+        self.started = self.started or kind == "data"
+        if kind == "calling":
+            self.calling = str(event.get("name"))
+        try:
+            _apply(event, report)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass    # a malformed event (a check job's log is the visitor's own to write into) is dropped
+        return True
+
+
+def _converse(proc: subprocess.Popen, request: dict, nonce: str, calls_s: float, report: TaskReport) -> None:
+    lines: queue.Queue = queue.Queue()
     stderr: deque = deque(maxlen=40)
-    readers = [threading.Thread(target=_pump, args=(proc.stdout, events.put, MAX_EVENT_BYTES), daemon=True),
+    readers = [threading.Thread(target=_pump, args=(proc.stdout, lines.put, MAX_EVENT_BYTES), daemon=True),
                threading.Thread(target=_pump, args=(proc.stderr, lambda line: line is None or stderr.append(line),
                                                     MAX_OUTPUT_LINE_BYTES), daemon=True)]
     for reader in readers:
@@ -153,32 +229,35 @@ def _converse(proc: subprocess.Popen, request: dict, timeout_s: float, report: T
         proc.stdin.close()
     except BrokenPipeError:
         pass
-    deadline, calling, done = time.monotonic() + SETUP_TIMEOUT_S, None, False
-    while not done:
+    reader, deadline = ReportReader(nonce), time.monotonic() + SETUP_TIMEOUT_S
+    while not reader.done:
         try:
-            line = events.get(timeout=max(0.0, deadline - time.monotonic()))
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
-            _timed_out(calling, request["spec"]["rewards"], timeout_s, report)
+            report.errors.append(_overdue(reader, calls_s))
             break
         if line is None:
             break
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue   # not a report line (it would take a deliberate write to the report's descriptor)
-        done = event["event"] == "done"
-        if event["event"] == "calling":
-            calling, deadline = event["name"], time.monotonic() + timeout_s
-        _apply(event, report)
-    if proc.poll() is None and not done:
-        os.killpg(proc.pid, signal.SIGKILL)   # timed out: stop it now, so the readers see the end of its output
-    if not done and not report.errors:
-        report.errors.append(FieldError(_field_of(calling, request["spec"]["rewards"]),
+        was_started = reader.started
+        reader.feed(line, report)
+        if reader.started and not was_started:
+            deadline = time.monotonic() + calls_s
+    if proc.poll() is None and not reader.done:
+        os.killpg(proc.pid, signal.SIGKILL)   # overdue: stop it now, so the readers see the end of its output
+    for thread in readers:
+        thread.join(timeout=2)
+    report.output = redact_tokens("\n".join(stderr))
+    if not reader.done and not report.errors:
+        report.errors.append(FieldError(_field_of(reader.calling, request["spec"]["rewards"]),
                                         "the check process stopped before it finished: "
                                         + (" ".join(list(stderr)[-3:]) or "no output")))
-    for reader in readers:
-        reader.join(timeout=2)
-    report.output = redact_tokens("\n".join(stderr))
+
+
+def _overdue(reader: ReportReader, calls_s: float) -> FieldError:
+    if not reader.started:
+        return FieldError("dataset", f"reading the dataset and the tokenizer took over {SETUP_TIMEOUT_S:.0f} s")
+    return FieldError("reward_code", f"the reward functions did not finish within {calls_s:.0f} s in all "
+                                     f"(last: {reader.calling})")
 
 
 def _pump(stream, put, max_bytes: int) -> None:
@@ -192,16 +271,6 @@ def _field_of(calling: str | None, chosen: list[str]) -> str:
     if calling is None:
         return "dataset"
     return "rewards" if calling in chosen else "reward_code"
-
-
-def _timed_out(calling: str | None, chosen: list[str], timeout_s: float, report: TaskReport) -> None:
-    if calling is None:
-        report.errors.append(FieldError("dataset", f"reading the dataset and the tokenizer took over "
-                                                   f"{SETUP_TIMEOUT_S:.0f} s"))
-        return
-    report.errors.append(FieldError(_field_of(calling, chosen), f"{calling} did not return within {timeout_s:g} s "
-                                                                f"on {len(report.samples)} sample completions "
-                                                                "(an endless loop?)"))
 
 
 def _apply(event: dict, report: TaskReport) -> None:
@@ -223,6 +292,7 @@ def _apply(event: dict, report: TaskReport) -> None:
     elif kind == "skipped":
         report.warnings.append(f"{event['name']}: {event['reason']}")
     elif kind == "failed":
-        report.errors.append(FieldError(event["field"], redact_tokens(event["message"])))
+        field_name = event["field"] if event.get("field") in REPORT_FIELDS else "reward_code"
+        report.errors.append(FieldError(field_name, redact_tokens(str(event["message"]))))
         if event.get("traceback"):
             report.tracebacks[event["name"]] = redact_tokens(event["traceback"])

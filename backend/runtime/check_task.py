@@ -1,21 +1,33 @@
-"""The pre-launch check of a run's task, in a process of its own: `python -m runtime.check_task < request.json`.
+"""The pre-launch check of a run's task, in processes of its own, never in the panel's.
 
-The panel starts it with a timeout and no token in its environment, in a scratch folder that holds the run's
-reward code as `user_rewards.py`. It reads a few rows of the dataset (given in the request, or from a local
-file, or a builtin set), shapes them as the trainer does (task.py), renders the first prompt with the model's
-chat template, counts prompt tokens, then calls every reward function exactly as TRL would, with the loader the
-trainer uses (rewards.py), on sample completions. It reports JSON lines on its stdout; whatever the reward code
-prints goes to stderr. A `calling` line comes before each call, so the panel can time each one and name the
-one that never returned.
+    python -m runtime.check_task                     # the harness: the request as JSON on stdin (a local check)
+    python -m runtime.check_task --request FILE     # the same, the request from a file (the check job)
+
+The harness reads a few rows of the dataset (given in the request, or from a file, or a builtin set), shapes them
+as the trainer does (task.py), renders the first prompt with the model's chat template and counts prompt tokens.
+Then a worker process of its own (`--worker`) calls every reward function exactly as TRL would, with the loader
+the trainer uses (rewards.py), on sample completions: the visitor's code runs only there. The harness first
+lowers its limits and drops privileges (`confine`, inherited by the worker), keeps the report channel to itself
+(the worker never holds it), times each call, and relays only well-formed answers, framed with the check's
+nonce (check_protocol.py). Whatever the code prints goes to stderr.
 """
 
+import ctypes
 import importlib
 import json
+import math
 import os
+import queue
+import resource
+import secrets
+import subprocess
 import sys
+import threading
+import time
 import traceback
 import types
 
+from .check_protocol import NONCE_ENV, frame
 from .layout import USER_REWARDS_MODULE
 from .prompts import BUILTIN_PREFIX, builtin_rows
 from .rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
@@ -31,6 +43,16 @@ from .task import (
 )
 from .tiny_model import build_tokenizer
 from .user_code import FILENAME, code_traceback, reward_function_names
+
+SECRET_NAMES = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL", NONCE_ENV)
+TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
+                   "chat_template*", "config.json"]
+MAX_MESSAGE_CHARS = 4000
+MAX_TRACEBACK_CHARS = 20000
+_LIMITS = {"address_space_bytes": resource.RLIMIT_AS, "cpu_seconds": resource.RLIMIT_CPU,
+           "processes": resource.RLIMIT_NPROC, "file_bytes": resource.RLIMIT_FSIZE,
+           "open_files": resource.RLIMIT_NOFILE}
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 
 PREVIEW_CELL_CHARS = 300
 MOST = 0.5   # prompts over the limit on more than this share of rows: refused, not just warned about
@@ -65,6 +87,10 @@ def load_tokenizer(source: str | None):
         return None
     if source == "builtin":
         return build_tokenizer()
+    if source.startswith("hub:"):    # a check job fetches the model's tokenizer files itself
+        from huggingface_hub import snapshot_download  # noqa: PLC0415 only a check job needs it
+
+        source = snapshot_download(source[len("hub:"):], allow_patterns=TOKENIZER_FILES)
     from transformers import AutoTokenizer  # noqa: PLC0415 transformers loads slowly: only for a model's own tokenizer
 
     return AutoTokenizer.from_pretrained(source)
@@ -142,7 +168,7 @@ def _measure_prompts(request: dict, tasks: list[dict], report: dict):
 
 
 def reward_batch(spec: dict, tasks: list[dict], tokenizer) -> tuple[dict, list[dict]]:
-    """TRL's keyword arguments for one call over the sample rows x sample completions, and one label per item."""
+    """TRL's keyword arguments (JSON) for one call over the sample rows x sample completions, and a label per item."""
     mapped = parse_reward_columns(spec.get("reward_columns") or [])
     labels, prompts, completions, columns = [], [], [], {k: [] for k in mapped}
     for i, task in enumerate(tasks):
@@ -155,12 +181,15 @@ def reward_batch(spec: dict, tasks: list[dict], tokenizer) -> tuple[dict, list[d
     texts = [c[0]["content"] for c in completions]
     ids = ([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts] if tokenizer is not None
            else [list(t.encode()) for t in texts])
-    kwargs = dict(prompts=prompts, completions=completions, completion_ids=ids, **columns)
-    if spec.get("mode") != "distributed":   # only GRPOTrainer passes these; TRL's async trainer does not
-        kwargs.update(trainer_state=types.SimpleNamespace(global_step=0, max_steps=spec.get("max_steps"), epoch=0.0,
-                                                          log_history=[]),
-                      log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
-    return kwargs, labels
+    return dict(prompts=prompts, completions=completions, completion_ids=ids, **columns), labels
+
+
+def trainer_kwargs(spec: dict, kwargs: dict) -> dict:
+    """`kwargs` plus what only GRPOTrainer passes (TRL's async trainer does not)."""
+    if spec.get("mode") == "distributed":
+        return kwargs
+    state = types.SimpleNamespace(global_step=0, max_steps=spec.get("max_steps"), epoch=0.0, log_history=[])
+    return {**kwargs, "trainer_state": state, "log_extra": lambda *a, **k: None, "log_metric": lambda *a, **k: None}
 
 
 def your_code_traceback(error: BaseException) -> tuple[str, int | None]:
@@ -169,67 +198,216 @@ def your_code_traceback(error: BaseException) -> tuple[str, int | None]:
     return found or (f"{type(error).__name__}: {error}", None)
 
 
-def check_rewards(request: dict, tasks: list[dict], tokenizer, emit) -> None:
+# ---- the harness: confinement, the worker, the report channel
+
+def confine(limits: dict, drop_uid: int | None) -> None:
+    """Lower this process's limits (its children inherit them), become `drop_uid` if root, and make this process
+    unreadable to its children (no ptrace, no /proc/<pid>/mem or environ): the worker cannot reach the channel."""
+    for name, value in limits.items():
+        resource.setrlimit(_LIMITS[name], (int(value), int(value)))
+    if drop_uid is not None and os.geteuid() == 0:
+        os.setgroups([])
+        os.setresgid(drop_uid, drop_uid, drop_uid)
+        os.setresuid(drop_uid, drop_uid, drop_uid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+class Channel:
+    """The report, framed with the check's nonce, on a descriptor only the harness holds."""
+
+    def __init__(self, stream, nonce: str):
+        self.stream, self.nonce, self.seq = stream, nonce, 0
+
+    def emit(self, **event) -> None:
+        self.seq += 1
+        self.stream.write("".join(line + "\n" for line in frame(event, self.nonce, self.seq)))
+        self.stream.flush()
+
+
+class Worker:
+    """The process that runs the reward functions: one call at a time, each answer tied to its call's own id."""
+
+    def __init__(self, spec: dict, kwargs: dict, expected: int):
+        env = {k: v for k, v in os.environ.items() if not any(s in k.upper() for s in SECRET_NAMES)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.check_task", "--worker"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
+                                     text=True, bufsize=1)
+        self.answers: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._send({"spec": spec, "kwargs": kwargs, "expected": expected})
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.answers.put(line)
+        self.answers.put(None)
+
+    def _send(self, message: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(message, default=str) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def call(self, op: str, name: str, timeout_s: float) -> dict | str:
+        """The worker's answer to one call, "timeout", or "ended" (the worker is gone)."""
+        call_id = secrets.token_hex(8)
+        if not self._send({"id": call_id, "op": op, "name": name}):
+            return "ended"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return "timeout"
+            if line is None:
+                return "ended"
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict) and answer.get("id") == call_id:
+                return answer
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait()
+
+
+def field_of(name: str, chosen: list[str]) -> str:
+    return "rewards" if name in chosen else "reward_code"
+
+
+def valid_answer(answer: dict, name: str, field: str, expected: int) -> dict:
+    """The worker's answer as the report may show it, or a failure saying what was wrong with it."""
+    kind = answer.get("event")
+    if kind == "scores":
+        scores = answer.get("scores")
+        if (isinstance(scores, list) and len(scores) == expected and all(
+                s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s))
+                for s in scores)):
+            return {"event": "scores", "name": name, "scores": scores}
+    elif kind == "skipped" and isinstance(answer.get("reason"), str):
+        return {"event": "skipped", "name": name, "reason": answer["reason"][:MAX_MESSAGE_CHARS]}
+    elif kind == "failed" and isinstance(answer.get("message"), str):
+        failed = {"event": "failed", "name": name, "field": field, "message": answer["message"][:MAX_MESSAGE_CHARS]}
+        if isinstance(answer.get("traceback"), str):
+            failed["traceback"] = answer["traceback"][:MAX_TRACEBACK_CHARS]
+        return failed
+    return {"event": "failed", "name": name, "field": field, "message": f"{name} answered the check with something "
+            "that is not a result (did the code write to the check's own output?)"}
+
+
+def check_rewards(request: dict, tasks: list[dict], tokenizer, channel: Channel, timeout_s: float) -> None:
     spec = request["spec"]
     kwargs, labels = reward_batch(spec, tasks[:request["sample_rows"]], tokenizer)
-    emit(event="samples", samples=labels)
-    for name in spec["rewards"]:
-        emit(event="calling", name=name)
+    channel.emit(event="samples", samples=labels)
+    calls = [("builtin", name, name) for name in spec["rewards"]]
+    code_names = reward_function_names(spec.get("reward_code") or "")
+    if code_names:
+        calls += [("import", FILENAME, f"import of {FILENAME}")] + [("user", n, n) for n in code_names]
+    worker = Worker(spec, kwargs, len(labels))
+    try:
+        for op, name, calling in calls:
+            field = field_of(name, spec["rewards"])
+            channel.emit(event="calling", name=calling)
+            answer = worker.call(op, name, timeout_s)
+            if answer == "timeout":
+                channel.emit(event="failed", name=name, field=field,
+                             message=f"{calling} did not return within {timeout_s:g} s on {len(labels)} sample "
+                                     "completions (an endless loop?)")
+                return
+            if answer == "ended":
+                status = worker.stop()
+                channel.emit(event="failed", name=name, field=field,
+                             message=f"the check process stopped before it finished: {calling} ended it (exit "
+                                     f"status {status}); what it printed is below")
+                return
+            if op == "import" and answer.get("event") == "imported":
+                continue
+            answer = valid_answer(answer, name, field, len(labels))
+            channel.emit(**answer)
+            if op == "import":
+                return
+    finally:
+        worker.stop()
+
+
+def harness(request: dict, nonce: str, protocol) -> None:
+    confine(request.get("limits") or {}, request.get("drop_uid"))
+    channel = Channel(protocol, nonce)
+    report, tasks, tokenizer = check_data(request)
+    channel.emit(event="data", **report)
+    if not report["errors"]:
+        check_rewards(request, tasks, tokenizer, channel, float(request.get("timeout_s") or 15.0))
+    channel.emit(event="done")
+
+
+# ---- the worker: the only process that runs the visitor's code
+
+def run_call(op: str, name: str, spec: dict, kwargs: dict, expected: int) -> dict:
+    if op == "builtin":
         try:
-            scores = checked_scores(name, reward_functions([name], spec)[0](**kwargs), len(labels), allow_none=True)
+            return {"event": "scores", "scores": checked_scores(
+                name, reward_functions([name], spec)[0](**kwargs), expected, allow_none=True)}
         except ImportError as exc:
             if name in TRL_REWARDS:
-                emit(event="skipped", name=name, reason=f"not previewed here ({exc}); it runs in the job")
-                continue
-            emit(event="failed", name=name, field="rewards", message=f"{name}: {type(exc).__name__}: {exc}")
-            continue
+                return {"event": "skipped", "reason": f"not previewed here ({exc}); it runs in the job"}
+            return {"event": "failed", "message": f"{name}: {type(exc).__name__}: {exc}"}
         except Exception as exc:
-            emit(event="failed", name=name, field="rewards",
-                 message=f"{name} failed on the sample rows: {type(exc).__name__}: {exc}")
-            continue
-        emit(event="scores", name=name, scores=scores)
-    if reward_function_names(spec.get("reward_code") or ""):
-        _check_code(spec, kwargs, len(labels), emit)
-
-
-def _check_code(spec: dict, kwargs: dict, expected: int, emit) -> None:
-    sys.path.insert(0, os.getcwd())
-    emit(event="calling", name=f"import of {FILENAME}")
-    try:
-        importlib.import_module(USER_REWARDS_MODULE)
-    except BaseException as exc:   # SystemExit and KeyboardInterrupt too: it is someone's code
-        tb, line = your_code_traceback(exc)
-        emit(event="failed", name=FILENAME, field="reward_code", traceback=tb,
-             message=f"importing your code raised {type(exc).__name__}: {exc}" + (f" (line {line})" if line else ""))
-        return
-    for name in reward_function_names(spec["reward_code"]):
-        emit(event="calling", name=name)
+            return {"event": "failed", "message": f"{name} failed on the sample rows: {type(exc).__name__}: {exc}"}
+    if op == "import":
         try:
-            scores = UserReward(name)(**kwargs)
-        except BaseException as exc:
+            importlib.import_module(USER_REWARDS_MODULE)
+            return {"event": "imported"}
+        except BaseException as exc:   # SystemExit and KeyboardInterrupt too: it is someone's code
             tb, line = your_code_traceback(exc)
-            message = str(exc) if isinstance(exc, RewardFunctionError) else (
-                f"reward function {name!r} raised {type(exc).__name__}: {exc}")
-            emit(event="failed", name=name, field="reward_code", traceback=tb,
-                 message=message + (f" (line {line})" if line else ""))
-            continue
-        emit(event="scores", name=name, scores=checked_scores(name, scores, expected))
+            return {"event": "failed", "traceback": tb, "message": f"importing your code raised "
+                    f"{type(exc).__name__}: {exc}" + (f" (line {line})" if line else "")}
+    try:
+        return {"event": "scores", "scores": checked_scores(name, UserReward(name)(**kwargs), expected)}
+    except BaseException as exc:
+        tb, line = your_code_traceback(exc)
+        message = str(exc) if isinstance(exc, RewardFunctionError) else (
+            f"reward function {name!r} raised {type(exc).__name__}: {exc}")
+        return {"event": "failed", "traceback": tb, "message": message + (f" (line {line})" if line else "")}
+
+
+def worker() -> None:
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)             # what the code prints goes to stderr, not into the answers
+    sys.stdout = sys.stderr
+    init = json.loads(sys.stdin.readline())
+    spec, expected = init["spec"], init["expected"]
+    kwargs = trainer_kwargs(spec, init["kwargs"])
+    sys.path.insert(0, os.getcwd())
+    for line in sys.stdin:
+        call = json.loads(line)
+        answer = run_call(call["op"], call["name"], spec, kwargs, expected)
+        answers.write(json.dumps({"id": call["id"], **answer}, default=str) + "\n")
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        worker()
+        return
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)             # anything the checked code prints goes to stderr, not into the report
+    os.dup2(2, 1)             # nothing else this process (or a library) prints can land in the report
     sys.stdout = sys.stderr
-
-    def emit(**event):
-        protocol.write(json.dumps(event, default=str) + "\n")
-
-    request = json.load(sys.stdin)
-    report, tasks, tokenizer = check_data(request)
-    emit(event="data", **report)
-    if not report["errors"]:
-        check_rewards(request, tasks, tokenizer, emit)
-    emit(event="done")
+    if sys.argv[1:2] == ["--request"]:
+        path = sys.argv[2]
+        with open(path) as f:
+            request = json.load(f)
+        if request.get("file"):
+            request["file"] = os.path.join(os.path.dirname(os.path.abspath(path)), request["file"])
+        nonce = os.environ.pop(NONCE_ENV, "")
+    else:
+        request = json.load(sys.stdin)
+        nonce = request.pop("nonce", "")
+    harness(request, nonce, protocol)
 
 
 if __name__ == "__main__":
