@@ -13,6 +13,7 @@ GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 
 """
 
 import atexit
+import ctypes
 import faulthandler
 import logging
 import os
@@ -28,6 +29,7 @@ from panel.actions import Panel
 from panel.ui import CSS, KEEP_CLEARED_CHOICES, build_ui
 
 log = logging.getLogger("grpo-panel")
+PR_SET_DUMPABLE = 4
 EXIT_GRACE_S = 20.0     # after the server closed, the most the process waits for anything else before it exits
 
 
@@ -35,6 +37,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     faulthandler.register(signal.SIGUSR1, all_threads=True)    # `kill -USR1 <pid>`: every thread's stack to stderr
     remember_env_secrets()    # the host's own token is masked in everything the panel shows
+    unreadable_by_children()
     deployment = Deployment()
     panel = Panel(deployment, LocalExecutor(deployment.home))
     atexit.register(panel.shutdown)
@@ -49,7 +52,10 @@ def main() -> None:
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     demo.queue(default_concurrency_limit=4).launch(
         server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=KEEP_CLEARED_CHOICES,
-        auth=[deployment.auth] if deployment.auth else None)
+        auth=[deployment.auth] if deployment.auth else None,
+        # Gradio keeps each call's inputs in the browser's local storage by default: a webhook URL or reward code
+        # typed into the form would stay there. Off, which also deletes what an earlier version left there.
+        run_history=False)
     # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
     # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
     # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),
@@ -60,6 +66,15 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def unreadable_by_children() -> None:
+    """No process this panel starts (a local run's jobs, a helper) may read the panel's memory or environment
+    through /proc or ptrace, where visitors' tokens and the OAuth client secret live (Linux; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.info("could not mark the panel process undumpable on this platform")
 
 
 def exit_within(seconds: float) -> None:

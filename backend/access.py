@@ -90,6 +90,12 @@ class Deployment:
             return True     # a host name other than localhost: assume it is reachable
 
     @property
+    def serves_others(self) -> bool:
+        """Whether people other than this machine's user reach the panel: then no visitor code runs on it (the
+        task check runs in the visitor's own job instead)."""
+        return self.on_space or self.exposed
+
+    @property
     def lends_host_token(self) -> bool:
         """Whether visitors may act with the host's own Hugging Face token (never on a Space)."""
         if self.on_space:

@@ -25,7 +25,7 @@ from cryptography.fernet import Fernet
 
 from backend import diagnose
 from backend.runtime import layout
-from backend.runtime.redact import redact_tokens
+from backend.runtime.redact import redact_record, redact_tokens
 from backend.store import BucketStore
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ class AlertBook:
         folder = f"{layout.run_prefix(self.run_id)}/{layout.EVENTS_DIR}"
         name = layout.fragment_name(self.writer, self._seq)
         self._seq += 1
-        body = "".join(json.dumps(r) + "\n" for r in records).encode()
+        body = "".join(json.dumps(redact_record(r)) + "\n" for r in records).encode()
         try:
             self.store.write_bytes(f"{folder}/{name}", body)
         except Exception as error:   # an alert that cannot be recorded is still shown and sent
@@ -109,7 +109,7 @@ class AlertBook:
     def _notify(self, alert: diagnose.Alert, view) -> None:
         if not self.webhook:
             return
-        text = f"[{view.spec.get('name', 'run')} {self.run_id}] {alert.kind}: {alert.message}"
+        text = redact_tokens(f"[{view.spec.get('name', 'run')} {self.run_id}] {alert.kind}: {alert.message}")
         threading.Thread(target=self._send_quietly, args=(text, alert), daemon=True).start()
 
     def _send_quietly(self, text: str, alert: diagnose.Alert) -> None:
@@ -121,8 +121,8 @@ class AlertBook:
 
 def post_webhook(url: str, text: str, alert: diagnose.Alert) -> None:
     """A Slack- and Discord-compatible JSON POST: Slack reads `text`, Discord reads `content`."""
-    body = json.dumps({"text": text, "content": text, "alert": {"kind": alert.kind, "key": alert.key,
-                                                                "message": alert.message}}).encode()
+    body = json.dumps(redact_record({"text": text, "content": text, "alert": {
+        "kind": alert.kind, "key": alert.key, "message": alert.message}})).encode()
     request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:
         response.read()

@@ -56,7 +56,7 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
     )
 
 
-def _shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
+def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
     lines = [shlex.join(s) for s in steps]
     if install and spec.executor == "hf_jobs":
@@ -83,7 +83,7 @@ def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | Non
                  "--num_machines", "1", *port, "--dynamo_backend", "no", "-m", "runtime.train"]
     else:
         train = [PY, "-m", "runtime.train"]
-    command = _shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
+    command = shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
     env = {"MASTER_PORT": str(master_port)} if master_port else None
     return [_job(spec, "trainer", command, spec.flavor, env=env)]
 
@@ -142,7 +142,7 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
             wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
                  *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]
-        command = _shell(spec, [[*wrapper, "--", *serve]], python, install=False)
+        command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
         if cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
@@ -155,7 +155,7 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
 def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
     """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
     steps = [*_ensure_model_step(spec), [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]]
-    command = _shell(spec, steps, python, install=True)
+    command = shell(spec, steps, python, install=True)
     env = {"VLLM_REPLICA_URLS": ",".join(replica_urls), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {})}
     return _job(spec, "trainer", command, spec.flavor, env=env)
 

@@ -5,11 +5,14 @@ watch, download. Who may do what is decided in `backend.access`; which registry 
 `backend.run_directory`. Every handler in `panel/ui.py` is a thin wrapper over one method here.
 """
 
+import hashlib
 import importlib.util
+import json
 import logging
 import os
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backend import recipe
 from backend.access import (
@@ -24,6 +27,7 @@ from backend.access import (
 )
 from backend.alerts import webhook_problem
 from backend.budget import SpendWatch
+from backend.check_job import CHECK_FLAVOR, check_in_job
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, estimate_cost, hardware_problems, list_flavors
 from backend.hub_auth import can_control, whoami_name
@@ -37,7 +41,7 @@ from backend.runtime.tiny_model import benchmark_note
 from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
-from backend.task_check import TaskReport, check_task, task_field_errors
+from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_errors
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
 from panel.spend_view import budget_line, cost_cell
@@ -48,6 +52,10 @@ log = logging.getLogger(__name__)
 Settings = Deployment      # the name the panel's tests and scripts know
 FLAVORS_TTL_S = 600.0
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
+CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
+CHECKS_KEPT = 256
+CHECK_SIGN_IN = ("Sign in with Hugging Face (button at the top) to check your task: this panel never runs anyone's "
+                 "code on its own machine, so the reward functions run in a short CPU job in your own account.")
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,9 @@ class Panel:
         # Budget caps and alerts of every live run, checked in the background whether anyone watches or not.
         self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
         self._final_zips: dict[str, str] = {}
+        # Check-job results by (task, visitor): Launch reuses the check the visitor just waited for.
+        self._checks: dict[str, tuple[float, TaskReport]] = {}
+        self._checks_lock = threading.Lock()
         # The launch form's labels (set by the UI that builds the form): messages name a field as it is shown.
         self.field_labels: dict[str, str] = {}
         # Files built for download (final adapters, full logs) live here under stable names, one per run (and
@@ -137,9 +148,11 @@ class Panel:
         return ""
 
     # ---- launch form
-    def check_task(self, values: dict, visitor: Visitor | str | None = None, spec: RunSpec | None = None):
+    def check_task(self, values: dict, visitor: Visitor | str | None = None, spec: RunSpec | None = None,
+                   progress=None) -> TaskReport:
         """The task check and preview (a TaskReport): dataset rows, the prompt as the model sees it, sample scores.
-        It runs in a separate process with a time limit and no token (reward code is never run in the panel)."""
+        The code is read here and run elsewhere: in the sandbox on a local panel, in the visitor's own check job
+        on a panel that serves others (`progress`, if given, gets a line as that job goes)."""
         try:
             spec = spec or RunSpec.from_dict(values)
         except SpecError as exc:
@@ -150,8 +163,35 @@ class Panel:
         if self.settings.on_space and is_local_file(spec.dataset) and not _uploaded(spec.dataset):
             return TaskReport(errors=[FieldError("dataset", "on a Space, upload your file (Upload .jsonl / .parquet): "
                                                             "the Space's own files cannot be read")])
-        token = acting_token(as_visitor(visitor), self.settings) if spec.executor == "hf_jobs" else None
-        return check_task(spec, token, self.settings.datasets_server, self.settings.task_check_timeout_s)
+        visitor = as_visitor(visitor)
+        if not self.settings.serves_others:
+            token = acting_token(visitor, self.settings) if spec.executor == "hf_jobs" else None
+            return check_task(spec, token, self.settings.datasets_server, self.settings.task_check_timeout_s)
+        return self._check_in_job(spec, visitor, progress)
+
+    def _check_in_job(self, spec: RunSpec, visitor: Visitor, progress) -> TaskReport:
+        token = acting_token(visitor, self.settings)
+        if not token:
+            return TaskReport(errors=[FieldError("account", CHECK_SIGN_IN)])
+        if spec.executor != "hf_jobs" or not spec.bucket.strip():
+            spec = replace(spec, executor="hf_jobs", bucket=self.default_bucket(visitor, "hf_jobs") or spec.bucket)
+        key = _check_key(spec, token)
+        with self._checks_lock:
+            cached = self._checks.get(key)
+        if cached and time.time() - cached[0] < CHECK_REUSE_S:
+            return cached[1]
+        allowed, reason = can_control(spec.bucket_namespace, token, self.settings.on_space)
+        if not allowed:
+            return TaskReport(errors=[FieldError("bucket", f"the check job runs in the bucket's namespace: {reason}")])
+        registry = self.runs.hub_registry(token, spec.bucket_namespace)
+        price = next((f.price_per_hour_usd for f in self.flavors(visitor) if f.name == CHECK_FLAVOR), None)
+        report = check_in_job(spec, token, self.settings.datasets_server, registry.executor,
+                              registry.store_for(spec.bucket), price, self.settings.task_check_timeout_s, progress)
+        with self._checks_lock:
+            self._checks[key] = (time.time(), report)
+            while len(self._checks) > CHECKS_KEPT:
+                self._checks.pop(next(iter(self._checks)))
+        return report
 
     def build_spec(self, values: dict, run_id: str | None = None, visitor: Visitor | None = None) -> RunSpec:
         """A validated RunSpec from form values; raises SpecError listing every bad field. An HF Jobs run with no
@@ -421,6 +461,19 @@ class Panel:
 
 def local_runtime_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
+
+
+def _check_key(spec: RunSpec, token: str) -> str:
+    """What a check result depends on: the task's fields, the dataset file's bytes, the bucket and the visitor."""
+    task = {name: getattr(spec, name) for name in TASK_FIELDS}
+    digest = hashlib.sha256(json.dumps([task, spec.bucket, spec.image, spec.mode], sort_keys=True,
+                                       default=str).encode())
+    if is_local_file(spec.dataset) and os.path.isfile(spec.dataset):
+        with open(spec.dataset, "rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                digest.update(block)
+    digest.update(hashlib.sha256(token.encode()).digest())
+    return digest.hexdigest()
 
 
 def _uploaded(path: str) -> bool:

@@ -6,6 +6,8 @@ button and its preview outputs. `preview_outputs` turns a TaskReport into what t
 so a test reads it without a browser.
 """
 
+import queue
+import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -103,11 +105,26 @@ class TaskSection:
         return cls(f, check_btn, message, prompt, scores, rows)
 
     def wire(self, panel, names: list[str], inputs: list) -> None:
-        """Connect the check button to `panel.check_task` over every form field."""
+        """Connect the check button to `panel.check_task` over every form field; a check job's progress shows as
+        it goes."""
         def on_check(oauth_token: gr.OAuthToken | None, *values):
             # OAuth first: Gradio fills it only where it can match it positionally (never after *values).
-            report = panel.check_task(dict(zip(names, values)), oauth_token.token if oauth_token else None)
-            return preview_outputs(report)
+            lines: queue.Queue = queue.Queue()
+            done: dict = {}
+
+            def work() -> None:
+                try:
+                    done["report"] = panel.check_task(dict(zip(names, values)),
+                                                      oauth_token.token if oauth_token else None, progress=lines.put)
+                finally:
+                    lines.put(None)
+
+            threading.Thread(target=work, daemon=True, name="task-check").start()
+            for line in iter(lines.get, None):
+                yield line, gr.update(), gr.update(), gr.update()
+            if "report" not in done:
+                raise gr.Error("The task check failed; see the panel's log.")
+            yield preview_outputs(done["report"])
 
         self.check_btn.click(on_check, inputs, [self.message, self.rows, self.prompt, self.scores])
 

@@ -38,7 +38,9 @@ config or split 404 "Not found.", a bad parameter 422. `patch_endpoint` points h
 `DATASETS_SERVER_ENDPOINT` constant at the fake too. A public stand-in for "trl-lib/DeepMath-103K" (three
 rows: a conversational `prompt` and a `solution`) is there from the start; `put_dataset` adds others.
 
-Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
+Task-check jobs (label `grpo-panel-role=task-check`) run as Jobs would run them, on a "machine" of their own
+(tests/check_runner.py): their log and stage come from the real check they run. Every other job is the test's to
+drive. Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
 stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`,
 `fail_nth_job_submission`, `create_then_fail_nth_job_submission` (the job exists, the answer is a 504),
 `bucket_read_error` (bucket listings fail), `expose_url_format`, `hardware_error`, `page_size` (Link-header
@@ -230,6 +232,7 @@ class FakeHub:
         self._stopping = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.check_runner = None   # runs task-check jobs as the Hub would (tests/check_runner.py)
 
     # ---- lifecycle
     @property
@@ -245,9 +248,14 @@ class FakeHub:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="fakehub", daemon=True)
         self._thread.start()
+        from tests.check_runner import CheckJobRunner
+
+        self.check_runner = CheckJobRunner(self).start()
         return self
 
     def stop(self) -> None:
+        if self.check_runner is not None:
+            self.check_runner.stop()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -328,7 +336,14 @@ class FakeHub:
             return self._open_streams.get((job_id, kind), 0)
 
     def job_posts(self) -> list[RecordedRequest]:
-        """The bodies of every job creation request, in order."""
+        """The bodies of every job creation request of a run, in order (task-check jobs: `check_job_posts`)."""
+        return [r for r in self._job_creations() if not _is_check(r)]
+
+    def check_job_posts(self) -> list[RecordedRequest]:
+        """The bodies of every task-check job creation request, in order."""
+        return [r for r in self._job_creations() if _is_check(r)]
+
+    def _job_creations(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.method == "POST" and re.fullmatch(r"/api/jobs/[^/]+", r.path)]
 
     def put_dataset(self, dataset_id: str, rows: list[dict], config: str = "default", split: str = "train",
@@ -903,6 +918,10 @@ def _feature_type(value: Any) -> dict[str, Any]:
         return {k: _feature_type(v) for k, v in value.items()}
     dtype = {bool: "bool", int: "int64", float: "float64", str: "string"}.get(type(value), "null")
     return {"dtype": dtype, "_type": "Value"}
+
+
+def _is_check(request: RecordedRequest) -> bool:
+    return ((request.json or {}).get("labels") or {}).get("grpo-panel-role") == "task-check"
 
 
 def _hex_id(seed: str) -> str:

@@ -96,7 +96,8 @@ class HfJobsExecutor:
             if _http_status(err) == 404:
                 return JobStatus(DELETED, "the job no longer exists on the Hub")
             raise
-        message = info.status.message or ""
+        # The Hub's own words, which can quote the job's command or output: masked before anything shows them.
+        message = redact_tokens(info.status.message or "", self._secrets)
         gave_up = self.reader_error(job_id)
         if gave_up:
             message = f"{message} (log stream stopped: {gave_up})".strip()
@@ -199,7 +200,8 @@ class HfJobsExecutor:
                               f"but this executor launches in {self.namespace!r}.")
         if job.timeout_s <= 0:
             raise SubmitError(f"The {job.role} job of run {job.run_id} has no timeout; set one in minutes.")
-        labels = {**job.labels, LABEL_APP: APP_LABEL_VALUE, LABEL_RUN: job.run_id, LABEL_ROLE: job.role}
+        # A run's jobs carry the app's label (the runs list finds them by it); a check job carries its own.
+        labels = {LABEL_APP: APP_LABEL_VALUE, **job.labels, LABEL_RUN: job.run_id, LABEL_ROLE: job.role}
         volumes = [Volume(type="bucket", source=v.bucket, mount_path=v.mount_path, read_only=v.read_only)
                    for v in job.volumes]
         return dict(image=job.image, command=list(job.command), env=dict(job.env),

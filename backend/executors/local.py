@@ -27,7 +27,7 @@ from backend.executors.base import ResourceSample, SubmitError
 from backend.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
 from backend.runtime import job_wrapper as wrapper
 from backend.runtime.layout import atomic_write_bytes
-from backend.runtime.redact import TOKEN_ENV_VARS, redact_tokens, remember_secret
+from backend.runtime.redact import is_secret_env_name, redact_tokens, remember_secret
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,9 @@ class LocalExecutor:
         os.makedirs(job_dir)
         for vol in job.volumes:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
-        # The panel's own token stays with the panel: a local job gets only the secrets its JobSpec names.
-        inherited = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV_VARS}
+        # The panel's secrets (its token, the OAuth client secret, the webhook key) stay with the panel: a local job
+        # gets only the secrets its JobSpec names.
+        inherited = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
         env = {**inherited, **mapped.env,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:

@@ -31,6 +31,11 @@ class Reassembler:
         self._seq = 0
         self._parts: list[str] = []
 
+    @property
+    def seq_seen(self) -> bool:
+        """Whether any event has come through yet."""
+        return self._seq > 0
+
     def is_protocol(self, line: str) -> bool:
         return line.startswith(self.prefix)
 

@@ -30,6 +30,7 @@ import types
 from .check_protocol import NONCE_ENV, frame
 from .layout import USER_REWARDS_MODULE
 from .prompts import BUILTIN_PREFIX, builtin_rows
+from .redact import is_secret_env_name
 from .rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
 from .task import (
     TaskDataError,
@@ -44,7 +45,6 @@ from .task import (
 from .tiny_model import build_tokenizer
 from .user_code import FILENAME, code_traceback, reward_function_names
 
-SECRET_NAMES = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL", NONCE_ENV)
 TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
                    "chat_template*", "config.json"]
 MAX_MESSAGE_CHARS = 4000
@@ -230,7 +230,7 @@ class Worker:
     """The process that runs the reward functions: one call at a time, each answer tied to its call's own id."""
 
     def __init__(self, spec: dict, kwargs: dict, expected: int):
-        env = {k: v for k, v in os.environ.items() if not any(s in k.upper() for s in SECRET_NAMES)}
+        env = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.check_task", "--worker"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
                                      text=True, bufsize=1)

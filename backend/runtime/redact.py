@@ -28,6 +28,10 @@ _LABELLED = [
 # Environment variables that carry a token into a job (or into the panel itself).
 TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
 MIN_SECRET_LEN = 8
+# Variable names that hold a secret: no process the panel starts inherits them (OAuth client secret, webhook key,
+# panel password, tokens). TOKENIZERS_PARALLELISM is a setting, not a token.
+_SECRET_ENV = re.compile(r"TOKEN(?!IZERS_)|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|^OAUTH_|"
+                         r"^GRPO_PANEL_AUTH$|^GRPO_CHECK_NONCE$", re.IGNORECASE)
 
 _known: set[str] = set()
 _known_lock = threading.Lock()
@@ -44,6 +48,11 @@ def remember_env_secrets(environ=os.environ) -> None:
     """Register the tokens this process was given through its environment."""
     for name in TOKEN_ENV_VARS:
         remember_secret(environ.get(name))
+
+
+def is_secret_env_name(name: str) -> bool:
+    """Whether an environment variable of this name holds a secret that a started process must not inherit."""
+    return bool(_SECRET_ENV.search(name))
 
 
 def looks_like_token(text: str) -> bool:

@@ -1,0 +1,158 @@
+"""The task check on a panel that serves others: the visitor's reward code runs in their own short CPU job.
+
+A Space (or any panel other machines reach) never runs a visitor's code on its own machine. The check's request,
+the runtime and the code go into the visitor's bucket under `checks/<check id>/`; one `cpu-basic` job in the
+bucket's namespace, created with the visitor's own token, mounts it read-only and runs `runtime.check_task`
+there, installing what the run's trainer installs. Its report comes back through the job's log, framed with a
+nonce that travels as a job secret; the panel follows the log and the job's stage, says what it costs while it
+runs, and cancels it if it outlives its deadline.
+"""
+
+import json
+import os
+import secrets
+import shlex
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+from backend import recipe
+from backend.executors.base import Executor
+from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.runtime.check_protocol import NONCE_ENV
+from backend.runtime.redact import redact_tokens
+from backend.runtime.tiny_model import BUILTIN_MODELS
+from backend.spec import FieldError, RunSpec
+from backend.store import BucketStore
+from backend.task_check import (
+    SETUP_TIMEOUT_S,
+    ReportReader,
+    TaskReport,
+    calls_deadline_s,
+    check_request,
+)
+
+CHECK_FLAVOR = "cpu-basic"
+CHECK_ROLE = "task-check"
+CHECK_APP_LABEL = "task-check"      # not the runs' label value: the runs list never shows a check job
+CHECKS_DIR = "checks"
+START_TIMEOUT_S = 15 * 60           # the image pulled, what the trainer installs installed, the job started
+POLL_S = 1.0
+
+
+def check_job_spec(spec: RunSpec, check_id: str) -> JobSpec:
+    """The check job: the run's image and installs, the bucket read-only, the harness on the staged request."""
+    folder = shlex.quote(f"{spec.mount_path}/{CHECKS_DIR}/{check_id}")
+    install = f"pip install --quiet {' '.join([recipe.RUNTIME_PIP, *recipe.reward_packages(spec)])}"
+    script = (f'{install} && work=$(mktemp -d) && cp {folder}/code/user_rewards.py "$work" && cd "$work" && '
+              f"exec python -m runtime.check_task --request {folder}/request.json")
+    timeout_s = int(START_TIMEOUT_S + SETUP_TIMEOUT_S + calls_deadline_s(spec, 15.0))
+    return JobSpec(
+        run_id=check_id, role=CHECK_ROLE, image=spec.image, command=["bash", "-c", script],
+        flavor=CHECK_FLAVOR, timeout_s=timeout_s,
+        env={"PYTHONPATH": f"{spec.mount_path}/{CHECKS_DIR}/{check_id}/code", "PYTHONUNBUFFERED": "1",
+             "HF_HUB_DISABLE_TELEMETRY": "1"},
+        secrets=(recipe.TOKEN_SECRET, NONCE_ENV), volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=True),),
+        labels={LABEL_APP: CHECK_APP_LABEL, LABEL_RUN: check_id, LABEL_ROLE: CHECK_ROLE},
+        namespace=spec.bucket_namespace)
+
+
+def stage_check(spec: RunSpec, request: dict, store: BucketStore, check_id: str) -> None:
+    """Everything the check job reads, into the bucket: the runtime, the code, the dataset file, the request."""
+    from backend.launch import RUNTIME_DIR  # noqa: PLC0415 launch imports the executors: only when staging
+
+    folder = f"{CHECKS_DIR}/{check_id}"
+    store.ensure_bucket()
+    store.upload_folder(RUNTIME_DIR, f"{folder}/code/runtime")
+    store.write_bytes(f"{folder}/code/user_rewards.py", spec.reward_code.encode())
+    if request["file"]:
+        name = os.path.basename(request["file"])
+        with open(request["file"], "rb") as f:
+            store.write_bytes(f"{folder}/data/{name}", f.read())
+        request["file"] = f"data/{name}"    # the harness reads it beside the request
+    store.write_bytes(f"{folder}/request.json", json.dumps(request, default=str).encode())
+
+
+def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Executor, store: BucketStore,
+                 price_per_hour: float | None, timeout_s: float = 15.0,
+                 progress: Callable[[str], None] | None = None) -> TaskReport:
+    """Check `spec`'s task in a job of the visitor's own (`token`), reporting progress lines as it goes."""
+    say = progress or (lambda _line: None)
+    report = TaskReport()
+    request = check_request(spec, token, datasets_server, report)
+    if request is None:
+        return report
+    request["tokenizer"] = "builtin" if spec.model in BUILTIN_MODELS else (
+        None if os.path.isdir(os.path.expanduser(spec.model)) else f"hub:{spec.model}")
+    request["timeout_s"] = timeout_s
+    check_id = f"check-{uuid.uuid4().hex[:12]}"
+    say("Staging the check in your bucket ...")
+    try:
+        stage_check(spec, request, store, check_id)
+    except Exception as exc:
+        report.errors.append(FieldError("bucket", redact_tokens(f"could not write the check's files into bucket "
+                                                                f"{spec.bucket}: {exc}", (token,))))
+        return report
+    job = check_job_spec(spec, check_id)
+    nonce = secrets.token_hex(16)
+    try:
+        job_id = executor.submit(job, {recipe.TOKEN_SECRET: token, NONCE_ENV: nonce})
+    except Exception as exc:
+        report.errors.append(FieldError("bucket", redact_tokens(f"could not start the check job: {exc}", (token,))))
+        return report
+    report.check_job = job_id
+    _follow(executor, job_id, job.timeout_s, nonce, report, price_per_hour, say)
+    return report
+
+
+def _follow(executor: Executor, job_id: str, timeout_s: int, nonce: str, report: TaskReport,
+            price_per_hour: float | None, say: Callable[[str], None]) -> None:
+    reader, output, cursor = ReportReader(nonce), deque(maxlen=40), 0
+    started, stage, ended = time.monotonic(), "SCHEDULING", False
+    while not reader.done:
+        lines, cursor = executor.read_logs(job_id, cursor)
+        for line in lines:
+            if not reader.feed(line, report) and reader.events.seq_seen:
+                output.append(line)       # what the code printed (the lines before the report are the install's)
+        if reader.done:
+            break
+        if ended:
+            break                         # the job ended and its log has been read to the end
+        status = executor.status(job_id)
+        stage, ended = status.stage, status.done
+        elapsed = time.monotonic() - started
+        report.cost_usd = None if price_per_hour is None else price_per_hour * elapsed / 3600
+        say(_progress_line(job_id, stage, elapsed, report.cost_usd, price_per_hour, timeout_s, reader))
+        if elapsed > timeout_s + 60:
+            executor.cancel(job_id)
+            report.errors.append(FieldError("reward_code", f"the check job {job_id} did not finish within "
+                                                           f"{timeout_s // 60} minutes and was cancelled"))
+            break
+        if not ended:
+            time.sleep(POLL_S)
+    report.cost_usd = None if price_per_hour is None else price_per_hour * (time.monotonic() - started) / 3600
+    report.output = redact_tokens("\n".join(output))
+    if not reader.done and not report.errors:
+        tail = " ".join(list(output)[-3:]) or status_message(executor, job_id)
+        report.errors.append(FieldError("reward_code", redact_tokens(
+            f"the check job {job_id} ended ({stage}) before it finished: {tail or 'no output'}")))
+
+
+def status_message(executor: Executor, job_id: str) -> str:
+    try:
+        return executor.status(job_id).message
+    except Exception:
+        return ""
+
+
+def _progress_line(job_id: str, stage: str, elapsed: float, cost: float | None, price: float | None,
+                   timeout_s: int, reader: ReportReader) -> str:
+    doing = ("waiting for a machine" if stage == "SCHEDULING" else
+             f"calling {reader.calling}" if reader.calling else
+             "reading the dataset" if stage == "RUNNING" and reader.events.seq_seen else
+             "installing TRL and starting" if stage == "RUNNING" else stage.lower())
+    money = "" if price is None else (f", ${cost:.4f} so far (at most ${price * timeout_s / 3600:.3f} if it ran "
+                                      f"its whole {timeout_s // 60}-minute limit)")
+    return (f"Checking your task in job `{job_id}` on {CHECK_FLAVOR} in your own account: {doing}, "
+            f"{elapsed:.0f} s{money}.")
