@@ -4,7 +4,7 @@ A Space (or any panel other machines reach) never runs a visitor's code on its o
 the runtime and the code go into the visitor's bucket under `checks/<check id>/`; one `cpu-basic` job in the
 bucket's namespace, created with the visitor's own token, mounts it read-only and runs `runtime.check_task`
 there, installing what the run's trainer installs. Its report comes back through the job's log, framed with a
-nonce that travels as a job secret; the panel follows the log and the job's stage, says what it costs while it
+nonce; the panel follows the log and the job's stage, says what it costs while it
 runs, and cancels it if it outlives its deadline.
 """
 
@@ -39,9 +39,10 @@ CHECK_APP_LABEL = "task-check"      # not the runs' label value: the runs list n
 CHECKS_DIR = "checks"
 START_TIMEOUT_S = 15 * 60           # the image pulled, what the trainer installs installed, the job started
 POLL_S = 1.0
+LOG_DRAIN_S = 10.0                # after the job ended, its log's last lines may take this long to arrive
 
 
-def check_job_spec(spec: RunSpec, check_id: str) -> JobSpec:
+def check_job_spec(spec: RunSpec, check_id: str, nonce: str) -> JobSpec:
     """The check job: the run's image and installs, the bucket read-only, the harness on the staged request."""
     folder = shlex.quote(f"{spec.mount_path}/{CHECKS_DIR}/{check_id}")
     install = f"pip install --quiet {' '.join([recipe.RUNTIME_PIP, *recipe.reward_packages(spec)])}"
@@ -52,8 +53,8 @@ def check_job_spec(spec: RunSpec, check_id: str) -> JobSpec:
         run_id=check_id, role=CHECK_ROLE, image=spec.image, command=["bash", "-c", script],
         flavor=CHECK_FLAVOR, timeout_s=timeout_s,
         env={"PYTHONPATH": f"{spec.mount_path}/{CHECKS_DIR}/{check_id}/code", "PYTHONUNBUFFERED": "1",
-             "HF_HUB_DISABLE_TELEMETRY": "1"},
-        secrets=(recipe.TOKEN_SECRET, NONCE_ENV), volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=True),),
+             "HF_HUB_DISABLE_TELEMETRY": "1", NONCE_ENV: nonce},
+        secrets=(recipe.TOKEN_SECRET,), volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=True),),
         labels={LABEL_APP: CHECK_APP_LABEL, LABEL_RUN: check_id, LABEL_ROLE: CHECK_ROLE},
         namespace=spec.bucket_namespace)
 
@@ -94,10 +95,12 @@ def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Exec
         report.errors.append(FieldError("bucket", redact_tokens(f"could not write the check's files into bucket "
                                                                 f"{spec.bucket}: {exc}", (token,))))
         return report
-    job = check_job_spec(spec, check_id)
+    # The nonce is no secret from the visitor (it is their own job): it keeps the report apart from what else the
+    # log holds. As a job secret it would be masked in the log, like every secret.
     nonce = secrets.token_hex(16)
+    job = check_job_spec(spec, check_id, nonce)
     try:
-        job_id = executor.submit(job, {recipe.TOKEN_SECRET: token, NONCE_ENV: nonce})
+        job_id = executor.submit(job, {recipe.TOKEN_SECRET: token})
     except Exception as exc:
         report.errors.append(FieldError("bucket", redact_tokens(f"could not start the check job: {exc}", (token,))))
         return report
@@ -109,28 +112,28 @@ def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Exec
 def _follow(executor: Executor, job_id: str, timeout_s: int, nonce: str, report: TaskReport,
             price_per_hour: float | None, say: Callable[[str], None]) -> None:
     reader, output, cursor = ReportReader(nonce), deque(maxlen=40), 0
-    started, stage, ended = time.monotonic(), "SCHEDULING", False
+    started, stage, ended_at, last_line = time.monotonic(), "SCHEDULING", None, time.monotonic()
     while not reader.done:
         lines, cursor = executor.read_logs(job_id, cursor)
         for line in lines:
             if not reader.feed(line, report) and reader.events.seq_seen:
                 output.append(line)       # what the code printed (the lines before the report are the install's)
-        if reader.done:
-            break
-        if ended:
-            break                         # the job ended and its log has been read to the end
-        status = executor.status(job_id)
-        stage, ended = status.stage, status.done
-        elapsed = time.monotonic() - started
-        report.cost_usd = None if price_per_hour is None else price_per_hour * elapsed / 3600
-        say(_progress_line(job_id, stage, elapsed, report.cost_usd, price_per_hour, timeout_s, reader))
-        if elapsed > timeout_s + 60:
+        now = time.monotonic()
+        last_line = now if lines else last_line
+        if reader.done or (ended_at is not None and now - max(ended_at, last_line) > LOG_DRAIN_S):
+            break                         # the job ended and its log stream has gone quiet
+        if ended_at is None:
+            status = executor.status(job_id)
+            stage = status.stage
+            ended_at = now if status.done else None
+            report.cost_usd = None if price_per_hour is None else price_per_hour * (now - started) / 3600
+            say(_progress_line(job_id, stage, now - started, report.cost_usd, price_per_hour, timeout_s, reader))
+        if now - started > timeout_s + 60:
             executor.cancel(job_id)
             report.errors.append(FieldError("reward_code", f"the check job {job_id} did not finish within "
                                                            f"{timeout_s // 60} minutes and was cancelled"))
             break
-        if not ended:
-            time.sleep(POLL_S)
+        time.sleep(POLL_S if ended_at is None else 0.2)
     report.cost_usd = None if price_per_hour is None else price_per_hour * (time.monotonic() - started) / 3600
     report.output = redact_tokens("\n".join(output))
     if not reader.done and not report.errors:
