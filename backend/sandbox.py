@@ -55,7 +55,7 @@ class Sandbox:
         args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
         if os.geteuid() != 0:
             args.append("--unshare-user")
-        args += _system_binds() + _python_binds()
+        args += system_binds() + python_binds()
         for folder in ("/check", INSIDE_LIB):   # created by bwrap, with a mode that lets the dropped user in
             args += ["--perms", "0755", "--dir", folder]
         args += ["--ro-bind", RUNTIME_DIR, f"{INSIDE_LIB}/runtime", "--bind", scratch, INSIDE_WORK]
@@ -86,7 +86,7 @@ def _outside(arg: str, scratch: str, ro_binds: dict[str, str]) -> str:
     return arg.replace(INSIDE_WORK, scratch)
 
 
-def _system_binds() -> list[str]:
+def system_binds() -> list[str]:
     """The system's libraries and tools, read-only; /etc only for the dynamic linker's cache."""
     args = []
     for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -113,7 +113,7 @@ def python_roots() -> list[str]:
     return [r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots)]
 
 
-def _python_binds() -> list[str]:
+def python_binds() -> list[str]:
     args, made = [], set()
     for root in python_roots():
         # bwrap copies a parent's mode when it creates it (/root is 0700): make every parent traversable.

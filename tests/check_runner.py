@@ -3,9 +3,10 @@
 A check job (label `grpo-panel-role=task-check`) gets a fresh folder as its machine: the bucket it mounts is
 copied there from the fake's files and the job's own command runs in it (its `bash -c` script, with the mount
 path pointing at that copy and its `pip install` left out: the test machine already has what the image would
-install), with only the job's environment and secrets, never the test process's. What it prints becomes the job's
-log, streamed as it comes, and its exit status the job's stage. This is the "remote machine" of the tests: a
-Space-mode panel under test must not start any process itself.
+install), with only the job's environment and secrets, never the test process's, in a bubblewrap sandbox of
+its own: like a job on Hugging Face's machines, it sees none of this machine's files, processes or loopback
+services. What it prints becomes the job's log, streamed as it comes, and its exit status the job's stage. This
+is the "remote machine" of the tests: a Space-mode panel under test must not start any process itself.
 """
 
 import os
@@ -17,6 +18,7 @@ import threading
 
 from backend.check_job import CHECK_ROLE
 from backend.jobspec import LABEL_ROLE
+from backend.sandbox import python_binds, system_binds
 
 PASSED = ("LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
@@ -61,7 +63,7 @@ class CheckJobRunner:
                    **{k: os.environ[k] for k in PASSED if k in os.environ},
                    **_remapped(job.spec.get("environment") or {}, self._mount(job), machine),
                    **(job.spec.get("secrets") or {})}
-            proc = self._procs[job.id] = subprocess.Popen(["bash", "-c", script], cwd=machine, env=env,
+            proc = self._procs[job.id] = subprocess.Popen(_elsewhere(machine, script), cwd=machine, env=env,
                                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for line in proc.stdout:
                 self.hub.append_logs(job.id, line.rstrip("\n"))
@@ -94,6 +96,13 @@ class CheckJobRunner:
         if script.startswith("pip install"):
             script = script.split(" && ", 1)[1]
         return script.replace(volume["mountPath"] + "/", root + "/")
+
+
+def _elsewhere(machine: str, script: str) -> list[str]:
+    """`bash -c script` as on another machine: none of this one's files, processes or loopback services."""
+    return ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent", "--new-session",
+            *system_binds(), *python_binds(), "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+            "--bind", machine, machine, "bash", "-c", script]
 
 
 def _remapped(env: dict, volume: dict, machine: str) -> dict:

@@ -11,6 +11,7 @@ import zipfile
 import pytest
 
 from backend.access import Visitor
+from backend.alerts import AlertBook
 from backend.jobspec import LABEL_RUN
 from panel import dashboard
 from panel.actions import Panel
@@ -314,3 +315,29 @@ def test_local_runs_on_a_space_belong_to_its_owner_when_turned_on(hub, make_pane
     from backend.access import local_runs_problem
 
     assert local_runs_problem(Visitor(BOB, "bob"), panel.settings) is None, "a member of the owning org may"
+
+
+def test_the_hubs_job_status_message_is_masked_in_the_header_the_alert_events_and_the_webhook(hub, make_panel):
+    """The Hub's own status words can quote a job's command or output: every token shape is masked wherever the
+    message goes."""
+    from backend.runtime import layout
+
+    panel = make_panel()
+    result, _ = launch_reviewed(panel, FORM)
+    view = panel.view(result.run_id)
+    job_id = view.jobs["trainer"].job_id
+    hub.set_stage(job_id, "ERROR", message=f"Job failed: exit code 1 (HF_TOKEN={PLANTED}; hf_oauth_{'Q' * 30})")
+    sent = []
+    wait_until(lambda: (view.refresh() or True) and view.jobs["trainer"].status.stage == "ERROR", timeout=15)
+    frame = dashboard.build_frame(view)
+    assert "exit code 1" in frame.status and PLANTED not in frame.status and "Q" * 30 not in frame.status
+    book = AlertBook(view.store, result.run_id, "http://127.0.0.1:9/hook", send=lambda url, text, alert:
+                     sent.append((text, alert.message)))
+    fired = book.update(view)
+    assert fired, "a failed job raises an alert"
+    wait_until(lambda: sent, timeout=5)
+    events = b"".join(hub.buckets["alice/grpo-runs"].files[p].data for p in hub.buckets["alice/grpo-runs"].files
+                      if p.startswith(f"runs/{result.run_id}/{layout.EVENTS_DIR}/")).decode()
+    assert "exit code 1" in events + repr(sent)
+    for where in (events, repr(sent)):
+        assert PLANTED not in where and "Q" * 30 not in where

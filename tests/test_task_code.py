@@ -2,6 +2,7 @@
 with no token and a time limit. Every bad case is refused with a message naming reward_code, and nothing is
 launched or written."""
 
+import base64
 import json
 import multiprocessing
 import os
@@ -122,19 +123,18 @@ def test_the_code_runs_in_another_process_with_no_token_anywhere(tmp_path, monke
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))   # where a `hf auth login` token would be
     (tmp_path / "hf-home").mkdir()
     (tmp_path / "hf-home" / "token").write_text(token)
-    out = tmp_path / "seen.json"
-    code = f'''import json, os
+    code = """import base64, json, os
 from huggingface_hub import get_token
 
 def spy(completions, **kwargs):
-    with open({str(out)!r}, "w") as f:
-        json.dump({{"pid": os.getpid(), "env": dict(os.environ), "hub_token": get_token()}}, f)
+    seen = {"pid": os.getpid(), "env": dict(os.environ), "hub_token": get_token()}
+    print("SEEN", base64.b64encode(json.dumps(seen).encode()).decode())
     return [0.0] * len(completions)
-'''
+"""
     spec = RunSpec(reward_code=code, rewards=[]).check()
     report = check_task(spec, token, "http://127.0.0.1:9", timeout_s=10)
     assert report.ok, report.errors
-    seen = json.loads(out.read_text())
+    seen = json.loads(base64.b64decode(report.output.split("SEEN ", 1)[1].split()[0]))
     assert seen["pid"] != os.getpid()
     assert [k for k in seen["env"] if "TOKEN" in k and k != "TOKENIZERS_PARALLELISM"] == []
     assert token not in json.dumps(seen) and "another-secret-value" not in json.dumps(seen)
@@ -174,19 +174,22 @@ def test_rewards_round_trip_through_pickle_with_their_names():
     assert weighted.__name__ == "short" and weighted.reward.module == "user_rewards"
 
 
-def test_without_trl_its_rewards_are_skipped_with_a_note_and_your_code_still_runs(panel, tmp_path, monkeypatch):
+def test_without_trl_its_rewards_are_skipped_with_a_note(tmp_path):
     """A Space installs the panel without TRL (it needs torch): the check says so instead of refusing the run."""
-    from backend import task_check
+    from backend.task_check import TaskReport, _apply
 
     shadow = tmp_path / "no-trl" / "trl"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'trl'\")\n")
-    plain = task_check.secret_free_env
-    monkeypatch.setattr(task_check, "secret_free_env", lambda scratch: {
-        **plain(scratch), "PYTHONPATH": f"{tmp_path / 'no-trl'}{os.pathsep}{task_check.BACKEND_DIR}"})
-    report = panel.check_task({"reward_code": GOOD, "rewards": ["think_format_reward"]})
-    assert report.ok, report.errors
-    assert list(report.scores) == ["short"]
+    call = ("import json; from runtime.check_task import run_call; "
+            "print(json.dumps(run_call('builtin', 'think_format_reward', {'rewards': []}, "
+            "{'completions': [[{'content': 'x'}]]}, 1)))")
+    done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path / 'no-trl'}{os.pathsep}{ROOT}/backend"})
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    report = TaskReport()
+    _apply({**answer, "name": "think_format_reward"}, report)
+    assert report.ok and report.scores == {}
     assert report.warnings == ["think_format_reward: not previewed here (No module named 'trl'); it runs in the job"]
 
 

@@ -1,0 +1,414 @@
+"""Hostile reward code, sent the way a visitor sends it: *Check task* through Gradio's request handling.
+
+Two real panels (`python app.py` processes), each with secrets planted where a panel keeps them, every one
+distinct: its environment (host token, OAuth client secret, webhook key, another service's token), the login
+file, the webhook key file in its home, another run's `spec.json` and a downloaded log in its cache.
+
+- A local panel (loopback, one user): the check runs in the sandbox. Each attack is refused or contained, and no
+  planted secret appears in the answer (plain, base64, hex or reversed), in what the code managed to print, or
+  on the disk; no process it started outlives the check; the panel stays up.
+- A Space-mode panel: the panel's machine starts no process at all; exactly one check job reaches the fake Hub,
+  created with the signed-in visitor's token and carrying no other; its report comes back from that job (run
+  by the fake Hub on a machine of its own). An anonymous visitor is told to sign in and starts nothing.
+"""
+
+import base64
+import glob
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+
+import psutil
+import pytest
+
+from tests.browser_helpers import ROOT, running_panel, space_session_cookie
+from tests.fakehub import FakeHub, FakeUser, wait_until
+
+MARK = f"hostile{uuid.uuid4().hex[:10]}"
+SECRETS = {
+    "host token": "hf_" + "PlantedHostToken" + "x7Qz9" * 4,
+    "oauth client secret": "planted-oauth-client-secret-" + "Kd83" * 5,
+    "webhook key env": "planted-webhook-key-env-" + "Lm42" * 5,
+    "service token": "planted-service-token-" + "Rt55" * 5,
+    "login file": "hf_" + "PlantedLoginFile" + "Yy81" * 5,
+    "webhook key file": "PLANTED-webhook-key-file-" + "Zq19" * 5,
+    "another run": "planted-other-visitors-run-" + "Wc63" * 5,
+    "downloaded log": "planted-downloaded-log-" + "Pv27" * 5,
+    "bob's token": "hf_oauth_" + "PlantedBobVisitor" + "Nn64" * 5,
+}
+ALICE = "hf_oauth_" + "aliceCheckVisitor" + "0" * 20
+
+
+def forms_of(secret: str) -> list[str]:
+    raw = secret.encode()
+    return [secret, secret[::-1], base64.b64encode(raw).decode(), base64.b64encode(raw).decode().rstrip("="),
+            raw.hex(), base64.urlsafe_b64encode(raw).decode().rstrip("=")]
+
+
+def assert_no_secret(text: str, where: str) -> None:
+    for name, secret in SECRETS.items():
+        for form in forms_of(secret):
+            assert form not in text, f"{name} ({form[:12]}...) leaked into {where}"
+    for tag, payload in re.findall(r"LEAK (\S+) ([A-Za-z0-9+/=]+)", text):
+        found = base64.b64decode(payload).decode(errors="replace")
+        for name, secret in SECRETS.items():
+            assert secret not in found, f"the code read the {name} ({tag})"
+
+
+def plant(tmp_path, space: bool = False) -> tuple[dict, str]:
+    """The panel's home, login and environment, each holding a planted secret; returns (env, home)."""
+    home = tmp_path / "home"
+    (home / "secrets").mkdir(parents=True)
+    (home / "secrets" / "key").write_bytes(SECRETS["webhook key file"].encode())
+    other = home / "buckets" / "local" / "runs" / "someone-elses-run"
+    other.mkdir(parents=True)
+    (other / "spec.json").write_text(f'{{"name": "{SECRETS["another run"]}"}}')
+    (home / "downloads").mkdir()
+    (home / "downloads" / "someone-elses-run-trainer.log").write_text(SECRETS["downloaded log"])
+    hf_home = tmp_path / "hf-home"
+    hf_home.mkdir()
+    (hf_home / "token").write_text(SECRETS["login file"])
+    (tmp_path / "tmp").mkdir()
+    env = {"HF_TOKEN": SECRETS["host token"], "OAUTH_CLIENT_SECRET": SECRETS["oauth client secret"],
+           "GRPO_PANEL_SECRET_KEY": SECRETS["webhook key env"], "MY_SERVICE_TOKEN": SECRETS["service token"],
+           "HF_HOME": str(hf_home), "TMPDIR": str(tmp_path / "tmp")}
+    return env, str(home)
+
+
+def attack_code(home: str, tmp_path, ports: list[int]) -> str:
+    """One reward function per attack; each prints what it reached as `LEAK <tag> <base64>`."""
+    return f'''import base64, os, signal, socket, subprocess, sys, time
+HOME, HF_HOME, REPO, PORTS, MARK = {home!r}, {str(tmp_path / "hf-home")!r}, {ROOT!r}, {ports!r}, {MARK!r}
+
+
+def _leak(tag, data):
+    data = data.encode() if isinstance(data, str) else data
+    print("LEAK", tag, base64.b64encode(data[:100000]).decode())
+
+
+def _pids():
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+
+
+def read_environs(completions, **kwargs):
+    for pid in [os.getppid(), 1] + _pids():
+        try:
+            _leak("environ-%d" % pid, open("/proc/%d/environ" % pid, "rb").read())
+        except Exception as e:
+            print("environ of", pid, "refused:", type(e).__name__)
+    _leak("own-environ", repr(dict(os.environ)))
+    return [0.0] * len(completions)
+
+
+def read_memory(completions, **kwargs):
+    hits = 0
+    for pid in _pids():
+        try:
+            maps = open("/proc/%d/maps" % pid).read().splitlines()
+            mem = open("/proc/%d/mem" % pid, "rb")
+        except Exception as e:
+            print("memory of", pid, "refused:", type(e).__name__)
+            continue
+        for line in maps[:500]:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            try:
+                mem.seek(lo)
+                chunk = mem.read(min(hi - lo, 1 << 22))
+            except Exception:
+                continue
+            for needle in (b"hf_", b"planted", b"PLANTED"):
+                at = chunk.find(needle)
+                while at >= 0 and hits < 200:
+                    _leak("mem-%d" % pid, chunk[at:at + 90])
+                    hits += 1
+                    at = chunk.find(needle, at + 1)
+    return [0.0] * len(completions)
+
+
+def read_files(completions, **kwargs):
+    paths = [os.path.join(HF_HOME, "token"), os.path.expanduser("~/.cache/huggingface/token"),
+             "/root/.cache/huggingface/token", os.path.join(HOME, "secrets", "key")]
+    for top in (HOME, HF_HOME, os.path.join(REPO, "data")):
+        for folder, _, files in os.walk(top):
+            paths += [os.path.join(folder, f) for f in files]
+    for path in paths:
+        try:
+            _leak("file-" + path, open(path, "rb").read())
+        except Exception as e:
+            print("file", path, "refused:", type(e).__name__)
+    return [0.0] * len(completions)
+
+
+def write_outside(completions, **kwargs):
+    for path in (os.path.join(HOME, MARK), os.path.join(HF_HOME, MARK), os.path.join(REPO, MARK), "/tmp/" + MARK):
+        try:
+            with open(path, "w") as f:
+                f.write("pwned")
+            print("wrote", path)
+        except Exception as e:
+            print("write", path, "refused:", type(e).__name__)
+    return [0.0] * len(completions)
+
+
+def open_sockets(completions, **kwargs):
+    for port in PORTS:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(MARK.encode())
+            print("connected to", port)
+        except Exception as e:
+            print("connect", port, "refused:", type(e).__name__)
+    return [0.0] * len(completions)
+
+
+def start_survivors(completions, **kwargs):
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)  # " + MARK]
+    subprocess.Popen(sleeper)
+    subprocess.Popen(sleeper, start_new_session=True)
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            os.execv(sys.executable, sleeper)
+        os._exit(0)
+    started = 0
+    try:
+        for _ in range(300):
+            subprocess.Popen(["sleep", "600"])
+            started += 1
+    except Exception as e:
+        print("process", started, "refused:", type(e).__name__)
+    print("started", started, "more processes")
+    return [0.0] * len(completions)
+'''
+
+
+LATE = {   # attacks that end their check: one check each
+    "allocate": ("def allocate(completions, **kwargs):\n    block = bytearray(30 * 2**30)\n"
+                 "    return [float(len(block))] * len(completions)\n"),
+    "loop": "def loop(completions, **kwargs):\n    while True:\n        pass\n",
+    "signal": ("import os, signal\n\ndef signal_everyone(completions, **kwargs):\n"
+               "    os.kill(os.getppid(), signal.SIGTERM)\n"
+               "    for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+               "        try:\n            os.kill(pid, signal.SIGKILL)\n        except Exception:\n            pass\n"
+               "    return [1.0] * len(completions)\n"),
+    "forge": ("import json, os\n\ndef forge(completions, **kwargs):\n"
+              "    fake = ['{\"id\": \"x\", \"event\": \"scores\", \"scores\": [1.0]}', '{\"event\": \"done\"}']\n"
+              "    for nonce in ['', 'x', os.environ.get('GRPO_CHECK_NONCE', '')]:\n"
+              "        for fd in range(0, 64):\n"
+              "            for i, text in enumerate(fake):\n"
+              "                try:\n"
+              "                    os.write(fd, ('GRPO-CHECK %s %d 1/1 %s\\n' % (nonce, i + 1, text)).encode())\n"
+              "                except OSError:\n                    pass\n"
+              "    raise RuntimeError('the real result is a failure')\n"),
+}
+
+
+class Listener:
+    """A loopback server the code tries to reach: it records whoever connects."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    self.received.append(conn.recv(1024))
+                except OSError:
+                    self.received.append(b"")
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+def survivors() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if MARK in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def check_once(client, code: str) -> str:
+    """*Check task* with this reward code and no built-in reward; the whole answer as text."""
+    params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/on_check"]["parameters"]
+    def param(label: str) -> str:
+        return next(f"param_{i}" for i, p in enumerate(params) if p["label"].startswith(label))
+
+    values = {param("Your reward functions"): code, param("Rewards"): [], param("Reward weights"): ""}
+    result = client.predict(**values, api_name="/on_check")
+    return repr(result)
+
+
+@pytest.fixture
+def listener():
+    server = Listener()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def kill_survivors():
+    yield
+    for proc in survivors():      # a failed containment must not leave sleepers behind
+        proc.kill()
+
+
+def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_survivors):
+    from gradio_client import Client
+
+    from backend.sandbox import local_sandbox
+
+    assert local_sandbox().missing == (), f"this machine must run the sandbox: {local_sandbox().reason}"
+    env, home = plant(tmp_path)
+    with running_panel("app.py", env, home) as url:
+        port = int(url.rsplit(":", 1)[1])
+        client = Client(url, verbose=False)
+        answer = check_once(client, attack_code(home, tmp_path, [port, listener.port]))
+        assert "Task checked" in answer, answer[-3000:]
+        for name in ("read_environs", "read_memory", "read_files", "write_outside", "open_sockets", "start_survivors"):
+            assert name in answer, f"{name} was not scored: {answer[-2000:]}"
+        assert_no_secret(answer, "the answer to the read attacks")
+        assert "connected to" not in answer and listener.received == [], "the code reached a loopback service"
+        assert "wrote " not in answer.replace("wrote /tmp/" + MARK, ""), "the code wrote outside its own folder"
+        assert not any(os.path.exists(p) for p in (os.path.join(home, MARK), os.path.join(ROOT, MARK),
+                                                   str(tmp_path / "hf-home" / MARK), "/tmp/" + MARK))
+        started = int(re.search(r"started (\d+) more processes", answer).group(1))
+        assert started < 100, f"the code started {started} processes: no process limit"
+        assert wait_until(lambda: not survivors(), timeout=10), [p.cmdline() for p in survivors()]
+
+        for case, code in LATE.items():
+            answer = check_once(client, code)
+            assert_no_secret(answer, f"the answer to {case}")
+            assert "Task checked" not in answer and "reward_code" in answer, (case, answer[-2000:])
+            assert {"allocate": "MemoryError", "loop": "did not return within", "signal": "stopped before it finished",
+                    "forge": "the real result is a failure"}[case] in answer, (case, answer[-2000:])
+        client.close()
+        # The panel survived every case and still checks a good reward.
+        good = "def one(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+        assert "Task checked" in check_once(Client(url, verbose=False), good)
+    assert glob.glob(str(tmp_path / "tmp" / "grpo-task-check-*")) == [], "a check's scratch folder was left behind"
+    for path, _, files in os.walk(home):
+        for name in files:
+            assert MARK not in name, os.path.join(path, name)
+
+
+@pytest.fixture
+def hub():
+    hub = FakeHub(users={ALICE: FakeUser("alice"), SECRETS["bob's token"]: FakeUser("bob")}).start()
+    yield hub
+    hub.stop()
+
+
+def test_hostile_code_on_a_space_runs_only_in_the_visitors_own_job(tmp_path, hub, listener, kill_survivors):
+    from gradio_client import Client
+
+    env, home = plant(tmp_path, space=True)
+    env.update({"SPACE_ID": "alice/grpo-panel", "SYSTEM": "spaces", "SPACE_AUTHOR_NAME": "alice",
+                "OAUTH_CLIENT_ID": "fake-client", "OAUTH_SCOPES": "openid profile jobs",
+                "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url, "GRPO_PANEL_DATASETS_SERVER": hub.url,
+                "GRPO_PANEL_BUDGET_CHECK_S": "0"})
+    with running_panel("tests/space_app.py", env, home) as url:
+        panel = psutil.Process(_panel_pid(url))
+        port = int(url.rsplit(":", 1)[1])
+        code = attack_code(home, tmp_path, [port, listener.port])
+
+        anonymous = Client(url, verbose=False)
+        answer = check_once(anonymous, code)
+        assert "Sign in with Hugging Face" in answer and hub.check_job_posts() == [], answer[-2000:]
+        anonymous.close()
+
+        def signed_in(token, name):
+            cookie = space_session_cookie(SECRETS["oauth client secret"], token, name, time.time() + 8 * 3600)
+            return Client(url, verbose=False, headers={"Cookie": f"session={cookie}"})
+
+        bob, alice = signed_in(SECRETS["bob's token"], "bob"), signed_in(ALICE, "alice")
+        children: list = []
+        watching = threading.Event()
+
+        def watch():
+            while not watching.is_set():
+                children.extend(c.pid for c in panel.children(recursive=True))
+                time.sleep(0.05)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            good = "def one(completions, **kwargs):\n    return [1.0] * len(completions)\n"
+            assert "Task checked" in check_once(bob, good)     # Bob's token is in the panel's memory from now on
+            answer = check_once(alice, code)
+        finally:
+            watching.set()
+            watcher.join()
+        assert children == [], f"the Space's machine started processes: {children}"
+        assert "Task checked" in answer and "read_files" in answer, answer[-3000:]
+        bobs, post = hub.check_job_posts()
+        assert (bobs.user, post.user) == ("bob", "alice") and post.json["flavor"] == "cpu-basic"
+        assert post.json["secrets"] == {"HF_TOKEN": ALICE}, "the visitor's own token, and no other"
+        assert_no_secret(repr(post.json), "the check job")
+        assert_no_secret(answer, "the answer on the Space")
+        assert len(hub.check_runner.ran) == 2 and listener.received == []
+        alice.close()
+        bob.close()
+
+
+def _panel_pid(url: str) -> int:
+    port = int(url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return conn.pid
+    raise AssertionError(f"no process listens on {port}")
+
+
+def test_a_space_checks_an_uploaded_file_in_the_visitors_job_and_launch_reuses_that_check(tmp_path, monkeypatch):
+    """The file goes into the visitor's bucket beside the check; the report comes from the job; Launch then
+    reuses that result for the same task instead of starting a second check job."""
+    from panel.actions import Panel, Settings
+
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "uploads"))
+    upload = tmp_path / "uploads" / "3f2a" / "math.jsonl"
+    upload.parent.mkdir(parents=True)
+    upload.write_text("".join(f'{{"question": "What is {i} + {i}?", "answer": "{2 * i}"}}\n' for i in range(20)))
+    hub = FakeHub(users={ALICE: FakeUser("alice")}).start()
+    with hub.serving(monkeypatch, SECRETS["host token"]):
+        panel = Panel(Settings(home=str(tmp_path / "home"), on_space=True, datasets_server=hub.url))
+        try:
+            form = {"executor": "hf_jobs", "model": "builtin:tiny-qwen2", "dataset": str(upload),
+                    "prompt_column": "question", "reward_columns": "solution=answer", "rewards": [],
+                    "bucket": "alice/grpo-runs", "flavor": "cpu-basic", "reward_code":
+                    "def exact(completions, solution, **kwargs):\n"
+                    "    return [float(c[0]['content'] == s) for c, s in zip(completions, solution)]\n"}
+            said = []
+            report = panel.check_task(form, ALICE, progress=said.append)
+            assert report.ok and report.num_rows == 20 and set(report.scores) == {"exact"}, report.errors
+            assert report.scores["exact"][1] == 1.0, "the bare right answer scores 1"
+            assert any("cpu-basic in your own account" in line for line in said) and report.cost_usd is not None
+            [check] = hub.check_job_posts()
+            staged = [p for p in hub.buckets["alice/grpo-runs"].files if p.startswith("checks/")]
+            assert any(p.endswith("/data/math.jsonl") for p in staged) and any(p.endswith("/request.json")
+                                                                                 for p in staged)
+            assert SECRETS["host token"] not in repr(check.json), "the Space's own token never goes into a check"
+            shown = panel.preview(form, ALICE)
+            result = panel.launch(form, ALICE, confirmed=shown.fingerprint, run_id=shown.run_id)
+            assert result.run_id, result.message
+            assert len(hub.check_job_posts()) == 1 and len(hub.job_posts()) == 1, "Launch reused the check"
+        finally:
+            panel.shutdown()
