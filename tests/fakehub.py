@@ -339,6 +339,12 @@ class FakeHub:
         """The bodies of every job creation request of a run, in order (task-check jobs: `check_job_posts`)."""
         return [r for r in self._job_creations() if not _is_check(r)]
 
+    @property
+    def run_jobs(self) -> dict[str, FakeJob]:
+        """The jobs of runs, without the task-check jobs a Space-mode panel starts."""
+        return {i: j for i, j in self.jobs.items() if (j.spec.get("labels") or {}).get("grpo-panel-role")
+                != "task-check"}
+
     def check_job_posts(self) -> list[RecordedRequest]:
         """The bodies of every task-check job creation request, in order."""
         return [r for r in self._job_creations() if _is_check(r)]

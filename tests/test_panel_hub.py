@@ -203,9 +203,9 @@ def test_org_members_share_a_run_and_an_outsider_reaches_none_of_it(hub, make_pa
     with pytest.raises(KeyError):
         panel.view(run_id, carol)
     assert "Not cancelled" in panel.cancel(run_id, carol) and "Not cancelled" in panel.cancel(run_id, None)
-    assert {job.stage for job in hub.jobs.values()} == {"SCHEDULING"}
+    assert {job.stage for job in hub.run_jobs.values()} == {"SCHEDULING"}
     assert "Cancel requested for 1 job(s)" in panel.cancel(run_id, bob), "a member with write access may cancel"
-    assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}
+    assert {job.stage for job in hub.run_jobs.values()} == {"CANCELED"}
     cancels = [r for r in hub.requests if r.path.endswith("/cancel")]
     assert [r.user for r in cancels] == ["bob"], "the Hub sees bob's own token, not the launcher's"
 
@@ -217,7 +217,7 @@ def test_cancel_needs_only_the_job_labels_when_the_bucket_cannot_be_read(hub, ma
     restarted = make_panel()
     message = restarted.cancel(result.run_id)
     assert "Cancel requested for 3 job(s)" in message, message
-    assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}
+    assert {job.stage for job in hub.run_jobs.values()} == {"CANCELED"}
 
 
 def test_resume_on_hf_jobs_is_previewed_and_confirmed_like_a_launch(hub, make_panel):

@@ -46,7 +46,7 @@ def finished_hub_run(hub: FakeHub, panel: Panel, visitor=None) -> str:
                  "".join(json.dumps(r) + "\n" for r in records).encode())
     for name, data in ADAPTER.items():
         hub.put_file("alice/grpo-runs", f"runs/{run_id}/final/{name}", data)
-    [job] = hub.jobs.values()
+    [job] = hub.run_jobs.values()
     hub.set_stage(job.id, "RUNNING")
     hub.set_stage(job.id, "COMPLETED")
     return run_id
@@ -79,7 +79,7 @@ def test_the_final_adapter_and_a_card_of_the_run_are_pushed_to_a_private_repo(hu
                  "| mean reward, last logged steps | 0.5 |", "| reward `format` (last step) | 0.3 |",
                  "r=16, alpha=32, dropout=0.0, target modules q_proj, k_proj, v_proj, o_proj",
                  "learning rate 2e-05, 3 steps", "format (weight 0.5)", "| Hardware | trainer on a10g-small |",
-                 f"hf://buckets/alice/grpo-runs/runs/{run_id}", f"/jobs/alice/{next(iter(hub.jobs))}",
+                 f"hf://buckets/alice/grpo-runs/runs/{run_id}", f"/jobs/alice/{next(iter(hub.run_jobs))}",
                  'PeftModel.from_pretrained(base, "alice/math-grpo-lora")',
                  "vllm serve Qwen/Qwen2.5-0.5B-Instruct --enable-lora --max-lora-rank 16",
                  "--lora-modules math-grpo-lora=alice/math-grpo-lora"):
