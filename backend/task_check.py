@@ -16,6 +16,7 @@ import queue
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -170,8 +171,14 @@ def _stage_files(request: dict, code: str, scratch: str, box: Sandbox) -> dict[s
         f.write(code)
     if request["file"]:
         name = os.path.basename(request["file"])
-        binds[request["file"]] = f"/check/data/{name}"
-        request["file"] = inside(request["file"], f"/check/data/{name}")
+        if box.drop_uid is not None and not os.stat(request["file"]).st_mode & stat.S_IROTH:
+            # Not readable by the unprivileged user the check becomes (Gradio keeps uploads private): a copy.
+            os.makedirs(os.path.join(scratch, "data"))
+            shutil.copyfile(request["file"], os.path.join(scratch, "data", name))
+            request["file"] = inside(os.path.join(scratch, "data", name), f"{INSIDE_WORK}/data/{name}")
+        else:
+            binds[request["file"]] = f"/check/data/{name}"
+            request["file"] = inside(request["file"], f"/check/data/{name}")
     source = request.get("tokenizer")
     if source and source != "builtin":
         # Only the tokenizer's files (a model folder can hold gigabytes of weights), links resolved: a Hub cache

@@ -20,6 +20,8 @@ REQUIRED_CHOICE = "required-choice"     # a dropdown that must not be left empty
 CODE_LABEL = ("Your reward functions (Python): every top-level def name(completions, **kwargs) -> list[float] is a "
               "reward, plotted as rewards/<name>; mapped columns arrive as keyword arguments")
 
+CHECKS_AT_ONCE = 16       # local checks wait their turn in backend.task_check (two at a time)
+
 
 def _columns_text(columns: list[str] | str) -> str:
     return columns if isinstance(columns, str) else ", ".join(columns)
@@ -126,7 +128,9 @@ class TaskSection:
                 raise gr.Error("The task check failed; see the panel's log.")
             yield preview_outputs(done["report"])
 
-        self.check_btn.click(on_check, inputs, [self.message, self.rows, self.prompt, self.scores])
+        # A check job waits minutes on the Hub, not on this machine: more of them at once than the queue's default.
+        self.check_btn.click(on_check, inputs, [self.message, self.rows, self.prompt, self.scores],
+                             concurrency_limit=CHECKS_AT_ONCE)
 
 
 def preview_outputs(report) -> tuple[str, pd.DataFrame, str, pd.DataFrame]:
