@@ -20,12 +20,13 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
+from backend.runtime.check_task import UNPRIVILEGED_UID  # "nobody": what a root panel's check becomes
+
 BACKEND_DIR = os.path.dirname(os.path.abspath(__file__))
 RUNTIME_DIR = os.path.join(BACKEND_DIR, "runtime")
 INSIDE_LIB = "/check/lib"         # PYTHONPATH inside: the runtime package is INSIDE_LIB/runtime
 INSIDE_WORK = "/check/work"       # the scratch folder: the check's working directory, its only writable place
 INSIDE_HOME = "/check/home"
-UNPRIVILEGED_UID = 65534          # "nobody": what a root panel's check process becomes inside the sandbox
 # Per process of the check: enough for Python with transformers and TRL imported (~1 GB of address space).
 LIMITS = {"address_space_bytes": 6 * 2**30, "cpu_seconds": 300, "processes": 64, "file_bytes": 64 * 2**20,
           "open_files": 256}

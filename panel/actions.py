@@ -172,7 +172,10 @@ class Panel:
     def _check_in_job(self, spec: RunSpec, visitor: Visitor, progress) -> TaskReport:
         token = acting_token(visitor, self.settings)
         if not token:
-            return TaskReport(errors=[FieldError("account", CHECK_SIGN_IN)])
+            why = CHECK_SIGN_IN if self.settings.on_space else (
+                f"{no_token_reason(self.settings)} A panel that others reach checks a task in a job of the visitor's "
+                "own account, never on its own machine.")
+            return TaskReport(errors=[FieldError("account", why)])
         if spec.executor != "hf_jobs" or not spec.bucket.strip():
             spec = replace(spec, executor="hf_jobs", bucket=self.default_bucket(visitor, "hf_jobs") or spec.bucket)
         key = _check_key(spec, token)

@@ -21,6 +21,7 @@ from backend.jobspec import LABEL_ROLE
 from backend.sandbox import python_binds, system_binds
 
 PASSED = ("LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+JOB_MEMORY_BYTES = 8 * 2**30
 
 
 class CheckJobRunner:
@@ -100,7 +101,9 @@ class CheckJobRunner:
 
 def _elsewhere(machine: str, script: str) -> list[str]:
     """`bash -c script` as on another machine: none of this one's files, processes or loopback services."""
-    return ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent", "--new-session",
+    # prlimit: the job machine's memory (cpu-basic has 16 GB); a job asking for more fails there, not here.
+    return ["prlimit", f"--as={JOB_MEMORY_BYTES}", "--", "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--die-with-parent", "--new-session",
             *system_binds(), *python_binds(), "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
             "--bind", machine, machine, "bash", "-c", script]
 

@@ -279,3 +279,30 @@ def test_orphan_jobs_are_listed_and_cancelled_with_one_click(visit, hub):
     wait_for_text(alice, "orphans-msg", "cancel requested for [1-9]")
     wait_until(lambda: job.stage == "CANCELED", timeout=10)
     assert [r.user for r in hub.requests if r.path.endswith(f"{job.id}/cancel")] == ["alice"]
+
+
+def test_nothing_a_visitor_types_stays_in_their_browser_storage(visit, hub):
+    """Gradio 6 keeps each call's inputs in local storage by default ("run history"): a webhook URL and reward code
+    typed into the form, a refused launch and a task check later, the browser holds none of them."""
+    page = visit(ALICE, "alice")
+    hook = "https://hooks.slack.com/services/T000/B000/" + "typedWebhookSecret" * 2
+    marker = "typed_reward_marker_" + "q" * 8
+    page.get_by_text("Alerts", exact=True).click()
+    page.locator("#f-webhook input, #f-webhook textarea").first.fill(hook)
+    editor = page.locator("#f-reward_code .cm-content")
+    editor.wait_for(state="visible", timeout=10000)
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.press("Delete")
+    editor.fill(f"def {marker}(completions, **kwargs):\n    return [0.0] * len(completions)\n")
+    page.locator("#check-task-btn").click()
+    wait_for_text(page, "task-msg", "task checked|fix these", timeout_ms=120000)
+    page.locator("#launch-btn").click()
+    wait_for_text(page, "launch-msg", "not launched|review", timeout_ms=60000)
+    stored = page.evaluate("""async () => {
+        const dump = (s) => Object.keys(s).map(k => k + '=' + s.getItem(k)).join('\\n');
+        const dbs = indexedDB.databases ? (await indexedDB.databases()).map(d => d.name).join(',') : '';
+        return dump(localStorage) + '\\n' + dump(sessionStorage) + '\\n' + dbs + '\\n' + document.cookie;
+    }""")
+    assert hook not in stored and "typedWebhookSecret" not in stored, stored[:2000]
+    assert marker not in stored, stored[:2000]

@@ -185,6 +185,8 @@ def start_survivors(completions, **kwargs):
 '''
 
 
+EXPECTED = {"allocate": "MemoryError", "loop": "did not return within", "signal": "before it finished",
+            "forge": "the real result is a failure"}
 LATE = {   # attacks that end their check: one check each
     "allocate": ("def allocate(completions, **kwargs):\n    block = bytearray(30 * 2**30)\n"
                  "    return [float(len(block))] * len(completions)\n"),
@@ -299,8 +301,7 @@ def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_sur
             answer = check_once(client, code)
             assert_no_secret(answer, f"the answer to {case}")
             assert "Task checked" not in answer and "reward_code" in answer, (case, answer[-2000:])
-            assert {"allocate": "MemoryError", "loop": "did not return within", "signal": "stopped before it finished",
-                    "forge": "the real result is a failure"}[case] in answer, (case, answer[-2000:])
+            assert EXPECTED[case] in answer, (case, answer[-2000:])
         client.close()
         # The panel survived every case and still checks a good reward.
         good = "def one(completions, **kwargs):\n    return [1.0] * len(completions)\n"
@@ -355,17 +356,22 @@ def test_hostile_code_on_a_space_runs_only_in_the_visitors_own_job(tmp_path, hub
             good = "def one(completions, **kwargs):\n    return [1.0] * len(completions)\n"
             assert "Task checked" in check_once(bob, good)     # Bob's token is in the panel's memory from now on
             answer = check_once(alice, code)
+            late = {case: check_once(alice, late_code) for case, late_code in LATE.items()}
         finally:
             watching.set()
             watcher.join()
         assert children == [], f"the Space's machine started processes: {children}"
         assert "Task checked" in answer and "read_files" in answer, answer[-3000:]
-        bobs, post = hub.check_job_posts()
+        bobs, post, *_ = hub.check_job_posts()
         assert (bobs.user, post.user) == ("bob", "alice") and post.json["flavor"] == "cpu-basic"
         assert post.json["secrets"] == {"HF_TOKEN": ALICE}, "the visitor's own token, and no other"
         assert_no_secret(repr(post.json), "the check job")
         assert_no_secret(answer, "the answer on the Space")
-        assert len(hub.check_runner.ran) == 2 and listener.received == []
+        for case, late_answer in late.items():     # each in a check job of Alice's own, contained there
+            assert_no_secret(late_answer, f"the answer to {case} on the Space")
+            assert "Task checked" not in late_answer and EXPECTED[case] in late_answer, (case, late_answer[-2000:])
+        assert len(hub.check_job_posts()) == len(hub.check_runner.ran) == 2 + len(LATE)
+        assert listener.received == []
         alice.close()
         bob.close()
 
@@ -412,3 +418,21 @@ def test_a_space_checks_an_uploaded_file_in_the_visitors_job_and_launch_reuses_t
             assert len(hub.check_job_posts()) == 1 and len(hub.job_posts()) == 1, "Launch reused the check"
         finally:
             panel.shutdown()
+
+
+def test_a_panel_listening_beyond_loopback_runs_no_check_on_its_own_machine(tmp_path, monkeypatch):
+    """Not a Space, but reachable from other machines, with the host's token in its environment: without an
+    operator's opt-in no visitor acts with that token, and no check runs here, sandboxed or not."""
+    from backend import task_check
+    from panel.actions import Panel, Settings
+
+    monkeypatch.setenv("HF_TOKEN", SECRETS["host token"])
+    monkeypatch.setattr(task_check, "run_in_sandbox", lambda *a, **k: pytest.fail("a check ran on the panel"))
+    panel = Panel(Settings(home=str(tmp_path / "home"), on_space=False, host="0.0.0.0"))
+    try:
+        report = panel.check_task({"reward_code": "def f(completions, **kwargs):\n    return [0.0] * 12\n"})
+        [error] = report.errors
+        assert error.field == "account" and "GRPO_PANEL_AUTH" in error.message and "never on its own machine" in (
+            error.message)
+    finally:
+        panel.shutdown()

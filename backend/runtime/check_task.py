@@ -53,6 +53,7 @@ _LIMITS = {"address_space_bytes": resource.RLIMIT_AS, "cpu_seconds": resource.RL
            "processes": resource.RLIMIT_NPROC, "file_bytes": resource.RLIMIT_FSIZE,
            "open_files": resource.RLIMIT_NOFILE}
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+UNPRIVILEGED_UID = 65534      # "nobody"
 
 PREVIEW_CELL_CHARS = 300
 MOST = 0.5   # prompts over the limit on more than this share of rows: refused, not just warned about
@@ -404,6 +405,14 @@ def main() -> None:
         if request.get("file"):
             request["file"] = os.path.join(os.path.dirname(os.path.abspath(path)), request["file"])
         nonce = os.environ.pop(NONCE_ENV, "")
+        if os.geteuid() == 0:
+            # A job's container runs as root: the check drops to an unprivileged user there too, so the worker
+            # cannot read the harness (its nonce, its channel) through /proc.
+            work = os.getcwd()
+            for name in [work, *(os.path.join(work, n) for n in os.listdir(work))]:
+                os.chown(name, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
+            os.environ.update(HOME=work, HF_HOME=os.path.join(work, ".hf"))
+            request["drop_uid"] = UNPRIVILEGED_UID
     else:
         request = json.load(sys.stdin)
         nonce = request.pop("nonce", "")
