@@ -6,7 +6,6 @@ last drew, and a tick of ten sessions costs about one frame.
 """
 
 import hashlib
-import re
 import threading
 import time
 import weakref
@@ -15,14 +14,12 @@ from dataclasses import dataclass, field
 
 from backend import diagnose
 from backend.diagnose import ratio_alert
+from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
 from panel import charts
 
 LOG_TAIL = 400
 TRACEBACK_LINES = 30
-# A log line that states a failure: the one quoted as a failed job's cause (the last such line in its log).
-ERROR_LINE = re.compile(r"error|exception|no such file|not found|killed|denied|fatal|out of memory|cannot ",
-                        re.IGNORECASE)
 MAX_CAUSE = 300
 ADAPTER_PAGE = 50          # the adapters table shows the newest versions; the count of all is in the header
 
@@ -149,7 +146,7 @@ def status_markdown(view) -> str:
 
 def failure_cause(view) -> str:
     """Why the run failed, in one line for the top of the header: the trainer's own error when it recorded one,
-    else the last error line of the first failing job's log (masked), else its job status."""
+    else the job status of the first failing job with the line of its log that says why (`cause_line`, masked)."""
     last = view.trainer_end
     if last.get("event") == "failed":
         return f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"
@@ -159,11 +156,10 @@ def failure_cause(view) -> str:
         return ""
     _, role, job = failing[0]
     status = redact_tokens(job.status.message or "the job failed")
-    lines = [line.strip() for line in job.logs if line.strip()]
-    errors = [line for line in lines if ERROR_LINE.search(line) and not line.startswith("Traceback")]
+    line = cause_line(job.logs)
     cause = f"❌ **{role}: {status}**"
-    if errors and errors[-1] not in status:
-        cause += f" — `{redact_tokens(errors[-1])[:MAX_CAUSE].replace('`', chr(39))}`"
+    if line and line not in status:
+        cause += f" — `{redact_tokens(line)[:MAX_CAUSE].replace('`', chr(39))}`"
     return cause
 
 
