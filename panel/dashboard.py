@@ -125,13 +125,16 @@ def status_markdown(view) -> str:
     if view.history_pending:
         first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
         parts.append(f"⏳ Reading the run's earlier history{first} in the background: the charts fill in shortly.")
-    for alert in sorted(view.open_alerts.values(), key=lambda a: a.get("time", 0)):
+    live = {} if view.done else view.open_alerts     # an ended run has no live alert left, whatever was recorded
+    for alert in sorted(live.values(), key=lambda a: a.get("time", 0)):
         when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))
         parts.append(f"🔔 **{alert.get('kind', 'alert')}** since {when}: {redact_tokens(str(alert.get('message')))}")
-    if not view.open_alerts:     # no panel has recorded it yet: say it anyway
-        drift = ratio_alert(view.table.rows(last=5))
-        if drift:
-            parts.append(f"⚠️ **{drift.message}**")
+    # What the metrics themselves show, recorded by no panel yet or left by a run that ended: say it anyway.
+    shown = {alert.get("kind") for alert in live.values()}
+    rows = view.table.rows(last=diagnose.NO_SIGNAL_STEPS)
+    for finding in (ratio_alert(rows[-5:]), diagnose.no_signal_alert(rows, view.spec)):
+        if finding and finding.kind not in shown:
+            parts.append(f"⚠️ **{finding.message}**")
     verdict = diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec)
     if verdict.kind not in ("unknown",):
         parts.append(f"**Bottleneck:** {verdict.line}" + (f" {verdict.advice}" if verdict.advice else ""))
