@@ -203,8 +203,7 @@ class RunSpec:
             try:
                 kwargs[key] = _coerce(value, known[key].type)
             except (TypeError, ValueError):
-                got = redact_tokens(repr(value))
-                errors.append(FieldError(key, f"expected {_type_name(known[key].type)}, got {got}"))
+                errors.append(FieldError(key, _what_to_write(known[key].type, value)))
         if errors:
             raise SpecError(errors)
         return cls(**kwargs)
@@ -376,8 +375,18 @@ def _check_bucket(bucket: str, executor: str) -> list[FieldError]:
     return []
 
 
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp))
+def _what_to_write(tp, value) -> str:
+    """What a field of type `tp` takes, for a value that is not one, with what was there."""
+    got = "the field is empty" if value is None or value == "" else f"got {redact_tokens(repr(value))}"
+    kind = str(getattr(tp, "__name__", tp))
+    if kind.startswith("dict"):
+        return (f"write name=weight pairs separated by commas, e.g. accuracy_reward=1, think_format_reward=0.2 "
+                f"({got})")
+    if kind.startswith("list"):
+        return f"write names separated by commas, e.g. q_proj, v_proj ({got})"
+    what = {"int": "enter a whole number", "float": "enter a number, e.g. 4e-05", "bool": "true or false",
+            "str": "enter text"}
+    return f"{what.get(kind, 'invalid')} ({got})"
 
 
 def _coerce(value, tp):

@@ -153,7 +153,7 @@ def test_a_visitor_cannot_launch_into_a_namespace_they_do_not_own(hub, make_pane
     panel = make_panel(on_space=True)
     form = {**FORM, "bucket": "someone-else/runs"}
     result = panel.launch(form, ALICE, confirmed=panel.preview(form, ALICE).fingerprint)
-    assert result.run_id is None and "Not launched" in result.message
+    assert result.run_id is None and "nothing was launched" in result.message and result.fields == ("bucket",)
     assert hub.job_posts() == []
 
 
