@@ -36,19 +36,34 @@ WEBHOOK_TIMEOUT_S = 10.0
 
 
 def current_alerts(view, now: float | None = None) -> list[diagnose.Alert]:
-    """Every rule of `backend.diagnose` over the run as `view` shows it now."""
+    """Every rule of `backend.diagnose` over the run as `view` shows it now. An ended run has no live trouble left:
+    only a failed job's alert (its failure, sent once), so the others clear."""
     now = now or time.time()
-    running = not view.done
+    found = diagnose.job_alerts({role: job.status.stage for role, job in view.current_jobs.items()},
+                                {role: job.status.message for role, job in view.current_jobs.items()})
+    if view.done:
+        return found
     rows = view.table.rows(last=diagnose.WINDOW + 1)
-    found = [diagnose.ratio_alert(rows), diagnose.stall_alert(rows, now, running),
-             diagnose.stale_drop_alert(rows, view.spec)]
-    found += diagnose.job_alerts({role: job.status.stage for role, job in view.current_jobs.items()},
-                                 {role: job.status.message for role, job in view.current_jobs.items()})
-    found += [diagnose.gpu_idle_alert(role, list(job.resources), now, running)
+    starting, started_at = _trainer_start(view)
+    found += [diagnose.ratio_alert(rows), diagnose.no_signal_alert(rows, view.spec),
+              None if starting else diagnose.stall_alert(rows, now, True, view.spec, started_at),
+              diagnose.stale_drop_alert(rows, view.spec)]
+    found += [diagnose.gpu_idle_alert(role, list(job.resources), now, True)
               for role, job in view.current_jobs.items()]
-    if view.serving and running:
+    if view.serving:
         found += diagnose.serving_alerts(view.serving)
     return [a for a in found if a is not None]
+
+
+def _trainer_start(view) -> tuple[bool, float | None]:
+    """(whether a resumed trainer is still starting: its attempt has not recorded 'started' yet, when its current
+    attempt started training). Each attempt's trainer writes one 'started' event as training begins."""
+    attempts = 1 + sum(1 for key in getattr(view, "jobs", {}) if key.startswith("trainer#"))
+    starts = [e["time"] for e in view.events
+              if e.get("event") == "started" and isinstance(e.get("time"), (int, float))]
+    if attempts > 1 and len(starts) < attempts:
+        return True, None
+    return False, (max(starts) if starts else None)
 
 
 class AlertBook:

@@ -22,7 +22,16 @@ TARGET_SYNC_SHARE = 0.10     # what the proposed sync interval aims at
 # tiny runs here within 0.996-1.005 (small batches are noisier); a policy that was lost or never loaded drifts
 # past 1% and stays there. The old +-0.1 band was never crossed by a replica serving the base model early on.
 RATIO_BAND = 0.01
-STALL_FACTOR = 10            # no new step for this many median step times: stalled
+STALL_FACTOR = 10            # no new step for this many median step times ...
+STALL_FLOOR_S = 60.0         # ... and at least this long: a 0.1 s-step run that pauses 1 s is not stalled
+# Pauses a run makes on purpose, each allowed on top of the stall limit: saving a checkpoint (optimizer state too,
+# into the bucket), publishing an adapter version (a distributed run's weight sync: save, load on every replica),
+# and a resumed trainer starting up (model load, vLLM warm-up, the first generation). The trainers here run no
+# evaluation (GRPOConfig's eval_strategy stays "no"), so there is no evaluation pause to allow for.
+PAUSE_ALLOWANCE_S = {"checkpoint save": 300.0, "adapter publish": 120.0, "start-up": 900.0}
+METRICS_FLUSH_S = 2.0        # the trainers write logged steps at most this often (RunFolderCallback.flush_every_s)
+NO_SIGNAL_STEPS = 10         # logged steps in a row in which every group's completions scored alike: no signal
+ZERO_STD = 1e-6
 STALE_DROP_SHARE = 0.20      # stale samples dropped, as a share of samples scored, above which to alert
 GPU_IDLE_PERCENT = 5.0       # a GPU below this utilisation ...
 GPU_IDLE_MINUTES = 5.0       # ... for this long while the run trains is idle
@@ -100,7 +109,7 @@ def verdict(rows: list[dict], spec: dict) -> Verdict:
 
 @dataclass(frozen=True)
 class Alert:
-    kind: str          # "ratio", "stall", "job-error", "replica-down", "stale-drops", "gpu-idle", "serving"
+    kind: str  # "ratio", "stall", "no-signal", "job-error", "replica-down", "stale-drops", "gpu-idle", "serving"
     message: str
     key: str           # stable while the problem lasts: an alert is written and sent when its key appears
 
@@ -117,8 +126,11 @@ def ratio_alert(rows: list[dict], window: int = 5) -> Alert | None:
                  "ratio")
 
 
-def stall_alert(rows: list[dict], now: float, running: bool) -> Alert | None:
-    """No new step for STALL_FACTOR median step times while the run's jobs run."""
+def stall_alert(rows: list[dict], now: float, running: bool, spec: dict | None = None,
+                started_at: float | None = None) -> Alert | None:
+    """No new step for STALL_FACTOR median step times, and at least STALL_FLOOR_S, while the run's jobs run; a
+    pause the run makes on purpose right then gets its allowance on top. `started_at`: when the trainer's current
+    attempt started training (a resumed run's), if after its newest step: the wait is then counted from it."""
     times = _values(rows, "time")
     if not running or len(times) < 3:
         return None
@@ -127,11 +139,68 @@ def stall_alert(rows: list[dict], now: float, running: bool) -> Alert | None:
     if not gaps:
         return None
     typical = statistics.median(gaps)
-    idle = now - times[-1]
-    if idle < STALL_FACTOR * typical:
+    since, pause = times[-1], intended_pause(rows[-1].get("step"), typical, spec or {})
+    if started_at is not None and started_at > since:
+        since, pause = started_at, "start-up"
+    idle = now - since
+    limit = max(STALL_FACTOR * typical, STALL_FLOOR_S)
+    allowance = PAUSE_ALLOWANCE_S.get(pause, 0.0)
+    if idle < limit + allowance:
         return None
-    return Alert("stall", f"no new step for {idle:.0f} s, {idle / typical:.0f}x the median step time "
-                          f"({typical:.1f} s); last step {rows[-1].get('step')}", "stall")
+    why = f" plus {allowance:.0f} s for the {pause} due then" if pause else ""
+    return Alert("stall", f"no new step for {idle:.0f} s, past the limit of {limit + allowance:.0f} s "
+                          f"({STALL_FACTOR}x the median step time of {typical:.1f} s, at least {STALL_FLOOR_S:.0f} s"
+                          f"{why}); last step {rows[-1].get('step')}", "stall")
+
+
+def intended_pause(step, typical_s: float, spec: dict) -> str | None:
+    """The pause the run makes on purpose right after logged step `step`, if one is due: a checkpoint save or an
+    adapter publish at a step within those it may have logged but not yet written (it writes them every
+    METRICS_FLUSH_S), so a save at step 50 counts while step 48 is the newest one read."""
+    if not isinstance(step, (int, float)):
+        return None
+    every_log = max(int(spec.get("logging_steps") or 1), 1)
+    ahead = every_log * (1 + math.ceil(METRICS_FLUSH_S / max(typical_s, 1e-3)))
+    first, last = int(step), int(step) + ahead
+    for pause, key in (("checkpoint save", "checkpoint_every"), ("adapter publish", "adapter_every")):
+        every = int(spec.get(key) or 0)
+        if every > 0 and last // every > (first - 1) // every:    # a multiple of `every` in [first, last]
+            return pause
+    return None
+
+
+def _flat(row: dict) -> bool | None:
+    """Whether every group of the step scored its completions alike (None: the step does not say). GRPOTrainer
+    logs the share of groups whose rewards have zero std (`frac_reward_zero_std`); the async trainer logs each
+    group's own std, averaged over the step's samples (`reward_std`), zero only when every group's is."""
+    frac = row.get("frac_reward_zero_std")
+    if isinstance(frac, (int, float)) and math.isfinite(frac):
+        return frac >= 1 - ZERO_STD
+    std = row.get("reward_std")
+    if isinstance(std, (int, float)) and math.isfinite(std):
+        return std <= ZERO_STD
+    return None
+
+
+def no_signal_alert(rows: list[dict], spec: dict) -> Alert | None:
+    """Every group's completions scored alike in each of the last NO_SIGNAL_STEPS logged steps: GRPO's advantages
+    are all 0, so the adapter does not move. Says what would make the scores within a group differ."""
+    recent = rows[-NO_SIGNAL_STEPS:]
+    if len(recent) < NO_SIGNAL_STEPS or not all(_flat(r) for r in recent):
+        return None
+    rewards = _values(recent, "reward")
+    mean = sum(rewards) / len(rewards) if rewards else None
+    scored = f" (mean reward {mean:.3g})" if mean is not None else ""
+    n = spec.get("num_generations")
+    temperature = spec.get("temperature")
+    more = f"num_generations, now {n}" if n else "num_generations"
+    hotter = f"temperature, now {temperature:g}" if isinstance(temperature, (int, float)) else "temperature"
+    return Alert("no-signal",
+                 f"no learning signal: in each of the last {len(recent)} logged steps every prompt's completions got "
+                 f"the same score{scored}, so every advantage is 0 and nothing is learned (the adapter stays as it "
+                 f"started). Make scores differ within a group: an easier dataset or a reward that gives partial "
+                 f"credit (a format bonus, a graded score), more completions per prompt ({more}), or a higher "
+                 f"{hotter}.", "no-signal")
 
 
 def stale_drop_alert(rows: list[dict], spec: dict) -> Alert | None:

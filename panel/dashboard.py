@@ -6,7 +6,6 @@ last drew, and a tick of ten sessions costs about one frame.
 """
 
 import hashlib
-import re
 import threading
 import time
 import weakref
@@ -15,14 +14,12 @@ from dataclasses import dataclass, field
 
 from backend import diagnose
 from backend.diagnose import ratio_alert
+from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
 from panel import charts
 
 LOG_TAIL = 400
 TRACEBACK_LINES = 30
-# A log line that states a failure: the one quoted as a failed job's cause (the last such line in its log).
-ERROR_LINE = re.compile(r"error|exception|no such file|not found|killed|denied|fatal|out of memory|cannot ",
-                        re.IGNORECASE)
 MAX_CAUSE = 300
 ADAPTER_PAGE = 50          # the adapters table shows the newest versions; the count of all is in the header
 
@@ -128,13 +125,16 @@ def status_markdown(view) -> str:
     if view.history_pending:
         first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
         parts.append(f"⏳ Reading the run's earlier history{first} in the background: the charts fill in shortly.")
-    for alert in sorted(view.open_alerts.values(), key=lambda a: a.get("time", 0)):
+    live = {} if view.done else view.open_alerts     # an ended run has no live alert left, whatever was recorded
+    for alert in sorted(live.values(), key=lambda a: a.get("time", 0)):
         when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))
         parts.append(f"🔔 **{alert.get('kind', 'alert')}** since {when}: {redact_tokens(str(alert.get('message')))}")
-    if not view.open_alerts:     # no panel has recorded it yet: say it anyway
-        drift = ratio_alert(view.table.rows(last=5))
-        if drift:
-            parts.append(f"⚠️ **{drift.message}**")
+    # What the metrics themselves show, recorded by no panel yet or left by a run that ended: say it anyway.
+    shown = {alert.get("kind") for alert in live.values()}
+    rows = view.table.rows(last=diagnose.NO_SIGNAL_STEPS)
+    for finding in (ratio_alert(rows[-5:]), diagnose.no_signal_alert(rows, view.spec)):
+        if finding and finding.kind not in shown:
+            parts.append(f"⚠️ **{finding.message}**")
     verdict = diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec)
     if verdict.kind not in ("unknown",):
         parts.append(f"**Bottleneck:** {verdict.line}" + (f" {verdict.advice}" if verdict.advice else ""))
@@ -149,7 +149,7 @@ def status_markdown(view) -> str:
 
 def failure_cause(view) -> str:
     """Why the run failed, in one line for the top of the header: the trainer's own error when it recorded one,
-    else the last error line of the first failing job's log (masked), else its job status."""
+    else the job status of the first failing job with the line of its log that says why (`cause_line`, masked)."""
     last = view.trainer_end
     if last.get("event") == "failed":
         return f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"
@@ -159,11 +159,10 @@ def failure_cause(view) -> str:
         return ""
     _, role, job = failing[0]
     status = redact_tokens(job.status.message or "the job failed")
-    lines = [line.strip() for line in job.logs if line.strip()]
-    errors = [line for line in lines if ERROR_LINE.search(line) and not line.startswith("Traceback")]
+    line = cause_line(job.logs)
     cause = f"❌ **{role}: {status}**"
-    if errors and errors[-1] not in status:
-        cause += f" — `{redact_tokens(errors[-1])[:MAX_CAUSE].replace('`', chr(39))}`"
+    if line and line not in status:
+        cause += f" — `{redact_tokens(line)[:MAX_CAUSE].replace('`', chr(39))}`"
     return cause
 
 

@@ -10,7 +10,7 @@ task's reward code) from the one before. HF Jobs presets name no bucket: the for
 import dataclasses
 
 from backend.runtime.tiny_model import TINY_MODEL
-from backend.spec import RunSpec
+from backend.spec import LORA_TARGET_CHOICES, RunSpec
 
 TINY_DEMO = "Tiny demo (CPU)"
 TINY_TASK = "Tiny task: your reward code on a JSONL file (CPU)"
@@ -61,6 +61,41 @@ MATH_TASK = dict(
     reward_weights="accuracy_reward=1, think_format_reward=0.2",
 )
 
+# The published async GRPO + LoRA study (TRL's async trainer on HF Jobs, its adapters synced through a bucket):
+# what it set, as the RunSpec fields that set it here. Its tuned runs: Qwen2.5-Math-1.5B with a rank-1 LoRA
+# (alpha 2) on every linear layer, lr 4e-5, AdamW beta2 0.95, 8 samples a prompt, up to 3000 generated tokens in a
+# 4096-token context, a checkpoint every 50 steps; a token budget of 16384 with gradient accumulation 6 (128+
+# completions a step), 384 requests in flight, a queue of 768 (max_staleness x 128), the trainer on h200x2 and
+# two h200 replicas at --gpu-memory-utilization 0.85.
+STUDY_NAME = "the async GRPO + LoRA study"
+STUDY = dict(
+    model="Qwen/Qwen2.5-Math-1.5B", lora_r=1, lora_alpha=2, lora_target_modules=list(LORA_TARGET_CHOICES),
+    learning_rate=4e-5, adam_beta2=0.95, num_generations=8, max_completion_length=3000, checkpoint_every=50,
+)
+STUDY_DISTRIBUTED = dict(
+    max_tokens_per_batch=16384, gradient_accumulation_steps=6, max_inflight_tasks=384, queue_maxsize=768,
+    max_staleness=6, replicas=2, flavor="h200x2", vllm_flavor="h200", replica_max_model_len=4096,
+    replica_gpu_memory_utilization=0.85,
+)
+STUDY_COMPLETIONS_PER_STEP = 128
+
+QWEN05_COLOCATED = "Qwen2.5-0.5B math, colocated (HF Jobs, 1x A10G)"
+QWEN15_DISTRIBUTED = "Qwen2.5-1.5B math, distributed (HF Jobs, 2 vLLM replicas)"
+
+# Where a preset departs from the study, and why: the form shows these under the preset picker.
+DIFFERENCES: dict[str, dict[str, str]] = {
+    QWEN05_COLOCATED: dict(
+        model="a 0.5B model so that one A10G holds the trainer and vLLM together: the cheapest GPU start; the "
+              "Instruct model follows the system prompt's format unasked",
+        max_completion_length="1024, not 3000: 128 completions a step of up to 3000 tokens on one A10G would make "
+                              "each step several times longer (an estimate: not run on HF Jobs from here)",
+    ),
+    QWEN15_DISTRIBUTED: dict(
+        flavor="h200, not h200x2: the distributed trainer here runs one training process, so a second GPU would "
+               "be paid for and idle",
+    ),
+}
+
 PRESETS: dict[str, dict] = {
     TINY_DEMO: dict(NO_TASK, name="tiny-demo", mode="colocated", executor="local", model=TINY_MODEL,
                     dataset="builtin:count-to-ten", rewards=["digits"], use_vllm=False, flavor="cpu-basic",
@@ -71,37 +106,65 @@ PRESETS: dict[str, dict] = {
         NO_TASK, name="tiny-distributed", mode="distributed", executor="local", model=TINY_MODEL,
         dataset="builtin:count-to-ten", rewards=["digits"], replicas=2, max_staleness=1, lora_r=8, max_steps=20,
         adapter_every=1, flavor="cpu-basic", bucket="local/grpo-runs", timeout_minutes=30),
-    "Qwen2.5-0.5B math, colocated (HF Jobs, 1x A10G)": dict(
+    QWEN05_COLOCATED: dict(
         MATH_TASK, name="qwen05b-math", mode="colocated", executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct",
         use_vllm=True,
         vllm_gpu_memory_utilization=0.3,  # vLLM's weights + KV cache; the rest of the 24 GB is the trainer's
         vllm_enable_sleep_mode=True,      # free vLLM's memory while the trainer steps
-        learning_rate=1e-5,               # conservative for GRPO; LoRA often tolerates up to ~5e-5 if reward is flat
-        max_steps=500, per_device_batch_size=8,
-        num_generations=8,                # 8 answers per problem: enough spread for a group-relative advantage
-        max_completion_length=1024,       # room for a short chain of thought; a cut answer has no \boxed{} and scores 0
-        lora_r=16, lora_alpha=32,         # alpha = 2 x rank, the usual LoRA scaling
-        adapter_every=50, checkpoint_every=100, flavor="a10g-large",
-        timeout_minutes=180),             # 500 steps x 8 x 1024 tokens on one A10G, with margin
-    "Qwen2.5-1.5B math, distributed (HF Jobs, 2 vLLM replicas)": dict(
+        # The study's LoRA and optimizer: rank 1 on every linear layer learns GRPO's few bits per step as well as
+        # a larger rank, with its learning rate and beta2.
+        lora_r=1, lora_alpha=2, lora_target_modules=list(LORA_TARGET_CHOICES), learning_rate=4e-5, adam_beta2=0.95,
+        num_generations=8,                # the study's 8 answers per problem: spread for a group-relative advantage
+        # 8 completions a micro-batch, 16 micro-batches a step: the study's 128 completions (16 prompts) a step,
+        # generated at once; a micro-batch of 8 is what one A10G trains beside vLLM.
+        per_device_batch_size=8, gradient_accumulation_steps=16,
+        max_completion_length=1024,       # see DIFFERENCES; a cut answer has no \boxed{} and scores 0
+        max_steps=200, adapter_every=50, checkpoint_every=50,
+        flavor="a10g-large",
+        timeout_minutes=600),             # 200 steps of 128 completions; estimated, not measured: the cost cap is yours
+    QWEN15_DISTRIBUTED: dict(
         MATH_TASK, name="qwen15b-math-async", mode="distributed", executor="hf_jobs",
-        model="Qwen/Qwen2.5-1.5B-Instruct", replicas=2, lora_r=32, lora_alpha=64,
-        learning_rate=1e-5, max_steps=1000, max_completion_length=1024,
+        # As the study ran it: its model, LoRA, optimizer and lengths (the model's context is 4096 tokens, so the
+        # replicas serve exactly that: up to 3000 generated after a prompt of up to 512).
+        model="Qwen/Qwen2.5-Math-1.5B", lora_r=1, lora_alpha=2, lora_target_modules=list(LORA_TARGET_CHOICES),
+        learning_rate=4e-5, adam_beta2=0.95, num_generations=8, max_completion_length=3000,
+        replica_max_model_len=4096, replica_gpu_memory_utilization=0.85, checkpoint_every=50,
         # Long completions cost generation time for nothing (a cut answer scores 0): DAPO's soft overlong
-        # punishment starts 256 tokens before the 1024-token cap and reaches -1 at it.
+        # punishment starts 256 tokens before the 3000-token cap and reaches -1 at it (not part of the study).
         rewards=["accuracy_reward", "think_format_reward", "soft_overlong_punishment_reward"],
         overlong_cache_tokens=256,
         reward_weights="accuracy_reward=1, think_format_reward=0.2, soft_overlong_punishment_reward=0.5",
-        # As the published async GRPO + LoRA study tuned it (3.9x faster than its first setting):
-        max_tokens_per_batch=32768,       # token-budget packing: 32 completions of 1024 tokens per optimizer step
-        gradient_checkpointing=False,     # a rank-32 LoRA on 1.5B fits an A100-80GB without it; it recomputes forwards
-        max_inflight_tasks=128,           # raise in-flight requests before adding replicas: keeps both replicas full
-        max_staleness=4,                  # the trainer may use rollouts up to 4 versions old ...
-        adapter_every=4,                  # ... since it syncs every 4 steps: across a bucket a sync costs seconds,
-                                          # so syncing every step would double the step time
-        queue_maxsize=512,                # the queue holds the staleness window: max_staleness x 128 samples
-        checkpoint_every=100, flavor="a100-large", vllm_flavor="l40sx1", timeout_minutes=240),
+        # The study's tuned run (3.9x faster than its first setting): 16384-token micro-batches, 6 of them a step
+        # (128+ completions), 384 requests in flight so both replicas stay full, a queue of max_staleness x 128.
+        max_tokens_per_batch=16384, gradient_accumulation_steps=6, max_inflight_tasks=384, queue_maxsize=768,
+        max_staleness=6,
+        adapter_every=4,                  # not set by the study's summary: across a bucket a sync costs seconds,
+                                          # so every 4 steps, within max_staleness
+        gradient_checkpointing=False,     # a rank-1 LoRA on 1.5B fits an H200 without it; it recomputes forwards
+        replicas=2, flavor="h200", vllm_flavor="h200",
+        max_steps=1000, timeout_minutes=480),   # not from the study, not measured here: the cost cap is yours
 }
+
+
+def study_differences(name: str) -> dict[str, str]:
+    """The fields where preset `name` departs from the study, each with its reason."""
+    return DIFFERENCES.get(name, {})
+
+
+def preset_note(name: str) -> str:
+    """What the form shows under the preset picker: for an HF Jobs preset, what it takes from the study and
+    where it differs, with why."""
+    values = preset_values(name)
+    if values["executor"] != "hf_jobs":
+        return "Runs on this machine: a tiny model built on the spot, no account, no GPU."
+    published = {**STUDY, **(STUDY_DISTRIBUTED if values["mode"] == "distributed" else {})}
+    differences = study_differences(name)
+    same = [field for field in published if field not in differences]
+    lines = [f"Follows {STUDY_NAME} (Qwen2.5-Math-1.5B, rank-1 LoRA, lr 4e-5, 128+ completions a step) in: "
+             + ", ".join(f"`{field}`" for field in same) + "."]
+    lines += [f"- `{field}` = `{values[field]}` (study: `{published[field]}`): {reason}"
+              for field, reason in differences.items()]
+    return "\n".join(lines)
 
 
 def preset_values(name: str, bucket: str | None = None) -> dict:

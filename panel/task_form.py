@@ -15,6 +15,7 @@ import gradio as gr
 import pandas as pd
 
 from backend.spec import BUILTIN_DATASETS, REWARD_CHOICES
+from panel.markdown import plain
 
 REQUIRED_CHOICE = "required-choice"     # a dropdown that must not be left empty (see ui.KEEP_CLEARED_CHOICES)
 CODE_LABEL = ("Your reward functions (Python): every top-level def name(completions, **kwargs) -> list[float] is a "
@@ -142,7 +143,7 @@ def preview_outputs(report) -> tuple[str, pd.DataFrame, str, pd.DataFrame]:
 def summary_markdown(report) -> str:
     parts = []
     if report.errors:
-        items = "\n".join(f"- **{e.field}**: {e.message}" for e in report.errors)
+        items = "\n".join(f"- **{plain(e.field)}**: {plain(e.message)}" for e in report.errors)
         parts.append(f"**Fix these fields before launching:**\n{items}")
         parts += [f"`{name}`:\n```text\n{tb}\n```" for name, tb in report.tracebacks.items()]
     elif report.scores or report.preview:

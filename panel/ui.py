@@ -15,7 +15,7 @@ from backend.compare import X_AXES
 from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
 from panel import compare_view, dashboard, live, publish_view, spend_view
 from panel.actions import Panel
-from panel.presets import PRESETS, TINY_DEMO, preset_values
+from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 from panel.task_form import REQUIRED_CHOICE, TaskSection
 
@@ -154,6 +154,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         with gr.Tabs() as tabs:
             with gr.Tab("Launch", id="launch"):
                 preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset")
+                preset_info = gr.Markdown(preset_note(first_preset), elem_id="preset-note")
                 form, task, sections = _form(panel, initial, executors)
                 panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
                 with gr.Accordion("Alerts", open=False):
@@ -244,7 +245,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
             # A preset is a complete starting point: every field it does not name takes its default.
             executor = PRESETS[choice]["executor"]
             values = preset_values(choice, bucket=panel.default_bucket(visitor_of(oauth_token, profile), executor))
-            return [values[n] for n in names]
+            return [*(values[n] for n in names), preset_note(choice)]
 
         def show_fields(bad: tuple[str, ...] | list[str], marked: list[str] | None) -> dict:
             """Open the sections holding `bad` fields and mark those fields; unmark the ones marked before."""
@@ -458,7 +459,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
             return (gr.update(choices=_run_choices(panel, visitor)), panel.runs_hint(visitor), bucket,
                     gr.update(choices=flavors), gr.update(choices=flavors))
 
-        preset.change(on_preset, preset, inputs)
+        preset.change(on_preset, preset, [*inputs, preset_info])
         # Any change to the form withdraws the tick: the review was of another spec (the server checks it too).
         gr.on([c.change for c in inputs], lambda: False, None, confirm, show_progress="hidden")
         accordions = [accordion for accordion, _ in sections.values()]

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from backend import diagnose
 from backend.alerts import AlertBook, WebhookStore, current_alerts
 from backend.diagnose import Alert
 from backend.jobspec import JobStatus
@@ -19,13 +20,14 @@ from backend.series import SeriesTable
 from backend.store import FolderStore
 
 
-def _view(rows, *, stages=None, serving=None, events=None):
+def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()):
     table = SeriesTable()
     table.extend(rows)
     jobs = {role: SimpleNamespace(status=JobStatus(stage), resources=[]) for role, stage in (stages or {}).items()}
     done = all(j.status.done for j in jobs.values()) if jobs else False
-    return SimpleNamespace(run_id="r1", table=table, spec={"mode": "distributed", "name": "demo"}, current_jobs=jobs,
-                           done=done, serving=serving or {}, events=events or [])
+    spec = {"mode": "distributed", "name": "demo", **(spec or {})}
+    return SimpleNamespace(run_id="r1", table=table, spec=spec, current_jobs=jobs, done=done, serving=serving or {},
+                           events=events or [], jobs={**jobs, **{key: None for key in earlier}})
 
 
 def _events(store) -> list[dict]:
@@ -113,9 +115,11 @@ def test_a_webhook_url_is_kept_encrypted_in_the_panels_home(tmp_path, monkeypatc
     assert oct(os.stat(os.path.join(store.folder, "r1.webhook")).st_mode & 0o777) == "0o600"
 
 
-def test_a_run_made_to_stall_raises_the_stall_alert_on_its_dashboard_and_webhook(tmp_path, webhook):
+def test_a_run_made_to_stall_raises_the_stall_alert_on_its_dashboard_and_webhook(tmp_path, webhook, monkeypatch):
     """A real local run whose trainer is stopped (SIGSTOP) stops logging steps: the stall alert fires."""
     from panel.actions import Panel, Settings
+
+    monkeypatch.setattr(diagnose, "STALL_FLOOR_S", 5.0)   # the floor's own test is above; here, not a minute's wait
 
     panel = Panel(Settings(home=str(tmp_path / "home"), on_space=False, host="127.0.0.1"))
     result = panel.launch({"max_steps": 400, "adapter_every": 1000, "checkpoint_every": 1000})
@@ -156,3 +160,126 @@ def test_a_run_made_to_stall_raises_the_stall_alert_on_its_dashboard_and_webhook
 
 def test_an_alert_is_an_alert_whatever_sends_it():
     assert Alert("stall", "no step", "stall") == Alert("stall", "no step", "stall")
+
+
+def _steps(n: int, step_s: float, start: float = 1000.0, **metrics) -> list[dict]:
+    return [{"step": i, "time": start + i * step_s, **metrics} for i in range(1, n + 1)]
+
+
+def _kinds(view, now: float) -> list[str]:
+    return [a.kind for a in current_alerts(view, now)]
+
+
+def test_a_stall_needs_a_floor_in_seconds_not_only_a_multiple_of_a_fast_step():
+    """A 0.1 s-step run paused 1 s once fired "11x the median step time"; a pause is a stall only past a floor."""
+    rows = _steps(30, 0.1)
+    view = _view(rows, stages={"trainer": "RUNNING"}, spec={"adapter_every": 1000, "checkpoint_every": 1000})
+    last = rows[-1]["time"]
+    assert _kinds(view, last + 1.1) == [] and _kinds(view, last + diagnose.STALL_FLOOR_S - 1) == []
+    [stall] = [a for a in current_alerts(view, last + diagnose.STALL_FLOOR_S + 1) if a.kind == "stall"]
+    assert f"at least {diagnose.STALL_FLOOR_S:.0f} s" in stall.message and "last step 30" in stall.message
+
+
+def test_a_pause_the_run_makes_on_purpose_is_no_stall():
+    """A checkpoint save or an adapter publish due right after the newest step, or a resumed trainer starting,
+    gets its own allowance on top of the stall limit."""
+    spec = {"adapter_every": 1000, "checkpoint_every": 50}
+    rows = _steps(50, 20.0)                              # 20 s steps; step 50 saves a checkpoint
+    last = rows[-1]["time"]
+    view = _view(rows, stages={"trainer": "RUNNING"}, spec=spec)
+    limit = 10 * 20.0
+    assert _kinds(view, last + limit + 60) == [], "the checkpoint save is still within its allowance"
+    [stall] = [a for a in current_alerts(view, last + limit + diagnose.PAUSE_ALLOWANCE_S["checkpoint save"] + 1)
+               if a.kind == "stall"]
+    assert "checkpoint save" in stall.message
+    mid = _view(rows[:45], stages={"trainer": "RUNNING"}, spec=spec)
+    assert _kinds(mid, rows[44]["time"] + limit + 60) == ["stall"], "no save is due after step 45"
+
+    # Resumed: the new attempt's trainer is loading its model (no 'started' event of its own yet): no stall.
+    started = [{"event": "started", "time": rows[0]["time"] - 5}]
+    resumed = _view(rows[:45], stages={"trainer": "RUNNING"}, spec=spec, events=started, earlier=["trainer#1"])
+    assert _kinds(resumed, rows[44]["time"] + 3600) == []
+    # Once it started, the time until its first step is start-up, counted from its start.
+    started.append({"event": "started", "time": rows[44]["time"] + 3000})
+    assert _kinds(resumed, rows[44]["time"] + 3000 + limit + 60) == []
+    late = rows[44]["time"] + 3000 + limit + diagnose.PAUSE_ALLOWANCE_S["start-up"] + 1
+    assert [a.message for a in current_alerts(resumed, late) if "start-up" in a.message]
+
+
+def test_an_ended_run_shows_no_live_alert_in_its_header(tmp_path):
+    """A stall recorded while the run ran stays in its events; the header of the completed or failed run does
+    not show it, and the alert book clears it once it sees the run ended."""
+    from panel import dashboard
+
+    store = FolderStore(str(tmp_path))
+    rows = _steps(30, 1.0)
+    running = _view(rows, stages={"trainer": "RUNNING"}, spec={"adapter_every": 1000, "checkpoint_every": 1000})
+    book = AlertBook(store, "r1")
+    assert [a.kind for a in book.update(running, now=rows[-1]["time"] + 600)] == ["stall"]
+    for stage in ("COMPLETED", "ERROR"):
+        ended = _header_view(rows, stage, open_alerts={"stall": _events(store)[0]})
+        header = dashboard.status_markdown(ended)
+        assert "stall" not in header and "🔔" not in header, header
+    done = _view(rows, stages={"trainer": "COMPLETED"}, events=_events(store))
+    book.update(done, now=rows[-1]["time"] + 700)
+    assert [e["event"] for e in _events(store)] == ["alert", "alert_cleared"]
+
+
+# Metric records as the trainers write them: TRL's log dict through the runtime's canonical_metrics, as
+# RunFolderCallback.on_log (GRPOTrainer: frac_reward_zero_std, batch reward_std) and AsyncRunFolderCallback.on_log
+# (the async trainer: reward_std is each group's own std, averaged over the step's samples) record them.
+def _colocated_records(n: int, reward: float = 0.0, frac: float = 1.0, start: float = 1000.0) -> list[dict]:
+    from backend.runtime.metrics_callback import canonical_metrics
+
+    logs = {"loss": 0.0, "grad_norm": 0.0, "learning_rate": 4e-05, "num_tokens": 1234.0,
+            "completions/mean_length": 64.0, "rewards/accuracy_reward/mean": reward,
+            "rewards/accuracy_reward/std": 0.0, "reward": reward, "reward_std": 0.0,
+            "frac_reward_zero_std": frac, "kl": 0.0, "entropy": 2.1, "clip_ratio/region_mean": 0.0, "epoch": 0.1}
+    return [{"step": i, "time": start + i, **canonical_metrics({**logs, "step": i})} for i in range(1, n + 1)]
+
+
+def _async_records(n: int, reward_std: float, start: float = 1000.0) -> list[dict]:
+    from backend.runtime.metrics_callback import canonical_metrics
+
+    logs = {"reward": 0.0, "reward_std": reward_std, "rewards/accuracy_reward": 0.0, "ratio": 1.0, "kl": 0.0,
+            "sample/staleness_mean": 1.0, "perf/step_s": 1.0, "perf/rollout_wait_s": 0.1}
+    return [{**canonical_metrics(logs), "step": i, "time": start + i, "policy_version": i} for i in range(1, n + 1)]
+
+
+def test_no_learning_signal_raises_an_alert_that_says_what_to_change(tmp_path, webhook):
+    """Every group's completions scored alike (all 0) for a while: every advantage is 0, nothing is learned."""
+    spec = {"mode": "colocated", "num_generations": 8, "temperature": 1.0}
+    store = FolderStore(str(tmp_path))
+    book = AlertBook(store, "r1", webhook.url)
+    flat = _colocated_records(diagnose.NO_SIGNAL_STEPS)
+    assert book.update(_view(flat[:-1], stages={"trainer": "RUNNING"}, spec=spec), now=1000.0 + len(flat)) == []
+    [alert] = book.update(_view(flat, stages={"trainer": "RUNNING"}, spec=spec), now=1000.0 + len(flat))
+    assert alert.kind == "no-signal"
+    for words in ("nothing is learned", "num_generations", "temperature", "partial credit", "easier"):
+        assert words in alert.message, alert.message
+    # One step where some group's completions differ is a learning signal: the alert clears.
+    mixed = [*flat, *_colocated_records(1, reward=0.125, frac=0.5, start=1000.0 + len(flat))]
+    mixed[-1]["step"] = len(flat) + 1
+    book.update(_view(mixed, stages={"trainer": "RUNNING"}, spec=spec), now=1000.0 + len(mixed))
+    assert [e["event"] for e in _events(store)] == ["alert", "alert_cleared"]
+
+    # The async trainer logs no frac_reward_zero_std: a zero mean within-group reward_std says the same.
+    assert "no-signal" in _kinds(_view(_async_records(diagnose.NO_SIGNAL_STEPS, 0.0), stages={"trainer": "RUNNING"},
+                                       spec={"num_generations": 8}), now=1020.0)
+    assert "no-signal" not in _kinds(_view(_async_records(diagnose.NO_SIGNAL_STEPS, 0.2),
+                                           stages={"trainer": "RUNNING"}), now=1020.0)
+    # A run that ended with no signal says so in its header (not as a live alert).
+    from panel import dashboard
+
+    header = dashboard.status_markdown(_header_view(flat, "COMPLETED", spec=spec))
+    assert "nothing is learned" in header and "🔔" not in header, header
+
+
+def _header_view(rows, stage, open_alerts=None, spec=None):
+    table = SeriesTable()
+    table.extend(rows)
+    jobs = {"trainer": SimpleNamespace(status=JobStatus(stage), logs=[], resources=[])}
+    return SimpleNamespace(run_id="r1", spec={"mode": "colocated", "max_steps": 100, **(spec or {})}, latest=rows[-1],
+                           degraded="", stage=stage, jobs=jobs, current_jobs=jobs, engine="", history_pending=False,
+                           open_alerts=open_alerts or {}, table=table, unreadable={}, done=True, trainer_end={},
+                           adapters={}, final_files=[])

@@ -271,6 +271,11 @@ def test_new_run_from_this_fills_the_form_and_presets_set_every_field(app, page)
     for preset in (big, tiny):
         page.locator("#preset input").first.click()
         page.get_by_role("option", name=preset).click()
+        if preset == big:   # under the picker: what the preset takes from its published source, and why not the rest
+            page.wait_for_function("() => /Follows the async GRPO/.test(document.getElementById('preset-note')"
+                                   ".innerText)", timeout=10000)
+            note = text_of(page, "preset-note")
+            assert "flavor = h200 (study: h200x2): h200, not h200x2" in note, note
     page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]').checked", timeout=10000)
     page.get_by_text("GRPO training", exact=True).click()
     page.get_by_text("LoRA", exact=True).click()

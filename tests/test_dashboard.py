@@ -102,3 +102,73 @@ def test_the_trainers_own_error_is_the_cause_and_a_healthy_run_has_none():
     assert dashboard.failure_cause(_view(current_jobs=jobs, trainer_end=failed)) == "❌ **RewardFunctionError: boom**"
     running = {"trainer": SimpleNamespace(status=JobStatus("RUNNING"), logs=["Error in a warning"])}
     assert dashboard.failure_cause(_view(current_jobs=running)) == ""
+
+
+# Log tails as the jobs wrote them when they failed: the proxy's asyncio noise after the trainer was killed,
+# and vLLM's access log of the trainer unloading an adapter from a replica that was already gone.
+KILLED_TRAINER_LOG = [
+    "step 41/500  reward 0.312  63.0s  staleness 0.50  policy v40",
+    "2026-12-01 10:02:11,480 runtime.proxy INFO replica http://127.0.0.1:41001 is healthy (3 adapters)",
+    "Traceback (most recent call last):",
+    '  File "/bucket/runs/r/code/runtime/train_async.py", line 301, in <module>',
+    "    main()",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.11 GiB total capacity)",
+    "2026-12-01 10:02:14,002 asyncio ERROR Unclosed connector",
+    "connections: ['deque([(<aiohttp.client_proto.ResponseHandler object at 0x7f>, 1234.5)])']",
+    "connector: <aiohttp.connector.TCPConnector object at 0x7f1c2c0d5e50>",
+    "2026-12-01 10:02:14,003 asyncio ERROR Unclosed client session",
+    "client_session: <aiohttp.client.ClientSession object at 0x7f1c2c0d5d10>",
+]
+KILLED_REPLICA_LOG = [
+    "(APIServer pid=4242) INFO 12-01 10:03:00 [serving_models.py:210] Loaded new LoRA adapter: name 'trl-policy-v7'",
+    '(APIServer pid=4242) INFO:     127.0.0.1:50514 - "POST /v1/load_lora_adapter HTTP/1.1" 200 OK',
+    '(APIServer pid=4242) INFO:     127.0.0.1:50530 - "POST /v1/unload_lora_adapter HTTP/1.1" 404 Not Found',
+    "(APIServer pid=4242) INFO 12-01 10:03:05 [launcher.py:80] Shutting down FastAPI HTTP server.",
+]
+
+
+def test_a_failed_jobs_cause_is_its_real_error_not_the_noise_after_it():
+    from backend.jobspec import JobStatus
+
+    trainer = SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=KILLED_TRAINER_LOG)
+    cause = dashboard.status_markdown(_header_view(current_jobs={"trainer": trainer}))
+    assert "torch.OutOfMemoryError: CUDA out of memory" in cause and "Unclosed" not in cause, cause
+
+    # A killed replica's status says how it ended; an INFO access-log line of its log is no cause.
+    replica = SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL (out of memory, or killed from outside)"),
+                              logs=KILLED_REPLICA_LOG)
+    cause = dashboard.failure_cause(_view(current_jobs={"vllm-1": replica}))
+    assert cause == "❌ **vllm-1: killed by SIGKILL (out of memory, or killed from outside)**", cause
+
+    # Only noise after a kill: the status alone.
+    noise = SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL"), logs=KILLED_TRAINER_LOG[-5:])
+    assert dashboard.failure_cause(_view(current_jobs={"trainer": noise})) == "❌ **trainer: killed by SIGKILL**"
+
+    # The kernel's OOM kill as bash reports it beats an earlier, lesser error line.
+    shell = SimpleNamespace(status=JobStatus("ERROR", "exited with code 137"),
+                            logs=["ERROR could not reach the Hub, retrying", "bash: line 1:  4242 Killed  python -m x",
+                                  "INFO: shutting down"])
+    assert dashboard.failure_cause(_view(current_jobs={"trainer": shell})).endswith(
+        "`bash: line 1:  4242 Killed  python -m x`")
+
+
+def test_a_local_jobs_exit_message_quotes_its_real_error_not_its_last_line(tmp_path):
+    from backend.runtime.job_wrapper import LOG_FILE, exit_message
+
+    (tmp_path / LOG_FILE).write_text("\n".join(KILLED_TRAINER_LOG) + "\n")
+    assert exit_message(1, str(tmp_path)) == (
+        "ERROR", ("exited with code 1: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB "
+                  "(GPU 0; 79.11 GiB total capacity)"))
+    (tmp_path / LOG_FILE).write_text("step 3/4 reward 0.1\nall done, exiting\n")
+    assert exit_message(2, str(tmp_path)) == ("ERROR", "exited with code 2: all done, exiting")
+
+
+def _header_view(**kw):
+    from backend.series import SeriesTable
+
+    view = _view(**kw)
+    extra = dict(run_id="r", stage="ERROR", degraded="", latest={}, engine="", history_pending=False,
+                 open_alerts={}, table=SeriesTable(), unreadable={}, done=True)
+    for key, value in extra.items():
+        setattr(view, key, value)
+    return view

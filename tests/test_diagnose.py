@@ -2,6 +2,7 @@
 
 from backend.diagnose import (
     RATIO_BAND,
+    STALL_FLOOR_S,
     gpu_idle_alert,
     job_alerts,
     ratio_alert,
@@ -63,11 +64,14 @@ def test_the_ratio_alert_fires_on_a_drift_the_old_band_never_saw():
     assert 3 * RATIO_BAND < 0.1, "a drift the previous +-0.1 warning never reported"
 
 
-def test_a_run_with_no_new_step_for_ten_step_times_has_stalled():
+def test_a_run_with_no_new_step_for_ten_step_times_and_the_floor_has_stalled():
     rows = window(n=10)           # one step a second, last at t=110
-    assert stall_alert(rows, now=115.0, running=True) is None
-    assert stall_alert(rows, now=125.0, running=True).key == "stall"
-    assert stall_alert(rows, now=125.0, running=False) is None, "a finished run is not stalled"
+    assert stall_alert(rows, now=125.0, running=True) is None, "ten step times, but under the floor in seconds"
+    assert stall_alert(rows, now=110.0 + STALL_FLOOR_S + 1, running=True).key == "stall"
+    assert stall_alert(rows, now=110.0 + STALL_FLOOR_S + 1, running=False) is None, "a finished run is not stalled"
+    slow = [{**r, "time": 100.0 + 30 * (r["time"] - 100.0)} for r in rows]    # 30 s steps: ten of them is the limit
+    assert stall_alert(slow, now=slow[-1]["time"] + 290, running=True) is None
+    assert stall_alert(slow, now=slow[-1]["time"] + 301, running=True).key == "stall"
 
 
 def test_stale_drops_above_a_share_of_scored_samples_alert():

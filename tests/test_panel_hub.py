@@ -24,6 +24,7 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
 ALICE = "hf_oauth_aliceToken000000000000"
 BOB = "hf_oauth_bobToken00000000000000"
 CAROL = "hf_oauth_carolToken0000000000"
+DAN = "hf_oauth_danToken000000000000000"
 EXECUTOR = RUNS_HEADERS.index("executor")
 
 
@@ -153,7 +154,25 @@ def test_a_visitor_cannot_launch_into_a_namespace_they_do_not_own(hub, make_pane
     panel = make_panel(on_space=True)
     form = {**FORM, "bucket": "someone-else/runs"}
     result = panel.launch(form, ALICE, confirmed=panel.preview(form, ALICE).fingerprint)
-    assert result.run_id is None and "Not launched" in result.message
+    assert result.run_id is None and "nothing was launched" in result.message and result.fields == ("bucket",)
+    assert hub.job_posts() == []
+
+
+def test_a_bucket_the_visitor_cannot_write_is_refused_at_preview_naming_the_bucket_field(hub, make_panel):
+    """Another user's namespace, or an org the visitor only reads (whoami-v2's roleInOrg), is refused by Preview
+    itself: no cost, no review code, the Bucket field named; Launch refuses it the same way."""
+    hub.users[DAN] = FakeUser("dan", {"acme": "read", "dan-lab": "admin"})
+    panel = make_panel(on_space=True)
+    panel.field_labels = {"bucket": "Bucket (namespace/name)"}
+    for bucket, words in (("acme/grpo-runs", "read-only access to acme"), ("carol/grpo-runs", "someone else")):
+        form = {**FORM, "bucket": bucket}
+        shown = panel.preview(form, DAN)
+        assert shown.fingerprint is None and "bucket" in shown.fields, shown.markdown
+        assert "**Bucket (namespace/name)** (`bucket`)" in shown.markdown and words in shown.markdown, shown.markdown
+        assert "Estimated cost" not in shown.markdown and "dan, dan-lab" in shown.markdown, shown.markdown
+        result = panel.launch(form, DAN, confirmed="anything")
+        assert result.run_id is None and "bucket" in result.fields, result.message
+    assert panel.preview({**FORM, "bucket": "dan-lab/grpo-runs"}, DAN).fingerprint, "an org dan administers is fine"
     assert hub.job_posts() == []
 
 

@@ -69,8 +69,12 @@ RUN_BAD = [
     ("def f(completions, **kwargs):\n    return [float('nan')] * len(completions)\n",
      "returned nan (float) at index 0"),
     ("def f(completions, **kwargs):\n    return ['good'] * len(completions)\n", "returned 'good' (str) at index 0"),
-    ("def f(completions, **kwargs):\n    return [None] * len(completions)\n", "returned None (NoneType) at index 0"),
-    ("def f(completions, **kwargs):\n    return 1.0\n", "returned float, not a list of floats"),
+    ("def f(completions, **kwargs):\n    return [None] * len(completions)\n",
+     "returned None (NoneType) at index 0; return a float for every completion: 0.0 for one your code cannot judge"),
+    ("def f(completions, **kwargs):\n    return 1.0\n",
+     "returned float, not a list of floats; return one float per completion, a list of len(completions)"),
+    ("def f(completions, **kwargs):\n    return {'score': [1.0] * len(completions)}\n",
+     "returned dict, not a list of floats; return one float per completion, a list of len(completions)"),
     ("import no_such_package\n\ndef f(completions, **kwargs):\n    return []\n",
      "importing your code raised ModuleNotFoundError: No module named 'no_such_package' (line 1)"),
     ("def f(completions, **kwargs):\n    while True:\n        pass\n", "f did not return within 2 s"),
@@ -89,7 +93,8 @@ def _files_under(path) -> list[str]:
 
 
 @pytest.mark.parametrize("code,fragment", RUN_BAD,
-                         ids=["raises", "wrong-length", "nan", "string", "none", "not-a-list", "import", "forever"])
+                         ids=["raises", "wrong-length", "nan", "string", "none", "not-a-list", "dict", "import",
+                              "forever"])
 def test_code_that_fails_on_sample_completions_is_refused_and_nothing_is_launched(panel, code, fragment):
     message, run_id = panel.launch({"reward_code": code, "rewards": []})
     assert run_id is None and "nothing was launched" in message

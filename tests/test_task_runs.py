@@ -102,3 +102,34 @@ def test_a_reward_that_raises_mid_run_fails_the_run_with_its_traceback_on_the_da
     assert "❌ **RewardFunctionError: reward function 'flaky' raised ValueError: boom at call 3**" in status
     assert 'File "user_rewards.py", line 8, in flaky' in status
     assert [r["step"] for r in view.metrics] == [1, 2], "the steps before the failure are kept"
+
+
+def test_a_math_task_no_completion_of_which_is_ever_right_raises_the_no_learning_signal_alert(panel,
+                                                                                             tmp_path_factory):
+    """TRL's accuracy_reward on sums no random tiny model writes: every group scores all 0, every step. The alert
+    fires while the run trains (recorded in its events) and the finished run's header still says so."""
+    from backend import diagnose
+
+    hard = [{"question": f"What is {a} + {b}?", "solution": str(a + b)} for a in (48213, 70117) for b in (51789, 9)]
+    path = tmp_path_factory.mktemp("hard") / "hard.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in hard))
+    message, run_id = panel.launch({"max_steps": 60, "adapter_every": 100, "checkpoint_every": 100,
+                                    "dataset": str(path), "prompt_column": "question", "reward_columns": "solution",
+                                    "rewards": ["accuracy_reward"]})
+    assert run_id, message
+    view = panel.view(run_id)
+    fired = []
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not view.done and time.monotonic() < deadline:
+        time.sleep(0.5)
+        view.refresh()
+        fired += panel.watch.alerts(view)
+    view.refresh()
+    assert view.stage == "COMPLETED", dashboard.status_markdown(view)
+    assert all(r["reward"] == 0.0 and r["frac_reward_zero_std"] == 1.0 for r in view.metrics)
+    assert [a.kind for a in fired] == ["no-signal"], fired
+    recorded = [e for e in view.events if e.get("event") == "alert"]
+    assert [e["kind"] for e in recorded] == ["no-signal"] and "num_generations" in recorded[0]["message"]
+    status = dashboard.status_markdown(view)
+    assert "nothing is learned" in status and "🔔" not in status, status
+    assert len(view.metrics) >= diagnose.NO_SIGNAL_STEPS

@@ -49,6 +49,8 @@ def shared_trainer_args(spec: dict) -> dict:
 
     return dict(
         learning_rate=spec["learning_rate"],
+        gradient_accumulation_steps=spec.get("gradient_accumulation_steps", 1),   # absent from older spec.json
+        adam_beta2=spec.get("adam_beta2", 0.999),
         max_steps=spec["max_steps"],
         per_device_train_batch_size=spec["per_device_batch_size"],
         num_generations=spec["num_generations"],

@@ -25,6 +25,7 @@ import time
 
 import psutil
 
+from .cause import cause_line
 from .layout import atomic_write_bytes
 from .sampler import ResourceSampler, visible_gpu_indices
 
@@ -66,15 +67,17 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def last_log_line(job_dir: str, limit: int = 4096) -> str:
-    """The last non-empty line of the job's log: where a failing job says why."""
+def failure_line(job_dir: str, limit: int = 16384) -> str:
+    """Where a failing job says why: the line of its log's tail that `cause_line` picks (its real error, not the
+    noise printed while it was torn down), else its last non-empty line."""
     try:
         with open(os.path.join(job_dir, LOG_FILE), "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
             lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return ""
-    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:500]
+    line = cause_line(lines) or next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return line[:500]
 
 
 def exit_message(code: int, job_dir: str) -> tuple[str, str]:
@@ -85,7 +88,7 @@ def exit_message(code: int, job_dir: str) -> tuple[str, str]:
         name = signal.Signals(-code).name
         hint = " (out of memory, or killed from outside)" if name == "SIGKILL" else ""
         return ERROR, f"killed by {name}{hint}"
-    line = last_log_line(job_dir)
+    line = failure_line(job_dir)
     return ERROR, f"exited with code {code}" + (f": {line}" if line else "; see the log")
 
 

@@ -55,9 +55,15 @@ def is_secret_env_name(name: str) -> bool:
     return bool(_SECRET_ENV.search(name))
 
 
+# A whole token, for refusing one typed into the form (or pasted into reward code): a user or org access token is
+# `hf_` and 34 letters, OAuth and legacy org tokens are as long. Masking (above) takes shorter bodies too, so a cut
+# token never shows; refusing them would refuse code that names `hf_Tokenizer2`.
+_WHOLE = re.compile(r"(?:hf_oauth_|api_org_)[A-Za-z0-9]{20,}|hf_(?!oauth_)[A-Za-z0-9]{30,}")
+
+
 def looks_like_token(text: str) -> bool:
-    """Whether `text` contains something shaped like a Hub token (for refusing one typed into a form field)."""
-    return bool(_SHAPES.search(text or ""))
+    """Whether `text` holds a whole Hub token (for refusing one typed into a form field or written into code)."""
+    return bool(_WHOLE.search(text or ""))
 
 
 def redact_tokens(text: str, known: tuple[str, ...] | list[str] = ()) -> str:

@@ -91,13 +91,20 @@ class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something TRL cannot use; the message names the function."""
 
 
+ONE_PER_COMPLETION = ("return one float per completion, a list of len(completions) in their order, e.g. "
+                      "return [1.0 if right(c) else 0.0 for c in completions]")
+FLOAT_EACH = ("return a float for every completion: 0.0 for one your code cannot judge (None, NaN and strings are "
+              "no score), e.g. return [1.0 if right(c) else 0.0 for c in completions]")
+
+
 def checked_scores(name: str, scores, expected: int, allow_none: bool = False) -> list:
     """`scores` as floats, or RewardFunctionError saying what is wrong with them (one finite float per completion)."""
     if isinstance(scores, (str, bytes, dict)) or not hasattr(scores, "__len__"):
-        raise RewardFunctionError(f"reward function {name!r} returned {type(scores).__name__}, not a list of floats")
+        raise RewardFunctionError(f"reward function {name!r} returned {type(scores).__name__}, not a list of floats; "
+                                  f"{ONE_PER_COMPLETION}")
     if len(scores) != expected:
         raise RewardFunctionError(f"reward function {name!r} returned {len(scores)} scores for {expected} "
-                                  "completions; return one float per completion")
+                                  f"completions; {ONE_PER_COMPLETION}")
     out = []
     for i, score in enumerate(scores):
         if score is None and allow_none:
@@ -107,7 +114,7 @@ def checked_scores(name: str, scores, expected: int, allow_none: bool = False) -
         else:
             shown = repr(score) if len(repr(score)) <= 40 else repr(score)[:40] + "..."
             raise RewardFunctionError(f"reward function {name!r} returned {shown} ({type(score).__name__}) at "
-                                      f"index {i}; return one finite float per completion")
+                                      f"index {i}; {FLOAT_EACH}")
     return out
 
 
