@@ -36,6 +36,8 @@ class RunSummary:
     jobs: dict[str, str]       # role -> job id (the newest attempt)
     stages: dict[str, str]     # role -> stage
     earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
+    timed_out: frozenset[str] = frozenset()    # roles whose newest job ended because it ran past its timeout
+    unreadable: frozenset[str] = frozenset()   # roles whose newest job's record could not be read
 
 
 class RunRegistry:
@@ -69,9 +71,14 @@ class RunRegistry:
         for rec in self.executor.list_jobs():           # newest first
             records.setdefault(rec.run_id, []).append(rec)
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
-                                               "jobs": {}, "stages": {}, "earlier": {}})
+                                               "jobs": {}, "stages": {}, "earlier": {}, "timed_out": frozenset(),
+                                               "unreadable": frozenset()})
             if rec.role in run["jobs"]:
                 older.setdefault(rec.run_id, {}).setdefault(rec.role, []).append(rec.job_id)
+            else:
+                for flag in ("timed_out", "unreadable"):
+                    if getattr(rec, flag):
+                        run[flag] |= {rec.role}
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
@@ -99,6 +106,10 @@ class RunRegistry:
         with self._lock:
             if run_id not in self._views:
                 summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
+                if summary is not None and summary.bucket is None and summary.unreadable:
+                    raise KeyError(f"Run {run_id} cannot be opened: the record of its job(s) "
+                                   f"{', '.join(summary.jobs[r] for r in sorted(summary.unreadable))} cannot be read, "
+                                   "so its bucket is unknown.")
                 if summary is None or summary.bucket is None:
                     raise KeyError(f"no run {run_id!r}")
                 self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs,

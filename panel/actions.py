@@ -42,7 +42,7 @@ from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TaskReport, check_task, task_field_errors
 from panel.presets import TINY_DEMO, preset_values
-from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
+from panel.runs_list import RUN_FILTERS, progress_bar, run_badge, run_stage
 from panel.spend_view import budget_line, cost_cell
 from panel.watch import RunWatch
 
@@ -294,7 +294,7 @@ class Panel:
             latest = self.spend.latest(registry, run.run_id, registry.open_view(run.run_id)) if with_cost else {}
             reward = latest.get("reward")
             created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
-            rows.append([run.run_id, name, status_badge(stage), progress_bar(latest.get("step"), spec.get("max_steps")),
+            rows.append([run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),
                          f"{reward:.3f}" if isinstance(reward, (int, float)) else "", cost,
                          str(spec.get("mode") or ""), registry.executor.name, created])
             if len(rows) == limit:

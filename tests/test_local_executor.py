@@ -100,6 +100,64 @@ def test_the_timeout_is_enforced(executor):
     assert status.stage == "ERROR" and "timed out" in status.message
 
 
+@pytest.fixture
+def restarted_panel(executor):
+    """`restarted_panel()`: a panel started over the executor's home after its jobs ran (shut down at the end)."""
+    from tests.fakehub import panel_factory
+
+    with panel_factory(executor.home) as make:
+        yield make
+
+
+def _row(panel, run_id: str) -> dict:
+    from panel.runs_list import RUNS_HEADERS
+
+    return next(dict(zip(RUNS_HEADERS, row)) for row in panel.runs_table() if row[0] == run_id)
+
+
+def test_a_timed_out_run_reads_timed_out_in_the_runs_list(executor, restarted_panel):
+    timed_out = executor.submit(_job(["sleep", "60"], timeout_s=1, run_id="slow"))
+    failed = executor.submit(_job(["false"], run_id="broken"))
+    executor.wait(timed_out, 20)
+    executor.wait(failed, 20)
+    panel = restarted_panel()
+    assert _row(panel, "slow")["status"] == "⏱ timed out"
+    assert _row(panel, "broken")["status"] == "❌ error", "a job that failed by itself did not time out"
+    assert "slow" in [row[0] for row in panel.runs_table(status="failed")], "a timed-out run is one that failed"
+
+
+def test_a_restarted_panel_knows_how_long_a_finished_local_run_took(executor, restarted_panel):
+    from backend.access import Visitor
+    from panel import spend_view
+
+    job_id = executor.submit(_job(["sleep", "3"], run_id="three-seconds"))
+    assert executor.wait(job_id, 30).stage == "COMPLETED"
+    panel = restarted_panel()
+    assert _row(panel, "three-seconds")["status"] == "✅ completed"
+    cost, _spec = panel.spend.cost(panel.local_runs, "three-seconds")     # what the runs list's time cell shows
+    assert 3.0 <= cost.elapsed_s < 15.0, cost.elapsed_s
+    # The run's header, as the dashboard draws it after a restart (its view has no logged step to date it by).
+    cost, _, _ = spend_view.run_cost(panel, "three-seconds", Visitor(), panel.view("three-seconds"))
+    header = spend_view.cost_markdown(cost, 0.0, [])
+    assert header.startswith("**Time:** ") and not header.startswith(("**Time:** 0 s", "**Time:** 1 s")), header
+
+
+def test_a_run_whose_only_job_record_is_broken_is_listed_as_unreadable(executor, restarted_panel):
+    broken = executor.submit(_job(["true"], run_id="torn"))
+    healthy = executor.submit(_job(["true"], run_id="fine"))
+    executor.wait(broken, 20)
+    executor.wait(healthy, 20)
+    with open(os.path.join(executor.jobs_dir, broken, "job.json"), "w") as f:
+        f.write('{"job_id": "torn--trainer--')            # torn mid-write
+    panel = restarted_panel()
+    row = _row(panel, "torn")
+    assert "unreadable" in row["status"] and row["executor"] == "local", row
+    assert _row(panel, "fine")["status"] == "✅ completed", "one bad record never breaks another run's row"
+    with pytest.raises(KeyError, match="cannot be read"):
+        panel.view("torn")
+    assert panel.view("fine").run_id == "fine"
+
+
 def test_a_missing_secret_is_refused_before_anything_starts(executor):
     from backend.executors.base import SubmitError
 

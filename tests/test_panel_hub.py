@@ -182,6 +182,17 @@ def test_a_job_the_hub_created_behind_a_timeout_is_found_by_label_and_cancelled(
     assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}, "no job of the failed launch keeps billing"
 
 
+def test_a_run_the_hub_stopped_at_its_timeout_reads_timed_out_in_the_runs_list(hub, make_panel):
+    result, _ = launch_reviewed(make_panel(), {**FORM, "timeout_minutes": 30})
+    assert result.run_id, result.message
+    [job] = hub.jobs.values()
+    hub.set_stage(job.id, "RUNNING")
+    hub.clock = lambda: time.time() + 31 * 60            # the Hub's time passes the job's 30 minutes
+    row = next(r for r in make_panel().runs_table() if r[0] == result.run_id)
+    assert (job.stage, job.message) == ("ERROR", "Job timeout"), "the Hub's own words for a timeout"
+    assert row[RUNS_HEADERS.index("status")] == "⏱ timed out", row
+
+
 def test_parallelism_larger_than_the_flavor_is_refused(hub, make_panel):
     panel = make_panel()
     result = panel.launch({**FORM, "num_processes": 4, "per_device_batch_size": 8}, confirmed="x")

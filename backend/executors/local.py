@@ -55,6 +55,7 @@ class LocalExecutor:
         # What does not change once written, kept so that listing 200 runs does not re-read 600 job files a tick:
         self._records: dict[str, dict] = {}      # job id -> its job.json once complete (with the wrapper's pid)
         self._ended: dict[str, JobStatus] = {}   # job id -> its final status
+        self._ended_times: dict[str, tuple[float | None, float | None]] = {}   # job id -> (start, end) once ended
         self._lock = threading.Lock()
 
     # ---- paths
@@ -216,7 +217,8 @@ class LocalExecutor:
     def _status(self, job_id: str) -> JobStatus:
         ended = self._read_json(job_id, wrapper.EXIT_FILE)
         if ended and ended.get("stage") in TERMINAL_STAGES:
-            return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")))
+            return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")),
+                             timed_out=ended.get("timed_out") is True)
         legacy = self._read_json(job_id, LEGACY_STATUS_FILE)    # jobs launched before the wrapper existed
         if legacy and legacy.get("stage") in TERMINAL_STAGES:
             return JobStatus(legacy["stage"], str(legacy.get("message") or ""))
@@ -329,20 +331,46 @@ class LocalExecutor:
         return self.status(job_id)
 
     def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
+        """Every local job, newest first. A job whose job.json cannot be read is still listed (marked unreadable,
+        its run and role read from its folder's name), so its run does not vanish from the runs list."""
         records = []
         for job_id in os.listdir(self.jobs_dir):
             if run_id and not job_id.startswith(f"{run_id}--"):
                 continue
             try:
-                data = self._job_record(job_id)
                 status = self.status(job_id)
+                started, finished = self._times(job_id, status)
             except (OSError, ValueError, KeyError):
+                continue    # gone meanwhile, or not a job's folder
+            try:
+                data = self._job_record(job_id)
+            except Unreadable:
+                record = _unreadable_record(job_id, self._dir(job_id), status)
+                if record is not None:
+                    records.append(dataclasses.replace(record, started_at=started, finished_at=finished))
                 continue    # counted by _job_record; one bad job must not take the list down
+            except (OSError, ValueError, KeyError):
+                continue
             spec = data["spec"]
             volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict)]
             records.append(JobRecord(job_id, spec["run_id"], spec["role"], status.stage, data["created_at"],
-                                     flavor=spec.get("flavor"), bucket=volumes[0].get("bucket") if volumes else None))
+                                     flavor=spec.get("flavor"), bucket=volumes[0].get("bucket") if volumes else None,
+                                     started_at=started, finished_at=finished, timed_out=status.timed_out))
         return sorted(records, key=lambda r: r.created_at, reverse=True)
+
+    def _times(self, job_id: str, status: JobStatus) -> tuple[float | None, float | None]:
+        """When the job's command started and when it ended (epoch seconds; None while unknown), from the files its
+        wrapper wrote, so a restarted panel knows how long a finished run took."""
+        if job_id in self._ended_times:
+            return self._ended_times[job_id]
+        started = (self._read_json(job_id, wrapper.PROCESS_FILE) or {}).get("started_at")
+        started = float(started) if isinstance(started, (int, float)) else None
+        finished = None
+        if status.done:
+            ended = (self._read_json(job_id, wrapper.EXIT_FILE) or {}).get("time")
+            finished = float(ended) if isinstance(ended, (int, float)) else _last_write(self._dir(job_id))
+            self._ended_times[job_id] = (started, finished)
+        return started, finished
 
     def cancel_all(self, timeout: float = 60.0) -> None:
         """Cancel every job under this home and wait until they have ended (tests, and stopping a machine)."""
@@ -352,6 +380,30 @@ class LocalExecutor:
         deadline = time.time() + timeout
         for job_id in jobs:
             self.wait(job_id, max(0.0, deadline - time.time()))
+
+
+def _unreadable_record(job_id: str, folder: str, status: JobStatus) -> JobRecord | None:
+    """A job whose job.json is unreadable, as far as its folder tells: `<run_id>--<role>--<hex>`, and its age."""
+    parts = job_id.split("--")
+    if len(parts) < 3 or not all(parts):
+        return None
+    try:
+        created = os.stat(folder).st_mtime
+    except OSError:
+        return None
+    return JobRecord(job_id, "--".join(parts[:-2]), parts[-2], status.stage, created, unreadable=True,
+                     timed_out=status.timed_out)
+
+
+def _last_write(folder: str) -> float | None:
+    """When the job last wrote its log or a resource sample: its end, where its wrapper could not record one."""
+    times = []
+    for name in (wrapper.LOG_FILE, wrapper.RESOURCES_FILE):
+        try:
+            times.append(os.stat(os.path.join(folder, name)).st_mtime)
+        except OSError:
+            pass
+    return max(times, default=None)
 
 
 def _same_start(started: float | None, recorded) -> bool:

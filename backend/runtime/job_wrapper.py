@@ -6,7 +6,8 @@ how it ended, so that neither the job nor its record depends on the panel that l
 LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the command in a process
 group of its own. In DIR it writes `process.json` (the command's pid, which is also its process group id, and its
 start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of the command's process
-tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time).
+tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time, and whether
+it timed out).
 
 SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
 order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
@@ -93,6 +94,7 @@ class JobWrapper:
     def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float):
         self.job_dir, self.command, self.timeout_s, self.grace_s = job_dir, command, timeout_s, grace_s
         self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
+        self.timed_out = False
 
     def _path(self, name: str) -> str:
         return os.path.join(self.job_dir, name)
@@ -128,7 +130,8 @@ class JobWrapper:
         sampler.stop()
         stage, message = self.stop_reason or exit_message(code, self.job_dir)
         self._stop_leftovers(child.pid)
-        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time()})
+        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time(),
+                                "timed_out": self.timed_out})
         return 0 if stage == COMPLETED else 1
 
     def _wait(self, child: subprocess.Popen) -> int:
@@ -139,6 +142,7 @@ class JobWrapper:
             now = time.monotonic()
             if self.stop_reason is None and now >= deadline:
                 self.stop_reason = (ERROR, f"timed out after {self.timeout_s:g} s; the job was stopped")
+                self.timed_out = True
             if self.stop_reason is not None and kill_at is None:
                 print(f"[job wrapper] {self.stop_reason[1]}: sending SIGTERM", flush=True)
                 child.send_signal(signal.SIGTERM)
