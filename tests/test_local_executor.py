@@ -13,6 +13,7 @@ from backend.runs import RunRegistry
 from backend.runtime.common import latest_checkpoint
 from backend.spec import RunSpec
 from backend.store import FolderStore
+from tests.fakehub import wait_until
 
 
 def _job(command, timeout_s=60, role="trainer", run_id="t1"):
@@ -156,6 +157,40 @@ def test_a_run_whose_only_job_record_is_broken_is_listed_as_unreadable(executor,
     with pytest.raises(KeyError, match="cannot be read"):
         panel.view("torn")
     assert panel.view("fine").run_id == "fine"
+
+
+# What a vLLM server leaves in its temp dir: a `vllm_dist_<uuid>` file, and (serve_replica's) socket folder.
+LEAVES_TEMP_FILES = ("import os, sys, tempfile, time; "
+                     "tempfile.mkstemp(prefix='vllm_dist_'); tempfile.mkdtemp(prefix='vllm-rpc-'); "
+                     "print(tempfile.gettempdir(), flush=True); time.sleep(float(sys.argv[1]))")
+
+
+@pytest.mark.parametrize("ending", ["completed", "command killed", "cancelled", "timed out", "wrapper killed"])
+def test_each_job_has_a_temp_dir_of_its_own_that_goes_when_it_ends(executor, tmp_path, monkeypatch, ending):
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))       # the panel's own temp dir
+    monkeypatch.setattr("tempfile.tempdir", None)        # read again from TMPDIR
+    sleep = "0.5" if ending == "completed" else "60"
+    job_id = executor.submit(_job([sys.executable, "-c", LEAVES_TEMP_FILES, sleep], timeout_s=3 if ending == "timed out"
+                                  else 60))
+    lines = wait_until(lambda: executor.read_logs(job_id, 0)[0], timeout=30, what="the job's first line")
+    job_tmp = lines[0]
+    assert os.path.dirname(job_tmp) == str(system_tmp) and len(os.listdir(job_tmp)) == 2, (job_tmp, lines)
+    assert len(os.path.basename(job_tmp)) < 32, "room left for vLLM's socket paths (107 bytes at most)"
+    if ending == "command killed":
+        os.kill(executor.main_pid(job_id), 9)              # a replica killed from outside
+    elif ending == "cancelled":
+        executor.cancel(job_id)
+    elif ending == "wrapper killed":
+        wrapper = executor._job_record(job_id)["pid"]
+        os.kill(wrapper, 9)
+        wait_until(lambda: not psutil.pid_exists(wrapper) or psutil.Process(wrapper).status() == psutil.STATUS_ZOMBIE,
+                   timeout=10, what="the wrapper gone")
+        executor.cancel(job_id)                            # stops what the dead wrapper left
+    status = executor.wait(job_id, 60)
+    assert status.done, status
+    wait_until(lambda: not os.listdir(system_tmp), timeout=20, what=f"an empty temp dir after '{ending}'")
 
 
 def test_a_missing_secret_is_refused_before_anything_starts(executor):

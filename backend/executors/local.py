@@ -3,7 +3,8 @@
 Volumes are mapped onto local folders (`<home>/buckets/<namespace>/<name>`) by rewriting the mount path in
 the command and env. Each job gets `<home>/jobs/<job_id>/`: `job.json` (the spec, and the wrapper's pid with its
 start time) and `log.txt`, written here; `process.json`, `resources.jsonl` and `exit.json`, written by the job's
-wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout. A job's status is read from these
+wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout and removes the job's own TMPDIR
+(`<system temp>/grpo-job-<hex>-*`) when the job ends. A job's status is read from these
 files alone, so a restarted panel (or a second one) tells the same story as the panel that launched it. A pid is
 trusted only together with its start time: after a restart the same number may belong to another process.
 """
@@ -17,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -103,27 +105,33 @@ class LocalExecutor:
         job_id = f"{job.run_id}--{job.role}--{_secrets.token_hex(3)}"
         job_dir = self._dir(job_id)
         os.makedirs(job_dir)
+        # A temp dir of the job's own, removed when it ends however it ends: vLLM leaves a `vllm_dist_<uuid>` file
+        # per server and a killed replica its socket folder in TMPDIR. In the system's temp dir, not the job's
+        # folder: vLLM's ZMQ socket paths under it must stay within the 107 bytes a Unix socket path may have.
+        job_tmp = tempfile.mkdtemp(prefix=f"grpo-job-{job_id.rsplit('--', 1)[-1]}-")
         for vol in job.volumes:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
         # The panel's own token stays with the panel: a local job gets only the secrets its JobSpec names.
         inherited = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV_VARS}
-        env = {**inherited, **mapped.env,
+        env = {**inherited, **mapped.env, "TMPDIR": job_tmp,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:
             remember_secret(secrets[name])
         if "PYTHONPATH" in job.env and os.environ.get("PYTHONPATH"):
             # Locally the job runs in the panel's environment: keep what that environment adds to the path.
             env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
-        record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command}
+        record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command,
+                  "tmpdir": job_tmp}
         _write_json(os.path.join(job_dir, JOB_FILE), record)
         wrapped = [sys.executable, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(job.timeout_s),
-                   "--grace", str(self.grace_s), "--", *command]
+                   "--grace", str(self.grace_s), "--tmpdir", job_tmp, "--", *command]
         with open(self.log_path(job_id), "ab") as log_file:
             try:
                 # A session of its own: the job lives on when the panel exits, and no terminal signal reaches it.
                 proc = subprocess.Popen(wrapped, cwd=BACKEND_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
+                shutil.rmtree(job_tmp, ignore_errors=True)
                 _write_json(self._file(job_id, wrapper.EXIT_FILE),
                             {"stage": ERROR, "message": f"could not start: {exc}", "time": time.time()})
                 raise SubmitError(f"job {job.role}: could not start its wrapper: {exc}") from exc
@@ -212,7 +220,20 @@ class LocalExecutor:
         status = self._status(job_id)
         if status.done:
             self._ended[job_id] = status
+            self._remove_tmpdir(job_id)
         return status
+
+    def _remove_tmpdir(self, job_id: str) -> None:
+        """The job's temp dir, once nothing of the job is left to use it: its wrapper removes it, unless the wrapper
+        itself was killed."""
+        try:
+            record = self._job_record(job_id)
+        except (Unreadable, KeyError):
+            return
+        folder = record.get("tmpdir")
+        if isinstance(folder, str) and os.path.isdir(folder) and not self._wrapper_alive(record) \
+                and self._job_group(job_id) is None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _status(self, job_id: str) -> JobStatus:
         ended = self._read_json(job_id, wrapper.EXIT_FILE)
@@ -299,10 +320,15 @@ class LocalExecutor:
             return
         group = self._job_group(job_id)
         if group is not None:
-            threading.Thread(target=_stop_group, args=(group, self.grace_s), daemon=True).start()
+            threading.Thread(target=self._stop_group, args=(job_id, group), daemon=True).start()
         if not done:    # its wrapper is gone, so nobody else will record the end
             ended = {"stage": CANCELED, "message": f"{reason} (its wrapper had already ended)", "time": time.time()}
             _write_json(self._file(job_id, wrapper.EXIT_FILE), ended)
+
+    def _stop_group(self, job_id: str, group: int) -> None:
+        """Stop what is left of a job whose wrapper is gone, then remove the temp dir that wrapper would have."""
+        _stop_group(group, self.grace_s)
+        self._remove_tmpdir(job_id)
 
     def _wait_for_start(self, job_id: str, timeout: float = 5.0) -> None:
         """A wrapper handles SIGTERM once Python has started it (a fraction of a second after submit): a cancel

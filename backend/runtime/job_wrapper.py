@@ -1,7 +1,7 @@
 """The wrapper around one local job: starts its command, samples its resources, enforces its timeout, and records
 how it ended, so that neither the job nor its record depends on the panel that launched it.
 
-    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] -- COMMAND...
+    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] -- COMMAND...
 
 LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the command in a process
 group of its own. In DIR it writes `process.json` (the command's pid, which is also its process group id, and its
@@ -14,12 +14,13 @@ order, and SIGKILL to the whole group if it is still there after `--grace` secon
 would kill TRL's rollout worker under the trainer, whose stop() then waits forever on an Event the dead worker
 was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling). When the
 command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
-tracker) is stopped too: SIGTERM, then SIGKILL.
+tracker) is stopped too: SIGTERM, then SIGKILL. Then `--tmpdir` (the job's own TMPDIR) is removed.
 """
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -91,8 +92,9 @@ def exit_message(code: int, job_dir: str) -> tuple[str, str]:
 
 
 class JobWrapper:
-    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float):
+    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float, tmpdir: str | None = None):
         self.job_dir, self.command, self.timeout_s, self.grace_s = job_dir, command, timeout_s, grace_s
+        self.tmpdir = tmpdir
         self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
         self.timed_out = False
 
@@ -116,6 +118,13 @@ class JobWrapper:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            if self.tmpdir:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _run(self) -> int:
         try:
             child = subprocess.Popen(self.command, cwd=self.job_dir, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as error:
@@ -170,12 +179,13 @@ def main() -> None:
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--tmpdir", help="the job's own temp dir (its TMPDIR), removed when the job ends")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the job's command after --")
-    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace).run())
+    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace, args.tmpdir).run())
 
 
 if __name__ == "__main__":
