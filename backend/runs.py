@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobRecord
-from backend.launch import LaunchedRun, LaunchError, launch_run
+from backend.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
 from backend.observers import final_adapter_files
 from backend.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
@@ -48,10 +48,15 @@ class RunRegistry:
         self._views: dict[str, RunView] = {}
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
+        self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
-        launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+        try:
+            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+        except SubmitFailed:
+            self.failed_launches[spec.run_id] = time.time()
+            raise
         self.forget_listing()
         self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
         return launched
@@ -134,7 +139,11 @@ class RunRegistry:
         if plan.checkpoint_step is None and not from_step_0:
             raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
         view = self.view(run_id)
-        launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
+        try:
+            launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
+        except SubmitFailed:
+            self.failed_launches[run_id] = time.time()
+            raise
         view.replace_jobs(launched.job_ids)
         self.forget_listing()
         return replace(launched, note=plan.message)
