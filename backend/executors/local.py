@@ -10,9 +10,11 @@ trusted only together with its start time: after a restart the same number may b
 """
 
 import dataclasses
+import getpass
 import json
 import logging
 import os
+import re
 import secrets as _secrets
 import shutil
 import signal
@@ -113,7 +115,7 @@ class LocalExecutor:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
         # The panel's own token stays with the panel: a local job gets only the secrets its JobSpec names.
         inherited = {k: v for k, v in os.environ.items() if k not in TOKEN_ENV_VARS}
-        env = {**inherited, **mapped.env, "TMPDIR": job_tmp,
+        env = {"TORCHINDUCTOR_CACHE_DIR": _shared_compile_cache(), **inherited, **mapped.env, "TMPDIR": job_tmp,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:
             remember_secret(secrets[name])
@@ -406,6 +408,17 @@ class LocalExecutor:
         deadline = time.time() + timeout
         for job_id in jobs:
             self.wait(job_id, max(0.0, deadline - time.time()))
+
+
+def _shared_compile_cache() -> str:
+    """Where torch.compile keeps what it compiled (vLLM on CPU compiles at every start): torch puts it in TMPDIR by
+    default, which is now each job's own and goes with it, so every replica would compile from scratch. The place it
+    would be for the panel's own temp dir, shared by every job (torch's `default_cache_dir`)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def _unreadable_record(job_id: str, folder: str, status: JobStatus) -> JobRecord | None:
