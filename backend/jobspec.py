@@ -119,6 +119,7 @@ def _fill(words: list[str], width: int, indent: str) -> str:
 class JobStatus:
     stage: str
     message: str = ""
+    timed_out: bool = False       # ended (ERROR) because it ran past its timeout
 
     @property
     def done(self) -> bool:
@@ -143,3 +144,5 @@ class JobRecord:
     finished_at: float | None = None
     running_s: float | None = None
     listed_at: float | None = None
+    timed_out: bool = False        # it ended because it ran past its timeout
+    unreadable: bool = False       # its record could not be read: run and role come from where it was found

@@ -4,9 +4,11 @@ Nothing is submitted before the whole RunSpec validates, and a launch that fails
 job it already submitted, so no orphan keeps running (or billing).
 """
 
+import json
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 import pynvml
@@ -20,6 +22,8 @@ from backend.spec import RunSpec
 from backend.store import BucketStore
 
 RUNTIME_DIR = os.path.join(os.path.dirname(__file__), "runtime")
+LAUNCH_WRITER = f"{layout.PANEL_WRITER}-launch"
+LAUNCH_FAILED_EVENT = "launch_failed"
 
 
 class LaunchError(RuntimeError):
@@ -28,6 +32,10 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, canceled: list[str] | None = None):
         self.canceled = canceled or []
         super().__init__(message)
+
+
+class SubmitFailed(LaunchError):
+    """A job of the run could not be submitted (after its files were written); what was submitted is cancelled."""
 
 
 class RunIdTaken(LaunchError):
@@ -63,7 +71,7 @@ def submit_jobs(executor: Executor, jobs: list[JobSpec], secrets: dict[str, str]
                             f"and cancelled: {', '.join(found)}.")
             if cancel_errors or sweep_errors:
                 message += " Could NOT cancel: " + "; ".join(cancel_errors + sweep_errors) + " - cancel them by hand."
-            raise LaunchError(message, canceled=started + found) from exc
+            raise SubmitFailed(message, canceled=started + found) from exc
     return submitted
 
 
@@ -160,7 +168,11 @@ def preview_jobs(spec: RunSpec) -> list[JobSpec]:
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
                secrets: dict[str, str] | None = None, resume: bool = False) -> LaunchedRun:
     """Submit a run's jobs. A new run writes spec.json and the runtime code first; a resumed one runs again on
-    the files it was launched with (the code that ran is the code archived beside its results)."""
+    the files it was launched with (the code that ran is the code archived beside its results).
+
+    A submission that fails is remembered in the run's folder (a `launch_failed` event): the Hub's job list can lag
+    a job it created behind an error answer, so the sweep right after the failure may not see it; the orphan finder
+    and the panel's background sweep look again."""
     spec.check()
     secrets = secrets or {}
     local = executor.name == "local"
@@ -173,6 +185,30 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     except Exception as exc:
         raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
                           "No job was submitted.") from exc
+    try:
+        return _submit_run(spec, executor, secrets, local, python)
+    except SubmitFailed as exc:
+        try:
+            remember_failed_launch(store, spec.run_id, str(exc), exc.canceled)
+        except Exception:  # a failing bucket: the sweep right after the failure is all there is
+            raise exc from None
+        if local:
+            raise
+        raise SubmitFailed(f"{exc} The Hub's job list can lag behind a job it created anyway: the panel keeps looking "
+                          "for one with the run's label for a few minutes and cancels it (the orphan finder lists it "
+                          "too).", canceled=exc.canceled) from exc
+
+
+def remember_failed_launch(store: BucketStore, run_id: str, message: str, known: list[str]) -> None:
+    """A `launch_failed` event in the run's folder: when, why, and the job ids the launch knew of."""
+    folder = f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}"
+    seq = sum(1 for f in store.list_files(folder) if f.path.rsplit("/", 1)[-1].startswith(LAUNCH_WRITER + "-"))
+    record = {"time": time.time(), "event": LAUNCH_FAILED_EVENT, "message": message, "known": known}
+    store.write_bytes(f"{folder}/{layout.fragment_name(LAUNCH_WRITER, seq)}", (json.dumps(record) + "\n").encode())
+
+
+def _submit_run(spec: RunSpec, executor: Executor, secrets: dict[str, str], local: bool,
+                python: str) -> LaunchedRun:
     if spec.mode == "colocated":
         jobs = recipe.colocated_jobs(spec, python=python, master_port=free_port() if local else None)
         ids = submit_jobs(executor, jobs, secrets)

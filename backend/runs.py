@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobRecord
-from backend.launch import LaunchedRun, LaunchError, launch_run
+from backend.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
 from backend.observers import final_adapter_files
 from backend.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
@@ -36,6 +36,8 @@ class RunSummary:
     jobs: dict[str, str]       # role -> job id (the newest attempt)
     stages: dict[str, str]     # role -> stage
     earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
+    timed_out: frozenset[str] = frozenset()    # roles whose newest job ended because it ran past its timeout
+    unreadable: frozenset[str] = frozenset()   # roles whose newest job's record could not be read
 
 
 class RunRegistry:
@@ -46,10 +48,15 @@ class RunRegistry:
         self._views: dict[str, RunView] = {}
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
+        self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
-        launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+        try:
+            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+        except SubmitFailed:
+            self.failed_launches[spec.run_id] = time.time()
+            raise
         self.forget_listing()
         self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
         return launched
@@ -69,9 +76,14 @@ class RunRegistry:
         for rec in self.executor.list_jobs():           # newest first
             records.setdefault(rec.run_id, []).append(rec)
             run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
-                                               "jobs": {}, "stages": {}, "earlier": {}})
+                                               "jobs": {}, "stages": {}, "earlier": {}, "timed_out": frozenset(),
+                                               "unreadable": frozenset()})
             if rec.role in run["jobs"]:
                 older.setdefault(rec.run_id, {}).setdefault(rec.role, []).append(rec.job_id)
+            else:
+                for flag in ("timed_out", "unreadable"):
+                    if getattr(rec, flag):
+                        run[flag] |= {rec.role}
             run["jobs"].setdefault(rec.role, rec.job_id)
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
@@ -99,6 +111,10 @@ class RunRegistry:
         with self._lock:
             if run_id not in self._views:
                 summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
+                if summary is not None and summary.bucket is None and summary.unreadable:
+                    raise KeyError(f"Run {run_id} cannot be opened: the record of its job(s) "
+                                   f"{', '.join(summary.jobs[r] for r in sorted(summary.unreadable))} cannot be read, "
+                                   "so its bucket is unknown.")
                 if summary is None or summary.bucket is None:
                     raise KeyError(f"no run {run_id!r}")
                 self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs,
@@ -123,7 +139,11 @@ class RunRegistry:
         if plan.checkpoint_step is None and not from_step_0:
             raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
         view = self.view(run_id)
-        launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
+        try:
+            launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
+        except SubmitFailed:
+            self.failed_launches[run_id] = time.time()
+            raise
         view.replace_jobs(launched.job_ids)
         self.forget_listing()
         return replace(launched, note=plan.message)

@@ -10,6 +10,8 @@ import importlib.util
 import json
 import logging
 import os
+import stat
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -44,7 +46,7 @@ from backend.store import FolderStore
 from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_errors
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
-from panel.runs_list import RUN_FILTERS, progress_bar, run_stage, status_badge
+from panel.runs_list import RUN_FILTERS, progress_bar, run_badge, run_stage
 from panel.spend_view import budget_line, cost_cell
 from panel.watch import RunWatch
 
@@ -105,9 +107,7 @@ class Panel:
         self._checks_lock = threading.Lock()
         # The launch form's labels (set by the UI that builds the form): messages name a field as it is shown.
         self.field_labels: dict[str, str] = {}
-        # Files built for download (final adapters, full logs) live here under stable names, one per run (and
-        # role), replaced on each build: a long-lived Space does not collect a temp folder per click.
-        self.downloads = os.path.join(self.settings.home, "downloads")
+        self.downloads = downloads_folder(self.settings.home)
 
     @property
     def local_runs(self) -> RunRegistry:
@@ -341,7 +341,7 @@ class Panel:
             latest = self.spend.latest(registry, run.run_id, registry.open_view(run.run_id)) if with_cost else {}
             reward = latest.get("reward")
             created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
-            rows.append([run.run_id, name, status_badge(stage), progress_bar(latest.get("step"), spec.get("max_steps")),
+            rows.append([run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),
                          f"{reward:.3f}" if isinstance(reward, (int, float)) else "", cost,
                          str(spec.get("mode") or ""), registry.executor.name, created])
             if len(rows) == limit:
@@ -443,7 +443,7 @@ class Panel:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
         registry = self.runs.find(run_id, as_visitor(visitor))
         if run_id not in self._final_zips:
-            path = registry.final_adapter_zip(run_id, self.downloads)
+            path = registry.final_adapter_zip(run_id, private_folder(self.downloads))
             if path is None:
                 return None
             self._final_zips[run_id] = path
@@ -456,7 +456,7 @@ class Panel:
         if job is None:
             return None
         lines = view.executor.all_logs(job.job_id)
-        path = os.path.join(self.downloads, f"{run_id}-{role}.log")
+        path = os.path.join(private_folder(self.downloads), f"{run_id}-{role}.log")
         atomic_write_bytes(path, ("\n".join(redact_tokens(line) for line in lines) + "\n").encode())
         return path
 
@@ -465,6 +465,27 @@ class Panel:
         process) and the next panel over the same home finds them, with their true status."""
         self.watch.stop()
         self.runs.shutdown()
+
+
+def downloads_folder(home: str) -> str:
+    """Where files built for download (final adapters, full logs) live: under stable names, one per run (and role),
+    replaced on each build, so a long-lived Space does not collect a file per click.
+
+    A folder of the system's temp dir, private to this user and one per panel home. Gradio hands a visitor only
+    files under its working folder or the temp dir (it copies them into its cache first), and the home is neither
+    on a Space (app in /home/user/app, data in /home/user/data). Allowing a folder (`launch(allowed_paths=...)`)
+    instead would also serve every file in it by its path to anyone, other visitors' adapters and logs included."""
+    digest = hashlib.sha256(os.path.abspath(home).encode()).hexdigest()[:12]
+    return os.path.join(tempfile.gettempdir(), f"grpo-panel-downloads-{os.getuid()}-{digest}")
+
+
+def private_folder(folder: str) -> str:
+    """`folder`, made if need be, readable by this user only."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    found = os.lstat(folder)
+    if found.st_uid != os.getuid() or not stat.S_ISDIR(found.st_mode):    # a shared temp dir: someone else's name
+        raise RuntimeError(f"{folder} is not a folder of this user's: remove it, or set TMPDIR")
+    return folder
 
 
 def local_runtime_installed() -> bool:

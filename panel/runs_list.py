@@ -18,8 +18,18 @@ def run_stage(stages: dict[str, str]) -> str:
     return next(iter(stages.values()), "UNKNOWN")
 
 
-def status_badge(stage: str) -> str:
-    return f"{BADGES.get(stage, '⚪')} {stage.lower()}"
+def status_badge(stage: str, timed_out: bool = False, unreadable: bool = False) -> str:
+    """The status cell: the run's stage, 'timed out' for a run stopped at its timeout, and a mark on a run with a
+    job record that cannot be read."""
+    text = "⏱ timed out" if timed_out and stage == "ERROR" else f"{BADGES.get(stage, '⚪')} {stage.lower()}"
+    return text + (" · ⚠️ job record unreadable" if unreadable else "")
+
+
+def run_badge(run) -> str:
+    """`status_badge` of a RunSummary: timed out when the job its stage comes from timed out."""
+    stage = run_stage(run.stages)
+    deciding = ["trainer"] if "trainer" in run.stages else [r for r, s in run.stages.items() if s == stage]
+    return status_badge(stage, any(r in run.timed_out for r in deciding), bool(run.unreadable))
 
 
 def progress_bar(step, max_steps) -> str:

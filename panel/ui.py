@@ -14,7 +14,7 @@ from backend.access import Visitor
 from backend.compare import X_AXES
 from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
 from panel import compare_view, dashboard, live, publish_view, spend_view
-from panel.actions import Panel
+from panel.actions import Panel, local_runtime_installed
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 from panel.task_form import REQUIRED_CHOICE, TaskSection
@@ -132,9 +132,15 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
     return f, task, sections
 
 
+def local_offered(panel: Panel) -> bool:
+    """Whether the form offers local runs: on here, and the training runtime installed (the Docker image has none)."""
+    return panel.settings.local_runs != "off" and local_runtime_installed()
+
+
 def _presets_for(panel: Panel) -> tuple[list[str], str]:
-    """The presets this deployment can run, and the one the form opens with (an HF Jobs one on a Space)."""
-    local_ok = panel.settings.local_runs != "off"
+    """The presets this deployment can run, and the one the form opens with (an HF Jobs one on a Space, or where
+    local runs cannot run)."""
+    local_ok = local_offered(panel)
     names = [n for n, p in PRESETS.items() if local_ok or p.get("executor") == "hf_jobs"]
     first = next((n for n in names if PRESETS[n].get("executor") == "hf_jobs"), names[0])
     return names, (first if panel.settings.on_space or TINY_DEMO not in names else TINY_DEMO)
@@ -143,7 +149,7 @@ def _presets_for(panel: Panel) -> tuple[list[str], str]:
 def build_ui(panel: Panel) -> gr.Blocks:
     preset_names, first_preset = _presets_for(panel)
     initial = preset_values(first_preset, bucket=panel.default_bucket(None, PRESETS[first_preset]["executor"]))
-    executors = ["local", "hf_jobs"] if panel.settings.local_runs != "off" else ["hf_jobs"]
+    executors = ["local", "hf_jobs"] if local_offered(panel) else ["hf_jobs"]
     # Gradio keeps a copy of every file it serves (downloads); delete_cache drops copies older than a day, hourly.
     with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(3600, 86400)) as demo:
         with gr.Row():

@@ -2,16 +2,19 @@
 thread, for the host's runs and those of visitors seen lately."""
 
 import logging
+import time
 
 from backend.access import ANONYMOUS
 from backend.alerts import AlertBook, WebhookStore
 from backend.budget import BudgetEnforcer, BudgetStop, SpendWatch
 from backend.jobspec import TERMINAL_STAGES
+from backend.orphans import sweep_failed_launch
 from backend.run_directory import RunDirectory
 from backend.runtime.redact import redact_tokens
 from backend.runview import RunView
 
 log = logging.getLogger(__name__)
+SWEEP_FAILED_FOR_S = 600.0     # how long after a failed launch its run's label is swept for jobs listed late
 
 
 class RunWatch:
@@ -24,10 +27,32 @@ class RunWatch:
         self._enforcer = BudgetEnforcer(self.check, interval_s).start()
 
     def check(self) -> list[BudgetStop]:
-        """Budget caps first, then the alerts of live runs."""
+        """Budget caps first, then the alerts of live runs, then jobs of failed launches the Hub listed late."""
         stops = self.enforce_budgets()
         self.watch_live_alerts()
+        self.sweep_failed_launches()
         return stops
+
+    def sweep_failed_launches(self, now: float | None = None) -> list[str]:
+        """Cancel the jobs that launches which failed here in the last SWEEP_FAILED_FOR_S created anyway (the Hub
+        lists a job created behind an error answer only later); the ids cancelled."""
+        now = time.time() if now is None else now
+        cancelled = []
+        for registry in self._registries():
+            for run_id, failed_at in list(registry.failed_launches.items()):
+                if now - failed_at > SWEEP_FAILED_FOR_S:
+                    registry.failed_launches.pop(run_id, None)
+                    continue
+                try:
+                    found = sweep_failed_launch(registry, run_id, failed_at)
+                except Exception as exc:   # the Hub failing: the next pass tries again
+                    log.warning("could not sweep the failed launch of run %s: %s", run_id, redact_tokens(str(exc)))
+                    continue
+                if found:
+                    log.warning("run %s: cancelled %d job(s) its failed launch had created: %s", run_id, len(found),
+                                ", ".join(found))
+                cancelled += found
+        return cancelled
 
     def alerts(self, view: RunView) -> list:
         """Evaluate the run's alerts once per new version of its view: fired ones are recorded in its bucket

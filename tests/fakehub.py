@@ -43,9 +43,10 @@ Task-check jobs (label `grpo-panel-role=task-check`) run as Jobs would run them,
 drive. Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
 stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`,
 `fail_nth_job_submission`, `create_then_fail_nth_job_submission` (the job exists, the answer is a 504),
-`bucket_read_error` (bucket listings fail), `expose_url_format`, `hardware_error`, `page_size` (Link-header
+`bucket_read_error` (bucket listings fail), `list_lag_s` (a new job shows in job listings only that many seconds
+after its creation), `expose_url_format`, `hardware_error`, `page_size` (Link-header
 pagination), `requests` (every call, Authorization header removed), `clock` (the Hub's time: job timestamps and
-`durations` follow it).
+`durations` follow it; a RUNNING job whose `timeoutSeconds` have passed on it ends ERROR, "Job timeout").
 """
 
 import base64
@@ -150,6 +151,7 @@ class FakeJob:
     created: float = 0.0        # the hub clock's epoch seconds at creation, when it started and finished running
     started: float | None = None
     finished: float | None = None
+    listed_from: float = 0.0    # time.monotonic() from which job listings show it (`list_lag_s` after creation)
 
 
 @dataclass
@@ -226,6 +228,9 @@ class FakeHub:
         self._job_post_failures: dict[int, int] = {}
         self._job_post_created_failures: dict[int, int] = {}
         self.bucket_read_error: int | None = None     # answer bucket listings with this status (e.g. 500)
+        # The job list is an index that catches up with new jobs: a job is in listings this many (real) seconds
+        # after its creation, though inspecting it by id works at once.
+        self.list_lag_s = 0.0
         # The URL the Hub reports for an exposed port (`status.exposeUrls`); the documented form by default.
         self.expose_url_format = "https://{job_id}--{port}.hf.jobs"
         self._open_streams: dict[tuple[str, str], int] = {}
@@ -483,7 +488,8 @@ class FakeHub:
         owner_type = "user" if ns == user.name else "org"
         now = self.clock()
         job = FakeJob(_hex_id(f"{ns}{time.time_ns()}{len(self.jobs)}"), ns,
-                      {"id": _hex_id(ns), "name": ns, "type": owner_type}, body, utc_stamp(now), created=now)
+                      {"id": _hex_id(ns), "name": ns, "type": owner_type}, body, utc_stamp(now), created=now,
+                      listed_from=time.monotonic() + self.list_lag_s)
         with self._cond:
             self.jobs[job.id] = job
         late = self.created_then_failed()
@@ -497,7 +503,9 @@ class FakeHub:
         wanted = dict(label.split("=", 1) for label in query.get("label", []))
         stages = set(query.get("stage", []))
         with self._cond:
-            found = [j for j in self.jobs.values() if j.namespace == ns
+            for job in self.jobs.values():
+                self._expire(job)
+            found = [j for j in self.jobs.values() if j.namespace == ns and time.monotonic() >= j.listed_from
                      and wanted.items() <= (j.spec.get("labels") or {}).items()
                      and (not stages or j.stage in stages)]
             items = [self._job_json(j) for j in found]
@@ -505,7 +513,19 @@ class FakeHub:
 
     def _get_job(self, user: FakeUser, ns: str, job: str, **_: Any) -> Reply:
         found = self._find_job(user, ns, job)
-        return found if isinstance(found, Reply) else Reply(200, self._job_json(found))
+        if isinstance(found, Reply):
+            return found
+        self._expire(found)
+        return Reply(200, self._job_json(found))
+
+    def _expire(self, job: FakeJob) -> None:
+        """Stop a job that has run for its `timeoutSeconds` as the Hub does: stage ERROR, status message "Job timeout"
+        (hub-docs, jobs/manage.md). Counted from when it started running; applied whenever the job is looked at."""
+        timeout = job.spec.get("timeoutSeconds")
+        with self._cond:
+            if job.stage == "RUNNING" and timeout and job.started is not None and self.clock() >= job.started + timeout:
+                job.stage, job.message, job.finished = "ERROR", "Job timeout", job.started + timeout
+                self._cond.notify_all()
 
     def _cancel_job(self, user: FakeUser, ns: str, job: str, **_: Any) -> Reply:
         found = self._find_job(user, ns, job)
@@ -1081,6 +1101,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self.hub
         with hub._cond:
             idle = False
+            hub._expire(job)
             if sent >= len(events()) and job.stage not in TERMINAL and not dropped() and not hub._stopping:
                 idle = not hub._cond.wait(KEEPALIVE_S)
             return events()[sent:], job.stage in TERMINAL, dropped() or hub._stopping, idle

@@ -27,6 +27,95 @@ def test_the_space_front_matter_lets_a_token_outlive_the_longest_run():
     assert "jobs" in front and "hf_oauth: true" in front
 
 
+def _front_matter() -> dict:
+    import yaml
+
+    with open(f"{ROOT}/README.md") as f:
+        return yaml.safe_load(f.read().split("---")[1])
+
+
+def _dockerfile() -> list[tuple[str, str]]:
+    """The Dockerfile's instructions as (INSTRUCTION, arguments), comments and blank lines left out."""
+    with open(f"{ROOT}/Dockerfile") as f:
+        lines = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def test_the_space_is_built_from_the_dockerfile_and_serves_on_its_port():
+    front, steps = _front_matter(), _dockerfile()
+    assert front["sdk"] == "docker", "a Gradio-SDK Space never uses the Dockerfile"
+    assert not {"sdk_version", "app_file", "python_version"} & set(front), "Gradio-SDK keys mean nothing to Docker"
+    env = " ".join(args for op, args in steps if op == "ENV")
+    assert f"PORT={front['app_port']}" in env and ("EXPOSE", str(front["app_port"])) in steps
+    assert "GRADIO_SERVER_NAME=0.0.0.0" in env, "a Space reaches the app on its container's address, not loopback"
+    home = re.search(r"GRPO_PANEL_HOME=(\S+)", env).group(1)
+    workdir = next(args for op, args in steps if op == "WORKDIR")
+    assert not home.startswith(workdir), "the data lives outside the app folder (the layout test_browser_home runs)"
+
+
+def test_the_image_runs_as_user_1000_and_installs_the_panel_only():
+    steps = _dockerfile()
+    ops = [op for op, _ in steps]
+    assert any(op == "RUN" and re.search(r"useradd\b.*-u 1000\b", args) for op, args in steps), "Spaces run as 1000"
+    user = next(args for op, args in steps if op == "USER")
+    assert ops.index("USER") < ops.index("CMD") and user in ("user", "1000")
+    installs = [args for op, args in steps if op == "RUN" and "pip install" in args]
+    assert installs == [installs[0]] and "-r requirements.txt" in installs[0], installs
+    assert "requirements-runtime" not in " ".join(args for _, args in steps), "the image has no training runtime"
+    assert ("CMD", '["python", "app.py"]') in steps
+
+
+def _dockerignored(patterns: list[str], path: str) -> bool:
+    """Whether `docker build` leaves `path` (relative to the context) out: the last pattern matching the path or
+    a folder above it decides, `!` patterns put back; `*` stays within a name, `**` spans folders."""
+    def matches(pattern: str, candidate: str) -> bool:
+        regex = re.escape(pattern.strip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*")
+        return re.fullmatch(regex.replace(r"\*", "[^/]*").replace(r"\?", "[^/]"), candidate) is not None
+
+    parts = path.split("/")
+    left_out = False
+    for pattern in patterns:
+        keep = pattern.startswith("!")
+        if any(matches(pattern.lstrip("!"), "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            left_out = not keep
+    return left_out
+
+
+def test_a_local_build_copies_no_data_folder_repository_or_caches_into_the_image():
+    with open(f"{ROOT}/.dockerignore") as f:
+        patterns = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    for path in ("data/secrets/key", "data/jobs/run--trainer--abc123/job.json", ".git/config",
+                 "backend/__pycache__/spec.cpython-311.pyc", ".venv/bin/python", "tests/_artifacts/shot.png",
+                 ".pytest_cache/v/cache/lastfailed", ".gpu-stage/wheels/x.whl"):
+        assert _dockerignored(patterns, path), f"{path} would be copied into the image"
+    for path in ("app.py", "requirements.txt", "backend/runtime/train.py", "panel/ui.py"):
+        assert not _dockerignored(patterns, path), f"{path} is needed in the image"
+
+
+def test_without_the_local_training_runtime_the_form_opens_on_hf_jobs_and_offers_no_local_runs(tmp_path,
+                                                                                              monkeypatch):
+    """`docker run` of the image: no torch, TRL or PEFT, so a local preset could never run."""
+    import importlib.util
+
+    from panel.presets import PRESETS
+    from panel.ui import build_ui
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "trl", "peft") else real_find_spec(name, *a))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    panel = Panel(Deployment(home=str(tmp_path), on_space=False, host="0.0.0.0"))
+    try:
+        demo = build_ui(panel)
+    finally:
+        panel.shutdown()
+    props = {c["props"].get("elem_id"): c["props"] for c in demo.config["components"]}
+    assert PRESETS[props["preset"]["value"]]["executor"] == "hf_jobs", props["preset"]["value"]
+    assert all(PRESETS[name]["executor"] == "hf_jobs" for name, _ in props["preset"]["choices"])
+    assert [value for _, value in props["f-executor"]["choices"]] == ["hf_jobs"]
+    assert props["f-executor"]["value"] == "hf_jobs"
+
+
 def test_an_exposed_panel_lends_no_host_token_unless_its_operator_opts_in(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_" + "hostTokenOfTheMachine0000000000")
     home = str(tmp_path)

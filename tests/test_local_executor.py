@@ -13,6 +13,7 @@ from backend.runs import RunRegistry
 from backend.runtime.common import latest_checkpoint
 from backend.spec import RunSpec
 from backend.store import FolderStore
+from tests.fakehub import wait_until
 
 
 def _job(command, timeout_s=60, role="trainer", run_id="t1"):
@@ -98,6 +99,98 @@ def test_the_timeout_is_enforced(executor):
     job_id = executor.submit(_job(["sleep", "60"], timeout_s=1))
     status = executor.wait(job_id, 20)
     assert status.stage == "ERROR" and "timed out" in status.message
+
+
+@pytest.fixture
+def restarted_panel(executor):
+    """`restarted_panel()`: a panel started over the executor's home after its jobs ran (shut down at the end)."""
+    from tests.fakehub import panel_factory
+
+    with panel_factory(executor.home) as make:
+        yield make
+
+
+def _row(panel, run_id: str) -> dict:
+    from panel.runs_list import RUNS_HEADERS
+
+    return next(dict(zip(RUNS_HEADERS, row)) for row in panel.runs_table() if row[0] == run_id)
+
+
+def test_a_timed_out_run_reads_timed_out_in_the_runs_list(executor, restarted_panel):
+    timed_out = executor.submit(_job(["sleep", "60"], timeout_s=1, run_id="slow"))
+    failed = executor.submit(_job(["false"], run_id="broken"))
+    executor.wait(timed_out, 20)
+    executor.wait(failed, 20)
+    panel = restarted_panel()
+    assert _row(panel, "slow")["status"] == "⏱ timed out"
+    assert _row(panel, "broken")["status"] == "❌ error", "a job that failed by itself did not time out"
+    assert "slow" in [row[0] for row in panel.runs_table(status="failed")], "a timed-out run is one that failed"
+
+
+def test_a_restarted_panel_knows_how_long_a_finished_local_run_took(executor, restarted_panel):
+    from backend.access import Visitor
+    from panel import spend_view
+
+    job_id = executor.submit(_job(["sleep", "3"], run_id="three-seconds"))
+    assert executor.wait(job_id, 30).stage == "COMPLETED"
+    panel = restarted_panel()
+    assert _row(panel, "three-seconds")["status"] == "✅ completed"
+    cost, _spec = panel.spend.cost(panel.local_runs, "three-seconds")     # what the runs list's time cell shows
+    assert 3.0 <= cost.elapsed_s < 15.0, cost.elapsed_s
+    # The run's header, as the dashboard draws it after a restart (its view has no logged step to date it by).
+    cost, _, _ = spend_view.run_cost(panel, "three-seconds", Visitor(), panel.view("three-seconds"))
+    header = spend_view.cost_markdown(cost, 0.0, [])
+    assert header.startswith("**Time:** ") and not header.startswith(("**Time:** 0 s", "**Time:** 1 s")), header
+
+
+def test_a_run_whose_only_job_record_is_broken_is_listed_as_unreadable(executor, restarted_panel):
+    broken = executor.submit(_job(["true"], run_id="torn"))
+    healthy = executor.submit(_job(["true"], run_id="fine"))
+    executor.wait(broken, 20)
+    executor.wait(healthy, 20)
+    with open(os.path.join(executor.jobs_dir, broken, "job.json"), "w") as f:
+        f.write('{"job_id": "torn--trainer--')            # torn mid-write
+    panel = restarted_panel()
+    row = _row(panel, "torn")
+    assert "unreadable" in row["status"] and row["executor"] == "local", row
+    assert _row(panel, "fine")["status"] == "✅ completed", "one bad record never breaks another run's row"
+    with pytest.raises(KeyError, match="cannot be read"):
+        panel.view("torn")
+    assert panel.view("fine").run_id == "fine"
+
+
+# What a vLLM server leaves in its temp dir: a `vllm_dist_<uuid>` file, and (serve_replica's) socket folder.
+LEAVES_TEMP_FILES = ("import os, sys, tempfile, time; "
+                     "tempfile.mkstemp(prefix='vllm_dist_'); tempfile.mkdtemp(prefix='vllm-rpc-'); "
+                     "print(tempfile.gettempdir(), flush=True); time.sleep(float(sys.argv[1]))")
+
+
+@pytest.mark.parametrize("ending", ["completed", "command killed", "cancelled", "timed out", "wrapper killed"])
+def test_each_job_has_a_temp_dir_of_its_own_that_goes_when_it_ends(executor, tmp_path, monkeypatch, ending):
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))       # the panel's own temp dir
+    monkeypatch.setattr("tempfile.tempdir", None)        # read again from TMPDIR
+    sleep = "0.5" if ending == "completed" else "60"
+    job_id = executor.submit(_job([sys.executable, "-c", LEAVES_TEMP_FILES, sleep], timeout_s=3 if ending == "timed out"
+                                  else 60))
+    lines = wait_until(lambda: executor.read_logs(job_id, 0)[0], timeout=30, what="the job's first line")
+    job_tmp = lines[0]
+    assert os.path.dirname(job_tmp) == str(system_tmp) and len(os.listdir(job_tmp)) == 2, (job_tmp, lines)
+    assert len(os.path.basename(job_tmp)) < 32, "room left for vLLM's socket paths (107 bytes at most)"
+    if ending == "command killed":
+        os.kill(executor.main_pid(job_id), 9)              # a replica killed from outside
+    elif ending == "cancelled":
+        executor.cancel(job_id)
+    elif ending == "wrapper killed":
+        wrapper = executor._job_record(job_id)["pid"]
+        os.kill(wrapper, 9)
+        wait_until(lambda: not psutil.pid_exists(wrapper) or psutil.Process(wrapper).status() == psutil.STATUS_ZOMBIE,
+                   timeout=10, what="the wrapper gone")
+        executor.cancel(job_id)                            # stops what the dead wrapper left
+    status = executor.wait(job_id, 60)
+    assert status.done, status
+    wait_until(lambda: not os.listdir(system_tmp), timeout=20, what=f"an empty temp dir after '{ending}'")
 
 
 def test_a_missing_secret_is_refused_before_anything_starts(executor):

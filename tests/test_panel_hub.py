@@ -202,6 +202,39 @@ def test_a_job_the_hub_created_behind_a_timeout_is_found_by_label_and_cancelled(
     assert {job.stage for job in hub.jobs.values()} == {"CANCELED"}, "no job of the failed launch keeps billing"
 
 
+def test_a_run_the_hub_stopped_at_its_timeout_reads_timed_out_in_the_runs_list(hub, make_panel):
+    result, _ = launch_reviewed(make_panel(), {**FORM, "timeout_minutes": 30})
+    assert result.run_id, result.message
+    [job] = hub.jobs.values()
+    hub.set_stage(job.id, "RUNNING")
+    hub.clock = lambda: time.time() + 31 * 60            # the Hub's time passes the job's 30 minutes
+    row = next(r for r in make_panel().runs_table() if r[0] == result.run_id)
+    assert (job.stage, job.message) == ("ERROR", "Job timeout"), "the Hub's own words for a timeout"
+    assert row[RUNS_HEADERS.index("status")] == "⏱ timed out", row
+
+
+def test_a_job_created_behind_a_timeout_that_the_list_shows_late_is_found_and_cancelled(hub, make_panel):
+    """The Hub answers the submission with a 504 yet creates the job, and its job list shows it 5 s later: the
+    launch's own sweep finds nothing, so the orphan finder and the panel's background sweep must."""
+    from panel import spend_view
+
+    panel = make_panel(budget_check_s=0)             # its background check is run by hand below
+    hub.list_lag_s = 5.0
+    hub.create_then_fail_nth_job_submission(1, status=504)
+    result, _ = launch_reviewed(panel, FORM)
+    assert result.run_id is None and "keeps looking" in result.message, result.message
+    [job] = hub.jobs.values()
+    assert job.stage == "SCHEDULING", "created, and not listed yet"
+    assert panel.watch.check() == [] and job.stage == "SCHEDULING", "nothing to sweep while the list lags"
+    finder = make_panel(budget_check_s=0)            # a second panel (or this one after a restart), asked by a click
+    rows, note = wait_until(lambda: (found := spend_view.orphan_rows(finder, Visitor()))[0] and found, timeout=20,
+                            interval=0.5, what="the orphan finder listing the job")
+    [row] = rows
+    assert row[0] == job.id and "launch failed" in row[6], (rows, note)
+    panel.watch.check()                              # the launching panel's next background pass
+    assert job.stage == "CANCELED", "the job the failed launch created is cancelled"
+
+
 def test_parallelism_larger_than_the_flavor_is_refused(hub, make_panel):
     panel = make_panel()
     result = panel.launch({**FORM, "num_processes": 4, "per_device_batch_size": 8}, confirmed="x")

@@ -57,8 +57,8 @@ class Executor(Protocol):
 
     def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
         """Every job this executor launched (found by labels), or only those of `run_id`, newest first. A job whose
-        record cannot be read is left out (and counted by `unreadable_records`), so one bad record never empties
-        the list."""
+        record cannot be read is listed as far as it can be (`unreadable`, and counted by `unreadable_records`), so
+        one bad record neither empties the list nor hides its run."""
 
     def unreadable_records(self, run_id: str) -> dict[str, int]:
         """Records of the run's jobs that were skipped as unreadable, per file."""

@@ -19,7 +19,17 @@ from huggingface_hub.errors import HfHubHTTPError
 
 from backend.executors.base import ResourceSample, SubmitError
 from backend.hardware import list_flavors
-from backend.jobspec import APP_LABEL_VALUE, DELETED, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobRecord, JobSpec, JobStatus
+from backend.jobspec import (
+    APP_LABEL_VALUE,
+    DELETED,
+    ERROR,
+    LABEL_APP,
+    LABEL_ROLE,
+    LABEL_RUN,
+    JobRecord,
+    JobSpec,
+    JobStatus,
+)
 from backend.runtime.redact import redact_tokens
 
 PERMANENT_HTTP_ERRORS = frozenset({401, 403, 404})
@@ -101,7 +111,8 @@ class HfJobsExecutor:
         gave_up = self.reader_error(job_id)
         if gave_up:
             message = f"{message} (log stream stopped: {gave_up})".strip()
-        return JobStatus(_stage(info.status.stage), message)
+        stage = _stage(info.status.stage)
+        return JobStatus(stage, message, timed_out=_timed_out(stage, info.status.message))
 
     def cancel(self, job_id: str) -> None:
         try:
@@ -308,7 +319,13 @@ def _record(info: Any, listed_at: float | None = None) -> JobRecord:
         bucket=next((v.source for v in info.volumes or [] if v.type == "bucket"), None),
         started_at=_epoch(getattr(info, "started_at", None)), finished_at=_epoch(getattr(info, "finished_at", None)),
         running_s=getattr(durations, "running_secs", None), listed_at=listed_at,
+        timed_out=_timed_out(_stage(info.status.stage), info.status.message),
     )
+
+
+def _timed_out(stage: str, message: str | None) -> bool:
+    # The Hub stops a job that runs past its timeout with stage ERROR and the status message "Job timeout".
+    return stage == ERROR and bool(re.search(r"\btime ?out\b", message or "", re.IGNORECASE))
 
 
 def _epoch(moment: Any) -> float | None:

@@ -3,20 +3,24 @@
 Volumes are mapped onto local folders (`<home>/buckets/<namespace>/<name>`) by rewriting the mount path in
 the command and env. Each job gets `<home>/jobs/<job_id>/`: `job.json` (the spec, and the wrapper's pid with its
 start time) and `log.txt`, written here; `process.json`, `resources.jsonl` and `exit.json`, written by the job's
-wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout. A job's status is read from these
+wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout and removes the job's own TMPDIR
+(`<system temp>/grpo-job-<hex>-*`) when the job ends. A job's status is read from these
 files alone, so a restarted panel (or a second one) tells the same story as the panel that launched it. A pid is
 trusted only together with its start time: after a restart the same number may belong to another process.
 """
 
 import dataclasses
+import getpass
 import json
 import logging
 import os
+import re
 import secrets as _secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict
@@ -55,6 +59,7 @@ class LocalExecutor:
         # What does not change once written, kept so that listing 200 runs does not re-read 600 job files a tick:
         self._records: dict[str, dict] = {}      # job id -> its job.json once complete (with the wrapper's pid)
         self._ended: dict[str, JobStatus] = {}   # job id -> its final status
+        self._ended_times: dict[str, tuple[float | None, float | None]] = {}   # job id -> (start, end) once ended
         self._lock = threading.Lock()
 
     # ---- paths
@@ -102,28 +107,34 @@ class LocalExecutor:
         job_id = f"{job.run_id}--{job.role}--{_secrets.token_hex(3)}"
         job_dir = self._dir(job_id)
         os.makedirs(job_dir)
+        # A temp dir of the job's own, removed when it ends however it ends: vLLM leaves a `vllm_dist_<uuid>` file
+        # per server and a killed replica its socket folder in TMPDIR. In the system's temp dir, not the job's
+        # folder: vLLM's ZMQ socket paths under it must stay within the 107 bytes a Unix socket path may have.
+        job_tmp = tempfile.mkdtemp(prefix=f"grpo-job-{job_id.rsplit('--', 1)[-1]}-")
         for vol in job.volumes:
             os.makedirs(self.bucket_root(vol.bucket), exist_ok=True)
         # The panel's secrets (its token, the OAuth client secret, the webhook key) stay with the panel: a local job
         # gets only the secrets its JobSpec names.
         inherited = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
-        env = {**inherited, **mapped.env,
+        env = {"TORCHINDUCTOR_CACHE_DIR": _shared_compile_cache(), **inherited, **mapped.env, "TMPDIR": job_tmp,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:
             remember_secret(secrets[name])
         if "PYTHONPATH" in job.env and os.environ.get("PYTHONPATH"):
             # Locally the job runs in the panel's environment: keep what that environment adds to the path.
             env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
-        record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command}
+        record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command,
+                  "tmpdir": job_tmp}
         _write_json(os.path.join(job_dir, JOB_FILE), record)
         wrapped = [sys.executable, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(job.timeout_s),
-                   "--grace", str(self.grace_s), "--", *command]
+                   "--grace", str(self.grace_s), "--tmpdir", job_tmp, "--", *command]
         with open(self.log_path(job_id), "ab") as log_file:
             try:
                 # A session of its own: the job lives on when the panel exits, and no terminal signal reaches it.
                 proc = subprocess.Popen(wrapped, cwd=BACKEND_DIR, env=env, stdout=log_file, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as exc:
+                shutil.rmtree(job_tmp, ignore_errors=True)
                 _write_json(self._file(job_id, wrapper.EXIT_FILE),
                             {"stage": ERROR, "message": f"could not start: {exc}", "time": time.time()})
                 raise SubmitError(f"job {job.role}: could not start its wrapper: {exc}") from exc
@@ -212,12 +223,26 @@ class LocalExecutor:
         status = self._status(job_id)
         if status.done:
             self._ended[job_id] = status
+            self._remove_tmpdir(job_id)
         return status
+
+    def _remove_tmpdir(self, job_id: str) -> None:
+        """The job's temp dir, once nothing of the job is left to use it: its wrapper removes it, unless the wrapper
+        itself was killed."""
+        try:
+            record = self._job_record(job_id)
+        except (Unreadable, KeyError):
+            return
+        folder = record.get("tmpdir")
+        if isinstance(folder, str) and os.path.isdir(folder) and not self._wrapper_alive(record) \
+                and self._job_group(job_id) is None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _status(self, job_id: str) -> JobStatus:
         ended = self._read_json(job_id, wrapper.EXIT_FILE)
         if ended and ended.get("stage") in TERMINAL_STAGES:
-            return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")))
+            return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")),
+                             timed_out=ended.get("timed_out") is True)
         legacy = self._read_json(job_id, LEGACY_STATUS_FILE)    # jobs launched before the wrapper existed
         if legacy and legacy.get("stage") in TERMINAL_STAGES:
             return JobStatus(legacy["stage"], str(legacy.get("message") or ""))
@@ -298,10 +323,15 @@ class LocalExecutor:
             return
         group = self._job_group(job_id)
         if group is not None:
-            threading.Thread(target=_stop_group, args=(group, self.grace_s), daemon=True).start()
+            threading.Thread(target=self._stop_group, args=(job_id, group), daemon=True).start()
         if not done:    # its wrapper is gone, so nobody else will record the end
             ended = {"stage": CANCELED, "message": f"{reason} (its wrapper had already ended)", "time": time.time()}
             _write_json(self._file(job_id, wrapper.EXIT_FILE), ended)
+
+    def _stop_group(self, job_id: str, group: int) -> None:
+        """Stop what is left of a job whose wrapper is gone, then remove the temp dir that wrapper would have."""
+        _stop_group(group, self.grace_s)
+        self._remove_tmpdir(job_id)
 
     def _wait_for_start(self, job_id: str, timeout: float = 5.0) -> None:
         """A wrapper handles SIGTERM once Python has started it (a fraction of a second after submit): a cancel
@@ -330,20 +360,46 @@ class LocalExecutor:
         return self.status(job_id)
 
     def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
+        """Every local job, newest first. A job whose job.json cannot be read is still listed (marked unreadable,
+        its run and role read from its folder's name), so its run does not vanish from the runs list."""
         records = []
         for job_id in os.listdir(self.jobs_dir):
             if run_id and not job_id.startswith(f"{run_id}--"):
                 continue
             try:
-                data = self._job_record(job_id)
                 status = self.status(job_id)
+                started, finished = self._times(job_id, status)
             except (OSError, ValueError, KeyError):
+                continue    # gone meanwhile, or not a job's folder
+            try:
+                data = self._job_record(job_id)
+            except Unreadable:
+                record = _unreadable_record(job_id, self._dir(job_id), status)
+                if record is not None:
+                    records.append(dataclasses.replace(record, started_at=started, finished_at=finished))
                 continue    # counted by _job_record; one bad job must not take the list down
+            except (OSError, ValueError, KeyError):
+                continue
             spec = data["spec"]
             volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict)]
             records.append(JobRecord(job_id, spec["run_id"], spec["role"], status.stage, data["created_at"],
-                                     flavor=spec.get("flavor"), bucket=volumes[0].get("bucket") if volumes else None))
+                                     flavor=spec.get("flavor"), bucket=volumes[0].get("bucket") if volumes else None,
+                                     started_at=started, finished_at=finished, timed_out=status.timed_out))
         return sorted(records, key=lambda r: r.created_at, reverse=True)
+
+    def _times(self, job_id: str, status: JobStatus) -> tuple[float | None, float | None]:
+        """When the job's command started and when it ended (epoch seconds; None while unknown), from the files its
+        wrapper wrote, so a restarted panel knows how long a finished run took."""
+        if job_id in self._ended_times:
+            return self._ended_times[job_id]
+        started = (self._read_json(job_id, wrapper.PROCESS_FILE) or {}).get("started_at")
+        started = float(started) if isinstance(started, (int, float)) else None
+        finished = None
+        if status.done:
+            ended = (self._read_json(job_id, wrapper.EXIT_FILE) or {}).get("time")
+            finished = float(ended) if isinstance(ended, (int, float)) else _last_write(self._dir(job_id))
+            self._ended_times[job_id] = (started, finished)
+        return started, finished
 
     def cancel_all(self, timeout: float = 60.0) -> None:
         """Cancel every job under this home and wait until they have ended (tests, and stopping a machine)."""
@@ -353,6 +409,41 @@ class LocalExecutor:
         deadline = time.time() + timeout
         for job_id in jobs:
             self.wait(job_id, max(0.0, deadline - time.time()))
+
+
+def _shared_compile_cache() -> str:
+    """Where torch.compile keeps what it compiled (vLLM on CPU compiles at every start): torch puts it in TMPDIR by
+    default, which is now each job's own and goes with it, so every replica would compile from scratch. The place it
+    would be for the panel's own temp dir, shared by every job (torch's `default_cache_dir`)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def _unreadable_record(job_id: str, folder: str, status: JobStatus) -> JobRecord | None:
+    """A job whose job.json is unreadable, as far as its folder tells: `<run_id>--<role>--<hex>`, and its age."""
+    parts = job_id.split("--")
+    if len(parts) < 3 or not all(parts):
+        return None
+    try:
+        created = os.stat(folder).st_mtime
+    except OSError:
+        return None
+    return JobRecord(job_id, "--".join(parts[:-2]), parts[-2], status.stage, created, unreadable=True,
+                     timed_out=status.timed_out)
+
+
+def _last_write(folder: str) -> float | None:
+    """When the job last wrote its log or a resource sample: its end, where its wrapper could not record one."""
+    times = []
+    for name in (wrapper.LOG_FILE, wrapper.RESOURCES_FILE):
+        try:
+            times.append(os.stat(os.path.join(folder, name)).st_mtime)
+        except OSError:
+            pass
+    return max(times, default=None)
 
 
 def _same_start(started: float | None, recorded) -> bool:

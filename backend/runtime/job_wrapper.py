@@ -1,24 +1,26 @@
 """The wrapper around one local job: starts its command, samples its resources, enforces its timeout, and records
 how it ended, so that neither the job nor its record depends on the panel that launched it.
 
-    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] -- COMMAND...
+    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] -- COMMAND...
 
 LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the command in a process
 group of its own. In DIR it writes `process.json` (the command's pid, which is also its process group id, and its
 start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of the command's process
-tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time).
+tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time, and whether
+it timed out).
 
 SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
 order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
 would kill TRL's rollout worker under the trainer, whose stop() then waits forever on an Event the dead worker
 was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling). When the
 command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
-tracker) is stopped too: SIGTERM, then SIGKILL.
+tracker) is stopped too: SIGTERM, then SIGKILL. Then `--tmpdir` (the job's own TMPDIR) is removed.
 """
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -93,9 +95,11 @@ def exit_message(code: int, job_dir: str) -> tuple[str, str]:
 
 
 class JobWrapper:
-    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float):
+    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float, tmpdir: str | None = None):
         self.job_dir, self.command, self.timeout_s, self.grace_s = job_dir, command, timeout_s, grace_s
+        self.tmpdir = tmpdir
         self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
+        self.timed_out = False
 
     def _path(self, name: str) -> str:
         return os.path.join(self.job_dir, name)
@@ -118,6 +122,13 @@ class JobWrapper:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         try:
+            return self._run()
+        finally:
+            if self.tmpdir:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _run(self) -> int:
+        try:
             child = subprocess.Popen(self.command, cwd=self.job_dir, stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as error:
             self._write(EXIT_FILE, {"stage": ERROR, "code": None, "time": time.time(),
@@ -131,7 +142,8 @@ class JobWrapper:
         sampler.stop()
         stage, message = self.stop_reason or exit_message(code, self.job_dir)
         self._stop_leftovers(child.pid)
-        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time()})
+        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time(),
+                                "timed_out": self.timed_out})
         return 0 if stage == COMPLETED else 1
 
     def _wait(self, child: subprocess.Popen) -> int:
@@ -142,6 +154,7 @@ class JobWrapper:
             now = time.monotonic()
             if self.stop_reason is None and now >= deadline:
                 self.stop_reason = (ERROR, f"timed out after {self.timeout_s:g} s; the job was stopped")
+                self.timed_out = True
             if self.stop_reason is not None and kill_at is None:
                 print(f"[job wrapper] {self.stop_reason[1]}: sending SIGTERM", flush=True)
                 child.send_signal(signal.SIGTERM)
@@ -169,12 +182,13 @@ def main() -> None:
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--tmpdir", help="the job's own temp dir (its TMPDIR), removed when the job ends")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the job's command after --")
-    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace).run())
+    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace, args.tmpdir).run())
 
 
 if __name__ == "__main__":
