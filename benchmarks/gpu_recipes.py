@@ -286,7 +286,7 @@ def main() -> None:
             print(json.dumps(rows[-1], default=str), flush=True)
             if args.export:
                 export(executor, run, rows[-1], args.export)
-    executor.shutdown()
+    executor.cancel_all()
     print(f"\nmodel {args.model}, {args.steps} steps, medians over steps > {WARMUP}, settings {WORKLOAD} + "
           f"each configuration's + {overrides}; home {home}")
     print_table(rows)
