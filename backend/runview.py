@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 MAX_LOG_LINES = 5000
 RECENT_SAMPLES = 900        # raw resource samples kept per job (15 minutes at 1 Hz): alerts read them
 MAX_REPLICA_SNAPSHOTS = 100
+MAX_ADAPTER_LOADS = 500     # the proxy's newest per-replica load timings a view keeps (and a first look reads)
 SAMPLE_CHUNK = 5000         # resource samples read at a time
 SAMPLE_STEPS_KEPT = 100     # steps (or policy versions) whose sample completions a view keeps
 MIN_REFRESH_S = 1.0         # sessions ticking at once share one refresh: a second within this is a no-op
@@ -107,12 +108,14 @@ class RunView:
         self.first_step: dict[int, int] = {}  # policy version -> the first step trained with it (async runs)
         self.events: list[dict] = []
         self.replica_stats: deque[dict] = deque(maxlen=MAX_REPLICA_SNAPSHOTS)
+        self.adapter_loads: deque[dict] = deque(maxlen=MAX_ADAPTER_LOADS)   # {"time", "version", "replicas"}
         self.adapters: dict[int, AdapterVersion] = {}
         self.final_files: list = []
         prefix = layout.run_prefix(run_id)
         # The proxy's replica snapshots each replace the last: a first look reads only the newest ones.
         self._metrics = FragmentReader(store, f"{prefix}/{layout.METRICS_DIR}", check=_is_metric_record,
-                                       latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS},
+                                       latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS,
+                                                    layout.LOADS_WRITER: MAX_ADAPTER_LOADS},
                                        defer={layout.TRAINER_WRITER: HISTORY_TAIL_FRAGMENTS})
         self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
                                       check=lambda r: isinstance(r.get("event"), str))
@@ -344,6 +347,9 @@ class RunView:
                 if "canary" in record:
                     self.serving = record["canary"]
                     continue
+                if "adapter_load" in record:
+                    self.adapter_loads.append({**record["adapter_load"], "time": record.get("time")})
+                    continue
                 steps.append(_with_band(record))
                 if _is_number(record.get("policy_version")):
                     self.first_step.setdefault(int(record["policy_version"]), record["step"])
@@ -451,7 +457,7 @@ def _with_band(record: dict) -> dict:
 
 
 def _is_step_record(record: dict) -> bool:
-    return "replicas" not in record and "canary" not in record
+    return not {"replicas", "canary", "adapter_load"} & set(record)
 
 
 def _is_number(value) -> bool:
@@ -459,13 +465,17 @@ def _is_number(value) -> bool:
 
 
 def _is_metric_record(record: dict) -> bool:
-    """A trainer's metric record (an integer step and numbers), a proxy's replica snapshot (a list of replicas) or
-    its serving proof (a canary record)."""
+    """A trainer's metric record (an integer step and numbers), a proxy's replica snapshot (a list of replicas),
+    its serving proof (a canary record) or an adapter load's timings (a list of replicas)."""
     if "replicas" in record:
         return isinstance(record["replicas"], list) and all(isinstance(r, dict) for r in record["replicas"])
     if "canary" in record:
         canary = record["canary"]
         return isinstance(canary, dict) and isinstance(canary.get("replicas"), list)
+    if "adapter_load" in record:
+        load = record["adapter_load"]
+        return (isinstance(load, dict) and isinstance(load.get("version"), str) and _is_number(record.get("time"))
+                and isinstance(load.get("replicas"), list) and all(isinstance(r, dict) for r in load["replicas"]))
     step = record.get("step")
     return type(step) is int and step >= 0 and {type(v) for v in record.values()} <= {int, float}
 

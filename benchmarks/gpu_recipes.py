@@ -56,8 +56,10 @@ CONFIGS = {
                                per_device_batch_size=GLOBAL_BATCH // 2), 2),
     "distributed-2gpu": (DISTRIBUTED, 2),
     "distributed-1gpu": (DISTRIBUTED, 1),   # trainer and replica share one GPU: the one-H200 fallback
+    # Two replicas and the trainer time-sharing one GPU: where two GPUs are not lent, a partial datum on scaling.
+    "distributed-1gpu-2replicas": (dict(DISTRIBUTED, replicas=2), 1),
 }
-DEFAULT = [name for name in CONFIGS if name != "distributed-1gpu"]
+DEFAULT = [name for name in CONFIGS if not name.startswith("distributed-1gpu")]
 
 
 def median(values: list[float]) -> float | None:
@@ -284,7 +286,7 @@ def main() -> None:
             print(json.dumps(rows[-1], default=str), flush=True)
             if args.export:
                 export(executor, run, rows[-1], args.export)
-    executor.shutdown()
+    executor.cancel_all()
     print(f"\nmodel {args.model}, {args.steps} steps, medians over steps > {WARMUP}, settings {WORKLOAD} + "
           f"each configuration's + {overrides}; home {home}")
     print_table(rows)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from backend.diagnose import RATIO_BAND
-from backend.runtime.layout import reward_function_keys
+from backend.runtime.layout import ADAPTER_NAME_RE, reward_function_keys
 
 MAX_POINTS = 600
 EMPTY = "waiting for the first metrics"
@@ -284,12 +284,18 @@ def queue_figure(table, options: ChartOptions, spec: dict | None = None) -> dict
     return fig
 
 
-def sync_figure(table, options: ChartOptions, spec: dict | None = None) -> dict:
-    """Weight sync: seconds per sync beside the step time, and its recent share of wall time in the title."""
-    fig = lines_figure(table, {"weight_sync_s": "weight sync", "step_time": "step"}, "Weight sync", "seconds", options)
+def sync_figure(table, options: ChartOptions, spec: dict | None = None, loads=(),
+                first_step: dict[int, int] | None = None) -> dict:
+    """Weight sync: seconds per sync beside the step time, its recent share of wall time in the title, and how long
+    each replica took to load each version (the proxy's `loads`: part of a sync, the slowest replica holds it up)."""
+    fig = figure("Weight sync", "seconds", options)
+    for key, name in (("weight_sync_s", "weight sync"), ("step_time", "step")):
+        add_line(fig, *points(table, key, options), name, METRIC_COLORS.get(key), options)
+    add_replica_loads(fig, loads, first_step or {}, options)
+    finish(fig, options)
     every = max(int((spec or {}).get("adapter_every") or 1), 1)
     if "weight_sync_s" not in table.columns:
-        if fig["data"]:
+        if fig["data"] and not loads:
             fig["layout"]["title"]["text"] = "Weight sync (none logged: colocated runs share the weights in memory)"
         return fig
     rows = table.rows(last=20)
@@ -299,6 +305,35 @@ def sync_figure(table, options: ChartOptions, spec: dict | None = None) -> dict:
         share = (sum(syncs) / len(syncs)) / (every * sum(steps) / len(steps))
         fig["layout"]["title"]["text"] = f"Weight sync ({share:.0%} of wall time lately, every {every} step(s))"
     return fig
+
+
+def replica_load_points(loads, first_step: dict[int, int], options: ChartOptions) -> dict[int, tuple[list, list]]:
+    """Replica index -> (x, seconds) of each adapter load it answered 200 to: on the step axis at the first step
+    trained with that version (a version no step has used yet is not placed), else at the load's time."""
+    out: dict[int, tuple[list, list]] = {}
+    for load in loads:
+        match = ADAPTER_NAME_RE.match(str(load.get("version")))
+        if options.x == "step":
+            x = first_step.get(int(match.group(1))) if match else None
+        else:
+            x = options.at(load["time"]) if _num(load.get("time")) else None
+        if x is None:
+            continue
+        for replica in load.get("replicas", []):
+            if replica.get("status") == 200 and _num(replica.get("seconds")) and isinstance(replica.get("index"), int):
+                xs, ys = out.setdefault(replica["index"], ([], []))
+                xs.append(x)
+                ys.append(_round(replica["seconds"]))
+    return out
+
+
+def add_replica_loads(fig: dict, loads, first_step: dict[int, int], options: ChartOptions) -> None:
+    for index, (xs, ys) in sorted(replica_load_points(loads, first_step, options).items()):
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        xs, ys = downsample([xs[i] for i in order], [ys[i] for i in order])
+        role = f"vllm-{index}"
+        add_line(fig, xs, ys, f"load on {role}", ROLE_COLORS.get(role, PALETTE[index % len(PALETTE)]), options,
+                 dash="dot")
 
 
 def optimisation_figure(table, options: ChartOptions) -> dict:

@@ -142,3 +142,45 @@ def test_a_long_run_draws_a_bounded_figure():
         table.add({"step": i, "reward": (i % 97) / 97})
     text = charts.plot_json(charts.reward_figure(table, STEP))
     assert len(json.loads(text)["data"][0]["x"]) <= 2 * 200 + 100 and len(text) < 20_000
+
+
+def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tmp_path):
+    """The proxy records each broadcast load (seconds per replica); the run view reads those fragments beside the
+    trainer's; the Sync chart draws one line per replica, at the first step trained with each version."""
+    from backend.runtime.layout import FragmentWriter
+    from backend.runtime.proxy import Proxy, Reply
+    from backend.runview import RunView
+    from backend.store import FolderStore
+
+    store = FolderStore(tmp_path)
+    metrics = store.local_path("runs/r1/metrics")
+    proxy = Proxy(["http://a:8000", "http://b:8000", "http://c:8000"], stats_dir=metrics)
+    a, b, c = proxy.replicas
+    proxy._record_loads("trl-policy-v1", [a, b], [(Reply(200, "ok"), 0.25), (Reply(200, "ok"), 0.5)])
+    proxy._record_loads("trl-policy-v2", [a, b], [(Reply(200, "ok"), 0.3), (Reply(200, "ok"), 1.25)])
+    # Replica c was down for both; a refused load and a replica that did not answer are recorded, not drawn.
+    proxy._record_loads("trl-policy-v3", [a, c], [(Reply(500, "rank"), 0.1), ConnectionError("gone")])
+    FragmentWriter(metrics, "trainer").write([
+        {"step": 1, "time": 100.0, "weight_sync_s": 0.6, "step_time": 2.0, "policy_version": 1},
+        {"step": 2, "time": 102.0, "weight_sync_s": 1.3, "step_time": 2.0, "policy_version": 2},
+        {"step": 3, "time": 104.0, "weight_sync_s": 1.3, "step_time": 2.0, "policy_version": 2}])
+
+    view = RunView("r1", store, executor=None, jobs={})
+    view.refresh()
+    assert [load["version"] for load in view.adapter_loads] == ["trl-policy-v1", "trl-policy-v2", "trl-policy-v3"]
+    assert view.adapter_loads[2]["replicas"] == [{"index": 0, "url": "http://a:8000", "seconds": 0.1, "status": 500},
+                                                 {"index": 2, "url": "http://c:8000"}]
+    assert [r["step"] for r in view.metrics] == [1, 2, 3], "load records are not steps"
+
+    fig = charts.sync_figure(view.table, STEP, {"adapter_every": 1}, view.adapter_loads, view.first_step)
+    lines = {t["name"]: (t["x"], t["y"]) for t in fig["data"]}
+    assert list(lines) == ["weight sync", "step", "load on vllm-0", "load on vllm-1"]
+    assert lines["load on vllm-0"] == ([1, 2], [0.25, 0.3])
+    assert lines["load on vllm-1"] == ([1, 2], [0.5, 1.25]), "the slow replica shows: it holds each sync up"
+    minutes = charts.ChartOptions(x="time", t0=view.adapter_loads[0]["time"])
+    xs, _ = {t["name"]: (t["x"], t["y"]) for t in charts.sync_figure(
+        view.table, minutes, {}, view.adapter_loads, view.first_step)["data"]}["load on vllm-1"]
+    assert xs[0] == 0 and len(xs) == 2, "on the time axis each load is placed at its own time"
+
+    only_loads = charts.sync_figure(table_of([]), STEP, {}, view.adapter_loads, view.first_step)
+    assert "annotations" not in only_loads["layout"], "drawn, not 'waiting for the first metrics'"

@@ -18,6 +18,7 @@ import requests
 from vllm_replicas import API_KEY, free_port, served_models, shared_pool
 
 from backend.observers import FragmentCursor, read_new_records
+from backend.runtime.layout import LOADS_WRITER
 from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
 from backend.store import FolderStore
 
@@ -121,6 +122,8 @@ def test_a_load_that_fails_on_one_replica_is_rolled_back_where_it_succeeded(pool
         assert response.status_code == 400 and "already been loaded" in response.text
         assert "clash" not in served_models(pool.urls[1])
         assert "clash" not in proxy.stats()["adapters"]
+        load = _load_records(proxy.stats_dir)[-1]
+        assert load["version"] == "clash" and [r["status"] for r in load["replicas"]] == [400, 200]
     finally:
         requests.post(f"{pool.urls[0]}/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "clash"})
 
@@ -140,6 +143,12 @@ def test_a_load_is_retried_until_the_adapter_path_appears(pool, proxy, adapters,
     assert time.monotonic() - started >= 1.5
     assert all("late-v1" in served_models(url) for url in pool.urls)
     assert _unload(proxy, "late-v1").status_code == 200
+    # Each replica's load time, as the Sync chart draws it, counts the wait for the path.
+    load = _load_records(proxy.stats_dir)[-1]
+    assert load["version"] == "late-v1"
+    assert [(r["index"], r["url"], r["status"]) for r in load["replicas"]] == [(0, pool.urls[0], 200),
+                                                                              (1, pool.urls[1], 200)]
+    assert all(1.0 <= r["seconds"] <= time.monotonic() - started for r in load["replicas"])
 
 
 def test_completions_for_one_adapter_and_prompt_stick_to_one_replica(proxy, adapters):
@@ -225,6 +234,11 @@ def test_stats_are_written_as_fragments_only_when_they_change(proxy):
 def _stats_records(folder: str) -> list[dict]:
     """Read the way the panel reads: the bucket observers' fragment reader."""
     return [r for w, r in read_new_records(FolderStore(folder), "", FragmentCursor()) if w == "proxy"]
+
+
+def _load_records(folder: str) -> list[dict]:
+    return [r["adapter_load"] for w, r in read_new_records(FolderStore(folder), "", FragmentCursor())
+            if w == LOADS_WRITER]
 
 
 def test_the_command_line_proxy_serves_and_writes_stats(pool, tmp_path):

@@ -34,11 +34,14 @@ def free_port() -> int:
 
 
 class ReplicaPool:
-    def __init__(self, size: int = 2, gpus: list[str] | None = None, model: str = TINY_MODEL):
-        """`size` replicas of the builtin `model`, each on cores of its own, or each on one of `gpus` (bf16)."""
+    def __init__(self, size: int = 2, gpus: list[str] | None = None, model: str = TINY_MODEL,
+                 extra_args: tuple[str, ...] = ()):
+        """`size` replicas of the builtin `model`, each on cores of its own, or each on one of `gpus` (bf16; a GPU
+        may be named twice, with `extra_args` fixing each one's KV cache); `extra_args` go to every server."""
         self.workdir = tempfile.mkdtemp(prefix="vllm-replicas-")
         self.model_dir = ensure_tiny_model(os.path.join(self.workdir, "base-model"), name=model)
         self.gpus = gpus
+        self.extra_args = tuple(extra_args)
         self.ports = [free_port() for _ in range(size)]
         self.procs: list[subprocess.Popen | None] = [None] * size
 
@@ -52,7 +55,7 @@ class ReplicaPool:
     def _start(self, i: int) -> None:
         on_gpu = {"dtype": "bfloat16", "max_model_len": 2048, "gpu_memory_utilization": 0.5} if self.gpus else {}
         args = vllm_server_args(self.model_dir, self.ports[i], MAX_LORA_RANK, MAX_STALENESS, host="127.0.0.1",
-                                extra_args=("--api-key", API_KEY), **({"dtype": "float32"} | on_gpu))
+                                extra_args=("--api-key", API_KEY, *self.extra_args), **({"dtype": "float32"} | on_gpu))
         # vLLM's ZMQ sockets go in the pool's own folder (removed at stop), not /tmp where a kill would leave them;
         # each replica gets cores of its own, as the recipe gives local replicas, or a GPU of its own.
         env = {**os.environ, **vllm_server_env(cpu=not self.gpus), "VLLM_RPC_BASE_PATH": self.workdir}

@@ -52,6 +52,7 @@ BASE_MODEL_DIR = "base-model"          # a builtin model, built into the run fol
 TRAINER_WRITER = "trainer"      # both trainers: metrics, events, samples, the heartbeat
 PROXY_WRITER = "proxy"          # the proxy's per-replica snapshots
 CANARY_WRITER = "canary"        # the proxy's proofs that a replica serves the version it loaded
+LOADS_WRITER = "adapter-loads"  # the proxy's seconds per replica for each adapter load it broadcast
 PANEL_WRITER = "panel"          # prefix of the panel's own event writers (`panel-budget`, ...)
 
 ADAPTER_PREFIX = "trl-policy-v"

@@ -16,7 +16,8 @@
   generate and take adapter loads; late replicas join through reconciliation. Its body counts the healthy
   replicas: the trainer's start-up waits until all are (or at least one, after a while). `/health?require=all`
   is 200 only when every replica is healthy.
-- `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments.
+- `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments, and
+  each broadcast load one record of how long every replica took to load it (the dashboard's Sync chart).
 Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it).
 """
 
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from .layout import CANARY_WRITER, PROXY_WRITER, FragmentWriter
+from .layout import CANARY_WRITER, LOADS_WRITER, PROXY_WRITER, FragmentWriter
 
 log = logging.getLogger("runtime.proxy")
 
@@ -119,6 +120,7 @@ class Proxy:
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._stats = StatsRecorder(stats_dir, stats_interval_s, stats_flush_s) if stats_dir else None
         self._proofs = FragmentWriter(stats_dir, CANARY_WRITER) if stats_dir else None
+        self._loads = FragmentWriter(stats_dir, LOADS_WRITER) if stats_dir else None
         self.canary_interval_s = canary_interval_s
         self.newest: str | None = None        # the adapter loaded last: what the trainer samples from
         self.proofs: dict[str, dict] = {}     # replica url -> its latest serving proof
@@ -217,6 +219,24 @@ class Proxy:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
 
+    async def _timed_load(self, replica: Replica, name: str, path: str) -> tuple[Reply, float]:
+        began = time.monotonic()
+        reply = await self._load_on(replica, name, path)
+        return reply, time.monotonic() - began
+
+    def _record_loads(self, name: str, live: list[Replica], timed: list) -> None:
+        """One record per broadcast load: each replica's seconds from sending the load to its answer (retries for a
+        path not yet visible included), and that answer's status; a replica that did not answer has neither."""
+        if not self._loads:
+            return
+        replicas = []
+        for replica, result in zip(live, timed):
+            entry = {"index": self.replicas.index(replica), "url": replica.url}
+            if not isinstance(result, BaseException):
+                entry.update(seconds=round(result[1], 4), status=result[0].status)
+            replicas.append(entry)
+        self._loads.write([{"time": time.time(), "adapter_load": {"version": name, "replicas": replicas}}])
+
     async def load_adapter(self, request: web.Request) -> web.Response:
         body = await request.json()
         name, path = body.get("lora_name"), body.get("lora_path")
@@ -224,7 +244,9 @@ class Proxy:
             return _error(400, "both 'lora_name' and 'lora_path' must be given")
         async with self._lock:
             live = [r for r in self.replicas if r.healthy]
-            replies = await asyncio.gather(*(self._load_on(r, name, path) for r in live), return_exceptions=True)
+            timed = await asyncio.gather(*(self._timed_load(r, name, path) for r in live), return_exceptions=True)
+            self._record_loads(name, live, timed)
+            replies = [t if isinstance(t, BaseException) else t[0] for t in timed]
             loaded, failures = [], []
             for replica, reply in zip(live, replies):
                 if isinstance(reply, ReplicaUnreachable):
