@@ -56,6 +56,7 @@ class CheckJobRunner:
 
     def _run(self, job) -> None:
         machine = tempfile.mkdtemp(prefix="fakehub-check-job-")
+        os.chmod(machine, 0o755)    # a machine's own folders are open to its users (the check drops to "nobody")
         try:
             self.ran.append(job.id)
             script = self._materialise(job, machine)
