@@ -44,11 +44,11 @@ from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_errors
+from backend.watch import RunWatch
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_badge, run_stage
 from panel.spend_view import budget_line, cost_cell
-from panel.watch import RunWatch
 
 log = logging.getLogger(__name__)
 
