@@ -33,6 +33,7 @@ from backend.check_job import CHECK_FLAVOR, check_in_job
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, estimate_cost, hardware_problems, list_flavors
 from backend.hub_auth import bucket_problem, can_control, whoami_name
+from backend.jobspec import run_stage
 from backend.launch import LaunchError, preview_jobs
 from backend.run_directory import RunDirectory
 from backend.runs import RunRegistry
@@ -47,7 +48,7 @@ from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_e
 from backend.watch import RunWatch
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
-from panel.runs_list import RUN_FILTERS, progress_bar, run_badge, run_stage
+from panel.runs_list import RUN_FILTERS, progress_bar, run_badge
 from panel.spend_view import budget_line, cost_cell
 
 log = logging.getLogger(__name__)
