@@ -54,7 +54,6 @@ from panel.spend_view import budget_line, cost_cell
 log = logging.getLogger(__name__)
 
 Settings = Deployment      # the name the panel's tests and scripts know
-FLAVORS_TTL_S = 600.0
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
 CHECKS_KEPT = 256
@@ -98,7 +97,6 @@ class Panel:
         local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
-        self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
         self.spend = SpendWatch()
         # Budget caps and alerts of every live run, checked in the background whether anyone watches or not.
         self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
@@ -247,11 +245,7 @@ class Panel:
         """HF Jobs hardware with prices (the Hub's list asked with the visitor's token, or the built-in one),
         asked at most every 10 minutes."""
         token = acting_token(as_visitor(visitor), self.settings)
-        asked_at, flavors = self._flavors.get(bool(token), (0.0, []))
-        if not flavors or time.time() - asked_at > FLAVORS_TTL_S:
-            flavors = list_flavors(token)
-            self._flavors[bool(token)] = (time.time(), flavors)
-        return flavors
+        return self.spend.flavor_cache.get(("signed in", bool(token)), lambda: list_flavors(token))
 
     def _cost_line(self, jobs, visitor: Visitor) -> str:
         flavors = self.flavors(visitor)
