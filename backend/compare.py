@@ -8,6 +8,7 @@ import hashlib
 import math
 from collections.abc import Callable
 
+from backend.axes import wall_minutes
 from backend.series import Sketch
 from backend.spec import RunSpec
 
@@ -46,12 +47,12 @@ def first_key(view, keys: tuple[str, ...]) -> str | None:
 
 
 def on_axis(xs: list[float], x: str, start: float, cost_at: Callable[[float], float] | None) -> list[float] | None:
-    """Step or epoch-time x values on the chosen axis: the step, minutes since the run's start, or the dollars the
-    run had spent by then. None on the dollars axis for a run that costs nothing (a local run)."""
+    """Step or epoch-time x values on the chosen axis: the step, minutes since the run's start (`axes.run_start`),
+    or the dollars the run had spent by then. None on the dollars axis for a run that costs nothing (a local run)."""
     if x == "step":
         return list(xs)
     if x == "wall time":
-        return [round((t - start) / 60, 3) for t in xs]
+        return [wall_minutes(t, start) for t in xs]
     if cost_at is None:
         return None
     return [cost_at(t) for t in xs]

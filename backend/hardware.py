@@ -1,6 +1,9 @@
 """Job hardware: the flavors a run can ask for, their hourly prices, and what a run can cost at most."""
 
 import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +67,30 @@ def list_flavors(api_or_token: HfApi | str | None = None) -> list[Flavor]:
         return list(FALLBACK_FLAVORS)
     flavors = [f for f in (_from_hub(h) for h in hardware) if f is not None]
     return flavors or list(FALLBACK_FLAVORS)
+
+
+FLAVORS_TTL_S = 600.0     # the Hub's hardware and price list, asked at most this often per key
+
+
+class FlavorCache:
+    """The one cache of the Hub's hardware and prices: the launch form's list and the spend's prices, each asked
+    at most every FLAVORS_TTL_S per key (whose token asks: the panel's, or an executor's namespace)."""
+
+    def __init__(self, ttl_s: float = FLAVORS_TTL_S):
+        self.ttl_s = ttl_s
+        self._asked: dict[Hashable, tuple[float, list[Flavor]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, ask: Callable[[], list[Flavor]]) -> list[Flavor]:
+        """The flavors under `key`, asked again through `ask` once they are older than the TTL (or empty)."""
+        with self._lock:
+            asked_at, flavors = self._asked.get(key, (float("-inf"), []))
+        if flavors and time.monotonic() - asked_at < self.ttl_s:
+            return flavors
+        flavors = ask()
+        with self._lock:
+            self._asked[key] = (time.monotonic(), flavors)
+        return flavors
 
 
 def estimate_cost(jobs: list[JobSpec], flavors: list[Flavor]) -> float:

@@ -8,6 +8,18 @@ SCHEDULING, RUNNING, COMPLETED, ERROR, CANCELED, DELETED = (
     "SCHEDULING", "RUNNING", "COMPLETED", "ERROR", "CANCELED", "DELETED")
 TERMINAL_STAGES = frozenset({COMPLETED, ERROR, CANCELED, DELETED})
 
+
+def run_stage(stages: dict[str, str]) -> str:
+    """The one rule for a run's stage from its jobs' (role -> stage), used by the runs list and a run's view: the
+    trainer's while it has one (a failed replica makes a run degraded, not failed), else the most telling of the
+    others', else any of theirs; UNKNOWN for a run without jobs."""
+    if "trainer" in stages:
+        return stages["trainer"]
+    for stage in (ERROR, RUNNING, SCHEDULING, CANCELED, COMPLETED):
+        if stage in stages.values():
+            return stage
+    return next(iter(stages.values()), "UNKNOWN")
+
 LABEL_APP = "grpo-panel"
 LABEL_RUN = "grpo-panel-run"
 LABEL_ROLE = "grpo-panel-role"

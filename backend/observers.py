@@ -185,18 +185,10 @@ def _all_but_newest(files: list[StoredFile], keep: dict[str, int], eligible: Cal
 def _records(store: BucketStore, path: str, start: int, size: int, cursor: FragmentCursor, writer: str,
              check: Callable[[dict], bool] | None) -> list[tuple[str, dict]]:
     """The complete lines of `path` after `start` as (writer, record); moves the cursor past them."""
-    data = store.read_bytes(path, start)
-    end = data.rfind(b"\n") + 1
-    lines = [line for line in data[:end].splitlines() if line.strip()]
-    try:        # one parse for the whole fragment; line by line only when something in it is not JSON
-        decoded = json.loads(b"[" + b",".join(lines) + b"]")
-    except ValueError:
-        decoded = []
-    if len(decoded) != len(lines):      # two torn lines can join into one valid value: read them one by one
-        decoded = [_json_object(line) for line in lines]
+    decoded, end = layout.fragment_records(store.read_bytes(path, start))
     out = []
     for record in decoded:
-        if not isinstance(record, dict) or (check is not None and not check(record)):
+        if record is None or (check is not None and not check(record)):
             cursor.bad[path] = cursor.bad.get(path, 0) + 1   # skipped, never fatal to the dashboard
             continue
         out.append((writer, record))
@@ -205,14 +197,6 @@ def _records(store: BucketStore, path: str, start: int, size: int, cursor: Fragm
         cursor.done.add(path)
         cursor.offsets.pop(path, None)
     return out
-
-
-def _json_object(line: bytes) -> dict | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)

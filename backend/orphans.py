@@ -9,7 +9,6 @@ A job is an orphan when it is not over and
 A run whose bucket cannot be read is not judged on its folder: a failing read never cancels anything.
 """
 
-import json
 import posixpath
 import time
 from dataclasses import dataclass
@@ -107,10 +106,10 @@ def _run_folder(registry, run_id: str, records: list[JobRecord]) -> tuple[bool, 
     for f in files:
         if posixpath.basename(f.path).startswith(LAUNCH_WRITER + "-"):
             try:
-                for line in store.read_bytes(f.path).decode(errors="replace").splitlines():
-                    event = json.loads(line)
-                    if event.get("event") == LAUNCH_FAILED_EVENT and isinstance(event.get("time"), (int, float)):
-                        failed.append(float(event["time"]))
-            except (OSError, ValueError, AttributeError):
-                continue    # a torn event is skipped; one bad record never hides the others
+                events, _ = layout.fragment_records(store.read_bytes(f.path))
+            except OSError:
+                continue
+            # A torn or foreign record is skipped; one bad record never hides the others.
+            failed += [float(e["time"]) for e in events if e is not None and e.get("event") == LAUNCH_FAILED_EVENT
+                       and isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)]
     return not files, failed

@@ -17,7 +17,7 @@ from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import TINY_MODEL
 from backend.runtime.user_code import reward_function_names
 from backend.spec import HUB_ID, bucket_name_problem
-from backend.vllm_args import VLLM_LORA_RANKS
+from backend.vllm_args import VLLM_LORA_RANKS, round_lora_rank
 
 
 class PublishError(ValueError):
@@ -157,7 +157,8 @@ def _reward_names(spec: dict) -> list[str]:
 
 
 def _usage(spec: dict, repo_id: str, hub_base: str | None) -> list[str]:
-    rank = next((r for r in VLLM_LORA_RANKS if r >= int(spec.get("lora_r") or 1)), VLLM_LORA_RANKS[-1])
+    # A spec.json that validated has a rank vLLM serves; an older or edited one is capped to the largest.
+    rank = round_lora_rank(min(int(spec.get("lora_r") or 1), VLLM_LORA_RANKS[-1]))
     lora_name = repo_id.split("/", 1)[1]
     seed = spec.get("seed")
     if hub_base:

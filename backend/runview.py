@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from backend.executors.base import Executor, ResourceSample
-from backend.jobspec import TERMINAL_STAGES, JobStatus
+from backend.jobspec import TERMINAL_STAGES, JobStatus, run_stage
 from backend.observers import AdapterVersion, FragmentReader, final_adapter_files, list_adapter_versions
 from backend.runtime import layout
 from backend.runtime.redact import redact_record
@@ -147,17 +147,8 @@ class RunView:
 
     @property
     def stage(self) -> str:
-        """The run's stage: the trainer's while it has one (a failed replica makes it degraded, not failed), or
-        the worst of its jobs'."""
-        jobs = self.current_jobs
-        trainer = jobs.get("trainer")
-        if trainer:
-            return trainer.status.stage
-        stages = [j.status.stage for j in jobs.values()]
-        for stage in ("ERROR", "RUNNING", "SCHEDULING", "CANCELED", "COMPLETED"):
-            if stage in stages:
-                return stage
-        return "UNKNOWN"
+        """The run's stage from its current attempt's jobs (`jobspec.run_stage`, the runs list's rule too)."""
+        return run_stage({role: job.status.stage for role, job in self.current_jobs.items()})
 
     @property
     def replicas_up(self) -> tuple[int, int] | None:

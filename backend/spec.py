@@ -15,21 +15,27 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
-from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
-from backend.vllm_args import VLLM_LORA_RANKS
+from backend.spec_fields import (
+    COLOCATED,
+    DISTRIBUTED,
+    GRPO,
+    LORA,
+    STORAGE,
+    TASK,
+    FieldError,
+    SpecError,
+    declared_problems,
+)
+from backend.task_rules import BUILTIN_DATASETS, HUB_ID, REWARD_CHOICES, task_errors
 
 MODES = ("colocated", "distributed")
 EXECUTORS = ("local", "hf_jobs")
 MODEL_HELP = (f"a local folder, a Hub model id, {TINY_MODEL} (the demo, built on the spot), or "
               f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
               "benchmarking throughput and memory (their rewards mean nothing)")
-BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
-BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
-TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
-REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
 # Modules whose adapters vLLM cannot serve as a LoRA: TRL falls back to syncing merged weights (DoRA and
 # modules_to_save would too; the form offers neither).
 WHOLE_MODEL_TARGETS = frozenset({"lm_head", "embed_tokens", "wte", "embed_out", "word_embeddings"})
@@ -41,42 +47,7 @@ DEFAULT_MOUNT = "/bucket"
 SYSTEM_FOLDERS = frozenset({"/", "/tmp", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/proc", "/dev", "/sys",
                             "/root", "/home", "/var", "/opt", "/boot", "/run", "/vllm-workspace"})
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _REPO_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
-
-
-@dataclass(frozen=True)
-class FieldError:
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}"
-
-
-class SpecError(ValueError):
-    """A RunSpec did not validate. `errors` lists every problem; str() reads as one message per line."""
-
-    def __init__(self, errors: list[FieldError]):
-        self.errors = errors
-        super().__init__("\n".join(str(e) for e in errors))
-
-
-LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE = (
-    "LoRA", "GRPO training", "vLLM (colocated)", "Distributed (async GRPO)", "Hardware and storage")
-
-
-def setting(default, label: str, section: str = "", help: str = "", choices=None, widget: str = "",
-            limits: tuple[int, int | None] | None = None):
-    """A RunSpec field as the launch form shows it (TRL's config style: the help lives with the field). A callable
-    `default` makes a fresh value per spec (lists); `choices` makes a dropdown or checkboxes; `widget` names a
-    special one ("flavor": the Hub's hardware with prices); `limits` are a whole number's valid (lowest, highest)
-    as `validate` enforces them (None: no highest), shown with the field."""
-    meta = {"label": label, "section": section, "help": help, "choices": tuple(choices or ()), "widget": widget,
-            "limits": limits}
-    if callable(default):
-        return field(default_factory=default, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 def form_fields(section: str) -> list[dataclasses.Field]:
@@ -86,106 +57,166 @@ def form_fields(section: str) -> list[dataclasses.Field]:
 
 @dataclass
 class RunSpec:
-    name: str = setting("tiny-demo", "Run name")
-    mode: str = field(default="colocated",
-                      metadata={"help": "colocated (one job) or distributed (trainer + vLLM replicas)"})
-    executor: str = field(default="local", metadata={"help": "local processes, or Hugging Face Jobs"})
-    model: str = setting(TINY_MODEL, "Model", help=MODEL_HELP)
-    # The task: data, prompt, rewards
+    name: str = field(default="tiny-demo", metadata={
+        "label": "Run name", "help": "what the runs list calls the run: 1-64 letters, digits, '-', '_' or '.'"})
+    mode: str = field(default="colocated", metadata={
+        "help": "colocated (one job) or distributed (trainer + vLLM replicas)", "choices": MODES})
+    executor: str = field(default="local", metadata={
+        "help": "local processes, or Hugging Face Jobs", "choices": EXECUTORS})
+    model: str = field(default=TINY_MODEL, metadata={"label": "Model", "help": MODEL_HELP})
+    # The task: data, prompt, rewards (the form's "Your task" section, panel/task_form.py)
     dataset: str = field(default="builtin:count-to-ten", metadata={
-        "help": "builtin:<name>, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file"})
-    dataset_config: str = field(default="", metadata={"help": "the Hub dataset's config (subset); empty: its first"})
-    dataset_split: str = field(default="train", metadata={"help": "the Hub dataset's split to train on"})
+        "label": "Dataset", "section": TASK, "suggestions": BUILTIN_DATASETS,
+        "help": "a builtin prompt set, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file (HF Jobs runs "
+                "get a copy in the bucket)"})
+    dataset_config: str = field(default="", metadata={
+        "label": "Config (Hub)", "section": TASK, "help": "the Hub dataset's config (subset); empty: its first"})
+    dataset_split: str = field(default="train", metadata={
+        "label": "Split (Hub)", "section": TASK, "help": "the Hub dataset's split to train on"})
     prompt_column: str = field(default="prompt", metadata={
+        "label": "Prompt column", "section": TASK,
         "help": "the column holding the prompt: plain text, or a list of {role, content} messages"})
     reward_columns: list[str] = field(default_factory=list, metadata={
+        "label": "Columns for the rewards", "section": TASK,
         "help": "columns passed to the reward functions: 'solution' (same name) or 'solution=answer' (keyword=column)"})
     system_prompt: str = field(default="", metadata={
+        "label": "System prompt (optional)", "section": TASK,
         "help": "a system message put first in every prompt (replacing the dataset's own); empty: none"})
     max_prompt_tokens: int = field(default=512, metadata={
+        "label": "Max prompt tokens", "section": TASK, "limits": (0, None),
         "help": "rows whose prompt (after the chat template) is longer are skipped; 0: no limit"})
     rewards: list[str] = field(default_factory=lambda: ["digits"], metadata={
-        "help": "builtin and TRL reward functions; each is plotted as rewards/<name>"})
+        "label": "Rewards", "section": TASK, "choices": REWARD_CHOICES,
+        "help": "builtin toy rewards and TRL's reward library (accuracy rewards need a 'solution' column); each is "
+                "plotted as rewards/<name>"})
     reward_weights: dict[str, float] = field(default_factory=dict, metadata={
+        "label": "Reward weights", "section": TASK,
         "help": "weight per reward name (default 1), e.g. accuracy_reward=1, think_format_reward=0.2"})
     reward_code: str = field(default="", metadata={
-        "help": "your own reward functions: every top-level def f(completions, **kwargs) -> list[float]"})
+        "label": "Your reward functions (Python)", "section": TASK, "widget": "code",
+        "help": "every top-level def name(completions, **kwargs) -> list[float] is a reward, plotted as "
+                "rewards/<name>; mapped columns arrive as keyword arguments"})
     overlong_max_tokens: int = field(default=0, metadata={
+        "label": "Overlong: limit (tokens)", "section": TASK,
         "help": "soft overlong punishment: the length limit L_max in tokens; 0: max_completion_length"})
     overlong_cache_tokens: int = field(default=0, metadata={
+        "label": "Overlong: soft zone (tokens)", "section": TASK,
         "help": "soft overlong punishment: the last tokens before L_max over which the penalty grows to -1"})
-    repetition_ngram_size: int = field(default=3, metadata={"help": "repetition penalty: n-gram size in tokens"})
+    repetition_ngram_size: int = field(default=3, metadata={
+        "label": "Repetition: n-gram size", "section": TASK, "help": "repetition penalty: n-gram size in tokens"})
     repetition_max_penalty: float = field(default=-1.0, metadata={
+        "label": "Repetition: max penalty", "section": TASK,
         "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
-    # The launch form is built from these fields: `setting` gives each its label, help, form section and widget.
     # LoRA
-    lora_r: int = setting(8, "Rank r", LORA, "adapter rank; vLLM serves 8, 16, 32, 64, 128, 256, 320 or 512",
-                          limits=(1, 512))
-    lora_alpha: int = setting(16, "Alpha", LORA, "scaling, typically 2x the rank", limits=(1, None))
-    lora_dropout: float = setting(0.0, "Dropout", LORA)
-    lora_target_modules: list[str] = setting(lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], "Target modules", LORA,
-                                             choices=LORA_TARGET_CHOICES)
+    lora_r: int = field(default=8, metadata={
+        "label": "Rank r", "section": LORA, "limits": (1, 512),
+        "help": "adapter rank; vLLM serves 8, 16, 32, 64, 128, 256, 320 or 512"})
+    lora_alpha: int = field(default=16, metadata={
+        "label": "Alpha", "section": LORA, "limits": (1, None), "help": "scaling, typically 2x the rank"})
+    lora_dropout: float = field(default=0.0, metadata={
+        "label": "Dropout", "section": LORA, "help": "dropout on the adapter's input, in [0, 1)"})
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], metadata={
+        "label": "Target modules", "section": LORA, "choices": LORA_TARGET_CHOICES,
+        "help": "the linear layers that get an adapter"})
     # GRPO
-    learning_rate: float = setting(5e-3, "Learning rate", GRPO)
-    gradient_accumulation_steps: int = setting(1, "Gradient accumulation", GRPO,
-                                               "micro-batches per optimizer step (a colocated run also generates "
-                                               "for all of them at once)", limits=(1, None))
-    adam_beta2: float = setting(0.999, "Adam beta2", GRPO, "AdamW's second-moment decay (transformers' default 0.999)")
-    max_steps: int = setting(200, "Steps", GRPO, limits=(1, 1_000_000))
-    per_device_batch_size: int = setting(8, "Batch size / device", GRPO, limits=(1, None))
-    num_generations: int = setting(8, "Generations / prompt", GRPO, "completions per prompt, compared in a group",
-                                   limits=(2, None))
-    max_completion_length: int = setting(16, "Max completion tokens", GRPO, limits=(1, 32768))
-    temperature: float = setting(1.0, "Temperature", GRPO)
-    beta: float = setting(0.0, "KL beta", GRPO, "0: no reference model")
-    seed: int = setting(0, "Seed", GRPO)
-    adapter_every: int = setting(20, "Publish adapter every K steps", GRPO, "publish an adapter version every K steps",
-                                 limits=(1, None))
-    checkpoint_every: int = setting(50, "Checkpoint every K steps", GRPO, limits=(1, None))
-    logging_steps: int = setting(1, "Log every K steps", GRPO, limits=(1, None))
+    learning_rate: float = field(default=5e-3, metadata={
+        "label": "Learning rate", "section": GRPO, "help": "AdamW's step size, > 0 and < 1 (1e-5 .. 5e-3 for LoRA)"})
+    gradient_accumulation_steps: int = field(default=1, metadata={
+        "label": "Gradient accumulation", "section": GRPO, "limits": (1, None),
+        "help": "micro-batches per optimizer step (a colocated run also generates for all of them at once)"})
+    adam_beta2: float = field(default=0.999, metadata={
+        "label": "Adam beta2", "section": GRPO, "help": "AdamW's second-moment decay (transformers' default 0.999)"})
+    max_steps: int = field(default=200, metadata={
+        "label": "Steps", "section": GRPO, "limits": (1, 1_000_000), "help": "optimizer steps the run trains for"})
+    per_device_batch_size: int = field(default=8, metadata={
+        "label": "Batch size / device", "section": GRPO, "limits": (1, None),
+        "help": "completions per training process per micro-batch; with the processes, a multiple of the "
+                "generations per prompt"})
+    num_generations: int = field(default=8, metadata={
+        "label": "Generations / prompt", "section": GRPO, "limits": (2, None),
+        "help": "completions per prompt, compared in a group"})
+    max_completion_length: int = field(default=16, metadata={
+        "label": "Max completion tokens", "section": GRPO, "limits": (1, 32768),
+        "help": "a completion stops at this many tokens"})
+    temperature: float = field(default=1.0, metadata={
+        "label": "Temperature", "section": GRPO, "help": "sampling temperature of the generations, > 0 and <= 2"})
+    beta: float = field(default=0.0, metadata={"label": "KL beta", "section": GRPO, "help": "0: no reference model"})
+    seed: int = field(default=0, metadata={
+        "label": "Seed", "section": GRPO, "help": "the trainer's random seed (and a builtin model's weights)"})
+    adapter_every: int = field(default=20, metadata={
+        "label": "Publish adapter every K steps", "section": GRPO, "limits": (1, None),
+        "help": "publish an adapter version every K steps"})
+    checkpoint_every: int = field(default=50, metadata={
+        "label": "Checkpoint every K steps", "section": GRPO, "limits": (1, None),
+        "help": "save a checkpoint into the bucket every K steps, for resume"})
+    logging_steps: int = field(default=1, metadata={
+        "label": "Log every K steps", "section": GRPO, "limits": (1, None),
+        "help": "write a metrics record every K steps"})
     # Generation engine
-    use_vllm: bool = setting(False, "Generate with colocated vLLM", COLOCATED,
-                             "needs a GPU; on CPU the trainer generates with transformers")
-    vllm_gpu_memory_utilization: float = setting(0.3, "vLLM GPU memory share", COLOCATED,
-                                                 "vLLM's weights and KV cache; the rest of the GPU is the trainer's")
-    vllm_enable_sleep_mode: bool = setting(True, "Sleep between generations", COLOCATED,
-                                           "level 2: weights and KV cache freed; TRL re-syncs the weights after every "
-                                           "step anyway")
-    vllm_tensor_parallel_size: int = setting(1, "Tensor parallel", COLOCATED,
-                                             "GPUs one colocated vLLM engine spans; it must divide the data-parallel "
-                                             "processes", choices=(1, 2, 4, 8))
-    num_processes: int = setting(1, "Data-parallel processes", COLOCATED, "training processes (accelerate)",
-                                 limits=(1, 64))
+    use_vllm: bool = field(default=False, metadata={
+        "label": "Generate with colocated vLLM", "section": COLOCATED,
+        "help": "needs a GPU; on CPU the trainer generates with transformers"})
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
+        "label": "vLLM GPU memory share", "section": COLOCATED,
+        "help": "vLLM's weights and KV cache; the rest of the GPU is the trainer's"})
+    vllm_enable_sleep_mode: bool = field(default=True, metadata={
+        "label": "Sleep between generations", "section": COLOCATED,
+        "help": "level 2: weights and KV cache freed; TRL re-syncs the weights after every step anyway"})
+    vllm_tensor_parallel_size: int = field(default=1, metadata={
+        "label": "Tensor parallel", "section": COLOCATED, "choices": (1, 2, 4, 8),
+        "help": "GPUs one colocated vLLM engine spans; it must divide the data-parallel processes"})
+    num_processes: int = field(default=1, metadata={
+        "label": "Data-parallel processes", "section": COLOCATED, "limits": (1, 64),
+        "help": "training processes (accelerate)"})
     # Distributed
-    replicas: int = setting(2, "vLLM replicas", DISTRIBUTED, limits=(1, 16))
-    max_staleness: int = setting(1, "Max staleness", DISTRIBUTED, "vLLM keeps max_staleness + 2 adapters",
-                                 limits=(0, 16))
-    vllm_flavor: str = setting("l4x1", "Replica flavor", DISTRIBUTED, "HF Jobs hardware of each replica",
-                               widget="flavor")
-    max_tokens_per_batch: int = setting(4096, "Token budget / batch", DISTRIBUTED,
-                                        "tokens per training micro-batch (TRL's token_budget); 0: "
-                                        "per_device_batch_size samples per step")
-    max_inflight_tasks: int = setting(8, "Max in-flight tasks", DISTRIBUTED, limits=(1, None))
-    queue_maxsize: int = setting(64, "Rollout queue size", DISTRIBUTED, limits=(1, None))
-    gradient_checkpointing: bool = setting(False, "Gradient checkpointing", DISTRIBUTED)
-    replica_max_model_len: int = setting(0, "Replica context (tokens)", DISTRIBUTED,
-                                         "each replica's --max-model-len: prompt + completion; 0: the model's own",
-                                         limits=(0, None))
-    replica_gpu_memory_utilization: float = setting(0.9, "Replica GPU memory share", DISTRIBUTED,
-                                                    "each HF Jobs replica's --gpu-memory-utilization (vLLM's default "
-                                                    "0.9); local replicas share one machine and size their own")
+    replicas: int = field(default=2, metadata={
+        "label": "vLLM replicas", "section": DISTRIBUTED, "limits": (1, 16),
+        "help": "vLLM server jobs generating for the trainer, behind its proxy"})
+    max_staleness: int = field(default=1, metadata={
+        "label": "Max staleness", "section": DISTRIBUTED, "limits": (0, 16),
+        "help": "vLLM keeps max_staleness + 2 adapters; 0: rollouts always use the newest policy"})
+    vllm_flavor: str = field(default="l4x1", metadata={
+        "label": "Replica flavor", "section": DISTRIBUTED, "widget": "flavor",
+        "help": "HF Jobs hardware of each replica"})
+    max_tokens_per_batch: int = field(default=4096, metadata={
+        "label": "Token budget / batch", "section": DISTRIBUTED,
+        "help": "tokens per training micro-batch (TRL's token_budget); 0: per_device_batch_size samples per step"})
+    max_inflight_tasks: int = field(default=8, metadata={
+        "label": "Max in-flight tasks", "section": DISTRIBUTED, "limits": (1, None),
+        "help": "generation requests the trainer keeps open at once (TRL's max_inflight_tasks)"})
+    queue_maxsize: int = field(default=64, metadata={
+        "label": "Rollout queue size", "section": DISTRIBUTED, "limits": (1, None),
+        "help": "finished rollouts waiting for the trainer (TRL's queue_maxsize); generation pauses when full"})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "label": "Gradient checkpointing", "section": DISTRIBUTED,
+        "help": "recompute activations in the backward pass: less trainer memory, more time per step"})
+    replica_max_model_len: int = field(default=0, metadata={
+        "label": "Replica context (tokens)", "section": DISTRIBUTED, "limits": (0, None),
+        "help": "each replica's --max-model-len: prompt + completion; 0: the model's own"})
+    replica_gpu_memory_utilization: float = field(default=0.9, metadata={
+        "label": "Replica GPU memory share", "section": DISTRIBUTED,
+        "help": "each HF Jobs replica's --gpu-memory-utilization (vLLM's default 0.9); local replicas share one "
+                "machine and size their own"})
     # Hardware and storage
-    flavor: str = setting("cpu-basic", "Trainer flavor", STORAGE, "HF Jobs hardware, price per hour", widget="flavor")
-    timeout_minutes: int = setting(30, "Timeout (minutes)", STORAGE, limits=(1, MAX_TIMEOUT_MIN))
-    budget_usd: float = setting(0.0, "Budget cap (USD)", STORAGE,
-                                "HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none")
-    bucket: str = setting("local/grpo-runs", "Bucket (namespace/name)", STORAGE,
-                          "HF Jobs: your namespace's bucket, created (private) on first launch")
-    mount_path: str = setting(DEFAULT_MOUNT, "Mount path in every job", STORAGE)
+    flavor: str = field(default="cpu-basic", metadata={
+        "label": "Trainer flavor", "section": STORAGE, "widget": "flavor", "help": "HF Jobs hardware, price per hour"})
+    timeout_minutes: int = field(default=30, metadata={
+        "label": "Timeout (minutes)", "section": STORAGE, "limits": (1, MAX_TIMEOUT_MIN),
+        "help": "every job's timeout: it is stopped once it runs this long, at most 7 days"})
+    budget_usd: float = field(default=0.0, metadata={
+        "label": "Budget cap (USD)", "section": STORAGE,
+        "help": "HF Jobs: all jobs cancelled once spend or its projection reaches it; 0: none"})
+    bucket: str = field(default="local/grpo-runs", metadata={
+        "label": "Bucket (namespace/name)", "section": STORAGE,
+        "help": "HF Jobs: your namespace's bucket, created (private) on first launch"})
+    mount_path: str = field(default=DEFAULT_MOUNT, metadata={
+        "label": "Mount path in every job", "section": STORAGE,
+        "help": "where every job sees the bucket: an absolute folder of its own, such as /bucket"})
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
         "help": "container image of HF Jobs runs; pinned with TRL 1.16, which supports vLLM 0.22-0.31"})
-    run_id: str = ""
-    created_at: float = 0.0
+    run_id: str = field(default="", metadata={"help": "the run's id, <UTC time>-<6 hex>; empty: made on creation"})
+    created_at: float = field(default=0.0, metadata={
+        "help": "when the spec was created (Unix seconds); the charts' wall-time axis starts here"})
 
     def __post_init__(self):
         if not self.run_id:
@@ -243,42 +274,25 @@ class RunSpec:
 
         need(bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", self.name or "")), "name",
              "use 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit")
-        need(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}")
-        need(self.executor in EXECUTORS, "executor", f"must be one of {', '.join(EXECUTORS)}")
+        errs += declared_problems(self, self.mode)
         errs += _check_model(self.model, self.executor)
-        errs += self._task_errors()
-        need(self.lora_r > 0, "lora_r", "LoRA rank must be a positive integer, e.g. 8 or 16")
-        need(self.lora_r <= 512, "lora_r", f"LoRA rank above 512 is not served by vLLM; use one of {VLLM_LORA_RANKS}")
-        need(self.lora_alpha > 0, "lora_alpha", "LoRA alpha must be positive, typically 2x the rank")
+        errs += task_errors(self)
         need(0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)")
         bad_targets = [t for t in self.lora_target_modules if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", t)]
         need(bool(self.lora_target_modules) and not bad_targets, "lora_target_modules",
              f"name one or more module names, e.g. {', '.join(LORA_TARGET_CHOICES[:4])}")
         need(0 < self.learning_rate < 1, "learning_rate", "must be > 0 and < 1, e.g. 1e-5 .. 5e-3 for LoRA")
-        need(0 < self.max_steps <= 1_000_000, "max_steps", "must be a positive number of steps (at most 1,000,000)")
-        need(self.num_generations >= 2, "num_generations", "GRPO needs at least 2 generations per prompt to compare")
-        need(self.per_device_batch_size > 0, "per_device_batch_size", "must be positive")
         if self.per_device_batch_size > 0 and self.num_generations >= 2 and self.mode == "colocated":
             need((self.per_device_batch_size * self.num_processes) % self.num_generations == 0, "per_device_batch_size",
                  f"batch size x processes ({self.per_device_batch_size}x{self.num_processes}) must be a multiple "
                  f"of num_generations ({self.num_generations})")
-        need(0 < self.max_completion_length <= 32768, "max_completion_length", "must be between 1 and 32768 tokens")
         need(0 < self.temperature <= 2, "temperature", "must be > 0 and <= 2")
         need(self.beta >= 0, "beta", "KL coefficient must be >= 0 (0 disables the reference model)")
-        need(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
-             "must be 1 or more micro-batches per optimizer step")
-        need(self.replica_max_model_len >= 0, "replica_max_model_len",
-             "must be 0 (the model's own context) or a number of tokens")
         need(0 < self.adam_beta2 < 1, "adam_beta2", "must be between 0 and 1, e.g. 0.95 or 0.999")
         need(0 < self.replica_gpu_memory_utilization <= 1, "replica_gpu_memory_utilization",
              "must be a share of the GPU above 0 and at most 1, e.g. 0.85")
-        need(self.logging_steps > 0, "logging_steps", "must be a positive number of steps")
-        need(self.adapter_every > 0, "adapter_every", "publish an adapter every K > 0 steps")
-        need(self.checkpoint_every > 0, "checkpoint_every", "save a checkpoint every K > 0 steps")
         need(0 < self.vllm_gpu_memory_utilization < 1, "vllm_gpu_memory_utilization",
              "must be strictly between 0 and 1, e.g. 0.3 leaves 70% of the GPU for training")
-        need(self.vllm_tensor_parallel_size in (1, 2, 4, 8), "vllm_tensor_parallel_size", "must be 1, 2, 4 or 8")
-        need(1 <= self.num_processes <= 64, "num_processes", "must be between 1 and 64")
         if self.mode == "colocated" and self.use_vllm and self.vllm_tensor_parallel_size in (2, 4, 8):
             # TRL builds one vLLM engine per group of `tensor_parallel_size` training processes and refuses the rest.
             need(self.num_processes % self.vllm_tensor_parallel_size == 0, "vllm_tensor_parallel_size",
@@ -291,18 +305,9 @@ class RunSpec:
                  f"a distributed run syncs only the adapter through the bucket, and an adapter on {', '.join(whole)} "
                  "makes TRL merge and ship the whole model at every sync: target linear layers such as "
                  f"{', '.join(LORA_TARGET_CHOICES[:4])}")
-            need(1 <= self.replicas <= 16, "replicas", "a distributed run needs between 1 and 16 vLLM replicas")
-            need(self.max_staleness >= 0, "max_staleness",
-                 "must be >= 0 (0 means rollouts always use the newest policy)")
-            need(self.max_staleness <= 16, "max_staleness",
-                 "at most 16: vLLM must keep max_staleness + 2 adapters loaded")
-            need(self.max_inflight_tasks > 0, "max_inflight_tasks", "must be positive")
-            need(self.queue_maxsize > 0, "queue_maxsize", "must be positive")
             need(self.max_tokens_per_batch == 0 or self.max_tokens_per_batch >= self.max_completion_length,
                  "max_tokens_per_batch", "the token budget must hold at least one completion (>= "
                  "max_completion_length), or be 0 for a fixed per_device_batch_size samples per step")
-        need(isinstance(self.timeout_minutes, int) and 1 <= self.timeout_minutes <= MAX_TIMEOUT_MIN, "timeout_minutes",
-             f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
         need(math.isfinite(self.budget_usd) and self.budget_usd >= 0, "budget_usd",
              "must be 0 (no cap) or a positive amount in USD, e.g. 5")
         need(self.executor != "local" or not self.budget_usd > 0, "budget_usd",
@@ -325,11 +330,6 @@ class RunSpec:
     def reward_names(self) -> list[str]:
         """Every reward of the run, as it is plotted: the chosen ones, then the reward code's functions."""
         return [*self.rewards, *reward_function_names(self.reward_code)]
-
-    def _task_errors(self) -> list[FieldError]:
-        from backend.task_rules import task_errors  # the task's own rules (they import FieldError from here)  # noqa: PLC0415 import cycle
-
-        return task_errors(self)
 
     def check(self) -> "RunSpec":
         errors = self.validate()

@@ -10,13 +10,19 @@ import re
 from backend.runtime import rewards as runtime_rewards
 from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
 from backend.runtime.user_code import code_problems, reward_function_names
-from backend.spec import BUILTIN_DATASETS, HUB_ID, REWARD_CHOICES, FieldError, RunSpec
+from backend.spec_fields import FieldError
 
+BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
+BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
+TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
+REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
-def task_errors(spec: RunSpec) -> list[FieldError]:
-    """Every problem of a spec's task fields (RunSpec.validate calls this)."""
+def task_errors(spec) -> list[FieldError]:
+    """Every problem of a RunSpec's task fields. RunSpec.validate calls this, and its fields are declared with
+    the choices above: this module sits below spec.py and takes the spec as it comes."""
     errs = _check_dataset(spec.dataset, spec.executor)
     if not spec.dataset.startswith("builtin:") and not is_local_file(spec.dataset):
         if spec.dataset_config and not _NAME.match(spec.dataset_config):
@@ -29,8 +35,6 @@ def task_errors(spec: RunSpec) -> list[FieldError]:
     if problem:
         errs.append(FieldError("reward_columns", problem))
     errs += _check_rewards(spec, columns)
-    if spec.max_prompt_tokens < 0:
-        errs.append(FieldError("max_prompt_tokens", "must be >= 0 (0: no limit)"))
     return errs
 
 
@@ -69,7 +73,7 @@ def _check_reward_columns(entries: list[str]) -> tuple[set[str], str | None]:
     return set(columns), None
 
 
-def _check_rewards(spec: "RunSpec", columns: set[str]) -> list[FieldError]:
+def _check_rewards(spec, columns: set[str]) -> list[FieldError]:
     errs = []
     bad = [r for r in spec.rewards if r not in REWARD_CHOICES]
     if bad:

@@ -33,6 +33,7 @@ from backend.check_job import CHECK_FLAVOR, check_in_job
 from backend.executors.local import LocalExecutor
 from backend.hardware import Flavor, estimate_cost, hardware_problems, list_flavors
 from backend.hub_auth import bucket_problem, can_control, whoami_name
+from backend.jobspec import run_stage
 from backend.launch import LaunchError, preview_jobs
 from backend.run_directory import RunDirectory
 from backend.runs import RunRegistry
@@ -44,16 +45,15 @@ from backend.runview import RunView
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_errors
+from backend.watch import RunWatch
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
-from panel.runs_list import RUN_FILTERS, progress_bar, run_badge, run_stage
+from panel.runs_list import RUN_FILTERS, progress_bar, run_badge
 from panel.spend_view import budget_line, cost_cell
-from panel.watch import RunWatch
 
 log = logging.getLogger(__name__)
 
 Settings = Deployment      # the name the panel's tests and scripts know
-FLAVORS_TTL_S = 600.0
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
 CHECKS_KEPT = 256
@@ -97,7 +97,6 @@ class Panel:
         local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
-        self._flavors: dict[bool, tuple[float, list[Flavor]]] = {}
         self.spend = SpendWatch()
         # Budget caps and alerts of every live run, checked in the background whether anyone watches or not.
         self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
@@ -246,11 +245,7 @@ class Panel:
         """HF Jobs hardware with prices (the Hub's list asked with the visitor's token, or the built-in one),
         asked at most every 10 minutes."""
         token = acting_token(as_visitor(visitor), self.settings)
-        asked_at, flavors = self._flavors.get(bool(token), (0.0, []))
-        if not flavors or time.time() - asked_at > FLAVORS_TTL_S:
-            flavors = list_flavors(token)
-            self._flavors[bool(token)] = (time.time(), flavors)
-        return flavors
+        return self.spend.flavor_cache.get(("signed in", bool(token)), lambda: list_flavors(token))
 
     def _cost_line(self, jobs, visitor: Visitor) -> str:
         flavors = self.flavors(visitor)

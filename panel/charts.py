@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from backend.axes import wall_minutes
 from backend.diagnose import RATIO_BAND
 from backend.runtime.layout import ADAPTER_NAME_RE, reward_function_keys
 
@@ -37,7 +38,7 @@ GPU_DASHES = ["solid", "dot", "dash", "dashdot", "longdash", "longdashdot", "sol
 class ChartOptions:
     x: str = "step"            # "step"; "time": minutes of wall time since the run started; "dollars": spent by then
     smoothing: float = 0.0     # exponential moving average weight in [0, 0.99]; 0 draws the raw series only
-    t0: float = 0.0            # the run's start, epoch seconds, for the time axis
+    t0: float = 0.0            # the run's start, epoch seconds, for the time axis (backend.axes.run_start)
     dollars: tuple = ()        # ((epoch s, USD spent), ...) corners of the run's spend (backend.cost.spend_knots)
     x_note: str = ""           # said after the axis title (why a dollars axis shows wall time)
 
@@ -49,7 +50,7 @@ class ChartOptions:
     def at(self, t: float) -> float:
         """An epoch time on this (non-step) axis."""
         if self.x != "dollars":
-            return round((t - self.t0) / 60, 3)
+            return wall_minutes(t, self.t0)
         return _round(spent_at(self.dollars, t))
 
 

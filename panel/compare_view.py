@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.access import Visitor
+from backend.axes import run_start
 from backend.compare import COMPARED, X_AXES, config_diff, first_key, metric_points, on_axis
 from panel import spend_view
 
@@ -34,7 +35,7 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
     figures = {name: _figure(title, x) for name, (title, _) in COMPARED.items()}
     for i, (run_id, view, dollars_at) in enumerate(runs):
         label = f"{view.spec.get('name', 'run')} · {run_id}"
-        start = _start(view)
+        start = run_start(view)
         if x == "dollars" and dollars_at is None:
             notes.append(f"{run_id} is a local run: it costs nothing, so it is not on the dollars axis")
             continue
@@ -54,13 +55,6 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
     table = pd.DataFrame(diff, columns=["setting", *(run_id for run_id, _, _ in runs)] if len(runs) >= 2
                          else ["setting", "run 1", "run 2"])
     return figures, table, note
-
-
-def _start(view) -> float:
-    """The epoch time of the run's first logged step (wall time is counted from there)."""
-    table = getattr(view, "table", None)
-    times = table.times[:1] if table is not None else [r["time"] for r in view.metrics[:1] if "time" in r]
-    return float(times[0]) if len(times) else 0.0
 
 
 def _figure(title: str, x: str) -> go.Figure:

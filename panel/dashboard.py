@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend import diagnose
+from backend.axes import run_start
 from backend.diagnose import ratio_alert
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
@@ -74,14 +75,6 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
 
 def _digest(value) -> str:
     return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
-
-
-def run_start(view) -> float:
-    """When the run started, for wall-time axes: its spec's creation, else its first logged step."""
-    created = view.spec.get("created_at")
-    if isinstance(created, (int, float)) and created > 0:
-        return float(created)
-    return float(view.table.times[0]) if len(view.table) else 0.0
 
 
 _frames: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -8,6 +8,7 @@ each session is sent only the components whose digest differs from what it drew 
 
 from dataclasses import dataclass, field
 
+from backend.axes import run_start
 from panel import charts, dashboard
 
 LOG_KEY = "log"
@@ -37,7 +38,7 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     note = ""
     if x == "dollars" and dollars is None:
         x, note = "time", "local runs cost nothing"
-    options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=dashboard.run_start(view),
+    options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=run_start(view),
                                   dollars=tuple(dollars or ()), x_note=note)
     frame = dashboard.shared_frame(view, options)
     drawn = state.setdefault("digests", {})

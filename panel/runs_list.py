@@ -1,21 +1,13 @@
 """The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward)."""
 
+from backend.jobspec import run_stage
+
 RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "time · cost", "mode", "executor", "created"]
 BADGES = {"RUNNING": "🟢", "SCHEDULING": "🟡", "COMPLETED": "✅", "ERROR": "❌", "CANCELED": "⏹", "DELETED": "⏹"}
 # The status filter's choices: label -> the run stages it keeps (none: every run).
 RUN_FILTERS = {"all": (), "running": ("RUNNING", "SCHEDULING"), "completed": ("COMPLETED",), "failed": ("ERROR",),
                "canceled": ("CANCELED", "DELETED")}
 BAR_CELLS = 10
-
-
-def run_stage(stages: dict[str, str]) -> str:
-    """One stage for a run from its jobs': the trainer's when it has one, else the most telling of the others."""
-    if "trainer" in stages:
-        return stages["trainer"]
-    for stage in ("ERROR", "RUNNING", "SCHEDULING", "CANCELED", "COMPLETED"):
-        if stage in stages.values():
-            return stage
-    return next(iter(stages.values()), "UNKNOWN")
 
 
 def status_badge(stage: str, timed_out: bool = False, unreadable: bool = False) -> str:

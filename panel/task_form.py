@@ -6,6 +6,7 @@ button and its preview outputs. `preview_outputs` turns a TaskReport into what t
 so a test reads it without a browser.
 """
 
+import dataclasses
 import queue
 import threading
 from dataclasses import dataclass
@@ -14,12 +15,14 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from backend.spec import BUILTIN_DATASETS, REWARD_CHOICES
+from backend.spec import RunSpec
+from backend.spec_fields import limits_text
 from panel.markdown import plain
 
 REQUIRED_CHOICE = "required-choice"     # a dropdown that must not be left empty (see ui.KEEP_CLEARED_CHOICES)
-CODE_LABEL = ("Your reward functions (Python): every top-level def name(completions, **kwargs) -> list[float] is a "
-              "reward, plotted as rewards/<name>; mapped columns arrive as keyword arguments")
+SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
+# gr.Code has no `info`: the editor's label carries the field's help.
+CODE_LABEL = f"{SPEC_FIELDS['reward_code'].metadata['label']}: {SPEC_FIELDS['reward_code'].metadata['help']}"
 
 CHECKS_AT_ONCE = 16       # local checks wait their turn in backend.task_check (two at a time)
 
@@ -47,54 +50,28 @@ class TaskSection:
     @classmethod
     def build(cls, initial: dict) -> "TaskSection":
         """The section's components, showing `initial` (the form's starting preset)."""
-        start = SimpleNamespace(**{**initial, "reward_columns": _columns_text(initial["reward_columns"])})
+        start = SimpleNamespace(**{**initial, "reward_columns": _columns_text(initial["reward_columns"]),
+                                   "reward_weights": format_weights(initial["reward_weights"])})
         f = {}
         with gr.Accordion("Your task: dataset, prompt and rewards", open=True, elem_id="task-section"):
             with gr.Row():
-                f["dataset"] = gr.Dropdown(
-                    list(BUILTIN_DATASETS), value=start.dataset, allow_custom_value=True, label="Dataset", scale=3,
-                    elem_id="f-dataset", elem_classes=[REQUIRED_CHOICE],
-                    info="a builtin prompt set, a Hub dataset id (HF Jobs), or a local .jsonl / .parquet file (HF Jobs "
-                         "runs get a copy in the bucket)")
+                f["dataset"] = task_widget("dataset", start, scale=3, elem_classes=[REQUIRED_CHOICE])
                 upload = gr.UploadButton("Upload .jsonl / .parquet", file_types=[".jsonl", ".parquet"], size="sm",
                                          elem_id="dataset-upload", scale=1)
-                f["dataset_config"] = gr.Textbox(start.dataset_config, label="Config (Hub)", elem_id="f-dataset_config",
-                                                 scale=1)
-                f["dataset_split"] = gr.Textbox(start.dataset_split, label="Split (Hub)", elem_id="f-dataset_split",
-                                                scale=1)
+                f["dataset_config"] = task_widget("dataset_config", start, scale=1)
+                f["dataset_split"] = task_widget("dataset_split", start, scale=1)
             with gr.Row():
-                f["prompt_column"] = gr.Textbox(start.prompt_column, label="Prompt column", elem_id="f-prompt_column",
-                                                info="plain text, or a list of {role, content} messages")
-                f["reward_columns"] = gr.Textbox(start.reward_columns, label="Columns for the rewards",
-                                                 elem_id="f-reward_columns",
-                                                 info="e.g. solution, or answer=final (keyword=column)")
-                f["max_prompt_tokens"] = gr.Number(start.max_prompt_tokens, precision=0, label="Max prompt tokens",
-                                                   elem_id="f-max_prompt_tokens",
-                                                   info="longer prompts are skipped in training; 0: no limit")
-            f["system_prompt"] = gr.Textbox(start.system_prompt, label="System prompt (optional)", lines=2,
-                                            elem_id="f-system_prompt", info="goes first in every prompt")
+                for name in ("prompt_column", "reward_columns", "max_prompt_tokens"):
+                    f[name] = task_widget(name, start)
+            f["system_prompt"] = task_widget("system_prompt", start, lines=2)
             with gr.Row():
-                f["rewards"] = gr.CheckboxGroup(
-                    list(REWARD_CHOICES), value=start.rewards, label="Rewards", scale=3, elem_id="f-rewards",
-                    info="builtin toy rewards and TRL's reward library (accuracy rewards need a 'solution' column)")
-                f["reward_weights"] = gr.Textbox(format_weights(start.reward_weights), label="Reward weights", scale=1,
-                                                 elem_id="f-reward_weights",
-                                                 info="name=weight, comma-separated; unnamed rewards weigh 1")
+                f["rewards"] = task_widget("rewards", start, scale=3)
+                f["reward_weights"] = task_widget("reward_weights", start, scale=1)
             with gr.Accordion("Reward parameters", open=False), gr.Row():
-                f["overlong_max_tokens"] = gr.Number(start.overlong_max_tokens, precision=0,
-                                                     label="Overlong: limit (tokens)", elem_id="f-overlong_max_tokens",
-                                                     info="0: max completion tokens")
-                f["overlong_cache_tokens"] = gr.Number(start.overlong_cache_tokens, precision=0,
-                                                       label="Overlong: soft zone (tokens)",
-                                                       elem_id="f-overlong_cache_tokens",
-                                                       info="the penalty grows to -1 over these last tokens")
-                f["repetition_ngram_size"] = gr.Number(start.repetition_ngram_size, precision=0,
-                                                       label="Repetition: n-gram size",
-                                                       elem_id="f-repetition_ngram_size")
-                f["repetition_max_penalty"] = gr.Number(start.repetition_max_penalty, label="Repetition: max penalty",
-                                                        elem_id="f-repetition_max_penalty")
-            f["reward_code"] = gr.Code(start.reward_code, language="python", lines=10, label=CODE_LABEL,
-                                       elem_id="f-reward_code", interactive=True)
+                for name in ("overlong_max_tokens", "overlong_cache_tokens", "repetition_ngram_size",
+                             "repetition_max_penalty"):
+                    f[name] = task_widget(name, start)
+            f["reward_code"] = task_widget("reward_code", start, lines=10)
             check_btn = gr.Button("Check task", elem_id="check-task-btn")
             message = gr.Markdown(elem_id="task-msg")
             scores = gr.Dataframe(label="Sample completions and their scores", interactive=False,
@@ -132,6 +109,25 @@ class TaskSection:
         # A check job waits minutes on the Hub, not on this machine: more of them at once than the queue's default.
         self.check_btn.click(on_check, inputs, [self.message, self.rows, self.prompt, self.scores],
                              concurrency_limit=CHECKS_AT_ONCE)
+
+
+def task_widget(name: str, start, **kw):
+    """The widget of task field `name`, showing `start.<name>`, labelled and explained by the RunSpec field."""
+    spec_field = SPEC_FIELDS[name]
+    meta, value = spec_field.metadata, getattr(start, name)
+    common = dict(label=meta["label"], elem_id=f"f-{name}", **kw)
+    info = "; ".join(part for part in (meta["help"], limits_text(meta.get("limits"))) if part)
+    if meta.get("widget") == "code":
+        return gr.Code(value, language="python", label=CODE_LABEL, elem_id=f"f-{name}", interactive=True, **kw)
+    if meta.get("suggestions"):
+        return gr.Dropdown(list(meta["suggestions"]), value=value, allow_custom_value=True, info=info, **common)
+    if meta.get("choices"):
+        return gr.CheckboxGroup(list(meta["choices"]), value=value, info=info, **common)
+    if spec_field.type in (int, "int"):
+        return gr.Number(value, precision=0, info=info, **common)
+    if spec_field.type in (float, "float"):
+        return gr.Number(value, info=info, **common)
+    return gr.Textbox(value, info=info, **common)
 
 
 def preview_outputs(report) -> tuple[str, pd.DataFrame, str, pd.DataFrame]:

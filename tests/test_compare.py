@@ -17,7 +17,7 @@ T0 = 1_800_000_000.0
 def _view(run_id: str, steps: int, spec: dict | None = None, every_s: float = 2.0):
     metrics = [{"step": s, "time": T0 + every_s * s, "reward": (s % 100) / 100, "step_time": every_s,
                 "tokens_per_s": 1000.0 + s % 7} for s in range(1, steps + 1)]
-    return SimpleNamespace(run_id=run_id, metrics=metrics, spec=spec or RunSpec(run_id=run_id).to_dict(),
+    return SimpleNamespace(run_id=run_id, metrics=metrics, spec=spec or RunSpec(run_id=run_id, created_at=T0).to_dict(),
                            refresh=lambda: False, wait_for_history=lambda timeout=None: True, jobs={}, events=[],
                            adapters={}, replica_stats=[], final_files=[],
                            stage="COMPLETED", engine=None)
@@ -71,7 +71,7 @@ def test_wall_time_and_dollars_axes():
     figures, _, note = compare_view.compare(panel, ["a", "b"], "dollars", None)
     assert not figures["reward"].data and "a is a local run: it costs nothing" in note
     figures, _, _ = compare_view.compare(panel, ["a", "b"], "wall time", None)
-    assert list(figures["reward"].data[0].x) == [0, 0.033, 0.067, 0.1, 0.133]
+    assert list(figures["reward"].data[0].x) == [0.033, 0.067, 0.1, 0.133, 0.167], "minutes since the spec's creation"
     assert figures["reward"].layout.xaxis.title.text == "wall time (min)"
 
 

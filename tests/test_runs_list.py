@@ -2,7 +2,8 @@
 
 import pytest
 
-from panel.runs_list import progress_bar, run_stage, status_badge
+from backend.jobspec import run_stage
+from panel.runs_list import progress_bar, status_badge
 
 
 @pytest.mark.parametrize("stages, stage", [

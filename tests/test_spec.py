@@ -18,13 +18,13 @@ BAD = [
     ({"model": "not a model id!"}, "model", "a Hub id like"),
     ({"model": "not a model id!", "executor": "hf_jobs", "bucket": "me/b"}, "model", "a Hub id like"),
     ({"model": "Qwen/Qwen2.5-0.5B"}, "model", "local runs cannot download"),
-    ({"lora_r": 0}, "lora_r", "positive"),
-    ({"lora_r": -4}, "lora_r", "positive"),
-    ({"lora_r": 1024}, "lora_r", "above 512"),
-    ({"lora_alpha": 0}, "lora_alpha", "positive"),
+    ({"lora_r": 0}, "lora_r", "between 1 and 512"),
+    ({"lora_r": -4}, "lora_r", "between 1 and 512"),
+    ({"lora_r": 1024}, "lora_r", "vLLM serves 8, 16"),
+    ({"lora_alpha": 0}, "lora_alpha", "at least 1"),
     ({"learning_rate": 0.0}, "learning_rate", "> 0"),
     ({"learning_rate": -1e-5}, "learning_rate", "> 0"),
-    ({"max_steps": 0}, "max_steps", "positive"),
+    ({"max_steps": 0}, "max_steps", "between 1 and 1,000,000"),
     ({"num_generations": 1}, "num_generations", "at least 2"),
     ({"per_device_batch_size": 6, "num_generations": 4}, "per_device_batch_size", "multiple of num_generations"),
     ({"vllm_gpu_memory_utilization": 0.0}, "vllm_gpu_memory_utilization", "between 0 and 1"),
@@ -43,7 +43,7 @@ BAD = [
     ({"mode": "sideways"}, "mode", "colocated, distributed"),
     ({"mount_path": "relative"}, "mount_path", "absolute"),
     ({"mode": "distributed", "replicas": 0}, "replicas", "between 1 and 16"),
-    ({"mode": "distributed", "max_staleness": -1}, "max_staleness", ">= 0"),
+    ({"mode": "distributed", "max_staleness": -1}, "max_staleness", "between 0 and 16"),
     ({"mode": "distributed", "max_tokens_per_batch": 4}, "max_tokens_per_batch", "at least one completion"),
     ({"temperature": 0}, "temperature", "> 0"),
 ]
@@ -115,3 +115,12 @@ def test_the_limits_the_form_shows_are_the_ones_validate_enforces(name):
     assert _field_errors(name, low) == [] and _field_errors(name, low - 1) != []
     if high is not None:
         assert _field_errors(name, high) == [] and _field_errors(name, high + 1) != []
+
+
+def test_every_field_says_what_it_is_for():
+    assert [f.name for f in dataclasses.fields(RunSpec) if not f.metadata.get("help")] == []
+
+
+def test_a_declared_choice_is_enforced_and_a_distributed_limit_binds_only_distributed_runs():
+    assert "must be one of 1, 2, 4, 8" in str(RunSpec(vllm_tensor_parallel_size=3).validate())
+    assert RunSpec(replicas=0).validate() == [], "a colocated run never reads replicas"

@@ -221,12 +221,12 @@ def test_a_failed_event_names_the_reward_and_its_frames_in_both_trainers(tmp_pat
     except RuntimeError as error:
         distributed = failure_fields(error)
     sys.modules.pop("user_rewards", None)   # imported from this test's folder: no other test may find it
-    reason = "RewardFunctionError: reward function 'bad' raised ValueError: token ***"
+    reason = "RewardFunctionError: reward function 'bad' raised ValueError: token hf_***"
     assert colocated["error"] == reason
     assert distributed["error"] == ("RuntimeError: Rollout worker child has failed; see chained exception. "
                                     f"(cause: RuntimeError: {reason})")
     frames = ['  File "user_rewards.py", line 5, in bad', "    raise ValueError('token ' + os.environ['HF_TOKEN'])",
-              "ValueError: token ***"]
+              "ValueError: token hf_***"]
     for fields in (colocated, distributed):
         assert fields["code_traceback"].splitlines()[1:] == frames
         assert token not in json.dumps(fields), "the job's token is masked in what goes into the bucket"

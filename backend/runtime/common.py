@@ -8,6 +8,7 @@ import traceback
 import warnings
 
 from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR
+from .redact import is_secret_env_name, redact_tokens
 from .task import TaskDataError, drop_long_prompts
 from .tiny_model import BUILTIN_MODELS, ensure_tiny_model
 from .user_code import code_traceback
@@ -83,16 +84,13 @@ def skip_long_prompts(spec: dict, model: str, data):
     return kept
 
 
-SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY", re.IGNORECASE)
 MAX_TRACEBACK_CHARS = 6000
 
 
 def mask_secrets(text: str) -> str:
-    """The job's secrets (HF_TOKEN, ...) and anything token-shaped, masked: a failure is written to the bucket."""
-    for name, value in os.environ.items():
-        if SECRET_ENV.search(name) and len(value) >= 8:
-            text = text.replace(value, "***")
-    return re.sub(r"\bhf_[A-Za-z0-9]{8,}\b", "hf_***", text)
+    """The job's secrets (every variable `redact` calls secret, HF_TOKEN first) and anything token-shaped, masked
+    by the one masker: a failure is written to the bucket."""
+    return redact_tokens(text, [value for name, value in os.environ.items() if is_secret_env_name(name)])
 
 
 def failure_fields(error: BaseException) -> dict:

@@ -144,6 +144,28 @@ class FragmentWriter:
         return path
 
 
+def fragment_records(data: bytes) -> tuple[list[dict | None], int]:
+    """The one parser of every JSONL the bucket holds: the complete lines of a fragment's bytes as records (None
+    for a line that is not a JSON object, for the reader to skip and count), and the offset where they end (a torn
+    last line is left for the next read)."""
+    end = data.rfind(b"\n") + 1
+    lines = [line for line in data[:end].splitlines() if line.strip()]
+    try:        # one parse for the whole fragment; line by line only when something in it is not JSON
+        decoded = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        decoded = []
+    if len(decoded) != len(lines):      # two torn lines can join into one valid value: read them one by one
+        decoded = [_json_value(line) for line in lines]
+    return [record if isinstance(record, dict) else None for record in decoded], end
+
+
+def _json_value(line: bytes):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
 def write_event(run_dir: str, writer: str, kind: str, **fields) -> None:
     """One event as its own fragment. Its text is masked first: an error message can quote a token."""
     record = redact_record({"time": time.time(), "event": kind, **fields})

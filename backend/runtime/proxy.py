@@ -19,12 +19,14 @@
 - `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments, and
   each broadcast load one record of how long every replica took to load it (the dashboard's Sync chart).
 Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it).
+
+This module is the server (routes, broadcasts, health) and how a trainer starts it; which replica a generation goes
+to is replicas.py, the serving proof canary.py, what is recorded for the dashboard proxy_stats.py.
 """
 
 import argparse
 import asyncio
 import ctypes
-import hashlib
 import json
 import logging
 import os
@@ -36,73 +38,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
 
-from .layout import CANARY_WRITER, LOADS_WRITER, PROXY_WRITER, FragmentWriter
+from .canary import ServingProof
+from .proxy_stats import LoadRecorder, StatsRecorder
+from .replicas import Replica, ReplicaUnreachable, Reply, affinity_key, pick
 
 log = logging.getLogger("runtime.proxy")
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
-PREFIX_CHARS = 1024  # of a prompt's JSON (~250 token ids) choose its replica
 FORWARDED_HEADERS = ("Content-Type", "Accept")
 SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
-# Serving proof: after each adapter load (and every `canary_interval_s` for the newest), every replica answers
-# one short completion with the new adapter and with its base model; their logprobs differ when the adapter is
-# really applied. Token ids, so any tokenizer takes it.
-CANARY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]     # below 256: valid in any vocabulary
-CANARY_TIMEOUT_S = 30.0
-
-
-class ReplicaUnreachable(Exception):
-    """The replica did not answer at the transport level: it is down, not merely refusing."""
-
-
-@dataclass(eq=False)
-class Replica:
-    url: str
-    healthy: bool = False
-    in_flight: int = 0
-    served: int = 0
-    errors: int = 0
-    failed_checks: int = 0
-    adapters: set[str] = field(default_factory=set)
-    last_error: str = ""
-
-    def snapshot(self) -> dict:
-        return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "served": self.served,
-                "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error}
-
-
-@dataclass
-class Reply:
-    status: int
-    text: str
-
-    @property
-    def path_missing(self) -> bool:
-        # vLLM's 404 for an adapter path it cannot read, not FastAPI's 404 for a route the server lacks.
-        return self.status == 404 and '"NotFoundError"' in self.text
-
-
-def affinity_key(body: bytes) -> str:
-    """Adapter name plus the start of the prompt as JSON. Requests sharing both can reuse one replica's prefix
-    cache: a GRPO group's generations (one prompt), and the turns of a conversation (a growing prompt)."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return ""
-    if not isinstance(payload, dict):
-        return ""
-    prompt = payload.get("messages", payload.get("prompt", ""))
-    return f"{payload.get('model')}|{json.dumps(prompt)[:PREFIX_CHARS]}"
-
-
-def rendezvous_score(key: str, url: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(), "big")
 
 
 class Proxy:
@@ -119,12 +68,10 @@ class Proxy:
         token = token if token is not None else os.environ.get("HF_TOKEN")
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._stats = StatsRecorder(stats_dir, stats_interval_s, stats_flush_s) if stats_dir else None
-        self._proofs = FragmentWriter(stats_dir, CANARY_WRITER) if stats_dir else None
-        self._loads = FragmentWriter(stats_dir, LOADS_WRITER) if stats_dir else None
+        self._loads = LoadRecorder(stats_dir) if stats_dir else None
+        self._proof = ServingProof(self._call, stats_dir)
         self.canary_interval_s = canary_interval_s
         self.newest: str | None = None        # the adapter loaded last: what the trainer samples from
-        self.proofs: dict[str, dict] = {}     # replica url -> its latest serving proof
-        self._base: dict[str, tuple[str, dict]] = {}   # replica url -> (base model id, its canary logprobs)
         self._session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -225,17 +172,8 @@ class Proxy:
         return reply, time.monotonic() - began
 
     def _record_loads(self, name: str, live: list[Replica], timed: list) -> None:
-        """One record per broadcast load: each replica's seconds from sending the load to its answer (retries for a
-        path not yet visible included), and that answer's status; a replica that did not answer has neither."""
-        if not self._loads:
-            return
-        replicas = []
-        for replica, result in zip(live, timed):
-            entry = {"index": self.replicas.index(replica), "url": replica.url}
-            if not isinstance(result, BaseException):
-                entry.update(seconds=round(result[1], 4), status=result[0].status)
-            replicas.append(entry)
-        self._loads.write([{"time": time.time(), "adapter_load": {"version": name, "replicas": replicas}}])
+        if self._loads:
+            self._loads.record(name, self.replicas, live, timed)
 
     async def load_adapter(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -311,12 +249,7 @@ class Proxy:
 
     # ---- generation routing
     def pick(self, key: str, exclude: set[str]) -> Replica | None:
-        live = [r for r in self.replicas if r.healthy and r.url not in exclude]
-        if not live:
-            return None
-        preferred = max(live, key=lambda r: rendezvous_score(key, r.url))
-        least = min(live, key=lambda r: r.in_flight)
-        return least if preferred.in_flight >= least.in_flight + self.spill_threshold else preferred
+        return pick(self.replicas, key, exclude, self.spill_threshold)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -453,88 +386,19 @@ class Proxy:
             if self.newest:
                 await self.prove(self.newest)
 
+    @property
+    def proofs(self) -> dict[str, dict]:
+        """Replica url -> its latest serving proof."""
+        return self._proof.proofs
+
     async def prove(self, name: str) -> dict:
-        """Ask every replica for the canary with adapter `name` and with its base model; record per replica
-        whether it lists `name`, which model answered, and how far its logprobs are from the base model's."""
-        replicas = [r for r in self.replicas if r.healthy]
-        proofs = await asyncio.gather(*(self._prove_on(r, name) for r in replicas), return_exceptions=True)
-        record = {"version": name, "replicas": []}
-        for replica, proof in zip(replicas, proofs):
-            if isinstance(proof, BaseException):
-                proof = {"url": replica.url, "error": f"{type(proof).__name__}: {proof}"[:300]}
-            record["replicas"].append(proof)
-            self.proofs[replica.url] = proof
-        if self._proofs:
-            self._proofs.write([{"time": time.time(), "canary": record}])
-        return record
-
-    async def _prove_on(self, replica: Replica, name: str) -> dict:
-        models = json.loads((await self._call(replica, "GET", "/v1/models", timeout=CANARY_TIMEOUT_S)).text)
-        ids = [m["id"] for m in models.get("data", [])]
-        base = next((m["id"] for m in models.get("data", []) if not m.get("parent")), None)
-        if replica.url not in self._base and base:
-            self._base[replica.url] = (base, await self._canary_logprobs(replica, base))
-        served, logprobs = await self._canary_answer(replica, name)
-        _, base_logprobs = self._base.get(replica.url, (None, {}))
-        return {"url": replica.url, "listed": name in ids, "served": served,
-                "delta_base": _logprob_distance(logprobs, base_logprobs)}
-
-    async def _canary_answer(self, replica: Replica, model: str) -> tuple[str | None, dict]:
-        body = {"model": model, "prompt": CANARY_PROMPT, "max_tokens": 1, "temperature": 1.0, "logprobs": 5,
-                "seed": 0}
-        reply = await self._call(replica, "POST", "/v1/completions", json_body=body, timeout=CANARY_TIMEOUT_S)
-        if reply.status != 200:
-            return None, {}
-        answer = json.loads(reply.text)
-        top = ((answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}])[0] or {}
-        return answer.get("model"), {str(k): float(v) for k, v in top.items()}
-
-    async def _canary_logprobs(self, replica: Replica, model: str) -> dict:
-        return (await self._canary_answer(replica, model))[1]
+        """Prove which replicas serve adapter `name` (see canary.py)."""
+        return await self._proof.prove(self.replicas, name)
 
     async def _stats_loop(self) -> None:
         while True:
             self._stats.sample(self.replicas)
             await asyncio.sleep(self._stats.interval_s)
-
-
-class StatsRecorder:
-    """Turns changed replica snapshots into write-once fragments: buffered, and flushed at once when a
-    replica's health or adapter set changes, since that is what the panel must show promptly."""
-
-    def __init__(self, folder: str, interval_s: float, flush_s: float):
-        self.writer = FragmentWriter(folder, PROXY_WRITER)
-        self.interval_s = interval_s
-        self.flush_s = flush_s
-        self.pending: list[dict] = []
-        self.last: list[dict] | None = None
-        self.last_flush = time.monotonic()
-
-    def sample(self, replicas: list[Replica], force: bool = False) -> None:
-        snapshot = [r.snapshot() for r in replicas]
-        if snapshot != self.last:
-            structural = self.last is None or _structure(snapshot) != _structure(self.last)
-            self.pending.append({"time": time.time(), "replicas": snapshot})
-            self.last = snapshot
-            force = force or structural
-        if self.pending and (force or time.monotonic() - self.last_flush >= self.flush_s):
-            self.writer.write(self.pending)
-            self.pending = []
-            self.last_flush = time.monotonic()
-
-
-def _logprob_distance(a: dict, b: dict) -> float | None:
-    """How far two top-logprob answers are apart: the largest difference over the tokens both list, or inf
-    when their top tokens differ; None when either is missing."""
-    if not a or not b:
-        return None
-    if set(a) != set(b):
-        return float("inf")
-    return max(abs(a[t] - b[t]) for t in a)
-
-
-def _structure(snapshot: list[dict]) -> list:
-    return [(r["healthy"], r["adapters"]) for r in snapshot]
 
 
 def _error(status: int, message: str) -> web.Response:

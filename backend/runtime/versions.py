@@ -22,6 +22,7 @@ from .layout import (
     FRAGMENT_RE,
     TRAINER_WRITER,
     VLLM_LORA_DIR,
+    fragment_records,
     write_event,
 )
 
@@ -37,13 +38,8 @@ def trainer_events(run_dir: str) -> list[dict]:
         if FRAGMENT_RE.match(name).group("writer") != TRAINER_WRITER:
             continue
         with open(os.path.join(folder, name), "rb") as f:
-            for line in f:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and isinstance(event.get("event"), str):
-                    events.append(event)
+            records, _ = fragment_records(f.read())
+        events += [e for e in records if e is not None and isinstance(e.get("event"), str)]
     return events
 
 

@@ -1,5 +1,5 @@
-"""What the panel checks whether anyone watches or not: every live run's budget cap and alerts, from a background
-thread, for the host's runs and those of visitors seen lately."""
+"""What the panel process checks whether anyone watches or not: every live run's budget cap and alerts, from a
+background thread, for the host's runs and those of visitors seen lately."""
 
 import logging
 import time

@@ -1,0 +1,56 @@
+"""What the proxy records into the run's metrics folder for the dashboard: replica snapshots (health, load,
+adapters) as write-once fragments, flushed at once on a change of health or adapters, and one record per broadcast
+adapter load of how long each replica took (the Sync chart).
+"""
+
+import time
+
+from .layout import LOADS_WRITER, PROXY_WRITER, FragmentWriter
+from .replicas import Replica
+
+
+class StatsRecorder:
+    """Turns changed replica snapshots into write-once fragments: buffered, and flushed at once when a
+    replica's health or adapter set changes, since that is what the panel must show promptly."""
+
+    def __init__(self, folder: str, interval_s: float, flush_s: float):
+        self.writer = FragmentWriter(folder, PROXY_WRITER)
+        self.interval_s = interval_s
+        self.flush_s = flush_s
+        self.pending: list[dict] = []
+        self.last: list[dict] | None = None
+        self.last_flush = time.monotonic()
+
+    def sample(self, replicas: list[Replica], force: bool = False) -> None:
+        snapshot = [r.snapshot() for r in replicas]
+        if snapshot != self.last:
+            structural = self.last is None or _structure(snapshot) != _structure(self.last)
+            self.pending.append({"time": time.time(), "replicas": snapshot})
+            self.last = snapshot
+            force = force or structural
+        if self.pending and (force or time.monotonic() - self.last_flush >= self.flush_s):
+            self.writer.write(self.pending)
+            self.pending = []
+            self.last_flush = time.monotonic()
+
+
+class LoadRecorder:
+    """One record per broadcast load: each replica's seconds from sending the load to its answer (retries for a
+    path not yet visible included), and that answer's status; a replica that did not answer has neither."""
+
+    def __init__(self, folder: str):
+        self.writer = FragmentWriter(folder, LOADS_WRITER)
+
+    def record(self, name: str, replicas: list[Replica], live: list[Replica], timed: list) -> None:
+        """`timed`: per replica of `live`, (its Reply, seconds) or the exception its load raised."""
+        entries = []
+        for replica, result in zip(live, timed):
+            entry = {"index": replicas.index(replica), "url": replica.url}
+            if not isinstance(result, BaseException):
+                entry.update(seconds=round(result[1], 4), status=result[0].status)
+            entries.append(entry)
+        self.writer.write([{"time": time.time(), "adapter_load": {"version": name, "replicas": entries}}])
+
+
+def _structure(snapshot: list[dict]) -> list:
+    return [(r["healthy"], r["adapters"]) for r in snapshot]
