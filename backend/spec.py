@@ -15,6 +15,7 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
+from backend.executors import EXECUTORS, known_engine
 from backend.runtime import rewards as runtime_rewards
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
@@ -22,7 +23,6 @@ from backend.runtime.user_code import reward_function_names
 from backend.vllm_args import VLLM_LORA_RANKS
 
 MODES = ("colocated", "distributed")
-EXECUTORS = ("local", "hf_jobs")
 MODEL_HELP = (f"a local folder, a Hub model id, {TINY_MODEL} (the demo, built on the spot), or "
               f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
               "benchmarking throughput and memory (their rewards mean nothing)")
@@ -305,7 +305,7 @@ class RunSpec:
              f"every job needs a timeout between 1 minute and {MAX_TIMEOUT_MIN} minutes (7 days)")
         need(math.isfinite(self.budget_usd) and self.budget_usd >= 0, "budget_usd",
              "must be 0 (no cap) or a positive amount in USD, e.g. 5")
-        need(self.executor != "local" or not self.budget_usd > 0, "budget_usd",
+        need(_billed(self.executor) or not self.budget_usd > 0, "budget_usd",
              "local runs cost nothing: leave it 0, or run on hf_jobs")
         errs += _check_bucket(self.bucket, self.executor)
         mount = os.path.normpath(self.mount_path or "")
@@ -351,6 +351,17 @@ def _without_tokens(spec: RunSpec) -> list[FieldError]:
     return errs
 
 
+def _billed(executor: str) -> bool:
+    where = known_engine(executor)
+    return where is None or where.billed     # an unknown executor is the `executor` field's own error
+
+
+def reaches_hub(executor: str) -> bool:
+    """Whether the executor's jobs can download models and datasets from the Hub."""
+    where = known_engine(executor)
+    return where is None or where.reaches_hub
+
+
 def _check_model(model: str, executor: str) -> list[FieldError]:
     if model in BUILTIN_MODELS:
         return []
@@ -358,7 +369,7 @@ def _check_model(model: str, executor: str) -> list[FieldError]:
         return [FieldError("model", f"no builtin model {model!r}; the builtin models are {', '.join(BUILTIN_MODELS)}")]
     path = os.path.expanduser(model or "")
     if HUB_ID.match(model or "") and not os.path.exists(path):
-        if executor == "local":
+        if not reaches_hub(executor):
             return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
                                         f"{TINY_MODEL}, or run on Hugging Face Jobs")]
         return []
