@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend.cost import RATE_POINTS, RunCost, format_duration, format_usd, hourly_prices, run_cost, view_points
+from backend.executors import engine
 from backend.jobspec import TERMINAL_STAGES, JobRecord
 from backend.observers import FragmentCursor, read_new_records
 from backend.runtime import layout
@@ -95,14 +96,14 @@ class SpendWatch:
             points = view_points(view)
         else:
             points = self._points(registry, run_id, records, watched)
-        billed = registry.executor.name != "local"
+        billed = engine(registry.executor.name).billed
         cost = run_cost(records, self.prices(registry) if billed else {}, points, spec.get("max_steps"),
                         self.clock(), billed)
         return cost, spec
 
     def enforce(self, registry) -> list[BudgetStop]:
         """Cancel every job of each live run of the registry whose spend or projection reached its cap."""
-        if registry.executor.name == "local":
+        if not engine(registry.executor.name).billed:
             return []     # local runs cost nothing (a budget on one is refused when it is launched)
         stops = []
         for run in registry.list_runs():
