@@ -119,7 +119,7 @@ class Panel:
     def build_spec(self, values: dict, run_id: str | None = None, visitor: Visitor | None = None) -> RunSpec:
         """A validated RunSpec from form values; raises SpecError listing every bad field. An HF Jobs run with no
         bucket goes to the visitor's own `<name>/grpo-runs`."""
-        return self.operations.build_spec(values, run_id, visitor)
+        return self.operations.build_spec(values, run_id, as_visitor(visitor) if visitor else None)
 
     def preview(self, values: dict, visitor: Visitor | str | None = None, run_id: str | None = None) -> Preview:
         """The problems to fix, or the jobs as they will be submitted with an estimated cost and a fingerprint."""
