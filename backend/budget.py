@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.cost import RunCost, format_duration, format_usd
+from backend.executors import engine
 from backend.jobspec import TERMINAL_STAGES
 from backend.run_summary import RunSummaries
 from backend.runtime import layout
@@ -49,7 +50,7 @@ class SpendWatch(RunSummaries):
 
     def enforce(self, registry) -> list[BudgetStop]:
         """Cancel every job of each live run of the registry whose spend or projection reached its cap."""
-        if registry.executor.name == "local":
+        if not engine(registry.executor.name).billed:
             return []     # local runs cost nothing (a budget on one is refused when it is launched)
         stops = []
         for run in registry.list_runs():

@@ -6,14 +6,11 @@ job it already submitted, so no orphan keeps running (or billing).
 
 import json
 import os
-import socket
-import sys
 import time
 from dataclasses import dataclass
 
-import pynvml
-
 from backend import recipe
+from backend.executors import engine
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobSpec
 from backend.runtime import layout
@@ -95,25 +92,6 @@ def _sweep_run_label(executor: Executor, run_id: str, known: list[str]) -> tuple
     return strays, _cancel_all(executor, strays)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def local_gpu_ids() -> list[str]:
-    """The GPUs local jobs may use: CUDA_VISIBLE_DEVICES where it is set, else every GPU NVML sees (none without
-    a driver)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        pynvml.nvmlInit()
-        return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # no driver, no library: no GPU
-        return []
-
-
 def write_run_files(spec: RunSpec, store: BucketStore) -> None:
     """spec.json, the runtime code, the run's own reward code and dataset file, so the run can always be
     explained, relaunched and resumed, and a job on another machine finds everything in the bucket."""
@@ -138,31 +116,12 @@ def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str) -> None:
         store.write_bytes(f"{prefix}/{layout.DATA_DIR}/{os.path.basename(spec.dataset)}", f.read())
 
 
-def _local_split(spec: RunSpec) -> tuple[list[str], str | None, list[str] | None]:
-    """A local distributed run's CPU cores per replica, and its GPUs: with a GPU for every job (trainer on the
-    first, one replica on each of the next), each has its GPU alone."""
-    binds = recipe.split_cores(list(os.sched_getaffinity(0)), spec.replicas)
-    trainer_gpu, replica_gpus = recipe.assign_local_gpus(local_gpu_ids(), spec.replicas)
-    return binds, trainer_gpu, replica_gpus
-
-
-LOCAL_PORT = "FREE_PORT_{i}"     # in a local preview: the free port the launch picks
-
-
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:
-    """Every job of the run as it will be submitted. A local run's as it will start on this machine (this
-    interpreter, its CPU and GPU split; FREE_PORT_i where the launch picks a free port); an HF Jobs run's with its
-    replicas' URLs as placeholders (known once they are submitted)."""
-    if spec.executor != "local":
-        return recipe.preview_jobs(spec)
-    python = sys.executable
-    if spec.mode == "colocated":
-        return recipe.colocated_jobs(spec, python=python, master_port=LOCAL_PORT.format(i=0))
-    ports = [LOCAL_PORT.format(i=i) for i in range(spec.replicas)]
-    binds, trainer_gpu, replica_gpus = _local_split(spec)
-    replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds, gpus=replica_gpus)
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
-    return [*replicas, recipe.trainer_job(spec, urls, python=python, gpu=trainer_gpu)]
+    """Every job of the run as it will be submitted, placed as its engine places them (a local run: this interpreter,
+    its CPU and GPU split, FREE_PORT_i where the launch picks a free port), each replica reached where the engine
+    says (an HF Jobs replica's URL is a placeholder: it is known once the replica is submitted)."""
+    where = engine(spec.executor)
+    return recipe.RunJobs(spec, where.placement(spec, preview=True)).preview(where.replica_url)
 
 
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
@@ -175,8 +134,7 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     and the panel's background sweep look again."""
     spec.check()
     secrets = secrets or {}
-    local = executor.name == "local"
-    python = sys.executable if local else "python"
+    where = engine(executor.name)
     try:
         if not resume:
             write_run_files(spec, store)
@@ -186,13 +144,13 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
                           "No job was submitted.") from exc
     try:
-        return _submit_run(spec, executor, secrets, local, python)
+        return _submit_run(recipe.RunJobs(spec, where.placement(spec, preview=False)), executor, secrets)
     except SubmitFailed as exc:
         try:
             remember_failed_launch(store, spec.run_id, str(exc), exc.canceled)
         except Exception:  # a failing bucket: the sweep right after the failure is all there is
             raise exc from None
-        if local:
+        if not where.job_list_lags:
             raise
         raise SubmitFailed(f"{exc} The Hub's job list can lag behind a job it created anyway: the panel keeps looking "
                           "for one with the run's label for a few minutes and cancels it (the orphan finder lists it "
@@ -207,18 +165,12 @@ def remember_failed_launch(store: BucketStore, run_id: str, message: str, known:
     store.write_bytes(f"{folder}/{layout.fragment_name(LAUNCH_WRITER, seq)}", (json.dumps(record) + "\n").encode())
 
 
-def _submit_run(spec: RunSpec, executor: Executor, secrets: dict[str, str], local: bool,
-                python: str) -> LaunchedRun:
-    if spec.mode == "colocated":
-        jobs = recipe.colocated_jobs(spec, python=python, master_port=free_port() if local else None)
-        ids = submit_jobs(executor, jobs, secrets)
-        return LaunchedRun(spec.run_id, {j.role: i for j, i in zip(jobs, ids)})
-    ports = [free_port() for _ in range(spec.replicas)] if local else None
-    binds, trainer_gpu, replica_gpus = _local_split(spec) if local else (None, None, None)
-    replicas = recipe.replica_jobs(spec, ports=ports, python=python, cpu_binds=binds, gpus=replica_gpus)
-    replica_ids = submit_jobs(executor, replicas, secrets)
-    urls = [executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(replicas, replica_ids)]
-    trainer = recipe.trainer_job(spec, urls, python=python, gpu=trainer_gpu)
-    trainer_id = submit_jobs(executor, [trainer], secrets, already=replica_ids)[0]
-    roles = {j.role: i for j, i in zip(replicas, replica_ids)}
-    return LaunchedRun(spec.run_id, {**roles, "trainer": trainer_id})
+def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str]) -> LaunchedRun:
+    first = jobs.first()
+    ids = submit_jobs(executor, first, secrets)
+    roles = {j.role: i for j, i in zip(first, ids)}
+    if jobs.spec.mode == "colocated":
+        return LaunchedRun(jobs.spec.run_id, roles)
+    urls = [executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(first, ids)]
+    trainer_id = submit_jobs(executor, [jobs.trainer(urls)], secrets, already=ids)[0]
+    return LaunchedRun(jobs.spec.run_id, {**roles, "trainer": trainer_id})

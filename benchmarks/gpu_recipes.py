@@ -28,8 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.executors.local import LocalExecutor
-from backend.launch import local_gpu_ids
+from backend.executors.local import LocalExecutor, local_gpu_ids
 from backend.runs import RunRegistry
 from backend.runtime import layout
 from backend.spec import RunSpec, SpecError

@@ -9,6 +9,7 @@ task's reward code) from the one before. HF Jobs presets name no bucket: the for
 
 import dataclasses
 
+from backend.executors import engine
 from backend.runtime.tiny_model import TINY_MODEL
 from backend.spec import LORA_TARGET_CHOICES, RunSpec
 
@@ -155,7 +156,7 @@ def preset_note(name: str) -> str:
     """What the form shows under the preset picker: for an HF Jobs preset, what it takes from the study and
     where it differs, with why."""
     values = preset_values(name)
-    if values["executor"] != "hf_jobs":
+    if engine(values["executor"]).on_panel_machine:
         return "Runs on this machine: a tiny model built on the spot, no account, no GPU."
     published = {**STUDY, **(STUDY_DISTRIBUTED if values["mode"] == "distributed" else {})}
     differences = study_differences(name)
@@ -172,6 +173,6 @@ def preset_values(name: str, bucket: str | None = None) -> dict:
     defaults = {f.name: getattr(RunSpec, f.name) if f.default is not dataclasses.MISSING else f.default_factory()
                 for f in dataclasses.fields(RunSpec) if f.name not in ("run_id", "created_at", "image")}
     values = {**defaults, **PRESETS[name]}
-    if values["executor"] == "hf_jobs" and "bucket" not in PRESETS[name]:
+    if engine(values["executor"]).bucket_on_hub and "bucket" not in PRESETS[name]:
         values["bucket"] = bucket or ""
     return values

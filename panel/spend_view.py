@@ -7,6 +7,7 @@ import time
 from backend.access import Refused, Visitor
 from backend.budget import BUDGET_EVENT
 from backend.cost import RunCost, format_duration, format_usd, spend_curve, spend_knots
+from backend.executors import engine
 from backend.orphans import cancel_orphans, find_orphans
 from backend.runtime.redact import redact_tokens
 
@@ -78,7 +79,7 @@ def run_cost(panel, run_id: str, visitor: Visitor, view=None) -> tuple[RunCost, 
 
 def cost_at(panel, registry, run_id: str):
     """The run's `cost_at(t)` for a dollars axis, or None for a run that costs nothing."""
-    if registry.executor.name == "local":
+    if not engine(registry.executor.name).billed:
         return None
     return spend_curve(registry.job_records(run_id), panel.spend.prices(registry), panel.spend.clock())
 
@@ -86,7 +87,7 @@ def cost_at(panel, registry, run_id: str):
 def spend_corners(panel, run_id: str, visitor: Visitor) -> tuple | None:
     """The corners of the run's spend curve for the dashboard's dollars axis; None for a run that costs nothing."""
     registry = panel.runs.find(run_id, visitor)
-    if registry.executor.name == "local":
+    if not engine(registry.executor.name).billed:
         return None
     return spend_knots(registry.job_records(run_id), panel.spend.prices(registry), panel.spend.clock())
 

@@ -12,9 +12,10 @@ from gradio.components.plot import PlotData
 from backend import diagnose
 from backend.access import Visitor
 from backend.compare import X_AXES
+from backend.executors import engine
 from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
 from panel import compare_view, dashboard, live, publish_view, spend_view
-from panel.actions import Panel, local_runtime_installed
+from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 from panel.task_form import REQUIRED_CHOICE, TaskSection
@@ -119,7 +120,8 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
         f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
-                                 info="local processes on this machine, or Hugging Face Jobs" if "local" in executors
+                                 info="local processes on this machine, or Hugging Face Jobs"
+                                 if any(engine(name).on_panel_machine for name in executors)
                                  else "Hugging Face Jobs, with your own account")
     f["model"] = _field("model", initial)
     task = TaskSection.build(initial)
@@ -132,24 +134,19 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict[str, 
     return f, task, sections
 
 
-def local_offered(panel: Panel) -> bool:
-    """Whether the form offers local runs: on here, and the training runtime installed (the Docker image has none)."""
-    return panel.settings.local_runs != "off" and local_runtime_installed()
-
-
 def _presets_for(panel: Panel) -> tuple[list[str], str]:
     """The presets this deployment can run, and the one the form opens with (an HF Jobs one on a Space, or where
     local runs cannot run)."""
-    local_ok = local_offered(panel)
-    names = [n for n, p in PRESETS.items() if local_ok or p.get("executor") == "hf_jobs"]
-    first = next((n for n in names if PRESETS[n].get("executor") == "hf_jobs"), names[0])
+    offered = panel.offered_executors()
+    names = [n for n, p in PRESETS.items() if p.get("executor") in offered]
+    first = next((n for n in names if not engine(PRESETS[n]["executor"]).on_panel_machine), names[0])
     return names, (first if panel.settings.on_space or TINY_DEMO not in names else TINY_DEMO)
 
 
 def build_ui(panel: Panel) -> gr.Blocks:
     preset_names, first_preset = _presets_for(panel)
     initial = preset_values(first_preset, bucket=panel.default_bucket(None, PRESETS[first_preset]["executor"]))
-    executors = ["local", "hf_jobs"] if local_offered(panel) else ["hf_jobs"]
+    executors = panel.offered_executors()
     # Gradio keeps a copy of every file it serves (downloads); delete_cache drops copies older than a day, hourly.
     with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(3600, 86400)) as demo:
         with gr.Row():
@@ -460,7 +457,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
         def on_load(executor, bucket, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
             visitor = visitor_of(oauth_token, profile)
             flavors = _flavor_choices(panel.flavors(visitor))
-            if executor == "hf_jobs" and not bucket:
+            if engine(executor).bucket_on_hub and not bucket:
                 bucket = panel.default_bucket(visitor, executor)
             return (gr.update(choices=_run_choices(panel, visitor)), panel.runs_hint(visitor), bucket,
                     gr.update(choices=flavors), gr.update(choices=flavors))

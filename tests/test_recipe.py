@@ -131,7 +131,7 @@ def test_a_local_distributed_run_with_a_gpu_per_job_pins_each_job_to_its_own():
 
 
 def test_local_gpus_follow_cuda_visible_devices(monkeypatch):
-    from backend.launch import local_gpu_ids
+    from backend.executors.local import local_gpu_ids
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert local_gpu_ids() == ["1", "0"]

@@ -17,8 +17,9 @@ from typing import Any
 from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import HfHubHTTPError
 
-from backend.executors.base import ResourceSample, SubmitError
-from backend.hardware import list_flavors
+from backend import recipe
+from backend.executors.base import Engine, ResourceSample, SubmitError
+from backend.hardware import Flavor, list_flavors
 from backend.jobspec import (
     APP_LABEL_VALUE,
     DELETED,
@@ -31,6 +32,7 @@ from backend.jobspec import (
     JobStatus,
 )
 from backend.runtime.redact import redact_tokens
+from backend.spec import RunSpec
 
 PERMANENT_HTTP_ERRORS = frozenset({401, 403, 404})
 _SUBMIT_HINTS = {
@@ -72,10 +74,42 @@ class _Feed:
         return list(itertools.islice(self.items, start, None)), self.count
 
 
+class HfJobsEngine(Engine):
+    """Jobs on Hugging Face Jobs: billed per flavor and hour, in the bucket's namespace, with the visitor's token."""
+
+    name = "hf_jobs"
+    label = "Hugging Face Jobs"
+    billed = True
+    needs_token = True
+    installs_runtime = True
+    bucket_on_hub = True
+    chooses_hardware = True
+    job_list_lags = True
+
+    def flavors(self, token: str | None) -> list[Flavor]:
+        return list_flavors(token)
+
+    def job_fields(self, spec: RunSpec, flavor: str) -> dict:
+        return dict(image=spec.image, flavor=flavor, namespace=spec.bucket_namespace)
+
+    def replica_server(self, spec: RunSpec, gpus: list[str] | None) -> tuple[dict, list[str]]:
+        share = spec.replica_gpu_memory_utilization
+        return (dict(gpu_memory_utilization=share) if share != recipe.VLLM_DEFAULT_GPU_SHARE else {}), []
+
+    def replica_url(self, i: int, port) -> str:
+        return recipe.REPLICA_URL_PLACEHOLDER.format(i=i)
+
+    def preview_command(self, job: JobSpec, bucket_root) -> str:
+        return job.cli_preview()
+
+
+ENGINE = HfJobsEngine()
+
+
 class HfJobsExecutor:
     """Submits, watches and cancels the jobs of runs in one Hub namespace (a user or an org)."""
 
-    name = "hf_jobs"
+    name = ENGINE.name
 
     def __init__(self, token: str | None, namespace: str, *, reconnect_delay_s: float = 2.0):
         self.namespace = namespace

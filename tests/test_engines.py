@@ -1,0 +1,88 @@
+"""Executors answer for themselves: each is one module with its engine, registered by name, and nothing outside
+backend/executors/ compares an executor's name."""
+
+import importlib
+import os
+import re
+from dataclasses import replace
+
+import pytest
+
+from backend import executors
+from backend.launch import launch_run, preview_jobs
+from backend.spec import EXECUTORS, RunSpec
+from backend.store import FolderStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAME_COMPARISON = re.compile(r"""(==|!=|\bin)\s*["'](%s)["']|["'](%s)["']\s*(==|!=)""" % (
+    ("|".join(executors.EXECUTORS),) * 2))
+
+
+def test_every_registered_executor_is_one_module_with_its_engine_and_its_class():
+    assert EXECUTORS == executors.EXECUTORS, "the spec's choices are the registry's"
+    for name in executors.EXECUTORS:
+        module = importlib.import_module(executors._MODULES[name])
+        classes = [c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", None) == name
+                   and hasattr(c, "submit")]
+        assert executors.engine(name) is module.ENGINE and module.ENGINE.name == name and classes, name
+    with pytest.raises(KeyError, match="choose one of local, hf_jobs"):
+        executors.engine("ray")
+
+
+def test_an_unknown_executor_is_the_executor_fields_error_only():
+    errors = RunSpec(executor="ray", budget_usd=5.0).validate()
+    assert [e.field for e in errors] == ["executor"]
+
+
+def _app_files(root: str) -> list[str]:
+    paths = [os.path.join(root, "app.py")]
+    for folder in ("backend", "panel"):
+        paths += [os.path.join(d, f) for d, _, files in os.walk(os.path.join(root, folder)) for f in files
+                  if f.endswith(".py")]
+    return [p for p in paths if os.path.join("backend", "executors") not in os.path.relpath(p, root)]
+
+
+def test_no_code_outside_the_executors_compares_an_executors_name():
+    found = []
+    for path in _app_files(ROOT):
+        with open(path, encoding="utf-8") as f:
+            found += [f"{os.path.relpath(path, ROOT)}:{n}" for n, line in enumerate(f, 1)
+                      if NAME_COMPARISON.search(line)]
+    assert found == []
+
+
+class Submissions:
+    """A local executor that records what it is asked to start."""
+
+    name = "local"
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, job, secrets=None):
+        self.jobs.append(job)
+        return f"job-{len(self.jobs)}"
+
+    def exposed_url(self, job_id, port):
+        return f"http://127.0.0.1:{port}"
+
+
+def test_a_launch_submits_the_jobs_its_preview_showed_with_the_ports_it_picked(tmp_path):
+    spec = RunSpec(mode="distributed", replicas=2).check()
+    shown = preview_jobs(spec)
+    executor = Submissions()
+    launch_run(spec, executor, FolderStore(str(tmp_path)))
+    ports = [job.expose[0] for job in executor.jobs[:2]]
+    assert all(isinstance(port, int) for port in ports)
+    picked = [replace(job, command=[_ports(arg, ports) for arg in job.command],
+                      env={k: _ports(v, ports) for k, v in job.env.items()}, expose=tuple(ports[i:i + 1]))
+              if job.role.startswith("vllm-") else
+              replace(job, env={k: _ports(v, ports) for k, v in job.env.items()})
+              for i, job in enumerate(shown)]
+    assert picked == executor.jobs
+
+
+def _ports(text: str, ports: list[int]) -> str:
+    for i, port in enumerate(ports):
+        text = text.replace(f"FREE_PORT_{i}", str(port))
+    return text
