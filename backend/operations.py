@@ -44,7 +44,6 @@ from backend.runtime.task import is_local_file
 from backend.spec import FieldError, RunSpec, SpecError
 from backend.task_check import TASK_FIELDS, TaskReport, check_task, task_field_errors
 
-FLAVORS_TTL_S = 600.0
 CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
 CHECKS_KEPT = 256
 CHECK_EXECUTOR = HfJobsExecutor.name   # a panel that serves others checks a task in the visitor's own HF Jobs account

@@ -23,6 +23,7 @@ LOG_TAIL = 400
 TRACEBACK_LINES = 30
 MAX_CAUSE = 300
 ADAPTER_PAGE = 50          # the adapters table shows the newest versions; the count of all is in the header
+SAMPLE_STEPS = 100         # the sample step picker offers the newest steps
 
 def _usages(view) -> dict:
     return {role: job.usage for role, job in view.current_jobs.items()}
@@ -66,14 +67,20 @@ class Frame:
 
 def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     """Every component of the dashboard for `view` (built from its bounded series: the cost does not grow with
-    the run's length)."""
+    the run's length): the charts, the status, the adapter and replica tables, the verdict's change (None: no
+    change to suggest), the steps with samples, the job roles (the log's picker) and the spec (once read)."""
     options = options or charts.ChartOptions(t0=run_start(view))
     values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
-    values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view))
-    return Frame(values, {k: _digest(v) for k, v in values.items()})
+    values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view),
+                  change=diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change,
+                  sample_steps=sample_steps(view)[:SAMPLE_STEPS], roles=sorted(view.jobs))
+    if view.spec:       # before spec.json is read, the config shown stays as it was
+        values["config"] = view.spec
+    return Frame(values, {k: digest(v) for k, v in values.items()})
 
 
-def _digest(value) -> str:
+def digest(value) -> str:
+    """A short digest of a component's value: equal values, equal digests."""
     return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
 
 

@@ -1,15 +1,18 @@
 """One browser session's dashboard tick, as a plain function: what changed since this session last drew.
 
-The Gradio timer handler in `panel/ui.py` is a thin wrapper over `dashboard_update`; benchmarks and tests call
-it directly with a dict standing for the session's state. The run's view is refreshed at most once a second
-whatever the number of sessions, its frame is built once per version and chart options for all of them, and
-each session is sent only the components whose digest differs from what it drew last.
+The Gradio handlers in `panel/dashboard_view.py` are thin wrappers over `run_update`; benchmarks and tests call
+`dashboard_update` directly with a dict standing for the session's state. The run's view is refreshed at most
+once a second whatever the number of sessions, its frame is built once per version and chart options for all of
+them, and each session is sent only the components whose key differs from what it drew last (`send_changed`:
+the one rule for every component of the dashboard, the frame's, the log, the samples, the cost and the final
+adapter alike).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend.axes import run_start
-from panel import charts, dashboard
+from panel import charts, dashboard, spend_view
 
 LOG_KEY = "log"
 
@@ -24,11 +27,25 @@ class DashboardUpdate:
         return [self.values.get(name) for name in names]
 
 
+def send_changed(drawn: dict, parts: dict[str, tuple]) -> dict:
+    """Of `parts` (name -> (key, value)), the values whose key differs from the key this session drew last
+    (`drawn`: name -> key, updated to what is sent). The key is a digest or a version, whatever tells two values
+    apart; a value may be a function of nothing, called only when its component is sent."""
+    values = {}
+    for name, (key, value) in parts.items():
+        if name not in drawn or drawn[name] != key:
+            values[name] = value() if callable(value) else value
+            drawn[name] = key
+    return values
+
+
 def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
-                     x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None) -> DashboardUpdate:
+                     x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None, pick="latest",
+                     extra: Callable[[object], dict] | None = None) -> DashboardUpdate:
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
-    session's own: the run it drew and the digest of each component it has. `x` is "step", "time" or "dollars";
-    `dollars` the run's spend corners (None for a run that costs nothing: wall time then)."""
+    session's own: the run it drew and the key of each component it has. `x` is "step", "time" or "dollars";
+    `dollars` the run's spend corners (None for a run that costs nothing: wall time then); `pick` the step whose
+    samples are shown; `extra(view)` more parts (name -> (key, value)) that the view alone does not give."""
     view = panel.view(run_id, visitor)
     if view.refresh_if_due() and hasattr(panel, "watch"):
         panel.watch.alerts(view)
@@ -41,14 +58,28 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=run_start(view),
                                   dollars=tuple(dollars or ()), x_note=note)
     frame = dashboard.shared_frame(view, options)
-    drawn = state.setdefault("digests", {})
-    values = {name: value for name, value in frame.values.items() if drawn.get(name) != frame.digests[name]}
-    drawn.update({name: frame.digests[name] for name in values})
-    log_key = (role, query, _log_version(view, role))
-    if state.get(LOG_KEY) != log_key:
-        values[LOG_KEY] = dashboard.log_text(view, role, query)
-        state[LOG_KEY] = log_key
-    return DashboardUpdate(values)
+    parts = {name: (frame.digests[name], value) for name, value in frame.values.items()}
+    parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
+    rows = dashboard.sample_rows(view, pick)
+    parts["samples"] = (dashboard.digest(rows), rows)
+    parts.update(extra(view) if extra else {})
+    return DashboardUpdate(send_changed(state.setdefault("drawn", {}), parts))
+
+
+def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
+               x: str = "step", smoothing: float = 0.0, pick="latest") -> DashboardUpdate:
+    """`dashboard_update` as the Runs tab draws it: `x` as its radio says it ("wall time" for time), the dollars
+    axis's spend corners, and the run's cost line and final adapter, which change without new records."""
+    axis = {"wall time": "time"}.get(x, x)
+    corners = spend_view.spend_corners(panel, run_id, visitor) if axis == "dollars" else None
+
+    def extra(view) -> dict:
+        cost = spend_view.cost_line(panel, run_id, visitor, view)       # time passes: spend and ETA change
+        final = panel.final_adapter(run_id, visitor) if view.final_files else None
+        return {"cost": (cost, cost), "final": (final, final)}
+
+    return dashboard_update(panel, run_id, state, visitor, role, query, x=axis, smoothing=smoothing,
+                            dollars=corners, pick=pick, extra=extra)
 
 
 def _log_version(view, role: str) -> tuple:

@@ -77,6 +77,15 @@ def run_cost(panel, run_id: str, visitor: Visitor, view=None) -> tuple[RunCost, 
     return cost, spec, registry
 
 
+def cost_line(panel, run_id: str, visitor: Visitor, view) -> str:
+    """The run header's cost line for a run this visitor reaches; '' when its cost cannot be known now."""
+    try:
+        cost, spec, _ = run_cost(panel, run_id, visitor, view)
+    except Exception:   # a failing price list or listing must not break the dashboard
+        return ""
+    return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), view.events)
+
+
 def cost_at(panel, registry, run_id: str):
     """The run's `cost_at(t)` for a dollars axis, or None for a run that costs nothing."""
     if not engine(registry.executor.name).billed:

@@ -7,7 +7,7 @@ import sys
 
 from backend.access import Deployment, Visitor, acting_token, local_runs_problem
 from panel.actions import Panel
-from panel.ui import _presets_for
+from panel.launch_view import presets_for
 
 ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
 
@@ -132,7 +132,7 @@ def test_local_runs_on_a_space_are_off_by_default_and_the_form_opens_on_hf_jobs(
     assert "off on this Space" in local_runs_problem(Visitor("hf_oauth_someoneElse000000000"), space)
     panel = Panel(space)
     try:
-        names, first = _presets_for(panel)
+        names, first = presets_for(panel)
         from panel.presets import PRESETS
 
         assert all(PRESETS[n]["executor"] == "hf_jobs" for n in names) and PRESETS[first]["executor"] == "hf_jobs"

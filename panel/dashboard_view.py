@@ -1,0 +1,149 @@
+"""The open run, below the runs list: its status and cost, the charts, the adapters, samples and replicas, the
+final adapter with the push to the Hub, the config and the logs.
+
+What a session is sent is `live.run_update` (only what changed); `present` turns its values into Gradio's. The
+handlers are plain functions (see `panel.page`)."""
+
+import gradio as gr
+from gradio.components.plot import PlotData
+
+from backend.compare import X_AXES
+from panel import dashboard, live, publish_view
+
+PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
+SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
+                     "if (t) t.scrollTop = t.scrollHeight; }")
+# One click downloads the full log: the file the click wrote is fetched through its link at once.
+DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
+                "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
+                "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
+ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note"]
+REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)", "url"]
+# What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
+VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps"]
+DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",
+         "config", "final", "roles", "drawn"]
+
+
+def build(page, panel) -> None:
+    """The open run's components (the rest of the Runs tab), added to `page`."""
+    status = gr.Markdown(elem_id="run-status")
+    cost = gr.Markdown(elem_id="run-cost")
+    with gr.Row():
+        change = gr.Button("New run with this change", visible=False, elem_id="new-run-change", variant="primary")
+        clone = gr.Button("New run from this", elem_id="new-run-from")
+    with gr.Row():
+        x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis", scale=1)
+        smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (exponential moving average)",
+                              elem_id="smoothing", scale=2)
+    plots = {}
+    names = list(PLOT_IDS)
+    for pair in (names[i:i + 2] for i in range(0, len(names), 2)):
+        with gr.Row():
+            for name in pair:
+                plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
+    adapters = gr.Dataframe(headers=ADAPTER_HEADERS, interactive=False, label="Adapter versions in the bucket",
+                            elem_id="adapters-table")
+    with gr.Accordion("What the policy writes (samples)", open=True, elem_id="samples-section"):
+        sample_steps = gr.Dropdown(["latest"], value="latest", label="Step", elem_id="sample-step",
+                                   allow_custom_value=True)
+        samples = gr.Dataframe(headers=dashboard.SAMPLE_HEADERS, interactive=False, wrap=True, elem_id="samples-table")
+    replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, label="vLLM replicas (distributed runs)",
+                            elem_id="replicas-table")
+    final = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
+    with gr.Accordion("Config (spec.json: everything this run was launched with)", open=False):
+        config = gr.JSON(elem_id="config-json")
+    push = publish_view.build(panel)
+    with gr.Row():
+        roles = gr.Dropdown(["trainer"], value="trainer", label="Job", elem_id="log-role", scale=1)
+        log_query = gr.Textbox(label="Search the log", elem_id="log-query", scale=3)
+        log_btn = gr.Button("Download full log", elem_id="log-btn", scale=1)
+    log_file = gr.File(label="Full log", elem_id="log-file", interactive=False, visible=False)
+    log = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
+    drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
+    page.add(**plots, status=status, cost=cost, change=change, clone=clone, x_axis=x_axis, smoothing=smoothing,
+             adapters=adapters, sample_steps=sample_steps, samples=samples, replicas=replicas, final=final,
+             config=config, push=push, roles=roles, log_query=log_query, log_btn=log_btn, log_file=log_file,
+             **{live.LOG_KEY: log}, drawn=drawn)
+
+
+def wire(page) -> None:
+    """The open run's events (picking a run is the runs list's: `runs_view`)."""
+    page.on([page["x_axis"].change, page["smoothing"].release, page["sample_steps"].change], on_options,
+            [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
+    page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private"], ["push.message"])
+    page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
+    page.on(page["roles"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
+    page.on(page["log_btn"].click, on_full_log, ["run_pick", "roles"], ["log_file"]).then(
+        None, None, None, js=DOWNLOAD_LOG)
+    # A tail is read from the bottom; the textbox's own autoscroll does not fire on timer updates here.
+    page[live.LOG_KEY].change(None, None, None, js=SCROLL_LOG_TO_END)
+
+
+def present(values: dict, role: str) -> dict:
+    """`live.run_update`'s values as Gradio's, by component name."""
+    out = {}
+    for name, value in values.items():
+        if name in PLOT_IDS:
+            value = PlotData(type="plotly", plot=value)
+        elif name == "change":
+            value = gr.update(visible=bool(value))
+        elif name == "sample_steps":
+            value = gr.update(choices=["latest", *value])
+        elif name == "final":
+            value = gr.update(value=value, interactive=value is not None)
+        elif name == "roles":
+            value = gr.update(choices=value, value=role if role in value else "trainer")
+        out[name] = value
+    return out
+
+
+def draw(panel, visitor, run_id, role, query, x, smooth, pick, session) -> dict:
+    """The dashboard components this session has not drawn yet (only what changed), and what it has drawn."""
+    session = {**(session or {}), "drawn": dict((session or {}).get("drawn") or {})}
+    update = live.run_update(panel, run_id, session, visitor, role, query, x=x, smoothing=smooth, pick=pick)
+    return {**present(update.values, role), "drawn": session}
+
+
+def on_select(panel, visitor, run_id, role, query, x, smooth, pick) -> dict:
+    untick = {"resume_confirm": False, "resume_reviewed": None}
+    if not run_id:
+        return {**untick, "drawn": None, "cost": ""}
+    try:
+        state: dict = {}
+        update = live.run_update(panel, run_id, state, visitor, role, query, x=x, smoothing=smooth)
+        steps = update.values.get("sample_steps", [])
+        return {**untick, **present(update.values, role), "drawn": state,
+                "sample_steps": gr.update(choices=["latest", *steps], value="latest"),
+                "push.repo": publish_view.suggested_repo_id(panel, run_id, visitor)}
+    except KeyError as exc:
+        return {**untick, "status": exc.args[0], "drawn": None, "cost": ""}
+
+
+def on_options(panel, visitor, run_id, role, query, x, smooth, pick, session) -> dict:
+    if not run_id:
+        return {"drawn": gr.skip()}     # Gradio wants at least one output named
+    try:
+        return draw(panel, visitor, run_id, role, query, x, smooth, pick, session)
+    except KeyError:
+        return {"drawn": gr.skip()}     # Gradio wants at least one output named
+
+
+def on_push(panel, visitor, run_id, repo_id, private) -> dict:
+    return {"push.message": publish_view.push(panel, run_id, repo_id, private, visitor)}
+
+
+def on_log_filter(panel, visitor, run_id, role, query) -> dict:
+    try:
+        view = panel.view(run_id, visitor) if run_id else None
+    except KeyError:
+        view = None
+    return {live.LOG_KEY: dashboard.log_text(view, role, query) if view else ""}
+
+
+def on_full_log(panel, visitor, run_id, role) -> dict:
+    try:
+        path = panel.full_log_file(run_id, role, visitor) if run_id else None
+    except KeyError:
+        path = None
+    return {"log_file": gr.update(value=path, visible=path is not None)}

@@ -1,0 +1,236 @@
+"""The Launch tab: a preset, the form (RunSpec's fields by section, and the task section), the alert webhook,
+Preview and Launch; and filling the form from a run (the Runs tab's "New run from this" buttons).
+
+Handlers are plain functions over the form's values by field name (see `panel.page`)."""
+
+import dataclasses
+
+import gradio as gr
+
+from backend import diagnose
+from backend.executors import engine
+from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
+from panel.actions import Panel
+from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
+from panel.runs_view import run_choices
+from panel.task_form import REQUIRED_CHOICE, TaskSection
+
+SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
+ROW = 4     # fields a row of a form section
+# Each section of the form (an accordion) and the RunSpec fields it holds, opened when one of them is refused.
+SECTIONS = {title: {f.name for f in form_fields(title)} for title in (LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE)}
+
+
+def _field(name: str, initial: dict, flavors: list | None = None):
+    """The form's widget for RunSpec field `name`, labelled and explained by the field itself (`spec.setting`)."""
+    spec_field = SPEC_FIELDS[name]
+    meta, value = spec_field.metadata, initial[name]
+    info = "; ".join(part for part in (meta.get("help"), limits_text(meta.get("limits"))) if part)
+    common = dict(label=meta.get("label", name), info=info or None, elem_id=f"f-{name}")
+    if meta.get("widget") == "flavor":
+        return gr.Dropdown(flavor_choices(flavors or []), value=value, allow_custom_value=True,
+                           elem_classes=[REQUIRED_CHOICE], **common)
+    if isinstance(value, list):
+        return gr.CheckboxGroup(choices=list(meta["choices"]), value=value, **common)
+    if meta.get("choices"):
+        return gr.Dropdown(choices=list(meta["choices"]), value=value, **common)
+    if spec_field.type in (bool, "bool"):
+        return gr.Checkbox(value=value, **common)
+    if spec_field.type in (int, "int"):
+        return gr.Number(value=value, precision=0, **common)
+    if spec_field.type in (float, "float"):
+        return gr.Number(value=value, **common)
+    return gr.Textbox(value=value, **common)
+
+
+def limits_text(limits: tuple | None) -> str:
+    """A whole number's valid range as the form shows it: '1 to 512', 'at least 2'. (Not Gradio's own minimum and
+    maximum: those refuse a value with a toast before the form's check can name the field and open its section.)"""
+    if not limits:
+        return ""
+    low, high = limits
+    return f"{low:,} to {high:,}" if high is not None else f"at least {low:,}"
+
+
+def flavor_choices(flavors) -> list[tuple[str, str]]:
+    return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
+
+
+def _section(f: dict, title: str, initial: dict, flavors: list, **kw):
+    """An accordion holding RunSpec's fields of section `title` (in their declaration order, ROW a row; a list of
+    checkboxes on a row of its own)."""
+    names = [spec_field.name for spec_field in form_fields(title)]
+    with gr.Accordion(title, open=False, **kw) as accordion:
+        row: list[str] = []
+        for name in [*names, None]:
+            wide = name is not None and isinstance(initial[name], list)
+            if row and (name is None or wide or len(row) == ROW):
+                with gr.Row():
+                    for held in row:
+                        f[held] = _field(held, initial, flavors)
+                row = []
+            if wide:
+                f[name] = _field(name, initial, flavors)
+            elif name is not None:
+                row.append(name)
+    return accordion
+
+
+def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict, TaskSection, dict]:
+    """The form's widgets by field name, its task section, and its accordions by section title."""
+    f = {}
+    flavors = panel.flavors()
+    with gr.Row():
+        f["name"] = _field("name", initial)
+        f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
+                             info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
+        f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
+                                 info="local processes on this machine, or Hugging Face Jobs"
+                                 if any(engine(name).on_panel_machine for name in executors)
+                                 else "Hugging Face Jobs, with your own account")
+    f["model"] = _field("model", initial)
+    task = TaskSection.build(initial)
+    f.update(task.fields)
+    sections = {title: _section(f, title, initial, flavors) for title in (LORA, GRPO)}
+    sections[COLOCATED] = _section(f, COLOCATED, initial, flavors, visible=initial["mode"] == "colocated")
+    sections[DISTRIBUTED] = _section(f, DISTRIBUTED, initial, flavors, visible=initial["mode"] == "distributed")
+    sections[STORAGE] = _section(f, STORAGE, initial, flavors)
+    return f, task, sections
+
+
+def presets_for(panel: Panel) -> tuple[list[str], str]:
+    """The presets this deployment can run, and the one the form opens with (an HF Jobs one on a Space, or where
+    local runs cannot run)."""
+    offered = panel.offered_executors()
+    names = [n for n, p in PRESETS.items() if p.get("executor") in offered]
+    first = next((n for n in names if not engine(PRESETS[n]["executor"]).on_panel_machine), names[0])
+    return names, (first if panel.settings.on_space or TINY_DEMO not in names else TINY_DEMO)
+
+
+def build(page, panel: Panel) -> None:
+    """The Launch tab's components, added to `page`."""
+    preset_names, first_preset = presets_for(panel)
+    initial = preset_values(first_preset, bucket=panel.default_bucket(None, PRESETS[first_preset]["executor"]))
+    executors = panel.offered_executors()
+    with gr.Tab("Launch", id="launch"):
+        preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset")
+        preset_info = gr.Markdown(preset_note(first_preset), elem_id="preset-note")
+        form, task, sections = _form(panel, initial, executors)
+        panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
+        with gr.Accordion("Alerts", open=False):
+            webhook = gr.Textbox("", label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
+                                 info="Slack or Discord webhook: the run's alerts (ratio drift, stall, a replica not "
+                                      "serving its adapter, ...) are posted there. Kept encrypted by this panel; "
+                                      "never shown again or written to the bucket.")
+        with gr.Row():
+            preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
+            confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
+                                  elem_id="confirm")
+            launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
+        launch_msg = gr.Markdown(elem_id="launch-msg")
+        reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the preview this session last saw
+        marks = gr.State([])        # the form fields marked as refused by the last preview or launch
+    page.add(preset=preset, preset_info=preset_info, form=form, sections=sections, task=task, webhook=webhook,
+             preview_btn=preview_btn, confirm=confirm, launch_btn=launch_btn, launch_msg=launch_msg,
+             reviewed=reviewed, marks=marks)
+
+
+def wire(page) -> None:
+    """The Launch tab's events (and the Runs tab's buttons that fill the form)."""
+    form = page["form"]
+    inputs = list(form.values())
+    page["task"].wire(page.panel, list(form), inputs)
+    page.on(page["preset"].change, on_preset, ["preset"], ["form", "preset_info"])
+    # Any change to the form withdraws the tick: the review was of another spec (the server checks it too).
+    gr.on([c.change for c in inputs], lambda: False, None, page["confirm"], show_progress="hidden")
+    sections = page["sections"]
+    form["mode"].change(on_mode, form["mode"], [sections[COLOCATED], sections[DISTRIBUTED]],
+                        show_progress="hidden")
+    refused = ["launch_msg", "reviewed", "confirm", "marks", "sections", "form"]
+    page.on(page["preview_btn"].click, on_preview, ["form", "marks"], refused)
+    page.on(page["launch_btn"].click, on_launch, ["form", "marks", "confirm", "reviewed", "webhook"],
+            [*refused, "tabs", "run_pick", "webhook"])
+    filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
+    page.on(page["change"].click, on_new_run_with_change, ["run_pick"], filled)
+    page.on(page["clone"].click, on_new_run_from, ["run_pick"], filled)
+    page.on(page["demo"].load, on_load, ["form.executor", "form.bucket"],
+            ["run_pick", "runs_hint", "form.bucket", "form.flavor", "form.vllm_flavor"])
+
+
+def on_preset(panel, visitor, choice: str) -> dict:
+    # A preset is a complete starting point: every field it does not name takes its default.
+    values = preset_values(choice, bucket=panel.default_bucket(visitor, PRESETS[choice]["executor"]))
+    return {"form": values, "preset_info": preset_note(choice)}
+
+
+def on_mode(mode: str) -> list:
+    """Only the sections that apply to the chosen mode are shown (colocated's, distributed's)."""
+    return [gr.Accordion(visible=mode == "colocated"), gr.Accordion(visible=mode == "distributed")]
+
+
+def show_fields(bad, marked: list[str] | None, names) -> dict:
+    """Open the sections holding `bad` fields and mark those of the form's `names`; unmark the ones marked
+    before."""
+    fields = {name: gr.update(elem_classes=[]) for name in set(marked or []) - set(bad)}
+    fields.update({name: gr.update(elem_classes=["field-error"]) for name in bad if name in names})
+    return {"sections": {title: gr.Accordion(open=True) for title, held in SECTIONS.items() if held & set(bad)},
+            "form": fields, "marks": [n for n in bad if n in names]}
+
+
+def _seen(preview) -> dict:
+    return {"fingerprint": preview.fingerprint, "run_id": preview.run_id}
+
+
+def on_preview(panel, visitor, values: dict, marked: list[str]) -> dict:
+    shown = panel.preview(values, visitor)
+    return {"launch_msg": shown.markdown, "reviewed": _seen(shown) if shown.fingerprint else None, "confirm": False,
+            **show_fields(shown.fields, marked, values)}
+
+
+def on_launch(panel, visitor, values: dict, marked: list[str], confirm: bool, reviewed: dict | None,
+              webhook: str) -> dict:
+    seen = reviewed or {}
+    result = panel.launch(values, visitor, confirmed=seen.get("fingerprint") if confirm else None,
+                          run_id=seen.get("run_id"), webhook=webhook)
+    if result.run_id is None:
+        fresh = result.preview
+        return {"launch_msg": result.message, "reviewed": _seen(fresh) if fresh else reviewed, "confirm": False,
+                **show_fields(result.fields, marked, values)}
+    # The reviewed preview is spent: a second launch needs its own preview (and its own run id).
+    return {"launch_msg": result.message, "reviewed": None, "confirm": False, "tabs": gr.Tabs(selected="runs"),
+            **show_fields((), marked, values), "webhook": "",
+            "run_pick": gr.update(choices=run_choices(panel, visitor), value=result.run_id)}
+
+
+def new_run(panel, visitor, run_id: str | None, with_change: bool) -> dict:
+    """The launch form filled from a run's spec (with the verdict's change), ready to preview."""
+    if not run_id:
+        return {"action_msg": "Pick a run first."}
+    try:
+        view = panel.view(run_id, visitor)
+        change = (diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change
+                  if with_change else None)
+        values, line = panel.form_from_run(run_id, visitor, change)
+    except KeyError as exc:
+        return {"action_msg": exc.args[0]}
+    opened = {title: gr.Accordion(open=True) for title, held in SECTIONS.items() if held & set(change or {})}
+    return {"form": values, "launch_msg": line, "reviewed": None, "confirm": False,
+            "tabs": gr.Tabs(selected="launch"), "sections": opened}
+
+
+def on_new_run_with_change(panel, visitor, run_id: str | None) -> dict:
+    return new_run(panel, visitor, run_id, True)
+
+
+def on_new_run_from(panel, visitor, run_id: str | None) -> dict:
+    return new_run(panel, visitor, run_id, False)
+
+
+def on_load(panel, visitor, executor: str, bucket: str) -> dict:
+    """A page load: the visitor's runs to pick from, the flavors with their prices, the bucket of their own."""
+    flavors = flavor_choices(panel.flavors(visitor))
+    if engine(executor).bucket_on_hub and not bucket:
+        bucket = panel.default_bucket(visitor, executor)
+    return {"run_pick": gr.update(choices=run_choices(panel, visitor)), "runs_hint": panel.runs_hint(visitor),
+            "form.bucket": bucket, "form.flavor": gr.update(choices=flavors),
+            "form.vllm_flavor": gr.update(choices=flavors)}

@@ -1,0 +1,122 @@
+"""The Runs tab's list: pick a run (from the list, a row, or the page's address), filter the list, cancel and
+resume; the timer that keeps the list and the open run live. The open run's dashboard is `dashboard_view`.
+
+Handlers are plain functions (see `panel.page`)."""
+
+import gradio as gr
+
+from backend.access import Visitor
+from panel import dashboard_view, spend_view
+from panel.actions import Panel
+from panel.page import visitor_of
+from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
+
+# The picked run is in the page's address (?run=<id>): a reload or a shared link opens it again.
+RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
+              "if (id) { u.searchParams.set('run', id); } else { u.searchParams.delete('run'); } "
+              "window.history.replaceState(null, '', u); return []; }")
+LISTED = ["runs_table", "run_pick", "listed", "compare_picks"]
+
+
+def build(page, panel: Panel) -> None:
+    """The runs list's components (the top of the Runs tab), added to `page`."""
+    runs_hint = gr.Markdown(elem_id="runs-hint")
+    with gr.Row():
+        # A timer tick that listed the runs just before a launch may send choices without the new run after the
+        # launch selected it: a custom value keeps every later event from being refused.
+        run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3, allow_custom_value=True)
+        cancel = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
+        resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm", scale=1)
+        resume = gr.Button("Resume run", elem_id="resume-btn", scale=1)
+    with gr.Row():
+        runs_query = gr.Textbox(label="Filter by name or id", elem_id="runs-query", scale=3)
+        runs_status = gr.Radio(list(RUN_FILTERS), value="all", label="Status", elem_id="runs-status", scale=2)
+    runs_table = gr.Dataframe(headers=RUNS_HEADERS, interactive=False, elem_id="runs-table",
+                              label="Runs (newest first; click a row to open it)")
+    spend_view.build_orphans(panel, visitor_of)
+    action_msg = gr.Markdown(elem_id="action-msg")
+    listed = gr.State(None)     # the runs table this browser session last received
+    resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
+    page.add(runs_hint=runs_hint, run_pick=run_pick, cancel=cancel, resume_confirm=resume_confirm, resume=resume,
+             runs_query=runs_query, runs_status=runs_status, runs_table=runs_table, action_msg=action_msg,
+             listed=listed, resume_reviewed=resume_reviewed)
+
+
+def wire(page) -> None:
+    """The runs list's events, and the timer's tick (the list and the open run)."""
+    view_inputs = dashboard_view.VIEW_INPUTS
+    page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status"],
+            [*LISTED, "runs_hint", *dashboard_view.DRAWN], show_progress="hidden")
+    page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
+            [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo"])
+    page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
+    page["runs_table"].select(on_row, None, page["run_pick"])
+    page.on([page["runs_query"].submit, page["runs_status"].change], on_filter, ["runs_query", "runs_status"],
+            LISTED, show_progress="hidden")
+    page.on(page["cancel"].click, on_cancel, ["run_pick"], ["action_msg"])
+    page.on(page["resume"].click, on_resume, ["run_pick", "resume_confirm", "resume_reviewed"],
+            ["action_msg", "resume_confirm", "resume_reviewed"])
+    page.on(page["demo"].load, on_url, [], ["run_pick", "tabs", "action_msg"], request=True)
+
+
+def run_choices(panel: Panel, visitor: Visitor) -> list[str]:
+    return [r[0] for r in panel.runs_table(visitor, with_cost=False)]
+
+
+def list_update(panel, visitor, find: str, state: str, last_rows) -> dict:
+    """The runs list, re-sent only when it changed: a re-render resets the table for the visitor."""
+    rows = panel.runs_table(visitor, query=find, status=state)
+    if rows == last_rows:
+        return {}
+    choices = run_choices(panel, visitor)
+    return {"runs_table": rows, "run_pick": gr.update(choices=choices), "listed": rows,
+            "compare_picks": gr.update(choices=choices)}
+
+
+def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, session, last_rows, find, state) -> dict:
+    out = {"runs_hint": panel.runs_hint(visitor)}
+    if run_id:
+        try:       # first: drawing refreshes the open run's view, which the runs list then reads
+            out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, session))
+        except KeyError:
+            out["drawn"] = None     # signed out, or not this visitor's run
+    return {**out, **list_update(panel, visitor, find, state, last_rows)}
+
+
+def on_filter(panel, visitor, find: str, state: str) -> dict:
+    return list_update(panel, visitor, find, state, None)
+
+
+def on_row(evt: gr.SelectData):
+    """A click anywhere in a row opens that run (the dropdown follows)."""
+    row = evt.row_value or []
+    return row[0] if row else gr.skip()
+
+
+def on_url(panel, visitor, request) -> dict:
+    """`?run=<id>` opens that run on the Runs tab, if this visitor may see it."""
+    run_id = (request.query_params.get("run") or "").strip() if request else ""
+    if not run_id:
+        return {"run_pick": gr.skip()}
+    try:
+        panel.view(run_id, visitor)
+    except KeyError:
+        return {"action_msg": f"Run `{run_id}` (from the address) is not one you can open here.",
+                "tabs": gr.Tabs(selected="runs")}
+    return {"run_pick": run_id, "tabs": gr.Tabs(selected="runs")}
+
+
+def on_cancel(panel, visitor, run_id: str | None) -> dict:
+    return {"action_msg": panel.cancel(run_id, visitor) if run_id else "Pick a run first."}
+
+
+def on_resume(panel, visitor, run_id: str | None, ticked: bool, seen: dict | None) -> dict:
+    out = {"resume_confirm": False, "resume_reviewed": None}
+    if not run_id:
+        return {**out, "action_msg": "Pick a run first."}
+    confirmed = seen["fingerprint"] if ticked and seen and seen.get("run_id") == run_id else None
+    message = panel.resume(run_id, visitor, confirmed=confirmed)
+    if message.startswith("**Not resumed yet"):
+        shown = panel.resume_preview(run_id, visitor)
+        out["resume_reviewed"] = {"fingerprint": shown.fingerprint, "run_id": run_id}
+    return {**out, "action_msg": message}

@@ -1,0 +1,241 @@
+"""The page's handlers as plain functions: what a click, a page load or a timer tick answers, without a browser.
+
+A handler answers components by name (`panel.page`); the dashboard's state is the frame's and `live`'s, so what
+a session is sent, and when, is read here from the same functions the page calls."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from backend import diagnose
+from backend.access import Visitor
+from backend.runtime import layout
+from backend.spec import LORA
+from panel import dashboard, dashboard_view, launch_view, live, runs_view
+from panel.actions import Panel, Settings
+from panel.page import Page
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from dashboard_scale import JOBS, SyntheticRun
+
+ANYONE = Visitor()
+SHOWN = ("trainer", "", "step", 0.0, "latest")       # role, log query, x axis, smoothing, sample step
+
+
+@pytest.fixture
+def panel(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))       # no stored token: nothing asks the Hub
+    p = Panel(Settings(home=str(tmp_path), on_space=False))
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture
+def run(panel, tmp_path):
+    """A live distributed run of 60 steps, three jobs, with samples of nothing yet."""
+    return SyntheticRun(str(tmp_path), 60)
+
+
+def _finish(run) -> None:
+    """The trainer writes final/ and says it finished."""
+    final = os.path.join(run.run_dir, layout.FINAL_DIR)
+    os.makedirs(final, exist_ok=True)
+    for name in layout.ADAPTER_FILES:
+        with open(os.path.join(final, name), "w") as f:
+            f.write("{}")
+    run._fragment(run.events, "trainer", run.event_fragment, [{"time": run.t0 + 61, "event": "finished"}])
+    run.event_fragment += 1
+
+
+def _sync_bound(run) -> None:
+    """The run's next steps spend most of their time syncing weights: the verdict suggests syncing less often."""
+    rows = [{"step": run.step + i, "time": run.t0 + run.step + i, "reward": 0.5, "perf/step_s": 1.0,
+             "perf/rollout_wait_s": 0.1, "perf/weight_sync_s": 5.0} for i in range(1, diagnose.WINDOW + 1)]
+    run.step += diagnose.WINDOW
+    run._fragment(run.metrics, "trainer", run.fragment, rows)
+    run.fragment += 1
+
+
+# ---- one "send only what changed" rule
+
+def test_a_component_is_sent_once_per_key_and_its_value_computed_only_when_sent():
+    drawn, asked = {}, []
+    parts = {"status": ("d1", "### running"), "log": (("trainer", "", 3), lambda: asked.append(1) or "tail")}
+    assert live.send_changed(drawn, parts) == {"status": "### running", "log": "tail"} and asked == [1]
+    assert live.send_changed(drawn, parts) == {}, "nothing new, nothing sent"
+    assert asked == [1], "an unchanged log is not read again"
+    parts["status"] = ("d2", "### finished")
+    assert live.send_changed(drawn, parts) == {"status": "### finished"}
+    assert live.send_changed(drawn, {"final": (None, None)}) == {"final": None}, "a first None is sent too"
+
+
+def test_the_frame_holds_the_verdicts_change_the_sample_steps_the_job_roles_and_the_spec(panel, run):
+    _sync_bound(run)
+    view = panel.view(run.spec.run_id)
+    view.refresh()
+    frame = dashboard.build_frame(view)
+    assert frame.change and frame.change["adapter_every"] > 1, frame.status
+    assert frame.roles == sorted(JOBS)
+    assert frame.config["run_id"] == run.spec.run_id and frame.config["mode"] == "distributed"
+    assert frame.sample_steps == dashboard.sample_steps(view)[:dashboard.SAMPLE_STEPS]
+    assert frame.change == diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change
+    assert set(frame.digests) == set(frame.values)
+
+
+def test_before_its_spec_is_read_a_frame_has_no_config_so_the_last_one_shown_stays(panel, run):
+    os.remove(os.path.join(run.run_dir, layout.SPEC_FILE))
+    view = panel.view(run.spec.run_id)
+    view.refresh()
+    assert not view.spec and "config" not in dashboard.build_frame(view).values
+
+
+# ---- the open run: what a tick sends
+
+def test_a_tick_sends_only_what_changed_and_the_final_adapter_once_it_is_written(panel, run):
+    run_id = run.spec.run_id
+    first = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, None)
+    assert first["change"] == gr.update(visible=False), "a run with no verdict yet has no change to suggest"
+    assert {*dashboard.PLOTS, "status", "cost", "change", "sample_steps", "samples", "config", "final", "roles",
+            live.LOG_KEY} <= set(first)
+    assert isinstance(first["reward"], gr.components.plot.PlotData)
+    assert first["final"] == gr.update(value=None, interactive=False)
+    assert first["roles"] == gr.update(choices=sorted(JOBS), value="trainer")
+    assert "local runs cost nothing" in first["cost"]
+    panel.view(run_id).expire()
+    again = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, first["drawn"])
+    assert set(again) <= {"drawn", "cost"}, "an unchanged run sends nothing but the time passing"
+    _finish(run)
+    panel.view(run_id).expire()
+    finished = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, again["drawn"])
+    assert finished["final"]["interactive"] and finished["final"]["value"].endswith(".zip")
+    assert "final adapter ready" in finished["status"]
+    assert "config" not in finished and "roles" not in finished, "the spec and the jobs did not change"
+    _sync_bound(run)
+    panel.view(run_id).expire()
+    assert dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, finished["drawn"])["change"] == gr.update(visible=True)
+
+
+def test_a_session_that_drew_another_run_or_a_new_log_search_is_sent_it(panel, run):
+    run_id = run.spec.run_id
+    drawn = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, None)["drawn"]
+    searched = dashboard_view.draw(panel, ANYONE, run_id, "vllm-0", "step", "step", 0.0, "latest", drawn)
+    assert live.LOG_KEY in searched and "roles" not in searched
+    other = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, {"run_id": "another", "drawn": drawn["drawn"]})
+    assert "config" in other and "reward" in other, "a session that drew another run gets everything"
+
+
+def test_the_roles_picker_keeps_the_picked_job_while_it_exists_and_the_change_button_shows_with_a_change():
+    assert dashboard_view.present({"roles": ["trainer", "vllm-0"]}, "vllm-0")["roles"]["value"] == "vllm-0"
+    assert dashboard_view.present({"roles": ["trainer"]}, "vllm-3")["roles"]["value"] == "trainer"
+    assert dashboard_view.present({"change": {"max_staleness": 2}}, "trainer")["change"] == gr.update(visible=True)
+    assert dashboard_view.present({"change": {}}, "trainer")["change"] == gr.update(visible=False)
+    assert dashboard_view.present({"sample_steps": [7, 3]}, "trainer")["sample_steps"] == gr.update(
+        choices=["latest", 7, 3])
+
+
+def test_opening_a_run_draws_it_all_on_the_latest_samples_and_unticks_the_resume(panel, run):
+    opened = dashboard_view.on_select(panel, ANYONE, run.spec.run_id, "trainer", "", "step", 0.0, "3")
+    assert opened["resume_confirm"] is False and opened["resume_reviewed"] is None
+    assert opened["sample_steps"]["value"] == "latest" and opened["drawn"]["run_id"] == run.spec.run_id
+    assert "reward" in opened and opened["push.repo"] == "", "nobody signed in: no repo to suggest"
+    assert dashboard_view.on_select(panel, ANYONE, None, *SHOWN) == {
+        "resume_confirm": False, "resume_reviewed": None, "drawn": None, "cost": ""}
+    unknown = dashboard_view.on_select(panel, ANYONE, "nope", *SHOWN)
+    assert unknown["drawn"] is None and "nope" in unknown["status"]
+
+
+def test_chart_options_without_a_run_change_nothing(panel):
+    assert dashboard_view.on_options(panel, ANYONE, None, *SHOWN, None)["drawn"] == gr.skip()
+    assert dashboard_view.on_options(panel, ANYONE, "nope", *SHOWN, None)["drawn"] == gr.skip()
+
+
+def test_the_log_filter_keeps_matching_lines_and_a_tick_without_a_run_lists_the_runs(panel, run):
+    panel.view(run.spec.run_id).refresh()
+    log = dashboard_view.on_log_filter(panel, ANYONE, run.spec.run_id, "trainer", "STEP 5")[live.LOG_KEY]
+    assert log.splitlines() and all(line.startswith("step 5") for line in log.splitlines()), log
+    assert dashboard_view.on_log_filter(panel, ANYONE, None, "trainer", "") == {live.LOG_KEY: ""}
+    tick = runs_view.on_tick(panel, ANYONE, None, *SHOWN, None, None, "", "all")
+    assert tick["runs_table"][0][0] == run.spec.run_id and tick["listed"] == tick["runs_table"]
+    assert "drawn" not in tick
+    assert runs_view.list_update(panel, ANYONE, "", "all", tick["listed"]) == {}, "an unchanged list is not re-sent"
+
+
+# ---- the runs list
+
+def test_a_run_in_the_address_opens_on_the_runs_tab_if_the_visitor_may_see_it(panel, run):
+    def address(**query):
+        return SimpleNamespace(query_params=query)
+
+    assert runs_view.on_url(panel, ANYONE, address()) == {"run_pick": gr.skip()}
+    opened = runs_view.on_url(panel, ANYONE, address(run=f" {run.spec.run_id} "))
+    assert opened["run_pick"] == run.spec.run_id and opened["tabs"].selected == "runs"
+    refused = runs_view.on_url(panel, ANYONE, address(run="someone-elses"))
+    assert "not one you can open here" in refused["action_msg"] and "run_pick" not in refused
+
+
+def test_cancel_and_resume_without_a_run_ask_for_one_and_untick(panel):
+    assert runs_view.on_cancel(panel, ANYONE, None) == {"action_msg": "Pick a run first."}
+    assert runs_view.on_resume(panel, ANYONE, None, True, {"fingerprint": "f", "run_id": "r"}) == {
+        "action_msg": "Pick a run first.", "resume_confirm": False, "resume_reviewed": None}
+
+
+# ---- the launch form
+
+def test_a_refused_field_is_marked_and_its_section_opened_until_a_preview_accepts_it(panel):
+    refused = launch_view.on_preview(panel, ANYONE, {"lora_r": 0, "name": "x"}, [])
+    assert refused["marks"] == ["lora_r"] and refused["reviewed"] is None and refused["confirm"] is False
+    assert refused["form"]["lora_r"] == gr.update(elem_classes=["field-error"])
+    assert list(refused["sections"]) == [LORA] and refused["sections"][LORA].open
+    fixed = launch_view.on_preview(panel, ANYONE, {"lora_r": 8, "name": "x"}, refused["marks"])
+    assert fixed["marks"] == [] and fixed["form"] == {"lora_r": gr.update(elem_classes=[])}
+    assert fixed["sections"] == {} and "```bash" in fixed["launch_msg"]
+
+
+def test_a_preset_fills_every_field_and_says_what_it_is(panel):
+    name = next(iter(launch_view.presets_for(panel)[0]))
+    answer = launch_view.on_preset(panel, ANYONE, name)
+    assert answer["preset_info"] and {"name", "mode", "executor", "model", "lora_r"} <= set(answer["form"])
+    assert [a.visible for a in launch_view.on_mode("distributed")] == [False, True]
+
+
+def test_new_run_from_a_run_fills_the_form_from_its_spec_and_opens_the_launch_tab(panel, run):
+    assert launch_view.on_new_run_from(panel, ANYONE, None) == {"action_msg": "Pick a run first."}
+    filled = launch_view.on_new_run_from(panel, ANYONE, run.spec.run_id)
+    assert filled["form"]["name"] == run.spec.name and filled["form"]["mode"] == "distributed"
+    assert filled["launch_msg"].startswith(f"Filled from run `{run.spec.run_id}`")
+    assert filled["tabs"].selected == "launch" and filled["reviewed"] is None and filled["sections"] == {}
+    _sync_bound(run)
+    panel.view(run.spec.run_id).refresh()
+    changed = launch_view.on_new_run_with_change(panel, ANYONE, run.spec.run_id)
+    assert changed["form"]["adapter_every"] > run.spec.adapter_every and "adapter_every" in changed["launch_msg"]
+    opened = [title for title, held in launch_view.SECTIONS.items() if held & {"adapter_every", "max_staleness"}]
+    assert list(changed["sections"]) == opened and len(opened) == 2, "the sections holding the changes open"
+    assert launch_view.on_new_run_from(panel, ANYONE, "nope")["action_msg"]
+
+
+def test_a_page_load_offers_the_visitors_runs_and_the_flavors_with_their_prices(panel, run):
+    loaded = launch_view.on_load(panel, ANYONE, "local", "local/runs")
+    assert loaded["run_pick"]["choices"] == [run.spec.run_id] and loaded["form.bucket"] == "local/runs"
+    assert loaded["form.flavor"]["choices"] and loaded["form.flavor"] == loaded["form.vllm_flavor"]
+    assert all("/h" in label for label, _ in loaded["form.flavor"]["choices"])
+
+
+# ---- the adapter between Gradio and the handlers
+
+def test_a_page_wires_a_plain_handler_under_its_own_name_with_groups_by_member():
+    def on_thing(panel, visitor, group, single):
+        return {"out": f"{group['a']}{group['b']}{single}{visitor.username}", "group.b": "B", "group": {"zz": 1}}
+
+    with gr.Blocks() as demo:
+        page = Page(panel=None)
+        page.add(group={"a": gr.Textbox(), "b": gr.Textbox()}, single=gr.Textbox(), out=gr.Markdown(),
+                 button=gr.Button())
+        page.on(page["button"].click, on_thing, ["group", "single"], ["out", "group.b"])
+    dependency = demo.config["dependencies"][0]
+    assert dependency["api_name"] == "on_thing" and len(dependency["inputs"]) == 3
+    answer = demo.fns[0].fn(None, None, "1", "2", "3")
+    assert answer == {page["out"]: "123None", page["group.b"]: "B"}, "a group ignores names it does not show"
