@@ -7,6 +7,7 @@ queue, exactly as on a Space.
 """
 
 import json
+import os
 import re
 import time
 
@@ -15,6 +16,7 @@ import pytest
 from tests.browser_helpers import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    ROOT,
     running_panel,
     space_session_cookie,
     tail,
@@ -30,6 +32,8 @@ ALICE = "hf_oauth_aliceSpaceVisitor00000000000"
 BOB = "hf_oauth_bobSpaceVisitor0000000000000"
 CAROL = "hf_oauth_carolSpaceVisitor000000000000"
 PLANTED = "hf_" + "PlAnTeDiNaLoGlInEpLaNtEdInAlOgLiN"
+OAUTH_MINUTES = int(re.search(r"^hf_oauth_expiration_minutes: (\d+)$",
+                              open(os.path.join(ROOT, "README.md")).read(), re.MULTILINE).group(1))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,8 @@ def visit(browser, space, request):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         contexts.append(context)
         if token:
-            cookie = space_session_cookie(CLIENT_SECRET, token, username, time.time() + 8 * 3600)
+            # As long as the README's front matter makes a Space's sign-in last (hf_oauth_expiration_minutes).
+            cookie = space_session_cookie(CLIENT_SECRET, token, username, time.time() + OAUTH_MINUTES * 60)
             context.add_cookies([{"name": "session", "value": cookie, "url": url}])
         page = context.new_page()
         page.goto(url)
