@@ -4,7 +4,7 @@
 
 Unpacks the run (its job records, resource samples, metrics and events) into a fresh panel home, starts
 `app.py` on it, selects the run on the Runs tab in Debian's chromium and saves the dashboard (status, charts)
-as OUT.png. The README's GPU screenshot was made this way from a run on two H200s.
+as OUT.png. docs/gpu-recipes.md's GPU screenshot was made this way from a run on two H200s.
 """
 
 import os

@@ -2,8 +2,8 @@
 
 `Panel` turns form values and a `Visitor` (who clicked) into backend calls: preview, launch, cancel, resume,
 watch, download, and their answers into messages. Launch, resume and cancel, with who may and after which review,
-are `backend.operations`; which registry reaches a run, `backend.run_directory`. Every handler in `panel/ui.py` is
-a thin wrapper over one method here.
+are `backend.operations`; which registry reaches a run, `backend.run_directory`. The tabs' handlers
+(`panel/launch_view.py`, `runs_view.py`, `dashboard_view.py`) call one method here each.
 """
 
 import hashlib

