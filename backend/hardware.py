@@ -10,7 +10,7 @@ from typing import Any
 from huggingface_hub import HfApi
 
 from backend.jobspec import JobSpec
-from backend.spec import FieldError, RunSpec
+from backend.spec_fields import FieldError
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def estimate_cost(jobs: list[JobSpec], flavors: list[Flavor]) -> float:
     return sum(prices[job.flavor] * job.timeout_s / 3600.0 for job in jobs)
 
 
-def hardware_problems(spec: RunSpec, flavors: list[Flavor]) -> list[FieldError]:
+def hardware_problems(spec, flavors: list[Flavor]) -> list[FieldError]:
     """What the chosen hardware cannot do for this spec (HF Jobs): unknown flavors, more data-parallel processes
     than GPUs. (A tensor-parallel size that does not divide the processes is the spec's own error, local runs too.)"""
     known = {f.name: f for f in flavors}

@@ -3,14 +3,13 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from backend.jobspec import JobRecord, JobSpec, JobStatus
 from backend.vllm_args import vllm_server_env
 
-if TYPE_CHECKING:    # an engine plans jobs for a RunSpec; the spec asks engines in turn (see executors/__init__.py)
-    from backend.hardware import Flavor
-    from backend.spec import RunSpec
+# An engine plans jobs for a RunSpec (`spec` below) and lists `hardware.Flavor`s, while the spec asks engines in
+# turn (see executors/__init__.py): this module imports neither, so no import circle forms.
 
 
 class ResourceSample(NamedTuple):
@@ -106,19 +105,19 @@ class Engine:
         """Why this deployment cannot run this engine's jobs at all, or None."""
         return None
 
-    def flavors(self, token: str | None) -> list["Flavor"]:
+    def flavors(self, token: str | None) -> list:
         """The hardware a job can ask for, with hourly prices (none where the spec does not choose hardware)."""
         return []
 
-    def job_fields(self, spec: "RunSpec", flavor: str) -> dict:
+    def job_fields(self, spec, flavor: str) -> dict:
         """A JobSpec's image, flavor and namespace for this engine."""
         raise NotImplementedError
 
-    def placement(self, spec: "RunSpec", preview: bool) -> Placement:
+    def placement(self, spec, preview: bool) -> Placement:
         """Where the run's jobs start. `preview`: as a preview shows them (no port is taken yet)."""
         return Placement()
 
-    def replica_server(self, spec: "RunSpec", gpus: list[str] | None) -> tuple[dict, list[str]]:
+    def replica_server(self, spec, gpus: list[str] | None) -> tuple[dict, list[str]]:
         """A replica's vLLM options (vllm_server_args keywords) and its wrapper's extra arguments."""
         return {}, []
 
@@ -134,6 +133,6 @@ class Engine:
         """The job's command as a preview shows it; `bucket_root` is where a bucket lives on the panel's machine."""
         raise NotImplementedError
 
-    def preview_note(self, spec: "RunSpec", bucket_root: Callable[[str], str]) -> str | None:
+    def preview_note(self, spec, bucket_root: Callable[[str], str]) -> str | None:
         """A line a preview adds about where and how the jobs run, or None."""
         return None
