@@ -166,8 +166,8 @@ def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_lau
     page.locator("#launch-btn").click()
     message = _wait_for_launch_answer(page)
     assert "nothing was launched" in message and "Launched run" not in message, message
-    assert "Rank r (lora_r): LoRA rank must be a positive integer" in message, message
-    assert "Steps (max_steps): must be a positive number of steps" in message, message
+    assert "Rank r (lora_r): must be between 1 and 512" in message, message
+    assert "Steps (max_steps): must be between 1 and 1,000,000" in message, message
     page.wait_for_function("() => { const e = document.getElementById('f-max_steps'); "
                            "return e && e.offsetParent !== null && e.classList.contains('field-error'); }",
                            timeout=10000)
