@@ -52,7 +52,7 @@ class Sandbox:
                "TOKENIZERS_PARALLELISM": "false", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
                "TMPDIR": "/tmp", **{k: os.environ[k] for k in PASSED_ENV if k in os.environ}}
         if self.bwrap is None:
-            return self._unconfined(argv, scratch, ro_binds, env)
+            return self._unconfined(argv, scratch, env)
         args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
         if os.geteuid() != 0:
             args.append("--unshare-user")
@@ -68,7 +68,7 @@ class Sandbox:
             args += ["--setenv", k, v]
         return [*args, *argv], env, scratch
 
-    def _unconfined(self, argv, scratch, ro_binds, env) -> tuple[list[str], dict, str]:
+    def _unconfined(self, argv, scratch, env) -> tuple[list[str], dict, str]:
         """No bubblewrap: the same process with the same clean environment, paths as they are on this machine."""
         home = os.path.join(scratch, ".home")
         os.makedirs(home, exist_ok=True)
@@ -76,15 +76,7 @@ class Sandbox:
         os.makedirs(lib, exist_ok=True)
         os.symlink(RUNTIME_DIR, os.path.join(lib, "runtime"))
         env = {**env, "HOME": home, "HF_HOME": os.path.join(home, "hf"), "PYTHONPATH": lib, "TMPDIR": scratch}
-        mapped = [_outside(a, scratch, ro_binds) for a in argv]
-        return mapped, env, scratch
-
-
-def _outside(arg: str, scratch: str, ro_binds: dict[str, str]) -> str:
-    for host, inside in ro_binds.items():
-        if arg.startswith(inside):
-            return host + arg[len(inside):]
-    return arg.replace(INSIDE_WORK, scratch)
+        return argv, env, scratch     # the request names host paths here (task_check._stage_files)
 
 
 def system_binds() -> list[str]:

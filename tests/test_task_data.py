@@ -236,16 +236,7 @@ def test_on_a_space_only_an_uploaded_file_is_read(tmp_path, monkeypatch):
 def test_a_resumed_run_keeps_the_dataset_copy_it_was_launched_with(tmp_path):
     from backend.launch import launch_run, write_run_files
     from backend.store import FolderStore
-
-    class Submissions:            # an executor that only records what it is asked to start
-        name = "local"
-
-        def __init__(self):
-            self.jobs = []
-
-        def submit(self, job, secrets=None):
-            self.jobs.append(job)
-            return f"job-{len(self.jobs)}"
+    from tests.test_engines import Submissions
 
     path = tmp_path / "math.jsonl"
     _jsonl(path, ROWS)
