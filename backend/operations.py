@@ -125,13 +125,13 @@ class Operations:
     def _offers(self, where: Engine) -> bool:
         if where.runtime_problem():
             return False
-        return not where.on_panel_machine or self.deployment.local_runs != "off"
+        return not where.operators_machines or self.deployment.local_runs != "off"
 
     def control_token(self, executor: str, namespace: str | None, visitor: Visitor) -> str | None:
         """The token to act with on `namespace`; raises Refused with a reason the visitor can act on."""
         where = engine(executor)
         problem = where.runtime_problem() or (
-            local_runs_problem(visitor, self.deployment) if where.on_panel_machine else None)
+            local_runs_problem(visitor, self.deployment) if where.operators_machines else None)
         if problem:
             raise Refused(problem)
         if not where.needs_token:
@@ -247,6 +247,7 @@ class Operations:
         bucket = bucket_problem(spec.bucket_namespace, token) if where.bucket_on_hub and token else None
         if bucket:     # refused here, so Preview says so (naming the field) before it shows a cost
             problems = [*problems, FieldError("bucket", bucket)]
+        problems = [*problems, *(where.spec_problems(spec) if not problems else [])]
         if problems:
             raise SpecError(problems)
         return spec
@@ -284,7 +285,7 @@ class Operations:
         task = self.check_task(values, visitor, spec)
         if task.errors:
             raise SpecError(task.errors)
-        registry = self.runs.local if where.on_panel_machine else self.runs.hub_registry(token, spec.bucket_namespace)
+        registry = self.runs.registry_for(where, token, spec.bucket_namespace)
         launched = registry.launch(spec, _secrets(token))
         if webhook:
             self.webhooks.put(spec.run_id, webhook)

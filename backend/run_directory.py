@@ -12,11 +12,14 @@ import threading
 import time
 
 from backend.access import Deployment, Visitor, acting_token, local_runs_problem
+from backend.executors import engines
+from backend.executors.base import Engine
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.hub_auth import whoami_namespaces
 from backend.hub_store import open_store
 from backend.runs import RunRegistry
 from backend.runtime.redact import redact_tokens
+from backend.store import FolderStore
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,7 @@ class RunDirectory:
         self.local = local
         self.cache_dir = cache_dir
         self._hub: dict[str, RunRegistry] = {}
+        self._shared: dict[str, RunRegistry] = {}   # engine name -> the registry of its cluster's runs
         self._used: dict[str, float] = {}      # registry key -> monotonic time of its last use
         self._lock = threading.Lock()
 
@@ -42,6 +46,24 @@ class RunDirectory:
                 self._hub[key] = RunRegistry(
                     executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache), list_every_s=15.0)
             return self._hub[key]
+
+    def shared_registry(self, where: Engine) -> RunRegistry | None:
+        """The registry of an engine whose runs this deployment's visitors share (a cluster's), while its cluster
+        answers; None for any other engine."""
+        with self._lock:
+            if where.name not in self._shared and not where.runtime_problem():
+                executor = where.shared_executor(self.deployment.home)
+                if executor is not None:
+                    self._shared[where.name] = RunRegistry(
+                        executor, lambda bucket: FolderStore(executor.bucket_root(bucket)), list_every_s=5.0)
+            return self._shared.get(where.name) if not where.runtime_problem() else None
+
+    def registry_for(self, where: Engine, token: str | None, namespace: str) -> RunRegistry:
+        """Where a run of engine `where` is launched: the panel's own registry, a cluster's, or the namespace's on
+        the Hub (with `token`)."""
+        if where.on_panel_machine:
+            return self.local
+        return self.shared_registry(where) or self.hub_registry(token or "", namespace)
 
     def _evict_idle(self, now: float) -> None:
         for key in [k for k, used in self._used.items() if now - used > self.deployment.registry_idle_s]:
@@ -62,6 +84,9 @@ class RunDirectory:
         """Local runs (where this visitor may use them), plus the HF Jobs runs of every namespace the visitor's
         token belongs to."""
         regs = [] if local_runs_problem(visitor, self.deployment) else [self.local]
+        if regs:
+            regs += [r for r in (self.shared_registry(where) for where in engines() if where.operators_machines
+                                 and not where.on_panel_machine) if r is not None]
         token = acting_token(visitor, self.deployment)
         if token:
             try:

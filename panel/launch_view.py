@@ -85,9 +85,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict, Task
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
         f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
-                                 info="local processes on this machine, or Hugging Face Jobs"
-                                 if any(engine(name).on_panel_machine for name in executors)
-                                 else "Hugging Face Jobs, with your own account")
+                                 info=" · ".join(f"{name}: {engine(name).label}" for name in executors))
     f["model"] = _field("model", initial)
     task = TaskSection.build(initial)
     f.update(task.fields)

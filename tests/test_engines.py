@@ -25,12 +25,12 @@ def test_every_registered_executor_is_one_module_with_its_engine_and_its_class()
         classes = [c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", None) == name
                    and hasattr(c, "submit")]
         assert executors.engine(name) is module.ENGINE and module.ENGINE.name == name and classes, name
-    with pytest.raises(KeyError, match="choose one of local, hf_jobs"):
-        executors.engine("ray")
+    with pytest.raises(KeyError, match="choose one of local, hf_jobs, ray"):
+        executors.engine("slurm")
 
 
 def test_an_unknown_executor_is_the_executor_fields_error_only():
-    errors = RunSpec(executor="ray", budget_usd=5.0).validate()
+    errors = RunSpec(executor="slurm", budget_usd=5.0).validate()
     assert [e.field for e in errors] == ["executor"]
 
 

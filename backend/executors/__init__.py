@@ -21,6 +21,7 @@ from backend.executors.base import Engine
 _MODULES = {
     "local": "backend.executors.local",
     "hf_jobs": "backend.executors.hf_jobs",
+    "ray": "backend.executors.ray",
 }
 EXECUTORS = tuple(_MODULES)    # the RunSpec's choices, in the form's order
 

@@ -98,12 +98,23 @@ class Engine:
     reaches_hub: bool = True         # jobs can download models and datasets from the Hub
     bucket_on_hub: bool = False      # a run's bucket is a Hub Storage Bucket of a namespace (else a local folder)
     on_panel_machine: bool = False   # jobs run on the panel's own machine (who may, and with which runtime)
+    operators_machines: bool = False  # jobs use the operator's machines (this one, or its cluster): who may launch
+                                      # and see them follows the local-runs policy (GRPO_PANEL_LOCAL_RUNS)
     chooses_hardware: bool = False   # the spec's flavor fields pick each job's machine (`flavors` lists them)
     job_list_lags: bool = False      # the job list can lag behind a job created by a request that failed
 
     def runtime_problem(self) -> str | None:
         """Why this deployment cannot run this engine's jobs at all, or None."""
         return None
+
+    def spec_problems(self, spec) -> list:
+        """What this engine refuses in a spec that validates (`spec_fields.FieldError`s): checked before a preview
+        or a launch, never once anything runs."""
+        return []
+
+    def shared_executor(self, home: str):
+        """The executor of this engine's runs that every permitted visitor of this deployment shares (a cluster's),
+        or None: local runs are the panel's own registry, Hub runs are reached per token."""
 
     def flavors(self, token: str | None) -> list:
         """The hardware a job can ask for, with hourly prices (none where the spec does not choose hardware)."""

@@ -64,6 +64,7 @@ class LocalEngine(Engine):
     label = "local processes"
     reaches_hub = False
     on_panel_machine = True
+    operators_machines = True
 
     def runtime_problem(self) -> str | None:
         return None if local_runtime_installed() else NO_RUNTIME

@@ -12,7 +12,8 @@ it timed out).
 SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
 order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
 would kill TRL's rollout worker under the trainer, whose stop() then waits forever on an Event the dead worker
-was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling). When the
+was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling); the file
+alone asks the same, for an executor that cannot reach this process with a signal (a Ray cluster's). When the
 command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
 tracker) is stopped too: SIGTERM, then SIGKILL. Then `--tmpdir` (the job's own TMPDIR) is removed.
 """
@@ -152,6 +153,9 @@ class JobWrapper:
         kill_at = None
         while (code := child.poll()) is None:
             now = time.monotonic()
+            if self.stop_reason is None and os.path.exists(self._path(CANCEL_FILE)):
+                # A stop request as a file, for an executor that cannot signal this process (a cluster's).
+                self.stop_reason = (CANCELED, self._cancel_reason("a cancel request"))
             if self.stop_reason is None and now >= deadline:
                 self.stop_reason = (ERROR, f"timed out after {self.timeout_s:g} s; the job was stopped")
                 self.timed_out = True
