@@ -171,9 +171,15 @@ class RayEngine(Engine):
 
     def spec_problems(self, spec) -> list[FieldError]:
         problems = []
+        most = node_gpus(address())
         for name in ("flavor", *(("vllm_flavor",) if spec.mode == "distributed" else ())):
-            if flavor_gpus(getattr(spec, name)) is None:
+            gpus = flavor_gpus(getattr(spec, name))
+            if gpus is None:
                 problems.append(FieldError(name, f"pick one of {', '.join(RAY_FLAVORS)} for a Ray job"))
+            elif most is not None and gpus > most:
+                problems.append(FieldError(name, f"{getattr(spec, name)!r} asks for {gpus} GPU(s) a job, but no node "
+                                                 f"of the cluster has more than {most}: pick "
+                                                 f"{ray_flavor('ray-cpu') if most == 0 else 'a smaller flavor'}"))
         mount = os.path.normpath(spec.mount_path)
         with _lock:
             bound = _FOLDERS.get(spec.bucket)
@@ -218,6 +224,17 @@ def cluster_problem(where: str) -> str | None:
     with _lock:
         _probe[where] = (time.monotonic(), problem)
     return problem
+
+
+def node_gpus(where: str) -> int | None:
+    """The most GPUs one live node of the cluster has (a job runs on one node), or None if the cluster does not say."""
+    try:
+        with urllib.request.urlopen(f"{where.rstrip('/')}/api/v0/nodes?detail=1", timeout=5) as answer:
+            nodes = json.loads(answer.read())["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    alive = [n for n in nodes if n.get("state") == "ALIVE"]
+    return max((int((n.get("resources_total") or {}).get("GPU", 0)) for n in alive), default=None)
 
 
 def folder_problem(mount: str) -> str | None:

@@ -1,0 +1,219 @@
+"""Runs on a real Ray cluster (one node, started on this machine for this module): from the browser, the tiny demo
+and the tiny distributed preset; a killed replica leaves the run degraded; a restarted panel finds the runs through
+Ray's job list; Cancel stops every job. And what Ray shows of a job (metadata, entrypoint, runtime_env, its
+dashboard's job list) never holds a secret the job was given.
+"""
+
+import hashlib
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+
+import psutil
+import pytest
+from browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
+from ray_cluster import ray_cluster
+
+pytest.importorskip("ray.job_submission")
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+
+HOST_TOKEN = "hf_rayhosttokenAAAAAAAAAAAAAAAAAAAAAAAAA"    # the panel's own token: Ray jobs must never get it
+JOB_SECRET = "hf_rayjobsecretBBBBBBBBBBBBBBBBBBBBBBBBB"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_cluster(num_cpus=4) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """The folder every node of the cluster (one here) and the panel see at the same path."""
+    return str(tmp_path_factory.mktemp("cluster-shared"))
+
+
+def _ray_jobs(address: str) -> list:
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(address).list_jobs()
+
+
+def _stages(address: str, run_id: str) -> dict[str, str]:
+    return {j.metadata["grpo-panel-role"]: str(j.status) for j in _ray_jobs(address)
+            if (j.metadata or {}).get("grpo-panel-run") == run_id}
+
+
+def _dashboard_jobs(address: str) -> str:
+    with urllib.request.urlopen(f"{address}/api/jobs/", timeout=10) as answer:
+        return answer.read().decode()
+
+
+def _textbox(page, name: str):
+    return page.locator(f"#f-{name} textarea, #f-{name} input").first
+
+
+def _open(page, section: str, field: str) -> None:
+    if not _textbox(page, field).is_visible():
+        page.get_by_text(section, exact=True).click()
+        _textbox(page, field).wait_for(state="visible", timeout=10000)
+
+
+def _fill(page, name: str, value) -> None:
+    box = _textbox(page, name)
+    for _ in range(10):      # a field in a just-opened accordion can be reset once right after it mounts
+        box.fill(str(value))
+        box.press("Tab")
+        page.wait_for_timeout(300)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"#f-{name} does not keep {value!r}")
+
+
+def _form(page, preset: str, mount: str, steps: int) -> None:
+    page.get_by_role("tab", name="Launch").click()
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name=preset).click()
+    page.wait_for_function("(p) => document.querySelector('#preset input').value === p", arg=preset, timeout=10000)
+    page.locator("#f-executor").get_by_text("ray", exact=True).click()
+    _open(page, "Hardware and storage", "mount_path")
+    _fill(page, "mount_path", mount)
+    _open(page, "GRPO training", "max_steps")
+    _fill(page, "max_steps", steps)
+
+
+def _launch(page) -> str:
+    page.locator("#launch-btn").click()
+    message = wait_for_text(page, "launch-msg", "launched", 180000)
+    found = re.search(r"Launched run \*?\*?(\S+?)\*?\*? ", message)
+    assert found, message
+    return found.group(1)
+
+
+def _pick(page, run_id: str) -> None:
+    page.get_by_role("tab", name="Runs").click()
+    wait_for_text(page, "runs-table", re.escape(run_id), 60000)
+    page.locator("#run-pick input").first.click()
+    page.get_by_role("option", name=run_id).click()
+    wait_for_text(page, "run-status", re.escape(run_id))
+
+
+def _processes_of(run_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if any(run_id in arg for arg in proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def _wait(condition, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def test_runs_on_a_ray_cluster_from_the_browser_degrade_survive_a_restart_and_cancel(cluster, shared, tmp_path,
+                                                                                     request):
+    home = tmp_path / "panel"
+    env = {"RAY_ADDRESS": cluster, "HF_TOKEN": HOST_TOKEN}
+    with running_panel("app.py", env, home, unset=("SPACE_ID",)) as url, panel_page(url, home, request) as page:
+        # Bad input first: a mount path that is a file, replicas asking for GPUs a CPU cluster lacks. Refused by
+        # field, and nothing reaches the cluster.
+        _form(page, "Tiny distributed (CPU, 2 vLLM replicas)", os.path.join(shared, "not-a-folder"), 200)
+        open(os.path.join(shared, "not-a-folder"), "w").close()
+        page.locator("#launch-btn").click()
+        refused = wait_for_text(page, "launch-msg", "nothing was launched")
+        assert "(mount_path): this panel cannot write" in refused, refused
+        assert "(vllm_flavor): 'l4x1' asks for 1 GPU(s) a job, but no node of the cluster has more than 0: pick " \
+               "ray-cpu" in refused, refused
+        assert [j for j in _ray_jobs(cluster) if (j.metadata or {}).get("grpo-panel")] == []
+
+        # The tiny demo, 40 steps, on the cluster: previewed as the `ray job submit` it is.
+        _form(page, "Tiny demo (CPU)", shared, 40)
+        page.locator("#preview-btn").click()
+        preview = wait_for_text(page, "launch-msg", "job\\(s\\) of run", 60000)
+        assert "ray job submit --address " + cluster in preview and "--entrypoint-num-gpus 0" in preview, preview
+        assert "runtime.job_wrapper" in preview and HOST_TOKEN not in preview
+        demo = _launch(page)
+
+        # The tiny distributed preset, its replicas on CPU: a run long enough to lose a replica on the way.
+        _form(page, "Tiny distributed (CPU, 2 vLLM replicas)", shared, 200)
+        _open(page, "Distributed (async GRPO)", "vllm_flavor")
+        _fill(page, "vllm_flavor", "ray-cpu")
+        distributed = _launch(page)
+
+        _pick(page, demo)
+        wait_for_text(page, "run-status", "final adapter ready", 240000)
+        assert "trainer: COMPLETED" in text_of(page, "run-status")
+        assert "step 40/40" in page.locator("#log-box textarea").input_value()
+        util = page.evaluate("() => { const el = document.querySelector('#util-plot .js-plotly-plot');"
+                             "return el && el.data ? el.data.map(d => d.name + ':' + d.x.length) : []; }")
+        assert any(name.startswith("trainer CPU:") and int(name.rsplit(":", 1)[1]) > 0 for name in util), util
+
+        _pick(page, distributed)
+        wait_for_text(page, "run-status", r"step [1-9]\d*/200", 420000)
+        # A replica dies (its whole process group): the run goes on, degraded, as on the other executors.
+        jobs = {j.metadata["grpo-panel-role"]: j for j in _ray_jobs(cluster)
+                if (j.metadata or {}).get("grpo-panel-run") == distributed}
+        assert set(jobs) == {"trainer", "vllm-0", "vllm-1"}
+        with open(os.path.join(jobs["vllm-1"].metadata["grpo-panel-job-dir"], "process.json")) as f:
+            os.killpg(json.load(f)["pid"], signal.SIGKILL)
+        wait_for_text(page, "run-status", r"degraded \(1/2 replicas\)", 60000)
+        assert "vllm-1: ERROR" in text_of(page, "run-status")
+
+    # Every job keeps running on the cluster while no panel runs; the next panel finds both runs by their metadata.
+    with running_panel("app.py", env, home, unset=("SPACE_ID",)) as url, panel_page(url, home, request) as page:
+        page.get_by_role("tab", name="Runs").click()
+        table = wait_for_text(page, "runs-table", re.escape(distributed), 60000)
+        assert demo in table and "tiny-demo" in table and "tiny-distributed" in table, table
+        _pick(page, distributed)
+        page.locator("#cancel-btn").click()
+        wait_for_text(page, "action-msg", "cancel", 30000)
+        _wait(lambda: all(str(s) in ("STOPPED", "FAILED", "SUCCEEDED") for s in _stages(cluster, distributed).values()),
+              90, "every Ray job of the cancelled run ended")
+        assert set(_stages(cluster, distributed)) == {"trainer", "vllm-0", "vllm-1"}
+        _wait(lambda: not _processes_of(distributed), 30, "no process of the run is left")
+        status = wait_for_text(page, "run-status", "trainer: CANCELED", 30000)
+        assert "vllm-0: CANCELED" in status, status
+
+    assert HOST_TOKEN not in _dashboard_jobs(cluster) + repr(_ray_jobs(cluster))
+
+
+def test_a_secret_reaches_its_job_and_nothing_ray_shows(cluster, shared):
+    from backend.executors.ray import RayExecutor
+    from backend.jobspec import JobSpec, VolumeSpec
+    from backend.launch import RUNTIME_DIR
+    from backend.store import FolderStore
+
+    run_id = "secret-check"
+    FolderStore(shared).upload_folder(RUNTIME_DIR, f"runs/{run_id}/code/runtime")
+    executor = RayExecutor(cluster)
+    show = "import hashlib, os; print('digest', hashlib.sha256(os.environ['HF_TOKEN'].encode()).hexdigest())"
+    job = JobSpec(run_id=run_id, role="trainer", image="ray", command=["python", "-c", show], flavor="ray-cpu",
+                  timeout_s=120, env={"PYTHONPATH": f"{shared}/runs/{run_id}/code"}, secrets=("HF_TOKEN",),
+                  volumes=(VolumeSpec("local/grpo-runs", shared),))
+    job_id = executor.submit(job, {"HF_TOKEN": JOB_SECRET})
+    assert executor.status(job_id).stage in ("SCHEDULING", "RUNNING")
+    _wait(lambda: executor.status(job_id).done, 120, "the job ended")
+    status = executor.status(job_id)
+    assert status.stage == "COMPLETED", (status, executor.all_logs(job_id))
+    assert f"digest {hashlib.sha256(JOB_SECRET.encode()).hexdigest()}" in executor.all_logs(job_id)
+
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(cluster)
+    shown = [repr(client.get_job_info(job_id)), repr(client.list_jobs()), _dashboard_jobs(cluster),
+             client.get_job_logs(job_id), "\n".join(executor.all_logs(job_id))]
+    assert all(JOB_SECRET not in text for text in shown)
+    for folder, _, files in os.walk(shared):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                assert JOB_SECRET.encode() not in f.read(), os.path.join(folder, name)
+    assert os.listdir(os.path.join(shared, ".grpo-secrets")) == [], "the job deleted its secrets file"
