@@ -86,3 +86,64 @@ def _ports(text: str, ports: list[int]) -> str:
     for i, port in enumerate(ports):
         text = text.replace(f"FREE_PORT_{i}", str(port))
     return text
+
+
+def test_ray_is_offered_only_where_ray_is_installed_and_a_cluster_answers(tmp_path, monkeypatch):
+    import importlib.util
+    import socket
+
+    from backend.access import Deployment
+    from backend.executors import ray
+    from backend.operations import Operations
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"      # closed once the block ends: nothing answers
+    monkeypatch.setenv("RAY_ADDRESS", nobody)
+    monkeypatch.setattr(ray, "_probe", {})
+    operations = Operations(Deployment(home=str(tmp_path)), None, None, None, None)
+    assert f"no Ray cluster answers at {nobody}" in ray.ENGINE.runtime_problem()
+    assert "ray" not in operations.offered_executors() and "local" in operations.offered_executors()
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else found(name, *a))
+    monkeypatch.setattr(ray, "_probe", {})
+    assert "Ray is not installed here" in ray.ENGINE.runtime_problem()
+    assert "ray" not in operations.offered_executors()
+
+
+def test_a_ray_job_is_previewed_as_the_ray_job_submit_it_is_and_asks_the_gpus_of_its_flavor(monkeypatch):
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    from backend.executors.ray import submit_args
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.5:8265")
+    spec = RunSpec(executor="ray", mode="distributed", mount_path="/shared/grpo", vllm_flavor="l4x1").check()
+    where = executors.engine("ray")
+    jobs = preview_jobs(spec)
+    assert [j.flavor for j in jobs] == ["ray-1gpu", "ray-1gpu", "ray-cpu"]
+    assert "http://<vllm-0 node>:FREE_PORT_0" in jobs[2].env["VLLM_REPLICA_URLS"]
+    for job in jobs:
+        shown = where.preview_command(job, lambda bucket: "/unused")
+        assert shown.startswith("ray job submit --address http://10.0.0.5:8265")
+        # Pasted into bash, the preview passes Ray's CLI exactly what the executor submits.
+        echo = f"{shlex.quote(sys.executable)} -c 'import json, sys; print(json.dumps(sys.argv[1:]))'"
+        argv = json.loads(subprocess.run(["bash", "-c", shown.replace("ray", echo, 1)], capture_output=True,
+                                         text=True, check=True).stdout)
+        submitted = submit_args(job, "<job id>", None)
+        assert _words(argv[argv.index("--") + 1:]) == _words(shlex.split(submitted["entrypoint"]))
+        assert json.loads(argv[argv.index("--metadata-json") + 1]) == submitted["metadata"]
+        assert argv[argv.index("--entrypoint-num-gpus") + 1] == str(1 if job.role.startswith("vllm") else 0)
+        assert f"/shared/grpo/runs/{spec.run_id}/ray-jobs/<job id>" == submitted["metadata"]["grpo-panel-job-dir"]
+
+
+def _words(tokens: list[str]) -> list:
+    """A command's words as bash reads them, a `bash -c` script's (a preview's laid-out one too) as nested lists."""
+    import re
+    import shlex
+
+    return [_words(shlex.split(re.sub(r"\\\n\s*", " ", t))) if i >= 2 and tokens[i - 2:i] == ["bash", "-c"] else t
+            for i, t in enumerate(tokens)]

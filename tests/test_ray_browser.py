@@ -4,6 +4,7 @@ Ray's job list; Cancel stops every job. And what Ray shows of a job (metadata, e
 dashboard's job list) never holds a secret the job was given.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -101,6 +102,17 @@ def _pick(page, run_id: str) -> None:
     wait_for_text(page, "run-status", re.escape(run_id))
 
 
+@contextlib.contextmanager
+def _shot_on_failure(page, home, name: str):
+    """A full-page screenshot in the panel's home when the block fails (the test's report is not written yet)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=os.path.join(str(home), f"{name}.png"), full_page=True)
+        raise
+
+
 def _processes_of(run_id: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -123,7 +135,9 @@ def test_runs_on_a_ray_cluster_from_the_browser_degrade_survive_a_restart_and_ca
                                                                                      request):
     home = tmp_path / "panel"
     env = {"RAY_ADDRESS": cluster, "HF_TOKEN": HOST_TOKEN}
-    with running_panel("app.py", env, home, unset=("SPACE_ID",)) as url, panel_page(url, home, request) as page:
+    with (running_panel("app.py", env, home, unset=("SPACE_ID",)) as url, panel_page(url, home, request) as page,
+          _shot_on_failure(page, home, "first-panel")):
+        page.set_default_timeout(120000)     # a CI machine shared with other work can stall a click for a while
         # Bad input first: a mount path that is a file, replicas asking for GPUs a CPU cluster lacks. Refused by
         # field, and nothing reaches the cluster.
         _form(page, "Tiny distributed (CPU, 2 vLLM replicas)", os.path.join(shared, "not-a-folder"), 200)
@@ -169,7 +183,9 @@ def test_runs_on_a_ray_cluster_from_the_browser_degrade_survive_a_restart_and_ca
         assert "vllm-1: ERROR" in text_of(page, "run-status")
 
     # Every job keeps running on the cluster while no panel runs; the next panel finds both runs by their metadata.
-    with running_panel("app.py", env, home, unset=("SPACE_ID",)) as url, panel_page(url, home, request) as page:
+    with (running_panel("app.py", env, home, unset=("SPACE_ID",)) as url, panel_page(url, home, request) as page,
+          _shot_on_failure(page, home, "second-panel")):
+        page.set_default_timeout(120000)
         page.get_by_role("tab", name="Runs").click()
         table = wait_for_text(page, "runs-table", re.escape(distributed), 60000)
         assert demo in table and "tiny-demo" in table and "tiny-distributed" in table, table
@@ -217,3 +233,11 @@ def test_a_secret_reaches_its_job_and_nothing_ray_shows(cluster, shared):
             with open(os.path.join(folder, name), "rb") as f:
                 assert JOB_SECRET.encode() not in f.read(), os.path.join(folder, name)
     assert os.listdir(os.path.join(shared, ".grpo-secrets")) == [], "the job deleted its secrets file"
+
+
+def test_a_mount_path_the_head_node_cannot_write_is_refused_by_a_check_job_there(cluster, tmp_path):
+    from backend.executors.ray import head_node_problem
+
+    (tmp_path / "runs").write_text("a file where the runs' folder should be")
+    problem = head_node_problem(cluster, str(tmp_path))
+    assert problem.startswith(f"the cluster's head node cannot write {tmp_path}/runs (") and "Error" in problem, problem

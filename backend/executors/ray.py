@@ -20,6 +20,7 @@ sources and deletes before anything else runs.
 """
 
 import importlib.util
+import ipaddress
 import json
 import os
 import secrets as _secrets
@@ -154,14 +155,15 @@ class RayEngine(Engine):
         return f"http://<vllm-{i} node>:{port}"
 
     def preview_command(self, job: JobSpec, bucket_root) -> str:
-        args = submit_args(job, "<job id>", {})
-        runtime_env = json.dumps(args["runtime_env"], sort_keys=True)
-        parts = ["ray", "job", "submit", "--address", address(), "--submission-id", "<job id>",
-                 "--entrypoint-num-cpus", str(args["entrypoint_num_cpus"]),
-                 "--entrypoint-num-gpus", str(args["entrypoint_num_gpus"]),
-                 "--metadata-json", json.dumps(args["metadata"], sort_keys=True), "--runtime-env-json", runtime_env,
-                 "--", "bash", "-c", args["entrypoint"]]
-        return wrapped(parts)
+        args = submit_args(job, "<job id>", None)
+        options = ["ray", "job", "submit", "--address", address(), "--submission-id", "<job id>",
+                   "--entrypoint-num-cpus", str(args["entrypoint_num_cpus"]),
+                   "--entrypoint-num-gpus", str(args["entrypoint_num_gpus"]),
+                   "--metadata-json", json.dumps(args["metadata"], sort_keys=True),
+                   "--runtime-env-json", json.dumps(args["runtime_env"], sort_keys=True)]
+        # The entrypoint as `bash -c` of its steps, each laid out as a preview lays out a command.
+        steps = " &&\n    ".join(wrapped(step) for step in entrypoint_steps(job, "<job id>", None))
+        return f"{wrapped(options)} \\\n  -- bash -c {shlex.quote(chr(10) + '    ' + steps + chr(10))}"
 
     def preview_note(self, spec, bucket_root) -> str | None:
         return (f"Runs as Ray jobs on the cluster at `{address()}` (`RAY_ADDRESS`). The run folder is "
@@ -186,7 +188,8 @@ class RayEngine(Engine):
         if bound and bound != mount:
             problems.append(FieldError("mount_path", f"bucket {spec.bucket} is the folder {bound} on this cluster "
                                                      f"(its runs are there): use that mount path, or another bucket"))
-        problem = folder_problem(mount) or head_node_problem(address(), mount)
+        # A cluster on this machine has its head here: the panel's own write is the head node's.
+        problem = folder_problem(mount) or (None if on_this_machine(address()) else head_node_problem(address(), mount))
         if problem:
             problems.append(FieldError("mount_path", problem))
         if not problems:
@@ -250,6 +253,14 @@ def folder_problem(mount: str) -> str | None:
     return None
 
 
+def on_this_machine(where: str) -> bool:
+    host = urlparse(where if "://" in where else f"ray://{where}").hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def head_node_problem(where: str, mount: str) -> str | None:
     """Why the cluster's head node cannot write `mount`/runs (a short Ray job there tries), or None; remembered."""
     key = (where, mount)
@@ -287,26 +298,38 @@ def remember_folder(bucket: str | None, mount: str | None) -> None:
             _FOLDERS.setdefault(bucket, mount)
 
 
+def entrypoint_steps(job: JobSpec, job_id: str, secret_file: str | None) -> list[list[str]]:
+    """The entrypoint's steps (joined by &&): a temp dir of the job's own (its wrapper removes it: vLLM leaves files
+    in TMPDIR), the secrets file sourced and deleted, then the wrapper around the job's command."""
+    tmp = f"/tmp/grpo-job-{job_id.rsplit('--', 1)[-1]}"
+    steps = [["mkdir", "-p", tmp]]
+    if secret_file:
+        steps += [["set", "-a"], [".", secret_file], ["set", "+a"], ["rm", "-f", secret_file]]
+    python = os.environ.get(PYTHON_ENV) or "python"
+    steps.append(["exec", "env", f"TMPDIR={tmp}", python, "-m", "runtime.job_wrapper",
+                  "--job-dir", job_dir_of(job, job_id), "--timeout", str(job.timeout_s), "--grace", f"{GRACE_S:g}",
+                  "--tmpdir", tmp, "--", *job.command])
+    return steps
+
+
+def job_dir_of(job: JobSpec, job_id: str) -> str:
+    return f"{job.volumes[0].mount_path.rstrip('/')}/runs/{job.run_id}/{JOBS_DIR}/{job_id}"
+
+
 def submit_args(job: JobSpec, job_id: str, secret_file: str | None) -> dict:
     """`JobSubmissionClient.submit_job` keywords for `job`: the wrapper around its command, its resources, its
     labels and mount as metadata, its environment. Never a secret: at most the path of the file that holds them."""
-    mount = job.volumes[0].mount_path.rstrip("/")
-    job_dir = f"{mount}/runs/{job.run_id}/{JOBS_DIR}/{job_id}"
-    python = os.environ.get(PYTHON_ENV) or "python"
-    run = [python, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(job.timeout_s),
-           "--grace", f"{GRACE_S:g}", "--tmpdir"]
-    steps = ['export TMPDIR="$(mktemp -d "${TMPDIR:-/tmp}/grpo-job-XXXXXX")"']
-    if secret_file:
-        path = shlex.quote(secret_file)
-        steps.append(f"set -a && . {path} && set +a && rm -f {path}")
-    steps.append(f'exec {shlex.join(run)} "$TMPDIR" -- {shlex.join(job.command)}')
+    script = " && ".join(shlex.join(step) for step in entrypoint_steps(job, job_id, secret_file))
     metadata = {**job.labels, LABEL_APP: APP_LABEL_VALUE, LABEL_RUN: job.run_id, LABEL_ROLE: job.role,
-                LABEL_BUCKET: job.volumes[0].bucket, LABEL_MOUNT: mount, LABEL_JOB_DIR: job_dir}
+                LABEL_BUCKET: job.volumes[0].bucket, LABEL_MOUNT: job.volumes[0].mount_path.rstrip("/"),
+                LABEL_JOB_DIR: job_dir_of(job, job_id)}
     # Ray stops a job by signalling all its processes at once, then kills them after this wait: longer than the
     # wrapper's own grace, so a cancel that reached the wrapper first ends as it would locally.
     env = {**job.env, "RAY_JOB_STOP_WAIT_TIME_S": f"{GRACE_S + 20:g}"}
-    return dict(entrypoint=" && ".join(steps), metadata=metadata, runtime_env={"env_vars": env},
-                entrypoint_num_cpus=float(os.environ.get(CPUS_ENV) or 1), entrypoint_num_gpus=flavor_gpus(job.flavor))
+    cpus = float(os.environ.get(CPUS_ENV) or 1)
+    return dict(entrypoint=shlex.join(["bash", "-c", script]), metadata=metadata, runtime_env={"env_vars": env},
+                entrypoint_num_cpus=int(cpus) if cpus.is_integer() else cpus,
+                entrypoint_num_gpus=flavor_gpus(job.flavor))
 
 
 class RayExecutor:
