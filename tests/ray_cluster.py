@@ -40,7 +40,10 @@ def ray_cluster(num_cpus: int = 4, startup_s: float = 120.0):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS" and not k.startswith("HF_TOKEN")}
     log_path = os.path.join(temp, "ray-start.log")
     log = open(log_path, "wb")
-    proc = subprocess.Popen(args, env={**env, "RAY_USAGE_STATS_ENABLED": "0"}, stdout=log, stderr=subprocess.STDOUT,
+    # Ray's memory monitor kills jobs when the *machine* is short of memory: on a machine shared with other test
+    # runs it killed this cluster's jobs for memory other processes held.
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_memory_monitor_refresh_ms="0")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{ports['dashboard-port']}"
     try:

@@ -241,3 +241,25 @@ def test_a_mount_path_the_head_node_cannot_write_is_refused_by_a_check_job_there
     (tmp_path / "runs").write_text("a file where the runs' folder should be")
     problem = head_node_problem(cluster, str(tmp_path))
     assert problem.startswith(f"the cluster's head node cannot write {tmp_path}/runs (") and "Error" in problem, problem
+
+
+def test_a_wrapper_told_to_stop_its_job_with_it_leaves_no_command_behind_when_it_is_killed(tmp_path):
+    """Ray kills a dead job supervisor's entrypoint group, which holds the wrapper but not the command it started."""
+    import subprocess
+    import sys
+
+    from backend.executors.local import BACKEND_DIR
+
+    wrapper = subprocess.Popen([sys.executable, "-m", "runtime.job_wrapper", "--job-dir", str(tmp_path), "--timeout",
+                                "60", "--stop-with-wrapper", "--", "sleep", "300"], cwd=BACKEND_DIR)
+    try:
+        pid = _wait(lambda: json.loads((tmp_path / "process.json").read_text())["pid"]
+                    if (tmp_path / "process.json").exists() else None, 30, "the command started")
+        assert psutil.Process(pid).cmdline() == ["sleep", "300"]
+        wrapper.kill()
+        wrapper.wait()
+        _wait(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 10,
+              "the command died with its wrapper")
+    finally:
+        wrapper.kill()
+        wrapper.wait()

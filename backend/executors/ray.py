@@ -22,6 +22,7 @@ sources and deletes before anything else runs.
 import importlib.util
 import ipaddress
 import json
+import logging
 import os
 import secrets as _secrets
 import shlex
@@ -62,6 +63,8 @@ from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens, remember_secret
 from backend.spec_fields import FieldError
 from backend.vllm_args import vllm_server_env
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 GPU_PRICE_ENV = "GRPO_RAY_GPU_HOUR_USD"     # what a GPU-hour of the cluster costs you; 0: runs are free
@@ -221,9 +224,11 @@ def cluster_problem(where: str) -> str | None:
         problem = "Ray is not installed here (pip install 'ray[default]'): no Ray cluster can be used."
     if problem is None and where.startswith(("http://", "https://")):
         try:
-            urllib.request.urlopen(f"{where.rstrip('/')}/api/version", timeout=2).close()
+            urllib.request.urlopen(f"{where.rstrip('/')}/api/version", timeout=5).close()
         except OSError as exc:
             problem = f"no Ray cluster answers at {where} ({exc}); start one or set RAY_ADDRESS to its dashboard"
+    if problem and (asked is None or asked[1] != problem):
+        log.info("the ray executor is not offered: %s", problem)
     with _lock:
         _probe[where] = (time.monotonic(), problem)
     return problem
@@ -308,7 +313,7 @@ def entrypoint_steps(job: JobSpec, job_id: str, secret_file: str | None) -> list
     python = os.environ.get(PYTHON_ENV) or "python"
     steps.append(["exec", "env", f"TMPDIR={tmp}", python, "-m", "runtime.job_wrapper",
                   "--job-dir", job_dir_of(job, job_id), "--timeout", str(job.timeout_s), "--grace", f"{GRACE_S:g}",
-                  "--tmpdir", tmp, "--", *job.command])
+                  "--tmpdir", tmp, "--stop-with-wrapper", "--", *job.command])
     return steps
 
 
@@ -462,7 +467,7 @@ class RayExecutor:
     def _stop_later(self, job_id: str, after_s: float) -> None:
         deadline = time.monotonic() + after_s
         while time.monotonic() < deadline and not self.status(job_id).done:
-            time.sleep(0.5)
+            time.sleep(1.0)
         try:
             if not self.status(job_id).done:
                 self.api.stop_job(job_id)

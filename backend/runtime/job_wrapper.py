@@ -19,6 +19,7 @@ tracker) is stopped too: SIGTERM, then SIGKILL. Then `--tmpdir` (the job's own T
 """
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -96,9 +97,11 @@ def exit_message(code: int, job_dir: str) -> tuple[str, str]:
 
 
 class JobWrapper:
-    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float, tmpdir: str | None = None):
+    def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float, tmpdir: str | None = None,
+                 stop_with_wrapper: bool = False):
         self.job_dir, self.command, self.timeout_s, self.grace_s = job_dir, command, timeout_s, grace_s
         self.tmpdir = tmpdir
+        self.stop_with_wrapper = stop_with_wrapper
         self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
         self.timed_out = False
 
@@ -130,7 +133,9 @@ class JobWrapper:
 
     def _run(self) -> int:
         try:
-            child = subprocess.Popen(self.command, cwd=self.job_dir, stdin=subprocess.DEVNULL, start_new_session=True)
+            child = subprocess.Popen(self.command, cwd=self.job_dir, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     # no thread runs yet: the sampler starts after this
+                                     preexec_fn=_die_with_parent if self.stop_with_wrapper else None)  # noqa: PLW1509
         except OSError as error:
             self._write(EXIT_FILE, {"stage": ERROR, "code": None, "time": time.time(),
                                     "message": f"could not start {self.command[0]!r}: {error}"})
@@ -181,18 +186,27 @@ class JobWrapper:
         signal_group(pgid, signal.SIGKILL)
 
 
+def _die_with_parent() -> None:
+    """In the child, before it runs the command: SIGKILL when this wrapper dies (Linux's parent-death signal)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--tmpdir", help="the job's own temp dir (its TMPDIR), removed when the job ends")
+    parser.add_argument("--stop-with-wrapper", action="store_true",
+                        help="the command is killed if this wrapper is: for a job host that kills only the wrapper's "
+                             "process group (a Ray job supervisor that died)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the job's command after --")
-    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace, args.tmpdir).run())
+    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace, args.tmpdir,
+                               args.stop_with_wrapper).run())
 
 
 if __name__ == "__main__":
