@@ -28,8 +28,12 @@ OBJECT_STORE_BYTES = 100 * 2**20
 def ray_cluster(num_cpus: int = 4, startup_s: float = 120.0):
     """Yields the cluster's dashboard address (what RAY_ADDRESS names)."""
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")    # Ray's socket paths must stay short
-    ports = {flag: free_port() for flag in PORT_FLAGS}
-    low = free_port()
+    low = free_port()      # the workers' 200 ports; Ray refuses a component port inside that range
+    ports = {}
+    while len(ports) < len(PORT_FLAGS):
+        port = free_port()
+        if not low <= port <= low + 200 and port not in ports.values():
+            ports[PORT_FLAGS[len(ports)]] = port
     args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
             "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1", "--include-dashboard=true",
             "--num-cpus", str(num_cpus), "--num-gpus", "0", "--object-store-memory", str(OBJECT_STORE_BYTES),
