@@ -54,7 +54,43 @@ def test_between_listings_a_reader_probes_the_next_fragments_and_finds_new_write
     assert store.listings == 1 and store.probes >= 2, "no listing: the trainer's next numbers were asked for"
     assert reader.read() == [], "nothing new: one probe, no listing"
     clock[0] = 1.0 + reader.rescan_s
-    assert [w for w, _ in reader.read()] == ["proxy"] and store.listings == 2, "the next listing finds a new writer"
+    assert reader.read() == [], "a due re-listing is started, not waited for: the read probes as before"
+    assert reader.wait_for_listing(10) and store.listings == 2
+    _fragment(folder, "trainer", 7, [{"step": 8}])
+    assert [(w, r.get("step")) for w, r in reader.read()] == [("proxy", None), ("trainer", 8)], \
+        "the next read takes what the listing found (a new writer) and probes the known ones"
+    assert store.listings == 2 and reader.read() == []
+
+
+class SlowListingStore(CountingStore):
+    """A bucket whose listing takes a while (a folder of 100,000 fragments; on the Hub, an HTTP walk)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.release = threading.Event()
+
+    def list_files(self, prefix):
+        if self.listings:           # the first look lists at once; later listings wait to be released
+            self.release.wait(10)
+        return super().list_files(prefix)
+
+
+def test_no_read_waits_for_a_re_listing_of_the_folder(tmp_path):
+    store = SlowListingStore(str(tmp_path))
+    folder = tmp_path / "runs" / "r" / "samples"
+    clock = [0.0]
+    reader = FragmentReader(store, "runs/r/samples", clock=lambda: clock[0])
+    _fragment(folder, "trainer", 0, [{"step": 1}])
+    assert [r["step"] for _, r in reader.read()] == [1]
+    clock[0] = 1000.0
+    _fragment(folder, "trainer", 1, [{"step": 2}])
+    _fragment(folder, "eval", 0, [{"step": 2, "score": 0.5}])
+    assert [r["step"] for _, r in reader.read()] == [2], "the listing is under way; the read probed"
+    assert reader.listing_pending
+    store.release.set()
+    assert reader.wait_for_listing(10)
+    assert [(w, r["score"]) for w, r in reader.read()] == [("eval", 0.5)], "a new writer's folder, read once"
+    assert reader.read() == [] and store.listings == 2
 
 
 def test_a_first_look_reads_only_the_newest_snapshots_of_a_snapshot_writer(tmp_path):
