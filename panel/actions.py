@@ -198,7 +198,8 @@ class Panel:
             spec, cost = {}, ""
             if with_cost:
                 try:
-                    run_cost, spec = self.spend.cost(registry, run.run_id)
+                    # A view open or watched already supplies the steps: no second reader of the run's metrics.
+                    run_cost, spec = self.spend.cost(registry, run.run_id, registry.watched_view(run.run_id))
                     cost = cost_cell(run_cost, float(spec.get("budget_usd") or 0.0))
                 except Exception as exc:   # a failing price list or bucket must not break the runs list
                     log.debug("no cost for run %s: %s", run.run_id, exc)
@@ -206,7 +207,7 @@ class Panel:
             name = str(spec.get("name") or "")
             if q and q not in run.run_id.lower() and q not in name.lower():
                 continue
-            latest = self.spend.latest(registry, run.run_id, registry.open_view(run.run_id)) if with_cost else {}
+            latest = self.spend.latest(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else {}
             reward = latest.get("reward")
             created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
             rows.append([run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),
