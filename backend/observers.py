@@ -80,7 +80,6 @@ class FragmentReader:
         self.next_seq: dict[str, int] = {}       # writer -> the first fragment number not read yet
         self.rescan_s = RESCAN_MIN_S
         self.listed_at = float("-inf")
-        self.listings = 0                        # whole-folder listings made, for tests and benchmarks
         self._lister: threading.Thread | None = None
         self._listed: tuple[list[StoredFile], float] | None = None   # a background listing's news, its cost
 
@@ -127,7 +126,6 @@ class FragmentReader:
     def _list(self) -> list[StoredFile]:
         began = self.clock()
         files = self.store.list_files(self.folder)
-        self.listings += 1
         cost = self.clock() - began
         self.listed_at = self.clock()
         self.rescan_s = min(max(RESCAN_COST_FACTOR * cost, RESCAN_MIN_S), RESCAN_MAX_S)
@@ -139,7 +137,6 @@ class FragmentReader:
         try:
             began = self.clock()
             files = self.store.list_files(self.folder)
-            self.listings += 1
             cost = self.clock() - began
             news = []
             for f in files:
