@@ -163,13 +163,25 @@ class FragmentReader:
                 return
 
     def _batches_of(self, files: list[StoredFile], size: int) -> Iterator[list[tuple[str, dict]]]:
-        """The unread records of `files` (a listing, or a background listing's news), oldest fragment first."""
-        skip = self._old_snapshots(files)
-        later = self._history(files)
-        self.deferred += [f for f in files if f.path in later]
-        for path in skip | later:
-            self.cursor.done.add(path)
-        todo = [f for f in files if self._unread(f.path, f.size)]
+        """The unread records of `files` (a listing, or a background listing's news), oldest fragment first. Each
+        name is parsed once: a first look at a folder of 100,000 fragments costs one pass over their names."""
+        by_writer: dict[str, list[StoredFile]] = {}
+        for f in files:
+            match = layout.FRAGMENT_RE.match(f.path.rsplit("/", 1)[-1])
+            if match:
+                by_writer.setdefault(match.group("writer"), []).append(f)
+        done = self.cursor.done
+        for writer, frags in by_writer.items():
+            frags.sort(key=lambda f: f.path)
+            if writer in self.latest_only:       # snapshots: nothing older than the newest few is still current
+                old = [f for f in frags if f.path not in done][:-self.latest_only[writer]]
+                done.update(f.path for f in old)
+            if writer in self.defer and writer not in self.next_seq:    # a first look: the history waits
+                later = frags[:-self.defer[writer]]
+                self.deferred += later
+                done.update(f.path for f in later)
+        todo = sorted((f for frags in by_writer.values() for f in frags if self._unread(f.path, f.size)),
+                      key=lambda f: f.path)
         out: list = []
         for i, f in enumerate(todo):
             if i % PREFETCH_FILES == 0:
@@ -180,14 +192,6 @@ class FragmentReader:
                 out = []
         if out:
             yield out
-
-    def _old_snapshots(self, files: list[StoredFile]) -> set[str]:
-        """Fragments of `latest_only` writers older than the newest few: nothing on them is still current."""
-        return _all_but_newest(files, self.latest_only, lambda writer, path: path not in self.cursor.done)
-
-    def _history(self, files: list[StoredFile]) -> set[str]:
-        """On a first look at a `defer` writer (none of its fragments read yet), its fragments but the newest few."""
-        return _all_but_newest(files, self.defer, lambda writer, path: writer not in self.next_seq)
 
     def read_deferred(self, files: list[StoredFile], size: int = BATCH_RECORDS) -> Iterator[list[tuple[str, dict]]]:
         """The records of fragments a first look set aside, oldest first, a few thousand at a time. Safe to call
@@ -229,16 +233,6 @@ class FragmentReader:
 
     def _path(self, writer: str, seq: int) -> str:
         return f"{self.folder}/{layout.fragment_name(writer, seq)}"
-
-
-def _all_but_newest(files: list[StoredFile], keep: dict[str, int], eligible: Callable[[str, str], bool]) -> set[str]:
-    """Per writer in `keep`: its fragments `eligible(writer, path)` accepts, but its newest `keep[writer]`."""
-    by_writer: dict[str, list[str]] = {}
-    for f in files:
-        match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
-        if match and match.group("writer") in keep and eligible(match.group("writer"), f.path):
-            by_writer.setdefault(match.group("writer"), []).append(f.path)
-    return {p for w, paths in by_writer.items() for p in sorted(paths)[:-keep[w]]}
 
 
 def _records(store: BucketStore, path: str, start: int, size: int, cursor: FragmentCursor, writer: str,

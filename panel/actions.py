@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 Settings = Deployment      # the name the panel's tests and scripts know
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
+LOCAL_LIST_EVERY_S = 1.0   # how old a listing of the local jobs may be (sessions ticking together share one)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ class Panel:
     def __init__(self, settings: Deployment | None = None, local: LocalExecutor | None = None):
         self.settings = settings or Deployment()
         self.local = local or LocalExecutor(self.settings.home)
-        local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
+        # Sessions ticking together share one listing of the local jobs (each reads every job's record and asks
+        # whether its process lives): at most one a second, like a run's view (launch and cancel list again).
+        local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)),
+                                 list_every_s=LOCAL_LIST_EVERY_S)
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self.spend = SpendWatch()
