@@ -4,19 +4,25 @@ Fragments are write-once JSONL files numbered per writer (`<writer>-000042.jsonl
 never read again, and a fragment whose last line is torn (a writer that appends, or a copy in progress) is
 re-read from the end of its last complete line on the next refresh. `FragmentReader` asks only for the next
 few numbers of each writer it knows (one cheap `sizes` call), and lists the whole folder only now and then to
-find new writers, so a refresh costs what is new, not what the folder holds. A complete line that is not a
-record (not JSON, not an object, or refused by the caller's check) is skipped and counted per fragment.
+find new writers; that re-listing runs in a thread of its own and what it found is read on the next refresh, so no
+refresh ever waits for a walk of the whole folder (on the Hub, a paginated HTTP walk), and a refresh costs what is
+new, not what the folder holds. A complete line that is not a record (not JSON, not an object, or refused by the
+caller's check) is skipped and counted per fragment.
 Adapter folders are listed only once both adapter files are present.
 """
 
 import json
+import logging
 import posixpath
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from backend.runtime import layout
 from backend.store import BucketStore, StoredFile
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,28 +54,34 @@ PREFETCH_FILES = 500         # fragments asked of the store in one batch (one do
 
 
 class FragmentReader:
-    """The new records of one folder of fragments, read from a cursor.
+    """The new records of one folder of fragments, read from a cursor: the one incremental reader of every folder of
+    fragments (metrics, events, samples, and any folder a new writer adds).
 
-    Between listings the reader probes each known writer's next fragment numbers (and any fragment left torn),
-    so a refresh with nothing new is one `sizes` call; a full listing, which finds new writers, happens at most
-    every `rescan_s`, a time that grows with what a listing costs (a folder of 100,000 fragments is listed
-    rarely, a young run's folder every couple of seconds)."""
+    The first read lists the folder. After that the reader probes each known writer's next fragment numbers (and
+    any fragment left torn), so a refresh with nothing new is one `sizes` call; a re-listing, which finds new
+    writers (and fragments a probe cannot reach), is started at most every `rescan_s`, a time that grows with what
+    a listing costs, in a thread of its own: its fragments are read by the first refresh after it ends, and only
+    those past what the reader knew when it began, so that refresh costs what is new too."""
 
     def __init__(self, store: BucketStore, folder: str, check: Callable[[dict], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic, latest_only: dict[str, int] | None = None,
-                 defer: dict[str, int] | None = None):
+                 defer: dict[str, int] | None = None, background: bool = True):
         """`latest_only` maps writers whose records are snapshots (each replaces the last) to how many of their
         newest fragments are worth reading: a first look skips the rest. `defer` maps writers whose history a
         first look may leave for later to how many of their newest fragments it reads now: the older ones are
-        set aside in `deferred` (marked read here) for `read_deferred`, so a long run opens at once."""
+        set aside in `deferred` (marked read here) for `read_deferred`, so a long run opens at once. Without
+        `background`, a due re-listing is done by the read itself (a one-off reader that is not on a timer)."""
         self.store, self.folder, self.check, self.clock = store, folder.rstrip("/"), check, clock
         self.latest_only = latest_only or {}
         self.defer = defer or {}
+        self.background = background
         self.deferred: list[StoredFile] = []     # older fragments a first look left for `read_deferred`
         self.cursor = FragmentCursor()
         self.next_seq: dict[str, int] = {}       # writer -> the first fragment number not read yet
         self.rescan_s = RESCAN_MIN_S
         self.listed_at = float("-inf")
+        self._lister: threading.Thread | None = None
+        self._listed: tuple[list[StoredFile], float] | None = None   # a background listing's news, its cost
 
     def expect(self, writer: str) -> None:
         """A writer this process knows has started (the panel's own): probe it from now on, not after a listing."""
@@ -82,9 +94,60 @@ class FragmentReader:
     def batches(self, full: bool = False, size: int = BATCH_RECORDS) -> Iterator[list[tuple[str, dict]]]:
         """What `read` returns, a few thousand records at a time: a first look at a long run never holds its
         whole history as dicts at once."""
-        if full or self.clock() - self.listed_at >= self.rescan_s:
-            yield from self._batches_from_listing(size)
+        first = self.listed_at == float("-inf")
+        if full or first or (not self.background and self.clock() - self.listed_at >= self.rescan_s):
+            self.wait_for_listing()
+            self._listed = None
+            yield from self._batches_of(self._list(), size)
             return
+        listed, self._listed = self._listed, None
+        if listed is not None:
+            files, cost = listed
+            self.rescan_s = min(max(RESCAN_COST_FACTOR * cost, RESCAN_MIN_S), RESCAN_MAX_S)
+            yield from self._batches_of(files, size)
+        elif self.clock() - self.listed_at >= self.rescan_s and not self.listing_pending:
+            self.listed_at = self.clock()       # due: listed meanwhile, read by a later refresh
+            self._lister = threading.Thread(target=self._list_in_background, args=(dict(self.next_seq),),
+                                            name=f"list-{self.folder}", daemon=True)
+            self._lister.start()
+        yield from self._probed(size)
+
+    @property
+    def listing_pending(self) -> bool:
+        return self._lister is not None and self._lister.is_alive()
+
+    def wait_for_listing(self, timeout: float | None = None) -> bool:
+        """Wait for a re-listing in progress (tests, and a full read); True once none is."""
+        lister = self._lister
+        if lister is not None:
+            lister.join(timeout)
+        return not self.listing_pending
+
+    def _list(self) -> list[StoredFile]:
+        began = self.clock()
+        files = self.store.list_files(self.folder)
+        cost = self.clock() - began
+        self.listed_at = self.clock()
+        self.rescan_s = min(max(RESCAN_COST_FACTOR * cost, RESCAN_MIN_S), RESCAN_MAX_S)
+        return files
+
+    def _list_in_background(self, known: dict[str, int]) -> None:
+        """List the folder and keep, for the next read, the fragments past `known` (writer -> next number then):
+        everything of a writer it did not know, the rest of the ones it did. Touches no cursor."""
+        try:
+            began = self.clock()
+            files = self.store.list_files(self.folder)
+            cost = self.clock() - began
+            news = []
+            for f in files:
+                match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
+                if match and int(match.group("seq")) >= known.get(match.group("writer"), 0):
+                    news.append(f)
+            self._listed = (news, cost)
+        except Exception as exc:     # the bucket failing: probes go on, the next listing tries again
+            log.warning("could not list %s: %s", self.folder, exc)
+
+    def _probed(self, size: int) -> Iterator[list[tuple[str, dict]]]:
         while True:
             ahead = {w: [self._path(w, self.next_seq[w] + k) for k in range(PROBE_AHEAD)] for w in self.next_seq}
             probes = [*self._torn(), *(p for paths in ahead.values() for p in paths)]
@@ -99,18 +162,26 @@ class FragmentReader:
             if not any(all(p in sizes for p in paths) for paths in ahead.values()):
                 return
 
-    def _batches_from_listing(self, size: int) -> Iterator[list[tuple[str, dict]]]:
-        began = self.clock()
-        files = self.store.list_files(self.folder)
-        cost = self.clock() - began
-        self.listed_at = self.clock()
-        self.rescan_s = min(max(RESCAN_COST_FACTOR * cost, RESCAN_MIN_S), RESCAN_MAX_S)
-        skip = self._old_snapshots(files)
-        later = self._history(files)
-        self.deferred += [f for f in files if f.path in later]
-        for path in skip | later:
-            self.cursor.done.add(path)
-        todo = [f for f in files if self._unread(f.path, f.size)]
+    def _batches_of(self, files: list[StoredFile], size: int) -> Iterator[list[tuple[str, dict]]]:
+        """The unread records of `files` (a listing, or a background listing's news), oldest fragment first. Each
+        name is parsed once: a first look at a folder of 100,000 fragments costs one pass over their names."""
+        by_writer: dict[str, list[StoredFile]] = {}
+        for f in files:
+            match = layout.FRAGMENT_RE.match(f.path.rsplit("/", 1)[-1])
+            if match:
+                by_writer.setdefault(match.group("writer"), []).append(f)
+        done = self.cursor.done
+        for writer, frags in by_writer.items():
+            frags.sort(key=lambda f: f.path)
+            if writer in self.latest_only:       # snapshots: nothing older than the newest few is still current
+                old = [f for f in frags if f.path not in done][:-self.latest_only[writer]]
+                done.update(f.path for f in old)
+            if writer in self.defer and writer not in self.next_seq:    # a first look: the history waits
+                later = frags[:-self.defer[writer]]
+                self.deferred += later
+                done.update(f.path for f in later)
+        todo = sorted((f for frags in by_writer.values() for f in frags if self._unread(f.path, f.size)),
+                      key=lambda f: f.path)
         out: list = []
         for i, f in enumerate(todo):
             if i % PREFETCH_FILES == 0:
@@ -121,14 +192,6 @@ class FragmentReader:
                 out = []
         if out:
             yield out
-
-    def _old_snapshots(self, files: list[StoredFile]) -> set[str]:
-        """Fragments of `latest_only` writers older than the newest few: nothing on them is still current."""
-        return _all_but_newest(files, self.latest_only, lambda writer, path: path not in self.cursor.done)
-
-    def _history(self, files: list[StoredFile]) -> set[str]:
-        """On a first look at a `defer` writer (none of its fragments read yet), its fragments but the newest few."""
-        return _all_but_newest(files, self.defer, lambda writer, path: writer not in self.next_seq)
 
     def read_deferred(self, files: list[StoredFile], size: int = BATCH_RECORDS) -> Iterator[list[tuple[str, dict]]]:
         """The records of fragments a first look set aside, oldest first, a few thousand at a time. Safe to call
@@ -170,16 +233,6 @@ class FragmentReader:
 
     def _path(self, writer: str, seq: int) -> str:
         return f"{self.folder}/{layout.fragment_name(writer, seq)}"
-
-
-def _all_but_newest(files: list[StoredFile], keep: dict[str, int], eligible: Callable[[str, str], bool]) -> set[str]:
-    """Per writer in `keep`: its fragments `eligible(writer, path)` accepts, but its newest `keep[writer]`."""
-    by_writer: dict[str, list[str]] = {}
-    for f in files:
-        match = layout.FRAGMENT_RE.match(posixpath.basename(f.path))
-        if match and match.group("writer") in keep and eligible(match.group("writer"), f.path):
-            by_writer.setdefault(match.group("writer"), []).append(f.path)
-    return {p for w, paths in by_writer.items() for p in sorted(paths)[:-keep[w]]}
 
 
 def _records(store: BucketStore, path: str, start: int, size: int, cursor: FragmentCursor, writer: str,
@@ -249,7 +302,11 @@ def _group_by_folder(files: list[StoredFile]) -> dict[str, list[StoredFile]]:
 
 
 def final_adapter_files(store: BucketStore, run_id: str) -> list[StoredFile]:
-    """The final adapter's files, or [] until both adapter files are there."""
-    files = store.list_files(f"{layout.run_prefix(run_id)}/{layout.FINAL_DIR}")
+    """The final adapter's files, or [] until both adapter files are there (asked for by name first: one cheap
+    call while the run trains, a listing of the small folder once they are)."""
+    folder = f"{layout.run_prefix(run_id)}/{layout.FINAL_DIR}"
+    if len(store.sizes([f"{folder}/{name}" for name in layout.ADAPTER_FILES])) < len(layout.ADAPTER_FILES):
+        return []
+    files = store.list_files(folder)
     names = {posixpath.basename(f.path) for f in files}
     return files if all(n in names for n in layout.ADAPTER_FILES) else []

@@ -46,6 +46,7 @@ class RunRegistry:
         self.store_for = store_for
         self.list_every_s = list_every_s    # a remote job list is an API call: ask at most this often
         self._views: dict[str, RunView] = {}
+        self._summaries: dict[str, RunView] = {}    # bounded views of live runs no dashboard opened (the watch's)
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
         self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
@@ -110,20 +111,50 @@ class RunRegistry:
         """The run's one view in this registry, shared by every browser session that watches it."""
         with self._lock:
             if run_id not in self._views:
-                summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
-                if summary is not None and summary.bucket is None and summary.unreadable:
-                    raise KeyError(f"Run {run_id} cannot be opened: the record of its job(s) "
-                                   f"{', '.join(summary.jobs[r] for r in sorted(summary.unreadable))} cannot be read, "
-                                   "so its bucket is unknown.")
-                if summary is None or summary.bucket is None:
-                    raise KeyError(f"no run {run_id!r}")
-                self._views[run_id] = RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs,
-                                              earlier=summary.earlier)
+                self._views[run_id] = self._new_view(run_id)
+                self._summaries.pop(run_id, None)
             return self._views[run_id]
+
+    def _new_view(self, run_id: str, bounded: bool = False) -> RunView:
+        summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
+        if summary is not None and summary.bucket is None and summary.unreadable:
+            raise KeyError(f"Run {run_id} cannot be opened: the record of its job(s) "
+                           f"{', '.join(summary.jobs[r] for r in sorted(summary.unreadable))} cannot be read, "
+                           "so its bucket is unknown.")
+        if summary is None or summary.bucket is None:
+            raise KeyError(f"no run {run_id!r}")
+        return RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs, earlier=summary.earlier,
+                       bounded=bounded)
 
     def open_view(self, run_id: str) -> RunView | None:
         """The run's view if a dashboard opened it already (none is made here)."""
         return self._views.get(run_id)
+
+    def summary_view(self, run_id: str) -> RunView:
+        """What the background watch reads of a live run: its dashboard view if one is open, else a bounded view
+        (`RunView(bounded=True)`: its newest steps, events and samples, no history, logs or charts), kept until
+        `keep_summaries` leaves it out. A resumed run's summary is made again for its new jobs."""
+        with self._lock:
+            if run_id in self._views:
+                return self._views[run_id]
+            summary = self._summaries.get(run_id)
+            listed = next((r for r in self.list_runs() if r.run_id == run_id), None)
+            current = listed.jobs if listed is not None else {}
+            if summary is None or (current and current != {k: j.job_id for k, j in summary.current_jobs.items()}):
+                summary = self._summaries[run_id] = self._new_view(run_id, bounded=True)
+            return summary
+
+    def watched_view(self, run_id: str) -> RunView | None:
+        """The run's open view or its watch summary, whichever exists and has read the run (none is made or
+        refreshed here: a dashboard's ticks and the watch keep them current)."""
+        view = self._views.get(run_id) or self._summaries.get(run_id)
+        return view if view is not None and view.read_once else None
+
+    def keep_summaries(self, run_ids: set[str]) -> None:
+        """Drop the watch's summaries of runs not in `run_ids` (runs that ended)."""
+        with self._lock:
+            for run_id in set(self._summaries) - run_ids:
+                del self._summaries[run_id]
 
     def resume_plan(self, run_id: str) -> ResumePlan:
         """What Resume would do for this run (see `backend.resume`); raises LaunchError when it cannot."""
@@ -204,3 +235,4 @@ def cancel_jobs(executor: Executor, job_ids: list[str]) -> list[str]:
         except Exception as exc:   # keep cancelling the others: each is billing
             errors.append(f"{job_id}: {exc}")
     return errors
+

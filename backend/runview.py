@@ -39,6 +39,11 @@ SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its
 # its length, and the charts fill in once the history is read.
 HISTORY_TAIL_FRAGMENTS = 100
 HISTORY_TAIL_SAMPLES = 3600
+# A bounded view (the background watch's summary of a live run nobody watches) keeps only what the alerts and the
+# runs list read: the newest steps, the events but adapter versions, the newest resource samples.
+SUMMARY_FRAGMENTS = 10
+SUMMARY_ROWS = 200
+SUMMARY_EVENTS_SKIPPED = ("adapter_published", "adapters_superseded")
 
 
 def _usage_row(sample: ResourceSample) -> dict:
@@ -95,9 +100,13 @@ class JobView:
 
 class RunView:
     def __init__(self, run_id: str, store: BucketStore, executor: Executor, jobs: dict[str, str],
-                 earlier: dict[str, str] | None = None):
-        """`jobs`: role -> job id of the current attempt; `earlier`: "<role>#<attempt>" -> job id of earlier ones."""
+                 earlier: dict[str, str] | None = None, bounded: bool = False):
+        """`jobs`: role -> job id of the current attempt; `earlier`: "<role>#<attempt>" -> job id of earlier ones.
+        A `bounded` view holds what the alerts and the runs list read, whatever the run's length: the newest
+        SUMMARY_ROWS steps, its events but adapter versions, each job's newest resource samples; it reads no
+        history, log, samples or adapter folders, and draws nothing."""
         self.run_id = run_id
+        self.bounded = bounded
         self.store = store
         self.executor = executor
         self.jobs = {key: JobView(job_id, key, current=False) for key, job_id in (earlier or {}).items()}
@@ -116,7 +125,8 @@ class RunView:
         self._metrics = FragmentReader(store, f"{prefix}/{layout.METRICS_DIR}", check=_is_metric_record,
                                        latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS,
                                                     layout.LOADS_WRITER: MAX_ADAPTER_LOADS},
-                                       defer={layout.TRAINER_WRITER: HISTORY_TAIL_FRAGMENTS})
+                                       defer={layout.TRAINER_WRITER: SUMMARY_FRAGMENTS if bounded
+                                              else HISTORY_TAIL_FRAGMENTS})
         self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
                                       check=lambda r: isinstance(r.get("event"), str))
         # What the policy writes: a few completions per step; a first look reads only the newest steps.
@@ -132,6 +142,7 @@ class RunView:
         self._adapters_listed_at = float("-inf")
         self._versions_from_events = False
         self._refreshed_at = float("-inf")
+        self.refreshes = 0
         self.min_refresh_s = MIN_REFRESH_S
         self._settled = False     # every job over and the bucket read once since: nothing more will come
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
@@ -185,6 +196,11 @@ class RunView:
         return self.table.rows()
 
     @property
+    def read_once(self) -> bool:
+        """Whether the view has refreshed at least once (a view made by a launch may not have yet)."""
+        return self.refreshes > 0
+
+    @property
     def latest(self) -> dict:
         """The newest logged step's metrics ({} before the first)."""
         return self.table.last_row
@@ -212,6 +228,7 @@ class RunView:
         samples. Returns whether anything changed."""
         with self._lock:
             self._refreshed_at = time.monotonic()
+            self.refreshes += 1
             changed = self._refresh_spec()
             if not self._settled:      # a settled run's bucket holds nothing new: only its jobs are asked
                 changed |= self._refresh_fragments()
@@ -245,6 +262,10 @@ class RunView:
         if self.history_pending:
             return
         fragments, self._metrics.deferred = self._metrics.deferred, []
+        if self.bounded:        # a summary needs no history
+            for job in self.jobs.values():
+                job.history_end = min(job.history_end, 0)
+            return
         samples = {}
         for job in self.jobs.values():
             if job.history_end > 0:
@@ -347,7 +368,11 @@ class RunView:
             # In the order they were written: a resumed trainer logs the steps after its checkpoint again, and
             # the table keeps the latest.
             self.table.extend(steps)
-        for _writer, record in self._samples.read(full):
+        if self.bounded and len(self.table) > 2 * SUMMARY_ROWS:
+            newest = SeriesTable()
+            newest.extend(self.table.rows(last=SUMMARY_ROWS))
+            self.table = newest
+        for _writer, record in [] if self.bounded else self._samples.read(full):
             self.samples.append(redact_record(record))
             changed = True
         # Several writers' fragments arrive in one batch (the trainer's, each panel's): in the order they happened,
@@ -356,6 +381,8 @@ class RunView:
         for writer, record in new_events:
             # Masked on the way in too: a job's event may quote a token that its own job did not know to mask.
             record = {"writer": writer, **redact_record(record)}
+            if self.bounded and record["event"] in SUMMARY_EVENTS_SKIPPED:
+                continue
             self.events.append(record)
             self._note_adapter_event(record)
             if record["event"] == "engine":
@@ -392,6 +419,8 @@ class RunView:
         changed = rescan = False
         # A trainer that records its versions as events is the authority: its folders need no listing (thousands
         # of versions); one that never did (an older run) is listed as often as its metrics folder.
+        if self.bounded:
+            return False
         if (full or self._metrics.listed_at > self._adapters_listed_at) and not self._versions_from_events:
             self._adapters_listed_at = self._metrics.listed_at
             new = list_adapter_versions(self.store, self.run_id, known=set(self.adapters))
@@ -413,8 +442,8 @@ class RunView:
         if job.log_cursor == 0:     # a first look shows the tail: a day-long log is not read from its start
             job.log_cursor = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
         if job.history_end < 0:     # and the last hour of samples: the ones before are read in the background
-            job.resource_cursor = job.history_end = self.executor.resources_tail_cursor(job.job_id,
-                                                                                        HISTORY_TAIL_SAMPLES)
+            job.resource_cursor = job.history_end = self.executor.resources_tail_cursor(
+                job.job_id, RECENT_SAMPLES if self.bounded else HISTORY_TAIL_SAMPLES)
         if job.status.stage not in TERMINAL_STAGES or job.log_cursor == 0:
             try:
                 status = self.executor.status(job.job_id)
@@ -422,7 +451,8 @@ class RunView:
                 status = JobStatus(job.status.stage, f"status unavailable: {exc}")
             changed |= status != job.status
             job.status = status
-        lines, job.log_cursor = self.executor.read_logs(job.job_id, job.log_cursor)
+        lines, job.log_cursor = ([], job.log_cursor) if self.bounded else self.executor.read_logs(job.job_id,
+                                                                                                   job.log_cursor)
         if lines:
             job.logs.extend(lines)
             job.log_version += 1
@@ -434,7 +464,8 @@ class RunView:
                 break
             sampled = True
             job.resources.extend(samples)
-            job.usage.add(samples)
+            if not self.bounded:
+                job.usage.add(samples)
         return changed or bool(lines) or sampled
 
 

@@ -1,5 +1,7 @@
 """What the panel process checks whether anyone watches or not: every live run's budget cap and alerts, from a
-background thread, for the host's runs and those of visitors seen lately."""
+background thread, for the host's runs and those of visitors seen lately. A live run nobody has open is read
+through a bounded summary of it (`RunRegistry.summary_view`), never its whole view: an idle panel's memory does not
+grow with its runs' length."""
 
 import logging
 import time
@@ -75,9 +77,10 @@ class RunWatch:
             except Exception as exc:   # one namespace failing must not stop the others' alerts
                 log.warning("alert check could not list %s runs: %s", registry.executor.name, redact_tokens(str(exc)))
                 continue
+            registry.keep_summaries(set(live))
             for run_id in live:
                 try:
-                    view = registry.view(run_id)
+                    view = registry.summary_view(run_id)     # bounded, unless a dashboard has the run open
                     view.refresh_if_due()
                     self.alerts(view)
                 except Exception as exc:

@@ -42,14 +42,25 @@ def record(step: int, t0: float) -> dict:
             "weight_sync_s": 0.2, "time_in_queue_s": 0.3, "policy_version": step // ADAPTER_EVERY}
 
 
+def sample_records(step: int, t: float) -> list[dict]:
+    """The 4 completions a trainer writes of a step (`backend.runtime.samples.sample_record`'s fields)."""
+    return [{"time": t, "step": step, "policy_version": step // ADAPTER_EVERY, "prompt": f"What is {step} + {i}?",
+             "completion": f"The answer is {step + i}. " * 6, "rewards": {"digits": 0.5}, "advantage": 0.1 * i,
+             "length": 40, "truncated": False} for i in range(4)]
+
+
 class SyntheticRun:
     """A live distributed run of `rows` logged steps in a local panel home; `grow()` adds what a tick brings."""
 
-    def __init__(self, home: str, rows: int):
+    def __init__(self, home: str, rows: int, samples: str | None = None):
+        """`samples`: None (no samples/ folder), "flush" (a fragment of 4 completions a step per metric fragment,
+        as trainers write them now) or "step" (a fragment per step, as runs written before did)."""
         from backend.runtime import layout
         from backend.spec import RunSpec
 
         self.home, self.rows, self.t0 = home, rows, time.time() - rows
+        self.samples_mode, self.sample_fragment = samples, 0
+        self.samples_dir = None
         self.spec = RunSpec(name=f"scale-{rows}", mode="distributed", max_steps=rows * 10, bucket="local/bench",
                             run_id=f"scale-{rows}")
         self.run_dir = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(self.spec.run_id))
@@ -57,6 +68,9 @@ class SyntheticRun:
         self.events = os.path.join(self.run_dir, layout.EVENTS_DIR)
         for folder in (self.metrics, self.events):
             os.makedirs(folder, exist_ok=True)
+        if samples:
+            self.samples_dir = os.path.join(self.run_dir, layout.SAMPLES_DIR)
+            os.makedirs(self.samples_dir, exist_ok=True)
         with open(os.path.join(self.run_dir, layout.SPEC_FILE), "w") as f:
             f.write(self.spec.to_json())
         self.fragment = self.proxy_fragment = self.event_fragment = 0
@@ -87,14 +101,22 @@ class SyntheticRun:
         logs = {role: open(os.path.join(job_dirs[role], "log.txt"), "a") for role in JOBS}
         samples = {role: open(os.path.join(job_dirs[role], "resources.jsonl"), "a") for role in JOBS}
         try:
-            pending = []
+            pending, completions = [], []
             for _ in range(count):
                 self.step += 1
                 step, t = self.step, self.t0 + self.step
                 pending.append(record(step, self.t0))
+                if self.samples_mode:
+                    completions += sample_records(step, t)
+                    if self.samples_mode == "step":
+                        self._samples(completions)
+                        completions = []
                 if len(pending) == ROWS_PER_FRAGMENT:
                     self._fragment(self.metrics, "trainer", self.fragment, pending)
                     self.fragment, pending = self.fragment + 1, []
+                    if completions:
+                        self._samples(completions)
+                        completions = []
                 if step % PROXY_EVERY == 0:
                     replicas = [{"url": f"http://127.0.0.1:{8000 + i}", "healthy": True, "in_flight": 3,
                                  "served": step * 4, "errors": 0, "adapters": [layout.adapter_name(step // 20)]}
@@ -109,9 +131,15 @@ class SyntheticRun:
             if pending:
                 self._fragment(self.metrics, "trainer", self.fragment, pending)
                 self.fragment += 1
+            if completions:
+                self._samples(completions)
         finally:
             for f in [*logs.values(), *samples.values()]:
                 f.close()
+
+    def _samples(self, records: list[dict]) -> None:
+        self._fragment(self.samples_dir, "trainer", self.sample_fragment, records)
+        self.sample_fragment += 1
 
     def _fragment(self, folder: str, writer: str, seq: int, records: list[dict]) -> None:
         from backend.runtime.layout import fragment_name

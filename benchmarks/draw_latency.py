@@ -1,9 +1,10 @@
 """From a metric written by the trainer to the point drawn in the browser, on a live run.
 
-    python benchmarks/draw_latency.py [--sizes 1000 100000] [--writes 12]
+    python benchmarks/draw_latency.py [--sizes 1000 100000] [--writes 25] [--samples flush|step]
 
 Starts the panel (`python app.py`, a process of its own, on a free port) over synthetic live runs in the
-project's real format (see dashboard_scale.py), opens each run's dashboard in Debian's chromium, then writes 10
+project's real format (see dashboard_scale.py: metrics, samples, events, adapters, logs, resource samples),
+opens each run's dashboard in Debian's chromium, then writes 10
 new steps at a time, as a trainer does, at random moments, and measures how long until the reward chart in the
 page shows the newest step. The dashboard's timer ticks every `panel.ui.TICK_S` seconds, so a write waits for
 the next tick (up to one interval) plus what the tick costs and the browser's drawing. Runs are measured
@@ -37,10 +38,12 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 100000])
-    parser.add_argument("--writes", type=int, default=12)
+    parser.add_argument("--writes", type=int, default=25)
+    parser.add_argument("--samples", choices=("flush", "step"), default="flush",
+                        help="samples written one fragment per flush (trainers now) or per step (runs before)")
     args = parser.parse_args()
     home = tempfile.mkdtemp(prefix="grpo-latency-")
-    runs = {rows: SyntheticRun(home, rows) for rows in args.sizes}     # live while this process runs
+    runs = {rows: SyntheticRun(home, rows, samples=args.samples) for rows in args.sizes}   # live while this runs
     latencies: dict[int, list[float]] = {rows: [] for rows in runs}
     rng = random.Random(0)
     with running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url, \

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 Settings = Deployment      # the name the panel's tests and scripts know
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
+LOCAL_LIST_EVERY_S = 1.0   # how old a listing of the local jobs may be (sessions ticking together share one)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ class Panel:
     def __init__(self, settings: Deployment | None = None, local: LocalExecutor | None = None):
         self.settings = settings or Deployment()
         self.local = local or LocalExecutor(self.settings.home)
-        local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)))
+        # Sessions ticking together share one listing of the local jobs (each reads every job's record and asks
+        # whether its process lives): at most one a second, like a run's view (launch and cancel list again).
+        local_runs = RunRegistry(self.local, lambda bucket: FolderStore(self.local.bucket_root(bucket)),
+                                 list_every_s=LOCAL_LIST_EVERY_S)
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self.spend = SpendWatch()
@@ -198,7 +202,8 @@ class Panel:
             spec, cost = {}, ""
             if with_cost:
                 try:
-                    run_cost, spec = self.spend.cost(registry, run.run_id)
+                    # A view open or watched already supplies the steps: no second reader of the run's metrics.
+                    run_cost, spec = self.spend.cost(registry, run.run_id, registry.watched_view(run.run_id))
                     cost = cost_cell(run_cost, float(spec.get("budget_usd") or 0.0))
                 except Exception as exc:   # a failing price list or bucket must not break the runs list
                     log.debug("no cost for run %s: %s", run.run_id, exc)
@@ -206,7 +211,7 @@ class Panel:
             name = str(spec.get("name") or "")
             if q and q not in run.run_id.lower() and q not in name.lower():
                 continue
-            latest = self.spend.latest(registry, run.run_id, registry.open_view(run.run_id)) if with_cost else {}
+            latest = self.spend.latest(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else {}
             reward = latest.get("reward")
             created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
             rows.append([run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),

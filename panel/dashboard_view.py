@@ -71,6 +71,7 @@ def wire(page) -> None:
     """The open run's events (picking a run is the runs list's: `runs_view`)."""
     page.on([page["x_axis"].change, page["smoothing"].release, page["sample_steps"].change], on_options,
             [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
+    page.on(page["sample_steps"].focus, on_steps, ["run_pick"], ["sample_steps"], show_progress="hidden")
     page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private"], ["push.message"])
     page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["roles"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
@@ -99,10 +100,13 @@ def present(values: dict, role: str) -> dict:
 
 
 def draw(panel, visitor, run_id, role, query, x, smooth, pick, session) -> dict:
-    """The dashboard components this session has not drawn yet (only what changed), and what it has drawn."""
-    session = {**(session or {}), "drawn": dict((session or {}).get("drawn") or {})}
+    """The dashboard components this session has not drawn yet (only what changed). What it has drawn is kept in
+    `session`, its state, updated in place (Gradio rebuilds a state's config each time one is sent, so a tick
+    sends none); a session without one yet is sent a new one."""
+    fresh = not isinstance(session, dict)
+    session = {} if fresh else session
     update = live.run_update(panel, run_id, session, visitor, role, query, x=x, smoothing=smooth, pick=pick)
-    return {**present(update.values, role), "drawn": session}
+    return {**present(update.values, role), **({"drawn": session} if fresh else {})}
 
 
 def on_select(panel, visitor, run_id, role, query, x, smooth, pick) -> dict:
@@ -120,11 +124,21 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick) -> dict:
         return {**untick, "status": exc.args[0], "drawn": None, "cost": ""}
 
 
+def on_steps(panel, visitor, run_id) -> dict:
+    """The step picker's choices, sent when it is opened (a tick does not: `live.ON_REQUEST`)."""
+    try:
+        view = panel.view(run_id, visitor) if run_id else None
+    except KeyError:
+        view = None
+    steps = dashboard.sample_steps(view)[:dashboard.SAMPLE_STEPS] if view else []
+    return {"sample_steps": gr.update(choices=["latest", *steps])}
+
+
 def on_options(panel, visitor, run_id, role, query, x, smooth, pick, session) -> dict:
     if not run_id:
         return {"drawn": gr.skip()}     # Gradio wants at least one output named
     try:
-        return draw(panel, visitor, run_id, role, query, x, smooth, pick, session)
+        return {"drawn": gr.skip(), **draw(panel, visitor, run_id, role, query, x, smooth, pick, session)}
     except KeyError:
         return {"drawn": gr.skip()}     # Gradio wants at least one output named
 

@@ -15,6 +15,10 @@ from backend.axes import run_start
 from panel import charts, dashboard, spend_view
 
 LOG_KEY = "log"
+# Sent with a session's first draw of a run and then only when the session asks (the step picker's choices, when
+# it is opened: `dashboard_view.on_steps`), not with each tick: a live run has new sample steps every tick, and
+# each choices update costs Gradio a component rebuild per session.
+ON_REQUEST = ("sample_steps",)
 
 
 @dataclass
@@ -58,12 +62,14 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=run_start(view),
                                   dollars=tuple(dollars or ()), x_note=note)
     frame = dashboard.shared_frame(view, options)
-    parts = {name: (frame.digests[name], value) for name, value in frame.values.items()}
+    drawn = state.setdefault("drawn", {})
+    parts = {name: (drawn[name] if name in ON_REQUEST and name in drawn else frame.digests[name], value)
+             for name, value in frame.values.items()}
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
     rows = dashboard.sample_rows(view, pick)
     parts["samples"] = (dashboard.digest(rows), rows)
     parts.update(extra(view) if extra else {})
-    return DashboardUpdate(send_changed(state.setdefault("drawn", {}), parts))
+    return DashboardUpdate(send_changed(drawn, parts))
 
 
 def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",

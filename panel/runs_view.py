@@ -35,7 +35,7 @@ def build(page, panel: Panel) -> None:
                               label="Runs (newest first; click a row to open it)")
     spend_view.build_orphans(panel, visitor_of)
     action_msg = gr.Markdown(elem_id="action-msg")
-    listed = gr.State(None)     # the runs table this browser session last received
+    listed = gr.State(None)     # the runs table and run choices this browser session last received
     resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
     page.add(runs_hint=runs_hint, run_pick=run_pick, cancel=cancel, resume_confirm=resume_confirm, resume=resume,
              runs_query=runs_query, runs_status=runs_status, runs_table=runs_table, action_msg=action_msg,
@@ -63,14 +63,21 @@ def run_choices(panel: Panel, visitor: Visitor) -> list[str]:
     return [r[0] for r in panel.runs_table(visitor, with_cost=False)]
 
 
-def list_update(panel, visitor, find: str, state: str, last_rows) -> dict:
-    """The runs list, re-sent only when it changed: a re-render resets the table for the visitor."""
+def list_update(panel, visitor, find: str, state: str, listed) -> dict:
+    """The runs list, re-sent only when it changed (a re-render resets the table for the visitor), and the run
+    pickers' choices only when the runs did (a live run's cells change every tick; its id does not). `listed` is
+    what this session was sent last ({"rows", "choices"}): kept up to date in place, so a tick sets no state."""
     rows = panel.runs_table(visitor, query=find, status=state)
-    if rows == last_rows:
-        return {}
+    seen = listed if isinstance(listed, dict) else {}
+    out = {} if rows == seen.get("rows") else {"runs_table": rows}
     choices = run_choices(panel, visitor)
-    return {"runs_table": rows, "run_pick": gr.update(choices=choices), "listed": rows,
-            "compare_picks": gr.update(choices=choices)}
+    if choices != seen.get("choices"):
+        out.update(run_pick=gr.update(choices=choices), compare_picks=gr.update(choices=choices))
+    if out and not isinstance(listed, dict):
+        out["listed"] = {"rows": rows, "choices": choices}
+    elif out:
+        listed.update(rows=rows, choices=choices)
+    return out
 
 
 def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, session, last_rows, find, state) -> dict:

@@ -5,7 +5,7 @@ handlers are plain functions in those modules, over the backend and `panel/actio
 
 import gradio as gr
 
-from panel import compare_view, dashboard_view, launch_view, runs_view
+from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view
 from panel.actions import Panel
 from panel.page import Page, visitor_of
 
@@ -22,6 +22,7 @@ KEEP_CLEARED_CHOICES = """() => { document.addEventListener('keydown', (e) => {
 
 
 def build_ui(panel: Panel) -> gr.Blocks:
+    cheap_skips.install()       # a tick's unchanged outputs cost every session nothing (see the module)
     page = Page(panel)
     # Gradio keeps a copy of every file it serves (downloads); delete_cache drops copies older than a day, hourly.
     with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(3600, 86400)) as demo:

@@ -54,7 +54,43 @@ def test_between_listings_a_reader_probes_the_next_fragments_and_finds_new_write
     assert store.listings == 1 and store.probes >= 2, "no listing: the trainer's next numbers were asked for"
     assert reader.read() == [], "nothing new: one probe, no listing"
     clock[0] = 1.0 + reader.rescan_s
-    assert [w for w, _ in reader.read()] == ["proxy"] and store.listings == 2, "the next listing finds a new writer"
+    assert reader.read() == [], "a due re-listing is started, not waited for: the read probes as before"
+    assert reader.wait_for_listing(10) and store.listings == 2
+    _fragment(folder, "trainer", 7, [{"step": 8}])
+    assert [(w, r.get("step")) for w, r in reader.read()] == [("proxy", None), ("trainer", 8)], \
+        "the next read takes what the listing found (a new writer) and probes the known ones"
+    assert store.listings == 2 and reader.read() == []
+
+
+class SlowListingStore(CountingStore):
+    """A bucket whose listing takes a while (a folder of 100,000 fragments; on the Hub, an HTTP walk)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.release = threading.Event()
+
+    def list_files(self, prefix):
+        if self.listings:           # the first look lists at once; later listings wait to be released
+            self.release.wait(10)
+        return super().list_files(prefix)
+
+
+def test_no_read_waits_for_a_re_listing_of_the_folder(tmp_path):
+    store = SlowListingStore(str(tmp_path))
+    folder = tmp_path / "runs" / "r" / "samples"
+    clock = [0.0]
+    reader = FragmentReader(store, "runs/r/samples", clock=lambda: clock[0])
+    _fragment(folder, "trainer", 0, [{"step": 1}])
+    assert [r["step"] for _, r in reader.read()] == [1]
+    clock[0] = 1000.0
+    _fragment(folder, "trainer", 1, [{"step": 2}])
+    _fragment(folder, "eval", 0, [{"step": 2, "score": 0.5}])
+    assert [r["step"] for _, r in reader.read()] == [2], "the listing is under way; the read probed"
+    assert reader.listing_pending
+    store.release.set()
+    assert reader.wait_for_listing(10)
+    assert [(w, r["score"]) for w, r in reader.read()] == [("eval", 0.5)], "a new writer's folder, read once"
+    assert reader.read() == [] and store.listings == 2
 
 
 def test_a_first_look_reads_only_the_newest_snapshots_of_a_snapshot_writer(tmp_path):
@@ -196,3 +232,114 @@ def test_a_short_run_is_read_at_once(tmp_path):
     view = _view(str(tmp_path), run)
     view.refresh()
     assert not view.history_pending and len(view.table) == HISTORY_TAIL_FRAGMENTS * 10
+
+
+# ---- files that stay few, old runs still read
+
+def test_samples_are_written_one_fragment_per_flush_and_a_run_of_one_file_per_step_still_reads(tmp_path):
+    from backend.runtime.samples import SampleWriter, sample_record
+
+    run_dir = tmp_path / "runs" / "r"
+    writer = SampleWriter(str(run_dir), flush_every_s=3600)
+    for step in range(1, 6):
+        writer.write([sample_record(step, None, "p", f"c{step}-{i}", {"r": 1.0}, 0.0, 3, False) for i in range(9)])
+    assert not (run_dir / layout.SAMPLES_DIR).exists(), "nothing written before a flush"
+    writer.flush()
+    writer.flush()                                              # nothing new: no empty fragment
+    files = sorted(os.listdir(run_dir / layout.SAMPLES_DIR))
+    assert files == [layout.fragment_name("trainer", 0)]
+    records = [json.loads(line) for line in (run_dir / layout.SAMPLES_DIR / files[0]).read_text().splitlines()]
+    assert [r["step"] for r in records] == [s for s in range(1, 6) for _ in range(4)], "4 a step, 5 steps, 1 file"
+
+    for samples in ("flush", "step"):                            # the reader reads both layouts alike
+        home = tmp_path / samples
+        run = SyntheticRun(str(home), 60, samples=samples)
+        view = _view(str(home), run)
+        view.refresh()
+        assert dashboard.sample_steps(view)[0] == 60 and len(dashboard.sample_rows(view)) == 4
+        assert len(os.listdir(run.samples_dir)) == (6 if samples == "flush" else 60)
+
+
+# ---- the background watch: a bounded summary of each live run
+
+def test_the_watch_keeps_a_bounded_summary_of_a_live_run_nobody_watches(tmp_path, monkeypatch):
+    from backend.access import Visitor
+    from backend.runview import SUMMARY_ROWS
+    from panel.actions import Panel, Settings
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run = SyntheticRun(str(tmp_path), 3000, samples="flush")
+    run._fragment(run.events, "trainer", run.event_fragment, [{"time": run.t0, "event": "started"}])
+    run.event_fragment += 1
+    panel = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
+    try:
+        panel.watch.check()
+        registry = panel.runs.find(run.spec.run_id, Visitor())
+        summary = registry.watched_view(run.spec.run_id)
+        assert registry.open_view(run.spec.run_id) is None and summary.bounded
+        assert summary.latest["step"] == 3000 and len(summary.table) <= SUMMARY_ROWS * 2
+        assert summary.table.steps[0] > 3000 - 2 * SUMMARY_ROWS, "no history read"
+        assert not summary.samples and not summary.jobs["trainer"].logs and not len(summary.jobs["trainer"].usage.table)
+        assert summary.jobs["trainer"].resources, "the newest resource samples, which the alerts read"
+        assert [e["event"] for e in summary.events] == ["started"], "its events, but the adapter versions"
+        run.grow(2 * SUMMARY_ROWS + 10)
+        summary.expire()
+        panel.watch.check()
+        assert summary.latest["step"] == 3000 + 2 * SUMMARY_ROWS + 10 and len(summary.table) <= 2 * SUMMARY_ROWS
+        [row] = panel.runs_table()
+        assert f"{3000 + 2 * SUMMARY_ROWS + 10}/{run.spec.max_steps}" in row[3], "the runs list reads the summary"
+        opened = panel.view(run.spec.run_id)                       # a dashboard opens it: a whole view
+        assert not opened.bounded and registry.watched_view(run.spec.run_id) in (None, opened)
+        panel.watch.check()
+        assert registry.watched_view(run.spec.run_id) is opened, "the watch reads the open view, no second one"
+    finally:
+        panel.shutdown()
+
+
+# ---- through Gradio's request path: a session's tick sends only what changed for it
+
+def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has(tmp_path, monkeypatch):
+    import asyncio
+
+    from dashboard_requests import Browser
+
+    from panel.actions import Panel, Settings
+    from panel.ui import build_ui
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run = SyntheticRun(str(tmp_path), 300, samples="flush")
+    panel = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
+    try:
+        demo = build_ui(panel)
+        browser = Browser(demo, run.spec.run_id)
+        tick = browser.fns["on_tick"]
+        names = [getattr(block, "elem_id", None) or type(block).__name__ for block in tick.outputs]
+
+        async def ticks():
+            await browser.open()
+            out = []
+            for _ in range(3):
+                run.grow(10)
+                panel.view(run.spec.run_id).expire()
+                answer = await demo.process_api(tick, [run.spec.run_id, "trainer", "", "step", 0, "latest",
+                                                       None, None, "", "all"],
+                                                state=browser.state, session_hash=browser.session)
+                out.append(dict(zip(names, answer["data"])))
+            steps = await demo.process_api(browser.fns["on_steps"], [run.spec.run_id], state=browser.state,
+                                           session_hash=browser.session)
+            return out, steps["data"]
+
+        answers, steps = asyncio.run(ticks())
+        skipped = {"__type__": "update"}
+        first, *later = answers
+        assert first["run-pick"]["choices"] == [[run.spec.run_id, run.spec.run_id]], "the first list has the runs"
+        for answer in later:
+            assert answer["reward-plot"] != skipped and answer["runs-table"] != skipped, "new rows are sent"
+            assert answer["run-pick"] == answer["compare-pick"] == skipped, "the same runs: no choices again"
+            assert answer["sample-step"] == skipped and answer["config-json"] == skipped
+        assert steps[0]["choices"][:2] == [["latest", "latest"], ["330", 330]], "opened, the picker gets the steps"
+        assert all(browser.state[b._id] is not None for b in tick.outputs if b.stateful), "the session's state kept"
+    finally:
+        panel.shutdown()

@@ -98,6 +98,7 @@ def test_before_its_spec_is_read_a_frame_has_no_config_so_the_last_one_shown_sta
 def test_a_tick_sends_only_what_changed_and_the_final_adapter_once_it_is_written(panel, run):
     run_id = run.spec.run_id
     first = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, None)
+    session = first["drawn"]
     assert first["change"] == gr.update(visible=False), "a run with no verdict yet has no change to suggest"
     assert {*dashboard.PLOTS, "status", "cost", "change", "sample_steps", "samples", "config", "final", "roles",
             live.LOG_KEY} <= set(first)
@@ -106,17 +107,17 @@ def test_a_tick_sends_only_what_changed_and_the_final_adapter_once_it_is_written
     assert first["roles"] == gr.update(choices=sorted(JOBS), value="trainer")
     assert "local runs cost nothing" in first["cost"]
     panel.view(run_id).expire()
-    again = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, first["drawn"])
-    assert set(again) <= {"drawn", "cost"}, "an unchanged run sends nothing but the time passing"
+    again = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, session)
+    assert set(again) <= {"cost"}, "an unchanged run sends nothing but the time passing (no state either)"
     _finish(run)
     panel.view(run_id).expire()
-    finished = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, again["drawn"])
+    finished = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, session)
     assert finished["final"]["interactive"] and finished["final"]["value"].endswith(".zip")
     assert "final adapter ready" in finished["status"]
     assert "config" not in finished and "roles" not in finished, "the spec and the jobs did not change"
     _sync_bound(run)
     panel.view(run_id).expire()
-    assert dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, finished["drawn"])["change"] == gr.update(visible=True)
+    assert dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, session)["change"] == gr.update(visible=True)
 
 
 def test_a_session_that_drew_another_run_or_a_new_log_search_is_sent_it(panel, run):
@@ -124,7 +125,7 @@ def test_a_session_that_drew_another_run_or_a_new_log_search_is_sent_it(panel, r
     drawn = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, None)["drawn"]
     searched = dashboard_view.draw(panel, ANYONE, run_id, "vllm-0", "step", "step", 0.0, "latest", drawn)
     assert live.LOG_KEY in searched and "roles" not in searched
-    other = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, {"run_id": "another", "drawn": drawn["drawn"]})
+    other = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, {"run_id": "another", "drawn": dict(drawn["drawn"])})
     assert "config" in other and "reward" in other, "a session that drew another run gets everything"
 
 
@@ -159,7 +160,8 @@ def test_the_log_filter_keeps_matching_lines_and_a_tick_without_a_run_lists_the_
     assert log.splitlines() and all(line.startswith("step 5") for line in log.splitlines()), log
     assert dashboard_view.on_log_filter(panel, ANYONE, None, "trainer", "") == {live.LOG_KEY: ""}
     tick = runs_view.on_tick(panel, ANYONE, None, *SHOWN, None, None, "", "all")
-    assert tick["runs_table"][0][0] == run.spec.run_id and tick["listed"] == tick["runs_table"]
+    assert tick["runs_table"][0][0] == run.spec.run_id and tick["listed"]["rows"] == tick["runs_table"]
+    assert tick["run_pick"] == gr.update(choices=[run.spec.run_id]) == tick["compare_picks"]
     assert "drawn" not in tick
     assert runs_view.list_update(panel, ANYONE, "", "all", tick["listed"]) == {}, "an unchanged list is not re-sent"
 

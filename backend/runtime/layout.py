@@ -9,7 +9,8 @@
     runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
     runs/<run_id>/checkpoints/                  trainer checkpoints, for resume
     runs/<run_id>/final/                        the last adapter, written when training ends
-    runs/<run_id>/samples/<writer>-<seq>.jsonl  write-once fragments of a few completions per step
+    runs/<run_id>/samples/<writer>-<seq>.jsonl  write-once fragments of a few completions per step, one fragment
+                                                per flush like metrics (runs written before: one per step)
     runs/<run_id>/base-model/                   a builtin model, built by the first job that needs it
     runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, adapter_published,
                                                 adapters_superseded, finished, failed, canceled, ...)

@@ -161,7 +161,7 @@ class RunFolderCallback(TrainerCallback):
         self.adapter_every = adapter_every
         self.flush_every_s = flush_every_s
         self.metrics = FragmentWriter(os.path.join(run_dir, METRICS_DIR), TRAINER_WRITER)
-        self.samples = SampleWriter(run_dir)
+        self.samples = SampleWriter(run_dir, flush_every_s)   # flushed with the metrics
         self.trainer = None     # set once the trainer exists: its newest completions are written as samples
         self.pending: list[dict] = []
         self.last_flush = time.time()
@@ -176,6 +176,10 @@ class RunFolderCallback(TrainerCallback):
         self.metrics.write(self.pending)
         self.pending = []
         self.last_flush = time.time()
+        try:
+            self.samples.flush()
+        except Exception as error:   # showing samples must never stop training
+            print(f"could not write samples: {type(error).__name__}: {error}", flush=True)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:

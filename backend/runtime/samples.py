@@ -1,12 +1,15 @@
 """What the policy writes: a few of each step's completions with their prompt, rewards and advantage, written by
 the trainer beside its metrics (`samples/trainer-NNNNNN.jsonl`, write-once fragments), where reward hacking and
-degenerate output are seen.
+degenerate output are seen. Like metrics, they are written one fragment per flush (every couple of seconds and at
+the end), not one per step, so the folder holds as few files as `metrics/` however long the run. (Runs written
+before held one fragment per step: the reader reads either, a fragment is a fragment.)
 
 Bounded: at most SAMPLES_PER_STEP a logging step (the colocated trainer) or a policy version (the async one),
 texts cut to MAX_TEXT characters, and masked like every event.
 """
 
 import os
+import threading
 import time
 
 from .layout import SAMPLES_DIR, TRAINER_WRITER, FragmentWriter
@@ -40,11 +43,29 @@ def sample_record(step: int, version: int | None, prompt, completion, rewards: d
 
 
 class SampleWriter:
-    def __init__(self, run_dir: str):
+    """Keeps each step's samples (at most SAMPLES_PER_STEP) and writes what it holds as one fragment per flush:
+    when `flush()` is called (the trainer flushes its metrics) or once `flush_every_s` has passed since the last
+    one. Safe from two threads (TRL's async trainer hands samples over from a thread of its own)."""
+
+    def __init__(self, run_dir: str, flush_every_s: float = 2.0):
         self.fragments = FragmentWriter(os.path.join(run_dir, SAMPLES_DIR), TRAINER_WRITER)
+        self.flush_every_s = flush_every_s
+        self.pending: list[dict] = []
+        self.last_flush = time.time()
+        self._lock = threading.Lock()
 
     def write(self, records: list[dict]) -> None:
-        self.fragments.write(records[:SAMPLES_PER_STEP])
+        """One step's samples: kept, and written with the others once a flush is due."""
+        with self._lock:
+            self.pending += records[:SAMPLES_PER_STEP]
+        if time.time() - self.last_flush >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self.pending = self.pending, []
+            self.last_flush = time.time()
+            self.fragments.write(pending)
 
 
 def colocated_samples(trainer, step: int, max_completion_length: int) -> list[dict]:

@@ -47,7 +47,7 @@ from .proxy import start_proxy_process
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .run_end import record_end, stop_on_sigterm
-from .samples import SampleWriter, install_async_samples
+from .samples import install_async_samples
 from .task import load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
@@ -234,7 +234,7 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
     )
     trainer.remove_callback(PrinterCallback)
     callback.trainer = trainer
-    install_async_samples(SampleWriter(run_dir), spec["max_completion_length"], lambda: trainer.state.global_step)
+    install_async_samples(callback.samples, spec["max_completion_length"], lambda: trainer.state.global_step)
     return trainer
 
 
