@@ -17,8 +17,10 @@ the replicas through the proxy for `trl-policy-vN` (`ReplicaGenerator`), a bound
 import json
 import math
 import os
+import queue
 import shutil
 import tempfile
+import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -275,3 +277,40 @@ def snapshot_adapter(adapter_dir: str) -> str:
         if os.path.isfile(os.path.join(adapter_dir, name)):
             shutil.copyfile(os.path.join(adapter_dir, name), os.path.join(copy, name))
     return copy
+
+
+class BackgroundEvaluation:
+    """The distributed trainer's evaluation: each synced version is queued (with a private copy of its adapter)
+    and evaluated by a thread of its own, in order, while training goes on. A version the replicas no longer hold
+    when its turn comes (max_staleness + 1 newer ones were loaded meanwhile) is skipped, and said so."""
+
+    def __init__(self, evaluation: HeldOutEvaluation, generator: ReplicaGenerator):
+        self.evaluation, self.generator = evaluation, generator
+        self.pending: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="held-out-evaluation", daemon=True)
+        self.thread.start()
+
+    def published(self, version: int, step: int, adapter_dir: str, last: bool = False) -> None:
+        if self.evaluation.due(step, last):
+            self.evaluation.last_step = step
+            self.pending.put((version, step, snapshot_adapter(adapter_dir)))
+
+    def _work(self) -> None:
+        while True:
+            item = self.pending.get()
+            if item is None:
+                return
+            version, step, copy = item
+            try:
+                print(progress_line(self.evaluation.evaluate(version, step, copy)), flush=True)
+            except Exception as error:   # evaluation must never stop training
+                print(f"held-out v{version} (step {step}) not evaluated: {type(error).__name__}: {error}", flush=True)
+            finally:
+                shutil.rmtree(copy, ignore_errors=True)
+                self.pending.task_done()
+
+    def finish(self, timeout_s: float = 120.0) -> None:
+        """Wait for the queued versions (the last one included), at most `timeout_s`, then stop the thread."""
+        self.pending.put(None)
+        self.thread.join(timeout_s)
+        self.generator.close()
