@@ -82,9 +82,6 @@ def held_out_errors(spec, columns: set[str]) -> list[FieldError]:
         elif os.path.abspath(os.path.expanduser(path)) == os.path.abspath(os.path.expanduser(spec.dataset)):
             errs.append(FieldError("eval_file", "the held-out file is the training dataset: every held-out prompt "
                                                 "would be trained on; give another file, or hold out 'rows' of it"))
-    if spec.eval_greedy and spec.eval_samples_per_prompt > 1:
-        errs.append(FieldError("eval_samples_per_prompt", "greedy decoding gives one answer per prompt: set 1, or "
-                                                          "turn greedy off to sample several"))
     return errs
 
 
