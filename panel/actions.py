@@ -32,6 +32,7 @@ from backend.runview import RunView
 from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TaskReport
+from backend.task_rules import held_out_summary
 from backend.watch import RunWatch
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
@@ -132,7 +133,7 @@ class Panel:
             return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
         spec, jobs = shown.spec, shown.jobs
         lines = [(f"**{len(jobs)} job(s)** of run `{spec.run_id}`, image `{spec.image}`, TRL {recipe.TRL_VERSION}, "
-                  f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
+                  f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}."), held_out_summary(spec)]
         if shown.cost is not None:
             lines.append(_cost_line(jobs, shown.cost) + f" Review code **`{spec.fingerprint()}`**.")
             if spec.budget_usd:
