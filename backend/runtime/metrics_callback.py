@@ -243,7 +243,10 @@ class RunFolderCallback(TrainerCallback):
         if self.evaluation is not None and self.evaluation.due(step, last or step >= self.max_steps):
             from .evaluate import progress_line  # noqa: PLC0415 only runs with a held-out set
 
-            print(progress_line(self.evaluation.evaluate(self.version, step, dest)), flush=True)
+            try:
+                print(progress_line(self.evaluation.evaluate(self.version, step, dest)), flush=True)
+            except Exception as error:   # a held-out score must never stop training (a monitor reward may fail)
+                print(f"held-out {name} (step {step}) not evaluated: {type(error).__name__}: {error}", flush=True)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
