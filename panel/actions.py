@@ -237,6 +237,8 @@ class Panel:
         if not view.spec:
             raise KeyError(f"Run {run_id} has no spec.json yet.")
         values = preset_values(TINY_DEMO)
+        if "eval_source" not in view.spec:    # a run from before held-out evaluation had none: not the demo's
+            values.update(eval_source="none", monitor_rewards=[])
         values.update({k: v for k, v in view.spec.items() if k in values})
         changed = {k: v for k, v in (change or {}).items() if k in values}
         line = f"Filled from run `{run_id}`"

@@ -115,6 +115,9 @@ PRESETS: dict[str, dict] = {
     "Tiny distributed (CPU, 2 vLLM replicas)": dict(
         NO_TASK, **TINY_HELD_OUT, name="tiny-distributed", mode="distributed", executor="local", model=TINY_MODEL,
         dataset="builtin:count-to-ten", rewards=["digits"], replicas=2, max_staleness=1, lora_r=8, max_steps=20,
+        # A version a step: the held-out questions are asked at the first version, then every 5 steps and at the
+        # last, 2 at a time, beside the rollouts on the same two CPU replicas.
+        eval_every=5, eval_max_inflight=2,
         adapter_every=1, flavor="cpu-basic", bucket="local/grpo-runs", timeout_minutes=30),
     QWEN05_COLOCATED: dict(
         MATH_TASK, name="qwen05b-math", mode="colocated", executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct",
