@@ -67,11 +67,12 @@ def stage_check(spec: RunSpec, request: dict, store: BucketStore, check_id: str)
     store.ensure_bucket()
     store.upload_folder(RUNTIME_DIR, f"{folder}/code/runtime")
     store.write_bytes(f"{folder}/code/user_rewards.py", spec.reward_code.encode())
-    if request["file"]:
-        name = os.path.basename(request["file"])
-        with open(request["file"], "rb") as f:
-            store.write_bytes(f"{folder}/data/{name}", f.read())
-        request["file"] = f"data/{name}"    # the harness reads it beside the request
+    for key, prefix in (("file", ""), ("eval_file", "heldout-")):
+        if request.get(key):
+            name = prefix + os.path.basename(request[key])
+            with open(request[key], "rb") as f:
+                store.write_bytes(f"{folder}/data/{name}", f.read())
+            request[key] = f"data/{name}"    # the harness reads it beside the request
     store.write_bytes(f"{folder}/request.json", json.dumps(request, default=str).encode())
 
 

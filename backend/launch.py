@@ -14,7 +14,7 @@ from backend.executors import engine
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobSpec
 from backend.runtime import layout
-from backend.runtime.task import is_local_file
+from backend.runtime.task import is_local_file, local_copy_path
 from backend.spec import RunSpec
 from backend.store import BucketStore
 
@@ -104,16 +104,21 @@ def write_run_files(spec: RunSpec, store: BucketStore) -> None:
         store.write_bytes(f"{prefix}/{layout.CODE_DIR}/{layout.USER_REWARDS_MODULE}.py", spec.reward_code.encode())
     if is_local_file(spec.dataset):
         _upload_dataset(spec, store, prefix)
+    if spec.eval_source == "file":
+        _upload_dataset(spec, store, prefix, held_out=True)
     store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
 
 
-def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str) -> None:
-    """The run's own copy of a local dataset file: its jobs (and a resume, long after) read that one."""
-    source = os.path.expanduser(spec.dataset)
+def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str, held_out: bool = False) -> None:
+    """The run's own copy of a local dataset file (or of its held-out file): its jobs (and a resume, long after)
+    read that one."""
+    path = spec.eval_file if held_out else spec.dataset
+    source = os.path.expanduser(path)
     if not os.path.isfile(source):
-        raise FileNotFoundError(f"dataset file {spec.dataset} is gone")
+        raise FileNotFoundError(f"{'held-out' if held_out else 'dataset'} file {path} is gone")
+    name = os.path.basename(local_copy_path("", path, held_out))
     with open(source, "rb") as f:
-        store.write_bytes(f"{prefix}/{layout.DATA_DIR}/{os.path.basename(spec.dataset)}", f.read())
+        store.write_bytes(f"{prefix}/{layout.DATA_DIR}/{name}", f.read())
 
 
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:

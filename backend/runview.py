@@ -134,6 +134,9 @@ class RunView:
                                        check=lambda r: isinstance(r.get("completion"), str),
                                        latest_only={layout.TRAINER_WRITER: SAMPLE_STEPS_KEPT})
         self.samples: deque[dict] = deque(maxlen=SAMPLE_STEPS_KEPT * 4)
+        # Held-out evaluation: one record per evaluated adapter version (runtime/evaluate.py), by version.
+        self._evals = FragmentReader(store, f"{prefix}/{layout.EVALS_DIR}", check=_is_eval_record)
+        self.evals: dict[int, dict] = {}
         self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
         self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
         self._engine: str | None = None
@@ -332,7 +335,7 @@ class RunView:
     @property
     def unreadable(self) -> dict[str, int]:
         """Records skipped as unreadable, per file: metric and event fragments, and the jobs' own files."""
-        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad}
+        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad, **self._evals.cursor.bad}
         if self.jobs:    # a view of bucket files alone has no executor to ask
             counts.update(self.executor.unreadable_records(self.run_id))
         return counts
@@ -374,6 +377,10 @@ class RunView:
             self.table = newest
         for _writer, record in [] if self.bounded else self._samples.read(full):
             self.samples.append(redact_record(record))
+            changed = True
+        evaluated = self._evals.read(full)
+        if evaluated:     # a new mapping, not one changed in place: a frame being drawn holds the old one
+            self.evals = {**self.evals, **{int(r["policy_version"]): redact_record(r) for _w, r in evaluated}}
             changed = True
         # Several writers' fragments arrive in one batch (the trainer's, each panel's): in the order they happened,
         # so an alert cleared by a restarted panel is not read back before the one that raised it.
@@ -505,3 +512,10 @@ def _is_metric_record(record: dict) -> bool:
 def _event_time(record: dict) -> float:
     when = record.get("time")
     return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
+
+
+def _is_eval_record(record: dict) -> bool:
+    """A held-out evaluation record: an integer version and step, a finite score, its rewards as a mapping."""
+    return (isinstance(record.get("policy_version"), int) and not isinstance(record["policy_version"], bool)
+            and isinstance(record.get("step"), int) and _is_number(record.get("score"))
+            and isinstance(record.get("rewards", {}), dict))

@@ -30,7 +30,7 @@ from backend.spec_fields import (
     SpecError,
     declared_problems,
 )
-from backend.task_rules import BUILTIN_DATASETS, HUB_ID, REWARD_CHOICES, task_errors
+from backend.task_rules import BUILTIN_DATASETS, EVAL_SOURCES, HUB_ID, REWARD_CHOICES, task_errors
 
 MODES = ("colocated", "distributed")
 MODEL_HELP = (f"a local folder, a Hub model id, {TINY_MODEL} (the demo, built on the spot), or "
@@ -107,6 +107,42 @@ class RunSpec:
     repetition_max_penalty: float = field(default=-1.0, metadata={
         "label": "Repetition: max penalty", "section": TASK,
         "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
+    # Held-out evaluation (the task section's "Held-out evaluation"; runtime/evaluate.py)
+    eval_source: str = field(default="none", metadata={
+        "label": "Held-out set", "section": TASK, "choices": EVAL_SOURCES,
+        "help": "prompts never trained on, scored at each adapter version: 'split' (a split of the dataset: a Hub "
+                "dataset's, or a builtin set's 'test'), 'file' (a .jsonl / .parquet file), 'rows' (the dataset's "
+                "first rows, kept out of training); none: no held-out evaluation"})
+    eval_split: str = field(default="test", metadata={
+        "label": "Held-out split", "section": TASK,
+        "help": "with 'split': the split to evaluate on, other than the training split (a builtin set's is 'test')"})
+    eval_file: str = field(default="", metadata={
+        "label": "Held-out file", "section": TASK,
+        "help": "with 'file': a local .jsonl / .parquet file with the training data's columns (the run keeps a copy)"})
+    eval_rows: int = field(default=16, metadata={
+        "label": "Held-out rows", "section": TASK, "limits": (1, 100_000),
+        "help": "with 'rows': this many of the dataset's first rows are held out; training uses the rest"})
+    eval_max_prompts: int = field(default=64, metadata={
+        "label": "Held-out prompts per evaluation", "section": TASK, "limits": (1, 10_000),
+        "help": "at most this many held-out prompts are scored per adapter version (the first ones, the same each "
+                "time)"})
+    monitor_rewards: list[str] = field(default_factory=list, metadata={
+        "label": "Monitor-only rewards", "section": TASK, "choices": REWARD_CHOICES,
+        "help": "rewards scored on the held-out set with weight 0, never trained on: e.g. accuracy_reward while "
+                "training on a format reward (a run's reward weighted 0 is monitor-only too)"})
+    eval_every: int = field(default=0, metadata={
+        "label": "Evaluate every K steps", "section": TASK, "limits": (0, None),
+        "help": "0: every published adapter version; K: the first version published K or more steps after the "
+                "last one evaluated (the last version is always evaluated)"})
+    eval_greedy: bool = field(default=True, metadata={
+        "label": "Greedy held-out answers", "section": TASK,
+        "help": "greedy decoding (one answer per prompt); off: sampled at the training temperature"})
+    eval_samples_per_prompt: int = field(default=1, metadata={
+        "label": "Held-out samples per prompt", "section": TASK, "limits": (1, 64),
+        "help": "sampled answers per held-out prompt (greedy decoding gives one)"})
+    eval_max_inflight: int = field(default=4, metadata={
+        "label": "Held-out requests in flight", "section": TASK, "limits": (1, 1024),
+        "help": "distributed runs: held-out requests sent to the replicas at once, so rollouts are not starved"})
     # LoRA
     lora_r: int = field(default=8, metadata={
         "label": "Rank r", "section": LORA, "limits": (1, 512),

@@ -46,11 +46,13 @@ MAX_OUTPUT_LINE_BYTES = 64 * 2**10  # what the reward code prints: a line longer
 CALL_MARGIN_S = 5.0         # per reward call, on top of its own limit (the harness enforces that one)
 # The fields a check's answer may blame (anything else a check job's log claims is blamed on the code).
 REPORT_FIELDS = frozenset({"dataset", "prompt_column", "reward_columns", "model", "max_prompt_tokens", "rewards",
-                           "reward_code"})
+                           "reward_code", "eval_split", "eval_file", "eval_rows", "monitor_rewards"})
 # The RunSpec fields a task check reads; the preview names only their problems.
 TASK_FIELDS = ("model", "dataset", "dataset_config", "dataset_split", "prompt_column", "reward_columns",
                "system_prompt", "max_prompt_tokens", "rewards", "reward_weights", "reward_code",
-               "overlong_max_tokens", "overlong_cache_tokens", "repetition_ngram_size", "repetition_max_penalty")
+               "overlong_max_tokens", "overlong_cache_tokens", "repetition_ngram_size", "repetition_max_penalty",
+               "eval_source", "eval_split", "eval_file", "eval_rows", "eval_max_prompts", "monitor_rewards",
+               "eval_every", "eval_greedy", "eval_samples_per_prompt", "eval_max_inflight")
 # Checks run visitor code: a few at a time, whatever the number of visitors.
 _SLOTS = threading.BoundedSemaphore(2)
 
@@ -69,6 +71,7 @@ class TaskReport:
     checked_rows: int = 0
     long_rows: int = 0
     longest: int | None = None
+    held_out_rows: int | None = None                           # held-out rows checked, where the run has a set
     samples: list[dict] = field(default_factory=list)          # {"row", "completion", "text"}
     scores: dict[str, list] = field(default_factory=dict)      # reward name -> one score per sample
     tracebacks: dict[str, str] = field(default_factory=dict)   # reward name -> the failing frames of its code
@@ -115,6 +118,27 @@ def check_request(spec: RunSpec, token: str | None, datasets_server: str, report
             report.errors.append(FieldError("dataset", redact_tokens(str(exc), (token or "",))))
             return None
         request.update(rows=viewer.rows, num_rows=viewer.num_rows_total, columns=viewer.columns)
+    return held_out_request(spec, token, datasets_server, request, report)
+
+
+def held_out_request(spec: RunSpec, token: str | None, datasets_server: str, request: dict,
+                     report: TaskReport) -> dict | None:
+    """`request` with where the check reads the held-out set: a file's path, or a Hub split's first rows read here
+    (a builtin set's, and rows held out of the dataset, the check takes itself)."""
+    if spec.eval_source == "file":
+        path = os.path.abspath(os.path.expanduser(spec.eval_file))
+        if not os.path.isfile(path):
+            report.errors.append(FieldError("eval_file", f"no file at {spec.eval_file}"))
+            return None
+        request["eval_file"] = path
+    elif spec.eval_source == "split" and not spec.dataset.startswith("builtin:"):
+        try:
+            viewer = first_rows(datasets_server, spec.dataset, spec.dataset_config, spec.eval_split, STATS_ROWS,
+                                token)
+        except DatasetUnreadable as exc:
+            report.errors.append(FieldError("eval_split", redact_tokens(str(exc), (token or "",))))
+            return None
+        request.update(eval_rows=viewer.rows, eval_columns=viewer.columns)
     return request
 
 
@@ -169,16 +193,18 @@ def _stage_files(request: dict, code: str, scratch: str, box: Sandbox) -> dict[s
     binds = {}
     with open(os.path.join(scratch, "user_rewards.py"), "w") as f:
         f.write(code)
-    if request["file"]:
-        name = os.path.basename(request["file"])
-        if box.drop_uid is not None and not os.stat(request["file"]).st_mode & stat.S_IROTH:
+    for key, prefix in (("file", ""), ("eval_file", "heldout-")):
+        if not request.get(key):
+            continue
+        name = prefix + os.path.basename(request[key])
+        if box.drop_uid is not None and not os.stat(request[key]).st_mode & stat.S_IROTH:
             # Not readable by the unprivileged user the check becomes (Gradio keeps uploads private): a copy.
-            os.makedirs(os.path.join(scratch, "data"))
-            shutil.copyfile(request["file"], os.path.join(scratch, "data", name))
-            request["file"] = inside(os.path.join(scratch, "data", name), f"{INSIDE_WORK}/data/{name}")
+            os.makedirs(os.path.join(scratch, "data"), exist_ok=True)
+            shutil.copyfile(request[key], os.path.join(scratch, "data", name))
+            request[key] = inside(os.path.join(scratch, "data", name), f"{INSIDE_WORK}/data/{name}")
         else:
-            binds[request["file"]] = f"/check/data/{name}"
-            request["file"] = inside(request["file"], f"/check/data/{name}")
+            binds[request[key]] = f"/check/data/{name}"
+            request[key] = inside(request[key], f"/check/data/{name}")
     source = request.get("tokenizer")
     if source and source != "builtin":
         # Only the tokenizer's files (a model folder can hold gigabytes of weights), links resolved: a Hub cache
@@ -286,7 +312,7 @@ def _apply(event: dict, report: TaskReport) -> None:
         report.errors += [FieldError(f, redact_tokens(m)) for f, m in event.get("errors", [])]
         report.warnings += [redact_tokens(w) for w in event.get("warnings", [])]
         for name in ("columns", "num_rows", "preview", "prompt_text", "prompt_messages", "prompt_tokens",
-                     "checked_rows", "long_rows", "longest"):
+                     "checked_rows", "long_rows", "longest", "held_out_rows"):
             if event.get(name) is not None:
                 setattr(report, name, event[name])
     elif kind == "samples":

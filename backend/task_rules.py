@@ -9,6 +9,7 @@ import re
 
 from backend.executors import reaches_hub
 from backend.runtime import rewards as runtime_rewards
+from backend.runtime.prompts import EVAL_SPLIT
 from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
 from backend.runtime.user_code import code_problems, reward_function_names
 from backend.spec_fields import FieldError
@@ -18,6 +19,7 @@ BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
 TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
 REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+EVAL_SOURCES = ("none", "split", "file", "rows")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -36,7 +38,68 @@ def task_errors(spec) -> list[FieldError]:
     if problem:
         errs.append(FieldError("reward_columns", problem))
     errs += _check_rewards(spec, columns)
+    errs += held_out_errors(spec, columns)
     return errs
+
+
+def held_out_errors(spec, columns: set[str]) -> list[FieldError]:
+    """The held-out set's rules that need no data (task_check reads it: empty, overlapping, missing columns)."""
+    errs = []
+    bad = [r for r in spec.monitor_rewards if r not in REWARD_CHOICES]
+    if bad:
+        errs.append(FieldError("monitor_rewards",
+                               f"unknown: {', '.join(bad)}; choose from {', '.join(REWARD_CHOICES)}"))
+    twice = [r for r in spec.monitor_rewards if r in spec.rewards]
+    if twice:
+        errs.append(FieldError("monitor_rewards", f"{', '.join(twice)} is already a training reward; to watch it "
+                                                  "without training on it, give it weight 0 in reward_weights"))
+    for reward, column in runtime_rewards.NEEDS_COLUMN.items():
+        if reward in spec.monitor_rewards and column not in columns:
+            errs.append(FieldError("monitor_rewards", f"{reward} compares answers with a {column!r} column; map one "
+                                                      f"in reward_columns ({column}, or {column}=<your column>)"))
+    if spec.monitor_rewards and spec.eval_source == "none":
+        errs.append(FieldError("monitor_rewards", "monitor-only rewards are scored on the held-out set: choose a "
+                                                  "held-out set (eval_source), or clear them"))
+    if spec.eval_source == "split":
+        split = (spec.eval_split or "").strip()
+        if spec.dataset.startswith("builtin:"):
+            if split != EVAL_SPLIT:
+                errs.append(FieldError("eval_split", f"a builtin set's held-out split is {EVAL_SPLIT!r}"))
+        elif is_local_file(spec.dataset):
+            errs.append(FieldError("eval_source", "a local file has no splits: hold out 'rows' of it, or give a "
+                                                  "held-out 'file'"))
+        elif not _NAME.match(split):
+            errs.append(FieldError("eval_split", "name the split to evaluate on, such as test or validation"))
+        elif split == (spec.dataset_split or "").strip():
+            errs.append(FieldError("eval_split", f"the held-out split is the training split ({split!r}): every "
+                                                 "held-out prompt would be trained on; name another split, or hold "
+                                                 "out 'rows' of it"))
+    elif spec.eval_source == "file":
+        path = (spec.eval_file or "").strip()
+        if not path or not path.lower().endswith(FILE_SUFFIXES):
+            errs.append(FieldError("eval_file", "give a local .jsonl or .parquet file with the training data's "
+                                                "columns"))
+        elif os.path.abspath(os.path.expanduser(path)) == os.path.abspath(os.path.expanduser(spec.dataset)):
+            errs.append(FieldError("eval_file", "the held-out file is the training dataset: every held-out prompt "
+                                                "would be trained on; give another file, or hold out 'rows' of it"))
+    return errs
+
+
+def held_out_summary(spec) -> str:
+    """The held-out evaluation in one line, as the preview and the review show it."""
+    if spec.eval_source == "none":
+        return "Held-out evaluation: none (no held-out set)."
+    source = {"split": f"split `{spec.eval_split}` of `{spec.dataset}`",
+              "file": f"file `{os.path.basename(spec.eval_file)}`",
+              "rows": f"the first {spec.eval_rows} rows of `{spec.dataset}` (not trained on)"}[spec.eval_source]
+    how = ("greedy" if spec.eval_greedy else
+           f"sampled at temperature {spec.temperature:g}, {spec.eval_samples_per_prompt} per prompt")
+    when = ("every published adapter version" if not spec.eval_every else
+            f"a version at least every {spec.eval_every} steps")
+    watched = f"; monitor-only: {', '.join(spec.monitor_rewards)}" if spec.monitor_rewards else ""
+    inflight = f", at most {spec.eval_max_inflight} requests in flight" if spec.mode == "distributed" else ""
+    return (f"Held-out evaluation: {source}, up to {spec.eval_max_prompts} prompts, {how}, at {when}{inflight}"
+            f"{watched}.")
 
 
 def _check_dataset(dataset: str, executor: str) -> list[FieldError]:

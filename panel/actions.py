@@ -32,6 +32,7 @@ from backend.runview import RunView
 from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TaskReport
+from backend.task_rules import held_out_summary
 from backend.watch import RunWatch
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
@@ -136,7 +137,7 @@ class Panel:
             return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
         spec, jobs = shown.spec, shown.jobs
         lines = [(f"**{len(jobs)} job(s)** of run `{spec.run_id}`, image `{spec.image}`, TRL {recipe.TRL_VERSION}, "
-                  f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}.")]
+                  f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}."), held_out_summary(spec)]
         if shown.cost is not None:
             lines.append(_cost_line(jobs, shown.cost) + f" Review code **`{spec.fingerprint()}`**.")
             if spec.budget_usd:
@@ -241,6 +242,8 @@ class Panel:
         if not view.spec:
             raise KeyError(f"Run {run_id} has no spec.json yet.")
         values = preset_values(TINY_DEMO)
+        if "eval_source" not in view.spec:    # a run from before held-out evaluation had none: not the demo's
+            values.update(eval_source="none", monitor_rewards=[])
         values.update({k: v for k, v in view.spec.items() if k in values})
         changed = {k: v for k, v in (change or {}).items() if k in values}
         line = f"Filled from run `{run_id}`"

@@ -28,6 +28,7 @@ METRIC_COLORS = {
     "rollout_wait_s": "#9467bd", "perf/mfu_wall_clock": "#7f7f7f", "sample/rollout_queue_size": "#1f77b4",
     "rollout/inflight": "#ff7f0e", "rollout/backpressure_s": "#d62728", "rollout/score_block_s": "#9467bd",
 }
+HELD_OUT_COLOR = "#2ca02c"
 PALETTE = ["#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f", "#9467bd", "#ff7f0e", "#2ca02c"]
 ROLE_COLORS = {"trainer": "#1f77b4", "vllm-0": "#ff7f0e", "vllm-1": "#2ca02c", "vllm-2": "#d62728",
                "vllm-3": "#9467bd"}
@@ -195,6 +196,42 @@ def reward_figure(table, options: ChartOptions) -> dict:
     for i, (key, (xs, ys)) in enumerate(lines.items()):
         add_line(fig, xs, ys, key.split("/", 1)[1], PALETTE[i % len(PALETTE)], options, dash="dot")
     return finish(fig, options)
+
+
+def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None = None) -> dict:
+    """The held-out score of each evaluated adapter version (± its spread over prompts), the best one starred,
+    each reward's held-out mean (monitor-only ones dashed), and the training reward faint behind them."""
+    fig = figure("Held-out reward by version", "reward", options)
+    records = sorted(evals.values(), key=lambda r: r["policy_version"])
+    if records:
+        xs = [r["step"] if options.x == "step" else options.at(r["time"]) for r in records]
+        train_xs, train_ys = points(table, "reward", options)
+        if train_xs:
+            fig["data"].append({"type": "scatter", "mode": "lines", "x": train_xs, "y": train_ys,
+                                "name": "training reward", "opacity": 0.35, "hoverinfo": "skip",
+                                "line": {"color": METRIC_COLORS["reward"], "width": 1}})
+        fig["data"].append({
+            "type": "scatter", "mode": "lines+markers", "x": xs, "y": [_round(r["score"]) for r in records],
+            "name": "held-out score", "line": {"color": HELD_OUT_COLOR, "width": 2}, "marker": {"size": 7},
+            "error_y": {"type": "data", "array": [_round(r.get("score_std") or 0.0) for r in records],
+                        "visible": True, "thickness": 1},
+            "text": [f"v{r['policy_version']}" for r in records],
+            "hovertemplate": "%{text}: %{y}<extra>held-out score</extra>"})
+        names = list(dict.fromkeys(n for r in records for n in r.get("rewards", {})))
+        if len(names) > 1:
+            for i, name in enumerate(names):
+                pts = [(x, r["rewards"][name]) for x, r in zip(xs, records) if _num(r["rewards"].get(name, {}).get(
+                    "mean"))]
+                monitor = all(p[1].get("weight") == 0 for p in pts)
+                add_line(fig, [p[0] for p in pts], [_round(p[1]["mean"]) for p in pts],
+                         f"{name} (monitor-only)" if monitor else name, PALETTE[i % len(PALETTE)], options,
+                         dash="dash" if monitor else "dot")
+        best = max(records, key=lambda r: (r["score"], -r["policy_version"]))
+        fig["data"].append({"type": "scatter", "mode": "markers", "x": [xs[records.index(best)]],
+                            "y": [_round(best["score"])], "name": f"best: v{best['policy_version']}",
+                            "marker": {"symbol": "star", "size": 14, "color": "#d62728"}})
+    none = (spec or {}).get("eval_source", "none") == "none"
+    return finish(fig, options, "no held-out set in this run" if none else "waiting for the first evaluated version")
 
 
 def _extreme(table, key: str, pick) -> float:

@@ -13,12 +13,13 @@ from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, f
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_view import run_choices
-from panel.task_form import REQUIRED_CHOICE, TaskSection
+from panel.task_form import HELD_OUT_FIELDS, HELD_OUT_TITLE, REQUIRED_CHOICE, TaskSection
 
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 ROW = 4     # fields a row of a form section
 # Each section of the form (an accordion) and the RunSpec fields it holds, opened when one of them is refused.
 SECTIONS = {title: {f.name for f in form_fields(title)} for title in (LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE)}
+SECTIONS[HELD_OUT_TITLE] = set(HELD_OUT_FIELDS)
 
 
 def _field(name: str, initial: dict, flavors: list | None = None):
@@ -93,6 +94,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict, Task
     sections[COLOCATED] = _section(f, COLOCATED, initial, flavors, visible=initial["mode"] == "colocated")
     sections[DISTRIBUTED] = _section(f, DISTRIBUTED, initial, flavors, visible=initial["mode"] == "distributed")
     sections[STORAGE] = _section(f, STORAGE, initial, flavors)
+    sections[HELD_OUT_TITLE] = task.held_out
     return f, task, sections
 
 

@@ -18,7 +18,13 @@ TINY_TASK = "Tiny task: your reward code on a JSONL file (CPU)"
 
 NO_TASK = dict(dataset_config="", dataset_split="train", prompt_column="prompt", reward_columns="", system_prompt="",
                max_prompt_tokens=512, reward_weights="", reward_code="", overlong_max_tokens=0,
-               overlong_cache_tokens=0, repetition_ngram_size=3, repetition_max_penalty=-1.0)
+               overlong_cache_tokens=0, repetition_ngram_size=3, repetition_max_penalty=-1.0,
+               eval_source="none", eval_split="test", eval_file="", eval_rows=16, eval_max_prompts=64,
+               monitor_rewards=[], eval_every=0, eval_greedy=True, eval_samples_per_prompt=1, eval_max_inflight=4)
+# The tiny demos evaluate on their builtin set's held-out prompts (its 'test' split) at every version, and watch
+# `format` (plain printable text) beside the `digits` they train on: a policy that learns to write digits as byte
+# soup shows it there.
+TINY_HELD_OUT = dict(eval_source="split", eval_split="test", monitor_rewards=["format"])
 
 # The example of a task of your own: a JSONL file shipped with the panel and two reward functions in the editor.
 TINY_TASK_CODE = '''import re
@@ -45,6 +51,7 @@ TINY_TASK_FIELDS = dict(
     system_prompt="Answer with the number only.",
     rewards=[], reward_code=TINY_TASK_CODE,
     reward_weights="mostly_digits=1, right_answer=2",   # a right answer is worth more than looking numeric
+    eval_source="rows", eval_rows=8,     # 8 of the 48 questions never trained on: does right_answer generalise?
 )
 
 # A real task for HF Jobs: DeepMath-103K's math problems (a conversational `prompt` and a `solution` column, as in
@@ -60,6 +67,8 @@ MATH_TASK = dict(
     rewards=["accuracy_reward", "think_format_reward"],
     # Correctness dominates; the format term is a small shaping bonus, so format alone cannot win the group.
     reward_weights="accuracy_reward=1, think_format_reward=0.2",
+    # DeepMath has one split: its first 64 problems are held out of training and answered greedily at each version.
+    eval_source="rows", eval_rows=64, eval_max_prompts=64,
 )
 
 # The published async GRPO + LoRA study (TRL's async trainer on HF Jobs, its adapters synced through a bucket):
@@ -98,14 +107,17 @@ DIFFERENCES: dict[str, dict[str, str]] = {
 }
 
 PRESETS: dict[str, dict] = {
-    TINY_DEMO: dict(NO_TASK, name="tiny-demo", mode="colocated", executor="local", model=TINY_MODEL,
+    TINY_DEMO: dict(NO_TASK, **TINY_HELD_OUT, name="tiny-demo", mode="colocated", executor="local", model=TINY_MODEL,
                     dataset="builtin:count-to-ten", rewards=["digits"], use_vllm=False, flavor="cpu-basic",
                     bucket="local/grpo-runs"),
     TINY_TASK: dict(TINY_TASK_FIELDS, name="tiny-task", mode="colocated", executor="local", model=TINY_MODEL,
                     use_vllm=False, max_steps=100, flavor="cpu-basic", bucket="local/grpo-runs"),
     "Tiny distributed (CPU, 2 vLLM replicas)": dict(
-        NO_TASK, name="tiny-distributed", mode="distributed", executor="local", model=TINY_MODEL,
+        NO_TASK, **TINY_HELD_OUT, name="tiny-distributed", mode="distributed", executor="local", model=TINY_MODEL,
         dataset="builtin:count-to-ten", rewards=["digits"], replicas=2, max_staleness=1, lora_r=8, max_steps=20,
+        # A version a step: the held-out questions are asked at the first version, then every 5 steps and at the
+        # last, 2 at a time, beside the rollouts on the same two CPU replicas.
+        eval_every=5, eval_max_inflight=2,
         adapter_every=1, flavor="cpu-basic", bucket="local/grpo-runs", timeout_minutes=30),
     QWEN05_COLOCATED: dict(
         MATH_TASK, name="qwen05b-math", mode="colocated", executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct",
@@ -139,6 +151,9 @@ PRESETS: dict[str, dict] = {
         # (128+ completions), 384 requests in flight so both replicas stay full, a queue of max_staleness x 128.
         max_tokens_per_batch=16384, gradient_accumulation_steps=6, max_inflight_tasks=384, queue_maxsize=768,
         max_staleness=6,
+        # A version every 4 steps is 250 versions: evaluate one every 50 steps, 16 held-out requests beside the 384
+        # rollouts in flight (about 4% of the replicas' requests while it runs).
+        eval_every=50, eval_max_inflight=16,
         adapter_every=4,                  # not set by the study's summary: across a bucket a sync costs seconds,
                                           # so every 4 steps, within max_staleness
         gradient_checkpointing=False,     # a rank-1 LoRA on 1.5B fits an H200 without it; it recomputes forwards

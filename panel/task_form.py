@@ -25,6 +25,12 @@ SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 CODE_LABEL = f"{SPEC_FIELDS['reward_code'].metadata['label']}: {SPEC_FIELDS['reward_code'].metadata['help']}"
 
 CHECKS_AT_ONCE = 16       # local checks wait their turn in backend.task_check (two at a time)
+HELD_OUT_TITLE = "Held-out evaluation"
+HELD_OUT_FIELDS = frozenset({"eval_source", "eval_split", "eval_file", "eval_rows", "eval_max_prompts",
+                             "monitor_rewards", "eval_every", "eval_greedy", "eval_samples_per_prompt",
+                             "eval_max_inflight"})
+# How the held-out set is evaluated: the row under its source (runtime/evaluate.py reads them).
+HELD_OUT_SETTINGS = ("eval_max_prompts", "eval_every", "eval_greedy", "eval_samples_per_prompt", "eval_max_inflight")
 
 
 def _columns_text(columns: list[str] | str) -> str:
@@ -46,6 +52,7 @@ class TaskSection:
     prompt: gr.Textbox
     scores: gr.Dataframe
     rows: gr.Dataframe
+    held_out: gr.Accordion      # opened when one of its fields is refused (launch_view.SECTIONS)
 
     @classmethod
     def build(cls, initial: dict) -> "TaskSection":
@@ -72,6 +79,14 @@ class TaskSection:
                              "repetition_max_penalty"):
                     f[name] = task_widget(name, start)
             f["reward_code"] = task_widget("reward_code", start, lines=10)
+            with gr.Accordion(HELD_OUT_TITLE, open=False, elem_id="heldout-section") as held_out:
+                with gr.Row():
+                    for name in ("eval_source", "eval_split", "eval_file", "eval_rows"):
+                        f[name] = task_widget(name, start)
+                f["monitor_rewards"] = task_widget("monitor_rewards", start)
+                with gr.Row():
+                    for name in HELD_OUT_SETTINGS:
+                        f[name] = task_widget(name, start)
             check_btn = gr.Button("Check task", elem_id="check-task-btn")
             message = gr.Markdown(elem_id="task-msg")
             scores = gr.Dataframe(label="Sample completions and their scores", interactive=False,
@@ -82,7 +97,7 @@ class TaskSection:
                 rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows",
                                     wrap=True)
         upload.upload(lambda path: gr.update(value=path), upload, f["dataset"])
-        return cls(f, check_btn, message, prompt, scores, rows)
+        return cls(f, check_btn, message, prompt, scores, rows, held_out)
 
     def wire(self, panel, names: list[str], inputs: list) -> None:
         """Connect the check button to `panel.check_task` over every form field; a check job's progress shows as
@@ -121,8 +136,12 @@ def task_widget(name: str, start, **kw):
         return gr.Code(value, language="python", label=CODE_LABEL, elem_id=f"f-{name}", interactive=True, **kw)
     if meta.get("suggestions"):
         return gr.Dropdown(list(meta["suggestions"]), value=value, allow_custom_value=True, info=info, **common)
+    if meta.get("choices") and spec_field.type in (str, "str"):
+        return gr.Radio(list(meta["choices"]), value=value, info=info, **common)
     if meta.get("choices"):
         return gr.CheckboxGroup(list(meta["choices"]), value=value, info=info, **common)
+    if spec_field.type in (bool, "bool"):
+        return gr.Checkbox(value, info=info, **common)
     if spec_field.type in (int, "int"):
         return gr.Number(value, precision=0, info=info, **common)
     if spec_field.type in (float, "float"):
@@ -144,6 +163,9 @@ def summary_markdown(report) -> str:
         parts += [f"`{name}`:\n```text\n{tb}\n```" for name, tb in report.tracebacks.items()]
     elif report.scores or report.preview:
         parts.append(f"**Task checked.** {_rows_line(report)}")
+        if report.held_out_rows:
+            parts.append(f"Held-out set: {report.held_out_rows} rows checked: no prompt of theirs is among the "
+                         "training rows checked, and they have every column the prompt and the rewards read.")
     parts += [f"⚠️ {w}" for w in report.warnings]
     if report.output:
         parts.append(f"Your code printed:\n```text\n{report.output[-2000:]}\n```")

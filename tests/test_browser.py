@@ -247,6 +247,17 @@ def test_launch_the_demo_and_watch_it_live(page):
                            "document.getElementById('runs-table').innerText)", timeout=30000)
     adapters = _text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
+    # Held-out reward by version, beside the training reward: each of the 10 versions scored on the held-out split,
+    # the best starred, the monitor-only format reward dashed; it rises as the training reward does.
+    page.wait_for_function("() => { const el = document.querySelector('#heldout-plot .js-plotly-plot');"
+                           " const t = el && el.data && el.data.find(d => d.name === 'held-out score');"
+                           " return t && t.x.length === 10; }", timeout=30000)
+    held_out = page.evaluate("""() => Object.fromEntries(document.querySelector('#heldout-plot .js-plotly-plot')
+        .data.map(d => [d.name, d.y]))""")
+    assert {"training reward", "held-out score", "digits", "format (monitor-only)"} <= set(held_out), held_out
+    assert any(name.startswith("best: v") for name in held_out), held_out
+    scores = held_out["held-out score"]
+    assert scores[-1] > scores[0], f"the held-out reward rises with training: {scores}"
     assert "step 200/200" in page.locator("#log-box textarea").input_value()
     scrolled_to_end = page.evaluate("""() => { const t = document.querySelector('#log-box textarea');
         return t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 2; }""")
@@ -286,6 +297,11 @@ def test_a_local_distributed_run_from_the_browser(page):
     assert _plot_points(page, "staleness-plot", "mean") == 4
     assert _plot_points(page, "ratio-plot", "ratio") == 4
     assert _plot_points(page, "reward-plot", "mean reward") == 4
+    # The preset evaluates every 5 steps and the last version: v1 (before the first step) and v5 (after step 4)
+    # answered the held-out split on the replicas.
+    page.wait_for_function("() => { const el = document.querySelector('#heldout-plot .js-plotly-plot');"
+                           " const t = el && el.data && el.data.find(d => d.name === 'held-out score');"
+                           " return t && t.text.join() === 'v1,v5'; }", timeout=60000)
     assert _plot_points(page, "util-plot", "vllm-0 CPU") > 0
     _screenshot(page, "distributed.png")
     # The replicas stop by themselves once the trainer has finished: nothing keeps running (or billing).

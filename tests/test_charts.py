@@ -184,3 +184,33 @@ def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tm
 
     only_loads = charts.sync_figure(table_of([]), STEP, {}, view.adapter_loads, view.first_step)
     assert "annotations" not in only_loads["layout"], "drawn, not 'waiting for the first metrics'"
+
+
+def test_held_out_reward_by_version_is_read_from_eval_fragments_and_drawn_beside_the_training_reward(tmp_path):
+    from backend.runtime import layout
+    from backend.runtime.evaluate import eval_record
+    from backend.runview import RunView
+    from backend.store import FolderStore
+
+    run = tmp_path / "runs" / "r1"
+    writer = layout.FragmentWriter(str(run / layout.EVALS_DIR), layout.TRAINER_WRITER)
+    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}]} for i in range(3)]
+    for version, score in ((1, 0.2), (2, 0.9), (3, 0.6)):
+        scores = {"digits": [[score]] * 3, "accuracy_reward": [[1.0], [0.0], [0.0]]}
+        writer.write([eval_record(10 * version, version, rows, [["7"]] * 3, scores,
+                                  {"digits": 1.0, "accuracy_reward": 0.0}, greedy=True)])
+    (run / layout.EVALS_DIR / "trainer-000009.jsonl").write_text('{"policy_version": "v4", "score": 1}\n')
+    view = RunView("r1", FolderStore(str(tmp_path)), executor=None, jobs={})
+    view.refresh()
+    assert sorted(view.evals) == [1, 2, 3], "a record that is not an evaluation is skipped"
+    assert view.evals[2]["rewards"]["accuracy_reward"] == {"mean": 1 / 3, "std": view.evals[2]["rewards"][
+        "accuracy_reward"]["std"], "weight": 0.0, "solved": 1 / 3}
+    table = table_of([{"step": s, "time": float(s), "reward": s / 40} for s in range(1, 31)])
+    fig = charts.heldout_figure(view.evals, table, STEP, {"eval_source": "split"})
+    assert names(fig) == ["training reward", "held-out score", "digits", "accuracy_reward (monitor-only)",
+                          "best: v2"]
+    score = fig["data"][1]
+    assert score["x"] == [10, 20, 30] and score["y"] == [0.2, 0.9, 0.6] and score["text"] == ["v1", "v2", "v3"]
+    assert fig["data"][3]["line"]["dash"] == "dash" and fig["data"][4]["x"] == [20]
+    empty = charts.heldout_figure({}, table, STEP, {"eval_source": "none"})
+    assert empty["data"] == [] and empty["layout"]["annotations"][0]["text"] == "no held-out set in this run"

@@ -30,7 +30,8 @@ def run(request, tmp_path_factory):
         mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], max_steps=MAX_STEPS,
         adapter_every=1, checkpoint_every=2, max_staleness=MAX_STALENESS, replicas=2, per_device_batch_size=8,
         num_generations=4, max_completion_length=16, max_inflight_tasks=8, queue_maxsize=32,
-        max_tokens_per_batch=512, lora_r=8,
+        max_tokens_per_batch=512, lora_r=8, eval_source="split", monitor_rewards=["length_target"],
+        eval_max_inflight=2,
     ).check()
     (run_dir / "spec.json").write_text(spec.to_json())
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(pool.urls),
@@ -83,6 +84,27 @@ def test_the_final_adapter_checkpoints_and_events_are_in_the_run_folder(run):
     # Every sync is recorded, so the versions whose serving copies TRL deleted still count in every panel.
     assert [e["name"] for e in events if e["event"] == "adapter_published"] == [
         f"trl-policy-v{n}" for n in range(1, LAST_VERSION + 1)]
+
+
+def test_every_synced_version_is_scored_on_the_held_out_set_by_the_replicas_and_the_best_is_kept(run):
+    _, run_dir, output = run
+    records = _records(run_dir, "evals", "trainer")
+    assert [r["policy_version"] for r in records] == list(range(1, LAST_VERSION + 1)), output[-3000:]
+    for record in records:
+        assert record["n_prompts"] == 8 and record["samples_per_prompt"] == 1 and record["greedy"] is True
+        rewards = record["rewards"]
+        assert {name: rewards[name]["weight"] for name in rewards} == {"digits": 1.0, "format": 1.0,
+                                                                        "length_target": 0.0}
+        assert record["score"] == pytest.approx(rewards["digits"]["mean"] + rewards["format"]["mean"])
+        assert [s["prompt_index"] for s in record["samples"]] == [0, 1, 2, 3]
+        assert "Count from 5 to 15." in record["samples"][0]["prompt"], "the held-out split, not a training prompt"
+    best = json.loads(open(os.path.join(run_dir, "best", "best.json")).read())
+    top = max(records, key=lambda r: r["score"])
+    assert best["score"] == top["score"] and best["policy_version"] == min(
+        r["policy_version"] for r in records if r["score"] == top["score"])
+    assert best["why"].endswith(f"of {LAST_VERSION} evaluated versions")
+    assert {"adapter_config.json", "adapter_model.safetensors", "version.json"} <= set(
+        os.listdir(os.path.join(run_dir, "best")))
 
 
 def test_the_token_is_in_no_log_and_no_file(run):

@@ -48,8 +48,11 @@ def test_a_space_runs_nothing_locally_unless_its_owner_turns_local_runs_on(tmp_p
 def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
     token = "hf_" + "x" * 34
     monkeypatch.setenv("HF_TOKEN", token)
-    text = panel.preview({"mode": "distributed", "replicas": 2}).markdown
+    form = {"mode": "distributed", "replicas": 2, "eval_source": "split", "eval_max_inflight": 3}
+    text = panel.preview(form).markdown
     assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
+    assert ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, greedy, at every "
+            "published adapter version, at most 3 requests in flight.") in text
     assert token not in text
 
 

@@ -175,7 +175,8 @@ def watch_adapters(run_dir: Path, seen: set[str]):
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
-    write_job(run_dir, max_steps=6, adapter_every=2, checkpoint_every=3, seed=1)
+    write_job(run_dir, max_steps=6, adapter_every=2, checkpoint_every=3, seed=1, eval_source="split",
+              monitor_rewards=["format"])
     seen: set[str] = set()
     out = run_job(run_dir, watch_adapters(run_dir, seen))
     return run_dir, out, seen
@@ -227,6 +228,50 @@ def test_training_job_publishes_adapter_versions_atomically_and_a_final_adapter(
     assert json.loads((final / layout.ADAPTER_META_FILE).read_text())["step"] == 6
     assert [e["event"] for e in events(str(run_dir))] == [
         "engine", "started", "adapter_published", "adapter_published", "adapter_published", "finished"]
+
+
+def test_each_published_version_is_scored_on_the_held_out_split_and_the_best_is_kept_apart(trained_run):
+    run_dir, out, _ = trained_run
+    folder = run_dir / layout.EVALS_DIR
+    records = [json.loads(line) for n in sorted(os.listdir(folder)) for line in (folder / n).read_text().splitlines()]
+    assert [(r["policy_version"], r["step"]) for r in records] == [(1, 2), (2, 4), (3, 6)]
+    for record in records:
+        assert (record["n_prompts"], record["samples_per_prompt"], record["greedy"]) == (8, 1, True)
+        assert record["rewards"]["format"]["weight"] == 0.0 and record["rewards"]["digits"]["weight"] == 1.0
+        assert record["score"] == record["rewards"]["digits"]["mean"], "a monitor-only reward adds nothing"
+        assert record["samples"][0]["prompt"].endswith("[user] Count from 5 to 15."), "the held-out questions"
+    assert "held-out v3 (step 6): score" in out
+    best = json.loads((run_dir / layout.BEST_DIR / layout.BEST_FILE).read_text())
+    top = max(records, key=lambda r: (r["score"], -r["policy_version"]))
+    assert (best["policy_version"], best["score"]) == (top["policy_version"], top["score"])
+    assert best["why"] == "highest held-out score (digits) of 3 evaluated versions"
+    kept = run_dir / layout.BEST_DIR
+    source = run_dir / layout.ADAPTERS_DIR / f"trl-policy-v{best['policy_version']}"
+    assert (kept / "adapter_model.safetensors").read_bytes() == (source / "adapter_model.safetensors").read_bytes()
+    assert json.loads((kept / layout.ADAPTER_META_FILE).read_text())["version"] == best["policy_version"]
+
+
+def test_the_best_version_is_replaced_only_by_a_higher_score_and_every_k_steps_skips_versions(tmp_path):
+    from backend.runtime.evaluate import BestVersion, HeldOutEvaluation
+
+    adapter = tmp_path / "v"
+    adapter.mkdir()
+    for name in layout.ADAPTER_FILES:
+        (adapter / name).write_text(name)
+    best = BestVersion(str(tmp_path), "digits")
+    assert [best.offer({"policy_version": v, "step": v, "score": s}, str(adapter))
+            for v, s in ((1, 0.5), (2, 0.5), (3, 0.7), (4, 0.1))] == [True, False, True, False]
+    kept = json.loads((tmp_path / layout.BEST_DIR / layout.BEST_FILE).read_text())
+    assert kept == {"policy_version": 3, "step": 3, "score": 0.7,
+                    "why": "highest held-out score (digits) of 4 evaluated versions"}
+    every = HeldOutEvaluation.__new__(HeldOutEvaluation)
+    every.every, every.last_step = 10, None
+    due = []
+    for step in (4, 8, 12, 16, 20, 24):
+        if every.due(step, last=step == 24):
+            every.last_step = step
+            due.append(step)
+    assert due == [4, 16, 24], "the first version, then one 10 or more steps later, and always the last"
 
 
 def test_a_restarted_job_resumes_from_its_last_complete_checkpoint_and_keeps_numbering_versions(trained_run):

@@ -124,3 +124,41 @@ def test_every_field_says_what_it_is_for():
 def test_a_declared_choice_is_enforced_and_a_distributed_limit_binds_only_distributed_runs():
     assert "must be one of 1, 2, 4, 8" in str(RunSpec(vllm_tensor_parallel_size=3).validate())
     assert RunSpec(replicas=0).validate() == [], "a colocated run never reads replicas"
+
+
+@pytest.mark.parametrize("fields,field,fragment", [
+    (dict(eval_source="split", eval_split="train"), "eval_split", "a builtin set's held-out split is 'test'"),
+    (dict(executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct", dataset="org/math", dataset_split="train",
+          eval_source="split", eval_split="train"), "eval_split", "the held-out split is the training split"),
+    (dict(dataset="examples/tiny-math.jsonl", prompt_column="question", eval_source="split"), "eval_source",
+     "a local file has no splits"),
+    (dict(eval_source="file"), "eval_file", "give a local .jsonl or .parquet file"),
+    (dict(dataset="examples/tiny-math.jsonl", prompt_column="question", eval_source="file",
+          eval_file="examples/tiny-math.jsonl"), "eval_file", "the held-out file is the training dataset"),
+    (dict(eval_source="split", monitor_rewards=["accuracy_reward"]), "monitor_rewards",
+     "compares answers with a 'solution' column"),
+    (dict(eval_source="split", monitor_rewards=["digits"]), "monitor_rewards", "already a training reward"),
+    (dict(monitor_rewards=["format"]), "monitor_rewards", "choose a held-out set"),
+    (dict(eval_source="split", monitor_rewards=["vibes"]), "monitor_rewards", "unknown: vibes"),
+    (dict(eval_source="rows", eval_rows=0), "eval_rows", "between 1 and 100,000"),
+    (dict(eval_source="sometimes"), "eval_source", "must be one of none, split, file, rows"),
+    (dict(eval_source="split", eval_max_inflight=0), "eval_max_inflight", "between 1 and 1,024"),
+], ids=["builtin-split", "hub-same-split", "file-has-no-split", "no-file", "same-file", "monitor-needs-column",
+        "monitor-twice", "monitor-without-set", "monitor-unknown", "no-rows", "bad-source",
+        "no-inflight"])
+def test_a_held_out_setting_that_cannot_work_is_refused_naming_its_field(fields, field, fragment):
+    errors = {e.field: e.message for e in RunSpec(**fields).validate()}
+    assert fragment in errors.get(field, ""), errors
+
+
+def test_the_held_out_defaults_validate_and_the_preview_line_says_what_is_evaluated():
+    from backend.task_rules import held_out_summary
+
+    spec = RunSpec(eval_source="split", monitor_rewards=["format"]).check()
+    assert held_out_summary(spec) == ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, "
+                                      "greedy, at every published adapter version; monitor-only: format.")
+    sampled = RunSpec(mode="distributed", eval_source="rows", eval_greedy=False, eval_samples_per_prompt=4,
+                      eval_every=10, dataset="examples/tiny-math.jsonl", prompt_column="question").check()
+    assert "sampled at temperature 1, 4 per prompt, at a version at least every 10 steps, at most 4 requests" in (
+        held_out_summary(sampled))
+    assert held_out_summary(RunSpec()) == "Held-out evaluation: none (no held-out set)."

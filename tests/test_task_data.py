@@ -252,3 +252,52 @@ def test_a_resumed_run_keeps_the_dataset_copy_it_was_launched_with(tmp_path):
     assert store.read_bytes(copy).count(b"\n") == len(ROWS), "the copy the run was launched with stays"
     with pytest.raises(FileNotFoundError, match="is gone"):
         write_run_files(RunSpec(dataset=str(path), prompt_column="question"), store)
+
+# ---- the held-out set: refused before launch when it is empty, lacks a column, or overlaps the training rows
+
+HELD_OUT = [{"question": f"What is {i} x {i}?", "answer": str(i * i)} for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("rows,field,fragment", [
+    ([], "eval_file", "the held-out set has no rows"),
+    ([{"prompt_text": "What is 3 x 3?", "answer": "9"}], "eval_file", "has no column 'question', which the prompt"),
+    ([{"question": "What is 3 x 3?"}], "eval_file", "has no column 'answer', which a reward (reward_columns)"),
+    ([*HELD_OUT, ROWS[4]], "eval_file", "1 of the 9 held-out prompts checked are training prompts too"),
+], ids=["empty", "no-prompt-column", "no-reward-column", "overlapping"])
+def test_a_held_out_file_that_cannot_score_the_task_is_refused_naming_it_and_nothing_launches(
+        panel, tmp_path, rows, field, fragment):
+    data, held = _jsonl(tmp_path / "math.jsonl", ROWS), _jsonl(tmp_path / "held.jsonl", rows)
+    message, run_id = panel.launch({"dataset": data, "prompt_column": "question", "reward_columns": "solution=answer",
+                                    "eval_source": "file", "eval_file": held})
+    assert run_id is None and f"**{field}**" in message and fragment in message, message
+    assert panel.local.list_jobs() == [] and not os.path.exists(os.path.join(panel.settings.home, "buckets"))
+
+
+def test_held_out_rows_are_checked_against_the_rest_and_a_clean_set_is_counted(panel, tmp_path):
+    repeated = _jsonl(tmp_path / "repeated.jsonl", ROWS + ROWS[:2])
+    report = panel.check_task({"dataset": repeated, "prompt_column": "question", "eval_source": "rows",
+                               "eval_rows": 4})
+    assert [e.field for e in report.errors] == ["eval_rows"], report.errors
+    assert "2 of the 4 held-out prompts checked are training prompts too (held-out row 0 first)" in (
+        report.errors[0].message)
+    every = panel.check_task({"dataset": repeated, "prompt_column": "question", "eval_source": "rows",
+                              "eval_rows": 22})
+    assert "holds out 22 rows, but the dataset has 22: training would have none" in every.errors[0].message
+    clean = panel.check_task({"dataset": _jsonl(tmp_path / "math.jsonl", ROWS), "prompt_column": "question",
+                              "eval_source": "file", "eval_file": _jsonl(tmp_path / "held.jsonl", HELD_OUT),
+                              "monitor_rewards": ["length_target"]})
+    assert clean.ok and clean.held_out_rows == 8, clean.errors
+    assert "length_target" in clean.scores, "a monitor-only reward is called on the sample completions too"
+    builtin = panel.check_task({"eval_source": "split", "eval_split": "test"})
+    assert builtin.ok and builtin.held_out_rows == 8, builtin.errors
+
+
+def test_a_hub_held_out_split_lacking_a_reward_column_is_refused_by_its_field(hub):
+    hub.put_dataset("alice/math", ROWS, split="train")
+    hub.put_dataset("alice/math", [{"question": q["question"]} for q in HELD_OUT], split="test")
+    spec = RunSpec(executor="hf_jobs", dataset="alice/math", model="Qwen/Qwen2.5-0.5B-Instruct", bucket="alice/runs",
+                   prompt_column="question", reward_columns=["solution=answer"], rewards=["accuracy_reward"],
+                   eval_source="split", eval_split="test").check()
+    report = check_task(spec, hub.token, hub.url)
+    assert [e.field for e in report.errors] == ["eval_split"], report.errors
+    assert "has no column 'answer', which a reward (reward_columns) reads" in report.errors[0].message

@@ -29,7 +29,7 @@ import types
 
 from .check_protocol import NONCE_ENV, frame
 from .layout import USER_REWARDS_MODULE
-from .prompts import BUILTIN_PREFIX, builtin_rows
+from .prompts import BUILTIN_PREFIX, builtin_eval_rows, builtin_rows
 from .redact import is_secret_env_name
 from .rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
 from .task import (
@@ -38,9 +38,11 @@ from .task import (
     is_local_file,
     missing_columns,
     parse_reward_columns,
+    prompt_key,
     read_file_rows,
     render_prompt,
     task_row,
+    to_messages,
 )
 from .tiny_model import build_tokenizer
 from .user_code import FILENAME, code_traceback, reward_function_names
@@ -131,8 +133,74 @@ def check_data(request: dict) -> tuple[dict, list[dict], object]:
             report["errors"].append(["prompt_column", f"row {i}: {exc}"])
             return report, [], None
     report["prompt_messages"] = tasks[0]["prompt"]
+    check_held_out(request, rows, report)
+    if report["errors"]:
+        return report, [], None
     tokenizer = _measure_prompts(request, tasks, report)
     return report, tasks, tokenizer
+
+
+HELD_OUT_FIELD = {"split": "eval_split", "file": "eval_file", "rows": "eval_rows"}
+
+
+def held_out_and_training(request: dict, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The held-out rows the check reads, and the training rows to compare them with (those read)."""
+    spec = request["spec"]
+    source = spec.get("eval_source")
+    if source == "rows":
+        kept = int(spec.get("eval_rows") or 0)
+        return rows[:kept], rows[kept:]
+    if source == "file":
+        return read_file_rows(request["eval_file"], request["stats_rows"])[0], rows
+    if request.get("eval_rows") is not None:
+        return request["eval_rows"], rows
+    if spec["dataset"].startswith(BUILTIN_PREFIX):
+        return builtin_eval_rows(spec["dataset"][len(BUILTIN_PREFIX):]), rows
+    raise TaskDataError("no rows were given for the Hub dataset's held-out split")
+
+
+def check_held_out(request: dict, rows: list[dict], report: dict) -> None:
+    """Refuse a held-out set that is empty, lacks a column the prompt or a reward needs, or shares prompts with the
+    training rows (among the rows read), naming the held-out field."""
+    spec = request["spec"]
+    field = HELD_OUT_FIELD.get(spec.get("eval_source"))
+    if field is None:
+        return
+
+    def refuse(message: str) -> None:
+        report["errors"].append([field, message])
+
+    try:
+        held, training = held_out_and_training(request, rows)
+    except (TaskDataError, ValueError, OSError) as exc:
+        return refuse(f"cannot read the held-out set: {exc}")
+    if not held:
+        return refuse("the held-out set has no rows: give a split or file with rows, or hold out rows of the dataset")
+    total = report["num_rows"] or len(rows)
+    if spec.get("eval_source") == "rows" and total <= len(held):
+        return refuse(f"eval_rows holds out {spec.get('eval_rows')} rows, but the dataset has {total}: training "
+                      "would have none")
+    prompt_column = spec.get("prompt_column") or "prompt"
+    mapped = parse_reward_columns(spec.get("reward_columns") or [])
+    columns = request.get("eval_columns") or list(dict.fromkeys(k for row in held for k in row))
+    missing = missing_columns(columns, prompt_column, mapped)
+    for where, column in missing:
+        need = "the prompt" if where == "prompt_column" else "a reward (reward_columns)"
+        refuse(f"the held-out set has no column {column!r}, which {need} reads; its columns are {', '.join(columns)}")
+    if missing:
+        return None
+    system = spec.get("system_prompt") or ""
+    try:
+        trained = {prompt_key(to_messages(row[prompt_column], system)) for row in training if prompt_column in row}
+        shared = [i for i, row in enumerate(held) if prompt_key(to_messages(row[prompt_column], system)) in trained]
+    except TaskDataError as exc:
+        return refuse(f"a held-out prompt: {exc}")
+    if shared:
+        return refuse(f"{len(shared)} of the {len(held)} held-out prompts checked are training prompts too (held-out "
+                      f"row {shared[0]} first): a held-out score would measure memory, not the task; hold out other "
+                      "prompts")
+    report["held_out_rows"] = len(held)
+    return None
 
 
 def _measure_prompts(request: dict, tasks: list[dict], report: dict):
@@ -278,8 +346,8 @@ class Worker:
         return self.proc.wait()
 
 
-def field_of(name: str, chosen: list[str]) -> str:
-    return "rewards" if name in chosen else "reward_code"
+def field_of(name: str, chosen: list[str], monitored: tuple = ()) -> str:
+    return "rewards" if name in chosen else "monitor_rewards" if name in monitored else "reward_code"
 
 
 def valid_answer(answer: dict, name: str, field: str, expected: int) -> dict:
@@ -306,14 +374,15 @@ def check_rewards(request: dict, tasks: list[dict], tokenizer, channel: Channel,
     spec = request["spec"]
     kwargs, labels = reward_batch(spec, tasks[:request["sample_rows"]], tokenizer)
     channel.emit(event="samples", samples=labels)
-    calls = [("builtin", name, name) for name in spec["rewards"]]
+    monitored = tuple(spec.get("monitor_rewards") or ())
+    calls = [("builtin", name, name) for name in (*spec["rewards"], *monitored)]
     code_names = reward_function_names(spec.get("reward_code") or "")
     if code_names:
         calls += [("import", FILENAME, f"import of {FILENAME}")] + [("user", n, n) for n in code_names]
     worker = Worker(spec, kwargs, len(labels))
     try:
         for op, name, calling in calls:
-            field = field_of(name, spec["rewards"])
+            field = field_of(name, spec["rewards"], monitored)
             channel.emit(event="calling", name=calling)
             answer = worker.call(op, name, timeout_s)
             if answer == "timeout":
@@ -402,8 +471,9 @@ def main() -> None:
         path = sys.argv[2]
         with open(path) as f:
             request = json.load(f)
-        if request.get("file"):
-            request["file"] = os.path.join(os.path.dirname(os.path.abspath(path)), request["file"])
+        for key in ("file", "eval_file"):
+            if request.get(key):
+                request[key] = os.path.join(os.path.dirname(os.path.abspath(path)), request[key])
         nonce = os.environ.pop(NONCE_ENV, "")
         if os.geteuid() == 0:
             # A job's container runs as root: the check drops to an unprivileged user there too, so the worker

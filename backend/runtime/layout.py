@@ -15,6 +15,9 @@
     runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, adapter_published,
                                                 adapters_superseded, finished, failed, canceled, ...)
     runs/<run_id>/heartbeat/trainer.json        the distributed trainer's heartbeat, replaced every few seconds
+    runs/<run_id>/evals/<writer>-<seq>.jsonl    write-once held-out evaluation fragments, one record per evaluated
+                                                adapter version (runtime/evaluate.py says what a record holds)
+    runs/<run_id>/best/                         the adapter of the best-scoring version so far, with best.json
 
 Every file is written once: to a temporary name beside its destination, then renamed. Readers ignore
 names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapter folders without both
@@ -44,6 +47,9 @@ VLLM_LORA_DIR = ".vllm_lora"
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
 HEARTBEAT_DIR = "heartbeat"
+EVALS_DIR = "evals"
+BEST_DIR = "best"
+BEST_FILE = "best.json"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 

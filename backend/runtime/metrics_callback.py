@@ -171,6 +171,8 @@ class RunFolderCallback(TrainerCallback):
         self.profiled = profiled
         self.version = highest_published(run_dir)   # a resumed run numbers past every version ever published
         self.published_step = None
+        self.max_steps = 0
+        self.evaluation = None  # a HeldOutEvaluation (runtime/evaluate.py) when the run has a held-out set
 
     def flush(self) -> None:
         self.metrics.write(self.pending)
@@ -187,6 +189,7 @@ class RunFolderCallback(TrainerCallback):
         self.start = time.time()
         self.last_log = (self.start, state.num_input_tokens_seen)
         self.last_step = state.global_step
+        self.max_steps = state.max_steps
         write_event(self.run_dir, TRAINER_WRITER, "started", step=state.global_step, max_steps=state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -233,7 +236,7 @@ class RunFolderCallback(TrainerCallback):
         if state.is_world_process_zero and state.global_step % self.adapter_every == 0:
             self.publish_version(model, state.global_step)
 
-    def publish_version(self, model, step: int) -> None:
+    def publish_version(self, model, step: int, last: bool = False) -> None:
         self.version += 1
         self.published_step = step
         name = adapter_name(self.version)
@@ -241,13 +244,20 @@ class RunFolderCallback(TrainerCallback):
         meta = publish_adapter(model, dest, {"version": self.version, "step": step})
         write_event(self.run_dir, TRAINER_WRITER, "adapter_published", name=name, **meta)
         print(f"published adapter {name} at step {step}", flush=True)
+        if self.evaluation is not None and self.evaluation.due(step, last or step >= self.max_steps):
+            from .evaluate import progress_line  # noqa: PLC0415 only runs with a held-out set
+
+            try:
+                print(progress_line(self.evaluation.evaluate(self.version, step, dest)), flush=True)
+            except Exception as error:   # a held-out score must never stop training (a monitor reward may fail)
+                print(f"held-out {name} (step {step}) not evaluated: {type(error).__name__}: {error}", flush=True)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if not state.is_world_process_zero:
             return
         self.flush()
         if self.published_step != state.global_step:  # so final/ is always also the newest version
-            self.publish_version(model, state.global_step)
+            self.publish_version(model, state.global_step, last=True)
         dest = os.path.join(self.run_dir, FINAL_DIR)
         meta = publish_adapter(model, dest, {"version": self.version, "step": state.global_step})
         write_event(self.run_dir, TRAINER_WRITER, "finished", final=FINAL_DIR, **meta)

@@ -3,6 +3,9 @@
 A builtin set's rows have a conversational "prompt" (system + user message) and a "target_length" that the
 `length_target` reward reads once `reward_columns` maps it. The system message is short on purpose: the
 builtin tokenizer is byte-level, so Qwen's default system prompt would add ~70 tokens to every prompt.
+
+Each set also has a held-out split, `test` (`builtin_eval_rows`): other questions of the same kind, never trained
+on, for the held-out evaluation.
 """
 
 BUILTIN_PREFIX = "builtin:"
@@ -24,6 +27,18 @@ QUESTIONS = {
     ],
 }
 
+EVAL_SPLIT = "test"
+HELD_OUT = {
+    "count-to-ten": [
+        "Count from 5 to 15.", "What comes after 7?", "Write a number bigger than 100.", "Count by twos to 12.",
+        "What is 3 + 4?", "List the numbers 10 to 14.", "Give me a zip code.", "Count down from 5.",
+    ],
+    "letters": [
+        "Recite the letters m to r.", "What comes after q?", "Spell dog.", "Say xyz.",
+        "Which letter follows k?", "List some consonants.", "Write letters p to w.", "Spell sun.",
+    ],
+}
+
 
 def builtin_names() -> list[str]:
     return [BUILTIN_PREFIX + name for name in QUESTIONS]
@@ -37,3 +52,10 @@ def builtin_rows(name: str) -> list[dict]:
     return [{"prompt": [{"role": "system", "content": SYSTEM[name]},
                         {"role": "user", "content": questions[i % len(questions)]}],
              "target_length": TARGET_LENGTH} for i in range(ROWS_PER_SET)]
+
+
+def builtin_eval_rows(name: str) -> list[dict]:
+    """The held-out split of builtin set `name`: questions its training rows never ask, each once."""
+    builtin_rows(name)   # the same refusal of an unknown name
+    return [{"prompt": [{"role": "system", "content": SYSTEM[name]}, {"role": "user", "content": question}],
+             "target_length": TARGET_LENGTH} for question in HELD_OUT[name]]

@@ -10,7 +10,7 @@ import json
 import os
 
 from .layout import DATA_DIR
-from .prompts import BUILTIN_PREFIX, builtin_rows
+from .prompts import BUILTIN_PREFIX, builtin_eval_rows, builtin_rows
 
 FILE_SUFFIXES = (".jsonl", ".parquet")
 # Names that only look like a file: refused with "use .jsonl or .parquet" rather than taken for a Hub id.
@@ -32,9 +32,18 @@ def is_local_file(dataset: str) -> bool:
             or os.path.isfile(os.path.expanduser(dataset)))
 
 
-def local_copy_path(run_dir: str, dataset: str) -> str:
-    """Where a run keeps its copy of a local dataset file (uploaded with the run, so HF Jobs can read it)."""
-    return os.path.join(run_dir, DATA_DIR, os.path.basename(dataset))
+HELD_OUT_PREFIX = "heldout-"      # the run's copy of a held-out file: data/heldout-<name>
+
+
+def local_copy_path(run_dir: str, dataset: str, held_out: bool = False) -> str:
+    """Where a run keeps its copy of a local dataset file (uploaded with the run, so HF Jobs can read it); a
+    held-out file's copy is named apart, so it never replaces the training file's."""
+    return os.path.join(run_dir, DATA_DIR, (HELD_OUT_PREFIX if held_out else "") + os.path.basename(dataset))
+
+
+def prompt_key(prompt) -> str:
+    """A prompt (text or messages) as one comparable string: equal keys, the same prompt for the model."""
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def parse_reward_columns(entries: list[str]) -> dict[str, str]:
@@ -135,18 +144,44 @@ def _read_parquet(path: str, limit: int) -> tuple[list[dict], int]:
 
 # ---- the trainer's dataset
 
-def load_task_dataset(spec: dict, run_dir: str):
-    """The run's rows as a `datasets.Dataset` with a conversational `prompt` and one column per reward keyword."""
+def _raw_dataset(spec: dict, run_dir: str, held_out: bool = False):
+    """The rows of the run's dataset (or, `held_out`, of its held-out split or file) as they are stored."""
     from datasets import Dataset, load_dataset  # noqa: PLC0415 heavy: trainer only, absent on a Space
 
     source = spec["dataset"]
+    if held_out and spec.get("eval_source") == "file":
+        path = local_copy_path(run_dir, spec["eval_file"], held_out=True)
+        return load_dataset("json" if path.endswith(".jsonl") else "parquet", data_files=path, split="train")
+    split = spec.get("eval_split") if held_out else spec.get("dataset_split")
     if source.startswith(BUILTIN_PREFIX):
-        data = Dataset.from_list(builtin_rows(source[len(BUILTIN_PREFIX):]))
-    elif is_local_file(source):
+        name = source[len(BUILTIN_PREFIX):]
+        return Dataset.from_list(builtin_eval_rows(name) if held_out else builtin_rows(name))
+    if is_local_file(source):
         path = local_copy_path(run_dir, source)
-        data = load_dataset("json" if path.endswith(".jsonl") else "parquet", data_files=path, split="train")
-    else:
-        data = load_dataset(source, spec.get("dataset_config") or None, split=spec.get("dataset_split") or "train")
+        return load_dataset("json" if path.endswith(".jsonl") else "parquet", data_files=path, split="train")
+    return load_dataset(source, spec.get("dataset_config") or None, split=split or "train")
+
+
+def held_out_rows(spec: dict) -> int:
+    """How many of the dataset's first rows the run holds out of training (0 unless its held-out set is 'rows')."""
+    return int(spec.get("eval_rows") or 0) if spec.get("eval_source") == "rows" else 0
+
+
+def load_task_dataset(spec: dict, run_dir: str, held_out: bool = False):
+    """The run's rows as a `datasets.Dataset` with a conversational `prompt` and one column per reward keyword:
+    the training rows, or (`held_out`) the held-out set's, at most `eval_max_prompts` of them."""
+    source = spec["dataset"]
+    data = _raw_dataset(spec, run_dir, held_out and spec.get("eval_source") in ("split", "file"))
+    kept = held_out_rows(spec)
+    if kept and held_out:
+        data = data.select(range(min(kept, len(data))))
+    elif kept:
+        if kept >= len(data):
+            raise TaskDataError(f"eval_rows holds out {kept} rows, but {source} has only {len(data)}: training would "
+                                "have none")
+        data = data.select(range(kept, len(data)))
+    if held_out:
+        data = data.select(range(min(len(data), int(spec.get("eval_max_prompts") or len(data)))))
     prompt_column = spec.get("prompt_column") or "prompt"
     columns = parse_reward_columns(spec.get("reward_columns") or [])
     missing = missing_columns(data.column_names, prompt_column, columns)

@@ -31,7 +31,7 @@ from .metrics_callback import ProfiledSeconds, RunFolderCallback
 from .redact import remember_env_secrets
 from .rewards import run_rewards
 from .run_end import record_end, stop_on_sigterm
-from .task import load_task_dataset
+from .task import TaskDataError, load_task_dataset
 from .tiny_model import TINY_MODEL, benchmark_note, no_progress_bars
 from .versions import mark_superseded, published_versions
 
@@ -102,7 +102,28 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     )
     trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; our progress line replaces it
     callback.trainer = trainer                # the callback reads a few completions per step from it
+    if spec.get("eval_source", "none") != "none" and process_rank() == 0:
+        callback.evaluation = held_out_evaluation(spec, run_dir, model, trainer)
     return trainer
+
+
+def held_out_evaluation(spec: dict, run_dir: str, model: str, trainer):
+    """The held-out evaluation at each published version, answered by the model being trained.
+
+    TRL 1.16's own `evaluate()` (eval_dataset, eval_steps) does not fit here: it samples at the training temperature
+    `num_generations_eval` times per prompt (no greedy), runs the GRPO loss over the held-out batch as well, logs only
+    batch means of the training rewards, and keeps neither per-prompt scores nor answers. So the callback generates
+    with the same model at each published adapter version and scores what it wrote with the run's rewards."""
+    from .evaluate import HeldOutEvaluation, LocalGenerator  # noqa: PLC0415 only with a held-out set
+
+    rows = list(skip_long_prompts(spec, model, load_task_dataset(spec, run_dir, held_out=True)))
+    if not rows:
+        raise TaskDataError("the held-out set has no rows (after skipping prompts over max_prompt_tokens)")
+    tokenizer = trainer.processing_class
+    generate = LocalGenerator(lambda: trainer.accelerator.unwrap_model(trainer.model), tokenizer, spec)
+    print(f"held-out set: {len(rows)} prompts, evaluated at each published adapter version", flush=True)
+    return HeldOutEvaluation(spec, run_dir, rows, tokenizer, generate, extra=lambda: {
+        "trainer_state": trainer.state, "log_extra": lambda *a, **k: None, "log_metric": lambda *a, **k: None})
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .run_end import record_end, stop_on_sigterm
 from .samples import install_async_samples
-from .task import load_task_dataset
+from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
 
@@ -179,6 +179,7 @@ def trainer_class():
         numbers past every version ever published; an `adapter_published` event per sync."""
 
         version_floor = 0   # the highest version ever published in the run folder before this attempt
+        held_out = None     # a BackgroundEvaluation (runtime/evaluate.py) when the run has a held-out set
 
         def _get_output_dir(self, trial):
             return os.path.join(self.args.output_dir, CHECKPOINTS_DIR)
@@ -193,6 +194,10 @@ def trainer_class():
                 write_event(self.args.output_dir, TRAINER_WRITER, PUBLISHED, name=name, version=self.model_version,
                             step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
                             size_bytes=folder_size(os.path.join(self._lora_dir, name)))
+                if self.held_out is not None:
+                    self.held_out.published(self.model_version, self.state.global_step,
+                                            os.path.join(self._lora_dir, name),
+                                            last=self.state.global_step >= self.state.max_steps)
             return marks
 
     return BucketAsyncGRPOTrainer
@@ -235,7 +240,23 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
     trainer.remove_callback(PrinterCallback)
     callback.trainer = trainer
     install_async_samples(callback.samples, spec["max_completion_length"], lambda: trainer.state.global_step)
+    if spec.get("eval_source", "none") != "none":
+        trainer.held_out = held_out_evaluation(spec, run_dir, model, trainer, proxy_url)
     return trainer
+
+
+def held_out_evaluation(spec: dict, run_dir: str, model: str, trainer, proxy_url: str):
+    """Each synced version evaluated on the replicas that serve it, through the proxy (`model="trl-policy-vN"`)."""
+    from .evaluate import BackgroundEvaluation, HeldOutEvaluation, ReplicaGenerator  # noqa: PLC0415
+
+    rows = list(skip_long_prompts(spec, model, load_task_dataset(spec, run_dir, held_out=True)))
+    if not rows:
+        raise TaskDataError("the held-out set has no rows (after skipping prompts over max_prompt_tokens)")
+    tokenizer = trainer.processing_class
+    generator = ReplicaGenerator(proxy_url, tokenizer, spec)
+    print(f"held-out set: {len(rows)} prompts, evaluated on the replicas at each synced version, at most "
+          f"{spec.get('eval_max_inflight', 4)} requests in flight", flush=True)
+    return BackgroundEvaluation(HeldOutEvaluation(spec, run_dir, rows, tokenizer, generator), generator)
 
 
 def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
@@ -263,6 +284,8 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
             print(f"resuming from {checkpoint}", flush=True)
         continue_numbering(trainer, run_dir, checkpoint)
         trainer.train(resume_from_checkpoint=checkpoint)
+        if trainer.held_out is not None:
+            trainer.held_out.finish()      # the last versions, while the proxy and the replicas are still up
         callback.flush()
         return None
     except BaseException as error:
