@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from backend.best_version import HeldOut
 from backend.executors.base import Executor, ResourceSample
 from backend.jobspec import TERMINAL_STAGES, JobStatus, run_stage
 from backend.observers import AdapterVersion, FragmentReader, final_adapter_files, list_adapter_versions
@@ -124,6 +125,7 @@ class RunView:
                                        check=lambda r: isinstance(r.get("completion"), str),
                                        latest_only={layout.TRAINER_WRITER: SAMPLE_STEPS_KEPT})
         self.samples: deque[dict] = deque(maxlen=SAMPLE_STEPS_KEPT * 4)
+        self.held_out = HeldOut(store, run_id)    # held-out scores per version, their samples, the best version
         self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
         self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
         self._engine: str | None = None
@@ -311,7 +313,7 @@ class RunView:
     @property
     def unreadable(self) -> dict[str, int]:
         """Records skipped as unreadable, per file: metric and event fragments, and the jobs' own files."""
-        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad}
+        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad, **self.held_out.unreadable}
         if self.jobs:    # a view of bucket files alone has no executor to ask
             counts.update(self.executor.unreadable_records(self.run_id))
         return counts
@@ -350,6 +352,7 @@ class RunView:
         for _writer, record in self._samples.read(full):
             self.samples.append(redact_record(record))
             changed = True
+        changed |= self.held_out.refresh(full)
         # Several writers' fragments arrive in one batch (the trainer's, each panel's): in the order they happened,
         # so an alert cleared by a restarted panel is not read back before the one that raised it.
         new_events = sorted(self._events.read(full), key=lambda pair: _event_time(pair[1]))

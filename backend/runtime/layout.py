@@ -9,6 +9,8 @@
     runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
     runs/<run_id>/checkpoints/                  trainer checkpoints, for resume
     runs/<run_id>/final/                        the last adapter, written when training ends
+    runs/<run_id>/evals/<writer>-<seq>.jsonl    write-once held-out scores, one record per evaluated version
+    runs/<run_id>/best/                         the best-scoring version's adapter, with best.json saying why
     runs/<run_id>/samples/<writer>-<seq>.jsonl  write-once fragments of a few completions per step
     runs/<run_id>/base-model/                   a builtin model, built by the first job that needs it
     runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, adapter_published,
@@ -42,6 +44,8 @@ ADAPTERS_DIR = "adapters"
 VLLM_LORA_DIR = ".vllm_lora"
 CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
+EVALS_DIR = "evals"
+BEST_DIR = "best"
 HEARTBEAT_DIR = "heartbeat"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
