@@ -223,10 +223,12 @@ def local_base(view) -> tuple[str | None, str]:
     model = str(view.spec.get("model") or "")
     if model in BUILTIN_MODELS:
         local = getattr(view.store, "local_path", None)
-        folder = local(f"{layout.run_prefix(view.run_id)}/{layout.BASE_MODEL_DIR}") if local else None
-        if folder is None or not os.path.isfile(os.path.join(folder, "config.json")):
+        if local is None:
             return None, (f"the run's builtin model is in {layout.BASE_MODEL_DIR}/ of its bucket on the Hub; a CPU "
                           "try needs the run's folder on this machine (a local run), or a live distributed run")
+        folder = local(f"{layout.run_prefix(view.run_id)}/{layout.BASE_MODEL_DIR}")
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            return None, (f"the run's {layout.BASE_MODEL_DIR}/ folder holds no model yet (its first job builds it)")
         return _fits(folder)
     if os.path.isabs(model):
         return (_fits(model) if os.path.isfile(os.path.join(model, "config.json"))

@@ -49,8 +49,11 @@ def build(page, panel) -> None:
     adapters = gr.Dataframe(headers=ADAPTER_HEADERS, interactive=False, label="Adapter versions in the bucket",
                             elem_id="adapters-table")
     with gr.Row():
+        # Custom values reach the backend, which refuses a version the run never published (a tick may also send
+        # new choices just after a pick).
         version_pick = gr.Dropdown([], label="Adapter version (download, push)", elem_id="version-pick", scale=3,
-                                   info="the best by held-out score where the run was evaluated, else final/")
+                                   info="the best by held-out score where the run was evaluated, else final/",
+                                   allow_custom_value=True)
         version_file = gr.DownloadButton("Download this version (.zip)", interactive=False, elem_id="version-btn",
                                          scale=1)
     version_msg = gr.Markdown(elem_id="version-msg")
@@ -60,7 +63,7 @@ def build(page, panel) -> None:
             sample_steps = gr.Dropdown(["latest"], value="latest", label="Step", elem_id="sample-step",
                                        allow_custom_value=True)
             sample_prompt = gr.Dropdown([ALL_OF_THE_STEP], value="", elem_id="sample-prompt",
-                                        label="Follow one prompt across steps and versions")
+                                        label="Follow one prompt across steps and versions", allow_custom_value=True)
         samples = gr.Dataframe(headers=dashboard.SAMPLE_HEADERS, interactive=False, wrap=True, elem_id="samples-table")
     replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, label="vLLM replicas (distributed runs)",
                             elem_id="replicas-table")

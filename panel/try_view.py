@@ -15,7 +15,7 @@ def build(page, panel) -> None:
         with gr.Row():
             prompt = gr.Textbox(label="Prompt", lines=2, elem_id="try-prompt", scale=3)
             picks = gr.Dropdown([], value=[], multiselect=True, label="Versions (and the base model)",
-                                elem_id="try-picks", scale=2)
+                                elem_id="try-picks", scale=2, allow_custom_value=True)
             tokens = gr.Slider(1, MAX_NEW_TOKENS, value=32, step=1, label="Max new tokens (greedy)",
                                elem_id="try-tokens", scale=1)
         button = gr.Button("Try it", elem_id="try-btn")
