@@ -223,6 +223,16 @@ def _screenshot(page, name: str) -> None:
 def _pick(page, elem_id: str, option: str) -> None:
     page.locator(f"#{elem_id} input").first.click()
     page.get_by_role("option", name=option, exact=True).click()
+    page.keyboard.press("Escape")
+
+
+def _grid(page, elem_id: str) -> tuple[list[str], list[list[str]]]:
+    """A Gradio dataframe's column headers and rows as shown."""
+    return page.evaluate("""(id) => [
+        Array.from(document.querySelectorAll('#' + id + ' [role=columnheader]')).map(
+            c => (c.getAttribute('title') ?? c.textContent).trim()),
+        Array.from(document.querySelectorAll('#' + id + ' .virtual-row')).map(
+            r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.textContent.trim()))]""", elem_id)
 
 
 def _run_dir(page, app_home) -> str:
@@ -249,15 +259,12 @@ def _a_version_downloads_and_tries_beside_the_base_model(page, app_home) -> None
         json.dump({"peft_type": "PREFIX_TUNING", "num_virtual_tokens": 10**9}, f)
     page.locator("#try-section").get_by_text("Try it: one prompt", exact=False).first.click()
     page.locator("#try-prompt textarea").fill("Count to ten")
-    for option in ("base model", "final/ (trl-policy-v10)", "trl-policy-v1 · step 20", "trl-policy-v2 · step 40"):
-        if option not in _text(page, "try-picks"):
-            _pick(page, "try-picks", option)
+    # The run was opened before it had an adapter: the base model alone is picked; the rest are picked here.
+    for option in ("final/ (trl-policy-v10)", "trl-policy-v1 · step 20", "trl-policy-v2 · step 40"):
+        _pick(page, "try-picks", option)
     page.locator("#try-btn").click()
     page.wait_for_function("() => document.getElementById('try-msg').innerText.includes('Done')", timeout=300000)
-    answers = page.evaluate("""() => [...document.querySelectorAll('#try-answers tbody tr')].map(
-        r => [...r.querySelectorAll('td')].map(c => c.innerText.trim()))""")
-    headers = page.evaluate(
-        "() => [...document.querySelectorAll('#try-answers thead th')].map(c => c.innerText.trim())")
+    headers, answers = _grid(page, "try-answers")
     table = {h: [row[i] for row in answers] for i, h in enumerate(headers) if h}
     assert set(table) == {"base model", "final", "trl-policy-v1", "trl-policy-v2"}, (headers, answers)
     assert all(table[h][1].startswith("PEFT on CPU") for h in table), table
@@ -269,9 +276,9 @@ def _a_version_downloads_and_tries_beside_the_base_model(page, app_home) -> None
 def _one_training_prompt_is_followed_across_steps(page) -> None:
     page.locator("#sample-prompt input").first.click()
     page.get_by_role("option", name=re.compile("^training: ")).first.click()
-    page.wait_for_function("() => document.querySelectorAll('#samples-table tbody tr').length >= 2", timeout=30000)
-    steps = page.evaluate("""() => [...document.querySelectorAll('#samples-table tbody tr')].map(
-        r => Number(r.querySelector('td').innerText))""")
+    page.wait_for_function("() => document.querySelectorAll('#samples-table .virtual-row').length >= 2",
+                           timeout=30000)
+    steps = [int(row[0]) for row in _grid(page, "samples-table")[1]]
     assert len(set(steps)) >= 2 and steps == sorted(steps), steps
 
 
