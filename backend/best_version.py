@@ -10,6 +10,7 @@ that adapter and a sentence saying which version it is and why; a name the run n
 import json
 import math
 import posixpath
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ BEST_FILE = "best.json"
 FINAL, BEST = "final", "best"
 SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (the newest)
 CHOICES_SHOWN = 50              # versions offered in a picker besides best and final (the newest)
+BEST_RECHECK_S = 10.0           # how often best/ is looked at again while it lags behind the scores read
 
 
 class ChoiceError(ValueError):
@@ -59,6 +61,7 @@ class HeldOut:
         self.samples: OrderedDict[int, list[dict]] = OrderedDict()     # version -> its held-out samples
         self.best_json: dict = {}
         self.best_files: list[StoredFile] = []
+        self._best_read_at = float("-inf")
 
     @property
     def unreadable(self) -> dict[str, int]:
@@ -80,9 +83,17 @@ class HeldOut:
             self.samples[version] = samples
             while len(self.samples) > SAMPLE_VERSIONS_KEPT:
                 self.samples.popitem(last=False)
-        if not new and not (full and self.scores):
+        # best/ is republished just after the record of the version that beat it: while best.json names another
+        # version than the highest score read, look again now and then.
+        stale = bool(self.scores) and self.best_json.get("policy_version") != self._top()
+        due = stale and time.monotonic() - self._best_read_at >= BEST_RECHECK_S
+        if not new and not (full and self.scores) and not due:
             return False
+        self._best_read_at = time.monotonic()
         return self._read_best() or bool(new)
+
+    def _top(self) -> int | None:
+        return max(self.scores.values(), key=lambda s: (s.score, -s.version)).version if self.scores else None
 
     def _read_best(self) -> bool:
         files = self.store.list_files(f"{self.prefix}/{layout.BEST_DIR}")
@@ -103,9 +114,7 @@ class HeldOut:
         """The version best.json names, else the highest score read (the earliest of equal ones); None before any."""
         if self.best_json:
             return self.best_json["policy_version"]
-        if not self.scores:
-            return None
-        return max(self.scores.values(), key=lambda s: (s.score, -s.version)).version
+        return self._top()
 
     def why(self, metric: str) -> str:
         """Why the best version is the best, in the trainer's words when it gave them."""

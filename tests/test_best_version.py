@@ -225,3 +225,24 @@ def test_another_visitors_run_is_not_theirs_to_try_or_download(tmp_path, monkeyp
             panel.adapter_version_zip(run.spec.run_id, "trl-policy-v1", carol)
     finally:
         panel.shutdown()
+
+
+def test_before_best_is_republished_the_highest_score_read_is_the_best_and_best_json_is_read_once_there(tmp_path,
+                                                                                                      monkeypatch):
+    from backend import best_version
+    from backend.best_version import HeldOut
+    from backend.store import FolderStore
+
+    monkeypatch.setattr(best_version, "BEST_RECHECK_S", 0.0)
+    run = SyntheticRun(str(tmp_path), 200)
+    write_evals(run)
+    best_json = os.path.join(run.run_dir, layout.BEST_DIR, "best.json")
+    os.rename(best_json, best_json + ".later")
+    os.rename(os.path.join(run.run_dir, layout.BEST_DIR), os.path.join(run.run_dir, "_tmp-best"))
+    held = HeldOut(FolderStore(os.path.join(str(tmp_path), "buckets", "local", "bench")), run.spec.run_id)
+    assert held.refresh() and held.best_version == 7 and held.best_json == {} and held.best_files == []
+    assert not held.refresh(), "nothing new"
+    os.rename(os.path.join(run.run_dir, "_tmp-best"), os.path.join(run.run_dir, layout.BEST_DIR))
+    os.rename(best_json + ".later", best_json)
+    assert held.refresh(), "best/ arrived after the record that made it the best"
+    assert held.best_json["policy_version"] == 7 and len(held.best_files) == 3
