@@ -16,6 +16,7 @@ from backend import diagnose
 from backend.axes import run_start
 from backend.best_version import score_text, version_choices
 from backend.diagnose import ratio_alert
+from backend.runtime import layout
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
 from backend.try_it import try_choices
@@ -157,7 +158,7 @@ def best_line(view) -> str:
     best = held.best_version if held is not None else None
     if best is None:
         return ""
-    return f" · best **trl-policy-v{best}** (held-out {score_text(held.scores.get(best))})"
+    return f" · best **{layout.adapter_name(best)}** (held-out {score_text(held.scores.get(best))})"
 
 
 def failure_cause(view) -> str:

@@ -221,7 +221,11 @@ def _screenshot(page, name: str) -> None:
 
 
 def _pick(page, elem_id: str, option: str) -> None:
-    page.locator(f"#{elem_id} input").first.click()
+    """Pick `option` of a dropdown, typed to narrow a long list first (a click on an option below the fold misses)."""
+    box = page.locator(f"#{elem_id} input").first
+    box.click()
+    box.fill("")        # a single choice's box holds the current one
+    box.press_sequentially(option)
     page.get_by_role("option", name=option, exact=True).click()
     page.keyboard.press("Escape")
 
@@ -274,7 +278,10 @@ def _a_version_downloads_and_tries_beside_the_base_model(page, app_home) -> None
 
 
 def _one_training_prompt_is_followed_across_steps(page) -> None:
-    page.locator("#sample-prompt input").first.click()
+    box = page.locator("#sample-prompt input").first
+    box.click()
+    box.fill("")
+    box.press_sequentially("training: ")
     page.get_by_role("option", name=re.compile("^training: ")).first.click()
     page.wait_for_function("() => document.querySelectorAll('#samples-table .virtual-row').length >= 2",
                            timeout=30000)
