@@ -228,8 +228,8 @@ def choose(view, choice: str | None) -> ChosenAdapter:
                              metric)
     match = layout.ADAPTER_NAME_RE.match(choice)
     if not match or int(match.group(1)) not in view.adapters:
-        raise ChoiceError(f"version: run {view.run_id} published no adapter {choice!r}; pick best, final/ or one of "
-                          "the versions listed in the adapters table")
+        raise ChoiceError(f"version: run {view.run_id} published no adapter {choice[:80]!r}; pick best, final/ or one "
+                          "of the versions listed in the adapters table")
     version = int(match.group(1))
     files = _version_files(view, version)
     score = held.scores.get(version)

@@ -147,7 +147,7 @@ def _model_name(view, pick: str) -> str | None:
         return layout.adapter_name(version) if type(version) is int else FINAL
     match = layout.ADAPTER_NAME_RE.match(pick)
     if not match or int(match.group(1)) not in view.adapters:
-        raise ChoiceError(f"run {view.run_id} published no adapter {pick!r}")
+        raise ChoiceError(f"run {view.run_id} published no adapter {pick[:80]!r}")
     return pick
 
 
