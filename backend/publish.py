@@ -1,4 +1,5 @@
-"""Publish a finished run's final adapter to a Hub model repo, with a model card generated from the run.
+"""Publish one adapter version of a run (the best by held-out score, final/, or any published version) to a Hub
+model repo, with a model card generated from the run that says which version it is and why.
 
 Buckets cannot be copied into a repo on the server, so the adapter's files are read from the run's bucket store
 (the Hub bucket, or the local folder of a local run) and uploaded in one commit with the card
@@ -64,8 +65,9 @@ def run_facts(view, bucket: str, executor: str, trainer_url: str | None = None,
                     sum(rewards) / len(rewards) if rewards else None, parts, where, trainer_url, panel_url)
 
 
-def model_card(spec: dict, facts: RunFacts, repo_id: str) -> str:
-    """The README.md of the adapter's repo: metadata, results, every setting that shaped it, how to use it."""
+def model_card(spec: dict, facts: RunFacts, repo_id: str, chosen=None) -> str:
+    """The README.md of the adapter's repo: metadata, which version it is and why (`chosen`, a
+    `best_version.ChosenAdapter`), results, every setting that shaped it, how to use it."""
     base = str(spec.get("model") or "")
     hub_base = base if HUB_ID.match(base) else None
     executor = engine(facts.executor).label
@@ -78,12 +80,33 @@ def model_card(spec: dict, facts: RunFacts, repo_id: str) -> str:
     origin = [f"- The run's files (spec.json, metrics, events, code): {facts.bucket_path}"]
     origin += [f"- Trainer job: {facts.trainer_url}"] if facts.trainer_url else []
     origin += [f"- Launched from the panel: {facts.panel_url}"] if facts.panel_url else []
-    lines = [*_front_matter(spec, hub_base), "", f"# {repo_id.split('/', 1)[1]}", "", intro, "",
+    which = _which_version(chosen) if chosen is not None else []
+    lines = [*_front_matter(spec, hub_base), "", f"# {repo_id.split('/', 1)[1]}", "", intro, "", *which,
              "## Results", "", *_table(("result", "value"), results), "",
              "## Training", "", *_table(("setting", "value"), _settings(spec)), "",
              "## Use it", "", *_usage(spec, repo_id, hub_base), "",
              "## Where it comes from", "", *origin]
     return redact_tokens("\n".join(lines) + "\n")
+
+
+def _which_version(chosen) -> list[str]:
+    """The card's "Which version" section: the version, its step, why it was chosen, its held-out score."""
+    rows = [("version", chosen.name), ("step", _num(chosen.step)), ("why this one", chosen.why)]
+    if chosen.score is not None:
+        std = f" ± {chosen.score.score_std:.4g}" if chosen.score.score_std is not None else ""
+        rows.append(("held-out score", f"{chosen.score.score:.4g}{std} ({chosen.metric})"))
+        rows += [(f"held-out `{name}`", _reward_cell(part)) for name, part in sorted(chosen.score.rewards.items())
+                 if isinstance(part, dict)]
+    return ["## Which version", "", *_table(("", ""), rows), ""]
+
+
+def _reward_cell(part: dict) -> str:
+    text = f"mean {_num(part.get('mean'))}"
+    if isinstance(part.get("solved"), (int, float)):
+        text += f", solved {float(part['solved']):.0%}"
+    if part.get("weight") == 0:
+        text += " (watched, weight 0)"
+    return text
 
 
 def _front_matter(spec: dict, hub_base: str | None) -> list[str]:
@@ -100,21 +123,22 @@ def _table(headers: tuple[str, str], rows: list[tuple]) -> list[str]:
     return [f"| {headers[0]} | {headers[1]} |", "| --- | --- |", *(f"| {_cell(k)} | {_cell(v)} |" for k, v in rows)]
 
 
-def push_final_adapter(store, run_id: str, final_files: list, repo_id: str, card: str, token: str,
-                       private: bool = True) -> str:
-    """Create the repo (private unless asked) and commit the final adapter's files and the card; return its URL."""
+def push_adapter(store, run_id: str, files: list, repo_id: str, card: str, token: str, private: bool = True,
+                 what: str = "final") -> str:
+    """Create the repo (private unless asked) and commit the adapter's files (`what`: its name in the commit
+    message) and the card; return its URL."""
     problem = repo_id_problem(repo_id)
     if problem:
         raise PublishError(f"repo_id: {problem}")
-    names = {posixpath.basename(f.path) for f in final_files}
+    names = {posixpath.basename(f.path) for f in files}
     if not all(n in names for n in layout.ADAPTER_FILES):
-        raise PublishError(f"run {run_id} has no final adapter yet (final/ is written when training ends)")
+        raise PublishError(f"run {run_id} has no complete {what} adapter (both {' and '.join(layout.ADAPTER_FILES)})")
     api = HfApi(token=token)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     operations = [CommitOperationAdd(path_in_repo=posixpath.basename(f.path), path_or_fileobj=store.read_bytes(f.path))
-                  for f in final_files if posixpath.basename(f.path) != "README.md"]
+                  for f in files if posixpath.basename(f.path) != "README.md"]
     operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()))
-    api.create_commit(repo_id, operations=operations, commit_message=f"Final LoRA adapter of GRPO run {run_id}")
+    api.create_commit(repo_id, operations=operations, commit_message=f"LoRA adapter of GRPO run {run_id}: {what}")
     return str(url)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from backend.best_version import ChosenAdapter, choose
 from backend.executors.base import Executor
 from backend.jobspec import TERMINAL_STAGES, JobRecord
 from backend.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
@@ -214,6 +215,24 @@ class RunRegistry:
         path = os.path.join(folder, f"{name}-{run_id}-final-adapter.zip")
         atomic_write_bytes(path, buf.getvalue())
         return path
+
+
+    def adapter_zip(self, run_id: str, choice: str | None, folder: str) -> tuple[str, ChosenAdapter]:
+        """A zip of the adapter version `choice` names ("best", "final" or "trl-policy-v<N>"; None: the default) in
+        `folder`, one file per run and version, replaced whole; raises ChoiceError when there is no such adapter."""
+        view = self.view(run_id)
+        view.refresh()
+        if not view.final_files:
+            view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
+        chosen = choose(view, choice)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for f in chosen.files:
+                zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
+        path = os.path.join(folder, f"{name}-{run_id}-{chosen.choice}-adapter.zip")
+        atomic_write_bytes(path, buf.getvalue())
+        return path, chosen
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from backend.best_version import HeldOut
 from backend.executors.base import Executor, ResourceSample
 from backend.jobspec import TERMINAL_STAGES, JobStatus, run_stage
 from backend.observers import AdapterVersion, FragmentReader, final_adapter_files, list_adapter_versions
@@ -134,9 +135,7 @@ class RunView:
                                        check=lambda r: isinstance(r.get("completion"), str),
                                        latest_only={layout.TRAINER_WRITER: SAMPLE_STEPS_KEPT})
         self.samples: deque[dict] = deque(maxlen=SAMPLE_STEPS_KEPT * 4)
-        # Held-out evaluation: one record per evaluated adapter version (runtime/evaluate.py), by version.
-        self._evals = FragmentReader(store, f"{prefix}/{layout.EVALS_DIR}", check=_is_eval_record)
-        self.evals: dict[int, dict] = {}
+        self.held_out = HeldOut(store, run_id)    # held-out scores per version, their samples, the best version
         self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
         self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
         self._engine: str | None = None
@@ -333,9 +332,14 @@ class RunView:
             self.version += 1
 
     @property
+    def evals(self) -> dict[int, dict]:
+        """The held-out evaluation records by version (what the chart draws)."""
+        return self.held_out.records
+
+    @property
     def unreadable(self) -> dict[str, int]:
         """Records skipped as unreadable, per file: metric and event fragments, and the jobs' own files."""
-        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad, **self._evals.cursor.bad}
+        counts = {**self._metrics.cursor.bad, **self._events.cursor.bad, **self.held_out.unreadable}
         if self.jobs:    # a view of bucket files alone has no executor to ask
             counts.update(self.executor.unreadable_records(self.run_id))
         return counts
@@ -378,10 +382,8 @@ class RunView:
         for _writer, record in [] if self.bounded else self._samples.read(full):
             self.samples.append(redact_record(record))
             changed = True
-        evaluated = self._evals.read(full)
-        if evaluated:     # a new mapping, not one changed in place: a frame being drawn holds the old one
-            self.evals = {**self.evals, **{int(r["policy_version"]): redact_record(r) for _w, r in evaluated}}
-            changed = True
+        if not self.bounded:    # a watched summary keeps no held-out scores
+            changed |= self.held_out.refresh(full)
         # Several writers' fragments arrive in one batch (the trainer's, each panel's): in the order they happened,
         # so an alert cleared by a restarted panel is not read back before the one that raised it.
         new_events = sorted(self._events.read(full), key=lambda pair: _event_time(pair[1]))
@@ -513,9 +515,3 @@ def _event_time(record: dict) -> float:
     when = record.get("time")
     return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
 
-
-def _is_eval_record(record: dict) -> bool:
-    """A held-out evaluation record: an integer version and step, a finite score, its rewards as a mapping."""
-    return (isinstance(record.get("policy_version"), int) and not isinstance(record["policy_version"], bool)
-            and isinstance(record.get("step"), int) and _is_number(record.get("score"))
-            and isinstance(record.get("rewards", {}), dict))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from backend import recipe
 from backend.access import ANONYMOUS, Deployment, Refused, Visitor, acting_token, no_token_reason
+from backend.best_version import ChosenAdapter
 from backend.budget import SpendWatch
 from backend.executors import engine
 from backend.executors.local import LocalExecutor
@@ -33,6 +34,7 @@ from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
 from backend.task_check import TaskReport
 from backend.task_rules import held_out_summary
+from backend.try_it import try_it
 from backend.watch import RunWatch
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
@@ -301,6 +303,22 @@ class Panel:
                 return None
             self._final_zips[run_id] = path
         return self._final_zips[run_id]
+
+    def adapter_version_zip(self, run_id: str, choice: str | None,
+                            visitor: Visitor | str | None = None) -> tuple[str, ChosenAdapter]:
+        """The adapter version `choice` names ("best", "final", "trl-policy-v<N>"; None: the best where an evaluation
+        exists, else final/) as a zip, and what it is; raises ChoiceError (or KeyError: not this visitor's run)."""
+        registry = self.runs.find(run_id, as_visitor(visitor))
+        return registry.adapter_zip(run_id, choice, private_folder(self.downloads))
+
+    def try_it(self, run_id: str, visitor: Visitor | str | None, prompt: str, picks: list[str], max_tokens):
+        """"Try it" on the run (a generator of `TryAnswers` as they come): only for a visitor who may see the run
+        (KeyError otherwise), the request checked first (TryRefused names the field)."""
+        visitor = as_visitor(visitor)
+        registry = self.runs.find(run_id, visitor)
+        view = registry.view(run_id)
+        return try_it(view, engine(registry.executor.name), acting_token(visitor, self.settings), prompt, picks,
+                      max_tokens)
 
     def full_log_file(self, run_id: str, role: str, visitor: Visitor | str | None = None) -> str | None:
         """The whole log of one job (masked, like everything shown) as a file to download."""

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 
 from backend import diagnose
 from backend.axes import run_start
+from backend.best_version import score_text, version_choices
 from backend.diagnose import ratio_alert
+from backend.runtime import layout
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
+from backend.try_it import try_choices
 from panel import charts
 
 LOG_TAIL = 400
@@ -74,7 +77,8 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
     values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view),
                   change=diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change,
-                  sample_steps=sample_steps(view)[:SAMPLE_STEPS], roles=sorted(view.jobs))
+                  sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
+                  version_pick=version_choices(view), try_picks=try_choices(view), roles=sorted(view.jobs))
     if view.spec:       # before spec.json is read, the config shown stays as it was
         values["config"] = view.spec
     return Frame(values, {k: digest(v) for k, v in values.items()})
@@ -122,7 +126,7 @@ def status_markdown(view) -> str:
         step = last.get("step", 0)
         parts.append(f"{spec.get('mode')} · model `{spec.get('model')}` · step {step}/{spec.get('max_steps')}"
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
-                     + f" · {len(view.adapters)} adapter version(s)"
+                     + f" · {len(view.adapters)} adapter version(s)" + best_line(view)
                      + (" · **final adapter ready**" if view.final_files else ""))
     if view.history_pending:
         first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
@@ -147,6 +151,15 @@ def status_markdown(view) -> str:
         parts.append(f"⚠️ {total} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     parts += end_lines(view)
     return "\n\n".join(parts)
+
+
+def best_line(view) -> str:
+    """' · best trl-policy-v7 (held-out 0.412 ± 0.050)' once a version was evaluated, else ''."""
+    held = getattr(view, "held_out", None)
+    best = held.best_version if held is not None else None
+    if best is None:
+        return ""
+    return f" · best **{layout.adapter_name(best)}** (held-out {score_text(held.scores.get(best))})"
 
 
 def failure_cause(view) -> str:
@@ -192,14 +205,17 @@ def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
     (superseded by a resume)."""
     registered = _registered_adapters(view)
     first_step = view.first_step
+    held = getattr(view, "held_out", None)
+    scores, best = (held.scores, held.best_version) if held is not None else ({}, None)
     rows = []
     for v in view.newest_adapters(page):
         on = ", ".join(r for r, names in registered.items() if v.name in names) or "-"
         step = v.step if v.step is not None else first_step.get(v.version, "-")
         note = (f"superseded: the run resumed from step {view.superseded[v.name]}"
                 if v.name in view.superseded else "")
+        score = score_text(scores.get(v.version)) + (" ★ best" if v.version == best else "")
         rows.append([v.name, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
-                     round(v.size_bytes / 1e6, 3), on, note])
+                     round(v.size_bytes / 1e6, 3), on, note, score])
     return rows
 
 
@@ -261,24 +277,82 @@ def sample_steps(view) -> list[int]:
     return sorted({int(s["step"]) for s in view.samples if isinstance(s.get("step"), (int, float))}, reverse=True)
 
 
-def sample_rows(view, step: int | str | None = "latest") -> list[list]:
+HELD_OUT_KEY, TRAINING_KEY = "held-out:", "training:"
+PROMPTS_FOLLOWED = 50      # prompts of each kind the follow picker offers
+
+
+def prompt_key(prompt: str) -> str:
+    """A training prompt's key in the follow picker (the text itself can be long)."""
+    return TRAINING_KEY + hashlib.blake2b(prompt.encode(), digest_size=8).hexdigest()
+
+
+def _head(text: str, chars: int = 60) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= chars else line[:chars - 1] + "…"
+
+
+def sample_prompts(view, limit: int = PROMPTS_FOLLOWED) -> list[tuple[str, str]]:
+    """(label, key) of the prompts the samples view can follow across steps and versions: the held-out prompts by
+    their stable index (one row per evaluated version), and training prompts written at two steps or more."""
+    held = getattr(view, "held_out", None)
+    indices: dict[int, str] = {}
+    for samples in (held.samples.values() if held is not None else ()):
+        for s in samples:
+            indices.setdefault(s["prompt_index"], str(s.get("prompt", "")))
+    out = [(f"held-out #{i}: {_head(indices[i])}", f"{HELD_OUT_KEY}{i}") for i in sorted(indices)[:limit]]
+    steps: dict[str, set] = {}
+    for s in view.samples:
+        if isinstance(s.get("prompt"), str):
+            steps.setdefault(s["prompt"], set()).add(s.get("step"))
+    repeated = [p for p, seen in steps.items() if len(seen) >= 2][:limit]
+    return out + [(f"training: {_head(p)}", prompt_key(p)) for p in repeated]
+
+
+def _sample_row(s: dict, version) -> list:
+    rewards = " · ".join(f"{k.split('/', 1)[-1]} {v:.3g}" for k, v in (s.get("rewards") or {}).items()
+                         if isinstance(v, (int, float)))
+    advantage = s.get("advantage")
+    return [s.get("step"), version, s.get("prompt", ""), s.get("completion", ""), rewards,
+            "-" if not isinstance(advantage, (int, float)) else round(float(advantage), 3), s.get("length") or "-",
+            {True: "yes", False: "no"}.get(s.get("truncated"), "-")]
+
+
+def sample_rows(view, step: int | str | None = "latest", follow: str | None = None) -> list[list]:
     """What the policy wrote at `step` ("latest": the newest step with samples): prompt, completion, each
-    reward, advantage, length in tokens and whether it hit the completion limit."""
+    reward, advantage, length in tokens and whether it hit the completion limit. With `follow` (a key of
+    `sample_prompts`), one prompt across steps and versions instead, oldest first."""
+    if follow:
+        return followed_rows(view, str(follow))
     steps = sample_steps(view)
     if not steps:
         return []
-    chosen = steps[0] if step in (None, "", "latest") else int(step)
-    rows = []
-    for s in view.samples:
-        if s.get("step") != chosen:
-            continue
-        rewards = " · ".join(f"{k.split('/', 1)[-1]} {v:.3g}" for k, v in (s.get("rewards") or {}).items())
-        advantage = s.get("advantage")
-        rows.append([s.get("step"), s.get("policy_version") if s.get("policy_version") is not None else "-",
-                     s.get("prompt", ""), s.get("completion", ""), rewards,
-                     "-" if advantage is None else round(float(advantage), 3), s.get("length") or "-",
-                     {True: "yes", False: "no"}.get(s.get("truncated"), "-")])
-    return rows
+    try:
+        chosen = steps[0] if step in (None, "", "latest") else int(step)
+    except (TypeError, ValueError):     # a value typed into the picker that is no step
+        return []
+    return [_sample_row(s, s.get("policy_version") if s.get("policy_version") is not None else "-")
+            for s in view.samples if s.get("step") == chosen]
+
+
+def followed_rows(view, key: str) -> list[list]:
+    """One prompt's rows across steps and versions: a held-out prompt's answer by each evaluated version, or a
+    training prompt's samples at each step it was drawn. An unknown key has no rows."""
+    if key.startswith(HELD_OUT_KEY):
+        held = getattr(view, "held_out", None)
+        index = key[len(HELD_OUT_KEY):]
+        if held is None or not index.isdigit():
+            return []
+        rows = []
+        for version in sorted(held.samples):
+            score = held.scores.get(version)
+            for s in held.samples[version]:
+                if s["prompt_index"] == int(index):
+                    rows.append(_sample_row({**s, "step": score.step if score else "-"}, f"{version} (held-out)"))
+        return rows
+    matching = [s for s in view.samples if isinstance(s.get("prompt"), str) and prompt_key(s["prompt"]) == key]
+    matching.sort(key=lambda s: s.get("step") if isinstance(s.get("step"), (int, float)) else -1)
+    return [_sample_row(s, s.get("policy_version") if s.get("policy_version") is not None else "-")
+            for s in matching]
 
 
 def log_text(view, role: str | None, query: str = "", tail: int = LOG_TAIL) -> str:

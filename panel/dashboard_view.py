@@ -7,8 +7,11 @@ handlers are plain functions (see `panel.page`)."""
 import gradio as gr
 from gradio.components.plot import PlotData
 
+from backend.best_version import ChoiceError, default_choice
 from backend.compare import X_AXES
-from panel import dashboard, live, publish_view
+from backend.runtime.redact import redact_tokens
+from backend.try_it import BASE
+from panel import dashboard, live, publish_view, try_view
 
 PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
@@ -17,12 +20,13 @@ SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textare
 DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
                 "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
                 "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
-ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note"]
+ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note", "held-out score"]
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
-VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps"]
+VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
 DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",
-         "config", "final", "roles", "drawn"]
+         "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
+ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"
 
 
 def build(page, panel) -> None:
@@ -44,9 +48,22 @@ def build(page, panel) -> None:
                 plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
     adapters = gr.Dataframe(headers=ADAPTER_HEADERS, interactive=False, label="Adapter versions in the bucket",
                             elem_id="adapters-table")
-    with gr.Accordion("What the policy writes (samples)", open=True, elem_id="samples-section"):
-        sample_steps = gr.Dropdown(["latest"], value="latest", label="Step", elem_id="sample-step",
+    with gr.Row():
+        # Custom values reach the backend, which refuses a version the run never published (a tick may also send
+        # new choices just after a pick).
+        version_pick = gr.Dropdown([], label="Adapter version (download, push)", elem_id="version-pick", scale=3,
+                                   info="the best by held-out score where the run was evaluated, else final/",
                                    allow_custom_value=True)
+        version_file = gr.DownloadButton("Download this version (.zip)", interactive=False, elem_id="version-btn",
+                                         scale=1)
+    version_msg = gr.Markdown(elem_id="version-msg")
+    try_view.build(page, panel)
+    with gr.Accordion("What the policy writes (samples)", open=True, elem_id="samples-section"):
+        with gr.Row():
+            sample_steps = gr.Dropdown(["latest"], value="latest", label="Step", elem_id="sample-step",
+                                       allow_custom_value=True)
+            sample_prompt = gr.Dropdown([ALL_OF_THE_STEP], value="", elem_id="sample-prompt",
+                                        label="Follow one prompt across steps and versions", allow_custom_value=True)
         samples = gr.Dataframe(headers=dashboard.SAMPLE_HEADERS, interactive=False, wrap=True, elem_id="samples-table")
     replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, label="vLLM replicas (distributed runs)",
                             elem_id="replicas-table")
@@ -62,7 +79,8 @@ def build(page, panel) -> None:
     log = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
     drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
     page.add(**plots, status=status, cost=cost, change=change, clone=clone, x_axis=x_axis, smoothing=smoothing,
-             adapters=adapters, sample_steps=sample_steps, samples=samples, replicas=replicas, final=final,
+             adapters=adapters, version_pick=version_pick, version_file=version_file, version_msg=version_msg,
+             sample_steps=sample_steps, sample_prompt=sample_prompt, samples=samples, replicas=replicas, final=final,
              config=config, push=push, roles=roles, log_query=log_query, log_btn=log_btn, log_file=log_file,
              **{live.LOG_KEY: log}, drawn=drawn)
 
@@ -72,7 +90,11 @@ def wire(page) -> None:
     page.on([page["x_axis"].change, page["smoothing"].release, page["sample_steps"].change], on_options,
             [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
     page.on(page["sample_steps"].focus, on_steps, ["run_pick"], ["sample_steps"], show_progress="hidden")
-    page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private"], ["push.message"])
+    page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private", "version_pick"],
+            ["push.message"])
+    page.on(page["version_pick"].change, on_version, ["run_pick", "version_pick"], ["version_file", "version_msg"])
+    page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
+    try_view.wire(page)
     page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["roles"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["log_btn"].click, on_full_log, ["run_pick", "roles"], ["log_file"]).then(
@@ -91,6 +113,10 @@ def present(values: dict, role: str) -> dict:
             value = gr.update(visible=bool(value))
         elif name == "sample_steps":
             value = gr.update(choices=["latest", *value])
+        elif name == "sample_prompt":
+            value = gr.update(choices=[ALL_OF_THE_STEP, *value])
+        elif name in ("version_pick", "try_picks"):
+            value = gr.update(choices=value)
         elif name == "final":
             value = gr.update(value=value, interactive=value is not None)
         elif name == "roles":
@@ -99,17 +125,18 @@ def present(values: dict, role: str) -> dict:
     return out
 
 
-def draw(panel, visitor, run_id, role, query, x, smooth, pick, session) -> dict:
+def draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session) -> dict:
     """The dashboard components this session has not drawn yet (only what changed). What it has drawn is kept in
     `session`, its state, updated in place (Gradio rebuilds a state's config each time one is sent, so a tick
     sends none); a session without one yet is sent a new one."""
     fresh = not isinstance(session, dict)
     session = {} if fresh else session
-    update = live.run_update(panel, run_id, session, visitor, role, query, x=x, smoothing=smooth, pick=pick)
+    update = live.run_update(panel, run_id, session, visitor, role, query, x=x, smoothing=smooth, pick=pick,
+                             follow=follow)
     return {**present(update.values, role), **({"drawn": session} if fresh else {})}
 
 
-def on_select(panel, visitor, run_id, role, query, x, smooth, pick) -> dict:
+def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> dict:
     untick = {"resume_confirm": False, "resume_reviewed": None}
     if not run_id:
         return {**untick, "drawn": None, "cost": ""}
@@ -117,8 +144,15 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick) -> dict:
         state: dict = {}
         update = live.run_update(panel, run_id, state, visitor, role, query, x=x, smoothing=smooth)
         steps = update.values.get("sample_steps", [])
+        view = panel.view(run_id, visitor)
+        default = default_choice(view)
         return {**untick, **present(update.values, role), "drawn": state,
                 "sample_steps": gr.update(choices=["latest", *steps], value="latest"),
+                "sample_prompt": gr.update(choices=[ALL_OF_THE_STEP, *update.values.get("sample_prompt", [])],
+                                           value=""),
+                "version_pick": gr.update(choices=update.values.get("version_pick", []), value=default),
+                "try_picks": gr.update(choices=update.values.get("try_picks", []),
+                                       value=[BASE, default] if default else [BASE]),
                 "push.repo": publish_view.suggested_repo_id(panel, run_id, visitor)}
     except KeyError as exc:
         return {**untick, "status": exc.args[0], "drawn": None, "cost": ""}
@@ -134,17 +168,30 @@ def on_steps(panel, visitor, run_id) -> dict:
     return {"sample_steps": gr.update(choices=["latest", *steps])}
 
 
-def on_options(panel, visitor, run_id, role, query, x, smooth, pick, session) -> dict:
+def on_options(panel, visitor, run_id, role, query, x, smooth, pick, follow, session) -> dict:
     if not run_id:
         return {"drawn": gr.skip()}     # Gradio wants at least one output named
     try:
-        return {"drawn": gr.skip(), **draw(panel, visitor, run_id, role, query, x, smooth, pick, session)}
+        return {"drawn": gr.skip(), **draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session)}
     except KeyError:
         return {"drawn": gr.skip()}     # Gradio wants at least one output named
 
 
-def on_push(panel, visitor, run_id, repo_id, private) -> dict:
-    return {"push.message": publish_view.push(panel, run_id, repo_id, private, visitor)}
+def on_version(panel, visitor, run_id, choice) -> dict:
+    """The picked version's zip on the download button, and which version it is and why."""
+    if not run_id or not choice:
+        return {"version_file": gr.update(value=None, interactive=False), "version_msg": ""}
+    try:
+        path, chosen = panel.adapter_version_zip(run_id, choice, visitor)
+    except (KeyError, ChoiceError) as exc:
+        why = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        return {"version_file": gr.update(value=None, interactive=False),
+                "version_msg": f"**No download.** {redact_tokens(str(why))}"}
+    return {"version_file": gr.update(value=path, interactive=True), "version_msg": redact_tokens(chosen.why)}
+
+
+def on_push(panel, visitor, run_id, repo_id, private, version) -> dict:
+    return {"push.message": publish_view.push(panel, run_id, repo_id, private, visitor, version or None)}
 
 
 def on_log_filter(panel, visitor, run_id, role, query) -> dict:

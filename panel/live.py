@@ -45,11 +45,12 @@ def send_changed(drawn: dict, parts: dict[str, tuple]) -> dict:
 
 def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
                      x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None, pick="latest",
-                     extra: Callable[[object], dict] | None = None) -> DashboardUpdate:
+                     extra: Callable[[object], dict] | None = None, follow: str | None = None) -> DashboardUpdate:
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
     session's own: the run it drew and the key of each component it has. `x` is "step", "time" or "dollars";
     `dollars` the run's spend corners (None for a run that costs nothing: wall time then); `pick` the step whose
-    samples are shown; `extra(view)` more parts (name -> (key, value)) that the view alone does not give."""
+    samples are shown, or `follow` the prompt followed across steps and versions (`dashboard.sample_prompts`);
+    `extra(view)` more parts (name -> (key, value)) that the view alone does not give."""
     view = panel.view(run_id, visitor)
     if view.refresh_if_due() and hasattr(panel, "watch"):
         panel.watch.alerts(view)
@@ -66,14 +67,14 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     parts = {name: (drawn[name] if name in ON_REQUEST and name in drawn else frame.digests[name], value)
              for name, value in frame.values.items()}
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
-    rows = dashboard.sample_rows(view, pick)
+    rows = dashboard.sample_rows(view, pick, follow)
     parts["samples"] = (dashboard.digest(rows), rows)
     parts.update(extra(view) if extra else {})
     return DashboardUpdate(send_changed(drawn, parts))
 
 
 def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
-               x: str = "step", smoothing: float = 0.0, pick="latest") -> DashboardUpdate:
+               x: str = "step", smoothing: float = 0.0, pick="latest", follow: str | None = None) -> DashboardUpdate:
     """`dashboard_update` as the Runs tab draws it: `x` as its radio says it ("wall time" for time), the dollars
     axis's spend corners, and the run's cost line and final adapter, which change without new records."""
     axis = {"wall time": "time"}.get(x, x)
@@ -85,7 +86,7 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
         return {"cost": (cost, cost), "final": (final, final)}
 
     return dashboard_update(panel, run_id, state, visitor, role, query, x=axis, smoothing=smoothing,
-                            dollars=corners, pick=pick, extra=extra)
+                            dollars=corners, pick=pick, extra=extra, follow=follow)
 
 
 def _log_version(view, role: str) -> tuple:

@@ -9,6 +9,7 @@ Every handler learns who clicked from Gradio itself: `gr.OAuthToken` / `gr.OAuth
 Gradio fills only when it can match them positionally (never after `*args`), read through `visitor_of`.
 """
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import gradio as gr
@@ -77,10 +78,18 @@ class Page:
         `request`, the Gradio request comes right after the visitor."""
         page = self
 
-        def answer(visitor: Visitor, head: tuple, values: tuple) -> dict:
-            return page.updates(handler(page.panel, visitor, *head, *page.arguments(inputs, values)))
+        if inspect.isgeneratorfunction(handler):     # a handler that shows progress yields its answers in turn
+            def answer(visitor: Visitor, head: tuple, values: tuple):
+                for each in handler(page.panel, visitor, *head, *page.arguments(inputs, values)):
+                    yield page.updates(each)
+        else:
+            def answer(visitor: Visitor, head: tuple, values: tuple) -> dict:
+                return page.updates(handler(page.panel, visitor, *head, *page.arguments(inputs, values)))
 
-        if request:
+        if inspect.isgeneratorfunction(handler):     # Gradio streams a generator's answers only from a generator
+            def event(oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None, *values):
+                yield from answer(visitor_of(oauth_token, profile), (), values)
+        elif request:
             def event(request: gr.Request, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None,
                       *values):
                 return answer(visitor_of(oauth_token, profile), (request,), values)

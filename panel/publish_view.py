@@ -1,14 +1,16 @@
-"""Push a finished run's final adapter to the Hub, from the Runs tab: the handler's logic as plain functions, and
-the few components it needs. Who may push where is the Hub's rule: a signed-in visitor, into a namespace they
-may write to."""
+"""Push an adapter version of a run (the best, final/ or any other) to the Hub, from the Runs tab: the handler's
+logic as plain functions, and the few components it needs. Who may push where is the Hub's rule: a signed-in
+visitor, into a namespace they may write to."""
 
 import os
 
 import gradio as gr
 
 from backend.access import Visitor, acting_token, no_token_reason
+from backend.best_version import BEST, FINAL, ChoiceError, choose
 from backend.hub_auth import can_control, whoami_name, writable_namespaces
-from backend.publish import PublishError, default_repo_id, model_card, push_final_adapter, repo_id_problem, run_facts
+from backend.observers import final_adapter_files
+from backend.publish import PublishError, default_repo_id, model_card, push_adapter, repo_id_problem, run_facts
 from backend.runtime.redact import redact_tokens
 
 
@@ -35,8 +37,9 @@ def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
     return default_repo_id(namespace, name)
 
 
-def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visitor) -> str:
-    """Push the run's final/ adapter and a generated card to `repo_id`; a message saying what happened."""
+def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visitor, version: str | None = None) -> str:
+    """Push one adapter version of the run (`version`: "best", "final", "trl-policy-v<N>"; None: the best where an
+    evaluation exists, else final/) and a generated card to `repo_id`; a message saying what happened."""
     token = acting_token(visitor, panel.settings)
     if not token:
         reason = ("Sign in with Hugging Face to push an adapter to the Hub." if panel.settings.on_space
@@ -56,24 +59,35 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
         view = registry.view(run_id)
         view.refresh()
         if not view.final_files:
-            raise PublishError(f"run {run_id} has no final adapter yet: final/ is written when training ends")
+            view.final_files = final_adapter_files(view.store, run_id)
+        chosen = choose(view, version)
         records = registry.job_records(run_id)
         trainer = next((r for r in records if r.role == "trainer" and r.url), None)
         space = os.environ.get("SPACE_ID")
         facts = run_facts(view, next((r.bucket for r in records if r.bucket), view.spec.get("bucket", "")),
                           registry.executor.name, trainer.url if trainer else None,
                           f"https://huggingface.co/spaces/{space}" if space else None)
-        url = push_final_adapter(view.store, run_id, view.final_files, repo_id, model_card(view.spec, facts, repo_id),
-                                 token, private=bool(private))
+        what = pushed_name(chosen)
+        url = push_adapter(view.store, run_id, chosen.files, repo_id, model_card(view.spec, facts, repo_id, chosen),
+                           token, private=bool(private), what=what)
     except KeyError as exc:
         return f"**Not pushed.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"
-    except PublishError as exc:
+    except (PublishError, ChoiceError) as exc:
         return f"**Not pushed.** {redact_tokens(str(exc))}"
     except Exception as exc:   # the Hub refusing or failing: its own words, masked
         return f"**Not pushed:** {redact_tokens(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
-    files = len(view.final_files)
-    return (f"Pushed the final adapter of run {run_id} to [{repo_id}]({url}) "
+    files = len([f for f in chosen.files if os.path.basename(f.path) != "README.md"])
+    return (f"Pushed {what} of run {run_id} to [{repo_id}]({url}) "
             f"({'private' if private else 'public'}): {files} file(s) and a model card (README.md).")
+
+
+def pushed_name(chosen) -> str:
+    """'the final adapter', 'the best version (trl-policy-v7)' or 'trl-policy-v3', as messages say it."""
+    if chosen.choice == FINAL:
+        return "the final adapter"
+    if chosen.choice == BEST:
+        return f"the best version ({chosen.name})"
+    return chosen.name
 
 
 def _namespace_refusal(namespace: str, token: str) -> str | None:
@@ -89,7 +103,7 @@ def _namespace_refusal(namespace: str, token: str) -> str | None:
 
 def build(panel) -> dict:
     """The push controls (under the adapter download in the Runs tab)."""
-    with gr.Accordion("Push the final adapter to the Hub", open=False, elem_id="push-section"):
+    with gr.Accordion("Push the picked adapter version to the Hub", open=False, elem_id="push-section"):
         with gr.Row():
             repo = gr.Textbox(label="Model repo id", placeholder="namespace/run-name-lora", elem_id="push-repo",
                               scale=3, info="created if it does not exist; a model card is written from the run")

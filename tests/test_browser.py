@@ -4,7 +4,9 @@ Starts `python app.py` as a real process on a free port and drives Debian's chro
 """
 
 import io
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -218,7 +220,78 @@ def _screenshot(page, name: str) -> None:
         page.screenshot(path=os.path.join(folder, name), full_page=True)
 
 
-def test_launch_the_demo_and_watch_it_live(page):
+def _pick(page, elem_id: str, option: str) -> None:
+    """Pick `option` of a dropdown, typed to narrow a long list first (a click on an option below the fold misses)."""
+    box = page.locator(f"#{elem_id} input").first
+    box.click()
+    box.fill("")        # a single choice's box holds the current one
+    box.press_sequentially(option)
+    page.get_by_role("option", name=option, exact=True).click()
+    page.keyboard.press("Escape")
+
+
+def _grid(page, elem_id: str) -> tuple[list[str], list[list[str]]]:
+    """A Gradio dataframe's column headers and rows as shown."""
+    return page.evaluate("""(id) => [
+        Array.from(document.querySelectorAll('#' + id + ' [role=columnheader]')).map(
+            c => (c.getAttribute('title') ?? c.textContent).trim()),
+        Array.from(document.querySelectorAll('#' + id + ' .virtual-row')).map(
+            r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.textContent.trim()))]""", elem_id)
+
+
+def _run_dir(page, app_home) -> str:
+    run_id = re.search(r"Run (\S+)", _text(page, "run-status")).group(1).strip("`")
+    return os.path.join(str(app_home), "buckets", "local", "grpo-runs", "runs", run_id)
+
+
+def _a_version_downloads_and_tries_beside_the_base_model(page, app_home) -> None:
+    """A version that is not final/ downloads from the version picker; "try it" answers one prompt with the base
+    model, final/, an early version and a tampered one, on CPU with PEFT, side by side."""
+    run_dir = _run_dir(page, app_home)
+    _pick(page, "version-pick", "trl-policy-v5 · step 100")
+    page.wait_for_function("() => { const b = document.querySelector('#version-btn'); "
+                           "return b && !b.disabled && !b.querySelector('[disabled]'); }", timeout=30000)
+    assert "trl-policy-v5 at step 100, picked by hand" in _text(page, "version-msg")
+    with page.expect_download(timeout=30000) as info:
+        page.locator("#version-btn").click()
+    archive = zipfile.ZipFile(io.BytesIO(open(info.value.path(), "rb").read()))
+    with open(os.path.join(run_dir, "adapters", "trl-policy-v5", "adapter_model.safetensors"), "rb") as f:
+        assert archive.read("adapter_model.safetensors") == f.read()
+
+    # A version whose config was tampered with after the run (a visitor's data is untrusted): refused, alone.
+    with open(os.path.join(run_dir, "adapters", "trl-policy-v2", "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "PREFIX_TUNING", "num_virtual_tokens": 10**9}, f)
+    page.locator("#try-section").get_by_text("Try it: one prompt", exact=False).first.click()
+    page.locator("#try-prompt textarea").fill("Count to ten")
+    # The run was opened before it had an adapter: the base model alone is picked; the rest are picked here.
+    for option in ("final/ (trl-policy-v10)", "trl-policy-v1 · step 20", "trl-policy-v2 · step 40"):
+        _pick(page, "try-picks", option)
+    page.locator("#try-btn").click()
+    page.wait_for_function("() => document.getElementById('try-msg').innerText.includes('Done')", timeout=300000)
+    headers, answers = _grid(page, "try-answers")
+    table = {h: [row[i] for row in answers] for i, h in enumerate(headers) if h}
+    assert set(table) == {"base model", "final", "trl-policy-v1", "trl-policy-v2"}, (headers, answers)
+    assert all(table[h][1].startswith("PEFT on CPU") for h in table), table
+    assert "not loaded: peft_type 'PREFIX_TUNING'" in table["trl-policy-v2"][0], table
+    assert table["final"][0] and not table["final"][0].startswith("(") and table["final"][0] != table["base model"][0]
+    assert sum(ch.isdigit() for ch in table["final"][0]) > sum(ch.isdigit() for ch in table["base model"][0]), table
+
+
+def _one_training_prompt_is_followed_across_steps(page) -> None:
+    box = page.locator("#sample-prompt input").first
+    box.click()
+    box.fill("")
+    box.press_sequentially("training: ")
+    page.get_by_role("option", name=re.compile("^training: ")).first.click()
+    # The table showed the newest step's samples (all of one step): it now shows that prompt at several steps.
+    page.wait_for_function("""() => new Set(Array.from(document.querySelectorAll('#samples-table .virtual-row'))
+        .map(r => r.querySelector('[role=gridcell]').textContent.trim())).size >= 2""", timeout=30000)
+    _, rows = _grid(page, "samples-table")
+    steps = [int(row[0]) for row in rows]
+    assert steps == sorted(steps) and len({row[2] for row in rows}) == 1, rows
+
+
+def test_launch_the_demo_and_watch_it_live(page, app_home):
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny demo (CPU)").click()
     page.locator("#launch-btn").click()
@@ -269,6 +342,8 @@ def test_launch_the_demo_and_watch_it_live(page):
     data = open(info.value.path(), "rb").read()
     names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
     assert {"adapter_config.json", "adapter_model.safetensors"} <= names
+    _a_version_downloads_and_tries_beside_the_base_model(page, app_home)
+    _one_training_prompt_is_followed_across_steps(page)
 
 
 def test_a_local_distributed_run_from_the_browser(page):

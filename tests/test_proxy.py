@@ -361,3 +361,33 @@ def test_every_replica_proves_it_serves_the_loaded_adapter_and_a_replica_that_do
     [alert] = serving_alerts(proxy.prove("proof-v1"))
     assert pool.urls[1] in alert.message and "does not list proof-v1" in alert.message
     _unload(proxy, "proof-v1")
+
+
+def test_try_it_on_a_live_distributed_run_answers_through_the_proxy_for_the_base_and_a_served_version(proxy,
+                                                                                                   adapters):
+    """"Try it" on a run that is live: the base model by its own name and a version its replicas hold, through the
+    proxy the trainer recorded, greedy; a version the run never published is refused in its column."""
+    from types import SimpleNamespace
+
+    from backend.executors.local import ENGINE
+    from backend.observers import AdapterVersion
+    from backend.try_it import try_it
+
+    assert _load(proxy, "trl-policy-v2", adapters["rank8"]).status_code == 200
+    try:
+        view = SimpleNamespace(
+            run_id="live-run", spec={"mode": "distributed", "system_prompt": ""}, stage="RUNNING", done=False,
+            events=[{"event": "engine", "proxy_url": proxy.url}], refresh=lambda: False, trainer_end={},
+            replica_stats=[{"replicas": [{"url": url, "healthy": True, "adapters": ["trl-policy-v2"]}
+                                         for url in ("http://replica-0", "http://replica-1")]}],
+            adapters={2: AdapterVersion(2, "trl-policy-v2", "runs/live-run/.vllm_lora/trl-policy-v2", 2, 0.0, 1)},
+            held_out=SimpleNamespace(best_version=None, scores={}))
+        states = list(try_it(view, ENGINE, None, "Count to ten", ["base", "trl-policy-v2", "trl-policy-v9"], 8))
+    finally:
+        _unload(proxy, "trl-policy-v2")
+    last = states[-1]
+    assert last.done and len(states) >= 3, "the progress is shown while the replicas are asked"
+    assert last.routes["base"] == last.routes["trl-policy-v2"] == "live replicas (through the proxy)", last
+    assert not last.answers["base"].startswith("(") and not last.answers["trl-policy-v2"].startswith("("), last
+    assert last.answers["base"] != last.answers["trl-policy-v2"], "the adapter answered, not the base model"
+    assert "published no adapter 'trl-policy-v9'" in last.answers["trl-policy-v9"]

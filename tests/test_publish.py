@@ -90,6 +90,65 @@ def test_the_final_adapter_and_a_card_of_the_run_are_pushed_to_a_private_repo(hu
     assert again.startswith("Pushed"), "pushing again to the same repo updates it"
 
 
+def _evaluated(hub: FakeHub, run_id: str) -> None:
+    """Three published versions, their held-out scores (the trainer's evals/ records), and best/ holding the best
+    one, whose serving copy TRL has since deleted."""
+    def put(path: str, data: bytes) -> None:
+        hub.put_file("alice/grpo-runs", f"runs/{run_id}/{path}", data)
+
+    events = [{"time": 100.0 + v, "event": "adapter_published", "name": f"trl-policy-v{v}", "step": v}
+              for v in (1, 2, 3)]
+    put("events/trainer-000000.jsonl", "".join(json.dumps(e) + "\n" for e in events).encode())
+    for v in (1, 3):
+        for name, data in ADAPTER.items():
+            put(f"adapters/trl-policy-v{v}/{name}", data + f" v{v}".encode())
+    scores = {1: 0.2, 2: 0.6, 3: 0.4}
+    records = [{"time": 100.0 + v, "step": v, "policy_version": v, "n_prompts": 16, "samples_per_prompt": 1,
+                "greedy": True, "score": s, "score_std": 0.1,
+                "rewards": {"format": {"mean": s, "std": 0.1, "weight": 0.5, "solved": None},
+                            "accuracy": {"mean": 0.25, "std": 0.4, "weight": 0.0, "solved": 0.25}}, "samples": []}
+               for v, s in scores.items()]
+    put("evals/trainer-000000.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
+    for name, data in ADAPTER.items():
+        put(f"best/{name}", data + b" best")
+    put("best/best.json", json.dumps({"policy_version": 2, "step": 2, "score": 0.6, "why": (
+        "highest held-out score (weighted held-out reward: format x0.5) of 3 evaluated versions")}).encode())
+
+
+def test_the_best_version_is_pushed_by_default_from_the_page_with_a_card_saying_which_and_why(hub, make_panel):
+    from tests.test_best_version import served
+
+    panel = make_panel()
+    run_id = finished_hub_run(hub, panel)
+    _evaluated(hub, run_id)
+    with served(panel) as client:
+        message = client.predict(run_id, "alice/math-grpo-best", True, "", api_name="/on_push")
+        assert message.startswith(f"Pushed the best version (trl-policy-v2) of run {run_id} to [alice/math-grpo-best]")
+        refused = client.predict(run_id, "alice/math-grpo-v9", True, "trl-policy-v9", api_name="/on_push")
+        assert refused.startswith("**Not pushed.** version:") and "published no adapter 'trl-policy-v9'" in refused
+        pruned = client.predict(run_id, "alice/math-grpo-v2", True, "trl-policy-v2", api_name="/on_push")
+        assert pruned.startswith("Pushed trl-policy-v2"), "the best version's pruned copy is pushed from best/"
+        third = client.predict(run_id, "alice/math-grpo-v3", True, "trl-policy-v3", api_name="/on_push")
+        assert third.startswith(f"Pushed trl-policy-v3 of run {run_id}"), third
+    assert set(hub.repos) == {"alice/math-grpo-best", "alice/math-grpo-v2", "alice/math-grpo-v3"}, \
+        "nothing for the refused version"
+
+    repo = hub.repos["alice/math-grpo-best"]
+    assert repo.files["adapter_model.safetensors"] == ADAPTER["adapter_model.safetensors"] + b" best"
+    card = repo.files["README.md"].decode()
+    for text in ("## Which version", "| version | trl-policy-v2 |", "| step | 2 |",
+                 ("the best version, trl-policy-v2 at step 2: highest held-out score (weighted held-out reward: "
+                  "format x0.5) of 3 evaluated versions, held-out score 0.600 ± 0.100"),
+                 "| held-out score | 0.6 ± 0.1 (weighted held-out reward: format x0.5) |",
+                 "| held-out `accuracy` | mean 0.25, solved 25% (watched, weight 0) |"):
+        assert text in card, (text, card)
+    assert hub.repos["alice/math-grpo-v2"].files["adapter_model.safetensors"].endswith(b" best")
+    card3 = hub.repos["alice/math-grpo-v3"].files["README.md"].decode()
+    assert "trl-policy-v3 at step 3, picked by hand: held-out score 0.400 ± 0.100" in card3
+    assert "the best is trl-policy-v2 (0.600 ± 0.100)" in card3
+    assert hub.repos["alice/math-grpo-v3"].files["adapter_model.safetensors"].endswith(b" v3")
+
+
 def test_pushes_the_visitor_may_not_make_are_refused_and_create_nothing(hub, make_panel):
     panel = make_panel(on_space=True)
     alice = Visitor(ALICE, "alice")

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from dashboard_scale import JOBS, SyntheticRun
 
 ANYONE = Visitor()
-SHOWN = ("trainer", "", "step", 0.0, "latest")       # role, log query, x axis, smoothing, sample step
+SHOWN = ("trainer", "", "step", 0.0, "latest", "")   # role, log query, x axis, smoothing, sample step, prompt followed
 
 
 @pytest.fixture
@@ -123,7 +123,7 @@ def test_a_tick_sends_only_what_changed_and_the_final_adapter_once_it_is_written
 def test_a_session_that_drew_another_run_or_a_new_log_search_is_sent_it(panel, run):
     run_id = run.spec.run_id
     drawn = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, None)["drawn"]
-    searched = dashboard_view.draw(panel, ANYONE, run_id, "vllm-0", "step", "step", 0.0, "latest", drawn)
+    searched = dashboard_view.draw(panel, ANYONE, run_id, "vllm-0", "step", "step", 0.0, "latest", "", drawn)
     assert live.LOG_KEY in searched and "roles" not in searched
     other = dashboard_view.draw(panel, ANYONE, run_id, *SHOWN, {"run_id": "another", "drawn": dict(drawn["drawn"])})
     assert "config" in other and "reward" in other, "a session that drew another run gets everything"
@@ -139,7 +139,7 @@ def test_the_roles_picker_keeps_the_picked_job_while_it_exists_and_the_change_bu
 
 
 def test_opening_a_run_draws_it_all_on_the_latest_samples_and_unticks_the_resume(panel, run):
-    opened = dashboard_view.on_select(panel, ANYONE, run.spec.run_id, "trainer", "", "step", 0.0, "3")
+    opened = dashboard_view.on_select(panel, ANYONE, run.spec.run_id, "trainer", "", "step", 0.0, "3", "")
     assert opened["resume_confirm"] is False and opened["resume_reviewed"] is None
     assert opened["sample_steps"]["value"] == "latest" and opened["drawn"]["run_id"] == run.spec.run_id
     assert "reward" in opened and opened["push.repo"] == "", "nobody signed in: no repo to suggest"

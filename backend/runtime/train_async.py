@@ -278,7 +278,9 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
         if benchmark_note(spec["model"]):
             engine += f" · model {benchmark_note(spec['model'])}"
         print(f"generation engine: {engine}", flush=True)
-        write_event(run_dir, TRAINER_WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy)
+        # The proxy's address: a panel on this machine sends "try it" prompts through it while the run is live.
+        write_event(run_dir, TRAINER_WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy,
+                    proxy_url=proxy.url)
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)

@@ -1,0 +1,55 @@
+""""Try it" in the open run: one prompt sent to the chosen versions and the base model, answered side by side, with
+the progress of a CPU try shown while its base model loads. The logic is `backend.try_it`; who may is the run
+view's rule (`Panel.try_it`). Handlers are plain functions (see `panel.page`)."""
+
+import gradio as gr
+import pandas as pd
+
+from backend.runtime.redact import redact_tokens
+from backend.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused
+
+
+def build(page, panel) -> None:
+    """The try-it controls (below the adapters table), added to `page`."""
+    with gr.Accordion("Try it: one prompt, several versions side by side", open=False, elem_id="try-section"):
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt", lines=2, elem_id="try-prompt", scale=3)
+            picks = gr.Dropdown([], value=[], multiselect=True, label="Versions (and the base model)",
+                                elem_id="try-picks", scale=2, allow_custom_value=True)
+            tokens = gr.Slider(1, MAX_NEW_TOKENS, value=32, step=1, label="Max new tokens (greedy)",
+                               elem_id="try-tokens", scale=1)
+        button = gr.Button("Try it", elem_id="try-btn")
+        message = gr.Markdown(elem_id="try-msg")
+        answers = gr.Dataframe(interactive=False, wrap=True, elem_id="try-answers")
+    page.add(try_prompt=prompt, try_picks=picks, try_tokens=tokens, try_btn=button, try_msg=message,
+             try_answers=answers)
+
+
+def wire(page) -> None:
+    page.on(page["try_btn"].click, on_try, ["run_pick", "try_prompt", "try_picks", "try_tokens"],
+            ["try_msg", "try_answers"])
+
+
+def answers_table(state: TryAnswers, picks: list[str]) -> pd.DataFrame:
+    """One column per pick, in the order picked: its answer, then how it was answered."""
+    shown = [p for p in dict.fromkeys(picks) if p in state.routes or p in state.answers]
+    columns = {"": ["answer", "answered by"]}
+    for pick in shown:
+        columns["base model" if pick == BASE else pick] = [state.answers.get(pick, "…"),
+                                                           state.routes.get(pick, "-")]
+    return pd.DataFrame(columns)
+
+
+def on_try(panel, visitor, run_id, prompt, picks, tokens):
+    if not run_id:
+        yield {"try_msg": "Pick a run first."}
+        return
+    picks = list(picks or []) if isinstance(picks, (list, tuple)) else []
+    try:
+        for state in panel.try_it(run_id, visitor, prompt, picks, tokens):
+            line = ("✅ " if state.done else "⏳ ") + state.progress
+            yield {"try_msg": line, "try_answers": answers_table(state, picks)}
+    except TryRefused as exc:
+        yield {"try_msg": f"**Not tried.** {redact_tokens(str(exc))}"}
+    except KeyError as exc:
+        yield {"try_msg": f"**Not tried.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"}

@@ -1,0 +1,248 @@
+"""The outcome of a run as the Runs tab shows it: held-out scores per adapter version, the best one marked and
+chosen by default, any version downloaded through the page, "try it" refusing what it must, and one prompt followed
+across steps and versions.
+
+The evaluation's records are written here in the bucket format the trainer writes (`evals/` fragments, `best/`
+with best.json: the contract in backend/best_version.py), into a synthetic live distributed run of 200 steps and
+ten versions (benchmarks/dashboard_scale.py). Clicks go through a real Gradio server of the panel's own page
+(gradio_client), in this process.
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import sys
+import urllib.request
+import zipfile
+
+import pytest
+from gradio_client.exceptions import AppError
+
+from backend.access import Visitor
+from backend.best_version import ChoiceError, choose, default_choice, version_choices
+from backend.runtime import layout
+from backend.runtime.try_adapter import AdapterRefused, lora_settings
+from panel import dashboard
+from panel.actions import Panel, Settings
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from dashboard_scale import SyntheticRun
+
+SCORES = {1: 0.10, 2: 0.22, 3: 0.31, 4: 0.35, 5: 0.41, 6: 0.44, 7: 0.52, 8: 0.47, 9: 0.45, 10: 0.49}
+BEST_BYTES = b"the best version's weights, kept in best/"
+
+
+def write_evals(run: SyntheticRun, scores: dict[int, float] = SCORES, best: int = 7) -> None:
+    """One evaluation record per version (two fragments, one torn record among them), and best/ as the trainer
+    republishes it; the best version's serving copy then pruned, as TRL prunes old versions."""
+    folder = os.path.join(run.run_dir, layout.EVALS_DIR)
+    os.makedirs(folder)
+    records = [{"time": run.t0 + 20 * v, "step": 20 * v, "policy_version": v, "n_prompts": 8, "samples_per_prompt": 1,
+                "greedy": True, "score": s, "score_std": 0.05,
+                "rewards": {"digits": {"mean": s, "std": 0.05, "weight": 1.0, "solved": None},
+                            "accuracy": {"mean": s / 2, "std": 0.1, "weight": 0.0, "solved": 0.25}},
+                "samples": [{"prompt_index": i, "prompt": f"held-out prompt {i}", "completion": f"v{v} says {i}",
+                             "rewards": {"digits": s}} for i in range(2)]} for v, s in scores.items()]
+    for seq, part in enumerate((records[:5], records[5:])):
+        with open(os.path.join(folder, layout.fragment_name("trainer", seq)), "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in part) + ('{"score": "torn"}\n' if seq else ""))
+    best_dir = os.path.join(run.run_dir, layout.BEST_DIR)
+    os.makedirs(best_dir)
+    for name, data in (("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", BEST_BYTES)):
+        with open(os.path.join(best_dir, name), "wb") as f:
+            f.write(data)
+    with open(os.path.join(best_dir, "best.json"), "w") as f:
+        json.dump({"policy_version": best, "step": 20 * best, "score": scores[best],
+                   "why": f"highest held-out score (weighted held-out reward: digits x1) of {len(scores)} evaluated "
+                          "versions"}, f)
+    shutil.rmtree(os.path.join(run.run_dir, layout.ADAPTERS_DIR, layout.adapter_name(best)))
+
+
+@pytest.fixture
+def panel(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    p = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
+    yield p
+    p.shutdown()
+
+
+@pytest.fixture
+def run(panel, tmp_path):
+    run = SyntheticRun(str(tmp_path), 200)
+    write_evals(run)
+    return run
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def served(panel):
+    """The panel's page on a real Gradio server in this process, and a client of it; both closed at the end."""
+    from gradio_client import Client
+
+    from panel.ui import build_ui
+
+    demo = build_ui(panel)
+    port = _free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                        run_history=False)
+    client = None
+    try:
+        client = Client(f"http://127.0.0.1:{port}", verbose=False)
+        client.url = f"http://127.0.0.1:{port}"
+        yield client
+    finally:
+        if client is not None:
+            client.close()
+        demo.close()
+
+
+def downloaded(client, update) -> zipfile.ZipFile | None:
+    """The file a download button was given, fetched from the server as the browser fetches it (None: no file)."""
+    value = update.get("value") if isinstance(update, dict) else update
+    if not value:
+        return None
+    path = value["path"] if isinstance(value, dict) else value
+    with urllib.request.urlopen(f"{client.url}/gradio_api/file={path}", timeout=30) as response:
+        return zipfile.ZipFile(io.BytesIO(response.read()))
+
+
+def test_each_version_shows_its_held_out_score_and_the_best_is_marked_and_chosen_by_default(panel, run):
+    view = panel.view(run.spec.run_id)
+    view.refresh()
+    rows = {row[0]: row for row in dashboard.adapter_rows(view)}
+    assert rows["trl-policy-v3"][6] == "0.310 ± 0.050"
+    assert rows["trl-policy-v7"][6] == "0.520 ± 0.050 ★ best"
+    assert [name for name, row in rows.items() if "★" in row[6]] == ["trl-policy-v7"]
+    assert "best **trl-policy-v7** (held-out 0.520 ± 0.050)" in dashboard.status_markdown(view)
+    assert view.unreadable[f"runs/{run.spec.run_id}/evals/trainer-000001.jsonl"] == 1, "the torn record is counted"
+    assert default_choice(view) == "best"
+    assert version_choices(view)[0] == ("best: trl-policy-v7 (held-out 0.520 ± 0.050)", "best")
+    chosen = choose(view, None)
+    assert chosen.name == "trl-policy-v7" and chosen.step == 140
+    assert [os.path.basename(f.path) for f in chosen.files if f.path.endswith(".safetensors")] == [
+        "adapter_model.safetensors"] and all("/best/" in f.path for f in chosen.files), "its serving copy is gone"
+    assert "highest held-out score (weighted held-out reward: digits x1) of 10 evaluated versions" in chosen.why
+    for bad in ("trl-policy-v99", "../../spec.json", "trl-policy-v1/../../x", "final"):
+        with pytest.raises(ChoiceError):
+            choose(view, bad)      # final/: the run has not finished
+
+
+def test_any_version_downloads_through_the_page_and_a_version_the_run_never_published_is_refused(panel, run):
+    run_id = run.spec.run_id
+    with open(os.path.join(run.run_dir, "adapters", "trl-policy-v3", "adapter_model.safetensors"), "rb") as f:
+        v3 = f.read()
+    with served(panel) as client:
+        button, message = client.predict(run_id, "trl-policy-v3", api_name="/on_version")
+        assert downloaded(client, button).read("adapter_model.safetensors") == v3
+        assert message.startswith("trl-policy-v3 at step 60, picked by hand: held-out score 0.310 ± 0.050")
+        assert "the best is trl-policy-v7 (0.520 ± 0.050)" in message
+        button, message = client.predict(run_id, "best", api_name="/on_version")
+        assert downloaded(client, button).read("adapter_model.safetensors") == BEST_BYTES
+        assert message.startswith("the best version, trl-policy-v7 at step 140: highest held-out score")
+        for bad in ("trl-policy-v99", "../../../etc/passwd"):
+            button, message = client.predict(run_id, bad, api_name="/on_version")
+            assert downloaded(client, button) is None and "published no adapter" in message, message
+        assert not [n for n in os.listdir(panel.downloads) if "v99" in n or "passwd" in n], "no file was built"
+        button, message = client.predict("not-a-run", "best", api_name="/on_version")
+        assert downloaded(client, button) is None and "No download" in message
+
+        # "Try it": what it refuses before anything starts, and what it cannot answer.
+        answer = client.predict(run_id, "x" * 5000, ["base"], 16, api_name="/on_try")
+        assert answer[0] == "**Not tried.** Prompt: 5000 characters; at most 4000 can be tried.", answer
+        with pytest.raises(AppError, match="greater than maximum value 256"):     # the slider's own bound
+            client.predict(run_id, "2+2?", ["base"], 100000, api_name="/on_try")
+        answer = client.predict(run_id, "2+2?", [], 16, api_name="/on_try")
+        assert "Versions: pick" in answer[0]
+        answer = client.predict("not-a-run", "2+2?", ["base"], 16, api_name="/on_try")
+        assert answer[0].startswith("**Not tried.**") and "not-a-run" in answer[0]
+        answer = client.predict(run_id, "2+2?", ["trl-policy-v99", "base"], 16, api_name="/on_try")
+        assert answer[0].startswith("✅"), answer
+        table = answer[1]
+        cells = dict(zip(table["headers"], zip(*table["data"])))
+        assert "published no adapter 'trl-policy-v99'" in cells["trl-policy-v99"][0]
+        assert "base-model/ folder holds no model yet" in cells["base model"][0], cells
+
+
+def test_one_prompt_is_followed_across_steps_and_versions(panel, run):
+    samples = [{"time": run.t0 + s, "step": s, "policy_version": s // 20, "prompt": prompt, "completion": f"{s}",
+                "rewards": {"digits": 0.5}, "advantage": 0.1, "length": 3, "truncated": False}
+               for s in (10, 30, 50) for prompt in ("repeated prompt", f"once at {s}")]
+    folder = os.path.join(run.run_dir, layout.SAMPLES_DIR)
+    os.makedirs(folder)
+    with open(os.path.join(folder, layout.fragment_name("trainer", 0)), "w") as f:
+        f.write("".join(json.dumps(s) + "\n" for s in samples))
+    view = panel.view(run.spec.run_id)
+    view.refresh()
+    prompts = dict(dashboard.sample_prompts(view))
+    assert prompts["held-out #1: held-out prompt 1"] == "held-out:1"
+    assert [label for label in prompts if label.startswith("training:")] == ["training: repeated prompt"]
+    followed = dashboard.sample_rows(view, "latest", "held-out:1")
+    assert [(r[0], r[1], r[3]) for r in followed] == [(20 * v, f"{v} (held-out)", f"v{v} says 1") for v in SCORES]
+    training = dashboard.sample_rows(view, "latest", prompts["training: repeated prompt"])
+    assert [(r[0], r[1], r[3]) for r in training] == [(10, 0, "10"), (30, 1, "30"), (50, 2, "50")]
+    assert dashboard.sample_rows(view, "latest", "held-out:../x") == [] == dashboard.sample_rows(view, "latest",
+                                                                                                  "training:nope")
+    assert [r[3] for r in dashboard.sample_rows(view, "not a step")] == [], "a typed step that is no step"
+
+
+def test_only_plain_lora_settings_are_taken_from_an_adapter_config():
+    good = lora_settings({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA",
+                          "base_model_name_or_path": "someone/huge-model", "init_lora_weights": "loftq",
+                          "auto_mapping": {"base_model_class": "os.system"}})
+    assert good["target_modules"] == ["q_proj", "v_proj"] and good["inference_mode"] is True
+    assert not {"base_model_name_or_path", "init_lora_weights", "auto_mapping"} & set(good)
+    hostile = {"a list": [], "peft_type": {"peft_type": "PREFIX_TUNING"}, "r": {"r": 10**9, "target_modules": ["q"]},
+               "bool rank": {"r": True, "target_modules": ["q"]}, "alpha": {"lora_alpha": float("inf"),
+                                                                            "target_modules": ["q"]},
+               "modules": {"target_modules": ["q; import os"]}, "none": {"target_modules": []},
+               "bias": {"bias": "all", "target_modules": ["q"]}}
+    for case, config in hostile.items():
+        with pytest.raises(AdapterRefused):
+            lora_settings(config)
+            pytest.fail(case)
+
+
+def test_another_visitors_run_is_not_theirs_to_try_or_download(tmp_path, monkeypatch):
+    """A panel that serves others (on a Space, local runs are its owner's): a visitor who is not the owner reaches
+    neither the run's versions nor its "try it"."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    panel = Panel(Settings(home=str(tmp_path), on_space=True, local_runs="off", budget_check_s=0))
+    try:
+        run = SyntheticRun(str(tmp_path), 40)
+        carol = Visitor("hf_oauth_carolTriesAliceRun000000", "carol")
+        with pytest.raises(KeyError):
+            panel.try_it(run.spec.run_id, carol, "hello", ["base"], 8)
+        with pytest.raises(KeyError):
+            panel.adapter_version_zip(run.spec.run_id, "trl-policy-v1", carol)
+    finally:
+        panel.shutdown()
+
+
+def test_before_best_is_republished_the_highest_score_read_is_the_best_and_best_json_is_read_once_there(tmp_path,
+                                                                                                      monkeypatch):
+    from backend import best_version
+    from backend.best_version import HeldOut
+    from backend.store import FolderStore
+
+    monkeypatch.setattr(best_version, "BEST_RECHECK_S", 0.0)
+    run = SyntheticRun(str(tmp_path), 200)
+    write_evals(run)
+    best_json = os.path.join(run.run_dir, layout.BEST_DIR, "best.json")
+    os.rename(best_json, best_json + ".later")
+    os.rename(os.path.join(run.run_dir, layout.BEST_DIR), os.path.join(run.run_dir, "_tmp-best"))
+    held = HeldOut(FolderStore(os.path.join(str(tmp_path), "buckets", "local", "bench")), run.spec.run_id)
+    assert held.refresh() and held.best_version == 7 and held.best_json == {} and held.best_files == []
+    assert not held.refresh(), "nothing new"
+    os.rename(os.path.join(run.run_dir, "_tmp-best"), os.path.join(run.run_dir, layout.BEST_DIR))
+    os.rename(best_json + ".later", best_json)
+    assert held.refresh(), "best/ arrived after the record that made it the best"
+    assert held.best_json["policy_version"] == 7 and len(held.best_files) == 3
