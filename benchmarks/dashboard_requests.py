@@ -51,10 +51,10 @@ class Browser:
         return len(json.dumps(out["data"], default=str))
 
     async def open(self) -> int:
-        return await self.call("on_select", [self.run_id, "trainer", "", "step", 0, "latest"])
+        return await self.call("on_select", [self.run_id, "trainer", "", "step", 0, "latest", ""])
 
     async def tick(self) -> int:
-        return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", None, None, "", "all"])
+        return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "", "all"])
 
 
 def forget(panel, run_id: str) -> None:

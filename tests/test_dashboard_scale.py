@@ -323,7 +323,7 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
             for _ in range(3):
                 run.grow(10)
                 panel.view(run.spec.run_id).expire()
-                answer = await demo.process_api(tick, [run.spec.run_id, "trainer", "", "step", 0, "latest",
+                answer = await demo.process_api(tick, [run.spec.run_id, "trainer", "", "step", 0, "latest", "",
                                                        None, None, "", "all"],
                                                 state=browser.state, session_hash=browser.session)
                 out.append(dict(zip(names, answer["data"])))
