@@ -108,6 +108,8 @@ def status_markdown(view) -> str:
     last = view.latest
     degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
     parts = [f"### Run `{view.run_id}` — **{view.stage}**{degraded}"]
+    if view.retries:
+        parts.append("🔁 " + " · ".join(view.retries))
     cause = failure_cause(view)
     if cause:
         parts.append(cause)

@@ -100,6 +100,7 @@ class Engine:
     on_panel_machine: bool = False   # jobs run on the panel's own machine (who may, and with which runtime)
     chooses_hardware: bool = False   # the spec's flavor fields pick each job's machine (`flavors` lists them)
     job_list_lags: bool = False      # the job list can lag behind a job created by a request that failed
+    network_groups: bool = False     # a run's jobs can share a private network (replicas reached at an alias)
 
     def runtime_problem(self) -> str | None:
         """Why this deployment cannot run this engine's jobs at all, or None."""
