@@ -15,7 +15,7 @@ from backend.executors import engine
 from backend.executors.base import Placement
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime import layout, rewards
-from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV
+from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICAS_ENV
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.spec import RunSpec
@@ -180,13 +180,16 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
 
 def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
     """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
-    steps = [*_ensure_model_step(spec), [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]]
-    command = shell(spec, steps, python, install=True)
-    env = {"VLLM_REPLICA_URLS": ",".join(replica_urls), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {})}
+    train = [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]
+    env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
     if not network_group(spec):
-        return _job(spec, "trainer", command, spec.flavor, env=env)
-    # Private network: rollout requests carry no token; the proxy listens on every interface of the trainer job and
-    # its one exposed port is what the panel reaches (the proxy, the replicas' stats), with the visitor's token.
+        command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
+        return _job(spec, "trainer", command, spec.flavor, env={REPLICAS_ENV: ",".join(replica_urls), **env})
+    # Private network: the replicas at their aliases (one --replica each: the URLs together outgrow a preview's
+    # line), rollout requests without a token; the proxy listens on every interface of the trainer job, and its one
+    # exposed port is what the panel reaches (the proxy, the replicas' stats), with the visitor's token.
+    train += [arg for url in replica_urls for arg in ("--replica", url)]
+    command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
     env.update({REPLICA_AUTH_ENV: "none", PROXY_HOST_ENV: "0.0.0.0", PROXY_PORT_ENV: str(PROXY_PORT)})
     return _job(spec, "trainer", command, spec.flavor, env=env, expose=(PROXY_PORT,), alias=TRAINER_ALIAS)
 

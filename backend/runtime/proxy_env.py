@@ -7,6 +7,7 @@ PROXY_HOST_ENV = "GRPO_PROXY_HOST"        # where the proxy listens (default loo
 PROXY_PORT_ENV = "GRPO_PROXY_PORT"        # its port (default: a free one)
 REPLICA_AUTH_ENV = "GRPO_REPLICA_AUTH"    # "none": replicas on the run's private network get no token
 NETWORK_PREFIX_ENV = "HF_NETWORK_GROUP_PREFIX"
+REPLICAS_ENV = "VLLM_REPLICA_URLS"        # the replicas' URLs, comma-separated (or --replica URL each)
 
 
 def replica_token() -> str | None:

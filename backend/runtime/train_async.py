@@ -44,7 +44,7 @@ from .layout import (
 )
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import start_proxy_process
-from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, expand_replica_url
+from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
@@ -52,8 +52,6 @@ from .samples import SampleWriter, install_async_samples
 from .task import load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
-
-REPLICAS_ENV = "VLLM_REPLICA_URLS"
 
 
 class AsyncRunFolderCallback(RunFolderCallback):
