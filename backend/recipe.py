@@ -30,6 +30,7 @@ REPLICA_PORT = 8000
 PROXY_PORT = 8000          # a private-network trainer's one exposed port: its proxy, for the panel (visitor's token)
 NETWORK_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"   # expanded inside a job: members reach `<prefix><alias>`
 TRAINER_ALIAS = "trainer"
+GONE_AFTER_ENV, TRAINER_GONE_AFTER_S = "GRPO_TRAINER_GONE_AFTER_S", 90
 TOKEN_SECRET = "HF_TOKEN"
 REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
 PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
@@ -167,6 +168,11 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
                                    max_model_len=spec.replica_max_model_len or None, **options)]
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = engine(spec.executor).replica_env()
+        gap = engine(spec.executor).retry_gap_s
+        if spec.attempts > 1 and gap:
+            # A retried trainer is silent while its job is rescheduled and reinstalled: the replicas wait for it
+            # longer than for a trainer that is simply gone (runtime/heartbeat.py's 90 s).
+            env[GONE_AFTER_ENV] = str(TRAINER_GONE_AFTER_S + gap)
         if cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
         if gpus:

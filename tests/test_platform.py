@@ -268,3 +268,23 @@ def test_a_resource_group_the_hub_does_not_know_or_a_hostile_id_launches_nothing
 
 def _usd(markdown: str) -> float:
     return float(markdown.split("Estimated cost at most **$", 1)[1].split("**", 1)[0].replace(",", ""))
+
+
+def test_a_replica_outlasts_a_trainer_failure_its_retry_may_fix_but_not_its_last_attempt(tmp_path):
+    from backend.runtime.layout import write_event
+    from backend.runtime.serve_replica import TrainerEndWatch
+
+    (tmp_path / "spec.json").write_text(json.dumps({"attempts": 2}))
+    watch = TrainerEndWatch(str(tmp_path), since=0)
+    write_event(str(tmp_path), "trainer", "attempt", role="trainer")
+    write_event(str(tmp_path), "trainer", "failed", error="ConnectionError: replica went away")
+    assert watch.ended() is None                    # its job starts it again: the heartbeat says when it is gone
+    write_event(str(tmp_path), "trainer", "attempt", role="trainer")
+    write_event(str(tmp_path), "trainer", "failed", error="ConnectionError: again")
+    assert watch.ended() == "the trainer has failed"     # the last attempt
+    fresh = tmp_path / "other"
+    fresh.mkdir()
+    (fresh / "spec.json").write_text(json.dumps({"attempts": 3}))
+    write_event(str(fresh), "trainer", "attempt", role="trainer")
+    write_event(str(fresh), "trainer", "failed", error="TaskDataError: bad row", retry=False)
+    assert TrainerEndWatch(str(fresh), since=0).ended() == "the trainer has failed"   # no retry is coming

@@ -86,6 +86,7 @@ class HfJobsEngine(Engine):
     chooses_hardware = True
     job_list_lags = True
     network_groups = True
+    retry_gap_s = 600
 
     def flavors(self, token: str | None) -> list[Flavor]:
         return list_flavors(token)
