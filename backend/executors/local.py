@@ -111,8 +111,10 @@ class LocalEngine(Engine):
         return as_run(job, bucket_root).local_preview()
 
     def preview_note(self, spec: RunSpec, bucket_root) -> str | None:
+        retries = (f" A job that fails is started again by its wrapper, up to {spec.attempts} attempts in all "
+                   "(a failure a retry cannot fix is not retried)." if spec.attempts > 1 else "")
         return ("Runs here as local processes, each under a wrapper that enforces its timeout; the bucket "
-                f"is the folder `{bucket_root(spec.bucket)}`; `FREE_PORT_i` is a free port picked at launch.")
+                f"is the folder `{bucket_root(spec.bucket)}`; `FREE_PORT_i` is a free port picked at launch." + retries)
 
 
 ENGINE = LocalEngine()
