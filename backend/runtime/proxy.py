@@ -117,14 +117,22 @@ class Proxy:
     # ---- replica calls
     async def _call(self, replica: Replica, method: str, path: str, *, json_body=None, params=None,
                     timeout: float | None = None) -> Reply:
+        request = dict(json=json_body, params=params, headers=self._auth,
+                       timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5))
         try:
-            async with self._session.request(
-                method, replica.url + path, json=json_body, params=params, headers=self._auth,
-                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5),
-            ) as resp:
-                return Reply(resp.status, await resp.text())
+            try:
+                return await self._request(method, replica.url + path, request)
+            except aiohttp.ServerDisconnectedError:
+                # A pooled keep-alive connection the server closed as it was reused (uvicorn closes idle ones after
+                # 5 s): seen on a loaded machine, where it marked the one live replica down in the middle of a
+                # sync's /pause. Once more on a fresh connection before the replica counts as down.
+                return await self._request(method, replica.url + path, request)
         except (TimeoutError, aiohttp.ClientError, OSError) as error:
             raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
+
+    async def _request(self, method: str, url: str, request: dict) -> Reply:
+        async with self._session.request(method, url, **request) as resp:
+            return Reply(resp.status, await resp.text())
 
     async def _broadcast(self, method: str, path: str, **kwargs) -> dict[Replica, Reply]:
         """Send to every healthy replica at once; replicas that do not answer are marked down and left out."""
