@@ -288,3 +288,21 @@ def test_a_replica_outlasts_a_trainer_failure_its_retry_may_fix_but_not_its_last
     write_event(str(fresh), "trainer", "attempt", role="trainer")
     write_event(str(fresh), "trainer", "failed", error="TaskDataError: bad row", retry=False)
     assert TrainerEndWatch(str(fresh), since=0).ended() == "the trainer has failed"   # no retry is coming
+
+
+def test_bad_platform_fields_are_refused_naming_the_field():
+    from backend.spec import RunSpec, SpecError
+
+    hub = dict(executor="hf_jobs", bucket="acme/grpo-runs", mode="distributed", model="Qwen/Qwen2.5-0.5B-Instruct")
+    for values, field, words in [
+        ({"attempts": 9}, "attempts", "between 1 and 5"),
+        ({"attempts": 0}, "attempts", "between 1 and 5"),
+        ({"network": "public"}, "network", "one of private, exposed"),
+        ({"resource_group_id": "66980ecfc1e12a49c8f0e42"}, "resource_group_id", "24 hex digits"),
+        ({"executor": "local", "bucket": "local/grpo-runs", "model": "builtin:tiny-qwen2",
+          "resource_group_id": RESOURCE_GROUP}, "resource_group_id", "Hugging Face Jobs"),
+    ]:
+        errors = RunSpec(**{**hub, **values}).validate()
+        assert [e for e in errors if e.field == field and words in e.message], (values, errors)
+    with pytest.raises(SpecError, match="attempts: enter a whole number"):
+        RunSpec.from_dict({**hub, "attempts": "three"})
