@@ -306,3 +306,64 @@ def test_bad_platform_fields_are_refused_naming_the_field():
         assert [e for e in errors if e.field == field and words in e.message], (values, errors)
     with pytest.raises(SpecError, match="attempts: enter a whole number"):
         RunSpec.from_dict({**hub, "attempts": "three"})
+
+
+class _Jobs:
+    """Job stages as an executor reports them (the view's logs and samples stay empty)."""
+
+    name = "local"
+
+    def __init__(self, stages: dict[str, str]):
+        self.stages = stages
+
+    def status(self, job_id):
+        from backend.jobspec import JobStatus
+
+        return JobStatus(self.stages[job_id])
+
+    def read_logs(self, job_id, cursor):
+        return [], cursor
+
+    def tail_cursor(self, job_id, lines):
+        return 0
+
+    def read_resources(self, job_id, cursor, limit=None):
+        return [], cursor
+
+    def resources_tail_cursor(self, job_id, samples):
+        return 0
+
+    def unreadable_records(self, run_id):
+        return {}
+
+
+def test_a_replica_down_after_it_joined_degrades_the_run_until_the_proxy_takes_it_back(tmp_path):
+    from backend.runtime.proxy_stats import StatsRecorder
+    from backend.runtime.replicas import Replica
+
+    run_dir = tmp_path / "runs" / "r1"
+    (run_dir / "metrics").mkdir(parents=True)
+    (run_dir / "spec.json").write_text(json.dumps({"mode": "distributed"}))
+    stages = {"t": "RUNNING", "v0": "RUNNING", "v1": "RUNNING"}
+    view = RunView("r1", FolderStore(str(tmp_path)), _Jobs(stages), {"trainer": "t", "vllm-0": "v0", "vllm-1": "v1"})
+    view.min_refresh_s = 0
+    recorder = StatsRecorder(str(run_dir / "metrics"), 0, 0)
+    replicas = [Replica("http://a"), Replica("http://b")]
+
+    def snapshot(*healthy: bool) -> None:
+        for replica, up in zip(replicas, healthy):
+            replica.joined += up and not replica.healthy
+            replica.healthy = up
+        recorder.sample(replicas, force=True)
+        view.refresh()
+
+    snapshot(True, False)                  # vllm-1 still starting: not a lost replica
+    assert view.degraded is None
+    snapshot(True, True)
+    snapshot(True, False)                  # its process died; its job (RUNNING) is starting it again
+    assert view.degraded == "degraded (1/2 replicas)" and view.retries == []
+    snapshot(True, True)                   # healthy again: the proxy took it back
+    assert view.degraded is None and view.retries == ["vllm-1 taken back 1x after a restart"]
+    stages["v1"] = "ERROR"                 # a job that ended is down whatever the proxy last said
+    view.refresh()
+    assert view.degraded == "degraded (1/2 replicas)"
