@@ -488,7 +488,7 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
         first_trainer = executor.main_pid(jobs["trainer"])
         os.kill(first_trainer, signal.SIGKILL)
         _wait_for(lambda: _attempt(executor, jobs["trainer"]) == 2, 30, "the trainer started again")
-    _wait_for(lambda: _logged(executor, jobs["trainer"], "resuming from"), 240, "the retried trainer resumed",
+    _wait_for(lambda: _logged(executor, jobs["trainer"], "resuming from"), 480, "the retried trainer resumed",
               interval=1)
     _wait_for(lambda: any(r.startswith("trainer retried at") and "(attempt 2)" in r for r in view.retries), 30,
               "the header shows the trainer's retry")
