@@ -76,7 +76,9 @@ def running_interval(record: JobRecord, now: float) -> tuple[float, float] | Non
 
 def job_spend(record: JobRecord, prices: dict[str, float], now: float) -> JobSpend:
     interval = running_interval(record, now)
-    running = interval[1] - interval[0] if interval else 0.0
+    # A retried job's start may be its newest attempt's while the Hub's running seconds count every attempt: the
+    # larger figure is what was billed.
+    running = max(interval[1] - interval[0] if interval else 0.0, record.running_s or 0.0)
     price = prices.get(record.flavor) if record.flavor else None
     return JobSpend(record.job_id, record.role, record.flavor, price, running,
                     None if price is None else price * running / 3600.0, record.stage not in TERMINAL_STAGES)

@@ -94,13 +94,14 @@ class FlavorCache:
 
 
 def estimate_cost(jobs: list[JobSpec], flavors: list[Flavor]) -> float:
-    """Most a run can cost, in USD: each job's hourly price times its timeout (billing stops earlier if it ends)."""
+    """Most a run can cost, in USD: each job's hourly price times its timeout, for each of its attempts (a retried job
+    can run its whole timeout again; billing stops earlier if it ends)."""
     prices = {f.name: f.price_per_hour_usd for f in flavors} | {LOCAL_FLAVOR: 0.0}
     unknown = sorted({job.flavor for job in jobs} - prices.keys())
     if unknown:
         raise ValueError(f"No price known for flavor {', '.join(unknown)}; "
                          f"choose one of: {', '.join(sorted(prices))}.")
-    return sum(prices[job.flavor] * job.timeout_s / 3600.0 for job in jobs)
+    return sum(prices[job.flavor] * job.timeout_s * job.attempts / 3600.0 for job in jobs)
 
 
 def hardware_problems(spec, flavors: list[Flavor]) -> list[FieldError]:

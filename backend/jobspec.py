@@ -54,6 +54,10 @@ class JobSpec:
     expose: tuple[int, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
     namespace: str | None = None
+    attempts: int = 1                       # runs in all, the first included (the executor retries a failed one)
+    network_group: str | None = None        # HF Jobs: the run's jobs reach each other on every port inside it
+    network_aliases: tuple[str, ...] = ()   # names the other members reach this job at
+    resource_group_id: str | None = None    # HF Jobs: the org's resource group (access, spending limits)
 
     def local_preview(self) -> str:
         """The command as a local process runs it (env first), for local runs; wrapped for reading."""
@@ -79,6 +83,14 @@ class JobSpec:
             parts += ["-v", vol.cli()]
         for port in self.expose:
             parts += ["--expose", str(port)]
+        if self.attempts > 1:
+            parts += ["--attempts", str(self.attempts)]
+        if self.network_group:
+            parts += ["--network-group", self.network_group]
+        for alias in self.network_aliases:
+            parts += ["--network-alias", alias]
+        if self.resource_group_id:
+            parts += ["--resource-group-id", self.resource_group_id]
         return [*parts, self.image, *self.command]
 
 

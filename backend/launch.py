@@ -176,6 +176,6 @@ def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str
     roles = {j.role: i for j, i in zip(first, ids)}
     if jobs.spec.mode == "colocated":
         return LaunchedRun(jobs.spec.run_id, roles)
-    urls = [executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(first, ids)]
+    urls = [recipe.reached_at(job) or executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(first, ids)]
     trainer_id = submit_jobs(executor, [jobs.trainer(urls)], secrets, already=ids)[0]
     return LaunchedRun(jobs.spec.run_id, {**roles, "trainer": trainer_id})

@@ -5,6 +5,8 @@ Distributed: N vLLM replica jobs, then one trainer job whose proxy fronts the re
 JobSpec needs the replicas' URLs, which exist only once they are submitted, so it is built afterwards.
 """
 
+import hashlib
+import re
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ from backend.executors import engine
 from backend.executors.base import Placement
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime import layout, rewards
+from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICAS_ENV
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.spec import RunSpec
@@ -24,6 +27,10 @@ PEFT_VERSION = "0.21.2"
 VLLM_IMAGE = RunSpec.image   # the default; a run's jobs use its spec.image
 RUNTIME_PIP = f"trl=={TRL_VERSION} peft=={PEFT_VERSION}"
 REPLICA_PORT = 8000
+PROXY_PORT = 8000          # a private-network trainer's one exposed port: its proxy, for the panel (visitor's token)
+NETWORK_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"   # expanded inside a job: members reach `<prefix><alias>`
+TRAINER_ALIAS = "trainer"
+GONE_AFTER_ENV, TRAINER_GONE_AFTER_S = "GRPO_TRAINER_GONE_AFTER_S", 90
 TOKEN_SECRET = "HF_TOKEN"
 REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
 PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
@@ -47,22 +54,52 @@ def _labels(spec: RunSpec, role: str) -> dict[str, str]:
 
 
 def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,
-         env: dict[str, str] | None = None, expose: tuple[int, ...] = ()) -> JobSpec:
+         env: dict[str, str] | None = None, expose: tuple[int, ...] = (), alias: str | None = None) -> JobSpec:
     where = engine(spec.executor)
+    group = network_group(spec)
     return JobSpec(
         run_id=spec.run_id, role=role, command=command, timeout_s=spec.timeout_minutes * 60,
         env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
         secrets=(TOKEN_SECRET,) if where.needs_token else (),
         volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=read_only),),
-        expose=expose, labels=_labels(spec, role), **where.job_fields(spec, flavor),
+        expose=expose, labels=_labels(spec, role), attempts=spec.attempts,
+        network_group=group, network_aliases=(alias,) if group and alias else (), **where.job_fields(spec, flavor),
     )
 
 
+def network_group(spec: RunSpec) -> str | None:
+    """The network group of a distributed run on private networking (where its engine has network groups), named
+    after the run as the Hub wants it (lowercase letters, digits and dashes, at most 46); else None."""
+    if spec.mode != "distributed" or spec.network != "private" or not engine(spec.executor).network_groups:
+        return None
+    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"grpo-{spec.run_id}".lower())).strip("-")
+    if len(name) > 46:
+        name = f"{name[:37].rstrip('-')}-{hashlib.sha256(spec.run_id.encode()).hexdigest()[:8]}"
+    return name
+
+
+def replica_alias(i: int) -> str:
+    return f"vllm-{i}"
+
+
+def group_url(alias: str, port) -> str:
+    """Where a member of the run's network group reaches `alias` (the job expands the prefix)."""
+    return f"http://{NETWORK_PREFIX}{alias}:{port}"
+
+
+def replica_port(job: JobSpec) -> int:
+    return job.expose[0] if job.expose else REPLICA_PORT
+
+
 def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
-    """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
+    """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself. A trainer's
+    (`install`) starts with `runtime.attempt`, before anything is installed: every attempt is recorded, and one after a
+    failure that a retry cannot fix stops there."""
     lines = [shlex.join(s) for s in steps]
     if install and engine(spec.executor).installs_runtime:
         lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *reward_packages(spec)])}")
+    if install:
+        lines.insert(0, shlex.join([PY, "-m", "runtime.attempt", "--run-dir", spec.run_path]))
     lines[-1] = "exec " + lines[-1]
     return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
 
@@ -131,20 +168,36 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
                                    max_model_len=spec.replica_max_model_len or None, **options)]
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = engine(spec.executor).replica_env()
+        gap = engine(spec.executor).retry_gap_s
+        if spec.attempts > 1 and gap:
+            # A retried trainer is silent while its job is rescheduled and reinstalled: the replicas wait for it
+            # longer than for a trainer that is simply gone (runtime/heartbeat.py's 90 s).
+            env[GONE_AFTER_ENV] = str(TRAINER_GONE_AFTER_S + gap)
         if cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-        jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=(port,)))
+        # On the run's network group the trainer reaches the replica at its alias: no port is exposed.
+        expose = () if network_group(spec) else (port,)
+        jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=expose,
+                         alias=replica_alias(i)))
     return jobs
 
 
 def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
     """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
-    steps = [*_ensure_model_step(spec), [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]]
-    command = shell(spec, steps, python, install=True)
-    env = {"VLLM_REPLICA_URLS": ",".join(replica_urls), **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {})}
-    return _job(spec, "trainer", command, spec.flavor, env=env)
+    train = [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]
+    env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
+    if not network_group(spec):
+        command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
+        return _job(spec, "trainer", command, spec.flavor, env={REPLICAS_ENV: ",".join(replica_urls), **env})
+    # Private network: the replicas at their aliases (one --replica each: the URLs together outgrow a preview's
+    # line), rollout requests without a token; the proxy listens on every interface of the trainer job, and its one
+    # exposed port is what the panel reaches (the proxy, the replicas' stats), with the visitor's token.
+    train += [arg for url in replica_urls for arg in ("--replica", url)]
+    command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
+    env.update({REPLICA_AUTH_ENV: "none", PROXY_HOST_ENV: "0.0.0.0", PROXY_PORT_ENV: str(PROXY_PORT)})
+    return _job(spec, "trainer", command, spec.flavor, env=env, expose=(PROXY_PORT,), alias=TRAINER_ALIAS)
 
 
 def placeholder_url(i: int, port) -> str:
@@ -176,7 +229,13 @@ class RunJobs:
         first = self.first()
         if self.spec.mode == "colocated":
             return first
-        return [*first, self.trainer([replica_url(i, job.expose[0]) for i, job in enumerate(first)])]
+        return [*first, self.trainer([reached_at(job) or replica_url(i, replica_port(job))
+                                      for i, job in enumerate(first)])]
+
+
+def reached_at(job: JobSpec) -> str | None:
+    """Where the trainer reaches a replica on the run's network group (its alias), or None (not in one)."""
+    return group_url(job.network_aliases[0], replica_port(job)) if job.network_group and job.network_aliases else None
 
 
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:

@@ -165,11 +165,35 @@ class RunView:
 
     @property
     def replicas_up(self) -> tuple[int, int] | None:
-        """(replica jobs still running, replica jobs) of the current attempt; None for a run without replicas."""
-        replicas = [job for role, job in self.current_jobs.items() if role.startswith("vllm-")]
+        """(replicas up, replica jobs) of the current attempt; None for a run without replicas. A replica is down
+        when its job ended, or when the proxy's newest snapshot says it stopped answering after it had joined (its
+        process died and its job is retrying it): it is up again once the proxy has taken it back."""
+        replicas = {role: job for role, job in self.current_jobs.items() if role.startswith("vllm-")}
         if not replicas:
             return None
-        return sum(not job.status.done for job in replicas), len(replicas)
+        snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
+        lost = {f"vllm-{i}" for i, r in enumerate(snapshot)
+                if isinstance(r, dict) and not r.get("healthy") and _is_number(r.get("joined")) and r["joined"] >= 1}
+        return sum(not job.status.done and role not in lost for role, job in replicas.items()), len(replicas)
+
+    @property
+    def retries(self) -> list[str]:
+        """Each retry the run has seen, in words: trainer attempts beyond the first of each trainer job (recorded by
+        `runtime.attempt`), and replicas the proxy took back after they had stopped answering."""
+        attempts = [e for e in self.events if e.get("writer") == layout.TRAINER_WRITER and e.get("event") == "attempt"]
+        launched = sum(1 for role in self.jobs if role == "trainer" or role.startswith("trainer#"))
+        # Where the executor numbers its attempts (local) a retry is one past the first; HF Jobs does not say, so
+        # there every trainer job's first attempt is counted off instead.
+        numbered = attempts and all(_is_number(e.get("attempt")) for e in attempts)
+        retried = [e for e in attempts if e["attempt"] > 1] if numbered else attempts[launched:]
+        out = [f"trainer retried at {_clock(e.get('time'))}" + (f" (attempt {e['attempt']})" if numbered else "")
+               for e in retried]
+        snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
+        for i, r in enumerate(snapshot):
+            back = int(r.get("joined") or 0) - 1 if isinstance(r, dict) and _is_number(r.get("joined")) else 0
+            if back > 0:
+                out.append(f"vllm-{i} taken back {back}x after a restart")
+        return out
 
     @property
     def degraded(self) -> str | None:
@@ -515,3 +539,6 @@ def _event_time(record: dict) -> float:
     when = record.get("time")
     return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
 
+
+def _clock(moment) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(moment)) + " UTC" if _is_number(moment) else "?"

@@ -33,6 +33,9 @@ from backend.spec_fields import (
 from backend.task_rules import BUILTIN_DATASETS, EVAL_SOURCES, HUB_ID, REWARD_CHOICES, task_errors
 
 MODES = ("colocated", "distributed")
+NETWORKS = ("private", "exposed")   # a distributed HF Jobs run: a network group, or exposed ports with a token
+MAX_ATTEMPTS = 5
+RESOURCE_GROUP_ID = re.compile(r"[0-9a-f]{24}")
 MODEL_HELP = (f"a local folder, a Hub model id, {TINY_MODEL} (the demo, built on the spot), or "
               f"{' / '.join(BENCHMARK_MODELS)}: random weights shaped like Qwen2.5, built on the spot, for "
               "benchmarking throughput and memory (their rewards mean nothing)")
@@ -248,6 +251,20 @@ class RunSpec:
     mount_path: str = field(default=DEFAULT_MOUNT, metadata={
         "label": "Mount path in every job", "section": STORAGE,
         "help": "where every job sees the bucket: an absolute folder of its own, such as /bucket"})
+    # Platform: where a distributed run's jobs reach each other, retries, the org's resource group (HF Jobs)
+    network: str = field(default="private", metadata={
+        "label": "Replica network", "section": DISTRIBUTED, "choices": NETWORKS,
+        "help": "HF Jobs: private puts the trainer and replicas in one network group named after the run (no replica "
+                "port exposed, no token on rollout requests); exposed reaches each replica's port through the public "
+                "Jobs proxy with your token (the published recipe)"})
+    attempts: int = field(default=1, metadata={
+        "label": "Attempts per job", "section": STORAGE, "limits": (1, MAX_ATTEMPTS),
+        "help": "a job that fails is started again up to this many times in all (1: no retry); a retried trainer "
+                "resumes from the newest checkpoint, a retried replica rejoins; each attempt is billed"})
+    resource_group_id: str = field(default="", metadata={
+        "label": "Resource group id (HF Jobs, org)", "section": STORAGE,
+        "help": "create the jobs in this resource group of the bucket's organisation, so its access rules and "
+                "spending limits apply (the id from the org's settings, 24 hex digits); empty: none"})
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
         "help": "container image of HF Jobs runs; pinned with TRL 1.16, which supports vLLM 0.22-0.31"})
     run_id: str = field(default="", metadata={"help": "the run's id, <UTC time>-<6 hex>; empty: made on creation"})
@@ -348,6 +365,11 @@ class RunSpec:
              "must be 0 (no cap) or a positive amount in USD, e.g. 5")
         need(billed(self.executor) or not self.budget_usd > 0, "budget_usd",
              "local runs cost nothing: leave it 0, or run on hf_jobs")
+        need(not self.resource_group_id or bool(RESOURCE_GROUP_ID.fullmatch(self.resource_group_id)),
+             "resource_group_id", "a resource group id is 24 hex digits (the org's settings, Resource groups), e.g. "
+             "66980ecfc1e12a49c8f0e42d; empty: none")
+        need(billed(self.executor) or not self.resource_group_id, "resource_group_id",
+             "resource groups are for runs on Hugging Face Jobs: leave it empty for local runs")
         errs += _check_bucket(self.bucket, self.executor)
         mount = os.path.normpath(self.mount_path or "")
         need(mount not in SYSTEM_FOLDERS and not mount.startswith(("/proc/", "/dev/", "/sys/")), "mount_path",

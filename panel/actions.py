@@ -371,8 +371,9 @@ def _cost_line(jobs: list[JobSpec], cost: CostEstimate) -> str:
         return f"**Cannot estimate the cost:** {cost.problem}"
     per_job = ", ".join(f"{j.role} on {j.flavor}" for j in jobs)
     note = " (built-in price list: the Hub could not be asked)" if cost.fallback_prices else ""
+    attempts = f" x {jobs[0].attempts} attempts (a retry can run its timeout again)" if jobs[0].attempts > 1 else ""
     return (f"Estimated cost at most **${cost.usd:.2f}**{note}: price per hour x timeout "
-            f"({jobs[0].timeout_s // 60} min) for each job: {per_job}.")
+            f"({jobs[0].timeout_s // 60} min){attempts} for each job: {per_job}.")
 
 
 def engine_label(spec: RunSpec) -> str:

@@ -113,6 +113,9 @@ def status_markdown(view) -> str:
     last = view.latest
     degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
     parts = [f"### Run `{view.run_id}` — **{view.stage}**{degraded}"]
+    retries = getattr(view, "retries", None)    # a RunView's; a summary-only view has none
+    if retries:
+        parts.append("🔁 " + " · ".join(retries))
     cause = failure_cause(view)
     if cause:
         parts.append(cause)

@@ -67,7 +67,8 @@ def budget_line(spec) -> str:
     """What the preview says about a run's budget cap."""
     return (f"Budget cap **{format_usd(spec.budget_usd)}**: the panel cancels every job of the run once its spend, or "
             f"its projected total at step {spec.max_steps}, reaches it. Whichever panel process is running enforces it "
-            "(every 30 s by default, also after a restart); the job timeout stays the hard limit.")
+            "(every 30 s by default, also after a restart); the job timeout stays the hard limit."
+            + (f" Retried attempts (up to {spec.attempts} per job) count toward it." if spec.attempts > 1 else ""))
 
 
 def run_cost(panel, run_id: str, visitor: Visitor, view=None) -> tuple[RunCost, dict, object]:

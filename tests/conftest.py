@@ -25,6 +25,7 @@ INTEGRATION_FILES = frozenset({
     "test_gpu_sampling.py",      # local jobs with a stand-in NVML
     "test_local_executor.py",    # the tiny demo through LocalExecutor
     "test_panel_hub.py",         # launches on the fake Hub: each runs the task check's process
+    "test_platform.py",          # launches on the fake Hub; runtime.attempt, job wrappers, a proxy as processes
     "test_proxy.py",             # the proxy and replica stand-ins as processes
     "test_publish.py",           # a local run, then its adapter pushed
     "test_resume.py",            # a real local job as the run's trainer

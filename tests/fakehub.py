@@ -47,6 +47,13 @@ stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_pos
 after its creation), `expose_url_format`, `hardware_error`, `page_size` (Link-header
 pagination), `requests` (every call, Authorization header removed), `clock` (the Hub's time: job timestamps and
 `durations` follow it; a RUNNING job whose `timeoutSeconds` have passed on it ends ERROR, "Job timeout").
+
+Platform features as `run_job`'s docstring describes them: `attempts` (a job set to ERROR with attempts left goes
+back to SCHEDULING as its next attempt, same id; JobInfo reports `retry` = attempts - 1, and `durations.runningSecs`
+counts every attempt), `network` (group and aliases checked as documented and reported back in JobInfo;
+`network_members` lists a group's live members of one namespace and resource group by alias) and `resourceGroupId`
+(accepted only for a group of the job's namespace in `resource_groups`, id -> org, else 404; recorded in the job's
+spec).
 """
 
 import base64
@@ -152,6 +159,12 @@ class FakeJob:
     started: float | None = None
     finished: float | None = None
     listed_from: float = 0.0    # time.monotonic() from which job listings show it (`list_lag_s` after creation)
+    attempt: int = 1            # which of its `attempts` runs now (the Hub retries a job that ends in ERROR)
+    ran_before: float = 0.0     # seconds its earlier attempts ran: `durations.runningSecs` counts every attempt
+
+    @property
+    def attempts(self) -> int:
+        return int(self.spec.get("attempts") or 1)
 
 
 @dataclass
@@ -234,6 +247,8 @@ class FakeHub:
         # The URL the Hub reports for an exposed port (`status.exposeUrls`); the documented form by default.
         self.expose_url_format = "https://{job_id}--{port}.hf.jobs"
         self._open_streams: dict[tuple[str, str], int] = {}
+        # Resource groups of orgs: id -> org name. A job may be created in one of its own namespace's only.
+        self.resource_groups: dict[str, str] = {}
         self._stopping = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -293,9 +308,17 @@ class FakeHub:
 
     # ---- test controls
     def set_stage(self, job_id: str, stage: str, message: str | None = None) -> None:
+        """Move a job to `stage`. A job that fails (ERROR) with attempts left is retried as the Hub retries it: it
+        goes back to SCHEDULING as its next attempt (same id), and RUNNING starts that attempt's log banner anew."""
         with self._cond:
             job = self.jobs[job_id]
             now = self.clock()
+            if stage == "ERROR" and job.stage not in TERMINAL and job.attempt < job.attempts:
+                job.ran_before += now - job.started if job.started is not None else 0.0
+                job.attempt += 1
+                job.stage, job.message, job.started = "SCHEDULING", message, None
+                self._cond.notify_all()
+                return
             if stage == "RUNNING" and job.stage == "SCHEDULING":
                 # The Hub writes this banner first; the client filters it out of fetch_job_logs.
                 job.logs.append({"data": f"===== Job started at {utc_stamp(now)} =====", "timestamp": utc_stamp(now)})
@@ -335,6 +358,20 @@ class FakeHub:
         """Create the n-th submitted job (1-based) as asked, then answer `status`, like a gateway timing out after
         the Hub accepted the job: the client never learns the job's id."""
         self._job_post_created_failures[n] = status
+
+    def network_members(self, ns: str, group: str, resource_group: str | None = None) -> dict[str, list[str]]:
+        """The live jobs of network group `group` as the Hub places them: one namespace and one resource group (jobs
+        elsewhere sharing the name are in another group), by the alias they claim ("" for members without one)."""
+        members: dict[str, list[str]] = {}
+        with self._cond:
+            for job in self.jobs.values():
+                network = job.spec.get("network") or {}
+                place = (job.namespace, job.spec.get("resourceGroupId"), network.get("group"))
+                if place != (ns, resource_group, group) or job.stage in TERMINAL:
+                    continue
+                for alias in network.get("aliases") or [""]:
+                    members.setdefault(alias, []).append(job.id)
+        return members
 
     def open_streams(self, job_id: str, kind: str) -> int:
         with self._cond:
@@ -485,6 +522,9 @@ class FakeHub:
         problem = _job_spec_problem(body, {h["name"] for h in self.hardware})
         if problem:
             return Reply(400, {"error": problem})
+        group = body.get("resourceGroupId")
+        if group is not None and self.resource_groups.get(group) != ns:
+            return Reply(404, {"error": f"Resource group {group} not found in {ns}"})
         owner_type = "user" if ns == user.name else "org"
         now = self.clock()
         job = FakeJob(_hex_id(f"{ns}{time.time_ns()}{len(self.jobs)}"), ns,
@@ -755,6 +795,7 @@ class FakeHub:
             "secrets": {name: None for name in spec.get("secrets") or {}},   # values never come back
             "flavor": spec.get("flavor"), "labels": spec.get("labels"), "volumes": spec.get("volumes"),
             "expose": spec.get("expose"), "status": status, "owner": job.owner,
+            "retry": job.attempts - 1, **({"network": spec["network"]} if spec.get("network") else {}),
             **({"startedAt": utc_stamp(job.started)} if job.started is not None else {}),
             **({"finishedAt": utc_stamp(job.finished)} if job.finished is not None else {}),
             "durations": self._durations(job),
@@ -764,8 +805,9 @@ class FakeHub:
         """Whole seconds, recomputed on every request while the job is in progress (as the Hub does)."""
         end = job.finished if job.finished is not None else self.clock()
         ran = job.started is not None
+        running = (end - job.started if ran else 0.0) + job.ran_before
         return {"schedulingSecs": int(job.started - job.created) if ran else None,
-                "runningSecs": int(end - job.started) if ran else None, "totalSecs": int(end - job.created)}
+                "runningSecs": int(running) if ran or job.ran_before else None, "totalSecs": int(end - job.created)}
 
     # ---- bookkeeping used by the handler
     def _record(self, request: RecordedRequest) -> int | None:
@@ -965,6 +1007,25 @@ def _job_spec_problem(body: Any, flavors: set[str]) -> str | None:
         return f"Invalid flavor {body.get('flavor')!r}"
     if any(not isinstance(v, str) for v in (body.get("labels") or {}).values()):
         return "label values must be strings"
+    attempts = body.get("attempts", 1)
+    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+        return "attempts must be a whole number of at least 1"
+    return _network_problem(body.get("network"))
+
+
+def _network_problem(network: Any) -> str | None:
+    """The run_job docstring's rules: a group of lowercase alphanumerics and dashes (46 at most), aliases of the same
+    (34 at most), unique within the job."""
+    if network is None:
+        return None
+    group, aliases = network.get("group") if isinstance(network, dict) else None, (network or {}).get("aliases") or []
+    if not isinstance(group, str) or not re.fullmatch(r"[a-z0-9-]{1,46}", group):
+        return f"Invalid network group {group!r}: lowercase alphanumerics and dashes, 46 characters max"
+    if not isinstance(aliases, list) or any(not isinstance(a, str) or not re.fullmatch(r"[a-z0-9-]{1,34}", a)
+                                            for a in aliases):
+        return f"Invalid network aliases {aliases!r}: lowercase alphanumerics and dashes, 34 characters max"
+    if len(set(aliases)) != len(aliases):
+        return f"Network aliases must be unique within the job: {aliases}"
     return None
 
 

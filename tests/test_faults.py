@@ -247,6 +247,14 @@ def _logged(ex: LocalExecutor, job_id: str, text: str) -> bool:
     return any(text in line for line in _log(ex, job_id))
 
 
+def _attempt(ex: LocalExecutor, job_id: str) -> int | None:
+    """Which attempt of the job runs now, as its wrapper recorded it."""
+    try:
+        return json.load(open(os.path.join(ex.jobs_dir, job_id, "process.json"))).get("attempt")
+    except (OSError, ValueError):
+        return None
+
+
 def _trainer_events(view) -> list[dict]:
     return [e for e in view.events if e.get("writer") == "trainer"]
 
@@ -425,7 +433,8 @@ def _answers(url: str) -> bool:
         return False
 
 
-def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_restart_and_a_resume(executor, monkeypatch):
+def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survives_a_panel_restart_and_a_resume(
+        executor, monkeypatch):
     from backend.resume import resume_plan
     from backend.runtime.common import latest_checkpoint
     from backend.runtime.tiny_model import TINY_MODEL
@@ -433,12 +442,14 @@ def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_rest
     from panel import dashboard
 
     monkeypatch.setenv("GRPO_HEARTBEAT_S", "2")             # the jobs inherit the panel's environment
-    monkeypatch.setenv("GRPO_TRAINER_GONE_AFTER_S", "10")
+    # Long enough for the trainer's own retry below to beat again (a local retry starts at once), short enough for
+    # the replicas to stop soon after its last attempt.
+    monkeypatch.setenv("GRPO_TRAINER_GONE_AFTER_S", "30")
     registry = _registry(executor)
     spec = RunSpec(mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], replicas=2,
                    max_staleness=1, lora_r=8, max_steps=500, adapter_every=1, checkpoint_every=1,
                    per_device_batch_size=8, num_generations=4, max_completion_length=16, max_inflight_tasks=8,
-                   queue_maxsize=32, max_tokens_per_batch=512, timeout_minutes=20)
+                   queue_maxsize=32, max_tokens_per_batch=512, timeout_minutes=20, attempts=2)
     run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
     jobs = registry.launch(spec).job_ids
     view = registry.view(spec.run_id)
@@ -453,17 +464,35 @@ def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_rest
 
     _wait_for(lambda: steps() >= 1 and latest_checkpoint(run_dir), 480, "a step and a checkpoint", interval=1)
 
-    # A replica dies (its whole process group): training goes on with the other one.
-    os.killpg(executor.main_pid(jobs["vllm-1"]), signal.SIGKILL)
+    # A replica dies (its whole process group): training goes on with the other one, and the run is degraded until
+    # the replica's job has started it again (its second attempt) and the proxy has taken it back.
+    first_replica = executor.main_pid(jobs["vllm-1"])
+    os.killpg(first_replica, signal.SIGKILL)
     _wait_for(lambda: steps() and view.degraded == "degraded (1/2 replicas)", 30, "the run shows degraded")
     assert view.stage == "RUNNING"
     at_kill = steps()
     _wait_for(lambda: steps() > at_kill, 180, "training went on with one replica", interval=1)
     rows = dashboard.replica_rows(view)
-    assert rows[1][1] == "DOWN (job ERROR)" and rows[1][5] == "", rows
+    assert rows[1][1] == "DOWN" and rows[1][5] == "", rows
     assert "degraded (1/2 replicas)" in dashboard.build_frame(view).status
+    _wait_for(lambda: steps() and view.degraded is None, 480, "the restarted replica taken back", interval=1)
+    assert executor.main_pid(jobs["vllm-1"]) != first_replica
+    assert view.jobs["vllm-1"].status.message == "attempt 2 of 2"
+    assert dashboard.replica_rows(view)[1][1] == "up" and "vllm-1 taken back 1x after a restart" in view.retries
+    assert "vllm-1 taken back 1x" in dashboard.build_frame(view).status
 
-    # The trainer is OOM-killed (its main process only): no event; its leftovers and the live replica must stop.
+    # The trainer is OOM-killed: its job starts it again, and the retried trainer resumes from the bucket's newest
+    # checkpoint by itself, numbering its versions on. (On a loaded machine its first attempt may have failed by
+    # itself meanwhile, a sync that found no replica answering: then that was its retry.)
+    if _attempt(executor, jobs["trainer"]) == 1:
+        first_trainer = executor.main_pid(jobs["trainer"])
+        os.kill(first_trainer, signal.SIGKILL)
+        _wait_for(lambda: _attempt(executor, jobs["trainer"]) == 2, 30, "the trainer started again")
+    _wait_for(lambda: _logged(executor, jobs["trainer"], "resuming from"), 480, "the retried trainer resumed",
+              interval=1)
+    _wait_for(lambda: any(r.startswith("trainer retried at") and "(attempt 2)" in r for r in view.retries), 30,
+              "the header shows the trainer's retry")
+    # Killed again, with no attempt left: no event; its leftovers and the live replica must stop.
     os.kill(executor.main_pid(jobs["trainer"]), signal.SIGKILL)
     _wait_for(lambda: not _run_processes(executor, spec.run_id), 60, "no process of the run is left", interval=1)
     view.refresh()
@@ -492,7 +521,8 @@ def test_a_distributed_run_survives_a_dead_replica_a_killed_trainer_a_panel_rest
     _wait_for(lambda: len(published()) > len(before) + 1, 480, "the resumed trainer published", interval=1)
     assert published()[len(before)] == f"trl-policy-v{plan.next_version}"
     assert len(published()) == len(set(published())), f"a version name was published twice: {published()}"
-    [superseded] = [e["names"] for e in _trainer_events(view) if e["event"] == "adapters_superseded"]
+    # (The retried attempt above may have superseded versions of its own: the resume's is the newest.)
+    superseded = [e["names"] for e in _trainer_events(view) if e["event"] == "adapters_superseded"][-1]
     assert superseded == list(plan.superseded)
 
     # Cancel: every job at once, the trainer first (it records why), replicas drain within their grace.

@@ -338,7 +338,9 @@ def test_an_idle_visitors_registry_is_dropped_and_rebuilt_on_their_return(hub, m
 def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, make_panel):
     hub.expose_url_format = "https://{job_id}-p{port}.jobs.example"    # the URL the Hub reports wins
     panel = make_panel()
-    form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x4", "max_staleness": 2}
+    # The published recipe's exposed ports (the private network group is test_platform.py's).
+    form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x4", "max_staleness": 2,
+            "network": "exposed"}
     result, _ = launch_reviewed(panel, form)
     run_id = result.run_id
     assert run_id, result.message

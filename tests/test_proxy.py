@@ -280,6 +280,7 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
     _wait_for(lambda: not dead_replica()["healthy"], timeout=15)
     assert dead_replica()["last_error"]
     assert dead_replica()["adapters"] == [], "a dead replica serves none of the adapters it held"
+    assert dead_replica()["joined"] == 1
     assert requests.get(f"{proxy.url}/health").status_code == 200
     assert requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 503
 
@@ -290,6 +291,7 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
     pool.ensure_running()  # the same URL comes back, empty, like a restarted job
     _wait_for(lambda: requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 200)
     assert served_models(pool.urls[1]) == {"live-v2"}  # caught up before it was given traffic
+    assert dead_replica()["healthy"] and dead_replica()["joined"] == 2     # taken back: the panel counts it
     assert _unload(proxy, "live-v2").status_code == 200
 
 

@@ -1,6 +1,7 @@
 """The recipe: RunSpec -> JobSpecs, pure and previewable."""
 
 import shlex
+from dataclasses import replace
 
 from backend import recipe
 from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
@@ -16,7 +17,9 @@ def test_colocated_local_run_is_one_trainer_job_with_the_bucket_mounted():
     assert [(v.bucket, v.mount_path, v.read_only) for v in job.volumes] == [(spec.bucket, "/bucket", False)]
     script = job.command[2]
     assert "runtime.tiny_model" in script and f"runtime.train --run-dir {spec.run_path}" in script
-    assert script.count("/usr/bin/python3") == 2 and recipe.PY not in script
+    assert script.count("/usr/bin/python3") == 3 and recipe.PY not in script
+    # Every attempt is recorded first, before anything else runs (runtime.attempt).
+    assert script.startswith(f"/usr/bin/python3 -m runtime.attempt --run-dir {spec.run_path} && ")
     assert job.env["PYTHONPATH"] == f"{spec.run_path}/code"
     assert job.secrets == ()
 
@@ -45,9 +48,20 @@ def test_distributed_run_mounts_the_bucket_at_the_same_path_everywhere_and_repli
     assert all(j.volumes[0].read_only for j in jobs[:3]) and not jobs[3].volumes[0].read_only
     serve = jobs[0].command[2]
     assert "--max-loras 4" in serve and "--max-lora-rank 32" in serve and "--enable-lora" in serve
-    assert jobs[0].expose == (recipe.REPLICA_PORT,)
     assert jobs[0].env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
-    assert jobs[3].env["VLLM_REPLICA_URLS"].count("<vllm-") == 3
+    # Private network (the default): one group named after the run, each job at its alias, no replica port exposed,
+    # the trainer's proxy port exposed for the panel, and no token on rollout requests.
+    group = f"grpo-{spec.run_id}"
+    assert {j.network_group for j in jobs} == {group} and [j.network_aliases for j in jobs] == [
+        ("vllm-0",), ("vllm-1",), ("vllm-2",), ("trainer",)]
+    assert [j.expose for j in jobs] == [(), (), (), (recipe.PROXY_PORT,)]
+    assert "VLLM_REPLICA_URLS" not in jobs[3].env and jobs[3].env["GRPO_REPLICA_AUTH"] == "none"
+    assert "".join(f" --replica 'http://${{HF_NETWORK_GROUP_PREFIX}}vllm-{i}:8000'" for i in range(3)) in \
+        jobs[3].command[2]
+    # Exposed ports (the published recipe): each replica's port, reached through the Jobs proxy with the token.
+    exposed = recipe.preview_jobs(replace(spec, network="exposed"))
+    assert [j.expose for j in exposed] == [(8000,)] * 3 + [()] and not any(j.network_group for j in exposed)
+    assert exposed[3].env["VLLM_REPLICA_URLS"].count("<vllm-") == 3 and "GRPO_REPLICA_AUTH" not in exposed[3].env
 
 
 def test_local_replicas_get_distinct_ports_and_wait_for_the_builtin_model():

@@ -102,6 +102,8 @@ class Engine:
                                       # and see them follows the local-runs policy (GRPO_PANEL_LOCAL_RUNS)
     chooses_hardware: bool = False   # the spec's flavor fields pick each job's machine (`flavors` lists them)
     job_list_lags: bool = False      # the job list can lag behind a job created by a request that failed
+    network_groups: bool = False     # a run's jobs can share a private network (replicas reached at an alias)
+    retry_gap_s: int = 0             # how long a retried job may take to run again (rescheduled, reinstalled)
 
     def runtime_problem(self) -> str | None:
         """Why this deployment cannot run this engine's jobs at all, or None."""

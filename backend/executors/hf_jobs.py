@@ -85,12 +85,15 @@ class HfJobsEngine(Engine):
     bucket_on_hub = True
     chooses_hardware = True
     job_list_lags = True
+    network_groups = True
+    retry_gap_s = 600
 
     def flavors(self, token: str | None) -> list[Flavor]:
         return list_flavors(token)
 
     def job_fields(self, spec: RunSpec, flavor: str) -> dict:
-        return dict(image=spec.image, flavor=flavor, namespace=spec.bucket_namespace)
+        return dict(image=spec.image, flavor=flavor, namespace=spec.bucket_namespace,
+                    resource_group_id=spec.resource_group_id or None)
 
     def replica_server(self, spec: RunSpec, gpus: list[str] | None) -> tuple[dict, list[str]]:
         share = spec.replica_gpu_memory_utilization
@@ -101,6 +104,27 @@ class HfJobsEngine(Engine):
 
     def preview_command(self, job: JobSpec, bucket_root) -> str:
         return job.cli_preview()
+
+    def preview_note(self, spec: RunSpec, bucket_root) -> str | None:
+        """How the jobs reach each other, how often a failed one is retried, and whose spending limits apply."""
+        notes = []
+        group = recipe.network_group(spec)
+        if group:
+            notes.append(f"Private network: the trainer and replicas join network group `{group}`; the trainer's proxy "
+                         f"reaches each replica at its alias (`vllm-0`, ...) with no port exposed and no token on "
+                         f"rollout requests; only the proxy's port {recipe.PROXY_PORT} is exposed, for this panel, "
+                         "behind your token.")
+        elif spec.mode == "distributed":
+            notes.append("Exposed ports: each replica's port is reachable through the public Jobs proxy, and every "
+                         "rollout request carries your token.")
+        if spec.attempts > 1:
+            notes.append(f"Retries: a failed job is started again, up to {spec.attempts} attempts in all; a retried "
+                         "trainer resumes from the newest checkpoint, a retried replica rejoins the proxy, and a "
+                         "failure a retry cannot fix (bad code or data) is not retried. Each attempt is billed.")
+        if spec.resource_group_id:
+            notes.append(f"Resource group `{spec.resource_group_id}` of `{spec.bucket_namespace}`: the jobs are "
+                         "created in it, so the organisation's access rules and Jobs spending limits apply.")
+        return " ".join(notes) or None
 
 
 ENGINE = HfJobsEngine()
@@ -252,7 +276,10 @@ class HfJobsExecutor:
         return dict(image=job.image, command=list(job.command), env=dict(job.env),
                     secrets=secret_values or None, flavor=job.flavor, timeout=job.timeout_s, labels=labels,
                     name=None if "name" in labels else _job_name(job), volumes=volumes or None,
-                    expose=list(job.expose) or None, namespace=self.namespace)
+                    expose=list(job.expose) or None, namespace=self.namespace,
+                    # Sent only where a job asks for them: a plain job's request stays what it always was.
+                    attempts=job.attempts if job.attempts > 1 else None, network_group=job.network_group,
+                    network_aliases=list(job.network_aliases) or None, resource_group_id=job.resource_group_id)
 
     def _submit_failure(self, job: JobSpec, err: Exception) -> str:
         status = _http_status(err)

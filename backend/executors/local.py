@@ -112,8 +112,10 @@ class LocalEngine(Engine):
         return as_run(job, bucket_root).local_preview()
 
     def preview_note(self, spec: RunSpec, bucket_root) -> str | None:
+        retries = (f" A job that fails is started again by its wrapper, up to {spec.attempts} attempts in all "
+                   "(a failure a retry cannot fix is not retried)." if spec.attempts > 1 else "")
         return ("Runs here as local processes, each under a wrapper that enforces its timeout; the bucket "
-                f"is the folder `{bucket_root(spec.bucket)}`; `FREE_PORT_i` is a free port picked at launch.")
+                f"is the folder `{bucket_root(spec.bucket)}`; `FREE_PORT_i` is a free port picked at launch." + retries)
 
 
 ENGINE = LocalEngine()
@@ -232,7 +234,7 @@ class LocalExecutor:
                   "tmpdir": job_tmp}
         _write_json(os.path.join(job_dir, JOB_FILE), record)
         wrapped = [sys.executable, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(job.timeout_s),
-                   "--grace", str(self.grace_s), "--tmpdir", job_tmp, "--", *command]
+                   "--grace", str(self.grace_s), "--tmpdir", job_tmp, "--attempts", str(job.attempts), "--", *command]
         with open(self.log_path(job_id), "ab") as log_file:
             try:
                 # A session of its own: the job lives on when the panel exits, and no terminal signal reaches it.
@@ -357,7 +359,10 @@ class LocalExecutor:
             return JobStatus(ERROR, str(exc))
         cancel = self._read_json(job_id, wrapper.CANCEL_FILE)
         if self._wrapper_alive(record):
-            return JobStatus(RUNNING, f"stopping: {cancel.get('reason')}" if cancel else "")
+            attempt = (self._read_json(job_id, wrapper.PROCESS_FILE) or {}).get("attempt")
+            retried = f"attempt {attempt} of {record['spec'].get('attempts', 1)}" if isinstance(attempt, int) \
+                and attempt > 1 else ""
+            return JobStatus(RUNNING, f"stopping: {cancel.get('reason')}" if cancel else retried)
         if cancel:     # stopped while its wrapper was still starting, before it could record anything
             return JobStatus(CANCELED, str(cancel.get("reason") or CANCELED_BY_USER))
         if "pid" not in record and time.time() - record["created_at"] < START_WAIT_S:

@@ -1,13 +1,15 @@
 """The wrapper around one local job: starts its command, samples its resources, enforces its timeout, and records
 how it ended, so that neither the job nor its record depends on the panel that launched it.
 
-    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] -- COMMAND...
+    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] [--attempts N] \
+        -- COMMAND...
 
 LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the command in a process
 group of its own. In DIR it writes `process.json` (the command's pid, which is also its process group id, and its
 start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of the command's process
 tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time, and whether
-it timed out).
+it timed out). With `--attempts N` a command that fails (not stopped, not exit code NO_RETRY_EXIT, runtime/attempt.py)
+is started again, up to N runs in all, as HF Jobs retries a job: `process.json` then names the newest attempt.
 
 SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
 order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
@@ -29,6 +31,7 @@ import time
 
 import psutil
 
+from .attempt import ATTEMPT_ENV, NO_RETRY_EXIT
 from .cause import cause_line
 from .layout import atomic_write_bytes
 from .sampler import ResourceSampler, visible_gpu_indices
@@ -98,8 +101,9 @@ def exit_message(code: int, job_dir: str) -> tuple[str, str]:
 
 class JobWrapper:
     def __init__(self, job_dir: str, command: list[str], timeout_s: float, grace_s: float, tmpdir: str | None = None,
-                 stop_with_wrapper: bool = False):
+                 stop_with_wrapper: bool = False, attempts: int = 1):
         self.job_dir, self.command, self.timeout_s, self.grace_s = job_dir, command, timeout_s, grace_s
+        self.attempts = max(1, attempts)
         self.tmpdir = tmpdir
         self.stop_with_wrapper = stop_with_wrapper
         self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
@@ -132,15 +136,36 @@ class JobWrapper:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _run(self) -> int:
+        attempt = 1
+        while True:
+            stage, code, message = self._attempt(attempt)
+            if code is None:
+                return 127
+            if stage == COMPLETED or self.stop_reason or attempt >= self.attempts or code == NO_RETRY_EXIT:
+                break
+            # As HF Jobs' `attempts` do: the same command again (a trainer resumes from its newest checkpoint).
+            print(f"[job wrapper] attempt {attempt} of {self.attempts} failed ({message}); starting attempt "
+                  f"{attempt + 1}", flush=True)
+            attempt += 1
+        if attempt > 1:
+            message = f"{message} (attempt {attempt} of {self.attempts})" if message else f"after {attempt} attempts"
+        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time(),
+                                "timed_out": self.timed_out, "attempts": attempt})
+        return 0 if stage == COMPLETED else 1
+
+    def _attempt(self, attempt: int) -> tuple[str, int | None, str]:
+        """Run the command once; (stage, exit code, message), the code None if it could not start."""
+        env = {**os.environ, ATTEMPT_ENV: str(attempt)}
         try:
             child = subprocess.Popen(self.command, cwd=self.job_dir, stdin=subprocess.DEVNULL, start_new_session=True,
                                      # no thread runs yet: the sampler starts after this
-                                     preexec_fn=_die_with_parent if self.stop_with_wrapper else None)  # noqa: PLW1509
+                                     preexec_fn=_die_with_parent if self.stop_with_wrapper else None,  # noqa: PLW1509
+                                     env=env)
         except OSError as error:
             self._write(EXIT_FILE, {"stage": ERROR, "code": None, "time": time.time(),
                                     "message": f"could not start {self.command[0]!r}: {error}"})
-            return 127
-        self._write(PROCESS_FILE, {"pid": child.pid, "started_at": process_start_time(child.pid)})
+            return ERROR, None, ""
+        self._write(PROCESS_FILE, {"pid": child.pid, "started_at": process_start_time(child.pid), "attempt": attempt})
         # A job pinned to some GPUs samples only those (CUDA_VISIBLE_DEVICES in its environment is this one's).
         sampler = ResourceSampler(child.pid, self._path(RESOURCES_FILE),
                                   gpu_indices=visible_gpu_indices(os.environ)).start()
@@ -148,13 +173,11 @@ class JobWrapper:
         sampler.stop()
         stage, message = self.stop_reason or exit_message(code, self.job_dir)
         self._stop_leftovers(child.pid)
-        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time(),
-                                "timed_out": self.timed_out})
-        return 0 if stage == COMPLETED else 1
+        return stage, code, message
 
     def _wait(self, child: subprocess.Popen) -> int:
         """Wait for the command to end; on a timeout or a stop request, SIGTERM it, then SIGKILL its group."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.timeout_s    # per attempt, as on HF Jobs
         kill_at = None
         while (code := child.poll()) is None:
             now = time.monotonic()
@@ -200,13 +223,16 @@ def main() -> None:
     parser.add_argument("--stop-with-wrapper", action="store_true",
                         help="the command is killed if this wrapper is: for a job host that kills only the wrapper's "
                              "process group (a Ray job supervisor that died)")
+    parser.add_argument("--attempts", type=int, default=1,
+                        help="runs of the command in all: one that fails is started again (not after exit code "
+                             f"{NO_RETRY_EXIT}: a failure a retry cannot fix)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the job's command after --")
     raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace, args.tmpdir,
-                               args.stop_with_wrapper).run())
+                               stop_with_wrapper=args.stop_with_wrapper, attempts=args.attempts).run())
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@
   is 200 only when every replica is healthy.
 - `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments, and
   each broadcast load one record of how long every replica took to load it (the dashboard's Sync chart).
-Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it).
+Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it), except
+on the run's private network (GRPO_REPLICA_AUTH=none, proxy_env.py): there no token travels with a rollout.
 
 This module is the server (routes, broadcasts, health) and how a trainer starts it; which replica a generation goes
 to is replicas.py, the serving proof canary.py, what is recorded for the dashboard proxy_stats.py.
@@ -43,6 +44,7 @@ import aiohttp
 from aiohttp import web
 
 from .canary import ServingProof
+from .proxy_env import replica_token
 from .proxy_stats import LoadRecorder, StatsRecorder
 from .replicas import Replica, ReplicaUnreachable, Reply, affinity_key, pick
 
@@ -65,7 +67,7 @@ class Proxy:
         self.load_deadline_s = load_deadline_s
         self.health_interval_s = health_interval_s
         self.adapters: dict[str, str] = {}  # name -> path of every adapter loaded through the proxy
-        token = token if token is not None else os.environ.get("HF_TOKEN")
+        token = token if token is not None else replica_token()
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._stats = StatsRecorder(stats_dir, stats_interval_s, stats_flush_s) if stats_dir else None
         self._loads = LoadRecorder(stats_dir) if stats_dir else None
@@ -115,14 +117,22 @@ class Proxy:
     # ---- replica calls
     async def _call(self, replica: Replica, method: str, path: str, *, json_body=None, params=None,
                     timeout: float | None = None) -> Reply:
+        request = dict(json=json_body, params=params, headers=self._auth,
+                       timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5))
         try:
-            async with self._session.request(
-                method, replica.url + path, json=json_body, params=params, headers=self._auth,
-                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=5),
-            ) as resp:
-                return Reply(resp.status, await resp.text())
+            try:
+                return await self._request(method, replica.url + path, request)
+            except aiohttp.ServerDisconnectedError:
+                # A pooled keep-alive connection the server closed as it was reused (uvicorn closes idle ones after
+                # 5 s): seen on a loaded machine, where it marked the one live replica down in the middle of a
+                # sync's /pause. Once more on a fresh connection before the replica counts as down.
+                return await self._request(method, replica.url + path, request)
         except (TimeoutError, aiohttp.ClientError, OSError) as error:
             raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
+
+    async def _request(self, method: str, url: str, request: dict) -> Reply:
+        async with self._session.request(method, url, **request) as resp:
+            return Reply(resp.status, await resp.text())
 
     async def _broadcast(self, method: str, path: str, **kwargs) -> dict[Replica, Reply]:
         """Send to every healthy replica at once; replicas that do not answer are marked down and left out."""
@@ -374,6 +384,7 @@ class Proxy:
                 return
             replica.adapters = set(self.adapters)
             replica.healthy = True
+            replica.joined += 1
             replica.last_error = ""
             self._record()
             log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))
@@ -491,14 +502,16 @@ class ProxyProcess:
 
 
 def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None, token: str | None = None,
-                        port: int = 0, start_timeout_s: float = 60.0) -> ProxyProcess:
-    """Start `python -m runtime.proxy` as a child that dies with its parent; returns once it answers /health."""
+                        port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 60.0) -> ProxyProcess:
+    """Start `python -m runtime.proxy` as a child that dies with its parent; returns once it answers /health.
+    `host` 0.0.0.0 serves it on every interface too (a private-network trainer exposes it to the panel)."""
     if not port:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     package = __name__.rsplit(".", 1)[0]     # "runtime" in a job, "backend.runtime" in the panel's tests
-    command = [sys.executable, "-m", f"{package}.proxy", "--port", str(port), "--parent-pid", str(os.getpid())]
+    command = [sys.executable, "-m", f"{package}.proxy", "--host", host, "--port", str(port),
+               "--parent-pid", str(os.getpid())]
     for url in replica_urls:
         command += ["--replica", url]
     if stats_dir:

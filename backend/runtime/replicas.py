@@ -25,10 +25,12 @@ class Replica:
     failed_checks: int = 0
     adapters: set[str] = field(default_factory=set)
     last_error: str = ""
+    joined: int = 0         # times it became healthy: more than once, it was down (restarted, retried) and taken back
 
     def snapshot(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "served": self.served,
-                "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error}
+                "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error,
+                "joined": self.joined}
 
 
 @dataclass

@@ -12,6 +12,7 @@ import signal
 import sys
 import traceback
 
+from .attempt import NO_RETRY_EXIT, retry_helps
 from .layout import write_event
 
 # Errors that mean the bucket (or whatever disk the trainer writes to) takes no more writes.
@@ -53,6 +54,21 @@ def _write_error(error: BaseException) -> str | None:
     return next((os.strerror(code) for code in WRITE_ERRNOS if os.strerror(code) in text), None)
 
 
+class EndMessage(str):
+    """The message `record_end` returns, knowing whether a retry of the job could help (`retry`)."""
+
+    retry: bool = True
+
+
+def leave(message: str) -> None:
+    """Exit the failed trainer: NO_RETRY_EXIT where a retry cannot help (the job wrapper and the next attempt's
+    `runtime.attempt` stop there), else an error exit that a job with attempts left is started again after."""
+    if not getattr(message, "retry", True):
+        print(f"training failed: {message} (a retry cannot fix this: not retried)", file=sys.stderr, flush=True)
+        sys.exit(NO_RETRY_EXIT)
+    sys.exit(f"training failed: {message}")
+
+
 def record_end(run_dir: str, writer: str, error: BaseException, flush=lambda: None, details=None) -> str:
     """Flush what is pending, record a `canceled` or `failed` event, and return the message. Never raises:
     a write that fails here is said in the log instead. `details(error)` may add fields to a `failed` event
@@ -68,9 +84,13 @@ def record_end(run_dir: str, writer: str, error: BaseException, flush=lambda: No
             bucket_cause = _write_error(error) is not None
             fields.update({k: v for k, v in extra.items() if k != "error" or not bucket_cause})
     kind = "canceled" if isinstance(error, Terminated) else "failed"
+    if kind == "failed" and not retry_helps(error):
+        fields["retry"] = False     # the next attempt, if any, stops at once (runtime.attempt)
     _try(flush, "the last metrics")
     _try(lambda: write_event(run_dir, writer, kind, **fields), f"the '{kind}' event")
-    return fields["error"]
+    message = EndMessage(fields["error"])
+    message.retry = fields.get("retry", True)
+    return message
 
 
 def _try(write, what: str) -> None:

@@ -20,7 +20,7 @@ import tempfile
 import time
 
 from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE, TRAINER_WRITER
+from .layout import EVENTS_DIR, FRAGMENT_RE, SPEC_FILE, TRAINER_WRITER
 
 POLL_S = 5.0
 GRACE_S = 30.0
@@ -50,6 +50,10 @@ class TrainerEndWatch:
         self.folder = os.path.join(run_dir, EVENTS_DIR)
         self.since = since
         self.seen: set[str] = set()
+        # A trainer job with attempts left starts again after a failure a retry may fix: then its heartbeat, not
+        # its `failed` event, says whether it is gone. Its attempts since this replica started are counted.
+        self.attempts = _attempts(run_dir)
+        self.attempts_seen = 0
 
     def ended(self) -> str | None:
         try:
@@ -64,9 +68,23 @@ class TrainerEndWatch:
             with open(os.path.join(self.folder, name), "rb") as f:
                 for line in f:
                     event = _event(line)
+                    recent = event.get("time", 0) >= self.since
+                    self.attempts_seen += recent and event.get("event") == "attempt"
+                    if event.get("event") == "failed" and event.get("retry") is not False \
+                            and 1 < self.attempts and self.attempts_seen < self.attempts:
+                        continue
                     if event.get("event") in END_EVENTS and event.get("time", 0) >= self.since:
                         return f"the trainer has {event['event']}"
         return None
+
+
+def _attempts(run_dir: str) -> int:
+    try:
+        with open(os.path.join(run_dir, SPEC_FILE)) as f:
+            attempts = json.load(f).get("attempts", 1)
+    except (OSError, ValueError, AttributeError):
+        return 1
+    return attempts if isinstance(attempts, int) else 1
 
 
 def _event(line: bytes) -> dict:

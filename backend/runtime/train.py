@@ -13,7 +13,6 @@ A preempted run started again on the same folder resumes from its latest checkpo
 import argparse
 import json
 import os
-import sys
 
 from .common import (
     checkpoint_step,
@@ -30,7 +29,7 @@ from .layout import CHECKPOINTS_DIR, SPEC_FILE, TRAINER_WRITER, write_event
 from .metrics_callback import ProfiledSeconds, RunFolderCallback
 from .redact import remember_env_secrets
 from .rewards import run_rewards
-from .run_end import record_end, stop_on_sigterm
+from .run_end import leave, record_end, stop_on_sigterm
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import TINY_MODEL, benchmark_note, no_progress_bars
 from .versions import mark_superseded, published_versions
@@ -149,8 +148,7 @@ def main() -> None:
     except BaseException as error:
         rank = process_rank()
         writer = TRAINER_WRITER if rank == 0 else f"{TRAINER_WRITER}-rank{rank}"
-        message = record_end(run_dir, writer, error, callback.flush, details=failure_fields)
-        sys.exit(f"training failed: {message}")
+        leave(record_end(run_dir, writer, error, callback.flush, details=failure_fields))
 
 
 if __name__ == "__main__":

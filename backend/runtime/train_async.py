@@ -44,15 +44,14 @@ from .layout import (
 )
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import start_proxy_process
+from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
-from .run_end import record_end, stop_on_sigterm
+from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
-
-REPLICAS_ENV = "VLLM_REPLICA_URLS"
 
 
 class AsyncRunFolderCallback(RunFolderCallback):
@@ -127,10 +126,14 @@ def _drain(rollouts) -> None:
 
 
 def replica_urls(cli_urls: list[str] | None) -> list[str]:
+    """The replicas' URLs; on the run's network group `${HF_NETWORK_GROUP_PREFIX}<alias>` as this job names them."""
     urls = cli_urls or [u.strip() for u in os.environ.get(REPLICAS_ENV, "").split(",") if u.strip()]
     if not urls:
         sys.exit(f"no vLLM replicas: pass --replica URL (repeatable) or set {REPLICAS_ENV}")
-    return urls
+    try:
+        return [expand_replica_url(u) for u in urls]
+    except ValueError as error:
+        sys.exit(str(error))
 
 
 def wait_for_replicas(proxy_url: str, timeout_s: float) -> int:
@@ -264,7 +267,9 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
     """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
     proxy = None
     try:
-        proxy = callback.proxy = start_proxy_process(urls, stats_dir=os.path.join(run_dir, METRICS_DIR))
+        proxy = callback.proxy = start_proxy_process(
+            urls, stats_dir=os.path.join(run_dir, METRICS_DIR), host=os.environ.get(PROXY_HOST_ENV, "127.0.0.1"),
+            port=int(os.environ.get(PROXY_PORT_ENV) or 0))
         healthy = wait_for_replicas(proxy.url, replica_wait_s)
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)
@@ -319,7 +324,7 @@ def main() -> None:
     except BaseException as error:     # stopping the proxy failed, or a second SIGTERM arrived meanwhile
         message = record_end(run_dir, TRAINER_WRITER, error, callback.flush, details=failure_fields)
     if message:
-        sys.exit(f"training failed: {message}")
+        leave(message)
 
 
 if __name__ == "__main__":
