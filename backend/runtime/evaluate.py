@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,6 +46,7 @@ from .task import render_prompt
 
 SAMPLES_SHOWN = 4           # held-out prompts whose answers a record keeps, for the samples view
 REQUEST_TIMEOUT_S = 300.0
+RETRIES = 3                 # of a held-out request the proxy answered 503
 
 
 def eval_rewards(spec: dict) -> list[tuple[str, object, float]]:
@@ -259,9 +261,17 @@ class ReplicaGenerator:
                 "temperature": 0.0 if self.greedy else self.temperature, "skip_special_tokens": True}
         request = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-            choices = sorted(json.load(response)["choices"], key=lambda c: c.get("index", 0))
-        return [c.get("text") or "" for c in choices]
+        for attempt in range(RETRIES + 1):
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                    choices = sorted(json.load(response)["choices"], key=lambda c: c.get("index", 0))
+                return [c.get("text") or "" for c in choices]
+            except urllib.error.HTTPError as error:
+                # 503: the proxy found no healthy replica for a moment (a busy one misses its health check).
+                if error.code != 503 or attempt == RETRIES:
+                    raise
+            time.sleep(2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def __call__(self, prompts: list, version: int) -> list[list[str]]:
         return list(self.pool.map(lambda p: self._ask(p, version), prompts))
