@@ -16,7 +16,7 @@ from backend.runtime import layout, rewards
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.spec import RunSpec
-from backend.vllm_args import vllm_server_args
+from backend.vllm_args import vllm_serve_command, vllm_server_args
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
@@ -126,9 +126,8 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         wrapper += wrapper_args
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
-        serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
-                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
-                                   max_model_len=spec.replica_max_model_len or None, **options)]
+        serve = vllm_serve_command(vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
+                                                    max_model_len=spec.replica_max_model_len or None, **options))
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = engine(spec.executor).replica_env()
         if cpu_binds:

@@ -85,6 +85,14 @@ def test_the_final_adapter_checkpoints_and_events_are_in_the_run_folder(run):
         f"trl-policy-v{n}" for n in range(1, LAST_VERSION + 1)]
 
 
+def test_the_replicas_start_with_vllm_serve_not_the_deprecated_module(run):
+    pool, _, _ = run
+    for i in range(len(pool.urls)):
+        with open(pool.log_path(i), errors="replace") as f:
+            log = f.read()
+        assert "Application startup complete" in log and "api_server` command is deprecated" not in log, log[-2000:]
+
+
 def test_the_token_is_in_no_log_and_no_file(run):
     _, run_dir, output = run
     assert API_KEY not in output

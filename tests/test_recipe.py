@@ -108,7 +108,7 @@ def test_a_benchmarking_model_is_built_in_the_run_folder_and_replicas_wait_for_i
     assert (f"runtime.tiny_model --out {spec.run_path}/base-model --seed 0 --name builtin:bench-qwen2.5-1.5b"
             in trainer.command[2])
     assert f"--wait-for {spec.run_path}/base-model" in replica.command[2]
-    assert f"--model {spec.run_path}/base-model" in replica.command[2]
+    assert f"-- vllm serve {spec.run_path}/base-model --host" in replica.command[2]
     assert [e.field for e in RunSpec(model="builtin:bench-qwen2.5-7b").validate()] == ["model"]
 
 
