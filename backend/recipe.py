@@ -23,6 +23,7 @@ TRL_VERSION = "1.16.0"
 PEFT_VERSION = "0.21.2"
 VLLM_IMAGE = RunSpec.image   # the default; a run's jobs use its spec.image
 RUNTIME_PIP = f"trl=={TRL_VERSION} peft=={PEFT_VERSION}"
+TRACKIO_PIP = "trackio==0.43.0"   # as requirements-runtime.txt pins it (works with huggingface_hub 2.x)
 REPLICA_PORT = 8000
 TOKEN_SECRET = "HF_TOKEN"
 REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
@@ -62,7 +63,8 @@ def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> 
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself."""
     lines = [shlex.join(s) for s in steps]
     if install and engine(spec.executor).installs_runtime:
-        lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *reward_packages(spec)])}")
+        trackio = [TRACKIO_PIP] if spec.trackio else []
+        lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *trackio, *reward_packages(spec)])}")
     lines[-1] = "exec " + lines[-1]
     return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
 

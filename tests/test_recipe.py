@@ -1,6 +1,7 @@
 """The recipe: RunSpec -> JobSpecs, pure and previewable."""
 
 import shlex
+from dataclasses import replace
 
 from backend import recipe
 from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
@@ -28,6 +29,9 @@ def test_colocated_hf_job_installs_pinned_trl_and_takes_the_token_as_a_secret():
     assert job.image == recipe.VLLM_IMAGE and job.flavor == "a10g-large" and job.namespace == "alice"
     assert job.secrets == ("HF_TOKEN",) and "HF_TOKEN" not in job.env
     assert f"pip install --quiet trl=={recipe.TRL_VERSION} peft=={recipe.PEFT_VERSION}" in job.command[2]
+    assert "trackio" not in job.command[2], "trackio is installed only for a run that logs to it"
+    [tracked] = recipe.colocated_jobs(replace(spec, trackio=True, trackio_space="alice/tracker"))
+    assert f"peft=={recipe.PEFT_VERSION} {recipe.TRACKIO_PIP} " in tracked.command[2]
     assert "python -m accelerate.commands.launch --num_processes 2 --num_machines 1" in job.command[2]
     assert job.command[2].endswith("-m runtime.train --run-dir /bucket/runs/" + spec.run_id)
     assert "runtime.tiny_model" not in job.command[2]
