@@ -20,6 +20,7 @@ are only these six: none of the UI's event handlers is a tool.
 
 import base64
 import contextlib
+import dataclasses
 import hmac
 import logging
 
@@ -30,7 +31,7 @@ from starlette.routing import Mount
 from backend.access import ANONYMOUS, Refused, Visitor
 from backend.launch import LaunchError
 from backend.runtime.redact import redact_record, redact_tokens
-from backend.spec import SpecError
+from backend.spec import FieldError, RunSpec, SpecError
 from panel.actions import Panel
 from panel.presets import PRESETS, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
@@ -39,6 +40,9 @@ log = logging.getLogger(__name__)
 
 MCP_PATH = "/gradio_api/mcp"     # where Gradio serves its own MCP server: clients configured for it find this one
 TOOLS = ("list_runs", "run_status", "run_adapters", "preview_run", "launch_run", "cancel_run")
+# What a caller may set: the launch form's fields, no more (not the image, the run's id or its creation time).
+FORM_FIELDS = frozenset({f.name for f in dataclasses.fields(RunSpec) if f.metadata.get("section")}
+                        | {"name", "mode", "executor", "model"})
 SIGN_IN = ("Send your Hugging Face token with each request (`Authorization: Bearer hf_...`): on a Space the tools "
            "act for the token's owner only, and show nothing to anonymous callers.")
 
@@ -75,6 +79,9 @@ def form_values(panel: Panel, visitor: Visitor, settings: dict, preset: str) -> 
     preset = preset or first
     if preset not in names:
         raise Refused(f"preset {preset!r} is not offered here; choose one of: {', '.join(names)}")
+    unknown = sorted(set(settings or {}) - FORM_FIELDS)
+    if unknown:
+        raise SpecError([FieldError(name, "is not a field of the launch form") for name in unknown])
     values = preset_values(preset, bucket=panel.default_bucket(visitor, PRESETS[preset]["executor"]))
     return {**values, **(settings or {})}
 
@@ -145,7 +152,12 @@ def build_server(panel: Panel) -> MCPServer:
             preset: a preset of the launch form; empty: the form's first one
         """
         who = visitor(ctx)
-        shown = _guarded(lambda: panel.preview(form_values(panel, who, settings or {}, preset), who))
+        try:
+            values = _guarded(lambda: form_values(panel, who, settings or {}, preset), SpecError)
+        except SpecError as exc:
+            return {"ok": False, "preview": redact_tokens(str(exc)), "review_code": None, "run_id": None,
+                    "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
+        shown = _guarded(lambda: panel.preview(values, who))
         return {"ok": not shown.fields and shown.run_id is not None, "preview": shown.markdown,
                 "review_code": shown.fingerprint, "run_id": shown.run_id, "fields_to_fix": list(shown.fields)}
 
@@ -162,8 +174,12 @@ def build_server(panel: Panel) -> MCPServer:
             run_id: the run id preview_run returned, so the launched run is the previewed one
         """
         who = visitor(ctx)
-        result = _guarded(lambda: panel.launch(form_values(panel, who, settings or {}, preset), who,
-                                               confirmed=review_code or None, run_id=run_id or None))
+        try:
+            values = _guarded(lambda: form_values(panel, who, settings or {}, preset), SpecError)
+        except SpecError as exc:
+            return {"launched": False, "run_id": None, "message": redact_tokens(f"Not launched: {exc}"),
+                    "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
+        result = _guarded(lambda: panel.launch(values, who, confirmed=review_code or None, run_id=run_id or None))
         answer = {"launched": result.run_id is not None, "run_id": result.run_id, "message": result.message,
                   "fields_to_fix": list(result.fields)}
         if result.preview is not None:
@@ -185,10 +201,12 @@ def build_server(panel: Panel) -> MCPServer:
     return server
 
 
-def _guarded(call):
-    """`call()`, with a refusal as the tool's error message (masked)."""
+def _guarded(call, passed=()):
+    """`call()`, with a refusal as the tool's error message (masked); exceptions of the `passed` kind go through."""
     try:
         return call()
+    except passed:
+        raise
     except (Refused, LaunchError, SpecError) as exc:
         raise ToolError(redact_tokens(str(exc))) from None
     except KeyError as exc:

@@ -382,6 +382,17 @@ def test_an_agent_previews_launches_only_with_the_review_code_reads_and_cancels_
     [cancelled] = as_alice(url, ("cancel_run", {"run_id": run_id}))
     assert cancelled["cancelled_jobs"] == [trainer]
     wait_until(lambda: hub.run_jobs[trainer].stage == "CANCELED")
+    # Hostile settings: what the form does not have, a token typed into a field, someone else's namespace.
+    hidden, planted, elsewhere = as_alice(url, ("preview_run", {"settings": {"image": "evil/miner", "run_id": run_id}}),
+                                          ("preview_run", {"settings": {"name": PLANTED}}),
+                                          ("preview_run", {"settings": {"bucket": "carol/runs"}}))
+    assert not hidden["ok"] and hidden["fields_to_fix"] == ["image", "run_id"], hidden
+    assert not planted["ok"] and planted["fields_to_fix"] == ["name"] and PLANTED not in json.dumps(planted)
+    [foreign] = as_alice(url, ("launch_run", {"settings": {"bucket": "carol/runs"},
+                                              "review_code": elsewhere.get("review_code") or "",
+                                              "run_id": elsewhere.get("run_id") or ""}))
+    assert not foreign.get("launched") and "belong to someone else" in json.dumps([elsewhere, foreign]), foreign
+    assert not any(r.json["labels"].get(LABEL_RUN) == elsewhere.get("run_id") for r in hub.job_posts())
     everything = json.dumps([preview, unreviewed, wrong, launched, runs, status, adapters, cancelled])
     assert ALICE not in everything
     print(f"preview, refused launches, launch, reads and cancel over MCP: {time.monotonic() - started:.1f} s")
