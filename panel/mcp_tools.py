@@ -5,8 +5,9 @@ the cost and a review code), `launch_run` (a billed run only with the review cod
 form's *I reviewed* box), `cancel_run`. Each tool calls the same `Panel` / `Operations` methods as the UI's
 buttons, with the same visitor rules (backend/access.py):
 
-- On a Space the caller is whoever their Hugging Face token says: `Authorization: Bearer hf_...` (an OAuth or a
-  user token), never the Space's; a caller without one gets nothing, not even the runs list.
+- On a Space the caller is whoever their Hugging Face token says: `Authorization: Bearer hf_...` (or
+  `X-HF-Authorization`, as clients of private Spaces send it; an OAuth or a user token), never the Space's; a
+  caller without one gets nothing, not even the runs list.
 - Elsewhere the caller is the local UI's visitor: the host's token where the panel lends it; behind a panel login
   (`GRPO_PANEL_AUTH=user:password`) only with the same user and password (`Authorization: Basic`). A panel on
   loopback answers only requests for a loopback host (the MCP SDK's DNS rebinding protection), so a web page
@@ -52,6 +53,8 @@ def caller(headers, panel: Panel) -> Visitor:
     settings = panel.settings
     kind, _, credential = (headers.get("authorization") or "").partition(" ")
     if settings.on_space:
+        # Clients of Spaces also send the token as X-HF-Authorization (a private Space's proxy reads Authorization).
+        kind, _, credential = (headers.get("x-hf-authorization") or f"{kind} {credential}").partition(" ")
         if kind.lower() != "bearer" or not credential.strip():
             raise Refused(SIGN_IN)
         return Visitor(token=credential.strip())

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx2
 from mcp import ClientSession
@@ -31,7 +32,9 @@ def mcp_session(url: str, calls: list[tuple[str, dict]], headers: dict | None = 
                 text = "".join(part.text for part in result.content)
                 answers.append({"error": text} if result.is_error else json.loads(text))
             return answers
-    return asyncio.run(run())
+    # A thread of its own: a test driving a browser with Playwright's sync API already runs an event loop here.
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(lambda: asyncio.run(run())).result()
 
 
 def initialize_status(url: str, host: str | None = None) -> int:
