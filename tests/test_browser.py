@@ -266,10 +266,16 @@ def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a
     """The run the test above launched, read with the panel's MCP tools by a real MCP client."""
     runs, = mcp_session(app_url, [("list_runs", {"query": "tiny-demo"})])
     [run] = [r for r in runs["runs"] if r["name"] == "tiny-demo"]
-    status, adapters, preview, bad = mcp_session(app_url, [
-        ("run_status", {"run_id": run["run"]}), ("run_adapters", {"run_id": run["run"], "newest": 3}),
-        ("preview_run", {"settings": {"max_steps": 5}}), ("preview_run", {"settings": {"bogus": 1}})])
-    assert status["stage"] in ("RUNNING", "COMPLETED") and status["latest_metrics"]["step"] == 200, status
+    deadline = time.time() + 300
+    while True:
+        status, = mcp_session(app_url, [("run_status", {"run_id": run["run"]})])
+        if status["stage"] == "COMPLETED" or time.time() > deadline:
+            break
+        time.sleep(2)
+    adapters, preview, bad = mcp_session(app_url, [
+        ("run_adapters", {"run_id": run["run"], "newest": 3}), ("preview_run", {"settings": {"max_steps": 5}}),
+        ("preview_run", {"settings": {"bogus": 1}})])
+    assert status["stage"] == "COMPLETED" and status["latest_metrics"]["step"] == 200, status
     assert isinstance(status["latest_metrics"]["reward"], float) and status["engine"].startswith("transformers")
     assert [a["name"] for a in adapters["adapters"]] == ["trl-policy-v10", "trl-policy-v9", "trl-policy-v8"]
     assert preview["ok"] and "runtime.train" in preview["preview"], "the local UI's preset and preview"
