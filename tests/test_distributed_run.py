@@ -30,7 +30,7 @@ def run(request, tmp_path_factory):
         mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], max_steps=MAX_STEPS,
         adapter_every=1, checkpoint_every=2, max_staleness=MAX_STALENESS, replicas=2, per_device_batch_size=8,
         num_generations=4, max_completion_length=16, max_inflight_tasks=8, queue_maxsize=32,
-        max_tokens_per_batch=512, lora_r=8,
+        max_tokens_per_batch=512, lora_r=8, name="tiny-distributed", trackio=True,
     ).check()
     (run_dir / "spec.json").write_text(spec.to_json())
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(pool.urls),
@@ -91,6 +91,21 @@ def test_the_replicas_start_with_vllm_serve_not_the_deprecated_module(run):
         with open(pool.log_path(i), errors="replace") as f:
             log = f.read()
         assert "Application startup complete" in log and "api_server` command is deprecated" not in log, log[-2000:]
+
+
+def test_the_async_trainer_also_logs_the_run_to_a_local_trackio_project(run):
+    _, run_dir, _ = run
+    folder = os.path.join(run_dir, "trackio")
+    code = ("import json, trackio; from trackio.sqlite_storage import SQLiteStorage; "
+            "runs = [r.name for r in trackio.Api().runs('grpo-panel')]; "
+            "print(json.dumps({'runs': runs, 'logs': SQLiteStorage.get_logs('grpo-panel', runs[0], scalar_only=True)},"
+            " default=str))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRACKIO_DIR": folder},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["runs"] == ["tiny-distributed"]
+    assert sorted(log["step"] for log in found["logs"] if "train/reward" in log) == list(range(1, MAX_STEPS + 1))
 
 
 def test_the_token_is_in_no_log_and_no_file(run):
