@@ -62,8 +62,8 @@ def test_the_ui_builds_with_every_control(panel):
     demo = build_ui(panel)
     ids = {getattr(block, "elem_id", None) for block in demo.blocks.values()}
     wanted = {"preset", "f-lora_r", "f-flavor", "f-trackio", "f-trackio_space", "confirm", "launch-btn", "run-pick",
-              "cancel-btn", "resume-btn", "reward-plot", "staleness-plot", "util-plot", "ratio-plot", "adapters-table", "replicas-table",
-              "final-btn", "log-query", "log-btn", "log-box"}
+              "cancel-btn", "resume-btn", "reward-plot", "staleness-plot", "util-plot", "ratio-plot", "adapters-table",
+              "replicas-table", "final-btn", "log-query", "log-btn", "log-box"}
     assert wanted <= ids, wanted - ids
     by_id = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
     assert by_id["f-lora_r"].label == "Rank r" and by_id["f-lora_r"].info.endswith("; 1 to 512")
