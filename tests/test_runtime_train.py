@@ -213,7 +213,8 @@ def test_the_run_is_also_a_run_of_a_local_trackio_project_with_its_name_and_metr
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["runs"] == ["tiny-tracked"], "one trackio run, named as the panel's run"
-    rewards = {log["step"]: log["train/reward"] for log in found["logs"] if "train/reward" in log}
+    # trackio numbers its own log calls; the trainer's step is train/global_step.
+    rewards = {log["train/global_step"]: log["train/reward"] for log in found["logs"] if "train/reward" in log}
     panel = {r["step"]: r["reward"] for r in metric_records(str(run_dir))}
     assert sorted(rewards) == sorted(panel) == [1, 2, 3, 4, 5, 6]
     assert all(math.isclose(rewards[s], panel[s], rel_tol=1e-6) for s in panel), (rewards, panel)
