@@ -10,6 +10,7 @@ login), GRPO_PANEL_ALLOW_HOST_TOKEN=1 (let visitors of a panel reachable from ot
 machine's token), GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder),
 GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datasets-server.huggingface.co),
 GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 0: never).
+MCP tools for agents: http://127.0.0.1:7860/gradio_api/mcp/ (docs/mcp.md).
 """
 
 import atexit
@@ -26,6 +27,7 @@ from backend.access import Deployment
 from backend.executors.local import LocalExecutor
 from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
+from panel.mcp_tools import mcp_lifespan
 from panel.ui import CSS, KEEP_CLEARED_CHOICES, build_ui
 
 log = logging.getLogger("grpo-panel")
@@ -55,7 +57,10 @@ def main() -> None:
         auth=[deployment.auth] if deployment.auth else None,
         # Gradio keeps each call's inputs in the browser's local storage by default: a webhook URL or reward code
         # typed into the form would stay there. Off, which also deletes what an earlier version left there.
-        run_history=False)
+        run_history=False,
+        # The panel's actions as MCP tools for agents, at /gradio_api/mcp/ (panel/mcp_tools.py says why not
+        # Gradio's own mcp_server=True).
+        app_kwargs={"lifespan": mcp_lifespan(panel)})
     # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
     # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
     # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),

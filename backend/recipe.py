@@ -19,13 +19,14 @@ from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AU
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.spec import RunSpec
-from backend.vllm_args import vllm_server_args
+from backend.vllm_args import vllm_serve_command, vllm_server_args
 
 # Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
 TRL_VERSION = "1.16.0"
 PEFT_VERSION = "0.21.2"
 VLLM_IMAGE = RunSpec.image   # the default; a run's jobs use its spec.image
 RUNTIME_PIP = f"trl=={TRL_VERSION} peft=={PEFT_VERSION}"
+TRACKIO_PIP = "trackio==0.43.0"   # as requirements-runtime.txt pins it (works with huggingface_hub 2.x)
 REPLICA_PORT = 8000
 PROXY_PORT = 8000          # a private-network trainer's one exposed port: its proxy, for the panel (visitor's token)
 NETWORK_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"   # expanded inside a job: members reach `<prefix><alias>`
@@ -97,7 +98,8 @@ def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> 
     failure that a retry cannot fix stops there."""
     lines = [shlex.join(s) for s in steps]
     if install and engine(spec.executor).installs_runtime:
-        lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *reward_packages(spec)])}")
+        trackio = [TRACKIO_PIP] if spec.trackio else []
+        lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *trackio, *reward_packages(spec)])}")
     if install:
         lines.insert(0, shlex.join([PY, "-m", "runtime.attempt", "--run-dir", spec.run_path]))
     lines[-1] = "exec " + lines[-1]
@@ -163,9 +165,8 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         wrapper += wrapper_args
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
-        serve = [PY, "-m", "vllm.entrypoints.openai.api_server",
-                 *vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
-                                   max_model_len=spec.replica_max_model_len or None, **options)]
+        serve = vllm_serve_command(vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
+                                                    max_model_len=spec.replica_max_model_len or None, **options))
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = engine(spec.executor).replica_env()
         gap = engine(spec.executor).retry_gap_s

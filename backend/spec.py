@@ -265,6 +265,16 @@ class RunSpec:
         "label": "Resource group id (HF Jobs, org)", "section": STORAGE,
         "help": "create the jobs in this resource group of the bucket's organisation, so its access rules and "
                 "spending limits apply (the id from the org's settings, 24 hex digits); empty: none"})
+    # trackio: the run in the visitor's own tracker too (the trainer's report_to="trackio"; runtime/common.py)
+    trackio: bool = field(default=False, metadata={
+        "label": "Also log to trackio", "section": STORAGE,
+        "help": "the trainer also reports its metrics to trackio under the run's name; the panel's charts stay"})
+    trackio_project: str = field(default="grpo-panel", metadata={
+        "label": "trackio project", "section": STORAGE, "help": "the trackio project the run appears in"})
+    trackio_space: str = field(default="", metadata={
+        "label": "trackio Space (optional)", "section": STORAGE,
+        "help": "a Space (you/name) trackio logs to, created if need be (HF Jobs); empty: the run's own folder "
+                "runs/<id>/trackio/ in the bucket"})
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
         "help": "container image of HF Jobs runs; pinned with TRL 1.16, which supports vLLM 0.22-0.31"})
     run_id: str = field(default="", metadata={"help": "the run's id, <UTC time>-<6 hex>; empty: made on creation"})
@@ -371,6 +381,7 @@ class RunSpec:
         need(billed(self.executor) or not self.resource_group_id, "resource_group_id",
              "resource groups are for runs on Hugging Face Jobs: leave it empty for local runs")
         errs += _check_bucket(self.bucket, self.executor)
+        errs += _check_trackio(self)
         mount = os.path.normpath(self.mount_path or "")
         need(mount not in SYSTEM_FOLDERS and not mount.startswith(("/proc/", "/dev/", "/sys/")), "mount_path",
              f"{self.mount_path!r} would hide a system folder inside every job; use a folder of its own such as "
@@ -426,6 +437,22 @@ def _check_model(model: str, executor: str) -> list[FieldError]:
     if not os.path.isfile(os.path.join(path, "config.json")):
         return [FieldError("model", f"{model!r} has no config.json; is it a transformers model folder?")]
     return []
+
+
+def _check_trackio(spec: RunSpec) -> list[FieldError]:
+    if not spec.trackio:
+        return []
+    errs = []
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}", spec.trackio_project or ""):
+        errs.append(FieldError("trackio_project", "use 1-96 letters, digits, '-', '_' or '.', starting with a "
+                                                  "letter or digit, e.g. grpo-panel"))
+    if spec.trackio_space and not HUB_ID.match(spec.trackio_space):
+        errs.append(FieldError("trackio_space", "write the Space as 'namespace/name', e.g. 'my-user/trackio', or "
+                                                "leave it empty to log into the run's own folder"))
+    elif spec.trackio_space and not reaches_hub(spec.executor):
+        errs.append(FieldError("trackio_space", "local runs do not reach the Hub: leave it empty (the run logs to "
+                                                "trackio in its own folder), or run on Hugging Face Jobs"))
+    return errs
 
 
 def bucket_name_problem(name: str) -> str | None:

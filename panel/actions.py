@@ -148,6 +148,8 @@ class Panel:
             lines.append(f"⚠️ Not launchable as it is: {shown.expiry}")
         if shown.note:
             lines.append(shown.note)
+        if spec.trackio:
+            lines.append(trackio_line(spec))
         for job, command in zip(jobs, shown.commands):
             lines.append(f"```bash\n# {job.role}\n{command}\n```")
         return Preview(redact_tokens("\n\n".join(lines)), spec.fingerprint(), spec.run_id)
@@ -374,6 +376,13 @@ def _cost_line(jobs: list[JobSpec], cost: CostEstimate) -> str:
     attempts = f" x {jobs[0].attempts} attempts (a retry can run its timeout again)" if jobs[0].attempts > 1 else ""
     return (f"Estimated cost at most **${cost.usd:.2f}**{note}: price per hour x timeout "
             f"({jobs[0].timeout_s // 60} min){attempts} for each job: {per_job}.")
+
+
+def trackio_line(spec: RunSpec) -> str:
+    """Where the run also logs to trackio, as the preview says it."""
+    where = (f"the Space `{spec.trackio_space}` (created if need be)" if spec.trackio_space else
+             f"the run's own folder `{spec.run_path}/trackio/` (`TRACKIO_DIR=<it> trackio show`)")
+    return f"Also logs to trackio: project `{spec.trackio_project}`, run `{spec.name}`, in {where}."
 
 
 def engine_label(spec: RunSpec) -> str:

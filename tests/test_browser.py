@@ -17,6 +17,8 @@ import zipfile
 
 import pytest
 
+from tests.mcp_client import initialize_status, mcp_session
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
@@ -344,6 +346,28 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     assert {"adapter_config.json", "adapter_model.safetensors"} <= names
     _a_version_downloads_and_tries_beside_the_base_model(page, app_home)
     _one_training_prompt_is_followed_across_steps(page)
+
+
+def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a_loopback_host(app_url):
+    """The run the test above launched, read with the panel's MCP tools by a real MCP client."""
+    runs, = mcp_session(app_url, [("list_runs", {"query": "tiny-demo"})])
+    [run] = [r for r in runs["runs"] if r["name"] == "tiny-demo"]
+    deadline = time.time() + 300
+    while True:
+        status, = mcp_session(app_url, [("run_status", {"run_id": run["run"]})])
+        if status["stage"] == "COMPLETED" or time.time() > deadline:
+            break
+        time.sleep(2)
+    adapters, preview, bad = mcp_session(app_url, [
+        ("run_adapters", {"run_id": run["run"], "newest": 3}), ("preview_run", {"settings": {"max_steps": 5}}),
+        ("preview_run", {"settings": {"bogus": 1}})])
+    assert status["stage"] == "COMPLETED" and status["latest_metrics"]["step"] == 200, status
+    assert isinstance(status["latest_metrics"]["reward"], float) and status["engine"].startswith("transformers")
+    assert [a["name"] for a in adapters["adapters"]] == ["trl-policy-v10", "trl-policy-v9", "trl-policy-v8"]
+    assert preview["ok"] and "runtime.train" in preview["preview"], "the local UI's preset and preview"
+    assert not bad["ok"] and bad["fields_to_fix"] == ["bogus"] and "not a field of the launch form" in bad["preview"]
+    # A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) reaches the port, not the tools.
+    assert (initialize_status(app_url, host="attacker.example"), initialize_status(app_url)) == (421, 200)
 
 
 def test_a_local_distributed_run_from_the_browser(page):

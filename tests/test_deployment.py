@@ -1,11 +1,15 @@
 """What the deployment decides before any click: the Space's packages, who gets a token, what the form offers."""
 
+import base64
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
-from backend.access import Deployment, Visitor, acting_token, local_runs_problem
+import pytest
+
+from backend.access import Deployment, Refused, Visitor, acting_token, local_runs_problem
 from panel.actions import Panel
 from panel.launch_view import presets_for
 
@@ -150,3 +154,26 @@ def test_a_closed_panel_exits_even_when_a_thread_would_keep_it_alive():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "waiting for threads: stuck-worker" in done.stderr, done.stderr[-2000:]
+
+
+def test_mcp_callers_are_visitors_by_the_uis_rules_and_a_panel_login_guards_the_tools(tmp_path):
+    from panel.mcp_tools import caller
+
+    space = SimpleNamespace(settings=Deployment(home=str(tmp_path), on_space=True))
+    assert caller({"authorization": "Bearer hf_visitorsOwnToken00000000000000"}, space).token == \
+        "hf_visitorsOwnToken00000000000000", "on a Space, the token's owner"
+    assert caller({"x-hf-authorization": "Bearer hf_viaTheSpacesHeader000000000000"}, space).token == \
+        "hf_viaTheSpacesHeader000000000000", "as clients of private Spaces send it"
+    for anonymous in ({}, {"authorization": "Bearer "}, {"authorization": "Basic b3BzOnMzY3JldA=="}):
+        with pytest.raises(Refused, match="Bearer"):
+            caller(anonymous, space)
+    local = SimpleNamespace(settings=Deployment(home=str(tmp_path), on_space=False))
+    assert caller({"authorization": "Bearer hf_someoneElse0000000000000000000"}, local).token is None, \
+        "a local panel's caller is its UI's visitor: the host's token where lent, never one a caller brings"
+    guarded = SimpleNamespace(settings=Deployment(home=str(tmp_path), on_space=False, host="0.0.0.0",
+                                                  auth=("ops", "s3cret")))
+    good = "Basic " + base64.b64encode(b"ops:s3cret").decode()
+    assert caller({"authorization": good}, guarded).token is None
+    for wrong in ("", "Basic " + base64.b64encode(b"ops:guess").decode(), "Bearer hf_x", "Basic !!!"):
+        with pytest.raises(Refused, match="login"):
+            caller({"authorization": wrong}, guarded)

@@ -31,7 +31,7 @@ def run(request, tmp_path_factory):
         adapter_every=1, checkpoint_every=2, max_staleness=MAX_STALENESS, replicas=2, per_device_batch_size=8,
         num_generations=4, max_completion_length=16, max_inflight_tasks=8, queue_maxsize=32,
         max_tokens_per_batch=512, lora_r=8, eval_source="split", monitor_rewards=["length_target"],
-        eval_max_inflight=2,
+        eval_max_inflight=2, name="tiny-distributed", trackio=True,
     ).check()
     (run_dir / "spec.json").write_text(spec.to_json())
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(pool.urls),
@@ -105,6 +105,31 @@ def test_every_synced_version_is_scored_on_the_held_out_set_by_the_replicas_and_
     assert best["why"].endswith(f"of {LAST_VERSION} evaluated versions")
     assert {"adapter_config.json", "adapter_model.safetensors", "version.json"} <= set(
         os.listdir(os.path.join(run_dir, "best")))
+
+
+def test_the_replicas_start_with_vllm_serve_not_the_deprecated_module(run):
+    pool, _, _ = run
+    for i in range(len(pool.urls)):
+        with open(pool.log_path(i), errors="replace") as f:
+            log = f.read()
+        assert "Application startup complete" in log and "api_server` command is deprecated" not in log, log[-2000:]
+
+
+def test_the_async_trainer_also_logs_the_run_to_a_local_trackio_project(run):
+    _, run_dir, _ = run
+    folder = os.path.join(run_dir, "trackio")
+    code = ("import json, trackio; from trackio.sqlite_storage import SQLiteStorage; "
+            "runs = [r.name for r in trackio.Api().runs('grpo-panel')]; "
+            "print(json.dumps({'runs': runs, 'logs': SQLiteStorage.get_logs('grpo-panel', runs[0], scalar_only=True)},"
+            " default=str))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRACKIO_DIR": folder},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["runs"] == ["tiny-distributed"]
+    # trackio numbers its own log calls (the rollout traces take some); the trainer's step is train/global_step.
+    steps = sorted(log["train/global_step"] for log in found["logs"] if "train/reward" in log)
+    assert steps == list(range(1, MAX_STEPS + 1)), found["logs"][:3]
 
 
 def test_the_token_is_in_no_log_and_no_file(run):

@@ -53,7 +53,10 @@ def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
     assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
     assert ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, greedy, at every "
             "published adapter version, at most 3 requests in flight.") in text
+    assert "-- vllm serve " in text and "trackio" not in text
     assert token not in text
+    tracked = panel.preview({"trackio": True, "name": "tracked"}).markdown
+    assert "Also logs to trackio: project `grpo-panel`, run `tracked`, in the run's own folder" in tracked
 
 
 def test_the_ui_builds_with_every_control(panel):
@@ -61,9 +64,9 @@ def test_the_ui_builds_with_every_control(panel):
 
     demo = build_ui(panel)
     ids = {getattr(block, "elem_id", None) for block in demo.blocks.values()}
-    wanted = {"preset", "f-lora_r", "f-flavor", "confirm", "launch-btn", "run-pick", "cancel-btn", "resume-btn",
-              "reward-plot", "staleness-plot", "util-plot", "ratio-plot", "adapters-table", "replicas-table",
-              "final-btn", "log-query", "log-btn", "log-box"}
+    wanted = {"preset", "f-lora_r", "f-flavor", "f-trackio", "f-trackio_space", "confirm", "launch-btn", "run-pick",
+              "cancel-btn", "resume-btn", "reward-plot", "staleness-plot", "util-plot", "ratio-plot", "adapters-table",
+              "replicas-table", "final-btn", "log-query", "log-btn", "log-box"}
     assert wanted <= ids, wanted - ids
     by_id = {getattr(block, "elem_id", None): block for block in demo.blocks.values()}
     assert by_id["f-lora_r"].label == "Rank r" and by_id["f-lora_r"].info.endswith("; 1 to 512")

@@ -31,6 +31,9 @@ def test_colocated_hf_job_installs_pinned_trl_and_takes_the_token_as_a_secret():
     assert job.image == recipe.VLLM_IMAGE and job.flavor == "a10g-large" and job.namespace == "alice"
     assert job.secrets == ("HF_TOKEN",) and "HF_TOKEN" not in job.env
     assert f"pip install --quiet trl=={recipe.TRL_VERSION} peft=={recipe.PEFT_VERSION}" in job.command[2]
+    assert "trackio" not in job.command[2], "trackio is installed only for a run that logs to it"
+    [tracked] = recipe.colocated_jobs(replace(spec, trackio=True, trackio_space="alice/tracker"))
+    assert f"peft=={recipe.PEFT_VERSION} {recipe.TRACKIO_PIP} " in tracked.command[2]
     assert "python -m accelerate.commands.launch --num_processes 2 --num_machines 1" in job.command[2]
     assert job.command[2].endswith("-m runtime.train --run-dir /bucket/runs/" + spec.run_id)
     assert "runtime.tiny_model" not in job.command[2]
@@ -122,7 +125,7 @@ def test_a_benchmarking_model_is_built_in_the_run_folder_and_replicas_wait_for_i
     assert (f"runtime.tiny_model --out {spec.run_path}/base-model --seed 0 --name builtin:bench-qwen2.5-1.5b"
             in trainer.command[2])
     assert f"--wait-for {spec.run_path}/base-model" in replica.command[2]
-    assert f"--model {spec.run_path}/base-model" in replica.command[2]
+    assert f"-- vllm serve {spec.run_path}/base-model --host" in replica.command[2]
     assert [e.field for e in RunSpec(model="builtin:bench-qwen2.5-7b").validate()] == ["model"]
 
 

@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNTIME_SRC = Path(__file__).resolve().parents[1] / "backend" / "runtime"
 JOB_TIMEOUT_S = 150
+PLANTED_TOKEN = "hf_" + "TrAcKiOpLaNtEdToKeNtRaCkIoPlAnTeD"
 
 
 # ---- rewards
@@ -139,9 +140,9 @@ def write_job(run_dir: Path, **overrides) -> None:
     (run_dir / layout.SPEC_FILE).write_text(RunSpec(**overrides).to_json())
 
 
-def run_job(run_dir: Path, watch=lambda: None, expect_rc: int = 0) -> str:
+def run_job(run_dir: Path, watch=lambda: None, expect_rc: int = 0, env: dict | None = None) -> str:
     """Run the trainer as a job would, calling watch() while it runs; return its stdout."""
-    env = {**os.environ, "PYTHONPATH": str(run_dir / layout.CODE_DIR), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(run_dir / layout.CODE_DIR), "HF_HUB_OFFLINE": "1", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "runtime.train", "--run-dir", str(run_dir)], cwd=run_dir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -175,10 +176,12 @@ def watch_adapters(run_dir: Path, seen: set[str]):
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
+    # "Also log to trackio" on, with no Space: the run's own folder holds a local trackio project. The job's token
+    # is planted to prove it reaches none of trackio's files.
     write_job(run_dir, max_steps=6, adapter_every=2, checkpoint_every=3, seed=1, eval_source="split",
-              monitor_rewards=["format"])
+              monitor_rewards=["format"], name="tiny-tracked", trackio=True)
     seen: set[str] = set()
-    out = run_job(run_dir, watch_adapters(run_dir, seen))
+    out = run_job(run_dir, watch_adapters(run_dir, seen), env={"HF_TOKEN": PLANTED_TOKEN})
     return run_dir, out, seen
 
 
@@ -196,6 +199,31 @@ def test_training_job_writes_live_metrics_with_canonical_keys(trained_run):
     assert out.count("TRL currently supports vLLM versions") <= 1, "TRL's version warning is said at most once"
     assert "pin_memory" not in out, "no pinned-memory warning on a machine without an accelerator"
     assert "it/s]" not in out, "no progress bars: the panel reads the log line by line"
+
+
+def test_the_run_is_also_a_run_of_a_local_trackio_project_with_its_name_and_metrics_and_no_token(trained_run):
+    run_dir, _, _ = trained_run
+    folder = run_dir / layout.TRACKIO_DIR
+    # Read back with trackio's own API, in a process of its own: trackio reads TRACKIO_DIR when it is imported.
+    code = ("import json, trackio; from trackio.sqlite_storage import SQLiteStorage; "
+            "runs = list(trackio.Api().runs('grpo-panel')); "
+            "print(json.dumps({'runs': [r.name for r in runs], 'config': runs[0].config, "
+            "'logs': SQLiteStorage.get_logs('grpo-panel', runs[0].name, scalar_only=True)}, default=str))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRACKIO_DIR": str(folder)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["runs"] == ["tiny-tracked"], "one trackio run, named as the panel's run"
+    # trackio numbers its own log calls; the trainer's step is train/global_step.
+    rewards = {log["train/global_step"]: log["train/reward"] for log in found["logs"] if "train/reward" in log}
+    panel = {r["step"]: r["reward"] for r in metric_records(str(run_dir))}
+    assert sorted(rewards) == sorted(panel) == [1, 2, 3, 4, 5, 6]
+    assert all(math.isclose(rewards[s], panel[s], rel_tol=1e-6) for s in panel), (rewards, panel)
+    assert found["config"].get("learning_rate") == RunSpec().learning_rate, "transformers' config went with it"
+    assert PLANTED_TOKEN not in done.stdout
+    for path in folder.rglob("*"):
+        if path.is_file():
+            assert PLANTED_TOKEN.encode() not in path.read_bytes(), f"the token is in trackio's {path.name}"
 
 
 def test_the_vllm_version_warning_is_said_once_and_other_warnings_pass_through(tmp_path):

@@ -61,11 +61,20 @@ def test_the_replica_waits_for_the_base_model(tmp_path):
 def test_float32_is_asked_for_only_where_cuda_is_absent():
     from backend.runtime.serve_replica import with_dtype_without_cuda
 
-    serve = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    serve = ["vllm", "serve", "m"]
     assert with_dtype_without_cuda(serve, "float32", lambda: False) == [*serve, "--dtype", "float32"]
     assert with_dtype_without_cuda(serve, "float32", lambda: True) == serve, "vLLM's own dtype on a GPU"
     assert with_dtype_without_cuda([*serve, "--dtype", "half"], "float32", lambda: False) == [*serve, "--dtype", "half"]
     assert with_dtype_without_cuda(serve, None, lambda: False) == serve
+
+
+def test_vllm_serve_runs_as_given_where_the_vllm_script_works_and_through_vllm_cli_on_the_cpu_build():
+    from backend.runtime.serve_replica import server_command
+
+    serve = ["vllm", "serve", "/bucket/base-model", "--port", "8000"]
+    assert server_command(serve, lambda: True) == serve, "the GPU image's own `vllm` script"
+    assert server_command(serve, lambda: False) == [sys.executable, "-m", "backend.runtime.vllm_cli", *serve[1:]]
+    assert server_command(SERVER, lambda: False) == SERVER, "another server command is left as it is"
 
 
 def test_the_servers_sockets_go_in_a_folder_of_its_own_that_is_removed_when_it_stops(tmp_path):

@@ -46,6 +46,9 @@ BAD = [
     ({"mode": "distributed", "max_staleness": -1}, "max_staleness", "between 0 and 16"),
     ({"mode": "distributed", "max_tokens_per_batch": 4}, "max_tokens_per_batch", "at least one completion"),
     ({"temperature": 0}, "temperature", "> 0"),
+    ({"trackio": True, "trackio_project": "has space"}, "trackio_project", "letters, digits"),
+    ({"trackio": True, "trackio_space": "no-namespace"}, "trackio_space", "namespace/name"),
+    ({"trackio": True, "trackio_space": "me/tracker"}, "trackio_space", "local runs do not reach the Hub"),
 ]
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backend.vllm_args import VLLM_LORA_RANKS, round_lora_rank, vllm_server_args, vllm_server_env
+from backend.vllm_args import VLLM_LORA_RANKS, round_lora_rank, vllm_serve_command, vllm_server_args, vllm_server_env
 
 
 def _flag(args: list[str], name: str) -> str:
@@ -29,7 +29,9 @@ def test_adapter_slots_hold_every_servable_version_plus_the_one_being_loaded(sta
 
 def test_the_command_serves_lora_with_processed_logprobs_on_the_given_port():
     args = vllm_server_args("/bucket/runs/r/base-model", 8123, 16, 1, dtype="float32", extra_args=("--seed", "1"))
-    assert _flag(args, "--model") == "/bucket/runs/r/base-model"
+    command = vllm_serve_command(args)
+    assert command[:3] == ["vllm", "serve", "/bucket/runs/r/base-model"], "the model is `vllm serve`'s argument"
+    assert "--model" not in command
     assert _flag(args, "--port") == "8123" and _flag(args, "--host") == "0.0.0.0"
     assert "--enable-lora" in args and _flag(args, "--logprobs-mode") == "processed_logprobs"
     assert _flag(args, "--generation-config") == "vllm", "vLLM's sampling defaults, not the model card's"

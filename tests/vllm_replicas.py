@@ -64,7 +64,8 @@ class ReplicaPool:
         else:
             env["VLLM_CPU_OMP_THREADS_BIND"] = split_cores(list(os.sched_getaffinity(0)), len(self.ports))[i]
         with open(self.log_path(i), "ab") as log:
-            self.procs[i] = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+            # `vllm serve`, as replica jobs start it (runtime.serve_replica runs the CPU build's CLI this way).
+            self.procs[i] = subprocess.Popen([sys.executable, "-m", "backend.runtime.vllm_cli", "serve", *args],
                                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def alive(self, i: int) -> bool:

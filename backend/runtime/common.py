@@ -7,7 +7,7 @@ import re
 import traceback
 import warnings
 
-from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR
+from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR, TRACKIO_DIR
 from .redact import is_secret_env_name, redact_tokens
 from .task import TaskDataError, drop_long_prompts
 from .tiny_model import BUILTIN_MODELS, ensure_tiny_model
@@ -65,9 +65,27 @@ def shared_trainer_args(spec: dict) -> dict:
         # TRL defaults to bf16, which transformers refuses without a GPU ("Your setup doesn't support bf16/gpu").
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
         dataloader_pin_memory=torch.cuda.is_available(),  # pinning needs an accelerator; on CPU it only warns
-        report_to="none",
         disable_tqdm=True,  # the callback prints one plain progress line per step for the panel's log view
+        **trackio_args(spec),
     )
+
+
+def trackio_args(spec: dict) -> dict:
+    """What makes transformers' trackio callback report the run (RunSpec `trackio`): to the project, under the
+    run's name, in a Space the visitor named or else in the run's own folder (`trackio_folder`). Never a static
+    Space after training: no repo the visitor did not name."""
+    if not spec.get("trackio"):
+        return {"report_to": "none"}
+    return dict(report_to=["trackio"], project=spec.get("trackio_project") or "grpo-panel",
+                run_name=spec.get("name") or spec.get("run_id"), trackio_space_id=spec.get("trackio_space") or None,
+                trackio_static_space_id=False)
+
+
+def trackio_folder(spec: dict, run_dir: str) -> None:
+    """A run that logs to trackio without a Space keeps trackio's folder in its own (`trackio/`; `TRACKIO_DIR=<it>
+    trackio show` opens it). Called first thing: trackio reads TRACKIO_DIR once, when TRL first imports it."""
+    if spec.get("trackio") and not spec.get("trackio_space"):
+        os.environ["TRACKIO_DIR"] = os.path.join(run_dir, TRACKIO_DIR)
 
 
 def skip_long_prompts(spec: dict, model: str, data):

@@ -18,6 +18,8 @@
     runs/<run_id>/evals/<writer>-<seq>.jsonl    write-once held-out evaluation fragments, one record per evaluated
                                                 adapter version (runtime/evaluate.py says what a record holds)
     runs/<run_id>/best/                         the adapter of the best-scoring version so far, with best.json
+    runs/<run_id>/trackio/                      (RunSpec `trackio`, no Space named) trackio's own folder: its
+                                                SQLite project database, written by trackio, read by trackio only
 
 Every file is written once: to a temporary name beside its destination, then renamed. Readers ignore
 names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapter folders without both
@@ -53,6 +55,7 @@ BEST_FILE = "best.json"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
+TRACKIO_DIR = "trackio"                # trackio's folder (TRACKIO_DIR) when a run logs to trackio without a Space
 BASE_MODEL_DIR = "base-model"          # a builtin model, built into the run folder by the first job that needs it
 
 # Writers: the `<writer>` of a fragment's name. Readers pick some out by name.

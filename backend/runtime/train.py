@@ -24,6 +24,7 @@ from .common import (
     say_vllm_version_warning_once,
     shared_trainer_args,
     skip_long_prompts,
+    trackio_folder,
 )
 from .layout import CHECKPOINTS_DIR, SPEC_FILE, TRAINER_WRITER, write_event
 from .metrics_callback import ProfiledSeconds, RunFolderCallback
@@ -131,6 +132,7 @@ def main() -> None:
     run_dir = os.path.abspath(parser.parse_args().run_dir)
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
+    trackio_folder(spec, run_dir)
     stop_on_sigterm()
     remember_env_secrets()   # the job's token is masked in every event it writes
     say_vllm_version_warning_once()

