@@ -77,6 +77,20 @@ def test_vllm_serve_runs_as_given_where_the_vllm_script_works_and_through_vllm_c
     assert server_command(SERVER, lambda: False) == SERVER, "another server command is left as it is"
 
 
+def test_vllm_installed_without_its_scripts_runs_through_vllm_cli(monkeypatch, tmp_path):
+    """vLLM unpacked into a folder on PYTHONPATH (pip --target, as on an offline GPU machine) has no `vllm` script."""
+    from backend.runtime import serve_replica
+
+    serve = ["vllm", "serve", "/bucket/base-model"]
+    monkeypatch.setattr(serve_replica, "has_vllm_distribution", lambda: True)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert serve_replica.server_command(serve)[:3] == [sys.executable, "-m", "backend.runtime.vllm_cli"]
+    script = tmp_path / "vllm"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert serve_replica.server_command(serve) == serve
+
+
 def test_the_servers_sockets_go_in_a_folder_of_its_own_that_is_removed_when_it_stops(tmp_path):
     server = [sys.executable, "-c",
               "import os, time; print(os.environ['VLLM_RPC_BASE_PATH'], flush=True); time.sleep(300)"]

@@ -113,10 +113,16 @@ def with_dtype_without_cuda(command: list[str], dtype: str | None, cuda_availabl
     return command
 
 
-def server_command(command: list[str], vllm_script_works=has_vllm_distribution) -> list[str]:
+def vllm_script_works() -> bool:
+    """Whether `vllm` on PATH can start: the script is there (an install into a folder on PYTHONPATH has none) and
+    its distribution is named vllm (the CPU build's is not)."""
+    return shutil.which("vllm") is not None and has_vllm_distribution()
+
+
+def server_command(command: list[str], script_works=vllm_script_works) -> list[str]:
     """The command to start: `vllm ARGS` as given where the `vllm` script works, else vLLM's same CLI run by this
-    interpreter through `runtime.vllm_cli` (the CPU build)."""
-    if command[:1] == ["vllm"] and not vllm_script_works():
+    interpreter through `runtime.vllm_cli` (the CPU build, or vLLM installed without its scripts)."""
+    if command[:1] == ["vllm"] and not script_works():
         return [sys.executable, "-m", f"{__package__}.vllm_cli", *command[1:]]
     return command
 
