@@ -96,7 +96,7 @@ class TaskSection:
                                     interactive=False, elem_id="task-prompt")
                 rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows",
                                     wrap=True)
-        upload.upload(lambda path: gr.update(value=path), upload, f["dataset"])
+        upload.upload(_on_upload, [upload, f["eval_source"]], [f["dataset"], f["eval_source"], f["monitor_rewards"]])
         return cls(f, check_btn, message, prompt, scores, rows, held_out)
 
     def wire(self, panel, names: list[str], inputs: list) -> None:
@@ -202,3 +202,12 @@ def scores_table(report) -> pd.DataFrame:
         record["text"] = text if len(text) <= 60 else text[:59] + "…"
         records.append(record)
     return pd.DataFrame(records)
+
+
+def _on_upload(path, eval_source):
+    """An uploaded file becomes the dataset; a held-out split (the builtin set's) goes with the set it replaced, as a
+    file has no splits: the held-out evaluation (and its monitor-only rewards) is switched off until one is chosen
+    for the file."""
+    if eval_source != "split":
+        return gr.update(value=path), gr.skip(), gr.skip()
+    return gr.update(value=path), "none", []

@@ -934,6 +934,8 @@ DEEPMATH_STAND_IN = [
     {"prompt": [{"role": "user", "content": "What is the remainder when $2^{10}$ is divided by 7?"}], "solution": "2"},
     {"prompt": [{"role": "user", "content": "Compute $\\int_0^1 2x\\,dx$."}], "solution": "1"},
     {"prompt": [{"role": "user", "content": "How many positive divisors does 36 have?"}], "solution": "9"},
+    # More rows, so that the math presets' 64 held-out rows leave some to train on, as on the real DeepMath.
+    *({"prompt": [{"role": "user", "content": f"What is {n} + {n}?"}], "solution": str(2 * n)} for n in range(4, 81)),
 ]
 
 

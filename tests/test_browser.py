@@ -228,7 +228,8 @@ def _pick(page, elem_id: str, option: str) -> None:
     box.click()
     box.fill("")        # a single choice's box holds the current one
     box.press_sequentially(option)
-    page.get_by_role("option", name=option, exact=True).click()
+    # An option's label may go on after `option` (a version's held-out score follows its step).
+    page.locator("[role=option]", has_text=option).first.click()
     page.keyboard.press("Escape")
 
 

@@ -490,7 +490,8 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
         _wait_for(lambda: _attempt(executor, jobs["trainer"]) == 2, 30, "the trainer started again")
     _wait_for(lambda: _logged(executor, jobs["trainer"], "resuming from"), 480, "the retried trainer resumed",
               interval=1)
-    _wait_for(lambda: any(r.startswith("trainer retried at") and "(attempt 2)" in r for r in view.retries), 30,
+    _wait_for(lambda: steps() >= 0 and any(r.startswith("trainer retried at") and "(attempt 2)" in r
+                                           for r in view.retries), 30,
               "the header shows the trainer's retry")
     # Killed again, with no attempt left: no event; its leftovers and the live replica must stop.
     os.kill(executor.main_pid(jobs["trainer"]), signal.SIGKILL)

@@ -207,7 +207,7 @@ def _finish(hub, run_id: str, bucket: str = "alice/grpo-runs") -> None:
 
 def _push(page, repo_id: str | None = None) -> str:
     if not page.locator("#push-repo textarea, #push-repo input").first.is_visible():
-        page.get_by_text("Push the final adapter to the Hub", exact=True).click()
+        page.get_by_text("Push the picked adapter version to the Hub", exact=True).click()
     box = page.locator("#push-repo textarea, #push-repo input").first
     if repo_id is not None:
         box.fill(repo_id)
@@ -228,7 +228,7 @@ def test_a_signed_in_visitor_pushes_a_finished_runs_adapter_and_others_are_refus
     run_id = _run_id(_launch_reviewed(alice)[1])
     _finish(hub, run_id)
     wait_for_text(alice, "run-status", "final adapter ready")
-    alice.get_by_text("Push the final adapter to the Hub", exact=True).click()
+    alice.get_by_text("Push the picked adapter version to the Hub", exact=True).click()
     box = alice.locator("#push-repo textarea, #push-repo input").first
     alice.wait_for_function("() => { const b = document.querySelector('#push-repo textarea, #push-repo input');"
                             " return b && /^alice\\/.+-lora$/.test(b.value); }", timeout=30000)
