@@ -17,7 +17,6 @@ On a GPU machine the same command places the replicas and the trainer on GPUs (L
 """
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -30,19 +29,11 @@ from backend.executors.local import LocalExecutor
 from backend.runs import RunRegistry
 from backend.spec import RunSpec
 from backend.store import FolderStore
+from benchmarks.sampled_run import spec_override
 from panel.presets import preset_values
 
 PRESET = "Tiny distributed (CPU, 2 vLLM replicas)"
 
-
-def _override(item: str) -> tuple[str, object]:
-    field, sep, text = item.partition("=")
-    if not sep:
-        sys.exit(f"--set wants FIELD=VALUE, got {item!r}")
-    try:
-        return field, json.loads(text)
-    except ValueError:
-        return field, text
 
 
 def one_run(registry: RunRegistry, executor: LocalExecutor, values: dict, evaluate: bool) -> dict:
@@ -77,7 +68,7 @@ def main() -> None:
     home = args.home or tempfile.mkdtemp(prefix="grpo-eval-overhead-")
     executor = LocalExecutor(home)
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
-    values = {**preset_values(PRESET), "max_steps": args.steps, **dict(_override(s) for s in args.set)}
+    values = {**preset_values(PRESET), "max_steps": args.steps, **dict(spec_override(s) for s in args.set)}
     if values.get("eval_source", "none") == "none":
         values.update(eval_source="split", eval_split="test")
     print(f"preset {PRESET!r}, {args.steps} steps, {args.rounds} rounds; held-out: {values['eval_source']} "

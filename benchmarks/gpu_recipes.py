@@ -33,6 +33,7 @@ from backend.runs import RunRegistry
 from backend.runtime import layout
 from backend.spec import RunSpec, SpecError
 from backend.store import FolderStore
+from benchmarks.sampled_run import spec_override
 
 WARMUP = 2
 GLOBAL_BATCH = 64   # completions per step in every configuration
@@ -64,15 +65,6 @@ DEFAULT = [name for name in CONFIGS if not name.startswith("distributed-1gpu")]
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
-
-def _override(item: str) -> tuple[str, object]:
-    field, sep, text = item.partition("=")
-    if not sep:
-        sys.exit(f"--set wants FIELD=VALUE, got {item!r}")
-    try:
-        return field, json.loads(text)
-    except ValueError:
-        return field, text
 
 
 def build_spec(name: str, model: str, steps: int, overrides: dict) -> RunSpec:
@@ -265,7 +257,7 @@ def main() -> None:
                         help="stop (cancel what runs, report what was logged) after this many seconds")
     args = parser.parse_args()
     deadline = time.time() + (args.budget_s or 10**9)
-    overrides = dict(_override(item) for item in args.set)
+    overrides = dict(spec_override(item) for item in args.set)
     home = args.home or tempfile.mkdtemp(prefix="grpo-gpu-bench-")
     executor = LocalExecutor(home)
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))

@@ -31,7 +31,8 @@ def summary(values: list[float]) -> str:
     return f"mean {statistics.mean(values):.3g}, median {statistics.median(values):.3g}, max {max(values):.3g}"
 
 
-def _override(item: str) -> tuple[str, object]:
+def spec_override(item: str) -> tuple[str, object]:
+    """A `--set FIELD=VALUE` as (field, value): the value as JSON where it parses, else the text."""
     field, sep, text = item.partition("=")
     if not sep:
         sys.exit(f"--set wants FIELD=VALUE, got {item!r}")
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--home", default=None)
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RunSpec field")
     args = parser.parse_args()
-    overrides = dict(_override(item) for item in args.set)
+    overrides = dict(spec_override(item) for item in args.set)
     home = args.home or tempfile.mkdtemp(prefix="grpo-bench-")
     executor = LocalExecutor(home)
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))

