@@ -3,8 +3,9 @@
 Where an answer comes from:
 - A distributed run that is live answers through its proxy (`model="trl-policy-vN"`, the base model's own name for
   the base), for the versions its replicas hold (the newest `max_staleness + 1`). The panel reaches the proxy where
-  the run runs on its own machine; on HF Jobs, where the proxy is inside the trainer job, it asks one of the run's
-  replicas on its exposed port with the visitor's token instead.
+  the run runs on its own machine. On HF Jobs the proxy is inside the trainer job: on the run's private network the
+  trainer exposes the proxy's one port, which the panel asks with the visitor's token; with exposed ports (the
+  published recipe) it asks one of the run's replicas on its exposed port, with the visitor's token, instead.
 - Any other version, of a run whose base model is on this machine (a builtin model in the run's folder, a local
   folder, a Hub model in this machine's cache) and small enough, is answered on CPU with PEFT
   (`runtime.try_adapter`) in the sandbox the task check uses, never in the panel's process: an adapter is a
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from huggingface_hub import snapshot_download
 
 from backend.best_version import BEST, FINAL, ChoiceError, choose, version_choices
+from backend.recipe import PROXY_PORT
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import BUILTIN_MODELS
@@ -42,6 +44,7 @@ MAX_PROMPT_CHARS = 4000
 MAX_NEW_TOKENS = 256
 MAX_PICKS = 4                          # versions besides the base model, per try
 TRY_TIMEOUT_S = 240.0                  # the whole CPU try: loading the base model and every answer
+THROUGH_PROXY = "live replicas (through the proxy)"
 LIVE_TIMEOUT_S = 60.0                  # one answer through the proxy
 MAX_BASE_BYTES = 2 * 2**30             # a base model's weights that "fit this machine" for a CPU try
 BASE_FILES = (".json", ".safetensors", ".jinja", ".txt", ".model")   # what of a model folder a try copies
@@ -107,7 +110,7 @@ def try_it(view, engine, token: str | None, prompt, picks, max_tokens) -> Iterat
             state.answers[pick], state.routes[pick] = f"({exc})", "-"
             continue
         if live and (pick == BASE or name in served):
-            state.routes[pick] = "live replicas (through the proxy)" if live[1] is None else "live replica"
+            state.routes[pick] = live[2]
             continue
         if pick == BASE:
             local[pick] = None
@@ -153,20 +156,27 @@ def _model_name(view, pick: str) -> str | None:
 
 # ---- live: through the proxy (or one replica) of a distributed run that is running
 
-def live_endpoint(view, engine) -> tuple[str, str | None] | None:
-    """(URL, replica job id or None for the proxy) to ask, or None when the run is not live."""
+def live_endpoint(view, engine) -> tuple[str, str | None, str] | None:
+    """(URL, the job id whose exposed port it is or None for a proxy on this machine, the route's name) to ask, or
+    None when the run is not live."""
     if view.spec.get("mode") != "distributed" or view.stage != "RUNNING" or view.done:
         return None
     if engine.on_panel_machine:
         url = str(view_engine_event(view).get("proxy_url") or "")
-        return (url, None) if LOCAL_PROXY.match(url) else None
+        return (url, None, THROUGH_PROXY) if LOCAL_PROXY.match(url) else None
+    trainer = view.current_jobs.get("trainer")
+    if view.spec.get("network") == "private" and engine.network_groups:
+        # The replicas have no port of their own: the trainer's exposed port is the proxy, behind the visitor's token.
+        if trainer is None or trainer.status.done or not view.replica_stats:
+            return None
+        return view.executor.exposed_url(trainer.job_id, PROXY_PORT).rstrip("/"), trainer.job_id, THROUGH_PROXY
     jobs = {job.job_id for role, job in view.current_jobs.items() if role.startswith("vllm-") and not job.status.done}
     for replica in (view.replica_stats[-1].get("replicas", []) if view.replica_stats else []):
         url = str(replica.get("url") or "")
         # Only a URL of one of this run's own replica jobs: the visitor's token goes with the request.
         job = next((j for j in jobs if re.match(rf"^https://{re.escape(j)}--\d+\.hf\.jobs$", url)), None)
         if replica.get("healthy") and job:
-            return url, job
+            return url, job, "live replica"
     return None
 
 
@@ -183,9 +193,9 @@ def served_versions(view) -> set[str]:
 
 
 def _live_answer(view, live, model: str | None, prompt: str, tokens: int, token: str | None) -> str:
-    url, replica = live
+    url, job = live[:2]
     headers = {"Content-Type": "application/json"}
-    if replica and token:
+    if job and token:
         headers["Authorization"] = f"Bearer {token}"
     try:
         if model is None:

@@ -88,6 +88,87 @@ def test_a_distributed_run_shares_one_network_group_and_exposes_only_the_trainer
     assert info.status.expose_urls == [f"https://{ids['trainer']}--8000.hf.jobs"]   # the panel's way in
 
 
+class _JobsPort(BaseHTTPRequestHandler):
+    """What the Jobs proxy puts in front of a job's exposed port: only the job owner's token passes; behind it, the
+    trainer's proxy answering as the replicas would (the model asked for is in the answer)."""
+
+    token: ClassVar[str] = ""
+    seen: ClassVar[list] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _allowed(self) -> bool:
+        self.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        if self.headers.get("Authorization") != f"Bearer {self.token}":
+            self._answer(401, {"error": "Invalid credentials"})
+            return False
+        return True
+
+    def do_GET(self) -> None:
+        if self._allowed():
+            self._answer(200, {"data": [{"id": FORM["model"], "parent": None},
+                                        {"id": "trl-policy-v1", "parent": FORM["model"]}]})
+
+    def do_POST(self) -> None:
+        if self._allowed():
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self._answer(200, {"choices": [{"message": {"content": f"answered by {body['model']}"}}]})
+
+
+def test_try_it_on_a_live_private_network_run_asks_the_trainers_one_exposed_port_with_the_visitors_token(
+        hub, make_panel):
+    """No replica has a port of its own on the private network: "try it" reaches the proxy through the trainer's
+    exposed port, at the URL the Hub reports for it, with the visitor's OAuth token (and never a replica's URL)."""
+    from backend.access import Visitor
+    from backend.runtime import layout
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _JobsPort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _JobsPort.token, _JobsPort.seen = ALICE, []
+    hub.expose_url_format = f"http://127.0.0.1:{server.server_port}/{{job_id}}-{{port}}"
+    try:
+        panel = make_panel(on_space=True)
+        alice = Visitor(ALICE, "alice")
+        shown = panel.preview(FORM, alice)
+        result = panel.launch(FORM, alice, confirmed=shown.fingerprint, run_id=shown.run_id)
+        run_id = result.run_id
+        assert run_id, result.message
+        ids = {job.spec["labels"]["grpo-panel-role"]: job_id for job_id, job in hub.run_jobs.items()}
+        for job_id in ids.values():
+            hub.set_stage(job_id, "RUNNING")
+        prefix = f"{layout.run_prefix(run_id)}"
+        snapshot = {"time": 1.0, "replicas": [{"url": f"http://vllm-{i}:8000", "healthy": True,
+                                               "adapters": ["trl-policy-v1"]} for i in range(2)]}
+        hub.put_file("alice/grpo-runs", f"{prefix}/{layout.METRICS_DIR}/{layout.fragment_name('proxy', 0)}",
+                     (json.dumps(snapshot) + "\n").encode())
+        for name in (*layout.ADAPTER_FILES, layout.ADAPTER_META_FILE):
+            hub.put_file("alice/grpo-runs", f"{prefix}/{layout.ADAPTERS_DIR}/trl-policy-v1/{name}",
+                         b'{"step": 5}' if name == layout.ADAPTER_META_FILE else b"{}")
+        view = panel.view(run_id, alice)
+        wait_until(lambda: (view.refresh() or True) and view.stage == "RUNNING" and view.replica_stats
+                   and 1 in view.adapters, timeout=20)
+        last = list(panel.try_it(run_id, alice, "Count to three", ["base", "trl-policy-v1"], 8))[-1]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert last.done, last
+    assert last.routes == {"base": "live replicas (through the proxy)",
+                           "trl-policy-v1": "live replicas (through the proxy)"}, last
+    assert last.answers == {"base": f"answered by {FORM['model']}", "trl-policy-v1": "answered by trl-policy-v1"}
+    paths = {path for _, path, _ in _JobsPort.seen}
+    assert paths == {f"/{ids['trainer']}-8000/v1/models", f"/{ids['trainer']}-8000/v1/chat/completions"}, paths
+    assert {auth for *_, auth in _JobsPort.seen} == {f"Bearer {ALICE}"}
+
+
 def test_a_network_group_is_per_namespace_and_resource_group(hub):
     hub.resource_groups = {RESOURCE_GROUP: "acme"}
     api = HfApi(token=ALICE)
