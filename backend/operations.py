@@ -29,7 +29,7 @@ from backend.access import (
 from backend.alerts import webhook_problem
 from backend.budget import SpendWatch
 from backend.check_job import CHECK_FLAVOR, check_in_job
-from backend.executors import EXECUTORS, engine, engines, known_engine
+from backend.executors import EXECUTORS, engine, known_engine
 from backend.executors.base import Engine
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.executors.local import LocalExecutor
@@ -168,12 +168,15 @@ class Operations:
         return ""
 
     # ---- hardware and cost
-    def flavors(self, visitor: Visitor) -> list[Flavor]:
-        """The hardware of every engine whose runs choose it, with prices (the Hub's list asked with the visitor's
-        token, or the built-in one), asked at most every 10 minutes."""
+    def flavors(self, visitor: Visitor, executor: str | None = None) -> list[Flavor]:
+        """The hardware of `executor`'s runs (None: of every executor this deployment offers whose runs choose it),
+        with prices (the Hub's list asked with the visitor's token, or the built-in one), asked at most every 10
+        minutes."""
         token = acting_token(visitor, self.deployment)
-        return self.spend.flavor_cache.get(("signed in", bool(token)), lambda: [
-            f for where in engines() if where.chooses_hardware for f in where.flavors(token)])
+        names = [executor] if executor else self.offered_executors()
+        return [f for name in names if engine(name).chooses_hardware
+                for f in self.spend.flavor_cache.get((name, "signed in", bool(token)),
+                                                     lambda name=name: engine(name).flavors(token))]
 
     def estimate(self, jobs: list[JobSpec], visitor: Visitor) -> CostEstimate:
         flavors = self.flavors(visitor)
@@ -224,7 +227,8 @@ class Operations:
         if not allowed:
             return TaskReport(errors=[FieldError("bucket", f"the check job runs in the bucket's namespace: {reason}")])
         registry = self.runs.hub_registry(token, spec.bucket_namespace)
-        price = next((f.price_per_hour_usd for f in self.flavors(visitor) if f.name == CHECK_FLAVOR), None)
+        price = next((f.price_per_hour_usd for f in self.flavors(visitor, registry.executor.name)
+                      if f.name == CHECK_FLAVOR), None)
         report = check_in_job(spec, token, self.deployment.datasets_server, registry.executor,
                               registry.store_for(spec.bucket), price, self.deployment.task_check_timeout_s, progress)
         with self._checks_lock:
@@ -242,7 +246,9 @@ class Operations:
             values["bucket"] = self.default_bucket(visitor, values["executor"])
         spec = RunSpec.from_dict(values).check()
         where = engine(spec.executor)
-        problems = hardware_problems(spec, self.flavors(ANONYMOUS)) if where.chooses_hardware else []
+        # Only the executor's own hardware: another engine's flavor name would fail at submission, not here.
+        accepted = [*self.flavors(ANONYMOUS, spec.executor), *where.other_accepted_flavors()]
+        problems = hardware_problems(spec, accepted) if where.chooses_hardware else []
         token = acting_token(visitor or ANONYMOUS, self.deployment)
         bucket = bucket_problem(spec.bucket_namespace, token) if where.bucket_on_hub and token else None
         if bucket:     # refused here, so Preview says so (naming the field) before it shows a cost

@@ -154,10 +154,10 @@ class Panel:
             lines.append(f"```bash\n# {job.role}\n{command}\n```")
         return Preview(redact_tokens("\n\n".join(lines)), spec.fingerprint(), spec.run_id)
 
-    def flavors(self, visitor: Visitor | str | None = None) -> list[Flavor]:
-        """HF Jobs hardware with prices (the Hub's list asked with the visitor's token, or the built-in one),
-        asked at most every 10 minutes."""
-        return self.operations.flavors(as_visitor(visitor))
+    def flavors(self, visitor: Visitor | str | None = None, executor: str | None = None) -> list[Flavor]:
+        """The hardware `executor`'s runs choose from (None: every offered executor's), with prices (the Hub's list
+        asked with the visitor's token, or the built-in one), asked at most every 10 minutes."""
+        return self.operations.flavors(as_visitor(visitor), executor)
 
     def launch(self, values: dict, visitor: Visitor | str | None = None, confirmed: str | None = None,
                run_id: str | None = None, webhook: str = "") -> LaunchResult:

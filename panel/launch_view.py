@@ -8,7 +8,7 @@ import dataclasses
 import gradio as gr
 
 from backend import diagnose
-from backend.executors import engine
+from backend.executors import engine, known_engine
 from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
@@ -57,6 +57,13 @@ def flavor_choices(flavors) -> list[tuple[str, str]]:
     return [(f"{f.name} · {f.pretty} · ${f.price_per_hour_usd:.2f}/h", f.name) for f in flavors]
 
 
+def form_flavors(panel: Panel, visitor, executor: str) -> list:
+    """The hardware the form offers for runs on `executor`: its own (another engine's would fail at submission);
+    for one whose runs pick no hardware, every offered executor's, as the spec's flavor fields are then unused."""
+    known = known_engine(executor)
+    return panel.flavors(visitor, executor if known is not None and known.chooses_hardware else None)
+
+
 def _section(f: dict, title: str, initial: dict, flavors: list, **kw):
     """An accordion holding RunSpec's fields of section `title` (in their declaration order, ROW a row; a list of
     checkboxes on a row of its own)."""
@@ -80,7 +87,7 @@ def _section(f: dict, title: str, initial: dict, flavors: list, **kw):
 def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict, TaskSection, dict]:
     """The form's widgets by field name, its task section, and its accordions by section title."""
     f = {}
-    flavors = panel.flavors()
+    flavors = form_flavors(panel, None, initial["executor"])
     with gr.Row():
         f["name"] = _field("name", initial)
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
@@ -153,6 +160,8 @@ def wire(page) -> None:
     filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
     page.on(page["change"].click, on_new_run_with_change, ["run_pick"], filled)
     page.on(page["clone"].click, on_new_run_from, ["run_pick"], filled)
+    page.on(form["executor"].change, on_executor, ["form.executor"], ["form.flavor", "form.vllm_flavor"],
+            show_progress="hidden")
     page.on(page["demo"].load, on_load, ["form.executor", "form.bucket"],
             ["run_pick", "runs_hint", "form.bucket", "form.flavor", "form.vllm_flavor"])
 
@@ -226,9 +235,15 @@ def on_new_run_from(panel, visitor, run_id: str | None) -> dict:
     return new_run(panel, visitor, run_id, False)
 
 
+def on_executor(panel, visitor, executor: str) -> dict:
+    """Another executor picked: the hardware lists offer its flavors."""
+    flavors = flavor_choices(form_flavors(panel, visitor, executor))
+    return {"form.flavor": gr.update(choices=flavors), "form.vllm_flavor": gr.update(choices=flavors)}
+
+
 def on_load(panel, visitor, executor: str, bucket: str) -> dict:
     """A page load: the visitor's runs to pick from, the flavors with their prices, the bucket of their own."""
-    flavors = flavor_choices(panel.flavors(visitor))
+    flavors = flavor_choices(form_flavors(panel, visitor, executor))
     if engine(executor).bucket_on_hub and not bucket:
         bucket = panel.default_bucket(visitor, executor)
     return {"run_pick": gr.update(choices=run_choices(panel, visitor)), "runs_hint": panel.runs_hint(visitor),

@@ -184,6 +184,26 @@ def test_unknown_hardware_is_refused_with_the_valid_flavors(hub, make_panel):
     assert result.run_id is None and "**flavor**" in result.message and hub.job_posts() == []
 
 
+def test_each_executor_offers_and_accepts_only_its_own_hardware(hub, make_panel, monkeypatch):
+    """Where no Ray cluster answers, no Ray flavor is listed; where one does, an HF Jobs run still cannot pick a Ray
+    flavor (the Hub would refuse it at submission, after the review): refused at preview, naming the field."""
+    from backend.executors import ray
+
+    panel = make_panel()
+    assert "ray" not in panel.offered_executors()
+    assert not [f.name for f in panel.flavors() if f.name.startswith("ray-")]
+    monkeypatch.setattr(ray.ENGINE, "runtime_problem", lambda: None)     # a cluster answers
+    assert "ray" in panel.offered_executors()
+    assert {f.name for f in panel.flavors(None, "ray")} == set(ray.RAY_FLAVORS)
+    assert not [f.name for f in panel.flavors(None, "hf_jobs") if f.name.startswith("ray-")]
+    for field in ("flavor", "vllm_flavor"):
+        form = {**FORM, "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1", field: "ray-1gpu"}
+        shown = panel.preview(form)
+        assert shown.fingerprint is None and f"**{field}**" in shown.markdown, shown.markdown
+        assert "a10g-small" in shown.markdown and "ray-cpu" not in shown.markdown, shown.markdown
+    assert hub.job_posts() == []
+
+
 def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, make_panel):
     panel = make_panel()
     hub.fail_nth_job_submission(2)

@@ -102,6 +102,7 @@ class Engine:
                                       # and see them follows the local-runs policy (GRPO_PANEL_LOCAL_RUNS)
     chooses_hardware: bool = False   # the spec's flavor fields pick each job's machine (`flavors` lists them)
     job_list_lags: bool = False      # the job list can lag behind a job created by a request that failed
+    replicas_need_key: bool = False  # replicas listen where others reach them: each run's demand a key of its own
     network_groups: bool = False     # a run's jobs can share a private network (replicas reached at an alias)
     retry_gap_s: int = 0             # how long a retried job may take to run again (rescheduled, reinstalled)
 
@@ -120,6 +121,11 @@ class Engine:
 
     def flavors(self, token: str | None) -> list:
         """The hardware a job can ask for, with hourly prices (none where the spec does not choose hardware)."""
+        return []
+
+    def other_accepted_flavors(self) -> list:
+        """Flavors a spec may name besides `flavors` (the form does not list them): none unless the engine maps
+        them onto its own."""
         return []
 
     def job_fields(self, spec, flavor: str) -> dict:

@@ -117,6 +117,7 @@ class RayEngine(Engine):
     name = "ray"
     chooses_hardware = True
     operators_machines = True
+    replicas_need_key = True     # replicas listen on every interface of their node
 
     @property
     def label(self) -> str:
@@ -133,6 +134,9 @@ class RayEngine(Engine):
         price = gpu_hour_usd()
         return [Flavor(n, f"Ray: {g} GPU(s), {os.environ.get(CPUS_ENV) or 1} CPU", g, round(g * price, 4))
                 for n, g in RAY_FLAVORS.items()]
+
+    def other_accepted_flavors(self) -> list[Flavor]:
+        return list(FALLBACK_FLAVORS)    # an HF Jobs flavor (a preset's) asks for its GPU count (flavor_gpus)
 
     def job_fields(self, spec, flavor: str) -> dict:
         return dict(image="ray", flavor=ray_flavor(flavor), namespace=None)
