@@ -8,6 +8,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from secrets import token_urlsafe
 
 from backend import recipe
 from backend.executors import engine
@@ -140,6 +141,9 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     spec.check()
     secrets = secrets or {}
     where = engine(executor.name)
+    if where.replicas_need_key and spec.mode == "distributed":
+        # A key of this launch's own (a resume's jobs get a new one): its replicas answer only its trainer.
+        secrets = {**secrets, recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}
     try:
         if not resume:
             write_run_files(spec, store)

@@ -15,7 +15,7 @@ from backend.executors import engine
 from backend.executors.base import Placement
 from backend.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.runtime import layout, rewards
-from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICAS_ENV
+from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICA_KEY_ENV, REPLICAS_ENV
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 from backend.spec import RunSpec
@@ -33,6 +33,7 @@ NETWORK_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"   # expanded inside a job: members
 TRAINER_ALIAS = "trainer"
 GONE_AFTER_ENV, TRAINER_GONE_AFTER_S = "GRPO_TRAINER_GONE_AFTER_S", 90
 TOKEN_SECRET = "HF_TOKEN"
+REPLICA_KEY_SECRET = REPLICA_KEY_ENV   # a distributed run's replicas demand it of its trainer (runtime/replica_key.py)
 REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
 PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
 
@@ -61,7 +62,8 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
     return JobSpec(
         run_id=spec.run_id, role=role, command=command, timeout_s=spec.timeout_minutes * 60,
         env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
-        secrets=(TOKEN_SECRET,) if where.needs_token else (),
+        secrets=(*((TOKEN_SECRET,) if where.needs_token else ()),
+                 *((REPLICA_KEY_SECRET,) if where.replicas_need_key and spec.mode == "distributed" else ())),
         volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=read_only),),
         expose=expose, labels=_labels(spec, role), attempts=spec.attempts,
         network_group=group, network_aliases=(alias,) if group and alias else (), **where.job_fields(spec, flavor),

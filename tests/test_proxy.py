@@ -203,7 +203,17 @@ def test_streamed_completions_stream_through(proxy, adapters):
 
 
 def test_the_proxy_adds_the_token_and_never_reveals_it(pool, proxy, caplog):
-    assert requests.get(f"{pool.urls[0]}/v1/models").status_code == 401  # the replicas demand the token
+    # The replicas demand the key on every route but /health (runtime.replica_key), the dev-mode routes TRL needs
+    # included, which vLLM's own --api-key leaves open; a wrong key is refused like none.
+    replica = pool.urls[0]
+    routes = [("GET", "/v1/models"), ("POST", "/pause"), ("GET", "/is_paused"), ("GET", "/server_info"),
+              ("POST", "/reset_prefix_cache"), ("POST", "/v1/load_lora_adapter"), ("POST", "/collective_rpc")]
+    for method, path in routes:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": API_KEY}):
+            answer = requests.request(method, f"{replica}{path}", headers=headers, timeout=10)
+            assert answer.status_code == 401, (method, path, headers, answer.status_code)
+    assert requests.get(f"{replica}/health", timeout=10).status_code == 200
+    assert requests.get(f"{replica}/is_paused", headers=AUTH, timeout=10).json() == {"is_paused": False}
     assert requests.get(f"{proxy.url}/v1/models").status_code == 200  # the proxy supplied it
     assert API_KEY not in json.dumps(proxy.stats())
     assert API_KEY not in caplog.text
@@ -218,9 +228,9 @@ def test_server_info_and_models_pass_through_for_trl(proxy):
 
 def test_pause_resume_and_prefix_cache_reset_reach_every_replica(pool, proxy):
     assert requests.post(f"{proxy.url}/pause", params={"mode": "keep"}).json() == {"status": "paused"}
-    assert all(requests.get(f"{url}/is_paused").json()["is_paused"] for url in pool.urls)
+    assert all(requests.get(f"{url}/is_paused", headers=AUTH).json()["is_paused"] for url in pool.urls)
     assert requests.post(f"{proxy.url}/resume").json() == {"status": "resumed"}
-    assert not any(requests.get(f"{url}/is_paused").json()["is_paused"] for url in pool.urls)
+    assert not any(requests.get(f"{url}/is_paused", headers=AUTH).json()["is_paused"] for url in pool.urls)
     assert requests.post(f"{proxy.url}/reset_prefix_cache").json() == {"success": True, "replicas": 2}
 
 

@@ -11,11 +11,12 @@ import os
 import re
 import signal
 import time
+import urllib.error
 import urllib.request
 
 import psutil
 import pytest
-from browser_helpers import CHROMIUM, panel_page, running_panel, wait_for_text
+from browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
 from ray_cluster import ray_cluster
 
 pytest.importorskip("ray.job_submission")
@@ -72,6 +73,15 @@ def _fill(page, name: str, value) -> None:
         if box.input_value() == str(value):
             return
     raise AssertionError(f"#f-{name} does not keep {value!r}")
+
+
+def _http_status(method: str, url: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method, data=b"" if method == "POST" else None),
+                                    timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
 
 
 def _form(page, preset: str, mount: str, steps: int) -> None:
@@ -188,7 +198,8 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         page.wait_for_function("() => document.querySelector('#f-vllm_flavor input').value.startsWith('ray-cpu')")
         distributed = _launch(page)
         _pick(page, distributed)
-        wait_for_text(page, "run-status", r"step [1-9]\d*/200", 600000)
+        # Both replicas joined the proxy (the trainer's engine line says so) before one dies.
+        wait_for_text(page, "run-status", r"2/2 healthy at start", 600000)
         # A replica dies (its whole process group): the run goes on, degraded, as on the other executors.
         jobs = {j.metadata["grpo-panel-role"]: j for j in _ray_jobs(cluster)
                 if (j.metadata or {}).get("grpo-panel-run") == distributed}
@@ -198,6 +209,13 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         with contextlib.suppress(ProcessLookupError):   # a machine short of memory may have killed it already
             os.killpg(pid, signal.SIGKILL)
         wait_for_text(page, "run-status", r"degraded \(1/2 replicas\)", 60000)
+        # The replicas listen on every interface of their node, so they answer only their trainer: the run's key, a
+        # job secret, on every route but /health. The trainer has it: a version it published reached the live replica.
+        wait_for_text(page, "adapters-table", r"vllm-0", 120000)
+        live = re.findall(r"http://[\d.]+:\d+", text_of(page, "replicas-table"))[0]     # rows in replica order
+        for method, path in (("GET", "/v1/models"), ("POST", "/pause"), ("POST", "/v1/load_lora_adapter")):
+            assert _http_status(method, f"{live}{path}") == 401, (method, path)
+        assert _http_status("GET", f"{live}/health") == 200
         # The proxy's view says degraded first; the job's own status follows once Ray has seen it end.
         wait_for_text(page, "run-status", "vllm-1: ERROR", 60000)
 

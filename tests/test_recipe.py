@@ -1,5 +1,6 @@
 """The recipe: RunSpec -> JobSpecs, pure and previewable."""
 
+import json
 import shlex
 from dataclasses import replace
 
@@ -183,3 +184,47 @@ def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
         launch_run(spec, executor, FolderStore(executor.bucket_root(spec.bucket)))
     ports = [job.env["MASTER_PORT"] for job in executor.seen]
     assert len(set(ports)) == 2 and all(p.isdigit() and p != "29500" for p in ports)
+
+
+def test_a_ray_runs_replicas_and_trainer_share_a_key_of_their_own_launch_passed_only_as_a_secret(tmp_path):
+    """Ray replicas listen on every interface of their node: each launch gives its replicas and its trainer a fresh
+    key (runtime.replica_key), a job secret, never in a job's environment or command; other engines need none."""
+    from backend.launch import launch_run
+    from backend.store import FolderStore
+
+    class Recording:
+        name = "ray"
+
+        def __init__(self):
+            self.submitted = []
+
+        def submit(self, job, secrets=None):
+            self.submitted.append((job, dict(secrets or {})))
+            return f"{job.role}-{len(self.submitted)}"
+
+        def exposed_url(self, job_id, port):
+            return f"http://127.0.0.1:{port}"
+
+    spec = RunSpec(executor="ray", mode="distributed", replicas=2, flavor="ray-cpu", vllm_flavor="ray-cpu",
+                   bucket="local/grpo-runs", mount_path=str(tmp_path / "mount"))
+    keys = []
+    for attempt in range(2):
+        executor = Recording()
+        launch_run(replace(spec, run_id=f"{spec.run_id}-{attempt}"), executor, FolderStore(str(tmp_path / "mount")))
+        assert [job.role for job, _ in executor.submitted] == ["vllm-0", "vllm-1", "trainer"]
+        [key] = {secrets[recipe.REPLICA_KEY_SECRET] for _, secrets in executor.submitted}
+        assert len(key) >= 40
+        for job, _ in executor.submitted:
+            assert recipe.REPLICA_KEY_SECRET in job.secrets
+            assert key not in json.dumps(job.env) + " ".join(job.command)
+        keys.append(key)
+    assert keys[0] != keys[1], "each launch has a key of its own"
+    for other in (replace(spec, mode="colocated"), replace(spec, executor="local", bucket="local/grpo-runs")):
+        jobs = recipe.RunJobs(other, engine_placement(other)).preview(lambda i, port: f"http://x:{port}")
+        assert all(recipe.REPLICA_KEY_SECRET not in job.secrets for job in jobs)
+
+
+def engine_placement(spec):
+    from backend.executors import engine
+
+    return engine(spec.executor).placement(spec, preview=True)

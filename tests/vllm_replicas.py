@@ -2,8 +2,9 @@
 
 One pair per pytest session (starting one costs ~40 s on 2 cores, and the machine fits two): the first test
 module that asks starts it, later modules reuse it, and the session's cleanup kills both by PID. A replica a
-test killed is started again by the next `ensure_running()`. The replicas demand an API key, as exposed
-HF Jobs ports demand a token, so every request that reaches them through the proxy proves it added one.
+test killed is started again by the next `ensure_running()`. The replicas demand a key on every route but
+/health (`runtime.replica_key`, as a Ray run's replicas do; exposed HF Jobs ports demand a token), so every request
+that reaches them through the proxy proves it added one.
 """
 
 import os
@@ -18,6 +19,8 @@ import time
 import requests
 
 from backend.recipe import split_cores
+from backend.runtime.proxy_env import REPLICA_KEY_ENV
+from backend.runtime.serve_replica import with_key
 from backend.runtime.tiny_model import TINY_MODEL, ensure_tiny_model
 from backend.vllm_args import vllm_server_args, vllm_server_env
 
@@ -55,17 +58,20 @@ class ReplicaPool:
     def _start(self, i: int) -> None:
         on_gpu = {"dtype": "bfloat16", "max_model_len": 2048, "gpu_memory_utilization": 0.5} if self.gpus else {}
         args = vllm_server_args(self.model_dir, self.ports[i], MAX_LORA_RANK, MAX_STALENESS, host="127.0.0.1",
-                                extra_args=("--api-key", API_KEY, *self.extra_args), **({"dtype": "float32"} | on_gpu))
+                                extra_args=self.extra_args, **({"dtype": "float32"} | on_gpu))
         # vLLM's ZMQ sockets go in the pool's own folder (removed at stop), not /tmp where a kill would leave them;
         # each replica gets cores of its own, as the recipe gives local replicas, or a GPU of its own.
-        env = {**os.environ, **vllm_server_env(cpu=not self.gpus), "VLLM_RPC_BASE_PATH": self.workdir}
+        env = {**os.environ, **vllm_server_env(cpu=not self.gpus), "VLLM_RPC_BASE_PATH": self.workdir,
+               REPLICA_KEY_ENV: API_KEY}
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[i]
         else:
             env["VLLM_CPU_OMP_THREADS_BIND"] = split_cores(list(os.sched_getaffinity(0)), len(self.ports))[i]
         with open(self.log_path(i), "ab") as log:
             # `vllm serve`, as replica jobs start it (runtime.serve_replica runs the CPU build's CLI this way).
-            self.procs[i] = subprocess.Popen([sys.executable, "-m", "backend.runtime.vllm_cli", "serve", *args],
+            # Each demands the key on every route but /health, as a Ray run's replicas do (runtime.replica_key).
+            self.procs[i] = subprocess.Popen([sys.executable, "-m", "backend.runtime.vllm_cli", "serve",
+                                              *with_key(args, env)],
                                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def alive(self, i: int) -> bool:

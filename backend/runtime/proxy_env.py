@@ -7,11 +7,15 @@ PROXY_HOST_ENV = "GRPO_PROXY_HOST"        # where the proxy listens (default loo
 PROXY_PORT_ENV = "GRPO_PROXY_PORT"        # its port (default: a free one)
 REPLICA_AUTH_ENV = "GRPO_REPLICA_AUTH"    # "none": replicas on the run's private network get no token
 NETWORK_PREFIX_ENV = "HF_NETWORK_GROUP_PREFIX"
+REPLICA_KEY_ENV = "GRPO_REPLICA_KEY"      # the run's replica key, where its replicas demand one (replica_key.py)
 REPLICAS_ENV = "VLLM_REPLICA_URLS"        # the replicas' URLs, comma-separated (or --replica URL each)
 
 
 def replica_token() -> str | None:
-    """The token rollout requests carry: the job's HF_TOKEN (exposed Jobs ports want it), none on a private network."""
+    """The token rollout requests carry: the run's replica key where it has one (replicas on a Ray cluster's nodes,
+    replica_key.py), else the job's HF_TOKEN (exposed Jobs ports want it), none on a private network."""
+    if os.environ.get(REPLICA_KEY_ENV):
+        return os.environ[REPLICA_KEY_ENV]
     if os.environ.get(REPLICA_AUTH_ENV) == "none":
         return None
     return os.environ.get("HF_TOKEN") or None

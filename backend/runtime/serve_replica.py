@@ -22,6 +22,8 @@ import time
 
 from .heartbeat import HeartbeatWatch
 from .layout import EVENTS_DIR, FRAGMENT_RE, SPEC_FILE, TRAINER_WRITER
+from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
+from .replica_key import REPLICA_KEY_ENV
 from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
@@ -119,6 +121,13 @@ def vllm_script_works() -> bool:
     return shutil.which("vllm") is not None and has_vllm_distribution()
 
 
+def with_key(command: list[str], env=os.environ) -> list[str]:
+    """The server command, demanding the run's key on every route but /health where the job (`env`) has one."""
+    if env.get(REPLICA_KEY_ENV):
+        return [*command, "--middleware", KEY_MIDDLEWARE]
+    return command
+
+
 def server_command(command: list[str], script_works=vllm_script_works) -> list[str]:
     """The command to start: `vllm ARGS` as given where the `vllm` script works, else vLLM's same CLI run by this
     interpreter through `runtime.vllm_cli` (the CPU build, or vLLM installed without its scripts)."""
@@ -143,7 +152,7 @@ def main() -> None:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the vLLM server command after --")
-    command = server_command(with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available))
+    command = server_command(with_key(with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available)))
     started = time.time()
     heartbeat = HeartbeatWatch(args.run_dir)
     if args.wait_for and not wait_for_model(args.wait_for, heartbeat.gone):
