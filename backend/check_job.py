@@ -5,10 +5,11 @@ the runtime and the code go into the visitor's bucket under `checks/<check id>/`
 bucket's namespace, created with the visitor's own token, mounts it read-only and runs `runtime.check_task`
 there, installing what the run's trainer installs. Its report comes back through the job's log, framed with a
 nonce; the panel follows the log and the job's stage, says what it costs while it
-runs, and cancels it if it outlives its deadline.
+runs, and cancels it if it outlives its deadline. Then the check's folder is deleted from the bucket.
 """
 
 import json
+import logging
 import os
 import secrets
 import shlex
@@ -36,6 +37,7 @@ from backend.task_check import (
 CHECK_FLAVOR = "cpu-basic"
 CHECK_ROLE = "task-check"
 CHECK_APP_LABEL = "task-check"      # not the runs' label value: the runs list never shows a check job
+logger = logging.getLogger(__name__)
 CHECKS_DIR = "checks"
 START_TIMEOUT_S = 15 * 60           # the image pulled, what the trainer installs installed, the job started
 POLL_S = 1.0
@@ -101,13 +103,27 @@ def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Exec
     nonce = secrets.token_hex(16)
     job = check_job_spec(spec, check_id, nonce)
     try:
-        job_id = executor.submit(job, {recipe.TOKEN_SECRET: token})
-    except Exception as exc:
-        report.errors.append(FieldError("bucket", redact_tokens(f"could not start the check job: {exc}", (token,))))
-        return report
-    report.check_job = job_id
-    _follow(executor, job_id, job.timeout_s, nonce, report, price_per_hour, say)
+        try:
+            job_id = executor.submit(job, {recipe.TOKEN_SECRET: token})
+        except Exception as exc:
+            report.errors.append(FieldError("bucket", redact_tokens(f"could not start the check job: {exc}",
+                                                                    (token,))))
+            return report
+        report.check_job = job_id
+        _follow(executor, job_id, job.timeout_s, nonce, report, price_per_hour, say)
+    finally:
+        _remove_staged(store, check_id, token)
     return report
+
+
+def _remove_staged(store: BucketStore, check_id: str, token: str) -> None:
+    """The check's copy of the runtime, the code and the data, out of the visitor's bucket once it is done (each
+    check would leave one behind otherwise). A failure to delete leaves them there, said in the panel's log."""
+    try:
+        store.delete_folder(f"{CHECKS_DIR}/{check_id}")
+    except Exception as exc:
+        logger.warning("could not remove the check's files %s/%s: %s", CHECKS_DIR, check_id,
+                       redact_tokens(str(exc), (token,)))
 
 
 def _follow(executor: Executor, job_id: str, timeout_s: int, nonce: str, report: TaskReport,

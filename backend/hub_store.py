@@ -7,6 +7,7 @@ bucket mounted as a volume.
 """
 
 import os
+import posixpath
 import uuid
 
 from huggingface_hub import HfApi
@@ -71,6 +72,16 @@ class HubBucketStore:
         adds = [(full, f"{prefix.strip('/')}/{rel}") for full, rel in _local_files(local_dir)]
         if adds:
             self._api.batch_bucket_files(self.bucket_id, add=adds)
+
+    def delete_folder(self, prefix: str) -> None:
+        folder = posixpath.normpath(prefix.strip("/") or ".")
+        if folder in (".", "..") or folder.startswith("../"):
+            raise ValueError("refusing to delete the whole bucket")
+        paths = [f.path for f in self.list_files(folder)]
+        for start in range(0, len(paths), 1000):
+            self._api.batch_bucket_files(self.bucket_id, delete=paths[start:start + 1000])
+        for path in paths:
+            self._remote.pop(path, None)
 
     def _cached(self, paths: list[str]) -> dict[str, str]:
         """Local copies of `paths`, downloading (in one call) only those whose content is not cached yet."""

@@ -41,6 +41,9 @@ class BucketStore(Protocol):
 
     def upload_folder(self, local_dir: str, prefix: str) -> None: ...
 
+    def delete_folder(self, prefix: str) -> None:
+        """Delete every file under the folder `prefix` (not the bucket root)."""
+
 
 class FolderStore:
     """A bucket that is a local folder: local runs, or a bucket mounted into the Space as a volume."""
@@ -99,6 +102,12 @@ class FolderStore:
 
     def write_bytes(self, path: str, data: bytes) -> None:
         atomic_write_bytes(self.local_path(path), data)
+
+    def delete_folder(self, prefix: str) -> None:
+        folder = self.local_path(prefix.strip("/") or ".")
+        if folder == self.root:
+            raise ValueError("refusing to delete the whole bucket")
+        shutil.rmtree(folder, ignore_errors=True)
 
     def upload_folder(self, local_dir: str, prefix: str) -> None:
         dest = self.local_path(prefix)

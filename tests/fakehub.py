@@ -651,6 +651,10 @@ class FakeHub:
         for path, data in body.get("add", {}).items():
             self.put_file(bucket_id, path, base64.b64decode(data))
             self.transfers.append(("upload", bucket_id, path))
+        for path in body.get("delete", []):
+            with self._cond:
+                self.buckets[bucket_id].files.pop(path, None)
+            self.transfers.append(("delete", bucket_id, path))
         return Reply(200, {})
 
     def _fake_read_file(self, user: FakeUser, body: Any, **_: Any) -> Reply:
@@ -884,7 +888,7 @@ def install_remote_bucket_transfers(hub_url: str) -> None:
     def batch_bucket_files(api, bucket_id, *, add=None, copy=None, delete=None, token=None):
         files = {dest: base64.b64encode(src if isinstance(src, bytes) else Path(src).read_bytes()).decode()
                  for src, dest in add or []}
-        call(api, token, "/_fake/bucket-files", {"bucket": bucket_id, "add": files})
+        call(api, token, "/_fake/bucket-files", {"bucket": bucket_id, "add": files, "delete": list(delete or [])})
 
     def download_bucket_files(api, bucket_id, files, *, raise_on_missing_files=False, token=None):
         for remote, local in files:

@@ -259,6 +259,21 @@ def test_gpu_metrics_come_back_as_resource_samples(hub, executor):
 
 # ---- bucket store
 
+@pytest.mark.parametrize("where", ["hub", "folder"])
+def test_a_folder_is_deleted_whole_and_only_it_and_never_the_bucket_root(hub, tmp_path, where):
+    store = HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "cache")) if where == "hub" else \
+        FolderStore(str(tmp_path / "bucket"))
+    store.ensure_bucket()
+    for path in ("checks/c1/code/runtime/a.py", "checks/c1/request.json", "checks/c10/request.json", "runs/r/x"):
+        store.write_bytes(path, b"{}")
+    store.delete_folder("checks/c1")
+    assert [f.path for f in store.list_files("")] == ["checks/c10/request.json", "runs/r/x"]
+    for root in ("", "/", "."):
+        with pytest.raises(ValueError, match="whole bucket"):
+            store.delete_folder(root)
+    assert len(store.list_files("")) == 2
+
+
 def test_hub_store_lists_and_reads_incrementally(hub, tmp_path):
     store = HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "cache"))
     store.ensure_bucket()

@@ -408,9 +408,12 @@ def test_a_space_checks_an_uploaded_file_in_the_visitors_job_and_launch_reuses_t
             assert report.scores["exact"][1] == 1.0, "the bare right answer scores 1"
             assert any("cpu-basic in your own account" in line for line in said) and report.cost_usd is not None
             [check] = hub.check_job_posts()
-            staged = [p for p in hub.buckets["alice/grpo-runs"].files if p.startswith("checks/")]
+            staged = [p for kind, _, p in hub.transfers if kind == "upload" and p.startswith("checks/")]
             assert any(p.endswith("/data/math.jsonl") for p in staged) and any(p.endswith("/request.json")
                                                                                  for p in staged)
+            # Once the job has answered, nothing of the check stays in the visitor's bucket.
+            assert not [p for p in hub.buckets["alice/grpo-runs"].files if p.startswith("checks/")]
+            assert {p for kind, _, p in hub.transfers if kind == "delete"} >= set(staged)
             assert SECRETS["host token"] not in repr(check.json), "the Space's own token never goes into a check"
             shown = panel.preview(form, ALICE)
             result = panel.launch(form, ALICE, confirmed=shown.fingerprint, run_id=shown.run_id)
