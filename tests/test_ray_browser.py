@@ -17,6 +17,7 @@ import urllib.request
 import psutil
 import pytest
 from browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
+from playwright.sync_api import expect
 from ray_cluster import ray_cluster
 
 pytest.importorskip("ray.job_submission")
@@ -194,6 +195,9 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         _form(page, "Tiny distributed (CPU, 2 vLLM replicas)", shared, 200)
         _open(page, "Distributed (async GRPO)", "vllm_flavor")
         _textbox(page, "vllm_flavor").click()
+        # With Ray picked, the hardware lists offer the cluster's flavors only (an HF Jobs one would not run here).
+        page.get_by_role("option", name=re.compile(r"^ray-1gpu · ")).wait_for(timeout=10000)
+        expect(page.get_by_role("option", name=re.compile(r"^(a10g-small|cpu-basic) · "))).to_have_count(0)
         page.get_by_role("option", name=re.compile(r"^ray-cpu · ")).click()
         page.wait_for_function("() => document.querySelector('#f-vllm_flavor input').value.startsWith('ray-cpu')")
         distributed = _launch(page)
