@@ -161,6 +161,7 @@ class RunRegistry:
         """What Resume would do for this run (see `backend.resume`); raises LaunchError when it cannot."""
         view = self.view(run_id)
         view.refresh()
+        view.wait_for_events()      # the plan reads the trainer's start and end events, and every version
         return resume_plan(view)
 
     def resume(self, run_id: str, secrets: dict[str, str] | None = None, from_step_0: bool = False) -> LaunchedRun:
