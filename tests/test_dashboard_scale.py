@@ -434,9 +434,12 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
                 out.append(dict(zip(names, answer["data"])))
             steps = await demo.process_api(browser.fns["on_steps"], [run.spec.run_id], state=browser.state,
                                            session_hash=browser.session)
-            return out, steps["data"]
+            opened = [(await demo.process_api(browser.fns[name], [run.spec.run_id], state=browser.state,
+                                              session_hash=browser.session))["data"][0]
+                      for name in ("on_versions", "on_picks")]
+            return out, steps["data"], opened
 
-        answers, steps = asyncio.run(ticks())
+        answers, steps, (versions, picks) = asyncio.run(ticks())
         skipped = {"__type__": "update"}
         first, *later = answers
         assert first["run-pick"]["choices"] == [[run.spec.run_id, run.spec.run_id]], "the first list has the runs"
@@ -444,7 +447,54 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
             assert answer["reward-plot"] != skipped and answer["runs-table"] != skipped, "new rows are sent"
             assert answer["run-pick"] == answer["compare-pick"] == skipped, "the same runs: no choices again"
             assert answer["sample-step"] == skipped and answer["config-json"] == skipped
+            assert answer["version-pick"] == answer["try-picks"] == skipped, "new versions: sent when opened"
         assert steps[0]["choices"][:2] == [["latest", "latest"], ["330", 330]], "opened, the picker gets the steps"
+        assert versions["choices"][0] == ["trl-policy-v16", "trl-policy-v16"], "the newest version"
+        assert picks["choices"][:2] == [["base model", "base"], ["trl-policy-v16", "trl-policy-v16"]]
         assert all(browser.state[b._id] is not None for b in tick.outputs if b.stateful), "the session's state kept"
+    finally:
+        panel.shutdown()
+
+
+def test_ten_sessions_ticking_one_run_build_its_summary_samples_and_components_once(tmp_path, monkeypatch):
+    import asyncio
+
+    import gradio as gr
+    from dashboard_requests import Browser
+
+    from backend.run_summary import RunSummaries
+    from panel.actions import Panel, Settings
+    from panel.ui import build_ui
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run = SyntheticRun(str(tmp_path), 300, samples="flush")
+    panel = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
+    try:
+        demo = build_ui(panel)
+        browsers = [Browser(demo, run.spec.run_id) for _ in range(10)]
+        built = {"summary": 0, "samples": 0, "plots": 0}
+
+        def counting(name, original):
+            def count(*args, **kwargs):
+                built[name] += 1
+                return original(*args, **kwargs)
+            return count
+
+        async def ticks():
+            for browser in browsers:
+                await browser.open()
+            monkeypatch.setattr(RunSummaries, "_glance", counting("summary", RunSummaries._glance))
+            monkeypatch.setattr(dashboard, "sample_rows", counting("samples", dashboard.sample_rows))
+            monkeypatch.setattr(gr.Plot, "postprocess", counting("plots", gr.Plot.postprocess))
+            panel.spend.clock = lambda: 1e9          # one second of the summaries' clock
+            run.grow(10)
+            panel.view(run.spec.run_id).expire()
+            return [await browser.tick() for browser in browsers]
+
+        sent = asyncio.run(ticks())
+        assert len(set(sent)) == 1 and sent[0] > 10_000, "every session is sent the same new charts and rows"
+        assert built["summary"] == built["samples"] == 1, built
+        assert 0 < built["plots"] <= len(dashboard.PLOTS), f"each changed chart once, not once a session: {built}"
     finally:
         panel.shutdown()
