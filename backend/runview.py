@@ -34,6 +34,7 @@ from backend.store import BucketStore
 log = logging.getLogger(__name__)
 
 MAX_LOG_LINES = 5000
+FIRST_LOOK_LOG_LINES = 1000     # a first look reads each log's newest lines; the rest of its tail in the background
 RECENT_SAMPLES = 900        # raw resource samples kept per job (15 minutes at 1 Hz): alerts read them
 MAX_REPLICA_SNAPSHOTS = 100
 MAX_ADAPTER_LOADS = 500     # the proxy's newest per-replica load timings a view keeps (and a first look reads)
@@ -104,6 +105,7 @@ class JobView:
     log_cursor: int = 0
     resource_cursor: int = 0
     history_end: int = -1     # where a first look started reading samples (-1: not looked at yet; >0: history)
+    log_from: int = -1        # where the log's tail begins, when a first look read less of it (-1: nothing left)
     logs: deque = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES))
     log_version: int = 0
     resources: deque = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES))   # the newest raw samples
@@ -349,16 +351,18 @@ class RunView:
             for job in self.jobs.values():
                 job.history_end = min(job.history_end, 0)
             return
-        samples = {}
+        samples, logs = {}, {}
         for job in self.jobs.values():
             if job.history_end > 0:
                 samples[job.job_id], job.history_end = job.history_end, 0
-        if fragments or samples:
-            self._history = threading.Thread(target=self._read_history, args=(fragments, samples),
+            if job.log_from >= 0:
+                logs[job.job_id], job.log_from = job.log_from, -1
+        if fragments or samples or logs:
+            self._history = threading.Thread(target=self._read_history, args=(fragments, samples, logs),
                                              name=f"history-{self.run_id}", daemon=True)
             self._history.start()
 
-    def _read_history(self, fragments: list, samples: dict[str, int]) -> None:
+    def _read_history(self, fragments: list, samples: dict[str, int], logs: dict[str, int] | None = None) -> None:
         """The rows before what a first look read, joined in front of the rows read since (one swap under the
         lock; what is drawn is built here, so the swap costs the rows read since, not the history)."""
         try:
@@ -388,7 +392,14 @@ class RunView:
                 for key in drawn_usage:
                     usage.table.sketch(*key)
                 usages[job_id] = usage
+            tails = {job_id: self.executor.read_logs(job_id, start) for job_id, start in (logs or {}).items()}
             with self._lock:
+                for job in self.jobs.values():
+                    if job.job_id in tails:     # the log's tail from where it begins to now (a short read here)
+                        lines, end = tails[job.job_id]
+                        more, job.log_cursor = self.executor.read_logs(job.job_id, end)
+                        job.logs = deque([*lines, *more], maxlen=MAX_LOG_LINES)
+                        job.log_version += 1
                 self.table = self.table.after(table)
                 for version, step in first_step.items():
                     if step < self.first_step.get(version, step + 1):
@@ -556,7 +567,9 @@ class RunView:
     def _refresh_job(self, job: JobView) -> bool:
         changed = False
         if job.log_cursor == 0:     # a first look shows the tail: a day-long log is not read from its start
-            job.log_cursor = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
+            job.log_cursor = self.executor.tail_cursor(job.job_id, FIRST_LOOK_LOG_LINES)
+            if job.log_cursor > 0 and not self.bounded:     # the rest of the tail is read with the history
+                job.log_from = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
         if job.history_end < 0:     # and the last hour of samples: the ones before are read in the background
             job.resource_cursor = job.history_end = self.executor.resources_tail_cursor(
                 job.job_id, RECENT_SAMPLES if self.bounded else HISTORY_TAIL_SAMPLES)

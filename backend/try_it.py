@@ -97,7 +97,8 @@ def try_it(view, engine, token: str | None, prompt, picks, max_tokens) -> Iterat
     Raises TryRefused before anything starts when the request is bad."""
     prompt, picks, tokens = checked_request(prompt, picks, max_tokens)
     view.refresh()
-    view.wait_for_events(EVENTS_WAIT_S)    # where the run serves is in its engine event, among its first
+    if hasattr(view, "wait_for_events"):    # where the run serves is in its engine event, among its first
+        view.wait_for_events(EVENTS_WAIT_S)
     state = TryAnswers(progress="Starting…")
     live = live_endpoint(view, engine)
     served = served_versions(view) if live else set()

@@ -9,7 +9,13 @@ import time
 
 from backend.observers import FragmentReader
 from backend.runtime import layout
-from backend.runview import HISTORY_TAIL_FRAGMENTS, HISTORY_TAIL_SAMPLES, RunView
+from backend.runview import (
+    FIRST_LOOK_LOG_LINES,
+    HISTORY_TAIL_FRAGMENTS,
+    HISTORY_TAIL_SAMPLES,
+    MAX_LOG_LINES,
+    RunView,
+)
 from backend.series import SeriesTable
 from backend.store import FolderStore
 from panel import dashboard, live
@@ -204,6 +210,8 @@ def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_
     assert view.history_pending and list(view.table.steps) == list(range(rows - tail + 1, rows + 1))
     usage = view.jobs["trainer"].usage.table
     assert len(usage) == HISTORY_TAIL_SAMPLES and usage.times[-1] == run.t0 + rows
+    logs = view.jobs["trainer"].logs
+    assert len(logs) == FIRST_LOOK_LOG_LINES and logs[-1].startswith(f"step {rows}/"), "the log's newest lines"
     assert f"history before step {rows - tail + 1}" in dashboard.status_markdown(view)
     before = view.version
     dashboard.shared_frame(view)                                 # drawn: the history joins drawn alike
@@ -221,6 +229,8 @@ def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_
     assert view.first_step[0] == 1 and view.first_step[1] == 20, "policy versions from the history's first steps"
     usage = view.jobs["trainer"].usage.table
     assert list(usage.times) == [run.t0 + step for step in range(1, rows + 11)], "every sample once, in order"
+    with open(executor.log_path(run.job_ids["trainer"])) as f:
+        assert list(view.jobs["trainer"].logs) == f.read().splitlines()[-MAX_LOG_LINES:], "the whole tail, once"
     assert view.unreadable == {f"{metrics}/{layout.fragment_name('trainer', 5)}": 1}
     assert "earlier history" not in dashboard.status_markdown(view)
     run.grow(10)
