@@ -93,7 +93,10 @@ class RunSummaries:
         if kept is not None and kept[0] == key and kept[1]() is view:
             return kept[2]
         glance = self._glance(registry, run_id, records, view)
-        self._glances[(id(registry), run_id)] = (key, _NO_VIEW if view is None else weakref.ref(view), glance)
+        try:
+            self._glances[(id(registry), run_id)] = (key, _NO_VIEW if view is None else weakref.ref(view), glance)
+        except TypeError:        # a view that cannot be weakly referenced (a stand-in): not kept
+            pass
         return glance
 
     def _glance(self, registry, run_id: str, records: list[JobRecord], view) -> RunGlance:

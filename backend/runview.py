@@ -165,8 +165,8 @@ class RunView:
         self._settled = False     # every job over and the bucket read once since: nothing more will come
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
         # Every browser session watching this run shares this view, and Gradio runs their handlers in threads:
-        # two refreshes at once would each append the same new lines.
-        self._lock = threading.Lock()
+        # two refreshes at once would each append the same new lines (reentrant: a due refresh is checked under it).
+        self._lock = threading.RLock()
         self._history: threading.Thread | None = None    # reads a long run's history in the background
         self._event_history: threading.Thread | None = None     # and its older events
 
@@ -264,7 +264,10 @@ class RunView:
         wait = SETTLED_RECHECK_S if self._settled else self.min_refresh_s
         if time.monotonic() - self._refreshed_at < wait:
             return False
-        return self.refresh()
+        with self._lock:     # sessions due at once: the first one in refreshes, the others find it done
+            if time.monotonic() - self._refreshed_at < wait:
+                return False
+            return self.refresh()
 
     def expect_event_writer(self, writer: str) -> None:
         """The panel writes events of its own into the run's folder (alerts, a budget stop): read them at once."""
