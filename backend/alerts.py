@@ -73,14 +73,19 @@ class AlertBook:
         self.store, self.run_id, self.webhook = store, run_id, webhook
         self.send = send or post_webhook
         self.open: dict[str, dict] = {}
+        self._newest: dict[str, dict] = {}     # alert key -> its newest alert or alert_cleared event, read or written
         # A writer name of this book's own: two panels (or a restarted one) never write the same fragment name.
         self.writer = f"{WRITER}.{secrets.token_hex(4)}"
         self._seq = 0
-        self._known_events = 0
+        self._learnt: tuple[list | None, int] = (None, 0)    # the events list learnt from, and how far
         self._lock = threading.Lock()
 
     def update(self, view, now: float | None = None) -> list[diagnose.Alert]:
-        """Write (and send) the alerts that started firing, clear the ones that stopped; return the new ones."""
+        """Write (and send) the alerts that started firing, clear the ones that stopped; return the new ones.
+        Nothing while the view is still reading the run's older events: an alert they hold as open is not sent
+        again."""
+        if getattr(view, "events_loading", False):
+            return []
         with self._lock:
             self._learn(view.events)
             alerts = {a.key: a for a in current_alerts(view, now)}
@@ -94,22 +99,31 @@ class AlertBook:
                 if hasattr(view, "expect_event_writer"):
                     view.expect_event_writer(self.writer)
             for record in records:
-                if record["event"] == FIRED:
-                    self.open[record["key"]] = record
-                else:
-                    self.open.pop(record["key"], None)
+                self._note(record)
             for alert in fired:
                 self._notify(alert, view)
             return fired
 
     def _learn(self, events: list[dict]) -> None:
-        """Open alerts as the bucket records them (this panel's or an earlier one's)."""
-        for event in events[self._known_events:]:
-            if event.get("event") == FIRED and isinstance(event.get("key"), str):
-                self.open[event["key"]] = event
-            elif event.get("event") == CLEARED:
-                self.open.pop(event.get("key"), None)
-        self._known_events = len(events)
+        """Open alerts as the bucket records them (this panel's or an earlier one's). A list read before is read
+        on from where it was left; another one (another view of the run, or older events joined in front) from
+        its start: an event older than what is known of its key changes nothing, so reading one twice is harmless."""
+        seen, known = self._learnt
+        for event in events[known if seen is events else 0:]:
+            if event.get("event") in (FIRED, CLEARED) and isinstance(event.get("key"), str):
+                self._note(event)
+        self._learnt = (events, len(events))
+
+    def _note(self, event: dict) -> None:
+        """An alert or alert_cleared event, unless one newer for its key is known already."""
+        key, newest = event["key"], self._newest.get(event["key"])
+        if newest is not None and _time(event) < _time(newest):
+            return
+        self._newest[key] = event
+        if event["event"] == FIRED:
+            self.open[key] = event
+        else:
+            self.open.pop(key, None)
 
     def _write(self, records: list[dict]) -> None:
         folder = f"{layout.run_prefix(self.run_id)}/{layout.EVENTS_DIR}"
@@ -132,6 +146,11 @@ class AlertBook:
             self.send(self.webhook, text, alert)
         except Exception as error:
             log.warning("alert webhook failed for run %s: %s", self.run_id, type(error).__name__)
+
+
+def _time(event: dict) -> float:
+    when = event.get("time")
+    return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
 
 
 def post_webhook(url: str, text: str, alert: diagnose.Alert) -> None:

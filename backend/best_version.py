@@ -167,10 +167,16 @@ class ChosenAdapter:
     metric: str = ""
 
 
+def published(view, version: int):
+    """The run's adapter version `version` (an AdapterVersion), None if it published none."""
+    find = getattr(view, "find_adapter", None)      # a RunView's: it also looks while older events are read
+    return find(version) if find is not None else view.adapters.get(version)
+
+
 def _version_step(view, version: int | None) -> int | None:
     if version is None:
         return None
-    known = view.adapters.get(version)
+    known = published(view, version)
     if known is not None and known.step is not None:
         return known.step
     score = view.held_out.scores.get(version)
@@ -238,7 +244,7 @@ def choose(view, choice: str | None) -> ChosenAdapter:
         return ChosenAdapter(BEST, layout.adapter_name(best), best, _version_step(view, best), chosen, why, score,
                              metric)
     match = layout.ADAPTER_NAME_RE.match(choice)
-    if not match or int(match.group(1)) not in view.adapters:
+    if not match or published(view, int(match.group(1))) is None:
         raise ChoiceError(f"version: run {view.run_id} published no adapter {choice[:80]!r}; pick best, final/ or one "
                           "of the versions listed in the adapters table")
     version = int(match.group(1))
@@ -256,7 +262,7 @@ def choose(view, choice: str | None) -> ChosenAdapter:
 
 def _version_files(view, version: int) -> list[StoredFile]:
     """A version's own folder, or best/ when that is this version and its serving copy was pruned."""
-    known = view.adapters.get(version)
+    known = published(view, version)
     files = _complete(view.store.list_files(known.path)) if known is not None else []
     if files:
         return files

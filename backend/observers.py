@@ -13,6 +13,7 @@ Adapter folders are listed only once both adapter files are present.
 
 import json
 import logging
+import math
 import posixpath
 import threading
 import time
@@ -51,30 +52,40 @@ RESCAN_COST_FACTOR = 200     # list the folder at most once per this many times 
 PROBE_AHEAD = 4              # next fragment numbers asked for, per writer, per call
 BATCH_RECORDS = 5000         # records handed over at a time
 PREFETCH_FILES = 500         # fragments asked of the store in one batch (one download on the Hub)
+SEARCH_POINTS = 16           # fragment numbers asked for, per writer, per step of a first look's search
+LIST_FIRST_BELOW = 1000      # a first look lists a folder whose searched writers hold fewer fragments than this
 
 
 class FragmentReader:
     """The new records of one folder of fragments, read from a cursor: the one incremental reader of every folder of
     fragments (metrics, events, samples, and any folder a new writer adds).
 
-    The first read lists the folder. After that the reader probes each known writer's next fragment numbers (and
-    any fragment left torn), so a refresh with nothing new is one `sizes` call; a re-listing, which finds new
-    writers (and fragments a probe cannot reach), is started at most every `rescan_s`, a time that grows with what
-    a listing costs, in a thread of its own: its fragments are read by the first refresh after it ends, and only
-    those past what the reader knew when it began, so that refresh costs what is new too."""
+    The first read lists a small folder. In a large one (its `defer` and `latest_only` writers hold LIST_FIRST_BELOW
+    fragments or more) it reads only their newest fragments, found by searching their numbers, and the next read
+    starts a listing in the background: the read after that listing sets the older fragments aside (`defer`) or
+    skips them (`latest_only`) and reads what the other writers wrote. After that the reader probes each known
+    writer's next fragment numbers (and any fragment left torn), so a refresh with nothing new is one `sizes`
+    call; a re-listing, which finds new writers (and fragments a probe cannot reach), is started at most every
+    `rescan_s`, a time that grows with what a listing costs, in a thread of its own: its fragments are read by the
+    first refresh after it ends, and only those past what the reader knew when it began, so that refresh costs
+    what is new too."""
 
     def __init__(self, store: BucketStore, folder: str, check: Callable[[dict], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic, latest_only: dict[str, int] | None = None,
-                 defer: dict[str, int] | None = None, background: bool = True):
+                 defer: dict[str, int] | None = None, background: bool = True, list_below: int | None = None):
         """`latest_only` maps writers whose records are snapshots (each replaces the last) to how many of their
         newest fragments are worth reading: a first look skips the rest. `defer` maps writers whose history a
         first look may leave for later to how many of their newest fragments it reads now: the older ones are
-        set aside in `deferred` (marked read here) for `read_deferred`, so a long run opens at once. Without
-        `background`, a due re-listing is done by the read itself (a one-off reader that is not on a timer)."""
+        set aside in `deferred` (marked read here) for `read_deferred`, so a long run opens at once. `list_below`
+        (LIST_FIRST_BELOW by default): how many fragments those writers hold before a first look stops listing.
+        Without `background`, a due re-listing is done by the read itself (a one-off reader that is not on a
+        timer)."""
         self.store, self.folder, self.check, self.clock = store, folder.rstrip("/"), check, clock
         self.latest_only = latest_only or {}
         self.defer = defer or {}
         self.background = background
+        self.list_below = LIST_FIRST_BELOW if list_below is None else list_below
+        self._window: dict[str, int] = {}        # writer -> the first fragment number a first look read of it
         self.deferred: list[StoredFile] = []     # older fragments a first look left for `read_deferred`
         self.cursor = FragmentCursor()
         self.next_seq: dict[str, int] = {}       # writer -> the first fragment number not read yet
@@ -95,6 +106,11 @@ class FragmentReader:
         """What `read` returns, a few thousand records at a time: a first look at a long run never holds its
         whole history as dicts at once."""
         first = self.listed_at == float("-inf")
+        if first and not full and self.background and (self.defer or self.latest_only):
+            newest = self._newest()
+            if sum(seq + 1 for seq in newest.values()) >= self.list_below:
+                yield from self._first_look(newest, size)
+                return
         if full or first or (not self.background and self.clock() - self.listed_at >= self.rescan_s):
             self.wait_for_listing()
             self._listed = None
@@ -107,14 +123,73 @@ class FragmentReader:
             yield from self._batches_of(files, size)
         elif self.clock() - self.listed_at >= self.rescan_s and not self.listing_pending:
             self.listed_at = self.clock()       # due: listed meanwhile, read by a later refresh
-            self._lister = threading.Thread(target=self._list_in_background, args=(dict(self.next_seq),),
-                                            name=f"list-{self.folder}", daemon=True)
-            self._lister.start()
+            self._start_listing()
         yield from self._probed(size)
+
+    def _start_listing(self) -> None:
+        # A writer a first look read only the newest of: every fragment of it, the older ones too.
+        known = {w: seq for w, seq in self.next_seq.items() if w not in self._window}
+        self._lister = threading.Thread(target=self._list_in_background, args=(known,),
+                                        name=f"list-{self.folder}", daemon=True)
+        self._lister.start()
 
     @property
     def listing_pending(self) -> bool:
         return self._lister is not None and self._lister.is_alive()
+
+    @property
+    def looking_back(self) -> bool:
+        """Whether a first look read only the newest fragments of some writers and the listing that finds the rest
+        (their older fragments, the other writers) has not been read yet."""
+        return bool(self._window)
+
+    def _newest(self) -> dict[str, int]:
+        """The newest fragment number of each `defer` and `latest_only` writer that has written (a writer numbers
+        its fragments from 0 without gaps), from a few `sizes` calls: numbers growing as powers of two, then
+        SEARCH_POINTS numbers between the last one there and the first one missing, until they meet."""
+        there = {w: -1 for w in sorted({*self.defer, *self.latest_only})}     # the highest number seen there
+        missing = {w: math.inf for w in there}                                # the lowest number seen missing
+        while True:
+            asks = {}
+            for w, last in there.items():
+                gap = missing[w] - last
+                if gap <= 1:
+                    continue
+                if gap == math.inf:
+                    asks[w] = [last + 2 ** k for k in range(SEARCH_POINTS)]
+                else:
+                    step = SEARCH_POINTS + 1
+                    asks[w] = sorted({last + max(1, gap * k // step) for k in range(1, step)})
+            if not asks:
+                return {w: seq for w, seq in there.items() if seq >= 0}
+            found = self.store.sizes([self._path(w, seq) for w, seqs in asks.items() for seq in seqs])
+            for w, seqs in asks.items():
+                first_missing = min((s for s in seqs if self._path(w, s) not in found), default=math.inf)
+                there[w] = max([there[w], *(s for s in seqs if s < first_missing and self._path(w, s) in found)])
+                missing[w] = min(missing[w], first_missing)
+
+    def _first_look(self, newest: dict[str, int], size: int) -> Iterator[list[tuple[str, dict]]]:
+        """Read the newest fragments of each writer in `newest` (writer -> its newest number); the next read lists
+        the folder in the background for the rest."""
+        for writer, seq in newest.items():
+            keep = self.latest_only.get(writer) or self.defer[writer]
+            self._window[writer] = max(0, seq + 1 - keep)
+        paths = [self._path(w, seq) for w, low in self._window.items() for seq in range(low, newest[w] + 1)]
+        sizes = self.store.sizes(paths)
+        self.store.prefetch(sorted(sizes))
+        out: list = []
+        for path in sorted(sizes):
+            self._read_fragment(path, sizes[path], out)
+            if len(out) >= size:
+                yield out
+                out = []
+        for writer, seq in newest.items():
+            self.next_seq[writer] = max(self.next_seq.get(writer, 0), seq + 1)
+        # The listing is due at the next read, not started now: it would contend with what this read is for,
+        # drawing the newest rows.
+        self.listed_at = self.clock() - self.rescan_s
+        if out:
+            yield out
 
     def wait_for_listing(self, timeout: float | None = None) -> bool:
         """Wait for a re-listing in progress (tests, and a full read); True once none is."""
@@ -171,8 +246,14 @@ class FragmentReader:
             if match:
                 by_writer.setdefault(match.group("writer"), []).append(f)
         done = self.cursor.done
+        window, self._window = self._window, {}     # a listing: what a first look left is found now
         for writer, frags in by_writer.items():
             frags.sort(key=lambda f: f.path)
+            if writer in window:                 # the fragments before a first look's: the history, or stale
+                older = [f for f in frags if _seq(f.path) < window[writer] and f.path not in done]
+                if writer in self.defer and writer not in self.latest_only:
+                    self.deferred += older
+                done.update(f.path for f in older)
             if writer in self.latest_only:       # snapshots: nothing older than the newest few is still current
                 old = [f for f in frags if f.path not in done][:-self.latest_only[writer]]
                 done.update(f.path for f in old)
@@ -235,6 +316,10 @@ class FragmentReader:
         return f"{self.folder}/{layout.fragment_name(writer, seq)}"
 
 
+def _seq(path: str) -> int:
+    return int(layout.FRAGMENT_RE.match(posixpath.basename(path)).group("seq"))
+
+
 def _records(store: BucketStore, path: str, start: int, size: int, cursor: FragmentCursor, writer: str,
              check: Callable[[dict], bool] | None) -> list[tuple[str, dict]]:
     """The complete lines of `path` after `start` as (writer, record); moves the cursor past them."""
@@ -280,6 +365,17 @@ def list_adapter_versions(store: BucketStore, run_id: str,
                 continue
             found[version] = _adapter_version(store, folder, version, files)
     return found
+
+
+def find_adapter_version(store: BucketStore, run_id: str, version: int) -> AdapterVersion | None:
+    """Version `version` from its own folder in `adapters/` or `.vllm_lora/` (None unless both adapter files are
+    there): a `sizes` call, and a listing of that one small folder once they are."""
+    prefix, name = layout.run_prefix(run_id), layout.adapter_name(version)
+    for sub in (layout.ADAPTERS_DIR, layout.VLLM_LORA_DIR):
+        folder = f"{prefix}/{sub}/{name}"
+        if len(store.sizes([f"{folder}/{n}" for n in layout.ADAPTER_FILES])) == len(layout.ADAPTER_FILES):
+            return _adapter_version(store, folder, version, store.list_files(folder))
+    return None
 
 
 def _adapter_version(store: BucketStore, folder: str, version: int, files: list[StoredFile]) -> AdapterVersion:

@@ -9,8 +9,10 @@ for a finished run (its newest fragments only).
 
 import json
 import logging
+import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +28,10 @@ from backend.runtime.redact import redact_record
 log = logging.getLogger(__name__)
 
 READ_EVERY_S = 10.0      # a live run's new metric fragments, read at most this often when no dashboard has them
+
+
+def _NO_VIEW() -> None:      # a glance made without a view: stands in for a view's weak reference
+    return None
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,9 @@ class RunSummaries:
         self.read_every_s = read_every_s
         self.flavor_cache = FlavorCache()
         self._runs: dict[tuple[str, str], _Followed] = {}
+        # The newest glance of each run, given again within the same second of `clock` for the same job records and
+        # view version: every session's tick asks each run's summary (its list row, its cost line) alike.
+        self._glances: dict[tuple[int, str], tuple[tuple, object, RunGlance]] = {}
         self._lock = threading.Lock()
 
     def prices(self, registry) -> dict[str, float]:
@@ -77,8 +86,20 @@ class RunSummaries:
                                                    executor.flavors))
 
     def glance(self, registry, run_id: str, view=None) -> RunGlance:
-        """The run's summary now. A dashboard's `view` of it, if given, supplies its steps."""
+        """The run's summary now (as of this second). A dashboard's `view` of it, if given, supplies its steps."""
         records = registry.job_records(run_id)
+        key = (tuple(records), getattr(view, "version", None), math.floor(self.clock()))
+        kept = self._glances.get((id(registry), run_id))
+        if kept is not None and kept[0] == key and kept[1]() is view:
+            return kept[2]
+        glance = self._glance(registry, run_id, records, view)
+        try:
+            self._glances[(id(registry), run_id)] = (key, _NO_VIEW if view is None else weakref.ref(view), glance)
+        except TypeError:        # a view that cannot be weakly referenced (a stand-in): not kept
+            pass
+        return glance
+
+    def _glance(self, registry, run_id: str, records: list[JobRecord], view) -> RunGlance:
         followed = self._followed(registry, run_id, records)
         if view is not None:
             points, newest = view_points(view), view.latest

@@ -27,6 +27,7 @@ from backend.spec import RunSpec
 from backend.store import BucketStore
 
 FRESH_LIST_AGE_S = 3.0   # a "fresh" run list may be this old: a view of an unknown run id must not relist every tick
+SHARED_LIST_AGE_S = 1.0  # a listing this young serves every session's tick (a local one reads each job's files)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class RunRegistry:
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
         self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
+        self._list_lock = threading.Lock()
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
         try:
@@ -67,11 +69,19 @@ class RunRegistry:
         self._listed = (0.0, [])
 
     def list_runs(self, fresh: bool = False) -> list[RunSummary]:
-        """Every run of this executor, newest first. `fresh` asks again unless the list is a few seconds old."""
+        """Every run of this executor, newest first. `fresh` asks again unless the list is a few seconds old; any
+        list serves the callers of the same second (sessions ticking together: one listing, not one each)."""
+        max_age = (min(FRESH_LIST_AGE_S, self.list_every_s) if fresh else self.list_every_s) or SHARED_LIST_AGE_S
         listed_at, cached = self._listed
-        max_age = min(FRESH_LIST_AGE_S, self.list_every_s) if fresh else self.list_every_s
-        if max_age and time.time() - listed_at < max_age:
+        if time.time() - listed_at < max_age:
             return cached
+        with self._list_lock:        # asked at once: the first one lists, the others take its list
+            listed_at, cached = self._listed
+            if time.time() - listed_at < max_age:
+                return cached
+            return self._list_runs()
+
+    def _list_runs(self) -> list[RunSummary]:
         runs: dict[str, dict] = {}
         records: dict[str, list[JobRecord]] = {}
         older: dict[str, dict[str, list[str]]] = {}     # run -> role -> job ids of earlier attempts, newest first
@@ -161,6 +171,7 @@ class RunRegistry:
         """What Resume would do for this run (see `backend.resume`); raises LaunchError when it cannot."""
         view = self.view(run_id)
         view.refresh()
+        view.wait_for_events()      # the plan reads the trainer's start and end events, and every version
         return resume_plan(view)
 
     def resume(self, run_id: str, secrets: dict[str, str] | None = None, from_step_0: bool = False) -> LaunchedRun:

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from backend.best_version import HeldOut
 from backend.executors.base import Executor, ResourceSample
 from backend.jobspec import TERMINAL_STAGES, JobStatus, run_stage
-from backend.observers import AdapterVersion, FragmentReader, final_adapter_files, list_adapter_versions
+from backend.observers import (
+    AdapterVersion,
+    FragmentReader,
+    final_adapter_files,
+    find_adapter_version,
+    list_adapter_versions,
+)
 from backend.runtime import layout
 from backend.runtime.redact import redact_record
 from backend.series import SeriesTable, Sketch
@@ -28,6 +34,7 @@ from backend.store import BucketStore
 log = logging.getLogger(__name__)
 
 MAX_LOG_LINES = 5000
+FIRST_LOOK_LOG_LINES = 1000     # a first look reads each log's newest lines; the rest of its tail in the background
 RECENT_SAMPLES = 900        # raw resource samples kept per job (15 minutes at 1 Hz): alerts read them
 MAX_REPLICA_SNAPSHOTS = 100
 MAX_ADAPTER_LOADS = 500     # the proxy's newest per-replica load timings a view keeps (and a first look reads)
@@ -35,11 +42,17 @@ SAMPLE_CHUNK = 5000         # resource samples read at a time
 SAMPLE_STEPS_KEPT = 100     # steps (or policy versions) whose sample completions a view keeps
 MIN_REFRESH_S = 1.0         # sessions ticking at once share one refresh: a second within this is a no-op
 SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its files do not change)
-# A first look at a long run reads its newest metric fragments (about 1,000 steps) and the last hour of each
-# job's resource samples at once, and the history before them in the background: it opens in a second, whatever
-# its length, and the charts fill in once the history is read.
+# A first look at a long run reads its newest metric fragments (about 1,000 steps) and the last 20 minutes of each
+# job's resource samples (the alerts read the last 15) at once, and the history before them in the background: it
+# opens about as fast as a short run, whatever its length, and the charts fill in once the history is read.
 HISTORY_TAIL_FRAGMENTS = 100
-HISTORY_TAIL_SAMPLES = 3600
+HISTORY_TAIL_SAMPLES = 1200
+# Of the trainer's events (one fragment each: an adapter version every few steps), a first look reads the newest
+# ones; the older ones are joined in front of them in the background, in time order, and whatever the view derives
+# from events (versions, open alerts, the trainer's end, its engine) is derived again from all of them. Readers
+# that must see every event wait for them (`wait_for_events`); the alerts wait by themselves (`events_loading`).
+EVENTS_TAIL_FRAGMENTS = 100
+CANARY_KEPT = 10            # the proxy's newest serving proofs a first look reads (the view keeps the last)
 # A bounded view (the background watch's summary of a live run nobody watches) keeps only what the alerts and the
 # runs list read: the newest steps, the events but adapter versions, the newest resource samples.
 SUMMARY_FRAGMENTS = 10
@@ -92,6 +105,7 @@ class JobView:
     log_cursor: int = 0
     resource_cursor: int = 0
     history_end: int = -1     # where a first look started reading samples (-1: not looked at yet; >0: history)
+    log_from: int = -1        # where the log's tail begins, when a first look read less of it (-1: nothing left)
     logs: deque = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES))
     log_version: int = 0
     resources: deque = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES))   # the newest raw samples
@@ -125,11 +139,13 @@ class RunView:
         # The proxy's replica snapshots each replace the last: a first look reads only the newest ones.
         self._metrics = FragmentReader(store, f"{prefix}/{layout.METRICS_DIR}", check=_is_metric_record,
                                        latest_only={layout.PROXY_WRITER: MAX_REPLICA_SNAPSHOTS,
-                                                    layout.LOADS_WRITER: MAX_ADAPTER_LOADS},
+                                                    layout.LOADS_WRITER: MAX_ADAPTER_LOADS,
+                                                    layout.CANARY_WRITER: CANARY_KEPT},
                                        defer={layout.TRAINER_WRITER: SUMMARY_FRAGMENTS if bounded
                                               else HISTORY_TAIL_FRAGMENTS})
         self._events = FragmentReader(store, f"{prefix}/{layout.EVENTS_DIR}",
-                                      check=lambda r: isinstance(r.get("event"), str))
+                                      check=lambda r: isinstance(r.get("event"), str),
+                                      defer={layout.TRAINER_WRITER: EVENTS_TAIL_FRAGMENTS})
         # What the policy writes: a few completions per step; a first look reads only the newest steps.
         self._samples = FragmentReader(store, f"{prefix}/{layout.SAMPLES_DIR}",
                                        check=lambda r: isinstance(r.get("completion"), str),
@@ -149,9 +165,10 @@ class RunView:
         self._settled = False     # every job over and the bucket read once since: nothing more will come
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
         # Every browser session watching this run shares this view, and Gradio runs their handlers in threads:
-        # two refreshes at once would each append the same new lines.
-        self._lock = threading.Lock()
+        # two refreshes at once would each append the same new lines (reentrant: a due refresh is checked under it).
+        self._lock = threading.RLock()
         self._history: threading.Thread | None = None    # reads a long run's history in the background
+        self._event_history: threading.Thread | None = None     # and its older events
 
     # ---- derived
     @property
@@ -212,6 +229,14 @@ class RunView:
     def engine(self) -> str | None:
         return self._engine
 
+    def find_adapter(self, version: int) -> AdapterVersion | None:
+        """Version `version` if the run published it: from its events, or from its folder while the older events
+        are still being read (a version picked by hand before its event is read is no less published)."""
+        known = self.adapters.get(version)
+        if known is not None or not self.events_loading:
+            return known
+        return find_adapter_version(self.store, self.run_id, version)
+
     def newest_adapters(self, count: int) -> list[AdapterVersion]:
         """The `count` highest versions, newest first (without sorting thousands of versions each time)."""
         return [self.adapters[v] for v in self._versions[-count:][::-1]]
@@ -239,7 +264,10 @@ class RunView:
         wait = SETTLED_RECHECK_S if self._settled else self.min_refresh_s
         if time.monotonic() - self._refreshed_at < wait:
             return False
-        return self.refresh()
+        with self._lock:     # sessions due at once: the first one in refreshes, the others find it done
+            if time.monotonic() - self._refreshed_at < wait:
+                return False
+            return self.refresh()
 
     def expect_event_writer(self, writer: str) -> None:
         """The panel writes events of its own into the run's folder (alerts, a budget stop): read them at once."""
@@ -261,8 +289,9 @@ class RunView:
                 changed |= self._refresh_adapters()
             for job in self.jobs.values():
                 changed |= self._refresh_job(job)
-            # Settled once every job is over and the bucket was read in full after that.
-            if self.done and not self._settled:
+            # Settled once every job is over and the bucket was read in full after that (once a first look's
+            # background listings are read: the full read lists again).
+            if self.done and not self._settled and not (self._metrics.looking_back or self._events.looking_back):
                 changed |= self._refresh_fragments(True)
                 changed |= self._refresh_adapters(True)
                 self._settled = True
@@ -273,35 +302,70 @@ class RunView:
     # ---- history (a long run's older rows, read in the background)
     @property
     def history_pending(self) -> bool:
-        """Whether older rows a first look left for later are still being read."""
-        return self._history is not None and self._history.is_alive()
+        """Whether older rows or events a first look left for later are still being found or read."""
+        return (_alive(self._history) or self.events_loading or self._metrics.looking_back
+                or bool(self._metrics.deferred))
+
+    @property
+    def events_loading(self) -> bool:
+        """Whether older events a first look left for later are still being found or read: until they are,
+        `events` holds the newest ones (and whatever the other writers' fragments held that was read)."""
+        return _alive(self._event_history) or self._events.looking_back or bool(self._events.deferred)
 
     def wait_for_history(self, timeout: float | None = None) -> bool:
         """Wait until the history is read (for a one-off drawing such as Compare); True if it is."""
-        thread = self._history
-        if thread is not None:
-            thread.join(timeout)
-        return not self.history_pending
+        return self._wait(lambda: self.history_pending, (self._metrics, self._events),
+                          lambda: (self._history, self._event_history), timeout)
+
+    def wait_for_events(self, timeout: float | None = None) -> bool:
+        """Wait until every event is read (for what must see them all: a resume plan, "try it"); True if it is."""
+        return self._wait(lambda: self.events_loading, (self._events,), lambda: (self._event_history,), timeout)
+
+    def _wait(self, pending, readers, threads, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for reader in readers:
+                reader.wait_for_listing(left)
+            if any(reader.looking_back or reader.deferred for reader in readers):
+                with self._lock:    # the listing's news read now (what a tick would do), the history started
+                    for full in (False, True):      # a listing that failed: list now
+                        if any(reader.looking_back and not reader.listing_pending for reader in readers):
+                            self.version += self._refresh_fragments(full)
+                    self._start_history()
+            for thread in threads():
+                if thread is not None:
+                    thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return not pending()
 
     def _start_history(self) -> None:
-        """Read what a first look set aside, in a thread of its own (called under the lock)."""
-        if self.history_pending:
+        """Read what a first look set aside, in threads of their own (called under the lock)."""
+        if self._events.deferred and not _alive(self._event_history):
+            fragments, self._events.deferred = self._events.deferred, []
+            self._event_history = threading.Thread(target=self._read_event_history, args=(fragments,),
+                                                   name=f"events-{self.run_id}", daemon=True)
+            self._event_history.start()
+        if _alive(self._history):
             return
         fragments, self._metrics.deferred = self._metrics.deferred, []
         if self.bounded:        # a summary needs no history
             for job in self.jobs.values():
                 job.history_end = min(job.history_end, 0)
             return
-        samples = {}
+        samples, logs = {}, {}
         for job in self.jobs.values():
             if job.history_end > 0:
                 samples[job.job_id], job.history_end = job.history_end, 0
-        if fragments or samples:
-            self._history = threading.Thread(target=self._read_history, args=(fragments, samples),
+            if job.log_from >= 0:
+                logs[job.job_id], job.log_from = job.log_from, -1
+        if fragments or samples or logs:
+            self._history = threading.Thread(target=self._read_history, args=(fragments, samples, logs),
                                              name=f"history-{self.run_id}", daemon=True)
             self._history.start()
 
-    def _read_history(self, fragments: list, samples: dict[str, int]) -> None:
+    def _read_history(self, fragments: list, samples: dict[str, int], logs: dict[str, int] | None = None) -> None:
         """The rows before what a first look read, joined in front of the rows read since (one swap under the
         lock; what is drawn is built here, so the swap costs the rows read since, not the history)."""
         try:
@@ -331,7 +395,14 @@ class RunView:
                 for key in drawn_usage:
                     usage.table.sketch(*key)
                 usages[job_id] = usage
+            tails = {job_id: self.executor.read_logs(job_id, start) for job_id, start in (logs or {}).items()}
             with self._lock:
+                for job in self.jobs.values():
+                    if job.job_id in tails:     # the log's tail from where it begins to now (a short read here)
+                        lines, end = tails[job.job_id]
+                        more, job.log_cursor = self.executor.read_logs(job.job_id, end)
+                        job.logs = deque([*lines, *more], maxlen=MAX_LOG_LINES)
+                        job.log_version += 1
                 self.table = self.table.after(table)
                 for version, step in first_step.items():
                     if step < self.first_step.get(version, step + 1):
@@ -342,6 +413,23 @@ class RunView:
                 self.version += 1
         except Exception:  # the dashboard goes on with the rows it has; the history is only missing
             log.exception("could not read the history of run %s", self.run_id)
+
+    def _read_event_history(self, fragments: list) -> None:
+        """The events before what a first look read, joined in time order; what the view derives from events is
+        derived again from all of them (one pass under the lock)."""
+        try:
+            older = []
+            for batch in self._events.read_deferred(fragments):
+                older += [self._event_record(writer, record) for writer, record in batch]
+            older = [record for record in older if record is not None]
+            with self._lock:
+                self.events = sorted([*older, *self.events], key=_event_time)
+                self._engine, self.trainer_end, self.open_alerts, self.superseded = None, {}, {}, {}
+                for record in self.events:
+                    self._note_event(record)
+                self.version += 1
+        except Exception:  # the dashboard goes on with the events it has
+            log.exception("could not read the older events of run %s", self.run_id)
 
     def replace_jobs(self, jobs: dict[str, str]) -> None:
         """Watch a new attempt's jobs (the run was resumed); the earlier attempts' jobs stay, as `<role>#<n>`."""
@@ -412,21 +500,30 @@ class RunView:
         # so an alert cleared by a restarted panel is not read back before the one that raised it.
         new_events = sorted(self._events.read(full), key=lambda pair: _event_time(pair[1]))
         for writer, record in new_events:
-            # Masked on the way in too: a job's event may quote a token that its own job did not know to mask.
-            record = {"writer": writer, **redact_record(record)}
-            if self.bounded and record["event"] in SUMMARY_EVENTS_SKIPPED:
-                continue
-            self.events.append(record)
-            self._note_adapter_event(record)
-            if record["event"] == "engine":
-                self._engine = record.get("engine")
-            if writer == layout.TRAINER_WRITER and record["event"] in ("started", "finished", "failed", "canceled"):
-                self.trainer_end = record
-            if record["event"] == "alert" and isinstance(record.get("key"), str):
-                self.open_alerts[record["key"]] = record
-            elif record["event"] == "alert_cleared":
-                self.open_alerts.pop(record.get("key"), None)
+            record = self._event_record(writer, record)
+            if record is not None:
+                self.events.append(record)
+                self._note_event(record)
         return changed or bool(new_events)
+
+    def _event_record(self, writer: str, record: dict) -> dict | None:
+        """An event as the view keeps it (None: one a bounded view does not keep). Masked on the way in too: a
+        job's event may quote a token that its own job did not know to mask."""
+        record = {"writer": writer, **redact_record(record)}
+        return None if self.bounded and record["event"] in SUMMARY_EVENTS_SKIPPED else record
+
+    def _note_event(self, record: dict) -> None:
+        """What the view derives from an event, the events read in the order they happened."""
+        self._note_adapter_event(record)
+        if record["event"] == "engine":
+            self._engine = record.get("engine")
+        if record["writer"] == layout.TRAINER_WRITER and record["event"] in ("started", "finished", "failed",
+                                                                              "canceled"):
+            self.trainer_end = record
+        if record["event"] == "alert" and isinstance(record.get("key"), str):
+            self.open_alerts[record["key"]] = record
+        elif record["event"] == "alert_cleared":
+            self.open_alerts.pop(record.get("key"), None)
 
     def _note_adapter_event(self, event: dict) -> None:
         """A published version (its files may be gone: TRL deletes old serving copies) or superseded versions."""
@@ -473,7 +570,9 @@ class RunView:
     def _refresh_job(self, job: JobView) -> bool:
         changed = False
         if job.log_cursor == 0:     # a first look shows the tail: a day-long log is not read from its start
-            job.log_cursor = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
+            job.log_cursor = self.executor.tail_cursor(job.job_id, FIRST_LOOK_LOG_LINES)
+            if job.log_cursor > 0 and not self.bounded:     # the rest of the tail is read with the history
+                job.log_from = self.executor.tail_cursor(job.job_id, MAX_LOG_LINES)
         if job.history_end < 0:     # and the last hour of samples: the ones before are read in the background
             job.resource_cursor = job.history_end = self.executor.resources_tail_cursor(
                 job.job_id, RECENT_SAMPLES if self.bounded else HISTORY_TAIL_SAMPLES)
@@ -500,6 +599,10 @@ class RunView:
             if not self.bounded:
                 job.usage.add(samples)
         return changed or bool(lines) or sampled
+
+
+def _alive(thread: threading.Thread | None) -> bool:
+    return thread is not None and thread.is_alive()
 
 
 def _with_band(record: dict) -> dict:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from huggingface_hub import snapshot_download
 
-from backend.best_version import BEST, FINAL, ChoiceError, choose, version_choices
+from backend.best_version import BEST, FINAL, ChoiceError, choose, published, version_choices
 from backend.recipe import PROXY_PORT
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
@@ -40,6 +40,7 @@ from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.sandbox import INSIDE_WORK, LIMITS, Sandbox, local_sandbox
 
 BASE = "base"
+EVENTS_WAIT_S = 60.0      # how long a try waits for the older events of a run just opened
 MAX_PROMPT_CHARS = 4000
 MAX_NEW_TOKENS = 256
 MAX_PICKS = 4                          # versions besides the base model, per try
@@ -99,6 +100,8 @@ def try_it(view, engine, token: str | None, prompt, picks, max_tokens) -> Iterat
     Raises TryRefused before anything starts when the request is bad."""
     prompt, picks, tokens = checked_request(prompt, picks, max_tokens)
     view.refresh()
+    if hasattr(view, "wait_for_events"):    # where the run serves is in its engine event, among its first
+        view.wait_for_events(EVENTS_WAIT_S)
     state = TryAnswers(progress="Starting…")
     live = live_endpoint(view, engine)
     served = served_versions(view) if live else set()
@@ -149,7 +152,7 @@ def _model_name(view, pick: str) -> str | None:
         version = view.trainer_end.get("version")
         return layout.adapter_name(version) if type(version) is int else FINAL
     match = layout.ADAPTER_NAME_RE.match(pick)
-    if not match or int(match.group(1)) not in view.adapters:
+    if not match or published(view, int(match.group(1))) is None:
         raise ChoiceError(f"run {view.run_id} published no adapter {pick[:80]!r}")
     return pick
 

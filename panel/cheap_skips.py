@@ -1,4 +1,5 @@
-"""An output a handler leaves unchanged costs Gradio nothing.
+"""An output a handler leaves unchanged costs Gradio nothing, and one another session was just sent costs it
+nothing again.
 
 Gradio 6.31 answers an output that a handler skips (absent from its dict, or `gr.skip()`) by rebuilding that
 component from its constructor arguments and its config (`Blocks.postprocess_data`: the prop-update path, with
@@ -7,23 +8,80 @@ A rebuild with no props is the component as it was, and the browser is sent `{"_
 so `install()` has Gradio postprocess only the outputs that carry something and puts the bare skips back in
 their places. Batched events, and events that skip everything through Gradio's own shortcut, are left as Gradio
 does them.
+
+Every session watching a live run is sent the same new charts, tables and text each tick (the frame is built once
+for all of them): postprocessing each again for each session (a thread hop, a pydantic model and its dump, two
+walks for files) made an extra session cost what the first did. So the newest few postprocessed values of each
+plain-data component (`SHARED`: their output depends on the value and the component alone and holds no file) are
+kept, and a session sent an equal value through the same component gets the kept output, recorded in its own
+session state as Gradio records it.
+
+Its inputs likewise: Gradio preprocesses each input in a worker thread of its own (a thread hop each, nine a tick
+here, a tenth of a millisecond each and contended), though a picker's, a slider's or a textbox's preprocessing is
+a check of a plain value. An event whose inputs are all such components (`INLINE`) or states is preprocessed the
+same way without the hops.
 """
 
 import copy
 import functools
 
 from gradio.blocks import Blocks, convert_component_dict_to_list
+from gradio.components import JSON, Checkbox, Dataframe, Dropdown, Markdown, Number, Plot, Radio, Slider, Textbox
 from gradio.components.base import Component
+from gradio.data_classes import GradioModel, GradioRootModel
+from gradio.exceptions import ComponentProcessingError, Error
 
 _SKIP = {"__type__": "update"}
+SHARED = (Plot, Dataframe, Markdown, Textbox, JSON)
+KEPT_PER_COMPONENT = 4       # sessions on a few runs, or a few chart options, each hit their own
+_PLAIN = (str, list, tuple, dict, int, float, GradioModel, GradioRootModel)
+_kept: dict[int, list[tuple[Component, object, object]]] = {}    # block id -> (component, value, output), newest last
+INLINE = (Dropdown, Radio, Slider, Textbox, Checkbox, Number)
+_SCALARS = (str, int, float, bool, type(None))
 
 
 def _is_bare_skip(value) -> bool:
     return isinstance(value, dict) and value == _SKIP
 
 
+def _shareable(block, value) -> bool:
+    return (isinstance(block, SHARED) and isinstance(value, _PLAIN) and not block.stateful
+            and not (isinstance(value, dict) and "__type__" in value))     # a prop update builds the session's own
+
+
+def _equal(a, b) -> bool:
+    try:
+        return a is b or (type(a) is type(b) and bool(a == b))
+    except Exception:        # a value whose == is not a yes or no
+        return False
+
+
+def _recall(component, value):
+    for kept_component, kept_value, output in reversed(_kept.get(component._id, ())):
+        if kept_component is component and _equal(kept_value, value):
+            return output
+    return None
+
+
+def _keep(component, value, output) -> None:
+    entries = _kept.setdefault(component._id, [])
+    entries.append((component, value, output))
+    del entries[:-KEPT_PER_COMPONENT]
+
+
+def _inline(block, state, value) -> bool:
+    """Whether this input is preprocessed without a thread hop: a state, or an `INLINE` component with a plain value
+    (no file, no prop dict)."""
+    if block.stateful:
+        return True
+    plain = isinstance(value, _SCALARS) or (isinstance(value, (list, tuple)) and all(isinstance(v, _SCALARS)
+                                                                                      for v in value))
+    return plain and isinstance(state.get(block._id, block), INLINE)
+
+
 def install() -> None:
-    """Wrap `Blocks.postprocess_data` once per process (idempotent)."""
+    """Wrap `Blocks.postprocess_data` and `Blocks.preprocess_data` once per process (idempotent)."""
+    _install_preprocess()
     original = Blocks.postprocess_data
     if getattr(original, "_cheap_skips", False):
         return
@@ -31,27 +89,77 @@ def install() -> None:
     @functools.wraps(original)
     async def postprocess_data(self, block_fn, predictions, state):
         outputs = list(block_fn.outputs)
-        if block_fn.batch or len(outputs) < 2 or block_fn.is_validator_function:
+        if block_fn.batch or len(outputs) < 2 or block_fn.is_validator_function or state is None:
             return await original(self, block_fn, predictions, state)
         values = predictions
         if isinstance(values, dict) and values and not _is_bare_skip(values):
             values = convert_component_dict_to_list(outputs, values)
         if not isinstance(values, (list, tuple)) or len(values) != len(outputs):
             return await original(self, block_fn, predictions, state)   # Gradio says what is wrong with it
-        # A state's skip is cheap already (and a state is never rebuilt): only components' skips are left out.
-        kept = [i for i, (block, value) in enumerate(zip(outputs, values))
-                if not (_is_bare_skip(value) and isinstance(block, Component) and not block.stateful)]
-        if len(kept) == len(outputs):
-            return await original(self, block_fn, predictions, state)
         out: list = [dict(_SKIP) for _ in outputs]
-        if kept:
+        todo = []
+        for i, (block, value) in enumerate(zip(outputs, values)):
+            # A state's skip is cheap already (and a state is never rebuilt): only components' skips are left out.
+            if _is_bare_skip(value) and isinstance(block, Component) and not block.stateful:
+                continue
+            own = state.get(block._id, block)      # the session's copy: its props
+            recalled = _recall(own, value) if _shareable(own, value) else None
+            if recalled is None:
+                todo.append((i, own))
+                continue
+            if block._id not in state:
+                state[block._id] = block
+            state._update_value_in_config(block._id, recalled)
+            out[i] = recalled
+        if len(todo) == len(outputs):
+            done = await original(self, block_fn, predictions, state)
+        elif todo:
             narrowed = copy.copy(block_fn)
-            narrowed.outputs = [outputs[i] for i in kept]
-            chosen = [values[i] for i in kept]
-            done = await original(self, narrowed, chosen if len(kept) > 1 else chosen[0], state)
-            for i, value in zip(kept, done):
-                out[i] = value
+            narrowed.outputs = [outputs[i] for i, _ in todo]
+            chosen = [values[i] for i, _ in todo]
+            done = await original(self, narrowed, chosen if len(todo) > 1 else chosen[0], state)
+        else:
+            return out
+        for (i, own), output in zip(todo, done):
+            out[i] = output
+            if _shareable(own, values[i]):
+                _keep(own, values[i], output)
         return out
 
     postprocess_data._cheap_skips = True
     Blocks.postprocess_data = postprocess_data
+
+
+def _install_preprocess() -> None:
+    original = Blocks.preprocess_data
+    if getattr(original, "_cheap_skips", False):
+        return
+
+    @functools.wraps(original)
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call=False):
+        if (state is None or block_fn.component_prop_inputs or len(inputs) < len(block_fn.inputs)
+                or not all(_inline(b, state, v) for b, v in zip(block_fn.inputs, inputs))):
+            return await original(self, block_fn, inputs, state, explicit_call)    # Gradio's own (and its errors)
+        processed = []
+        for i, block in enumerate(block_fn.inputs):     # Gradio's steps, less the file moves and the thread hop
+            if block.stateful:
+                processed.append(state[block._id])
+                continue
+            block = state.get(block._id, block)
+            if block._id not in state:
+                state[block._id] = block
+            state._update_value_in_config(block._id, inputs[i])
+            if not block_fn.preprocess:
+                processed.append(inputs[i])
+                continue
+            try:
+                processed.append(block.preprocess(inputs[i]))
+            except Error:
+                raise
+            except Exception as err:
+                raise ComponentProcessingError(self._format_processing_error(
+                    block_fn, i, block, inputs[i], is_input=True, original_error=err)) from err
+        return processed
+
+    preprocess_data._cheap_skips = True
+    Blocks.preprocess_data = preprocess_data

@@ -108,6 +108,21 @@ def shared_frame(view, options: charts.ChartOptions | None = None) -> Frame:
         return frames[key]
 
 
+def shared_value(view, key, make: Callable):
+    """`make()` once per version of `view` and `key`, for every session that asks (thread-safe): what each session
+    would otherwise build alike (its samples table, the budget events of its cost line)."""
+    with _frames_lock:
+        slot = _frames.setdefault(view, {"lock": threading.Lock(), "frames": {}})
+    with slot["lock"]:
+        values = slot.setdefault("values", {})
+        if values.get(None) != view.version:
+            values.clear()
+            values[None] = view.version
+        if key not in values:
+            values[key] = make()
+        return values[key]
+
+
 def status_markdown(view) -> str:
     spec = view.spec
     last = view.latest

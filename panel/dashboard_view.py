@@ -7,7 +7,7 @@ handlers are plain functions (see `panel.page`)."""
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from backend.best_version import ChoiceError, default_choice
+from backend.best_version import ChoiceError, default_choice, version_choices
 from backend.compare import X_AXES
 from backend.runtime.redact import redact_tokens
 from backend.try_it import BASE
@@ -90,6 +90,7 @@ def wire(page) -> None:
     page.on([page["x_axis"].change, page["smoothing"].release, page["sample_steps"].change], on_options,
             [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
     page.on(page["sample_steps"].focus, on_steps, ["run_pick"], ["sample_steps"], show_progress="hidden")
+    page.on(page["version_pick"].focus, on_versions, ["run_pick"], ["version_pick"], show_progress="hidden")
     page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private", "version_pick"],
             ["push.message"])
     page.on(page["version_pick"].change, on_version, ["run_pick", "version_pick"], ["version_file", "version_msg"])
@@ -160,12 +161,22 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
 
 def on_steps(panel, visitor, run_id) -> dict:
     """The step picker's choices, sent when it is opened (a tick does not: `live.ON_REQUEST`)."""
-    try:
-        view = panel.view(run_id, visitor) if run_id else None
-    except KeyError:
-        view = None
+    view = _view_or_none(panel, visitor, run_id)
     steps = dashboard.sample_steps(view)[:dashboard.SAMPLE_STEPS] if view else []
     return {"sample_steps": gr.update(choices=["latest", *steps])}
+
+
+def on_versions(panel, visitor, run_id) -> dict:
+    """The version picker's choices, sent when it is opened (a tick does not: `live.ON_REQUEST`)."""
+    view = _view_or_none(panel, visitor, run_id)
+    return {"version_pick": gr.update(choices=version_choices(view) if view else [])}
+
+
+def _view_or_none(panel, visitor, run_id):
+    try:
+        return panel.view(run_id, visitor) if run_id else None
+    except KeyError:
+        return None
 
 
 def on_options(panel, visitor, run_id, role, query, x, smooth, pick, follow, session) -> dict:

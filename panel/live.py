@@ -15,10 +15,11 @@ from backend.axes import run_start
 from panel import charts, dashboard, spend_view
 
 LOG_KEY = "log"
-# Sent with a session's first draw of a run and then only when the session asks (the step picker's choices, when
-# it is opened: `dashboard_view.on_steps`), not with each tick: a live run has new sample steps every tick, and
-# each choices update costs Gradio a component rebuild per session.
-ON_REQUEST = ("sample_steps",)
+# Sent with a session's first draw of a run and then only when the session asks (a picker's choices, when it is
+# opened: `dashboard_view.on_steps`, `on_versions`, `try_view.on_picks`), not with each tick: a live run has new
+# sample steps every tick and a new adapter version every few, and each choices update costs Gradio a component
+# rebuild per session.
+ON_REQUEST = ("sample_steps", "version_pick", "try_picks")
 
 
 @dataclass
@@ -67,8 +68,9 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     parts = {name: (drawn[name] if name in ON_REQUEST and name in drawn else frame.digests[name], value)
              for name, value in frame.values.items()}
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
-    rows = dashboard.sample_rows(view, pick, follow)
-    parts["samples"] = (dashboard.digest(rows), rows)
+    rows = dashboard.shared_value(view, ("samples", pick, follow), lambda: _with_digest(
+        dashboard.sample_rows(view, pick, follow)))
+    parts["samples"] = rows
     parts.update(extra(view) if extra else {})
     return DashboardUpdate(send_changed(drawn, parts))
 
@@ -87,6 +89,10 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
 
     return dashboard_update(panel, run_id, state, visitor, role, query, x=axis, smoothing=smoothing,
                             dollars=corners, pick=pick, extra=extra, follow=follow)
+
+
+def _with_digest(value) -> tuple:
+    return dashboard.digest(value), value
 
 
 def _log_version(view, role: str) -> tuple:

@@ -10,6 +10,7 @@ from backend.cost import RunCost, format_duration, format_usd, spend_curve, spen
 from backend.executors import engine
 from backend.orphans import cancel_orphans, find_orphans
 from backend.runtime.redact import redact_tokens
+from panel import dashboard
 
 ORPHAN_HEADERS = ["job", "run", "role", "stage", "flavor", "$/h", "why"]
 
@@ -84,7 +85,9 @@ def cost_line(panel, run_id: str, visitor: Visitor, view) -> str:
         cost, spec, _ = run_cost(panel, run_id, visitor, view)
     except Exception:   # a failing price list or listing must not break the dashboard
         return ""
-    return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), view.events)
+    stops = dashboard.shared_value(view, "budget events", lambda: [e for e in view.events
+                                                                  if e.get("event") == BUDGET_EVENT])
+    return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), stops)
 
 
 def cost_at(panel, registry, run_id: str):

@@ -6,7 +6,7 @@ import gradio as gr
 import pandas as pd
 
 from backend.runtime.redact import redact_tokens
-from backend.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused
+from backend.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused, try_choices
 
 
 def build(page, panel) -> None:
@@ -28,6 +28,16 @@ def build(page, panel) -> None:
 def wire(page) -> None:
     page.on(page["try_btn"].click, on_try, ["run_pick", "try_prompt", "try_picks", "try_tokens"],
             ["try_msg", "try_answers"])
+    page.on(page["try_picks"].focus, on_picks, ["run_pick"], ["try_picks"], show_progress="hidden")
+
+
+def on_picks(panel, visitor, run_id) -> dict:
+    """What can be tried, sent when the picker is opened (a tick does not: `live.ON_REQUEST`)."""
+    try:
+        view = panel.view(run_id, visitor) if run_id else None
+    except KeyError:
+        view = None
+    return {"try_picks": gr.update(choices=try_choices(view) if view else [])}
 
 
 def answers_table(state: TryAnswers, picks: list[str]) -> pd.DataFrame:

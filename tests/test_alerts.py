@@ -95,6 +95,29 @@ def test_an_alert_is_recorded_and_sent_once_and_cleared_when_the_trouble_ends(tm
     assert len(webhook.bodies) == 1
 
 
+def test_a_book_reads_older_events_joined_in_front_and_waits_while_a_view_still_reads_them(tmp_path):
+    store = FolderStore(str(tmp_path))
+    drifting = [{"step": i, "time": 100.0 + i, "ratio": 1.05} for i in range(1, 11)]
+    started = [{"event": "started", "time": 90.0 + i} for i in range(3)]
+    fired = {"event": "alert", "key": "ratio", "kind": "ratio", "time": 40.0, "message": "drifting"}
+    view = _view(drifting, stages={"trainer": "RUNNING"}, events=started[-1:])
+    view.events_loading = True
+    book = AlertBook(store, "r1")
+    assert book.update(view, now=111.0) == [] and not _events(store), "nothing fired while older events load"
+    # The summary's events, then the open view's (another list, the older events in front): read from its start.
+    book.update(_view([], stages={"trainer": "RUNNING"}, events=started), now=111.0)
+    opened = _view(drifting, stages={"trainer": "RUNNING"}, events=[fired, *started])
+    assert book.update(opened, now=111.0) == [] and not _events(store), "recorded long ago, still firing: not again"
+    cleared = {"event": "alert_cleared", "key": "ratio", "time": 50.0}
+    healthy = _view([{"step": 11, "time": 111.0, "ratio": 1.0}] * 5, stages={"trainer": "RUNNING"},
+                    events=[cleared])
+    assert book.update(healthy, now=112.0) == [] and not book.open and not _events(store), "cleared elsewhere"
+    healthy.events[:0] = [fired]                    # joined in front, in the same list: older than its clearing
+    healthy.events = list(healthy.events)
+    book.update(healthy, now=112.5)
+    assert not book.open and not _events(store)
+
+
 def test_the_rules_cover_failed_replicas_and_replicas_that_do_not_serve_the_newest_version():
     proof = {"version": "trl-policy-v3", "replicas": [
         {"url": "http://a", "listed": True, "served": "trl-policy-v3", "delta_base": 0.4},

@@ -143,6 +143,13 @@ def test_a_sync_bound_run_shows_its_verdict_samples_and_serving_proof_and_one_cl
     page.get_by_role("option", name=earlier, exact=True).click()
     samples = wait_for_text(page, "samples-table", "an early answer")
     assert "the newest answer" not in samples
+    # A version published after the run was opened: no tick sends the picker's choices, opening it does.
+    newer = layout.adapter_name(HISTORY // 20 + 1)
+    run._adapter(HISTORY // 20 + 1, HISTORY + 20, time.time())
+    wait_for_text(page, "adapters-table", newer)
+    page.locator("#version-pick input").first.click()
+    page.get_by_role("option", name=newer, exact=True).wait_for(timeout=30000)
+    page.keyboard.press("Escape")
     _screenshot(page, "diagnose-header.png", "run-status")
     _screenshot(page, "diagnose-samples.png", "samples-section")
 

@@ -2,6 +2,7 @@
 with `panel.cheap_skips` as without it (through Gradio's own request path, `Blocks.process_api`)."""
 
 import asyncio
+import threading
 
 import gradio as gr
 import pytest
@@ -48,6 +49,7 @@ def _answers(demo) -> tuple[list, dict]:
 def without_the_shim(monkeypatch):
     cheap_skips.install()
     monkeypatch.setattr(Blocks, "postprocess_data", Blocks.postprocess_data.__wrapped__)
+    monkeypatch.setattr(Blocks, "preprocess_data", Blocks.preprocess_data.__wrapped__)
 
 
 def test_the_answers_and_the_sessions_components_are_gradios_own(without_the_shim, monkeypatch):
@@ -64,3 +66,97 @@ def test_the_answers_and_the_sessions_components_are_gradios_own(without_the_shi
         "what the session keeps of each component it changed is Gradio's own (a rebuild for a skip added nothing)"
     assert any(props.get("choices") == [("x", "x"), ("y", "y"), ("z", "z")] for props in shimmed[1].values()), \
         "a choices update is kept by the session's copy of the component, skipped calls after it or not"
+
+
+def _shared_demo(values: dict):
+    """A page whose button answers every session with the same objects (as a frame shared by the sessions of one
+    run does), and a choices update of its own."""
+    with gr.Blocks() as demo:
+        plot, table, text = gr.Plot(), gr.Dataframe(headers=["n"]), gr.Markdown()
+        pick = gr.Dropdown(["a"], allow_custom_value=True)
+        button = gr.Button()
+        button.click(lambda: {plot: gr.components.plot.PlotData(type="plotly", plot=values["plot"]),
+                              table: values["rows"], text: values["text"], pick: gr.update(choices=values["choices"])},
+                     None, [plot, table, text, pick])
+    return demo
+
+
+def _sessions(demo, count: int) -> tuple[list, list]:
+    fn = next(iter(demo.fns.values()))
+    states = [SessionState(demo) for _ in range(count)]
+
+    async def calls():
+        return [(await demo.process_api(fn, [], state=s, session_hash=f"s{i}"))["data"] for i, s in enumerate(states)]
+
+    data = asyncio.run(calls())
+    return data, [[s.config_values[b._id].get("props", {}).get("value") for b in fn.outputs] for s in states]
+
+
+def test_a_value_another_session_was_just_sent_is_not_postprocessed_again(without_the_shim, monkeypatch):
+    values = {"plot": '{"data": [{"y": [1, 2]}], "layout": {}}', "rows": [[1], [2]], "text": "**5 steps**",
+              "choices": ["a", "b"]}
+    plain = _sessions(_shared_demo(values), 3)
+    monkeypatch.undo()
+    cheap_skips.install()
+    demo, made = _shared_demo(values), []
+    for cls in (gr.Plot, gr.Dataframe, gr.Markdown):
+        monkeypatch.setattr(cls, "postprocess", lambda self, v, _f=cls.postprocess: made.append(self) or _f(self, v))
+    shared = _sessions(demo, 3)
+    assert shared == plain, "each session's answer and what its state keeps are Gradio's own"
+    assert len(made) == 3, "the plot, the table and the text postprocessed once for the three sessions"
+    assert shared[0][2][3]["choices"] == [["a", "a"], ["b", "b"]], "a choices update is each session's own"
+    values.update(rows=[[1], [2], [3]])                          # a new value: postprocessed again, once
+    again = _sessions(demo, 2)
+    assert len(made) == 4 and again[0][0][1]["data"] == [[1], [2], [3]] == again[0][1][1]["data"]
+
+
+def _inputs_demo(seen: list):
+    with gr.Blocks() as demo:
+        pick = gr.Dropdown(["x", "y"], value="x")
+        amount = gr.Slider(0, 10, value=3, step=1)
+        words = gr.Textbox("hi")
+        mode = gr.Radio(["a", "b"], value="a")
+        kept = gr.State({"n": 1})
+        out = gr.Textbox()
+
+        def handler(*args):
+            seen.append(threading.get_ident())
+            return repr(args)
+
+        gr.Button().click(handler, [pick, amount, words, mode, kept], out)
+    return demo
+
+
+def _preprocessed(demo, inputs) -> tuple:
+    fn = next(iter(demo.fns.values()))
+    state = SessionState(demo)
+    pick = fn.inputs[0]
+    threads = []
+    original = type(pick).preprocess
+
+    def preprocess(self, value):
+        threads.append(threading.get_ident())
+        return original(self, value)
+
+    type(pick).preprocess = preprocess
+    try:
+        answer = asyncio.run(demo.process_api(fn, list(inputs), state=state, session_hash="s"))["data"]
+    except Exception as exc:      # a refused input: its error, as Gradio words it
+        answer = (type(exc).__name__, str(exc))
+    finally:
+        type(pick).preprocess = original
+    configs = [state.config_values[b._id].get("props", {}).get("value") for b in fn.inputs if not b.stateful]
+    return answer, configs, threads
+
+
+def test_inputs_are_preprocessed_as_gradio_does_without_a_thread_hop_each(without_the_shim, monkeypatch):
+    good, bad = ["y", 7, "hello", "b", None], ["z", 7, "hello", "b", None]    # "z" is not a choice
+    plain = [_preprocessed(_inputs_demo([]), inputs) for inputs in (good, bad)]
+    monkeypatch.undo()
+    cheap_skips.install()
+    shimmed = [_preprocessed(_inputs_demo([]), inputs) for inputs in (good, bad)]
+    assert [s[:2] for s in shimmed] == [p[:2] for p in plain], "the same values, configs and refusal"
+    assert plain[0][0] == ["('y', 7, 'hello', 'b', {'n': 1})"]
+    assert plain[1][0][0] == "Error" and "z" in plain[1][0][1]
+    assert all(t != threading.get_ident() for t in plain[0][2]), "Gradio hops to a worker thread"
+    assert shimmed[0][2] == [threading.get_ident()], "here the picker's check runs where the request is handled"

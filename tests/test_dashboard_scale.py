@@ -5,10 +5,17 @@ import json
 import os
 import sys
 import threading
+import time
 
 from backend.observers import FragmentReader
 from backend.runtime import layout
-from backend.runview import HISTORY_TAIL_FRAGMENTS, HISTORY_TAIL_SAMPLES, RunView
+from backend.runview import (
+    FIRST_LOOK_LOG_LINES,
+    HISTORY_TAIL_FRAGMENTS,
+    HISTORY_TAIL_SAMPLES,
+    MAX_LOG_LINES,
+    RunView,
+)
 from backend.series import SeriesTable
 from backend.store import FolderStore
 from panel import dashboard, live
@@ -203,6 +210,8 @@ def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_
     assert view.history_pending and list(view.table.steps) == list(range(rows - tail + 1, rows + 1))
     usage = view.jobs["trainer"].usage.table
     assert len(usage) == HISTORY_TAIL_SAMPLES and usage.times[-1] == run.t0 + rows
+    logs = view.jobs["trainer"].logs
+    assert len(logs) == FIRST_LOOK_LOG_LINES and logs[-1].startswith(f"step {rows}/"), "the log's newest lines"
     assert f"history before step {rows - tail + 1}" in dashboard.status_markdown(view)
     before = view.version
     dashboard.shared_frame(view)                                 # drawn: the history joins drawn alike
@@ -220,11 +229,117 @@ def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_
     assert view.first_step[0] == 1 and view.first_step[1] == 20, "policy versions from the history's first steps"
     usage = view.jobs["trainer"].usage.table
     assert list(usage.times) == [run.t0 + step for step in range(1, rows + 11)], "every sample once, in order"
+    with open(executor.log_path(run.job_ids["trainer"])) as f:
+        assert list(view.jobs["trainer"].logs) == f.read().splitlines()[-MAX_LOG_LINES:], "the whole tail, once"
     assert view.unreadable == {f"{metrics}/{layout.fragment_name('trainer', 5)}": 1}
     assert "earlier history" not in dashboard.status_markdown(view)
     run.grow(10)
     view.refresh()
     assert view.table.steps[-1] == rows + 20 and len(view.table) == rows + 20
+
+
+def test_a_first_look_at_a_large_folder_lists_nothing_and_finds_each_writers_newest_fragment(tmp_path):
+    store = CountingStore(str(tmp_path))
+    folder = tmp_path / "f"
+    counts = {"one": 1, "two": 2, "seventeen": 17, "many": 1000, "more": 4097}
+    for writer, count in counts.items():
+        for seq in range(count):
+            _fragment(folder, writer, seq, [{"step": seq}])
+    reader = FragmentReader(store, "f", defer=dict.fromkeys([*counts, "none"], 1), list_below=0)
+    newest = sorted((w, r["step"]) for w, r in reader.read())
+    assert newest == sorted((w, n - 1) for w, n in counts.items()), "the newest fragment of each, nothing else"
+    assert store.listings == 0 and store.probes <= 8, "a few sizes calls, all writers at once"
+
+
+def test_a_first_look_defers_what_its_listing_finds_before_and_reads_what_it_finds_beside(tmp_path):
+    store = CountingStore(str(tmp_path))
+    folder = tmp_path / "f"
+    for seq in range(3000):
+        _fragment(folder, "trainer", seq, [{"step": seq}])
+    for seq in range(500):
+        _fragment(folder, "proxy", seq, [{"replicas": [], "seq": seq}])
+    for seq in [*range(200), *range(300, 310)]:              # numbers with a gap: the listing finds the rest
+        _fragment(folder, "gappy", seq, [{"step": seq}])
+    _fragment(folder, "other", 0, [{"step": -1}])            # a writer no first look knows of
+    clock = [0.0]
+    reader = FragmentReader(store, "f", clock=lambda: clock[0], latest_only={"proxy": 5},
+                            defer={"trainer": 10, "gappy": 10}, list_below=100)
+    first = reader.read()
+    assert store.listings == 0 and reader.looking_back
+    assert [r["step"] for w, r in first if w == "trainer"] == list(range(2990, 3000))
+    assert [r["seq"] for w, r in first if w == "proxy"] == list(range(495, 500))
+    assert not [w for w, _ in first if w == "other"]
+    _fragment(folder, "trainer", 3000, [{"step": 3000}])
+    clock[0] = 1.0
+    assert [r["step"] for _, r in reader.read()] == [3000], "probed; the listing is started, not waited for"
+    assert reader.wait_for_listing(30) and store.listings == 1
+    later = reader.read()
+    assert ("other", {"step": -1}) in later and not [w for w, _ in later if w in ("trainer", "proxy")]
+    assert not reader.looking_back
+    deferred = [r["step"] for batch in reader.read_deferred(reader.deferred) for w, r in batch if w == "trainer"]
+    assert deferred == list(range(2990)), "the trainer's history, in order, set aside"
+    gappy = sorted([r["step"] for w, r in [*first, *later] if w == "gappy"]
+                   + [r["step"] for batch in reader.read_deferred(reader.deferred) for w, r in batch if w == "gappy"])
+    assert gappy == [*range(200), *range(300, 310)], "every fragment once, read now or set aside"
+
+
+def _long_run_with_old_events(tmp_path, monkeypatch):
+    """A 3,000-row run (150 version events) whose first events (started, engine, an alert nobody cleared) are
+    older than what a first look reads, with a folder bucket that counts its listings per folder."""
+    from backend import observers
+
+    monkeypatch.setattr(observers, "LIST_FIRST_BELOW", 100)
+    run = SyntheticRun(str(tmp_path), 3000, samples="flush")
+    with open(os.path.join(run.events, layout.fragment_name("trainer", 0)), "a") as f:
+        f.write(json.dumps({"time": run.t0, "event": "started"}) + "\n")
+        f.write(json.dumps({"time": run.t0, "event": "engine", "engine": "vllm", "proxy_url": "http://x"}) + "\n")
+    _fragment(run.events, "panel-alerts.0a1b", 0, [
+        {"time": run.t0 + 5, "event": "alert", "key": "stall", "kind": "stall", "message": "no new step"},
+        {"time": run.t0 + 6, "event": "alert", "key": "ratio", "kind": "ratio", "message": "drifting"}])
+
+    class ListingStore(FolderStore):
+        def list_files(self, prefix):
+            self.listed = [*getattr(self, "listed", []), prefix.rsplit("/", 1)[-1]]
+            return super().list_files(prefix)
+
+    from backend.executors.local import LocalExecutor
+
+    executor = LocalExecutor(str(tmp_path))
+    return run, RunView(run.spec.run_id, ListingStore(executor.bucket_root("local/bench")), executor, run.job_ids)
+
+
+def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_in_order(tmp_path, monkeypatch):
+    from backend.alerts import AlertBook
+    from backend.best_version import choose
+    from backend.resume import finished
+    from backend.runview import EVENTS_TAIL_FRAGMENTS
+    from backend.try_it import view_engine_event
+
+    run, view = _long_run_with_old_events(tmp_path, monkeypatch)
+    view.refresh()
+    listed = getattr(view.store, "listed", [])
+    assert not {layout.METRICS_DIR, layout.EVENTS_DIR, layout.SAMPLES_DIR} & set(listed), "no folder walked"
+    assert view.events_loading and view.history_pending and len(view.events) == EVENTS_TAIL_FRAGMENTS
+    assert view.engine is None and not view.open_alerts and len(view.adapters) == EVENTS_TAIL_FRAGMENTS
+    sent, stalled = [], time.time() + 3600                      # an hour without a step: the stall fires
+    book = AlertBook(view.store, run.spec.run_id, "http://hook.invalid", send=lambda *a: sent.append(a))
+    assert book.update(view, stalled) == [] and len(os.listdir(run.events)) == 151, "nothing fired meanwhile"
+    assert choose(view, "trl-policy-v3").files, "an old version picked by hand is found in its folder"
+
+    run.grow(40)                                              # new versions while the older events are read
+    view.expire()
+    view.refresh()
+    assert view.wait_for_history(60) and not view.events_loading
+    times = [e["time"] for e in view.events]
+    assert times == sorted(times) and len(view.events) == 150 + 2 + 2 + 2, "every event once, in time order"
+    assert [e["event"] for e in view.events[:2]] == ["started", "engine"]
+    assert sorted(view.adapters) == list(range(1, 153)) and view.engine == "vllm"
+    assert view.open_alerts.keys() == {"stall", "ratio"} and view.trainer_end["event"] == "started"
+    assert view_engine_event(view)["proxy_url"] == "http://x" and not finished(view)
+    assert book.update(view, stalled) == [], "the stall was recorded long ago: not fired again"
+    written = [json.loads(line) for name in os.listdir(run.events) if name.startswith(book.writer)
+               for line in open(os.path.join(run.events, name))]
+    assert [(e["event"], e["key"]) for e in written] == [("alert_cleared", "ratio")] and not sent
 
 
 def test_a_short_run_is_read_at_once(tmp_path):
@@ -329,9 +444,12 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
                 out.append(dict(zip(names, answer["data"])))
             steps = await demo.process_api(browser.fns["on_steps"], [run.spec.run_id], state=browser.state,
                                            session_hash=browser.session)
-            return out, steps["data"]
+            opened = [(await demo.process_api(browser.fns[name], [run.spec.run_id], state=browser.state,
+                                              session_hash=browser.session))["data"][0]
+                      for name in ("on_versions", "on_picks")]
+            return out, steps["data"], opened
 
-        answers, steps = asyncio.run(ticks())
+        answers, steps, (versions, picks) = asyncio.run(ticks())
         skipped = {"__type__": "update"}
         first, *later = answers
         assert first["run-pick"]["choices"] == [[run.spec.run_id, run.spec.run_id]], "the first list has the runs"
@@ -339,7 +457,54 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
             assert answer["reward-plot"] != skipped and answer["runs-table"] != skipped, "new rows are sent"
             assert answer["run-pick"] == answer["compare-pick"] == skipped, "the same runs: no choices again"
             assert answer["sample-step"] == skipped and answer["config-json"] == skipped
+            assert answer["version-pick"] == answer["try-picks"] == skipped, "new versions: sent when opened"
         assert steps[0]["choices"][:2] == [["latest", "latest"], ["330", 330]], "opened, the picker gets the steps"
+        assert versions["choices"][0] == ["trl-policy-v16", "trl-policy-v16"], "the newest version"
+        assert picks["choices"][:2] == [["base model", "base"], ["trl-policy-v16", "trl-policy-v16"]]
         assert all(browser.state[b._id] is not None for b in tick.outputs if b.stateful), "the session's state kept"
+    finally:
+        panel.shutdown()
+
+
+def test_ten_sessions_ticking_one_run_build_its_summary_samples_and_components_once(tmp_path, monkeypatch):
+    import asyncio
+
+    import gradio as gr
+    from dashboard_requests import Browser
+
+    from backend.run_summary import RunSummaries
+    from panel.actions import Panel, Settings
+    from panel.ui import build_ui
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    run = SyntheticRun(str(tmp_path), 300, samples="flush")
+    panel = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
+    try:
+        demo = build_ui(panel)
+        browsers = [Browser(demo, run.spec.run_id) for _ in range(10)]
+        built = {"summary": 0, "samples": 0, "plots": 0}
+
+        def counting(name, original):
+            def count(*args, **kwargs):
+                built[name] += 1
+                return original(*args, **kwargs)
+            return count
+
+        async def ticks():
+            for browser in browsers:
+                await browser.open()
+            monkeypatch.setattr(RunSummaries, "_glance", counting("summary", RunSummaries._glance))
+            monkeypatch.setattr(dashboard, "sample_rows", counting("samples", dashboard.sample_rows))
+            monkeypatch.setattr(gr.Plot, "postprocess", counting("plots", gr.Plot.postprocess))
+            panel.spend.clock = lambda: 1e9          # one second of the summaries' clock
+            run.grow(10)
+            panel.view(run.spec.run_id).expire()
+            return [await browser.tick() for browser in browsers]
+
+        sent = asyncio.run(ticks())
+        assert len(set(sent)) == 1 and sent[0] > 10_000, "every session is sent the same new charts and rows"
+        assert built["summary"] == built["samples"] == 1, built
+        assert 0 < built["plots"] <= len(dashboard.PLOTS), f"each changed chart once, not once a session: {built}"
     finally:
         panel.shutdown()
