@@ -414,11 +414,8 @@ def test_the_watch_keeps_a_bounded_summary_of_a_live_run_nobody_watches(tmp_path
 
 # ---- through Gradio's request path: a session's tick sends only what changed for it
 
-def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has(tmp_path, monkeypatch):
-    import asyncio
-
-    from dashboard_requests import Browser
-
+def _live_run_panel(tmp_path, monkeypatch):
+    """A 300-row live run (samples written a fragment per flush), a panel over it and its Gradio app."""
     from panel.actions import Panel, Settings
     from panel.ui import build_ui
 
@@ -427,7 +424,19 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
     run = SyntheticRun(str(tmp_path), 300, samples="flush")
     panel = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
     try:
-        demo = build_ui(panel)
+        return run, panel, build_ui(panel)
+    except BaseException:
+        panel.shutdown()
+        raise
+
+
+def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has(tmp_path, monkeypatch):
+    import asyncio
+
+    from dashboard_requests import Browser
+
+    run, panel, demo = _live_run_panel(tmp_path, monkeypatch)
+    try:
         browser = Browser(demo, run.spec.run_id)
         tick = browser.fns["on_tick"]
         names = [getattr(block, "elem_id", None) or type(block).__name__ for block in tick.outputs]
@@ -473,15 +482,8 @@ def test_ten_sessions_ticking_one_run_build_its_summary_samples_and_components_o
     from dashboard_requests import Browser
 
     from backend.run_summary import RunSummaries
-    from panel.actions import Panel, Settings
-    from panel.ui import build_ui
-
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    run = SyntheticRun(str(tmp_path), 300, samples="flush")
-    panel = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
+    run, panel, demo = _live_run_panel(tmp_path, monkeypatch)
     try:
-        demo = build_ui(panel)
         browsers = [Browser(demo, run.spec.run_id) for _ in range(10)]
         built = {"summary": 0, "samples": 0, "plots": 0}
 
