@@ -90,6 +90,9 @@ def test_every_synced_version_is_scored_on_the_held_out_set_by_the_replicas_and_
     _, run_dir, output = run
     records = _records(run_dir, "evals", "trainer")
     assert [r["policy_version"] for r in records] == list(range(1, LAST_VERSION + 1)), output[-3000:]
+    # The replicas stop when they read `finished`: it is written only once the last version has been scored.
+    finished = [e for e in _records(run_dir, "events", "trainer") if e["event"] == "finished"]
+    assert finished and finished[0]["time"] >= records[-1]["time"], (finished, records[-1]["time"])
     for record in records:
         assert record["n_prompts"] == 8 and record["samples_per_prompt"] == 1 and record["greedy"] is True
         rewards = record["rewards"]

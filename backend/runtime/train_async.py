@@ -64,6 +64,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
         super().__init__(run_dir, adapter_every=1)
         self.trainer = None  # set once the trainer exists: the policy version lives on it
         self.proxy = None    # set once the proxy runs
+        self.final = {}      # the final adapter's metadata, once training has ended
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
@@ -82,10 +83,15 @@ class AsyncRunFolderCallback(RunFolderCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self.flush()
         version = self.trainer.model_version
-        meta = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
-                               {"version": version, "name": adapter_name(version), "step": state.global_step})
-        write_event(self.run_dir, TRAINER_WRITER, "finished", final=FINAL_DIR, **meta)
+        self.final = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
+                                     {"version": version, "name": adapter_name(version), "step": state.global_step})
         self.drain_rollouts()
+
+    def finished(self) -> None:
+        """The `finished` event, once nothing needs the replicas any more: they stop when they read it."""
+        self.flush()
+        # Dated now, not when the final adapter was written (the metadata's own time).
+        write_event(self.run_dir, TRAINER_WRITER, "finished", **{**self.final, "final": FINAL_DIR, "time": time.time()})
 
     def stop_now(self) -> None:
         """What starts the moment SIGTERM arrives, so that a cancelled trainer is gone in seconds: drain the
@@ -294,7 +300,7 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
         trainer.train(resume_from_checkpoint=checkpoint)
         if trainer.held_out is not None:
             trainer.held_out.finish()      # the last versions, while the proxy and the replicas are still up
-        callback.flush()
+        callback.finished()
         return None
     except BaseException as error:
         # Recorded before the proxy stops: a cancelled job has a grace period, and its replicas stop on the event.
