@@ -246,8 +246,11 @@ def _replicas(view) -> list[tuple[dict, str | None]]:
     out = []
     for i, r in enumerate(view.replica_stats[-1].get("replicas", [])):
         job = jobs.get(f"vllm-{i}")
-        ended = job is not None and job.status.done
-        out.append((r, f"DOWN (job {job.status.stage})" if ended else None))
+        if job is None or not job.status.done:
+            out.append((r, None))
+            continue
+        # A replica stops by itself when the trainer has finished: that is no fault, so it is not DOWN.
+        out.append((r, f"{'stopped' if job.status.stage == 'COMPLETED' else 'DOWN'} (job {job.status.stage})"))
     return out
 
 

@@ -42,6 +42,10 @@ def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
     assert [r[1] for r in dashboard.replica_rows(view)] == ["up", "DOWN (job ERROR)"]
     assert [r[5] for r in dashboard.replica_rows(view)] == ["trl-policy-v3", ""]
     assert dashboard.adapter_rows(view)[0][4] == "vllm-0"
+    # One that stopped by itself once the run finished is no fault: stopped, not DOWN, and it serves nothing.
+    jobs["vllm-0"] = SimpleNamespace(status=JobStatus("COMPLETED"))
+    assert [r[1] for r in dashboard.replica_rows(view)] == ["stopped (job COMPLETED)", "DOWN (job ERROR)"]
+    assert [r[5] for r in dashboard.replica_rows(view)] == ["", ""]
 
 
 def test_each_replica_row_carries_the_proxys_serving_proof_of_the_newest_version():
