@@ -53,6 +53,22 @@ def _readable_json(store: BucketStore, path: str) -> bool:
         return False
 
 
+def _discarded_by(view, step: int | None):
+    """Which versions resuming from checkpoint `step` discards, by the rule the resumed trainer applies: the async
+    trainer's are those past its checkpoint's policy version (also a version whose step nobody recorded, as a
+    folder TRL wrote without its event); a colocated trainer's those published after the step."""
+    if view.spec.get("mode") == "distributed":
+        resumed = 0
+        if step is not None:
+            path = f"{layout.run_prefix(view.run_id)}/{layout.CHECKPOINTS_DIR}/checkpoint-{step}/"
+            try:
+                resumed = layout.rollout_state_version(view.store.read_bytes(path + layout.ROLLOUT_STATE_FILE))
+            except (OSError, KeyError):
+                resumed = 0
+        return lambda v: v.version > resumed
+    return lambda v: v.step is not None and v.step > (step or 0)
+
+
 def finished(view) -> bool:
     """The run's last trainer attempt completed: its job did, or its newest start/end event is 'finished'."""
     trainer = view.current_jobs.get("trainer")
@@ -84,8 +100,9 @@ def resume_plan(view) -> ResumePlan:
     versions = {**list_adapter_versions(view.store, view.run_id, known=set(view.adapters)), **view.adapters}
     next_version = max(versions, default=0) + 1
     after = step or 0
+    discarded = _discarded_by(view, step)
     superseded = tuple(v.name for v in sorted(versions.values(), key=lambda v: v.version)
-                       if v.step is not None and v.step > after and v.name not in view.superseded)
+                       if discarded(v) and v.name not in view.superseded)
     continue_at = f"adapter versions continue at {layout.adapter_name(next_version)}"
     discards = (f"; {len(superseded)} version(s) published after step {after} ({', '.join(superseded)}) will be "
                 "marked superseded" if superseded else "")

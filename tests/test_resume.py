@@ -118,3 +118,31 @@ def test_a_run_whose_last_checkpoint_is_its_last_step_has_nothing_left_to_train(
     _checkpoint(run_dir, 20)
     with pytest.raises(LaunchError, match=r"last checkpoint is at its last step \(20 of 20\)"):
         _plan(registry, run_id)
+
+
+def test_a_distributed_runs_preview_discards_what_its_trainer_will_also_a_version_no_event_recorded(executor):
+    from types import SimpleNamespace
+
+    from backend.runtime.train_async import continue_numbering
+    from backend.runtime.versions import superseded_names
+
+    registry, run_id, run_dir = _run(executor, ["false"], mode="distributed", max_steps=20, checkpoint_every=3)
+    for n in range(1, 6):
+        write_event(run_dir, "trainer", "adapter_published", name=f"trl-policy-v{n}", version=n, step=n - 1,
+                    path=f".vllm_lora/trl-policy-v{n}")
+    # TRL's serving copy of v6, complete but never recorded: the trainer was killed between the rename and the event.
+    serving = os.path.join(run_dir, ".vllm_lora", "trl-policy-v6")
+    os.makedirs(serving)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        with open(os.path.join(serving, name), "w") as f:
+            f.write("{}")
+    _checkpoint(run_dir, 3)
+    with open(os.path.join(run_dir, "checkpoints", "checkpoint-3", "rollout_state.json"), "w") as f:
+        json.dump({"model_version": 4}, f)            # trained to v4: v5 and v6 came after it
+    _checkpoint(run_dir, 6, complete=False)
+    plan = _plan(registry, run_id)
+    assert (plan.checkpoint_step, plan.next_version) == (3, 7)
+    assert plan.superseded == ("trl-policy-v5", "trl-policy-v6")
+    # The resumed trainer's own numbering marks exactly the versions the preview named.
+    continue_numbering(SimpleNamespace(), run_dir, os.path.join(run_dir, "checkpoints", "checkpoint-3"))
+    assert superseded_names(run_dir) == set(plan.superseded)

@@ -54,6 +54,7 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+ROLLOUT_STATE_FILE = "rollout_state.json"   # in an async trainer's checkpoint: TRL's policy version at that step
 
 TRACKIO_DIR = "trackio"                # trackio's folder (TRACKIO_DIR) when a run logs to trackio without a Space
 BASE_MODEL_DIR = "base-model"          # a builtin model, built into the run folder by the first job that needs it
@@ -174,6 +175,15 @@ def _json_value(line: bytes):
         return json.loads(line)
     except ValueError:
         return None
+
+
+def rollout_state_version(data: bytes | str | None) -> int:
+    """The policy version (`model_version`) in an async checkpoint's rollout_state.json; 0 where it is unreadable:
+    the trainer then resumes as from no checkpoint, and the panel's resume preview must say the same."""
+    try:
+        return int(json.loads(data).get("model_version", 0))
+    except (TypeError, ValueError, AttributeError):
+        return 0
 
 
 def write_event(run_dir: str, writer: str, kind: str, **fields) -> None:

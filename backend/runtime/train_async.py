@@ -37,10 +37,12 @@ from .layout import (
     CHECKPOINTS_DIR,
     FINAL_DIR,
     METRICS_DIR,
+    ROLLOUT_STATE_FILE,
     SPEC_FILE,
     TRAINER_WRITER,
     VLLM_LORA_DIR,
     adapter_name,
+    rollout_state_version,
     write_event,
 )
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
@@ -216,9 +218,9 @@ def trainer_class():
 def checkpoint_version(checkpoint: str | None) -> int:
     """The policy version a checkpoint was trained to (TRL keeps it in rollout_state.json), 0 for none."""
     try:
-        with open(os.path.join(checkpoint, "rollout_state.json")) as f:
-            return int(json.load(f).get("model_version", 0))
-    except (TypeError, OSError, ValueError, AttributeError):
+        with open(os.path.join(checkpoint, ROLLOUT_STATE_FILE), "rb") as f:
+            return rollout_state_version(f.read())
+    except (TypeError, OSError):
         return 0
 
 
