@@ -57,16 +57,17 @@ def _discarded_by(view, step: int | None):
     """Which versions resuming from checkpoint `step` discards, by the rule the resumed trainer applies: the async
     trainer's are those past its checkpoint's policy version (also a version whose step nobody recorded, as a
     folder TRL wrote without its event); a colocated trainer's those published after the step."""
-    if view.spec.get("mode") == "distributed":
-        resumed = 0
-        if step is not None:
-            path = f"{layout.run_prefix(view.run_id)}/{layout.CHECKPOINTS_DIR}/checkpoint-{step}/"
-            try:
-                resumed = layout.rollout_state_version(view.store.read_bytes(path + layout.ROLLOUT_STATE_FILE))
-            except (OSError, KeyError):
-                resumed = 0
-        return lambda v: v.version > resumed
-    return lambda v: v.step is not None and v.step > (step or 0)
+    if view.spec.get("mode") != "distributed":
+        return lambda v: v.step is not None and v.step > (step or 0)
+    resumed = 0     # no checkpoint, or an unreadable one: the trainer starts from version 0 too
+    if step is not None:
+        checkpoint = f"{layout.run_prefix(view.run_id)}/{layout.CHECKPOINTS_DIR}/checkpoint-{step}"
+        path = f"{checkpoint}/{layout.ROLLOUT_STATE_FILE}"
+        try:
+            resumed = layout.rollout_state_version(view.store.read_bytes(path))
+        except (OSError, KeyError):
+            pass
+    return lambda v: v.version > resumed
 
 
 def finished(view) -> bool:
