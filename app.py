@@ -23,8 +23,8 @@ import sys
 import threading
 import time
 
-from backend.access import Deployment
 from backend.executors.local import LocalExecutor
+from backend.runs.access import Deployment
 from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
 from panel.mcp_tools import mcp_lifespan

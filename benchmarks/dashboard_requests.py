@@ -59,7 +59,7 @@ class Browser:
 
 def forget(panel, run_id: str) -> None:
     """As in a panel that never opened the run: its view is dropped, so the next open is a first look."""
-    from backend.access import Visitor
+    from backend.runs.access import Visitor
 
     registry = panel.runs.find(run_id, Visitor())
     registry._views.pop(run_id, None)

@@ -55,8 +55,8 @@ class SyntheticRun:
     def __init__(self, home: str, rows: int, samples: str | None = None):
         """`samples`: None (no samples/ folder), "flush" (a fragment of 4 completions a step per metric fragment,
         as trainers write them now) or "step" (a fragment per step, as runs written before did)."""
+        from backend.plan.spec import RunSpec
         from backend.runtime import layout
-        from backend.spec import RunSpec
 
         self.home, self.rows, self.t0 = home, rows, time.time() - rows
         self.samples_mode, self.sample_fragment = samples, 0

@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.executors.local import LocalExecutor
-from backend.runs import RunRegistry
-from backend.spec import RunSpec
-from backend.store import FolderStore
+from backend.plan.spec import RunSpec
+from backend.runs.registry import RunRegistry
+from backend.storage.store import FolderStore
 from benchmarks.sampled_run import spec_override
 from panel.presets import preset_values
 

@@ -28,11 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backend.executors.local import LocalExecutor, local_gpu_ids
-from backend.runs import RunRegistry
+from backend.executors.local import LocalExecutor
+from backend.plan.engines.local import local_gpu_ids
+from backend.plan.spec import RunSpec, SpecError
+from backend.runs.registry import RunRegistry
 from backend.runtime import layout
-from backend.spec import RunSpec, SpecError
-from backend.store import FolderStore
+from backend.storage.store import FolderStore
 from benchmarks.sampled_run import spec_override
 
 WARMUP = 2

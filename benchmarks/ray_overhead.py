@@ -22,9 +22,9 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from ray_cluster import ray_cluster
 
 from backend.executors.local import LocalExecutor
-from backend.runs import RunRegistry
-from backend.spec import RunSpec
-from backend.store import FolderStore
+from backend.plan.spec import RunSpec
+from backend.runs.registry import RunRegistry
+from backend.storage.store import FolderStore
 
 
 def one_run(registry: RunRegistry, spec: RunSpec) -> tuple[float, float]:

@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.executors.local import LocalExecutor
-from backend.runs import RunRegistry
-from backend.spec import RunSpec, SpecError
-from backend.store import FolderStore
+from backend.plan.spec import RunSpec, SpecError
+from backend.runs.registry import RunRegistry
+from backend.storage.store import FolderStore
 
 
 def summary(values: list[float]) -> str:

@@ -2,7 +2,7 @@
 
 `Panel` turns form values and a `Visitor` (who clicked) into backend calls: preview, launch, cancel, resume,
 watch, download, and their answers into messages. Launch, resume and cancel, with who may and after which review,
-are `backend.operations`; which registry reaches a run, `backend.run_directory`. The tabs' handlers
+are `backend.runs.operations`; which registry reaches a run, `backend.runs.directory`. The tabs' handlers
 (`panel/launch_view.py`, `runs_view.py`, `dashboard_view.py`) call one method here each.
 """
 
@@ -14,28 +14,28 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from backend import recipe
-from backend.access import ANONYMOUS, Deployment, Refused, Visitor, acting_token, no_token_reason
-from backend.best_version import ChosenAdapter
-from backend.budget import SpendWatch
-from backend.executors import engine
 from backend.executors.local import LocalExecutor
-from backend.hardware import Flavor
-from backend.jobspec import JobSpec, run_stage
-from backend.launch import LaunchError
-from backend.operations import CostEstimate, Operations, ReviewNeeded, TokenTooShort
-from backend.run_directory import RunDirectory
-from backend.runs import RunRegistry
+from backend.outcome.best_version import ChosenAdapter
+from backend.outcome.try_it import try_it
+from backend.plan import recipe
+from backend.plan.engines import engine
+from backend.plan.hardware import Flavor
+from backend.plan.jobspec import JobSpec, run_stage
+from backend.plan.spec import RunSpec, SpecError
+from backend.plan.task_spec import held_out_summary
+from backend.runs.access import ANONYMOUS, Deployment, Refused, Visitor, acting_token, no_token_reason
+from backend.runs.budget import SpendWatch
+from backend.runs.directory import RunDirectory
+from backend.runs.launch import LaunchError
+from backend.runs.operations import CostEstimate, Operations, ReviewNeeded, TokenTooShort
+from backend.runs.registry import RunRegistry
+from backend.runs.watch import RunWatch
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import benchmark_note
-from backend.runview import RunView
-from backend.spec import RunSpec, SpecError
-from backend.store import FolderStore
-from backend.task_check import TaskReport
-from backend.task_rules import held_out_summary
-from backend.try_it import try_it
-from backend.watch import RunWatch
+from backend.storage.store import FolderStore
+from backend.task.check import TaskReport
+from backend.view.runview import RunView
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_badge

@@ -1,7 +1,7 @@
 """Dashboard figures from a run's bounded series. Plain functions returning plotly's JSON as dicts: no plotly
 objects (their validation cost more than the data) and unit-testable without a browser.
 
-Every trace is drawn from a `Sketch` (backend/series.py): at most a few hundred points whatever the run's
+Every trace is drawn from a `Sketch` (backend/view/series.py): at most a few hundred points whatever the run's
 length, extremes kept, the newest points as they are. Charts share one x axis choice (steps, or wall time in
 minutes since the run started, resource charts included), one colour per metric and per job, an optional
 exponential moving average with the raw series kept faint behind it (as TensorBoard and W&B draw it), units on
@@ -13,9 +13,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from backend.axes import wall_minutes
-from backend.diagnose import RATIO_BAND
 from backend.runtime.layout import ADAPTER_NAME_RE, reward_function_keys
+from backend.view.axes import wall_minutes
+from backend.view.diagnose import RATIO_BAND
 
 MAX_POINTS = 600
 EMPTY = "waiting for the first metrics"
@@ -39,8 +39,8 @@ GPU_DASHES = ["solid", "dot", "dash", "dashdot", "longdash", "longdashdot", "sol
 class ChartOptions:
     x: str = "step"            # "step"; "time": minutes of wall time since the run started; "dollars": spent by then
     smoothing: float = 0.0     # exponential moving average weight in [0, 0.99]; 0 draws the raw series only
-    t0: float = 0.0            # the run's start, epoch seconds, for the time axis (backend.axes.run_start)
-    dollars: tuple = ()        # ((epoch s, USD spent), ...) corners of the run's spend (backend.cost.spend_knots)
+    t0: float = 0.0            # the run's start, epoch seconds, for the time axis (backend.view.axes.run_start)
+    dollars: tuple = ()        # ((epoch s, USD spent), ...) corners of the run's spend (backend.plan.cost.spend_knots)
     x_note: str = ""           # said after the axis title (why a dollars axis shows wall time)
 
     @property

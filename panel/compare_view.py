@@ -1,13 +1,13 @@
 """The Compare tab: two or more runs (local or HF Jobs, any mode) overlaid on one set of charts, and the settings
-that differ between them. Figures are built from down-sampled series (backend.compare), so long runs stay cheap."""
+that differ between them. Figures are built from down-sampled series (backend.view.compare), so long runs stay cheap."""
 
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend.access import Visitor
-from backend.axes import run_start
-from backend.compare import COMPARED, X_AXES, config_diff, first_key, metric_points, on_axis
+from backend.runs.access import Visitor
+from backend.view.axes import run_start
+from backend.view.compare import COMPARED, X_AXES, config_diff, first_key, metric_points, on_axis
 from panel import spend_view
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")

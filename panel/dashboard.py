@@ -12,14 +12,14 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend import diagnose
-from backend.axes import run_start
-from backend.best_version import score_text, version_choices
-from backend.diagnose import ratio_alert
+from backend.outcome.best_version import score_text, version_choices
+from backend.outcome.try_it import try_choices
 from backend.runtime import layout
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
-from backend.try_it import try_choices
+from backend.view import diagnose
+from backend.view.axes import run_start
+from backend.view.diagnose import ratio_alert
 from panel import charts
 
 LOG_TAIL = 400

@@ -7,10 +7,10 @@ handlers are plain functions (see `panel.page`)."""
 import gradio as gr
 from gradio.components.plot import PlotData
 
-from backend.best_version import ChoiceError, default_choice, version_choices
-from backend.compare import X_AXES
+from backend.outcome.best_version import ChoiceError, default_choice, version_choices
+from backend.outcome.try_it import BASE
 from backend.runtime.redact import redact_tokens
-from backend.try_it import BASE
+from backend.view.compare import X_AXES
 from panel import dashboard, live, publish_view, try_view
 
 PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}

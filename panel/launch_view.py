@@ -7,9 +7,9 @@ import dataclasses
 
 import gradio as gr
 
-from backend import diagnose
-from backend.executors import engine, known_engine
-from backend.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
+from backend.plan.engines import engine, known_engine
+from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
+from backend.view import diagnose
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_view import run_choices

@@ -11,7 +11,7 @@ adapter alike).
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend.axes import run_start
+from backend.view.axes import run_start
 from panel import charts, dashboard, spend_view
 
 LOG_KEY = "log"

@@ -3,7 +3,7 @@
 Reading: `list_runs`, `run_status` (stage, jobs, latest metrics), `run_adapters`. Spending: `preview_run` (the jobs,
 the cost and a review code), `launch_run` (a billed run only with the review code its preview returned, as the
 form's *I reviewed* box), `cancel_run`. Each tool calls the same `Panel` / `Operations` methods as the UI's
-buttons, with the same visitor rules (backend/access.py):
+buttons, with the same visitor rules (backend/runs/access.py):
 
 - On a Space the caller is whoever their Hugging Face token says: `Authorization: Bearer hf_...` (or
   `X-HF-Authorization`, as clients of private Spaces send it; an OAuth or a user token), never the Space's; a
@@ -29,10 +29,10 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from starlette.routing import Mount
 
-from backend.access import ANONYMOUS, Refused, Visitor
-from backend.launch import LaunchError
+from backend.plan.spec import FieldError, RunSpec, SpecError
+from backend.runs.access import ANONYMOUS, Refused, Visitor
+from backend.runs.launch import LaunchError
 from backend.runtime.redact import redact_record, redact_tokens
-from backend.spec import FieldError, RunSpec, SpecError
 from panel.actions import Panel
 from panel.presets import PRESETS, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS

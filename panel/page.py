@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import gradio as gr
 
-from backend.access import Visitor
+from backend.runs.access import Visitor
 
 
 def visitor_of(token: gr.OAuthToken | None, profile: gr.OAuthProfile | None = None) -> Visitor:

@@ -9,9 +9,9 @@ task's reward code) from the one before. HF Jobs presets name no bucket: the for
 
 import dataclasses
 
-from backend.executors import engine
+from backend.plan.engines import engine
+from backend.plan.spec import LORA_TARGET_CHOICES, RunSpec
 from backend.runtime.tiny_model import TINY_MODEL
-from backend.spec import LORA_TARGET_CHOICES, RunSpec
 
 TINY_DEMO = "Tiny demo (CPU)"
 TINY_TASK = "Tiny task: your reward code on a JSONL file (CPU)"

@@ -6,12 +6,12 @@ import os
 
 import gradio as gr
 
-from backend.access import Visitor, acting_token, no_token_reason
-from backend.best_version import BEST, FINAL, ChoiceError, choose
-from backend.hub_auth import can_control, whoami_name, writable_namespaces
-from backend.observers import final_adapter_files
-from backend.publish import PublishError, default_repo_id, model_card, push_adapter, repo_id_problem, run_facts
+from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose
+from backend.outcome.publish import PublishError, default_repo_id, model_card, push_adapter, repo_id_problem, run_facts
+from backend.runs.access import Visitor, acting_token, no_token_reason
+from backend.runs.hub_auth import can_control, whoami_name, writable_namespaces
 from backend.runtime.redact import redact_tokens
+from backend.storage.observers import final_adapter_files
 
 
 def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:

@@ -1,6 +1,6 @@
 """The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward)."""
 
-from backend.jobspec import run_stage
+from backend.plan.jobspec import run_stage
 
 RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "time · cost", "mode", "executor", "created"]
 BADGES = {"RUNNING": "🟢", "SCHEDULING": "🟡", "COMPLETED": "✅", "ERROR": "❌", "CANCELED": "⏹", "DELETED": "⏹"}

@@ -5,7 +5,7 @@ Handlers are plain functions (see `panel.page`)."""
 
 import gradio as gr
 
-from backend.access import Visitor
+from backend.runs.access import Visitor
 from panel import dashboard_view, spend_view
 from panel.actions import Panel
 from panel.page import visitor_of

@@ -4,11 +4,11 @@ finder's few components (`build_orphans`)."""
 
 import time
 
-from backend.access import Refused, Visitor
-from backend.budget import BUDGET_EVENT
-from backend.cost import RunCost, format_duration, format_usd, spend_curve, spend_knots
-from backend.executors import engine
-from backend.orphans import cancel_orphans, find_orphans
+from backend.plan.cost import RunCost, format_duration, format_usd, spend_curve, spend_knots
+from backend.plan.engines import engine
+from backend.runs.access import Refused, Visitor
+from backend.runs.budget import BUDGET_EVENT
+from backend.runs.orphans import cancel_orphans, find_orphans
 from backend.runtime.redact import redact_tokens
 from panel import dashboard
 

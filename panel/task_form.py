@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from backend.spec import RunSpec
-from backend.spec_fields import limits_text
+from backend.plan.spec import RunSpec
+from backend.plan.spec_fields import limits_text
 from panel.markdown import plain
 
 REQUIRED_CHOICE = "required-choice"     # a dropdown that must not be left empty (see ui.KEEP_CLEARED_CHOICES)
@@ -24,7 +24,7 @@ SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 # gr.Code has no `info`: the editor's label carries the field's help.
 CODE_LABEL = f"{SPEC_FIELDS['reward_code'].metadata['label']}: {SPEC_FIELDS['reward_code'].metadata['help']}"
 
-CHECKS_AT_ONCE = 16       # local checks wait their turn in backend.task_check (two at a time)
+CHECKS_AT_ONCE = 16       # local checks wait their turn in backend.task.check (two at a time)
 HELD_OUT_TITLE = "Held-out evaluation"
 HELD_OUT_FIELDS = frozenset({"eval_source", "eval_split", "eval_file", "eval_rows", "eval_max_prompts",
                              "monitor_rewards", "eval_every", "eval_greedy", "eval_samples_per_prompt",

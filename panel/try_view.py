@@ -1,12 +1,12 @@
 """"Try it" in the open run: one prompt sent to the chosen versions and the base model, answered side by side, with
-the progress of a CPU try shown while its base model loads. The logic is `backend.try_it`; who may is the run
+the progress of a CPU try shown while its base model loads. The logic is `backend.outcome.try_it`; who may is the run
 view's rule (`Panel.try_it`). Handlers are plain functions (see `panel.page`)."""
 
 import gradio as gr
 import pandas as pd
 
+from backend.outcome.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused, try_choices
 from backend.runtime.redact import redact_tokens
-from backend.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused, try_choices
 
 
 def build(page, panel) -> None:

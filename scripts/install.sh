@@ -16,7 +16,7 @@ fi
 # `import transformers` models ("operator torchvision::nms does not exist"); text models need none of them.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
-# The task check runs visitors' reward code in a bubblewrap sandbox (backend/sandbox.py).
+# The task check runs visitors' reward code in a bubblewrap sandbox (backend/task/sandbox.py).
 if ! command -v bwrap >/dev/null; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     apt-get update -q && apt-get install -y -q bubblewrap

@@ -16,9 +16,9 @@ import sys
 import tempfile
 import threading
 
-from backend.check_job import CHECK_ROLE
-from backend.jobspec import LABEL_ROLE
-from backend.sandbox import python_binds, system_binds
+from backend.plan.jobspec import LABEL_ROLE
+from backend.task.check_job import CHECK_ROLE
+from backend.task.sandbox import python_binds, system_binds
 
 PASSED = ("LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 JOB_MEMORY_BYTES = 8 * 2**30

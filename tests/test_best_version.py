@@ -3,7 +3,7 @@ chosen by default, any version downloaded through the page, "try it" refusing wh
 across steps and versions.
 
 The evaluation's records are written here in the bucket format the trainer writes (`evals/` fragments, `best/`
-with best.json: the contract in backend/best_version.py), into a synthetic live distributed run of 200 steps and
+with best.json: the contract in backend/outcome/best_version.py), into a synthetic live distributed run of 200 steps and
 ten versions (benchmarks/dashboard_scale.py). Clicks go through a real Gradio server of the panel's own page
 (gradio_client), in this process.
 """
@@ -21,8 +21,8 @@ import zipfile
 import pytest
 from gradio_client.exceptions import AppError
 
-from backend.access import Visitor
-from backend.best_version import ChoiceError, choose, default_choice, version_choices
+from backend.outcome.best_version import ChoiceError, choose, default_choice, version_choices
+from backend.runs.access import Visitor
 from backend.runtime import layout
 from backend.runtime.try_adapter import AdapterRefused, lora_settings
 from panel import dashboard
@@ -229,9 +229,9 @@ def test_another_visitors_run_is_not_theirs_to_try_or_download(tmp_path, monkeyp
 
 def test_before_best_is_republished_the_highest_score_read_is_the_best_and_best_json_is_read_once_there(tmp_path,
                                                                                                       monkeypatch):
-    from backend import best_version
-    from backend.best_version import HeldOut
-    from backend.store import FolderStore
+    from backend.outcome import best_version
+    from backend.outcome.best_version import HeldOut
+    from backend.storage.store import FolderStore
 
     monkeypatch.setattr(best_version, "BEST_RECHECK_S", 0.0)
     run = SyntheticRun(str(tmp_path), 200)

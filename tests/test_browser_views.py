@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from backend import diagnose
 from backend.runtime import layout
 from backend.runtime.job_wrapper import process_start_time
 from backend.runtime.samples import sample_record
+from backend.view import diagnose
 from benchmarks.dashboard_scale import JOBS, SyntheticRun, record
 from panel.presets import preset_values
 from tests.browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text

@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from backend.plan.spec import MODEL_HELP, RunSpec
 from backend.runtime.tiny_model import BENCHMARK_MODELS, build_tokenizer, model_config
-from backend.spec import MODEL_HELP, RunSpec
 from panel.actions import engine_label
 
 # Parameter counts of the published Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B checkpoints.

@@ -3,8 +3,8 @@
 import json
 
 from backend.executors.base import ResourceSample
-from backend.runview import ResourceUsage
-from backend.series import SeriesTable
+from backend.view.runview import ResourceUsage
+from backend.view.series import SeriesTable
 from panel import charts
 
 STEP = charts.ChartOptions()
@@ -149,8 +149,8 @@ def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tm
     trainer's; the Sync chart draws one line per replica, at the first step trained with each version."""
     from backend.runtime.layout import FragmentWriter
     from backend.runtime.proxy import Proxy, Reply
-    from backend.runview import RunView
-    from backend.store import FolderStore
+    from backend.storage.store import FolderStore
+    from backend.view.runview import RunView
 
     store = FolderStore(tmp_path)
     metrics = store.local_path("runs/r1/metrics")
@@ -189,8 +189,8 @@ def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tm
 def test_held_out_reward_by_version_is_read_from_eval_fragments_and_drawn_beside_the_training_reward(tmp_path):
     from backend.runtime import layout
     from backend.runtime.evaluate import eval_record
-    from backend.runview import RunView
-    from backend.store import FolderStore
+    from backend.storage.store import FolderStore
+    from backend.view.runview import RunView
 
     run = tmp_path / "runs" / "r1"
     writer = layout.FragmentWriter(str(run / layout.EVALS_DIR), layout.TRAINER_WRITER)

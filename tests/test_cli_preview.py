@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from backend import recipe
-from backend.spec import RunSpec
+from backend.plan import recipe
+from backend.plan.spec import RunSpec
 from tests.test_command_preview import bash_argv
 
 pytestmark = pytest.mark.skipif(shutil.which("hf") is None, reason="the hf CLI is not installed")

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-from backend import recipe
-from backend.jobspec import wrapped
-from backend.launch import preview_jobs
-from backend.spec import RunSpec
+from backend.plan import recipe
+from backend.plan.jobspec import wrapped
+from backend.plan.spec import RunSpec
+from backend.runs.launch import preview_jobs
 
 
 def bash_argv(line: str) -> list[str]:

@@ -2,13 +2,13 @@
 
 from types import SimpleNamespace
 
-from backend.compare import config_diff, metric_points, on_axis
-from backend.cost import spend_knots
 from backend.executors.base import ResourceSample
-from backend.jobspec import JobRecord
-from backend.runview import ResourceUsage
-from backend.series import SeriesTable
-from backend.spec import RunSpec
+from backend.plan.cost import spend_knots
+from backend.plan.jobspec import JobRecord
+from backend.plan.spec import RunSpec
+from backend.view.compare import config_diff, metric_points, on_axis
+from backend.view.runview import ResourceUsage
+from backend.view.series import SeriesTable
 from panel import charts, compare_view
 
 T0 = 1_800_000_000.0

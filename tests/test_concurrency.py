@@ -6,11 +6,11 @@ import threading
 
 from backend.executors.hf_jobs import _Feed
 from backend.executors.local import LocalExecutor
-from backend.hub_store import trim_cache
-from backend.jobspec import JobSpec, VolumeSpec
-from backend.runs import RunRegistry
+from backend.plan.jobspec import JobSpec, VolumeSpec
+from backend.runs.registry import RunRegistry
 from backend.runtime import layout
-from backend.store import FolderStore
+from backend.storage.hub_store import trim_cache
+from backend.storage.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

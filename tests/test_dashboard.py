@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from backend.observers import AdapterVersion
+from backend.storage.observers import AdapterVersion
 from panel import dashboard
 
 
@@ -30,7 +30,7 @@ def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
 
 
 def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
-    from backend.jobspec import JobStatus
+    from backend.plan.jobspec import JobStatus
 
     stats = [{"time": 1, "replicas": [
         {"url": "http://a", "healthy": True, "adapters": ["trl-policy-v3"]},
@@ -84,7 +84,7 @@ def test_log_text_filters_case_insensitively_and_keeps_the_tail():
 
 
 def test_a_failed_jobs_cause_is_the_last_error_line_of_its_log_masked():
-    from backend.jobspec import JobStatus
+    from backend.plan.jobspec import JobStatus
 
     logs = ["step 1/20 reward 0.1", "Traceback (most recent call last):", '  File "x.py", line 3',
             "bash: /venv/bin/python: No such file or directory", "token hf_abcdefghijklmnopqrstuvwxyz12 printed"]
@@ -99,7 +99,7 @@ def test_a_failed_jobs_cause_is_the_last_error_line_of_its_log_masked():
 
 
 def test_the_trainers_own_error_is_the_cause_and_a_healthy_run_has_none():
-    from backend.jobspec import JobStatus
+    from backend.plan.jobspec import JobStatus
 
     failed = {"event": "failed", "error": "RewardFunctionError: boom"}
     jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=["ERROR other"])}
@@ -132,7 +132,7 @@ KILLED_REPLICA_LOG = [
 
 
 def test_a_failed_jobs_cause_is_its_real_error_not_the_noise_after_it():
-    from backend.jobspec import JobStatus
+    from backend.plan.jobspec import JobStatus
 
     trainer = SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=KILLED_TRAINER_LOG)
     cause = dashboard.status_markdown(_header_view(current_jobs={"trainer": trainer}))
@@ -168,7 +168,7 @@ def test_a_local_jobs_exit_message_quotes_its_real_error_not_its_last_line(tmp_p
 
 
 def _header_view(**kw):
-    from backend.series import SeriesTable
+    from backend.view.series import SeriesTable
 
     view = _view(**kw)
     extra = dict(run_id="r", stage="ERROR", degraded="", latest={}, engine="", history_pending=False,

@@ -7,17 +7,17 @@ import sys
 import threading
 import time
 
-from backend.observers import FragmentReader
 from backend.runtime import layout
-from backend.runview import (
+from backend.storage.observers import FragmentReader
+from backend.storage.store import FolderStore
+from backend.view.runview import (
     FIRST_LOOK_LOG_LINES,
     HISTORY_TAIL_FRAGMENTS,
     HISTORY_TAIL_SAMPLES,
     MAX_LOG_LINES,
     RunView,
 )
-from backend.series import SeriesTable
-from backend.store import FolderStore
+from backend.view.series import SeriesTable
 from panel import dashboard, live
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -286,7 +286,7 @@ def test_a_first_look_defers_what_its_listing_finds_before_and_reads_what_it_fin
 def _long_run_with_old_events(tmp_path, monkeypatch):
     """A 3,000-row run (150 version events) whose first events (started, engine, an alert nobody cleared) are
     older than what a first look reads, with a folder bucket that counts its listings per folder."""
-    from backend import observers
+    from backend.storage import observers
 
     monkeypatch.setattr(observers, "LIST_FIRST_BELOW", 100)
     run = SyntheticRun(str(tmp_path), 3000, samples="flush")
@@ -309,11 +309,11 @@ def _long_run_with_old_events(tmp_path, monkeypatch):
 
 
 def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_in_order(tmp_path, monkeypatch):
-    from backend.alerts import AlertBook
-    from backend.best_version import choose
-    from backend.resume import finished
-    from backend.runview import EVENTS_TAIL_FRAGMENTS
-    from backend.try_it import view_engine_event
+    from backend.outcome.best_version import choose
+    from backend.outcome.try_it import view_engine_event
+    from backend.runs.resume import finished
+    from backend.view.alerts import AlertBook
+    from backend.view.runview import EVENTS_TAIL_FRAGMENTS
 
     run, view = _long_run_with_old_events(tmp_path, monkeypatch)
     view.refresh()
@@ -378,8 +378,8 @@ def test_samples_are_written_one_fragment_per_flush_and_a_run_of_one_file_per_st
 # ---- the background watch: a bounded summary of each live run
 
 def test_the_watch_keeps_a_bounded_summary_of_a_live_run_nobody_watches(tmp_path, monkeypatch):
-    from backend.access import Visitor
-    from backend.runview import SUMMARY_ROWS
+    from backend.runs.access import Visitor
+    from backend.view.runview import SUMMARY_ROWS
     from panel.actions import Panel, Settings
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -481,7 +481,7 @@ def test_ten_sessions_ticking_one_run_build_its_summary_samples_and_components_o
     import gradio as gr
     from dashboard_requests import Browser
 
-    from backend.run_summary import RunSummaries
+    from backend.view.summary import RunSummaries
     run, panel, demo = _live_run_panel(tmp_path, monkeypatch)
     try:
         browsers = [Browser(demo, run.spec.run_id) for _ in range(10)]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.access import Deployment, Refused, Visitor, acting_token, local_runs_problem
+from backend.runs.access import Deployment, Refused, Visitor, acting_token, local_runs_problem
 from panel.actions import Panel
 from panel.launch_view import presets_for
 

@@ -1,6 +1,7 @@
 """The bottleneck verdict and the alerts: pure functions over metric windows in TRL's own names."""
 
-from backend.diagnose import (
+from backend.executors.base import ResourceSample
+from backend.view.diagnose import (
     RATIO_BAND,
     STALL_FLOOR_S,
     gpu_idle_alert,
@@ -10,7 +11,6 @@ from backend.diagnose import (
     stall_alert,
     verdict,
 )
-from backend.executors.base import ResourceSample
 
 SPEC = {"mode": "distributed", "queue_maxsize": 64, "max_inflight_tasks": 8, "adapter_every": 1,
         "max_staleness": 1, "replicas": 2, "gradient_checkpointing": False, "max_tokens_per_batch": 4096,

@@ -12,10 +12,10 @@ import sys
 import pytest
 from vllm_replicas import API_KEY, MAX_STALENESS, served_models, shared_pool
 
-from backend.observers import FragmentCursor, read_new_records
+from backend.plan.spec import RunSpec
 from backend.runtime.tiny_model import TINY_MODEL
-from backend.spec import RunSpec
-from backend.store import FolderStore
+from backend.storage.observers import FragmentCursor, read_new_records
+from backend.storage.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_STEPS = 3

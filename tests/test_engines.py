@@ -1,5 +1,6 @@
-"""Executors answer for themselves: each is one module with its engine, registered by name, and nothing outside
-backend/executors/ compares an executor's name."""
+"""Executors answer for themselves: each is an engine module (what it answers before it runs anything) and an
+executor module of the same name, registered by name, and nothing outside those two packages compares an executor's
+name."""
 
 import importlib
 import os
@@ -8,21 +9,23 @@ from dataclasses import replace
 
 import pytest
 
-from backend import executors
-from backend.launch import launch_run, preview_jobs
-from backend.spec import EXECUTORS, RunSpec
-from backend.store import FolderStore
+from backend.plan import engines as executors
+from backend.plan.spec import EXECUTORS, RunSpec
+from backend.runs.launch import launch_run, preview_jobs
+from backend.storage.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME_COMPARISON = re.compile(r"""(==|!=|\bin)\s*["'](%s)["']|["'](%s)["']\s*(==|!=)""" % (
     ("|".join(executors.EXECUTORS),) * 2))
 
 
-def test_every_registered_executor_is_one_module_with_its_engine_and_its_class():
+def test_every_registered_executor_is_an_engine_module_and_an_executor_module_of_its_name():
     assert EXECUTORS == executors.EXECUTORS, "the spec's choices are the registry's"
     for name in executors.EXECUTORS:
         module = importlib.import_module(executors._MODULES[name])
-        classes = [c for c in vars(module).values() if isinstance(c, type) and getattr(c, "name", None) == name
+        assert module.__name__ == f"backend.plan.engines.{name}"
+        runner = importlib.import_module(f"backend.executors.{name}")
+        classes = [c for c in vars(runner).values() if isinstance(c, type) and getattr(c, "name", None) == name
                    and hasattr(c, "submit")]
         assert executors.engine(name) is module.ENGINE and module.ENGINE.name == name and classes, name
     with pytest.raises(KeyError, match="choose one of local, hf_jobs, ray"):
@@ -39,7 +42,8 @@ def _app_files(root: str) -> list[str]:
     for folder in ("backend", "panel"):
         paths += [os.path.join(d, f) for d, _, files in os.walk(os.path.join(root, folder)) for f in files
                   if f.endswith(".py")]
-    return [p for p in paths if os.path.join("backend", "executors") not in os.path.relpath(p, root)]
+    inside = (os.path.join("backend", "executors"), os.path.join("backend", "plan", "engines"))
+    return [p for p in paths if not os.path.relpath(p, root).startswith(inside)]
 
 
 def test_no_code_outside_the_executors_compares_an_executors_name():
@@ -92,9 +96,9 @@ def test_ray_is_offered_only_where_ray_is_installed_and_a_cluster_answers(tmp_pa
     import importlib.util
     import socket
 
-    from backend.access import Deployment
-    from backend.executors import ray
-    from backend.operations import Operations
+    from backend.plan.engines import ray
+    from backend.runs.access import Deployment
+    from backend.runs.operations import Operations
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -118,7 +122,7 @@ def test_a_ray_job_is_previewed_as_the_ray_job_submit_it_is_and_asks_the_gpus_of
     import subprocess
     import sys
 
-    from backend.executors.ray import submit_args
+    from backend.plan.engines.ray import submit_args
 
     monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.5:8265")
     spec = RunSpec(executor="ray", mode="distributed", mount_path="/shared/grpo", vllm_flavor="l4x1").check()

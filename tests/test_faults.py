@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec, VolumeSpec
+from backend.plan.jobspec import JobSpec, VolumeSpec
 from tests.fakehub import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +73,7 @@ def _log(ex: LocalExecutor, job_id: str) -> list[str]:
 PANEL_SCRIPT = """
 import sys
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec, VolumeSpec
+from backend.plan.jobspec import JobSpec, VolumeSpec
 from tests.fakehub import wait_until
 job = JobSpec(run_id="f1", role="trainer", image="local", command=sys.argv[2:], flavor="local", timeout_s=120,
               volumes=(VolumeSpec("local/b", "/bucket"),))
@@ -192,8 +192,8 @@ def _corrupt_run(ex: LocalExecutor, run_id: str) -> str:
 
 
 def test_a_malformed_record_is_skipped_counted_and_breaks_neither_its_run_nor_another_nor_the_list(executor):
-    from backend.runs import RunRegistry
-    from backend.store import FolderStore
+    from backend.runs.registry import RunRegistry
+    from backend.storage.store import FolderStore
     from panel import dashboard
 
     good = executor.submit(_job(["true"], run_id="good"))
@@ -215,8 +215,8 @@ def test_a_malformed_record_is_skipped_counted_and_breaks_neither_its_run_nor_an
 # ---- real runs: cancel, resume, restart
 
 def _registry(ex: LocalExecutor):
-    from backend.runs import RunRegistry
-    from backend.store import FolderStore
+    from backend.runs.registry import RunRegistry
+    from backend.storage.store import FolderStore
 
     return RunRegistry(ex, lambda bucket: FolderStore(ex.bucket_root(bucket)))
 
@@ -261,10 +261,10 @@ def _trainer_events(view) -> list[dict]:
 
 
 def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_every_attempt(executor):
-    from backend.launch import LaunchError
-    from backend.resume import resume_plan
+    from backend.plan.spec import RunSpec
+    from backend.runs.launch import LaunchError
+    from backend.runs.resume import resume_plan
     from backend.runtime.common import latest_checkpoint
-    from backend.spec import RunSpec
     from panel import dashboard
 
     registry = _registry(executor)
@@ -342,7 +342,7 @@ def _fill(folder: str) -> None:
 
 
 def test_a_bucket_that_fills_up_is_reported_as_the_cause(executor, small_bucket):
-    from backend.spec import RunSpec
+    from backend.plan.spec import RunSpec
     from panel import dashboard
 
     registry = _registry(executor)
@@ -436,10 +436,10 @@ def _answers(url: str) -> bool:
 
 def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survives_a_panel_restart_and_a_resume(
         executor, monkeypatch):
-    from backend.resume import resume_plan
+    from backend.plan.spec import RunSpec
+    from backend.runs.resume import resume_plan
     from backend.runtime.common import latest_checkpoint
     from backend.runtime.tiny_model import TINY_MODEL
-    from backend.spec import RunSpec
     from panel import dashboard
 
     monkeypatch.setenv("GRPO_HEARTBEAT_S", "2")             # the jobs inherit the panel's environment

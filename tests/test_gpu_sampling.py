@@ -8,9 +8,9 @@ import pytest
 
 from backend.executors.base import ResourceSample
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec
+from backend.plan.jobspec import JobSpec
 from backend.runtime.sampler import visible_gpu_indices
-from backend.runview import ResourceUsage
+from backend.view.runview import ResourceUsage
 from panel import charts
 
 FAKE_NVML = '''"""NVML as a machine with two GPUs reports it (this machine has none): GPU 0 busy, GPU 1 idle."""

@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 from huggingface_hub import HfApi
 
-from backend.access import Deployment, Visitor, acting_token
 from backend.executors.base import SubmitError
 from backend.executors.hf_jobs import HfJobsExecutor
-from backend.hardware import estimate_cost, list_flavors
-from backend.hub_auth import can_control, whoami_namespaces
-from backend.hub_store import HubBucketStore, open_store
-from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, JobStatus, VolumeSpec
-from backend.store import FolderStore
+from backend.plan.hardware import estimate_cost, list_flavors
+from backend.plan.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, JobStatus, VolumeSpec
+from backend.runs.access import Deployment, Visitor, acting_token
+from backend.runs.hub_auth import can_control, whoami_namespaces
+from backend.storage.hub_store import HubBucketStore, open_store
+from backend.storage.store import FolderStore
 from tests.fakehub import FakeHub, wait_until
 
 BUCKET = "alice/grpo-runs"
@@ -142,7 +142,7 @@ def test_cancel_stops_the_job(hub, executor):
 
 
 def test_failed_second_submission_cancels_first(hub, executor):
-    from backend.launch import LaunchError, submit_jobs
+    from backend.runs.launch import LaunchError, submit_jobs
 
     hub.fail_nth_post(2, status=500)
     with pytest.raises(LaunchError):
@@ -307,8 +307,8 @@ def test_a_first_look_at_a_run_on_the_hub_downloads_its_fragments_in_batches(hub
     in the background, and new fragments found by a probe together."""
     from huggingface_hub import HfApi
 
-    from backend.observers import FragmentReader
     from backend.runtime.layout import fragment_name
+    from backend.storage.observers import FragmentReader
 
     store = HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "cache"))
     store.ensure_bucket()

@@ -8,11 +8,11 @@ import psutil
 import pytest
 
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec, VolumeSpec
-from backend.runs import RunRegistry
+from backend.plan.jobspec import JobSpec, VolumeSpec
+from backend.plan.spec import RunSpec
+from backend.runs.registry import RunRegistry
 from backend.runtime.common import latest_checkpoint
-from backend.spec import RunSpec
-from backend.store import FolderStore
+from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 
 
@@ -128,7 +128,7 @@ def test_a_timed_out_run_reads_timed_out_in_the_runs_list(executor, restarted_pa
 
 
 def test_a_restarted_panel_knows_how_long_a_finished_local_run_took(executor, restarted_panel):
-    from backend.access import Visitor
+    from backend.runs.access import Visitor
     from panel import spend_view
 
     job_id = executor.submit(_job(["sleep", "3"], run_id="three-seconds"))
@@ -261,7 +261,7 @@ def test_the_mount_path_maps_only_the_runs_own_folder_not_paths_that_start_the_s
     /srv/runs/<id> becomes the local folder standing for the bucket."""
     import json as _json
 
-    from backend.jobspec import VolumeSpec
+    from backend.plan.jobspec import VolumeSpec
 
     executor = LocalExecutor(str(tmp_path))
     script = "import sys; print(sys.argv[1])"

@@ -3,9 +3,9 @@
 import json
 import os
 
-from backend.observers import FragmentCursor, final_adapter_files, list_adapter_versions, read_new_records
 from backend.runtime.layout import FragmentWriter
-from backend.store import FolderStore
+from backend.storage.observers import FragmentCursor, final_adapter_files, list_adapter_versions, read_new_records
+from backend.storage.store import FolderStore
 
 RUN = "r1"
 METRICS = f"runs/{RUN}/metrics"
@@ -109,7 +109,7 @@ def test_store_refuses_paths_that_escape_the_bucket(tmp_path):
 
 def test_a_distributed_runs_engine_event_is_an_event_and_proxy_stats_are_replica_stats(tmp_path):
     from backend.runtime.layout import write_event
-    from backend.runview import RunView
+    from backend.view.runview import RunView
 
     store = FolderStore(tmp_path)
     run_dir = store.local_path(f"runs/{RUN}")
@@ -126,7 +126,7 @@ def test_a_distributed_runs_engine_event_is_an_event_and_proxy_stats_are_replica
 
 def test_events_of_several_writers_are_read_in_the_order_they_happened(tmp_path):
     from backend.runtime.layout import EVENTS_DIR
-    from backend.runview import RunView
+    from backend.view.runview import RunView
 
     store = FolderStore(tmp_path)
     events = store.local_path(f"runs/{RUN}/{EVENTS_DIR}")

@@ -10,9 +10,9 @@ import zipfile
 
 import pytest
 
-from backend.access import Visitor
-from backend.alerts import AlertBook
-from backend.jobspec import LABEL_RUN
+from backend.plan.jobspec import LABEL_RUN
+from backend.runs.access import Visitor
+from backend.view.alerts import AlertBook
 from panel import dashboard
 from panel.actions import Panel
 from panel.runs_list import RUNS_HEADERS
@@ -187,7 +187,7 @@ def test_unknown_hardware_is_refused_with_the_valid_flavors(hub, make_panel):
 def test_each_executor_offers_and_accepts_only_its_own_hardware(hub, make_panel, monkeypatch):
     """Where no Ray cluster answers, no Ray flavor is listed; where one does, an HF Jobs run still cannot pick a Ray
     flavor (the Hub would refuse it at submission, after the review): refused at preview, naming the field."""
-    from backend.executors import ray
+    from backend.plan.engines import ray
 
     panel = make_panel()
     assert "ray" not in panel.offered_executors()
@@ -386,7 +386,7 @@ def test_local_runs_on_a_space_belong_to_its_owner_when_turned_on(hub, make_pane
     assert panel.launch(tiny, None).run_id is None
     assert panel.local.list_jobs() == []
     assert all(row[EXECUTOR] != "local" for row in panel.runs_table(Visitor(CAROL, "carol")))
-    from backend.access import local_runs_problem
+    from backend.runs.access import local_runs_problem
 
     assert local_runs_problem(Visitor(BOB, "bob"), panel.settings) is None, "a member of the owning org may"
 

@@ -16,16 +16,16 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub.errors import BadRequestError
 
-from backend.cost import job_spend
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec, VolumeSpec
+from backend.plan.cost import job_spend
+from backend.plan.jobspec import JobSpec, VolumeSpec
 from backend.runtime import run_end
 from backend.runtime.proxy import start_proxy
 from backend.runtime.proxy_env import expand_replica_url
 from backend.runtime.task import TaskDataError
-from backend.runview import RunView
-from backend.store import FolderStore
+from backend.storage.store import FolderStore
+from backend.view.runview import RunView
 from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -128,7 +128,7 @@ def test_try_it_on_a_live_private_network_run_asks_the_trainers_one_exposed_port
         hub, make_panel):
     """No replica has a port of its own on the private network: "try it" reaches the proxy through the trainer's
     exposed port, at the URL the Hub reports for it, with the visitor's OAuth token (and never a replica's URL)."""
-    from backend.access import Visitor
+    from backend.runs.access import Visitor
     from backend.runtime import layout
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _JobsPort)
@@ -372,7 +372,7 @@ def test_a_replica_outlasts_a_trainer_failure_its_retry_may_fix_but_not_its_last
 
 
 def test_bad_platform_fields_are_refused_naming_the_field():
-    from backend.spec import RunSpec, SpecError
+    from backend.plan.spec import RunSpec, SpecError
 
     hub = dict(executor="hf_jobs", bucket="acme/grpo-runs", mode="distributed", model="Qwen/Qwen2.5-0.5B-Instruct")
     for values, field, words in [
@@ -398,7 +398,7 @@ class _Jobs:
         self.stages = stages
 
     def status(self, job_id):
-        from backend.jobspec import JobStatus
+        from backend.plan.jobspec import JobStatus
 
         return JobStatus(self.stages[job_id])
 

@@ -3,7 +3,7 @@ either matches or has a stated reason, in `panel/presets.py` and in the note the
 
 import pytest
 
-from backend.spec import RunSpec
+from backend.plan.spec import RunSpec
 from panel.presets import PRESETS, STUDY, STUDY_DISTRIBUTED, preset_note, preset_values, study_differences
 
 HF_PRESETS = [name for name, preset in PRESETS.items() if preset["executor"] == "hf_jobs"]

@@ -17,10 +17,10 @@ import pytest
 import requests
 from vllm_replicas import API_KEY, free_port, served_models, shared_pool
 
-from backend.observers import FragmentCursor, read_new_records
 from backend.runtime.layout import LOADS_WRITER
 from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
-from backend.store import FolderStore
+from backend.storage.observers import FragmentCursor, read_new_records
+from backend.storage.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -348,7 +348,7 @@ def test_every_replica_proves_it_serves_the_loaded_adapter_and_a_replica_that_do
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from backend.diagnose import serving_alerts
+    from backend.view.diagnose import serving_alerts
 
     assert _load(proxy, "proof-v1", adapters["rank8"]).status_code == 200
     _wait_for(lambda: all(proxy.proxy.proofs.get(u, {}).get("served") == "proof-v1" for u in pool.urls))
@@ -382,8 +382,8 @@ def test_try_it_on_a_live_distributed_run_answers_through_the_proxy_for_the_base
     from types import SimpleNamespace
 
     from backend.executors.local import ENGINE
-    from backend.observers import AdapterVersion
-    from backend.try_it import try_it
+    from backend.outcome.try_it import try_it
+    from backend.storage.observers import AdapterVersion
 
     assert _load(proxy, "trl-policy-v2", adapters["rank8"]).status_code == 200
     try:

@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from backend.access import Visitor
+from backend.runs.access import Visitor
 from panel import publish_view
 from panel.actions import Panel
 from tests.fakehub import FakeHub, FakeUser, panel_factory

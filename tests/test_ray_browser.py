@@ -243,9 +243,9 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
 
 def test_a_secret_reaches_its_job_and_nothing_ray_shows(cluster, shared):
     from backend.executors.ray import RayExecutor
-    from backend.jobspec import JobSpec, VolumeSpec
-    from backend.launch import RUNTIME_DIR
-    from backend.store import FolderStore
+    from backend.plan.jobspec import JobSpec, VolumeSpec
+    from backend.runtime import RUNTIME_DIR
+    from backend.storage.store import FolderStore
 
     run_id = "secret-check"
     FolderStore(shared).upload_folder(RUNTIME_DIR, f"runs/{run_id}/code/runtime")
@@ -275,7 +275,7 @@ def test_a_secret_reaches_its_job_and_nothing_ray_shows(cluster, shared):
 
 
 def test_a_mount_path_the_head_node_cannot_write_is_refused_by_a_check_job_there(cluster, tmp_path):
-    from backend.executors.ray import head_node_problem
+    from backend.plan.engines.ray import head_node_problem
 
     (tmp_path / "runs").write_text("a file where the runs' folder should be")
     problem = head_node_problem(cluster, str(tmp_path))
@@ -287,7 +287,7 @@ def test_a_wrapper_told_to_stop_its_job_with_it_leaves_no_command_behind_when_it
     import subprocess
     import sys
 
-    from backend.executors.local import BACKEND_DIR
+    from backend.runtime import BACKEND_DIR
 
     wrapper = subprocess.Popen([sys.executable, "-m", "runtime.job_wrapper", "--job-dir", str(tmp_path), "--timeout",
                                 "60", "--stop-with-wrapper", "--", "sleep", "300"], cwd=BACKEND_DIR)

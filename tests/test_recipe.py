@@ -4,9 +4,9 @@ import json
 import shlex
 from dataclasses import replace
 
-from backend import recipe
-from backend.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
-from backend.spec import RunSpec
+from backend.plan import recipe
+from backend.plan.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
+from backend.plan.spec import RunSpec
 
 
 def test_colocated_local_run_is_one_trainer_job_with_the_bucket_mounted():
@@ -149,7 +149,7 @@ def test_a_local_distributed_run_with_a_gpu_per_job_pins_each_job_to_its_own():
 
 
 def test_local_gpus_follow_cuda_visible_devices(monkeypatch):
-    from backend.executors.local import local_gpu_ids
+    from backend.plan.engines.local import local_gpu_ids
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     assert local_gpu_ids() == ["1", "0"]
@@ -170,8 +170,8 @@ def test_local_colocated_runs_each_rendezvous_on_a_port_of_their_own():
 
 def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
     from backend.executors.local import LocalExecutor
-    from backend.launch import launch_run
-    from backend.store import FolderStore
+    from backend.runs.launch import launch_run
+    from backend.storage.store import FolderStore
 
     class Recorder(LocalExecutor):
         def submit(self, job, secrets=None):
@@ -189,8 +189,8 @@ def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
 def test_a_ray_runs_replicas_and_trainer_share_a_key_of_their_own_launch_passed_only_as_a_secret(tmp_path):
     """Ray replicas listen on every interface of their node: each launch gives its replicas and its trainer a fresh
     key (runtime.replica_key), a job secret, never in a job's environment or command; other engines need none."""
-    from backend.launch import launch_run
-    from backend.store import FolderStore
+    from backend.runs.launch import launch_run
+    from backend.storage.store import FolderStore
 
     class Recording:
         name = "ray"
@@ -225,6 +225,6 @@ def test_a_ray_runs_replicas_and_trainer_share_a_key_of_their_own_launch_passed_
 
 
 def engine_placement(spec):
-    from backend.executors import engine
+    from backend.plan.engines import engine
 
     return engine(spec.executor).placement(spec, preview=True)

@@ -8,13 +8,13 @@ import os
 import pytest
 
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec, VolumeSpec
-from backend.launch import LaunchError
-from backend.resume import resume_plan
-from backend.runs import RunRegistry
+from backend.plan.jobspec import JobSpec, VolumeSpec
+from backend.plan.spec import RunSpec
+from backend.runs.launch import LaunchError
+from backend.runs.registry import RunRegistry
+from backend.runs.resume import resume_plan
 from backend.runtime.layout import FragmentWriter, write_event
-from backend.spec import RunSpec
-from backend.store import FolderStore
+from backend.storage.store import FolderStore
 
 BUCKET = "local/grpo-runs"
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from backend.jobspec import run_stage
+from backend.plan.jobspec import run_stage
 from panel.runs_list import progress_bar, status_badge
 
 

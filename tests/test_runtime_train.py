@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from backend.plan.spec import RunSpec
 from backend.runtime import layout
 from backend.runtime.metrics_callback import RunFolderCallback, canonical_metrics
 from backend.runtime.rewards import digits, length_target, reward_functions
 from backend.runtime.rewards import format as plain_format
-from backend.spec import RunSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

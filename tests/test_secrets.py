@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from backend.executors.local import LocalExecutor
-from backend.jobspec import JobSpec
+from backend.plan.jobspec import JobSpec
 from backend.runtime import layout
 from backend.runtime.redact import REDACTED, looks_like_token, redact_record, redact_tokens, remember_secret
 
@@ -68,8 +68,8 @@ def test_a_local_job_does_not_inherit_the_panels_token(tmp_path, monkeypatch):
 
 
 def test_a_failed_event_written_raw_into_the_bucket_is_shown_masked(tmp_path):
-    from backend.runview import RunView
-    from backend.store import FolderStore
+    from backend.storage.store import FolderStore
+    from backend.view.runview import RunView
     from panel import dashboard
 
     store = FolderStore(str(tmp_path))

@@ -3,7 +3,7 @@
 import itertools
 import random
 
-from backend.series import SeriesTable, Sketch
+from backend.view.series import SeriesTable, Sketch
 
 
 def _from_scratch(points, width):

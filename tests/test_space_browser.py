@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from backend.jobspec import LABEL_RUN
+from backend.plan.jobspec import LABEL_RUN
 from backend.runtime import layout
 from panel.mcp_tools import TOOLS
 from tests.browser_helpers import (

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from backend.plan.spec import RunSpec, SpecError
 from backend.runtime.tiny_model import TINY_MODEL
-from backend.spec import RunSpec, SpecError
 
 
 def test_defaults_validate():
@@ -155,7 +155,7 @@ def test_a_held_out_setting_that_cannot_work_is_refused_naming_its_field(fields,
 
 
 def test_the_held_out_defaults_validate_and_the_preview_line_says_what_is_evaluated():
-    from backend.task_rules import held_out_summary
+    from backend.plan.task_spec import held_out_summary
 
     spec = RunSpec(eval_source="split", monitor_rewards=["format"]).check()
     assert held_out_summary(spec) == ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, "

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from backend.access import Visitor
-from backend.cost import running_interval, spend_curve
-from backend.jobspec import JobRecord
-from backend.spec import RunSpec
+from backend.plan.cost import running_interval, spend_curve
+from backend.plan.jobspec import JobRecord
+from backend.plan.spec import RunSpec
+from backend.runs.access import Visitor
 from panel import spend_view
 from panel.actions import Panel
 from tests.fakehub import FakeHub, FakeUser, panel_factory

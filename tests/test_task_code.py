@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from backend.spec import RunSpec
-from backend.task_check import check_task
+from backend.plan.spec import RunSpec
+from backend.task.check import check_task
 from panel.actions import Panel, Settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -181,7 +181,7 @@ def test_rewards_round_trip_through_pickle_with_their_names():
 
 def test_without_trl_its_rewards_are_skipped_with_a_note(tmp_path):
     """A Space installs the panel without TRL (it needs torch): the check says so instead of refusing the run."""
-    from backend.task_check import TaskReport, _apply
+    from backend.task.check import TaskReport, _apply
 
     shadow = tmp_path / "no-trl" / "trl"
     shadow.mkdir(parents=True)

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from backend.dataset_viewer import DatasetUnreadable, first_rows
+from backend.plan.spec import RunSpec
 from backend.runtime.task import TaskDataError, parse_reward_columns, task_row, to_messages
-from backend.spec import RunSpec
-from backend.task_check import check_task
+from backend.task.check import check_task
+from backend.task.dataset_viewer import DatasetUnreadable, first_rows
 from panel.actions import Panel, Settings
 from panel.task_form import preview_outputs
 from tests.fakehub import FakeHub
@@ -234,8 +234,8 @@ def test_on_a_space_only_an_uploaded_file_is_read(tmp_path, monkeypatch):
 
 
 def test_a_resumed_run_keeps_the_dataset_copy_it_was_launched_with(tmp_path):
-    from backend.launch import launch_run, write_run_files
-    from backend.store import FolderStore
+    from backend.runs.launch import launch_run, write_run_files
+    from backend.storage.store import FolderStore
     from tests.test_engines import Submissions
 
     path = tmp_path / "math.jsonl"

@@ -10,11 +10,11 @@ import sys
 import pytest
 from vllm_replicas import API_KEY, MAX_STALENESS, shared_pool
 
-from backend.observers import FragmentCursor, read_new_records
+from backend.plan.spec import RunSpec
 from backend.runtime import layout
 from backend.runtime.tiny_model import TINY_MODEL
-from backend.spec import RunSpec
-from backend.store import FolderStore
+from backend.storage.observers import FragmentCursor, read_new_records
+from backend.storage.store import FolderStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE = '''def long_enough(completions, solution, **kwargs) -> list[float]:

@@ -108,7 +108,7 @@ def test_a_math_task_no_completion_of_which_is_ever_right_raises_the_no_learning
                                                                                              tmp_path_factory):
     """TRL's accuracy_reward on sums no random tiny model writes: every group scores all 0, every step. The alert
     fires while the run trains (recorded in its events) and the finished run's header still says so."""
-    from backend import diagnose
+    from backend.view import diagnose
 
     hard = [{"question": f"What is {a} + {b}?", "solution": str(a + b)} for a in (48213, 70117) for b in (51789, 9)]
     path = tmp_path_factory.mktemp("hard") / "hard.jsonl"

@@ -277,7 +277,7 @@ def kill_survivors():
 def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_survivors):
     from gradio_client import Client
 
-    from backend.sandbox import local_sandbox
+    from backend.task.sandbox import local_sandbox
 
     assert local_sandbox().missing == (), f"this machine must run the sandbox: {local_sandbox().reason}"
     env, home = plant(tmp_path)
@@ -426,7 +426,7 @@ def test_a_space_checks_an_uploaded_file_in_the_visitors_job_and_launch_reuses_t
 def test_a_panel_listening_beyond_loopback_runs_no_check_on_its_own_machine(tmp_path, monkeypatch):
     """Not a Space, but reachable from other machines, with the host's token in its environment: without an
     operator's opt-in no visitor acts with that token, and no check runs here, sandboxed or not."""
-    from backend import task_check
+    from backend.task import check as task_check
     from panel.actions import Panel, Settings
 
     monkeypatch.setenv("HF_TOKEN", SECRETS["host token"])

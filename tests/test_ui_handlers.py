@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from backend import diagnose
-from backend.access import Visitor
+from backend.plan.spec import LORA
+from backend.runs.access import Visitor
 from backend.runtime import layout
-from backend.spec import LORA
+from backend.view import diagnose
 from panel import dashboard, dashboard_view, launch_view, live, runs_view
 from panel.actions import Panel, Settings
 from panel.page import Page

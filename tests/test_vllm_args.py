@@ -2,7 +2,13 @@
 
 import pytest
 
-from backend.vllm_args import VLLM_LORA_RANKS, round_lora_rank, vllm_serve_command, vllm_server_args, vllm_server_env
+from backend.plan.vllm_args import (
+    VLLM_LORA_RANKS,
+    round_lora_rank,
+    vllm_serve_command,
+    vllm_server_args,
+    vllm_server_env,
+)
 
 
 def _flag(args: list[str], name: str) -> str:

@@ -18,11 +18,11 @@ import time
 
 import requests
 
-from backend.recipe import split_cores
+from backend.plan.recipe import split_cores
+from backend.plan.vllm_args import vllm_server_args, vllm_server_env
 from backend.runtime.proxy_env import REPLICA_KEY_ENV
 from backend.runtime.serve_replica import with_key
 from backend.runtime.tiny_model import TINY_MODEL, ensure_tiny_model
-from backend.vllm_args import vllm_server_args, vllm_server_env
 
 API_KEY = "test-replica-token"
 MAX_STALENESS = 1

@@ -17,10 +17,10 @@ from typing import Any
 from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import HfHubHTTPError
 
-from backend import recipe
-from backend.executors.base import Engine, ResourceSample, SubmitError
-from backend.hardware import Flavor, list_flavors
-from backend.jobspec import (
+from backend.executors.base import ResourceSample, SubmitError
+from backend.plan.engines.hf_jobs import ENGINE
+from backend.plan.hardware import list_flavors
+from backend.plan.jobspec import (
     APP_LABEL_VALUE,
     DELETED,
     ERROR,
@@ -32,7 +32,6 @@ from backend.jobspec import (
     JobStatus,
 )
 from backend.runtime.redact import redact_tokens
-from backend.spec import RunSpec
 
 PERMANENT_HTTP_ERRORS = frozenset({401, 403, 404})
 _SUBMIT_HINTS = {
@@ -72,62 +71,6 @@ class _Feed:
     def since(self, cursor: int) -> tuple[list, int]:
         start = max(cursor - self.dropped, 0)
         return list(itertools.islice(self.items, start, None)), self.count
-
-
-class HfJobsEngine(Engine):
-    """Jobs on Hugging Face Jobs: billed per flavor and hour, in the bucket's namespace, with the visitor's token."""
-
-    name = "hf_jobs"
-    label = "Hugging Face Jobs"
-    billed = True
-    needs_token = True
-    installs_runtime = True
-    bucket_on_hub = True
-    chooses_hardware = True
-    job_list_lags = True
-    network_groups = True
-    retry_gap_s = 600
-
-    def flavors(self, token: str | None) -> list[Flavor]:
-        return list_flavors(token)
-
-    def job_fields(self, spec: RunSpec, flavor: str) -> dict:
-        return dict(image=spec.image, flavor=flavor, namespace=spec.bucket_namespace,
-                    resource_group_id=spec.resource_group_id or None)
-
-    def replica_server(self, spec: RunSpec, gpus: list[str] | None) -> tuple[dict, list[str]]:
-        share = spec.replica_gpu_memory_utilization
-        return (dict(gpu_memory_utilization=share) if share != recipe.VLLM_DEFAULT_GPU_SHARE else {}), []
-
-    def replica_url(self, i: int, port) -> str:
-        return recipe.REPLICA_URL_PLACEHOLDER.format(i=i)
-
-    def preview_command(self, job: JobSpec, bucket_root) -> str:
-        return job.cli_preview()
-
-    def preview_note(self, spec: RunSpec, bucket_root) -> str | None:
-        """How the jobs reach each other, how often a failed one is retried, and whose spending limits apply."""
-        notes = []
-        group = recipe.network_group(spec)
-        if group:
-            notes.append(f"Private network: the trainer and replicas join network group `{group}`; the trainer's proxy "
-                         f"reaches each replica at its alias (`vllm-0`, ...) with no port exposed and no token on "
-                         f"rollout requests; only the proxy's port {recipe.PROXY_PORT} is exposed, for this panel, "
-                         "behind your token.")
-        elif spec.mode == "distributed":
-            notes.append("Exposed ports: each replica's port is reachable through the public Jobs proxy, and every "
-                         "rollout request carries your token.")
-        if spec.attempts > 1:
-            notes.append(f"Retries: a failed job is started again, up to {spec.attempts} attempts in all; a retried "
-                         "trainer resumes from the newest checkpoint, a retried replica rejoins the proxy, and a "
-                         "failure a retry cannot fix (bad code or data) is not retried. Each attempt is billed.")
-        if spec.resource_group_id:
-            notes.append(f"Resource group `{spec.resource_group_id}` of `{spec.bucket_namespace}`: the jobs are "
-                         "created in it, so the organisation's access rules and Jobs spending limits apply.")
-        return " ".join(notes) or None
-
-
-ENGINE = HfJobsEngine()
 
 
 class HfJobsExecutor:

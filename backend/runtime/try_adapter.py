@@ -2,8 +2,8 @@
 
     python -m runtime.try_adapter < request.json
 
-The panel starts this in its sandbox (`backend.try_it`), never in its own process: an adapter is a visitor's data.
-So nothing of an adapter is trusted: its `adapter_config.json` is read as plain JSON and only the LoRA settings
+The panel starts this in its sandbox (`backend.outcome.try_it`), never in its own process: an adapter is a visitor's
+data. So nothing of an adapter is trusted: its `adapter_config.json` is read as plain JSON and only the LoRA settings
 below are taken from it, checked (never `base_model_name_or_path`, which would make PEFT fetch a model, nor any
 setting that runs an initialisation or names code); its weights are read from safetensors only (no pickle) and must
 match the layers that config makes, name for name and shape for shape. The base model is loaded with

@@ -1,0 +1,273 @@
+"""The held-out evaluation as the panel reads it, and which adapter version a download, a push or "try it" means.
+
+The trainer evaluates each published version on the run's held-out prompts and writes one record per version into
+`evals/` (write-once fragments, `layout.EVALS_DIR`); the best-scoring version so far is republished whole as `best/`
+with `best/best.json` saying why, so it survives TRL deleting old serving copies. `HeldOut` reads both with a
+cursor, like the metrics. `choose` turns what a visitor picked ("best", "final", "trl-policy-v7") into the files of
+that adapter and a sentence saying which version it is and why; a name the run never published is refused.
+"""
+
+import json
+import math
+import posixpath
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from backend.runtime import layout
+from backend.runtime.redact import redact_record
+from backend.storage.observers import FragmentReader
+from backend.storage.store import BucketStore, StoredFile
+
+FINAL, BEST = "final", "best"
+SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (the newest)
+CHOICES_SHOWN = 50              # versions offered in a picker besides best and final (the newest)
+BEST_RECHECK_S = 10.0           # how often best/ is looked at again while it lags behind the scores read
+
+
+class ChoiceError(ValueError):
+    """The picked version cannot be used; the message says why and what can be."""
+
+
+@dataclass(frozen=True)
+class HeldOutScore:
+    version: int
+    step: int
+    score: float
+    score_std: float | None
+    n_prompts: int | None
+    rewards: dict             # reward name -> {"mean", "std", "weight", "solved"}
+
+
+def _number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def is_eval_record(record: dict) -> bool:
+    """One evaluated version: an integer version and step and a finite score (anything else is skipped, counted)."""
+    return (type(record.get("policy_version")) is int and record["policy_version"] >= 0
+            and type(record.get("step")) is int and _number(record.get("score")))
+
+
+class HeldOut:
+    """The held-out scores of one run's versions, their samples and the best version, read incrementally."""
+
+    def __init__(self, store: BucketStore, run_id: str):
+        self.store, self.run_id = store, run_id
+        self.prefix = layout.run_prefix(run_id)
+        self._reader = FragmentReader(store, f"{self.prefix}/{layout.EVALS_DIR}", check=is_eval_record)
+        self.scores: dict[int, HeldOutScore] = {}
+        self.records: dict[int, dict] = {}       # version -> its record without samples (what the chart draws)
+        self.samples: OrderedDict[int, list[dict]] = OrderedDict()     # version -> its held-out samples
+        self.best_json: dict = {}
+        self.best_files: list[StoredFile] = []
+        self._best_read_at = float("-inf")
+
+    @property
+    def unreadable(self) -> dict[str, int]:
+        return dict(self._reader.cursor.bad)
+
+    def refresh(self, full: bool = False) -> bool:
+        """Read new evaluation records; look at best/ again when there were any. Whether anything changed."""
+        new = self._reader.read(full)
+        if new:     # a new mapping, not one changed in place: a frame being drawn holds the old one
+            self.records = {**self.records, **{r["policy_version"]: redact_record(_chart_record(r)) for _w, r in new}}
+        for _writer, record in new:
+            version = record["policy_version"]
+            std = record.get("score_std")
+            rewards = record.get("rewards") if isinstance(record.get("rewards"), dict) else {}
+            self.scores[version] = HeldOutScore(version, record["step"], float(record["score"]),
+                                                float(std) if _number(std) else None,
+                                                record.get("n_prompts") if type(record.get("n_prompts")) is int
+                                                else None, redact_record(rewards))
+            samples = [redact_record(s) for s in record.get("samples") or [] if _is_sample(s)]
+            self.samples.pop(version, None)
+            self.samples[version] = samples
+            while len(self.samples) > SAMPLE_VERSIONS_KEPT:
+                self.samples.popitem(last=False)
+        # best/ is republished just after the record of the version that beat it: while best.json names another
+        # version than the highest score read, look again now and then.
+        stale = bool(self.scores) and self.best_json.get("policy_version") != self._top()
+        due = stale and time.monotonic() - self._best_read_at >= BEST_RECHECK_S
+        if not new and not (full and self.scores) and not due:
+            return False
+        self._best_read_at = time.monotonic()
+        return self._read_best() or bool(new)
+
+    def _top(self) -> int | None:
+        return max(self.scores.values(), key=lambda s: (s.score, -s.version)).version if self.scores else None
+
+    def _read_best(self) -> bool:
+        files = self.store.list_files(f"{self.prefix}/{layout.BEST_DIR}")
+        names = {posixpath.basename(f.path) for f in files}
+        if not all(n in names for n in layout.ADAPTER_FILES):
+            return False
+        try:
+            best = json.loads(self.store.read_bytes(f"{self.prefix}/{layout.BEST_DIR}/{layout.BEST_FILE}"))
+        except (OSError, ValueError, KeyError):
+            best = {}
+        best = redact_record(best) if isinstance(best, dict) and type(best.get("policy_version")) is int else {}
+        changed = best != self.best_json or [f.path for f in files] != [f.path for f in self.best_files]
+        self.best_json, self.best_files = best, files
+        return changed
+
+    @property
+    def best_version(self) -> int | None:
+        """The version best.json names, else the highest score read (the earliest of equal ones); None before any."""
+        if self.best_json:
+            return self.best_json["policy_version"]
+        return self._top()
+
+    def why(self, metric: str) -> str:
+        """Why the best version is the best, in the trainer's words when it gave them."""
+        if isinstance(self.best_json.get("why"), str):
+            return self.best_json["why"]
+        return f"highest held-out score ({metric}) of {len(self.scores)} evaluated versions"
+
+
+def _chart_record(record: dict) -> dict:
+    """An evaluation record as the chart reads it: no samples, its rewards a mapping of mappings, a time."""
+    rewards = record.get("rewards") if isinstance(record.get("rewards"), dict) else {}
+    when = record.get("time")
+    return {**{k: v for k, v in record.items() if k != "samples"},
+            "rewards": {k: v for k, v in rewards.items() if isinstance(v, dict)},
+            "time": float(when) if _number(when) else 0.0}
+
+
+def _is_sample(sample) -> bool:
+    return (isinstance(sample, dict) and type(sample.get("prompt_index")) is int
+            and isinstance(sample.get("completion"), str))
+
+
+def metric_name(spec: dict) -> str:
+    """What the held-out score is: the weighted sum of the run's rewards (weight 0: watched, not scored)."""
+    weights = spec.get("reward_weights") or {}
+    names = [*(spec.get("rewards") or [])]
+    parts = [f"{n} x{float(weights.get(n, 1.0)):g}" for n in names if float(weights.get(n, 1.0)) != 0]
+    return "weighted held-out reward" + (f": {' + '.join(parts)}" if parts else "")
+
+
+def score_text(score: HeldOutScore | None) -> str:
+    if score is None:
+        return "-"
+    return f"{score.score:.3f}" + (f" ± {score.score_std:.3f}" if score.score_std is not None else "")
+
+
+@dataclass(frozen=True)
+class ChosenAdapter:
+    """One adapter of a run, as a visitor picked it: its files and what the card says about it."""
+
+    choice: str                    # "best", "final" or "trl-policy-v<N>"
+    name: str                      # the version's own name where known ("trl-policy-v7"), else "final"
+    version: int | None
+    step: int | None
+    files: list[StoredFile]
+    why: str                       # which version it is and why it was chosen, one sentence
+    score: HeldOutScore | None = None
+    metric: str = ""
+
+
+def published(view, version: int):
+    """The run's adapter version `version` (an AdapterVersion), None if it published none."""
+    find = getattr(view, "find_adapter", None)      # a RunView's: it also looks while older events are read
+    return find(version) if find is not None else view.adapters.get(version)
+
+
+def _version_step(view, version: int | None) -> int | None:
+    if version is None:
+        return None
+    known = published(view, version)
+    if known is not None and known.step is not None:
+        return known.step
+    score = view.held_out.scores.get(version)
+    return score.step if score is not None else view.first_step.get(version)
+
+
+def _complete(files: list[StoredFile]) -> list[StoredFile]:
+    names = {posixpath.basename(f.path) for f in files}
+    return files if all(n in names for n in layout.ADAPTER_FILES) else []
+
+
+def _final_version(view) -> int | None:
+    end = view.trainer_end
+    return end.get("version") if end.get("event") == "finished" and type(end.get("version")) is int else None
+
+
+def default_choice(view) -> str | None:
+    """The best version when an evaluation exists and its adapter is there, else final/, else None."""
+    held = view.held_out
+    if held.best_version is not None and (held.best_files or held.best_version in view.adapters):
+        return BEST
+    return FINAL if view.final_files else None
+
+
+def version_choices(view, shown: int = CHOICES_SHOWN) -> list[tuple[str, str]]:
+    """(label, value) for a picker: the best version, final/, then the newest versions with their scores."""
+    held, out = view.held_out, []
+    best = held.best_version
+    if best is not None and (held.best_files or best in view.adapters):
+        out.append((f"best: {layout.adapter_name(best)} (held-out {score_text(held.scores.get(best))})", BEST))
+    if view.final_files:
+        version = _final_version(view)
+        out.append((f"final/ ({layout.adapter_name(version)})" if version is not None else "final/", FINAL))
+    for v in view.newest_adapters(shown):
+        score = held.scores.get(v.version)
+        label = v.name + (f" · step {v.step}" if v.step is not None else "")
+        out.append((label + (f" · held-out {score_text(score)}" if score else ""), v.name))
+    return out
+
+
+def choose(view, choice: str | None) -> ChosenAdapter:
+    """The adapter `choice` names (None or "": the default), with its files; ChoiceError when there is none."""
+    choice = (choice or "").strip() or default_choice(view) or FINAL
+    held, metric = view.held_out, metric_name(view.spec)
+    best = held.best_version
+    if choice == FINAL:
+        if not view.final_files:
+            raise ChoiceError(f"run {view.run_id} has no final adapter yet: final/ is written when training ends")
+        version = _final_version(view)
+        step = view.trainer_end.get("step") if type(view.trainer_end.get("step")) is int else None
+        score = held.scores.get(version) if version is not None else None
+        why = "final/: the last adapter, written when training ended" + (f" at step {step}" if step else "")
+        if score is not None:
+            why += f" (held-out score {score_text(score)}, {metric})"
+        name = layout.adapter_name(version) if version is not None else FINAL
+        return ChosenAdapter(FINAL, name, version, step, view.final_files, why + ".", score, metric)
+    if choice == BEST:
+        if best is None:
+            raise ChoiceError(f"run {view.run_id} has no held-out evaluation yet, so no best version: pick final/ "
+                              "or a version")
+        chosen = _version_files(view, best)
+        score = held.scores.get(best)
+        why = (f"the best version, {layout.adapter_name(best)} at step {_version_step(view, best)}: {held.why(metric)}"
+               + (f", held-out score {score_text(score)}" if score else "") + ".")
+        return ChosenAdapter(BEST, layout.adapter_name(best), best, _version_step(view, best), chosen, why, score,
+                             metric)
+    match = layout.ADAPTER_NAME_RE.match(choice)
+    if not match or published(view, int(match.group(1))) is None:
+        raise ChoiceError(f"version: run {view.run_id} published no adapter {choice[:80]!r}; pick best, final/ or one "
+                          "of the versions listed in the adapters table")
+    version = int(match.group(1))
+    files = _version_files(view, version)
+    score = held.scores.get(version)
+    why = f"{choice} at step {_version_step(view, version)}, picked by hand"
+    if score is not None:
+        why += f": held-out score {score_text(score)} ({metric})"
+        if best is not None and best != version:
+            why += f"; the best is {layout.adapter_name(best)} ({score_text(held.scores.get(best))})"
+        elif best == version:
+            why += f"; it is the best version ({held.why(metric)})"
+    return ChosenAdapter(choice, choice, version, _version_step(view, version), files, why + ".", score, metric)
+
+
+def _version_files(view, version: int) -> list[StoredFile]:
+    """A version's own folder, or best/ when that is this version and its serving copy was pruned."""
+    known = published(view, version)
+    files = _complete(view.store.list_files(known.path)) if known is not None else []
+    if files:
+        return files
+    held = view.held_out
+    if held.best_version == version and held.best_files:
+        return held.best_files
+    raise ChoiceError(f"{layout.adapter_name(version)}'s files are gone from the bucket (TRL keeps only the newest "
+                      "serving copies): pick best or final/, which are kept")

@@ -1,0 +1,246 @@
+"""Recipe: RunSpec -> JobSpecs. Pure functions, no I/O; the launch form previews exactly what they return.
+
+Colocated: one trainer job (TRL GRPOTrainer; vLLM inside the training process on GPUs).
+Distributed: N vLLM replica jobs, then one trainer job whose proxy fronts the replicas. The trainer's
+JobSpec needs the replicas' URLs, which exist only once they are submitted, so it is built afterwards.
+"""
+
+import hashlib
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from backend.plan.engines import engine
+from backend.plan.engines.base import Placement
+from backend.plan.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.plan.spec import RunSpec
+from backend.plan.vllm_args import vllm_serve_command, vllm_server_args
+from backend.runtime import layout, rewards
+from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICA_KEY_ENV, REPLICAS_ENV
+from backend.runtime.tiny_model import BUILTIN_MODELS
+from backend.runtime.user_code import imported_modules
+
+# Pinned: vLLM's flags and TRL's trainer are part of the recipe. TRL 1.16 supports vLLM 0.22-0.31.
+TRL_VERSION = "1.16.0"
+PEFT_VERSION = "0.21.2"
+VLLM_IMAGE = RunSpec.image   # the default; a run's jobs use its spec.image
+RUNTIME_PIP = f"trl=={TRL_VERSION} peft=={PEFT_VERSION}"
+TRACKIO_PIP = "trackio==0.43.0"   # as requirements-runtime.txt pins it (works with huggingface_hub 2.x)
+REPLICA_PORT = 8000
+PROXY_PORT = 8000          # a private-network trainer's one exposed port: its proxy, for the panel (visitor's token)
+NETWORK_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"   # expanded inside a job: members reach `<prefix><alias>`
+TRAINER_ALIAS = "trainer"
+GONE_AFTER_ENV, TRAINER_GONE_AFTER_S = "GRPO_TRAINER_GONE_AFTER_S", 90
+TOKEN_SECRET = "HF_TOKEN"
+REPLICA_KEY_SECRET = REPLICA_KEY_ENV   # a distributed run's replicas demand it of its trainer (runtime/replica_key.py)
+REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
+PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
+
+
+def reward_packages(spec: RunSpec) -> list[str]:
+    """What the run's rewards import beyond TRL (TRL's math rewards and code that imports math_verify)."""
+    wanted = {rewards.NEEDS_PACKAGE[r] for r in spec.rewards if r in rewards.NEEDS_PACKAGE}
+    wanted |= {rewards.PACKAGE_FOR_IMPORT[m] for m in imported_modules(spec.reward_code)
+               if m in rewards.PACKAGE_FOR_IMPORT}
+    return sorted(wanted)
+
+
+def model_path(spec: RunSpec) -> str:
+    """Where jobs find the base model: a builtin one is built into the run folder on the spot."""
+    return f"{spec.run_path}/{layout.BASE_MODEL_DIR}" if spec.model in BUILTIN_MODELS else spec.model
+
+
+def _labels(spec: RunSpec, role: str) -> dict[str, str]:
+    return {LABEL_APP: APP_LABEL_VALUE, LABEL_RUN: spec.run_id, LABEL_ROLE: role}
+
+
+def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,
+         env: dict[str, str] | None = None, expose: tuple[int, ...] = (), alias: str | None = None) -> JobSpec:
+    where = engine(spec.executor)
+    group = network_group(spec)
+    return JobSpec(
+        run_id=spec.run_id, role=role, command=command, timeout_s=spec.timeout_minutes * 60,
+        env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
+        secrets=(*((TOKEN_SECRET,) if where.needs_token else ()),
+                 *((REPLICA_KEY_SECRET,) if where.replicas_need_key and spec.mode == "distributed" else ())),
+        volumes=(VolumeSpec(spec.bucket, spec.mount_path, read_only=read_only),),
+        expose=expose, labels=_labels(spec, role), attempts=spec.attempts,
+        network_group=group, network_aliases=(alias,) if group and alias else (), **where.job_fields(spec, flavor),
+    )
+
+
+def network_group(spec: RunSpec) -> str | None:
+    """The network group of a distributed run on private networking (where its engine has network groups), named
+    after the run as the Hub wants it (lowercase letters, digits and dashes, at most 46); else None."""
+    if spec.mode != "distributed" or spec.network != "private" or not engine(spec.executor).network_groups:
+        return None
+    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"grpo-{spec.run_id}".lower())).strip("-")
+    if len(name) > 46:
+        name = f"{name[:37].rstrip('-')}-{hashlib.sha256(spec.run_id.encode()).hexdigest()[:8]}"
+    return name
+
+
+def replica_alias(i: int) -> str:
+    return f"vllm-{i}"
+
+
+def group_url(alias: str, port) -> str:
+    """Where a member of the run's network group reaches `alias` (the job expands the prefix)."""
+    return f"http://{NETWORK_PREFIX}{alias}:{port}"
+
+
+def replica_port(job: JobSpec) -> int:
+    return job.expose[0] if job.expose else REPLICA_PORT
+
+
+def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
+    """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself. A trainer's
+    (`install`) starts with `runtime.attempt`, before anything is installed: every attempt is recorded, and one after a
+    failure that a retry cannot fix stops there."""
+    lines = [shlex.join(s) for s in steps]
+    if install and engine(spec.executor).installs_runtime:
+        trackio = [TRACKIO_PIP] if spec.trackio else []
+        lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *trackio, *reward_packages(spec)])}")
+    if install:
+        lines.insert(0, shlex.join([PY, "-m", "runtime.attempt", "--run-dir", spec.run_path]))
+    lines[-1] = "exec " + lines[-1]
+    return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
+
+
+def _ensure_model_step(spec: RunSpec) -> list[list[str]]:
+    if spec.model not in BUILTIN_MODELS:
+        return []
+    return [[PY, "-m", "runtime.tiny_model", "--out", model_path(spec), "--seed", str(spec.seed), "--name", spec.model]]
+
+
+def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | None = None) -> list[JobSpec]:
+    """The colocated run's one job. `master_port` (local runs) is the torch.distributed rendezvous port of its
+    processes and its vLLM: two local runs at once would otherwise both take 29500, and the second fails with
+    EADDRINUSE (seen on two H200s, two 1-GPU runs side by side)."""
+    port = ["--main_process_port", str(master_port)] if master_port else []
+    if spec.num_processes > 1:
+        # accelerate's launcher as a module of the job's own interpreter: an `accelerate` script on the PATH may
+        # belong to another Python (a local run's panel environment is not the shell's).
+        train = [PY, "-m", "accelerate.commands.launch", "--num_processes", str(spec.num_processes),
+                 "--num_machines", "1", *port, "--dynamo_backend", "no", "-m", "runtime.train"]
+    else:
+        train = [PY, "-m", "runtime.train"]
+    command = shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
+    env = {"MASTER_PORT": str(master_port)} if master_port else None
+    return [_job(spec, "trainer", command, spec.flavor, env=env)]
+
+
+VLLM_DEFAULT_GPU_SHARE = 0.9         # vLLM's own --gpu-memory-utilization: not repeated in a replica's command
+
+
+def split_cores(cores: list[int], parts: int) -> list[str]:
+    """`parts` disjoint CPU lists (as VLLM_CPU_OMP_THREADS_BIND wants them, "0,1"), one per local replica; with
+    fewer cores than replicas they take turns. Without this every vllm-cpu server binds its threads to core 0,
+    so two replicas served fewer requests a second than one."""
+    cores = sorted(cores)
+    if len(cores) < parts:
+        return [str(cores[i % len(cores)]) for i in range(parts)]
+    size = len(cores) // parts
+    return [",".join(map(str, cores[i * size:(i + 1) * size])) for i in range(parts)]
+
+
+def assign_local_gpus(gpus: list[str], replicas: int) -> tuple[str | None, list[str] | None]:
+    """(the trainer's GPU, one GPU per replica) when a local machine has a GPU for each job of a distributed run,
+    else (None, None): then every job shares what it sees (the first GPU) and the replicas split half of it."""
+    if len(gpus) < replicas + 1:
+        return None, None
+    return gpus[0], gpus[1:replicas + 1]
+
+
+def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python",
+                 cpu_binds: list[str] | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
+    """One vLLM server job per replica; `ports`, `cpu_binds` (cores per replica) and `gpus` (a GPU of its own per
+    replica, from assign_local_gpus) are for local runs only (one machine, N servers)."""
+    ports = ports or [REPLICA_PORT] * spec.replicas
+    jobs = []
+    for i, port in enumerate(ports):
+        # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
+        # builds (replicas mount the bucket read-only).
+        wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
+        options, wrapper_args = engine(spec.executor).replica_server(spec, gpus)
+        wrapper += wrapper_args
+        if spec.model in BUILTIN_MODELS:
+            wrapper += ["--wait-for", model_path(spec)]
+        serve = vllm_serve_command(vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
+                                                    max_model_len=spec.replica_max_model_len or None, **options))
+        command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
+        env = engine(spec.executor).replica_env()
+        gap = engine(spec.executor).retry_gap_s
+        if spec.attempts > 1 and gap:
+            # A retried trainer is silent while its job is rescheduled and reinstalled: the replicas wait for it
+            # longer than for a trainer that is simply gone (runtime/heartbeat.py's 90 s).
+            env[GONE_AFTER_ENV] = str(TRAINER_GONE_AFTER_S + gap)
+        if cpu_binds:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+        # On the run's network group the trainer reaches the replica at its alias: no port is exposed.
+        expose = () if network_group(spec) else (port,)
+        jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=expose,
+                         alias=replica_alias(i)))
+    return jobs
+
+
+def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
+    """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
+    train = [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]
+    env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
+    if not network_group(spec):
+        command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
+        return _job(spec, "trainer", command, spec.flavor, env={REPLICAS_ENV: ",".join(replica_urls), **env})
+    # Private network: the replicas at their aliases (one --replica each: the URLs together outgrow a preview's
+    # line), rollout requests without a token; the proxy listens on every interface of the trainer job, and its one
+    # exposed port is what the panel reaches (the proxy, the replicas' stats), with the visitor's token.
+    train += [arg for url in replica_urls for arg in ("--replica", url)]
+    command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
+    env.update({REPLICA_AUTH_ENV: "none", PROXY_HOST_ENV: "0.0.0.0", PROXY_PORT_ENV: str(PROXY_PORT)})
+    return _job(spec, "trainer", command, spec.flavor, env=env, expose=(PROXY_PORT,), alias=TRAINER_ALIAS)
+
+
+def placeholder_url(i: int, port) -> str:
+    return REPLICA_URL_PLACEHOLDER.format(i=i)
+
+
+@dataclass(frozen=True)
+class RunJobs:
+    """A run's jobs in the order they are submitted, assembled one way for the preview and the launch: `first()` (a
+    colocated run's one job, or a distributed run's replicas), then `trainer(urls)`, which needs the replicas' URLs
+    (known once they are submitted). `place` is where the engine starts them (ports, cores, GPUs)."""
+
+    spec: RunSpec
+    place: Placement = field(default_factory=Placement)
+
+    def first(self) -> list[JobSpec]:
+        spec, place = self.spec, self.place
+        if spec.mode == "colocated":
+            return colocated_jobs(spec, python=place.python, master_port=place.master_port)
+        return replica_jobs(spec, ports=place.ports, python=place.python, cpu_binds=place.cpu_binds,
+                            gpus=place.replica_gpus)
+
+    def trainer(self, replica_urls: list[str]) -> JobSpec:
+        """A distributed run's trainer, given where it reaches each replica."""
+        return trainer_job(self.spec, replica_urls, python=self.place.python, gpu=self.place.trainer_gpu)
+
+    def preview(self, replica_url: Callable[[int, object], str] = placeholder_url) -> list[JobSpec]:
+        """Every job, replica `i` reached at `replica_url(i, its port)`."""
+        first = self.first()
+        if self.spec.mode == "colocated":
+            return first
+        return [*first, self.trainer([reached_at(job) or replica_url(i, replica_port(job))
+                                      for i, job in enumerate(first)])]
+
+
+def reached_at(job: JobSpec) -> str | None:
+    """Where the trainer reaches a replica on the run's network group (its alias), or None (not in one)."""
+    return group_url(job.network_aliases[0], replica_port(job)) if job.network_group and job.network_aliases else None
+
+
+def preview_jobs(spec: RunSpec) -> list[JobSpec]:
+    """Every job of the run as the form previews it (replica URLs shown as placeholders)."""
+    return RunJobs(spec).preview()

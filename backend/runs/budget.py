@@ -1,0 +1,121 @@
+"""Live spend of runs, and the budget cap, enforced by whichever panel process is running.
+
+A run's cap is `budget_usd` in its spec.json, so a restarted panel, or a second one, enforces it too. Enforcing
+is idempotent: the run's jobs are found by label and only those not over are cancelled, and the event that says
+why (`events/panel-budget-<seq>.jsonl` in the run's folder) is written once, and again only when a later pass
+cancelled more jobs (a resumed run that reached its cap again).
+"""
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backend.plan.cost import RunCost, format_duration, format_usd
+from backend.plan.engines import engine
+from backend.plan.jobspec import TERMINAL_STAGES
+from backend.runtime import layout
+from backend.runtime.redact import redact_record, redact_tokens
+from backend.view.summary import RunSummaries
+
+log = logging.getLogger(__name__)
+
+BUDGET_WRITER = f"{layout.PANEL_WRITER}-budget"
+BUDGET_EVENT = "budget_cap"
+
+
+def budget_reason(cost: RunCost, budget_usd: float) -> str | None:
+    """Why the run must stop (its spend, or its projected total, reached the cap), or None."""
+    if not budget_usd or not cost.billed or cost.spent_usd is None:
+        return None
+    if cost.spent_usd >= budget_usd:
+        return f"its spend, {format_usd(cost.spent_usd)}, reached the budget cap of {format_usd(budget_usd)}"
+    if cost.projected_usd is not None and cost.projected_usd >= budget_usd:
+        return (f"its projected total at step {cost.max_steps}, {format_usd(cost.projected_usd)} (ETA "
+                f"{format_duration(cost.eta_s or 0)} at the recent step rate; {format_usd(cost.spent_usd)} spent so "
+                f"far), reaches the budget cap of {format_usd(budget_usd)}")
+    return None
+
+
+@dataclass(frozen=True)
+class BudgetStop:
+    run_id: str
+    reason: str
+    cancelled: list[str]
+
+
+class SpendWatch(RunSummaries):
+    """The budget cap over the run summaries: whichever panel process runs enforces every live run's cap."""
+
+    def enforce(self, registry) -> list[BudgetStop]:
+        """Cancel every job of each live run of the registry whose spend or projection reached its cap."""
+        if not engine(registry.executor.name).billed:
+            return []     # local runs cost nothing (a budget on one is refused when it is launched)
+        stops = []
+        for run in registry.list_runs():
+            if run.bucket is None or all(stage in TERMINAL_STAGES for stage in run.stages.values()):
+                continue
+            cost, spec = self.cost(registry, run.run_id)
+            budget = float(spec.get("budget_usd") or 0.0)
+            reason = budget_reason(cost, budget)
+            if not reason:
+                continue
+            try:
+                stops.append(self.stop(registry, run.run_id, run.bucket, reason, cost, budget))
+            except Exception as exc:   # e.g. a read-only token: the other runs' caps are still checked
+                log.warning("run %s reached its budget cap (%s) but could not be stopped with this token: %s",
+                            run.run_id, reason, redact_tokens(str(exc)))
+        return stops
+
+    def resume_problem(self, registry, run_id: str, budget_usd: float) -> str | None:
+        """Why resuming would be pointless: the run already spent its cap, so its new jobs would be cancelled."""
+        if not budget_usd:
+            return None
+        cost, _ = self.cost(registry, run_id)
+        if cost.billed and (cost.spent_usd or 0.0) >= budget_usd:
+            return (f"run {run_id} has already spent {format_usd(cost.spent_usd)} of its budget cap "
+                    f"{format_usd(budget_usd)}: the panel would cancel the resumed jobs at once")
+        return None
+
+    def stop(self, registry, run_id: str, bucket: str, reason: str, cost: RunCost, budget: float) -> BudgetStop:
+        cancelled = registry.cancel(run_id)
+        store = registry.store_for(bucket)
+        folder = f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}"
+        written = [f for f in store.list_files(folder) if f.path.rsplit("/", 1)[-1].startswith(BUDGET_WRITER + "-")]
+        if cancelled or not written:
+            record = redact_record({"time": self.clock(), "event": BUDGET_EVENT, "reason": reason,
+                                    "budget_usd": budget, "spent_usd": cost.spent_usd,
+                                    "projected_usd": cost.projected_usd, "cancelled": cancelled})
+            name = layout.fragment_name(BUDGET_WRITER, len(written))
+            store.write_bytes(f"{folder}/{name}", (json.dumps(record) + "\n").encode())
+        log.info("run %s: budget cap reached (%s); cancelled %d job(s)", run_id, reason, len(cancelled))
+        return BudgetStop(run_id, reason, cancelled)
+
+
+class BudgetEnforcer:
+    """Runs `check()` every `interval_s` seconds in a daemon thread, from `start()` to `stop()` (0: never)."""
+
+    def __init__(self, check: Callable[[], object], interval_s: float):
+        self.check = check
+        self.interval_s = interval_s
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "BudgetEnforcer":
+        if self.interval_s > 0:
+            self._thread = threading.Thread(target=self._loop, name="budget-enforcer", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception:   # the next pass tries again; a crashed thread would enforce nothing
+                log.exception("budget check failed")

@@ -1,0 +1,117 @@
+"""Which runs a visitor can reach, and through which registry.
+
+A Hub registry is built per (namespace, token): every call about a run goes through the token of the visitor
+who makes it, so the Hub decides what they may see (two members of one org each reach the org's runs with
+their own token; an outsider reaches none). Registries unused for a while are dropped with their log readers
+and rebuilt on demand.
+"""
+
+import hashlib
+import logging
+import threading
+import time
+
+from backend.executors import shared_executor
+from backend.executors.hf_jobs import HfJobsExecutor
+from backend.plan.engines import engines
+from backend.plan.engines.base import Engine
+from backend.runs.access import Deployment, Visitor, acting_token, local_runs_problem
+from backend.runs.hub_auth import whoami_namespaces
+from backend.runs.registry import RunRegistry
+from backend.runtime.redact import redact_tokens
+from backend.storage.hub_store import open_store
+from backend.storage.store import FolderStore
+
+log = logging.getLogger(__name__)
+
+
+class RunDirectory:
+    def __init__(self, deployment: Deployment, local: RunRegistry, cache_dir: str | None = None):
+        self.deployment = deployment
+        self.local = local
+        self.cache_dir = cache_dir
+        self._hub: dict[str, RunRegistry] = {}
+        self._shared: dict[str, RunRegistry] = {}   # engine name -> the registry of its cluster's runs
+        self._used: dict[str, float] = {}      # registry key -> monotonic time of its last use
+        self._lock = threading.Lock()
+
+    def hub_registry(self, token: str, namespace: str) -> RunRegistry:
+        key = f"{namespace}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+        with self._lock:      # handlers run in threads: one registry (and one set of log readers) per key
+            now = time.monotonic()
+            self._used[key] = now
+            self._evict_idle(now)
+            if key not in self._hub:
+                executor = HfJobsExecutor(token, namespace)
+                mount, cache = self.deployment.bucket_mount, self.cache_dir
+                self._hub[key] = RunRegistry(
+                    executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache), list_every_s=15.0)
+            return self._hub[key]
+
+    def shared_registry(self, where: Engine) -> RunRegistry | None:
+        """The registry of an engine whose runs this deployment's visitors share (a cluster's), while its cluster
+        answers; None for any other engine."""
+        with self._lock:
+            if where.name not in self._shared and not where.runtime_problem():
+                executor = shared_executor(where.name, self.deployment.home)
+                if executor is not None:
+                    self._shared[where.name] = RunRegistry(
+                        executor, lambda bucket: FolderStore(executor.bucket_root(bucket)), list_every_s=5.0)
+            return self._shared.get(where.name) if not where.runtime_problem() else None
+
+    def registry_for(self, where: Engine, token: str | None, namespace: str) -> RunRegistry:
+        """Where a run of engine `where` is launched: the panel's own registry, a cluster's, or the namespace's on
+        the Hub (with `token`)."""
+        if where.on_panel_machine:
+            return self.local
+        return self.shared_registry(where) or self.hub_registry(token or "", namespace)
+
+    def _evict_idle(self, now: float) -> None:
+        for key in [k for k, used in self._used.items() if now - used > self.deployment.registry_idle_s]:
+            del self._used[key]
+            registry = self._hub.pop(key, None)
+            if registry is not None:
+                registry.executor.stop(timeout=0)
+                log.info("dropped an idle Hugging Face Jobs registry (%s runs)", key.split(":", 1)[0])
+
+    def relist(self, namespace: str) -> None:
+        """Runs changed in `namespace` (launched or cancelled here): every visitor's next list asks the Hub again."""
+        with self._lock:
+            for key, registry in self._hub.items():
+                if key.split(":", 1)[0] == namespace:
+                    registry.forget_listing()
+
+    def registries(self, visitor: Visitor) -> list[RunRegistry]:
+        """Local runs (where this visitor may use them), plus the HF Jobs runs of every namespace the visitor's
+        token belongs to."""
+        regs = [] if local_runs_problem(visitor, self.deployment) else [self.local]
+        if regs:
+            regs += [r for r in (self.shared_registry(where) for where in engines() if where.operators_machines
+                                 and not where.on_panel_machine) if r is not None]
+        token = acting_token(visitor, self.deployment)
+        if token:
+            try:
+                regs += [self.hub_registry(token, ns) for ns in sorted(whoami_namespaces(token))]
+            except Exception as exc:  # the Hub unreachable must not take the local runs down with it
+                log.warning("cannot list Hugging Face Jobs runs: %s", redact_tokens(str(exc), (token,)))
+        return regs
+
+    def held(self) -> list[RunRegistry]:
+        """The Hub registries held right now (visitors seen within the idle time, the host's token), without
+        counting as a use: the budget enforcer walks them and must not keep an idle visitor's registry alive."""
+        with self._lock:
+            return list(self._hub.values())
+
+    def find(self, run_id: str, visitor: Visitor) -> RunRegistry:
+        """The registry through which this visitor reaches `run_id`; KeyError if they cannot."""
+        regs = self.registries(visitor)
+        for fresh in (False, True):    # a run launched a moment ago by someone else may not be listed yet
+            for registry in regs:
+                if registry.has_run(run_id, fresh=fresh):
+                    return registry
+        raise KeyError(f"no run {run_id!r} that you can see")
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for registry in self._hub.values():
+                registry.executor.stop(timeout=0)

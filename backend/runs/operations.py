@@ -1,0 +1,360 @@
+"""Launch, resume and cancel, with their policy: who may, with which token, after which review.
+
+`Operations` runs the steps of each in order (the alert webhook, the token, the spec, the right to act on the
+namespace, the token's lifetime, the review fingerprint, the task check, the registry, the job secrets) and answers
+with what happened: a `LaunchPreview`, a `ReviewNeeded`, a `LaunchedRun`, or an exception (`Refused`, `SpecError`,
+`LaunchError`). The panel turns clicks into these calls and the answers into messages. Which executor does what is
+asked of its engine (`backend.executors.engine`), never of its name.
+"""
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from backend.executors.hf_jobs import HfJobsExecutor
+from backend.executors.local import LocalExecutor
+from backend.plan import recipe
+from backend.plan.engines import EXECUTORS, engine, known_engine
+from backend.plan.engines.base import Engine
+from backend.plan.hardware import Flavor, estimate_cost, hardware_problems
+from backend.plan.jobspec import JobSpec
+from backend.plan.spec import FieldError, RunSpec, SpecError
+from backend.runs.access import (
+    ANONYMOUS,
+    Deployment,
+    Refused,
+    Visitor,
+    acting_token,
+    local_runs_problem,
+    no_token_reason,
+    token_lifetime_problem,
+)
+from backend.runs.budget import SpendWatch
+from backend.runs.directory import RunDirectory
+from backend.runs.hub_auth import bucket_problem, can_control, whoami_name
+from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
+from backend.runs.registry import RunRegistry
+from backend.runs.resume import ResumePlan
+from backend.runtime.task import is_local_file
+from backend.task.check import TASK_FIELDS, TaskReport, check_task, task_field_errors
+from backend.task.check_job import CHECK_FLAVOR, check_in_job
+from backend.view.alerts import webhook_problem
+
+CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
+CHECKS_KEPT = 256
+CHECK_EXECUTOR = HfJobsExecutor.name   # a panel that serves others checks a task in the visitor's own HF Jobs account
+CHECK_SIGN_IN = ("Sign in with Hugging Face (button at the top) to check your task: this panel never runs anyone's "
+                 "code on its own machine, so the reward functions run in a short CPU job in your own account.")
+
+
+class TokenTooShort(Refused):
+    """The visitor's token expires before the jobs' timeout: they would fail half way."""
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """The most a run's jobs can cost (each job's hourly price times its timeout), or why it cannot be said."""
+
+    usd: float | None
+    problem: str | None = None
+    fallback_prices: bool = False      # the built-in price list: the Hub could not be asked
+
+
+@dataclass(frozen=True)
+class LaunchPreview:
+    """The jobs a launch would submit, each command as its engine shows it, and what stands before the launch."""
+
+    spec: RunSpec
+    jobs: list[JobSpec]
+    commands: list[str]
+    cost: CostEstimate | None          # billed engines: the launch must quote spec.fingerprint()
+    expiry: str | None = None          # the token would expire before the jobs end
+    note: str | None = None            # the engine's line about where the jobs run
+
+
+@dataclass(frozen=True)
+class ResumePreview:
+    plan: ResumePlan
+    jobs: list[JobSpec]
+    cost: CostEstimate | None          # billed engines: the resume must quote plan.fingerprint()
+
+
+@dataclass(frozen=True)
+class ReviewNeeded:
+    """Not launched (or resumed) yet: the visitor must review exactly this spec first."""
+
+    spec: RunSpec
+    reviewed_another: bool             # a review code was given, of another spec
+
+
+@dataclass(frozen=True)
+class Launched:
+    run: LaunchedRun
+    spec: RunSpec
+    warnings: tuple[str, ...] = ()     # what the task check noticed without refusing
+
+
+class Operations:
+    """Launch, resume and cancel for one deployment, over its run directory (local runs and Hub registries)."""
+
+    def __init__(self, deployment: Deployment, runs: RunDirectory, spend: SpendWatch, webhooks,
+                 uploaded: Callable[[str], bool]):
+        self.deployment = deployment
+        self.runs = runs
+        self.spend = spend
+        self.webhooks = webhooks          # each run's alert webhook, kept encrypted (`.put(run_id, url)`)
+        self.uploaded = uploaded          # whether a dataset path is a file a visitor uploaded
+        # Check-job results by (task, visitor): Launch reuses the check the visitor just waited for.
+        self._checks: dict[str, tuple[float, TaskReport]] = {}
+        self._checks_lock = threading.Lock()
+
+    @property
+    def local(self) -> LocalExecutor:
+        return self.runs.local.executor
+
+    # ---- who may do what
+    def offered_executors(self) -> list[str]:
+        """The executors this deployment offers: those whose runtime it has, the panel's own machine only where
+        local runs are on."""
+        return [name for name in EXECUTORS if self._offers(engine(name))]
+
+    def _offers(self, where: Engine) -> bool:
+        if where.runtime_problem():
+            return False
+        return not where.operators_machines or self.deployment.local_runs != "off"
+
+    def control_token(self, executor: str, namespace: str | None, visitor: Visitor) -> str | None:
+        """The token to act with on `namespace`; raises Refused with a reason the visitor can act on."""
+        where = engine(executor)
+        problem = where.runtime_problem() or (
+            local_runs_problem(visitor, self.deployment) if where.operators_machines else None)
+        if problem:
+            raise Refused(problem)
+        if not where.needs_token:
+            return None
+        token = acting_token(visitor, self.deployment)
+        if not token:
+            raise Refused(no_token_reason(self.deployment))
+        allowed, reason = can_control(namespace or "", token, self.deployment.on_space)
+        if not allowed:
+            raise Refused(reason)
+        return token
+
+    def missing_token(self, executor: object, visitor: Visitor) -> str | None:
+        """Why a run on `executor` cannot start for this visitor yet (its engine needs a token they lack), or None."""
+        where = known_engine(executor)
+        if where is None or not where.needs_token or acting_token(visitor, self.deployment):
+            return None
+        return no_token_reason(self.deployment)
+
+    def default_bucket(self, visitor: Visitor, executor: str) -> str:
+        """The bucket a preset starts with: the visitor's own `<name>/grpo-runs` on the Hub, created on first
+        launch (private); '' when nobody is signed in, so the form asks for one."""
+        where = known_engine(executor)
+        if where is None or not where.bucket_on_hub:
+            return RunSpec.bucket
+        if visitor.username:
+            return f"{visitor.username}/grpo-runs"
+        token = acting_token(visitor, self.deployment)
+        if token:
+            try:
+                return f"{whoami_name(token)}/grpo-runs"
+            except Exception:   # the Hub unreachable: the visitor types the bucket
+                return ""
+        return ""
+
+    # ---- hardware and cost
+    def flavors(self, visitor: Visitor, executor: str | None = None) -> list[Flavor]:
+        """The hardware of `executor`'s runs (None: of every executor this deployment offers whose runs choose it),
+        with prices (the Hub's list asked with the visitor's token, or the built-in one), asked at most every 10
+        minutes."""
+        token = acting_token(visitor, self.deployment)
+        names = [executor] if executor else self.offered_executors()
+        return [f for name in names if engine(name).chooses_hardware
+                for f in self.spend.flavor_cache.get((name, "signed in", bool(token)),
+                                                     lambda name=name: engine(name).flavors(token))]
+
+    def estimate(self, jobs: list[JobSpec], visitor: Visitor) -> CostEstimate:
+        flavors = self.flavors(visitor)
+        fallback = any(f.fallback for f in flavors)
+        try:
+            return CostEstimate(estimate_cost(jobs, flavors), fallback_prices=fallback)
+        except ValueError as exc:
+            return CostEstimate(None, str(exc), fallback)
+
+    # ---- the launch form
+    def check_task(self, values: dict, visitor: Visitor, spec: RunSpec | None = None, progress=None) -> TaskReport:
+        """The task check and preview (a TaskReport): dataset rows, the prompt as the model sees it, sample scores.
+        The code is read here and run elsewhere: in the sandbox on a local panel, in the visitor's own check job
+        on a panel that serves others (`progress`, if given, gets a line as that job goes)."""
+        try:
+            spec = spec or RunSpec.from_dict(values)
+        except SpecError as exc:
+            return TaskReport(errors=exc.errors)
+        problems = task_field_errors(spec)
+        if problems:
+            return TaskReport(errors=problems)
+        if self.deployment.on_space and is_local_file(spec.dataset) and not self.uploaded(spec.dataset):
+            return TaskReport(errors=[FieldError("dataset", "on a Space, upload your file (Upload .jsonl / .parquet): "
+                                                            "the Space's own files cannot be read")])
+        if not self.deployment.serves_others:
+            where = known_engine(spec.executor)
+            token = acting_token(visitor, self.deployment) if where is not None and where.needs_token else None
+            return check_task(spec, token, self.deployment.datasets_server, self.deployment.task_check_timeout_s)
+        return self._check_in_job(spec, visitor, progress)
+
+    def _check_in_job(self, spec: RunSpec, visitor: Visitor, progress) -> TaskReport:
+        token = acting_token(visitor, self.deployment)
+        if not token:
+            why = CHECK_SIGN_IN if self.deployment.on_space else (
+                f"{no_token_reason(self.deployment)} A panel that others reach checks a task in a job of the visitor's "
+                "own account, never on its own machine.")
+            return TaskReport(errors=[FieldError("account", why)])
+        where = known_engine(spec.executor)
+        bucket = spec.bucket if where is not None and where.bucket_on_hub and spec.bucket.strip() else ""
+        spec = replace(spec, executor=CHECK_EXECUTOR,
+                       bucket=bucket or self.default_bucket(visitor, CHECK_EXECUTOR) or spec.bucket)
+        key = _check_key(spec, token)
+        with self._checks_lock:
+            cached = self._checks.get(key)
+        if cached and time.time() - cached[0] < CHECK_REUSE_S:
+            return cached[1]
+        allowed, reason = can_control(spec.bucket_namespace, token, self.deployment.on_space)
+        if not allowed:
+            return TaskReport(errors=[FieldError("bucket", f"the check job runs in the bucket's namespace: {reason}")])
+        registry = self.runs.hub_registry(token, spec.bucket_namespace)
+        price = next((f.price_per_hour_usd for f in self.flavors(visitor, registry.executor.name)
+                      if f.name == CHECK_FLAVOR), None)
+        report = check_in_job(spec, token, self.deployment.datasets_server, registry.executor,
+                              registry.store_for(spec.bucket), price, self.deployment.task_check_timeout_s, progress)
+        with self._checks_lock:
+            self._checks[key] = (time.time(), report)
+            while len(self._checks) > CHECKS_KEPT:
+                self._checks.pop(next(iter(self._checks)))
+        return report
+
+    def build_spec(self, values: dict, run_id: str | None, visitor: Visitor | None) -> RunSpec:
+        """A validated RunSpec from form values; raises SpecError listing every bad field. A run whose bucket is on
+        the Hub and left empty goes to the visitor's own `<name>/grpo-runs`."""
+        values = {**values, **({"run_id": run_id} if run_id else {})}
+        chosen = known_engine(values.get("executor"))
+        if chosen is not None and chosen.bucket_on_hub and not str(values.get("bucket") or "").strip() and visitor:
+            values["bucket"] = self.default_bucket(visitor, values["executor"])
+        spec = RunSpec.from_dict(values).check()
+        where = engine(spec.executor)
+        # Only the executor's own hardware: another engine's flavor name would fail at submission, not here.
+        accepted = [*self.flavors(ANONYMOUS, spec.executor), *where.other_accepted_flavors()]
+        problems = hardware_problems(spec, accepted) if where.chooses_hardware else []
+        token = acting_token(visitor or ANONYMOUS, self.deployment)
+        bucket = bucket_problem(spec.bucket_namespace, token) if where.bucket_on_hub and token else None
+        if bucket:     # refused here, so Preview says so (naming the field) before it shows a cost
+            problems = [*problems, FieldError("bucket", bucket)]
+        problems = [*problems, *(where.spec_problems(spec) if not problems else [])]
+        if problems:
+            raise SpecError(problems)
+        return spec
+
+    def preview(self, values: dict, visitor: Visitor, run_id: str | None = None) -> LaunchPreview:
+        """The jobs as they will be submitted, with what they can cost; raises SpecError with what to fix."""
+        spec = self.build_spec(values, run_id, visitor)
+        where = engine(spec.executor)
+        jobs = preview_jobs(spec)
+        return LaunchPreview(
+            spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
+            cost=self.estimate(jobs, visitor) if where.billed else None,
+            expiry=token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None,
+            note=where.preview_note(spec, self.local.bucket_root))
+
+    def launch(self, values: dict, visitor: Visitor, confirmed: str | None = None, run_id: str | None = None,
+               webhook: str = "") -> Launched | ReviewNeeded:
+        """Launch the form's run. Nothing is launched unless the spec validates and the visitor may.
+
+        A billed run is launched only when `confirmed` is the fingerprint of the preview the visitor reviewed and
+        that fingerprint is still the form's (else ReviewNeeded). `webhook`, if given, receives the run's alerts;
+        it is kept encrypted, never shown or written to the bucket."""
+        webhook = (webhook or "").strip()
+        if webhook and webhook_problem(webhook):
+            raise Refused(f"Alert webhook: {webhook_problem(webhook)}.")
+        missing = self.missing_token(values.get("executor"), visitor)
+        if missing:
+            raise Refused(missing)
+        spec = self.build_spec(values, run_id, visitor)
+        token = self.control_token(spec.executor, spec.bucket_namespace, visitor)
+        where = engine(spec.executor)
+        self._check_token_lifetime(where, visitor, spec)
+        if where.billed and confirmed != spec.fingerprint():
+            return ReviewNeeded(spec, reviewed_another=bool(confirmed))
+        task = self.check_task(values, visitor, spec)
+        if task.errors:
+            raise SpecError(task.errors)
+        registry = self.runs.registry_for(where, token, spec.bucket_namespace)
+        launched = registry.launch(spec, _secrets(token))
+        if webhook:
+            self.webhooks.put(spec.run_id, webhook)
+        self.runs.relist(spec.bucket_namespace)
+        return Launched(launched, spec, tuple(task.warnings))
+
+    def _check_token_lifetime(self, where: Engine, visitor: Visitor, spec: RunSpec) -> None:
+        expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None
+        if expiry:
+            raise TokenTooShort(expiry)
+
+    # ---- runs
+    def _registry_for_control(self, run_id: str, visitor: Visitor) -> tuple[RunRegistry, str | None]:
+        registry = self.runs.find(run_id, visitor)
+        namespace = getattr(registry.executor, "namespace", None)
+        return registry, self.control_token(registry.executor.name, namespace, visitor)
+
+    def cancel(self, run_id: str, visitor: Visitor) -> list[str]:
+        """Cancel every job of the run, found through the executor (its labels), not the bucket; the ids stopped."""
+        registry, _ = self._registry_for_control(run_id, visitor)
+        stopped = registry.cancel(run_id)
+        self.runs.relist(getattr(registry.executor, "namespace", ""))
+        return stopped
+
+    def _resume_plan(self, registry: RunRegistry, run_id: str) -> ResumePlan:
+        plan = registry.resume_plan(run_id)
+        problem = self.spend.resume_problem(registry, run_id, plan.spec.budget_usd)
+        if problem:
+            raise LaunchError(problem)
+        return plan
+
+    def resume_preview(self, run_id: str, visitor: Visitor) -> ResumePreview:
+        """What Resume would submit, from where the trainer continues, and (billed engines) what it can cost."""
+        registry, _ = self._registry_for_control(run_id, visitor)
+        plan = self._resume_plan(registry, run_id)
+        jobs = preview_jobs(plan.spec)
+        return ResumePreview(plan, jobs, self.estimate(jobs, visitor) if engine(plan.spec.executor).billed else None)
+
+    def resume(self, run_id: str, visitor: Visitor, confirmed: str | None = None) -> LaunchedRun | ReviewNeeded:
+        """Relaunch a stopped run's jobs. A resume that costs money or starts again from step 0 (no checkpoint)
+        goes ahead only once the visitor reviewed exactly this resume (`confirmed` is its code)."""
+        registry, token = self._registry_for_control(run_id, visitor)
+        plan = self._resume_plan(registry, run_id)
+        where = engine(plan.spec.executor)
+        self._check_token_lifetime(where, visitor, plan.spec)
+        if (where.billed or plan.checkpoint_step is None) and confirmed != plan.fingerprint():
+            return ReviewNeeded(plan.spec, reviewed_another=bool(confirmed))
+        return registry.resume(run_id, _secrets(token), from_step_0=plan.checkpoint_step is None)
+
+
+def _secrets(token: str | None) -> dict[str, str]:
+    """The job secrets a run gets: the acting token, where its engine needs one."""
+    return {recipe.TOKEN_SECRET: token} if token else {}
+
+
+def _check_key(spec: RunSpec, token: str) -> str:
+    """What a check result depends on: the task's fields, the dataset file's bytes, the bucket and the visitor."""
+    task = {name: getattr(spec, name) for name in TASK_FIELDS}
+    digest = hashlib.sha256(json.dumps([task, spec.bucket, spec.image, spec.mode], sort_keys=True,
+                                       default=str).encode())
+    if is_local_file(spec.dataset) and os.path.isfile(spec.dataset):
+        with open(spec.dataset, "rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                digest.update(block)
+    digest.update(hashlib.sha256(token.encode()).digest())
+    return digest.hexdigest()

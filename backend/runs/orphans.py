@@ -1,0 +1,115 @@
+"""Orphan finder: jobs carrying the panel's labels that still run (and bill) although their run is over.
+
+A job is an orphan when it is not over and
+- its run's folder is gone from the bucket (no file left under `runs/<run_id>/`, or no bucket at all), or
+- it was created by a launch that failed (the run's folder holds a `launch_failed` event from after its creation):
+  the Hub may create a job behind an error answer and list it only later, after the launch's own sweep, or
+- it is a trainer, and a newer launch of the run (a resume) has a trainer of its own, or
+- it serves a trainer (a vLLM replica) whose trainer, the first one submitted after it, is over.
+A run whose bucket cannot be read is not judged on its folder: a failing read never cancels anything.
+"""
+
+import posixpath
+import time
+from dataclasses import dataclass
+
+from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
+from backend.runs.launch import LAUNCH_FAILED_EVENT, LAUNCH_WRITER
+from backend.runtime import layout
+
+# A job the Hub created behind a failed answer was created before the panel recorded the failure; this much later
+# still counts (clocks differ a little), while a resume started after it does not.
+CLOCK_SLACK_S = 30.0
+
+
+@dataclass(frozen=True)
+class Orphan:
+    record: JobRecord
+    why: str
+
+
+def find_orphans(registry) -> list[Orphan]:
+    """Every orphan among the registry's jobs, asked of the executor now (not a cached listing)."""
+    by_run: dict[str, list[JobRecord]] = {}
+    for record in registry.executor.list_jobs():
+        by_run.setdefault(record.run_id, []).append(record)
+    orphans = []
+    for run_id, records in by_run.items():
+        live = [r for r in records if r.stage not in TERMINAL_STAGES]
+        if not live:
+            continue
+        gone, failed = _run_folder(registry, run_id, records)
+        trainers = sorted((r for r in records if r.role == "trainer"), key=lambda r: r.created_at)
+        for record in live:
+            why = (f"its run folder runs/{run_id} is gone from bucket {record.bucket}" if gone
+                   else _why_from_failed_launch(record, failed) or _why_left_over(record, trainers))
+            if why:
+                orphans.append(Orphan(record, why))
+    return sorted(orphans, key=lambda o: (o.record.run_id, o.record.role))
+
+
+def cancel_orphans(registry) -> tuple[list[str], list[str]]:
+    """Cancel the orphans found now; (cancelled job ids, errors)."""
+    cancelled, errors = [], []
+    for orphan in find_orphans(registry):
+        try:
+            registry.executor.cancel(orphan.record.job_id)
+            cancelled.append(orphan.record.job_id)
+        except Exception as exc:   # keep going: each orphan is billing
+            errors.append(f"{orphan.record.job_id}: {exc}")
+    if cancelled:
+        registry.forget_listing()
+    return cancelled, errors
+
+
+def sweep_failed_launch(registry, run_id: str, failed_at: float) -> list[str]:
+    """Cancel the live jobs of `run_id` created by its launch that failed at `failed_at` (epoch seconds); the ids."""
+    strays = [r.job_id for r in registry.executor.list_jobs(run_id=run_id)
+              if r.stage not in TERMINAL_STAGES and r.created_at <= failed_at + CLOCK_SLACK_S]
+    for job_id in strays:
+        registry.executor.cancel(job_id)
+    if strays:
+        registry.forget_listing()
+    return strays
+
+
+def _why_from_failed_launch(record: JobRecord, failed: list[float]) -> str | None:
+    after = [t for t in failed if record.created_at <= t + CLOCK_SLACK_S]
+    if not after:
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(min(after)))
+    return f"its run's launch failed at {when}; the Hub created this job anyway and listed it only later"
+
+
+def _why_left_over(record: JobRecord, trainers: list[JobRecord]) -> str | None:
+    if record.role == "trainer":
+        newer = [t for t in trainers if t.created_at > record.created_at]
+        return f"a newer launch of the run has its own trainer ({newer[-1].job_id})" if newer else None
+    # Replicas are submitted just before their trainer: theirs is the first trainer submitted after them.
+    own = next((t for t in trainers if t.created_at >= record.created_at), None)
+    if own is not None and own.stage in TERMINAL_STAGES:
+        return f"its run's trainer {own.job_id} is {own.stage}"
+    return None
+
+
+def _run_folder(registry, run_id: str, records: list[JobRecord]) -> tuple[bool, list[float]]:
+    """(whether the run's folder is gone, when its launches failed) from one listing of the folder."""
+    bucket = next((r.bucket for r in records if r.bucket), None)
+    if bucket is None:
+        return False, []
+    store = registry.store_for(bucket)
+    try:
+        files = store.list_files(layout.run_prefix(run_id))
+    except Exception as exc:    # unreadable is not gone; a bucket the Hub no longer has is
+        return getattr(getattr(exc, "response", None), "status_code", None) == 404, []
+    failed = []
+    for f in files:
+        if posixpath.basename(f.path).startswith(LAUNCH_WRITER + "-"):
+            try:
+                events, _ = layout.fragment_records(store.read_bytes(f.path))
+            except OSError:
+                continue
+            # A torn or foreign record is skipped; one bad record never hides the others.
+            failed += [float(e["time"]) for e in events if e is not None and e.get("event") == LAUNCH_FAILED_EVENT
+                       and isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)]
+    return not files, failed

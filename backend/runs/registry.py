@@ -1,0 +1,268 @@
+"""The run registry: launch, list, watch and cancel runs over one executor and the runs' buckets.
+
+The run list is rebuilt from the executor's jobs (found by labels) every time it is asked for, so a
+restarted panel shows every run it launched.
+"""
+
+import io
+import os
+import re
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from backend.executors.base import Executor
+from backend.outcome.best_version import ChosenAdapter, choose
+from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
+from backend.plan.spec import RunSpec
+from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
+from backend.runs.resume import ResumePlan, resume_plan
+from backend.runtime.layout import atomic_write_bytes
+from backend.runtime.redact import redact_tokens
+from backend.storage.observers import final_adapter_files
+from backend.storage.store import BucketStore
+from backend.view.runview import RunView
+
+FRESH_LIST_AGE_S = 3.0   # a "fresh" run list may be this old: a view of an unknown run id must not relist every tick
+SHARED_LIST_AGE_S = 1.0  # a listing this young serves every session's tick (a local one reads each job's files)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    bucket: str | None
+    created_at: float
+    jobs: dict[str, str]       # role -> job id (the newest attempt)
+    stages: dict[str, str]     # role -> stage
+    earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
+    timed_out: frozenset[str] = frozenset()    # roles whose newest job ended because it ran past its timeout
+    unreadable: frozenset[str] = frozenset()   # roles whose newest job's record could not be read
+
+
+class RunRegistry:
+    def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0):
+        self.executor = executor
+        self.store_for = store_for
+        self.list_every_s = list_every_s    # a remote job list is an API call: ask at most this often
+        self._views: dict[str, RunView] = {}
+        self._summaries: dict[str, RunView] = {}    # bounded views of live runs no dashboard opened (the watch's)
+        self._listed: tuple[float, list[RunSummary]] = (0.0, [])
+        self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
+        self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
+        self._lock = threading.Lock()       # handlers of several browser sessions run at once
+        self._list_lock = threading.Lock()
+
+    def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
+        try:
+            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+        except SubmitFailed:
+            self.failed_launches[spec.run_id] = time.time()
+            raise
+        self.forget_listing()
+        self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
+        return launched
+
+    def forget_listing(self) -> None:
+        self._listed = (0.0, [])
+
+    def list_runs(self, fresh: bool = False) -> list[RunSummary]:
+        """Every run of this executor, newest first. `fresh` asks again unless the list is a few seconds old; any
+        list serves the callers of the same second (sessions ticking together: one listing, not one each)."""
+        max_age = (min(FRESH_LIST_AGE_S, self.list_every_s) if fresh else self.list_every_s) or SHARED_LIST_AGE_S
+        listed_at, cached = self._listed
+        if time.time() - listed_at < max_age:
+            return cached
+        with self._list_lock:        # asked at once: the first one lists, the others take its list
+            listed_at, cached = self._listed
+            if time.time() - listed_at < max_age:
+                return cached
+            return self._list_runs()
+
+    def _list_runs(self) -> list[RunSummary]:
+        runs: dict[str, dict] = {}
+        records: dict[str, list[JobRecord]] = {}
+        older: dict[str, dict[str, list[str]]] = {}     # run -> role -> job ids of earlier attempts, newest first
+        for rec in self.executor.list_jobs():           # newest first
+            records.setdefault(rec.run_id, []).append(rec)
+            run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
+                                               "jobs": {}, "stages": {}, "earlier": {}, "timed_out": frozenset(),
+                                               "unreadable": frozenset()})
+            if rec.role in run["jobs"]:
+                older.setdefault(rec.run_id, {}).setdefault(rec.role, []).append(rec.job_id)
+            else:
+                for flag in ("timed_out", "unreadable"):
+                    if getattr(rec, flag):
+                        run[flag] |= {rec.role}
+            run["jobs"].setdefault(rec.role, rec.job_id)
+            run["stages"].setdefault(rec.role, rec.stage)
+            run["created_at"] = min(run["created_at"], rec.created_at)
+            run["bucket"] = run["bucket"] or rec.bucket
+        for run_id, roles in older.items():
+            runs[run_id]["earlier"] = {f"{role}#{n}": job_id for role, ids in roles.items()
+                                       for n, job_id in enumerate(reversed(ids), start=1)}
+        summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
+                           key=lambda r: r.created_at, reverse=True)
+        self._listed, self._records = (time.time(), summaries), records
+        return summaries
+
+    def job_records(self, run_id: str) -> list[JobRecord]:
+        """Every job of the run (each launch and resume) as a listing at most a few seconds old saw it (the runs
+        list asks this for every run it shows: one listing serves them all), newest first."""
+        if time.time() - self._listed[0] > FRESH_LIST_AGE_S:
+            self.list_runs()
+        return list(self._records.get(run_id, []))
+
+    def has_run(self, run_id: str, fresh: bool = False) -> bool:
+        return run_id in self._views or any(r.run_id == run_id for r in self.list_runs(fresh=fresh))
+
+    def view(self, run_id: str) -> RunView:
+        """The run's one view in this registry, shared by every browser session that watches it."""
+        with self._lock:
+            if run_id not in self._views:
+                self._views[run_id] = self._new_view(run_id)
+                self._summaries.pop(run_id, None)
+            return self._views[run_id]
+
+    def _new_view(self, run_id: str, bounded: bool = False) -> RunView:
+        summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
+        if summary is not None and summary.bucket is None and summary.unreadable:
+            raise KeyError(f"Run {run_id} cannot be opened: the record of its job(s) "
+                           f"{', '.join(summary.jobs[r] for r in sorted(summary.unreadable))} cannot be read, "
+                           "so its bucket is unknown.")
+        if summary is None or summary.bucket is None:
+            raise KeyError(f"no run {run_id!r}")
+        return RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs, earlier=summary.earlier,
+                       bounded=bounded)
+
+    def open_view(self, run_id: str) -> RunView | None:
+        """The run's view if a dashboard opened it already (none is made here)."""
+        return self._views.get(run_id)
+
+    def summary_view(self, run_id: str) -> RunView:
+        """What the background watch reads of a live run: its dashboard view if one is open, else a bounded view
+        (`RunView(bounded=True)`: its newest steps, events and samples, no history, logs or charts), kept until
+        `keep_summaries` leaves it out. A resumed run's summary is made again for its new jobs."""
+        with self._lock:
+            if run_id in self._views:
+                return self._views[run_id]
+            summary = self._summaries.get(run_id)
+            listed = next((r for r in self.list_runs() if r.run_id == run_id), None)
+            current = listed.jobs if listed is not None else {}
+            if summary is None or (current and current != {k: j.job_id for k, j in summary.current_jobs.items()}):
+                summary = self._summaries[run_id] = self._new_view(run_id, bounded=True)
+            return summary
+
+    def watched_view(self, run_id: str) -> RunView | None:
+        """The run's open view or its watch summary, whichever exists and has read the run (none is made or
+        refreshed here: a dashboard's ticks and the watch keep them current)."""
+        view = self._views.get(run_id) or self._summaries.get(run_id)
+        return view if view is not None and view.read_once else None
+
+    def keep_summaries(self, run_ids: set[str]) -> None:
+        """Drop the watch's summaries of runs not in `run_ids` (runs that ended)."""
+        with self._lock:
+            for run_id in set(self._summaries) - run_ids:
+                del self._summaries[run_id]
+
+    def resume_plan(self, run_id: str) -> ResumePlan:
+        """What Resume would do for this run (see `backend.runs.resume`); raises LaunchError when it cannot."""
+        view = self.view(run_id)
+        view.refresh()
+        view.wait_for_events()      # the plan reads the trainer's start and end events, and every version
+        return resume_plan(view)
+
+    def resume(self, run_id: str, secrets: dict[str, str] | None = None, from_step_0: bool = False) -> LaunchedRun:
+        """Submit the run's jobs again from its spec.json: the trainer resumes from the bucket's last complete
+        checkpoint (see `resume_plan`). A run without one starts again from step 0 only if `from_step_0`. The
+        jobs run on the files the run was launched with (code, dataset copy), which stay in the bucket."""
+        plan = self.resume_plan(run_id)
+        if plan.checkpoint_step is None and not from_step_0:
+            raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
+        view = self.view(run_id)
+        try:
+            launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
+        except SubmitFailed:
+            self.failed_launches[run_id] = time.time()
+            raise
+        view.replace_jobs(launched.job_ids)
+        self.forget_listing()
+        return replace(launched, note=plan.message)
+
+    def cancel(self, run_id: str) -> list[str]:
+        """Cancel every job of the run that is not over, at once, the trainer first so it records that it was
+        cancelled before its replicas go; return the job ids asked to stop.
+
+        The jobs are found by the run's label through the executor, not through the run's bucket: a run whose
+        spec.json cannot be read (a restarted panel, a failing bucket) is still cancelled while it bills."""
+        live = [r for r in self.executor.list_jobs(run_id=run_id) if r.stage not in TERMINAL_STAGES]
+        view = self._views.get(run_id)
+        if view is not None:        # jobs the listing may not show yet (one just submitted)
+            known = {r.job_id for r in live}
+            live += [_Live(j.job_id, role) for role, j in view.current_jobs.items()
+                     if j.job_id not in known and not j.status.done]
+        ids = [r.job_id for r in sorted(live, key=lambda r: r.role != "trainer")]
+        errors = cancel_jobs(self.executor, ids)
+        self.forget_listing()
+        if errors:
+            raise RuntimeError("could not cancel " + "; ".join(errors))
+        return ids
+
+    def final_adapter_zip(self, run_id: str, folder: str) -> str | None:
+        """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none."""
+        view = self.view(run_id)
+        view.refresh()
+        if not view.final_files:
+            view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
+        if not view.final_files:
+            return None
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for f in view.final_files:
+                zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
+        path = os.path.join(folder, f"{name}-{run_id}-final-adapter.zip")
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+
+    def adapter_zip(self, run_id: str, choice: str | None, folder: str) -> tuple[str, ChosenAdapter]:
+        """A zip of the adapter version `choice` names ("best", "final" or "trl-policy-v<N>"; None: the default) in
+        `folder`, one file per run and version, replaced whole; raises ChoiceError when there is no such adapter."""
+        view = self.view(run_id)
+        view.refresh()
+        if not view.final_files:
+            view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
+        chosen = choose(view, choice)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            for f in chosen.files:
+                zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
+        path = os.path.join(folder, f"{name}-{run_id}-{chosen.choice}-adapter.zip")
+        atomic_write_bytes(path, buf.getvalue())
+        return path, chosen
+
+
+@dataclass(frozen=True)
+class _Live:
+    job_id: str
+    role: str
+
+
+def cancel_jobs(executor: Executor, job_ids: list[str]) -> list[str]:
+    """Ask every job to stop, concurrently (on HF Jobs each is an API call), in the given order; return errors."""
+    if not job_ids:
+        return []
+    with ThreadPoolExecutor(max_workers=len(job_ids)) as pool:
+        futures = [(job_id, pool.submit(executor.cancel, job_id)) for job_id in job_ids]
+    errors = []
+    for job_id, future in futures:
+        try:
+            future.result()
+        except Exception as exc:   # keep cancelling the others: each is billing
+            errors.append(f"{job_id}: {exc}")
+    return errors
+
