@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from backend.outcome.best_version import score_text, version_choices
 from backend.outcome.try_it import try_choices
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
 from backend.view import diagnose
@@ -184,11 +184,11 @@ def failure_cause(view) -> str:
     """Why the run failed, in one line for the top of the header: the trainer's own error when it recorded one,
     else the job status of the first failing job with the line of its log that says why (`cause_line`, masked)."""
     last = view.trainer_end
-    if last.get("event") == "failed":
+    if last.get("event") == records.FAILED:
         return f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"
     failing = sorted((role != "trainer", role, job) for role, job in view.current_jobs.items()
                      if job.status.stage == "ERROR")
-    if not failing or (last.get("event") == "finished" and failing[0][1] == "trainer"):
+    if not failing or (last.get("event") == records.FINISHED and failing[0][1] == "trainer"):
         return ""
     _, role, job = failing[0]
     status = redact_tokens(job.status.message or "the job failed")
@@ -203,11 +203,11 @@ def end_lines(view) -> list[str]:
     """How the current attempt's trainer stopped, below the charts' summary: the end of a failed trainer's
     traceback (a failing reward's own frames last), or why it was cancelled. The cause itself is at the top."""
     last = view.trainer_end
-    if last.get("event") == "failed":
+    if last.get("event") == records.FAILED:
         if last.get("code_traceback") or last.get("traceback"):
             return [traceback_block(last.get("code_traceback") or last["traceback"])]
         return []
-    if last.get("event") == "canceled":
+    if last.get("event") == records.CANCELED:
         return [f"⏹ {redact_tokens(str(last.get('error', 'the trainer was stopped')))}"]
     return []
 

@@ -7,8 +7,8 @@ import time
 from backend.plan.cost import RunCost, format_duration, format_usd, spend_curve, spend_knots
 from backend.plan.engines import engine
 from backend.runs.access import Refused, Visitor
-from backend.runs.budget import BUDGET_EVENT
 from backend.runs.orphans import cancel_orphans, find_orphans
+from backend.runtime.records import BUDGET_CAP
 from backend.runtime.redact import redact_tokens
 from panel import dashboard
 
@@ -55,7 +55,7 @@ def cost_markdown(cost: RunCost, budget: float, events: list[dict]) -> str:
     lines = [" · ".join(parts)]
     if cost.unknown_flavors:
         lines.append(f"⚠️ No price known for {', '.join(cost.unknown_flavors)}: those jobs are not counted.")
-    stops = [e for e in events if e.get("event") == BUDGET_EVENT]
+    stops = [e for e in events if e.get("event") == BUDGET_CAP]
     if stops:
         last = stops[-1]
         when = time.strftime("%H:%M:%S", time.localtime(float(last.get("time") or 0)))
@@ -86,7 +86,7 @@ def cost_line(panel, run_id: str, visitor: Visitor, view) -> str:
     except Exception:   # a failing price list or listing must not break the dashboard
         return ""
     stops = dashboard.shared_value(view, "budget events", lambda: [e for e in view.events
-                                                                  if e.get("event") == BUDGET_EVENT])
+                                                                  if e.get("event") == BUDGET_CAP])
     return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), stops)
 
 

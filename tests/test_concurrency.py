@@ -19,9 +19,9 @@ def test_sessions_refreshing_one_run_at_once_never_duplicate_a_line_or_an_event(
     executor = LocalExecutor(str(tmp_path))
     store = FolderStore(executor.bucket_root("local/runs"))
     run_dir = store.local_path(layout.run_prefix("r1"))
-    script = ("import sys, time\nfrom backend.runtime.layout import write_event\n"
+    script = ("import sys, time\nfrom backend.runtime.records import write_event\n"
               f"for i in range(300):\n    print(f'line {{i}}', flush=True)\n"
-              f"    if i % 10 == 0: write_event({run_dir!r}, 'trainer', 'tick', i=i)\n"
+              f"    if i % 10 == 0: write_event({run_dir!r}, 'trainer', 'attempt', role='trainer', i=i)\n"
               "    time.sleep(0.005)\n")
     job = JobSpec(run_id="r1", role="trainer", image="local", command=[sys.executable, "-c", script],
                   flavor="local", timeout_s=60, env={"PYTHONPATH": ROOT},

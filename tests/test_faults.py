@@ -162,7 +162,8 @@ def test_when_a_jobs_main_process_is_killed_no_process_of_its_group_survives(exe
 
 def _corrupt_run(ex: LocalExecutor, run_id: str) -> str:
     """A run with one good job and, in every file the panel reads, one malformed record of each kind."""
-    from backend.runtime.layout import FragmentWriter, write_event
+    from backend.runtime.layout import FragmentWriter
+    from backend.runtime.records import write_event
 
     job_id = ex.submit(_job(["true"], run_id=run_id))
     ex.wait(job_id, 30)

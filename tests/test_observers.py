@@ -108,7 +108,7 @@ def test_store_refuses_paths_that_escape_the_bucket(tmp_path):
 
 
 def test_a_distributed_runs_engine_event_is_an_event_and_proxy_stats_are_replica_stats(tmp_path):
-    from backend.runtime.layout import write_event
+    from backend.runtime.records import write_event
     from backend.view.runview import RunView
 
     store = FolderStore(tmp_path)

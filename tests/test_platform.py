@@ -352,7 +352,7 @@ def _usd(markdown: str) -> float:
 
 
 def test_a_replica_outlasts_a_trainer_failure_its_retry_may_fix_but_not_its_last_attempt(tmp_path):
-    from backend.runtime.layout import write_event
+    from backend.runtime.records import write_event
     from backend.runtime.serve_replica import TrainerEndWatch
 
     (tmp_path / "spec.json").write_text(json.dumps({"attempts": 2}))

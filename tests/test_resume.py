@@ -13,7 +13,8 @@ from backend.plan.spec import RunSpec
 from backend.runs.launch import LaunchError
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import resume_plan
-from backend.runtime.layout import FragmentWriter, write_event
+from backend.runtime.layout import FragmentWriter
+from backend.runtime.records import write_event
 from backend.storage.store import FolderStore
 
 BUCKET = "local/grpo-runs"

@@ -8,7 +8,7 @@ import pytest
 
 from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.redact import REDACTED, looks_like_token, redact_record, redact_tokens, remember_secret
 
 USER = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
@@ -48,7 +48,7 @@ def test_a_remembered_secret_of_any_shape_is_masked_everywhere_in_this_process()
 
 
 def test_events_written_by_a_job_are_masked_before_they_reach_the_bucket(tmp_path):
-    layout.write_event(str(tmp_path), "trainer", "failed", error=f"HTTPError: 401 for token {OAUTH}")
+    records.write_event(str(tmp_path), "trainer", "failed", error=f"HTTPError: 401 for token {OAUTH}")
     [fragment] = os.listdir(tmp_path / layout.EVENTS_DIR)
     stored = (tmp_path / layout.EVENTS_DIR / fragment).read_text()
     assert OAUTH not in stored and REDACTED in json.loads(stored)["error"]

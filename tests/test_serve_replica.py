@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from backend.runtime.layout import write_event
+from backend.runtime.records import write_event
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]

@@ -14,7 +14,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
 from backend.storage.observers import FragmentReader
 from backend.storage.store import BucketStore, StoredFile
@@ -190,7 +190,7 @@ def _complete(files: list[StoredFile]) -> list[StoredFile]:
 
 def _final_version(view) -> int | None:
     end = view.trainer_end
-    return end.get("version") if end.get("event") == "finished" and type(end.get("version")) is int else None
+    return end.get("version") if end.get("event") == records.FINISHED and type(end.get("version")) is int else None
 
 
 def default_choice(view) -> str | None:

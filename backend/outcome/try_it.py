@@ -34,7 +34,7 @@ from huggingface_hub import snapshot_download
 
 from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose, published, version_choices
 from backend.plan.recipe import PROXY_PORT
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.task.sandbox import INSIDE_WORK, LIMITS, Sandbox, local_sandbox
@@ -184,7 +184,7 @@ def live_endpoint(view, engine) -> tuple[str, str | None, str] | None:
 
 
 def view_engine_event(view) -> dict:
-    return next((e for e in reversed(view.events) if e.get("event") == "engine"), {})
+    return next((e for e in reversed(view.events) if e.get("event") == records.ENGINE), {})
 
 
 def served_versions(view) -> set[str]:
@@ -335,11 +335,11 @@ def _run_worker(box: Sandbox, scratch: str, base: str, adapters: dict, with_base
                 continue
             kind = event.get("event")
             label = str(event.get("label", ""))
-            if kind == "loaded":
+            if kind == records.TRY_LOADED:
                 state.progress = f"Base model loaded in {event.get('seconds')} s; answering…"
-            elif kind == "answer" and label in state.routes:
+            elif kind == records.TRY_ANSWER and label in state.routes:
                 state.answers[label] = str(event.get("text", ""))
-            elif kind == "error" and label in state.routes:
+            elif kind == records.TRY_ERROR and label in state.routes:
                 state.answers[label] = f"(not loaded: {event.get('message')})"
             yield state
         proc.wait()

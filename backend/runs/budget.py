@@ -15,14 +15,13 @@ from dataclasses import dataclass
 from backend.plan.cost import RunCost, format_duration, format_usd
 from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES
-from backend.runtime import layout
-from backend.runtime.redact import redact_record, redact_tokens
+from backend.runtime import layout, records
+from backend.runtime.redact import redact_tokens
 from backend.view.summary import RunSummaries
 
 log = logging.getLogger(__name__)
 
 BUDGET_WRITER = f"{layout.PANEL_WRITER}-budget"
-BUDGET_EVENT = "budget_cap"
 
 
 def budget_reason(cost: RunCost, budget_usd: float) -> str | None:
@@ -84,9 +83,9 @@ class SpendWatch(RunSummaries):
         folder = f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}"
         written = [f for f in store.list_files(folder) if f.path.rsplit("/", 1)[-1].startswith(BUDGET_WRITER + "-")]
         if cancelled or not written:
-            record = redact_record({"time": self.clock(), "event": BUDGET_EVENT, "reason": reason,
-                                    "budget_usd": budget, "spent_usd": cost.spent_usd,
-                                    "projected_usd": cost.projected_usd, "cancelled": cancelled})
+            record = records.event_record(records.BUDGET_CAP, time=self.clock(), reason=reason, budget_usd=budget,
+                                          spent_usd=cost.spent_usd, projected_usd=cost.projected_usd,
+                                          cancelled=cancelled)
             name = layout.fragment_name(BUDGET_WRITER, len(written))
             store.write_bytes(f"{folder}/{name}", (json.dumps(record) + "\n").encode())
         log.info("run %s: budget cap reached (%s); cancelled %d job(s)", run_id, reason, len(cancelled))

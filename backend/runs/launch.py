@@ -6,7 +6,6 @@ job it already submitted, so no orphan keeps running (or billing).
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from secrets import token_urlsafe
 
@@ -15,12 +14,11 @@ from backend.plan import recipe
 from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
 from backend.plan.spec import RunSpec
-from backend.runtime import RUNTIME_DIR, layout
+from backend.runtime import RUNTIME_DIR, layout, records
 from backend.runtime.task import is_local_file, local_copy_path
 from backend.storage.store import BucketStore
 
 LAUNCH_WRITER = f"{layout.PANEL_WRITER}-launch"
-LAUNCH_FAILED_EVENT = "launch_failed"
 
 
 class LaunchError(RuntimeError):
@@ -169,7 +167,7 @@ def remember_failed_launch(store: BucketStore, run_id: str, message: str, known:
     """A `launch_failed` event in the run's folder: when, why, and the job ids the launch knew of."""
     folder = f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}"
     seq = sum(1 for f in store.list_files(folder) if f.path.rsplit("/", 1)[-1].startswith(LAUNCH_WRITER + "-"))
-    record = {"time": time.time(), "event": LAUNCH_FAILED_EVENT, "message": message, "known": known}
+    record = records.event_record(records.LAUNCH_FAILED, message=message, known=known)
     store.write_bytes(f"{folder}/{layout.fragment_name(LAUNCH_WRITER, seq)}", (json.dumps(record) + "\n").encode())
 
 

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
-from backend.runs.launch import LAUNCH_FAILED_EVENT, LAUNCH_WRITER
+from backend.runs.launch import LAUNCH_WRITER
 from backend.runtime import layout
+from backend.runtime.records import LAUNCH_FAILED
 
 # A job the Hub created behind a failed answer was created before the panel recorded the failure; this much later
 # still counts (clocks differ a little), while a resume started after it does not.
@@ -110,6 +111,6 @@ def _run_folder(registry, run_id: str, records: list[JobRecord]) -> tuple[bool, 
             except OSError:
                 continue
             # A torn or foreign record is skipped; one bad record never hides the others.
-            failed += [float(e["time"]) for e in events if e is not None and e.get("event") == LAUNCH_FAILED_EVENT
+            failed += [float(e["time"]) for e in events if e is not None and e.get("event") == LAUNCH_FAILED
                        and isinstance(e.get("time"), (int, float)) and not isinstance(e.get("time"), bool)]
     return not files, failed

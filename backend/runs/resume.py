@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from backend.plan.spec import RunSpec
 from backend.runs.launch import LaunchError
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.storage.observers import list_adapter_versions
 from backend.storage.store import BucketStore
 
@@ -75,9 +75,9 @@ def finished(view) -> bool:
     trainer = view.current_jobs.get("trainer")
     if trainer is not None and trainer.status.stage == "COMPLETED":
         return True
-    ends = [e["event"] for e in view.events if e.get("writer") == "trainer"
-            and e.get("event") in ("started", "finished", "failed", "canceled")]
-    return bool(ends) and ends[-1] == "finished"
+    ends = [e["event"] for e in view.events if e.get("writer") == layout.TRAINER_WRITER
+            and e.get("event") in records.TRAINER_STAGES]
+    return bool(ends) and ends[-1] == records.FINISHED
 
 
 def resume_plan(view) -> ResumePlan:

@@ -15,17 +15,16 @@ import argparse
 import os
 import sys
 
-from .layout import TRAINER_WRITER, write_event
+from .layout import TRAINER_WRITER
+from .records import ATTEMPT, FAILED, TRAINER_STAGES, write_event
 from .versions import trainer_events
 
 NO_RETRY_EXIT = 3
-ATTEMPT_EVENT = "attempt"
 ATTEMPT_ENV = "GRPO_ATTEMPT"     # the local job wrapper numbers its attempts; HF Jobs does not say
 # Failures of the run's own code or data: the same inputs fail the same way on every attempt. Named rather than
 # imported, so this module needs neither TRL nor the task's readers.
 PERMANENT = frozenset({"ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "TaskDataError",
                        "RewardFunctionError"})
-END_EVENTS = ("started", "finished", "failed", "canceled")
 
 
 def retry_helps(error: BaseException) -> bool:
@@ -40,8 +39,8 @@ def retry_helps(error: BaseException) -> bool:
 
 def refused_retry(events: list[dict]) -> str | None:
     """The error of the trainer's last attempt when it said a retry cannot fix it, else None."""
-    ends = [e for e in events if e.get("event") in END_EVENTS]
-    if ends and ends[-1]["event"] == "failed" and ends[-1].get("retry") is False:
+    ends = [e for e in events if e.get("event") in TRAINER_STAGES]
+    if ends and ends[-1]["event"] == FAILED and ends[-1].get("retry") is False:
         return str(ends[-1].get("error") or "a failure a retry cannot fix")
     return None
 
@@ -58,7 +57,7 @@ def main() -> None:
               flush=True)
         sys.exit(NO_RETRY_EXIT)
     number = os.environ.get(ATTEMPT_ENV)
-    write_event(run_dir, TRAINER_WRITER, ATTEMPT_EVENT, role=args.role,
+    write_event(run_dir, TRAINER_WRITER, ATTEMPT, role=args.role,
                 **({"attempt": int(number)} if number and number.isdigit() else {}))
 
 

@@ -30,6 +30,16 @@ import types
 from .check_protocol import NONCE_ENV, frame
 from .layout import USER_REWARDS_MODULE
 from .prompts import BUILTIN_PREFIX, builtin_eval_rows, builtin_rows
+from .records import (
+    CHECK_CALLING,
+    CHECK_DATA,
+    CHECK_DONE,
+    CHECK_FAILED,
+    CHECK_IMPORTED,
+    CHECK_SAMPLES,
+    CHECK_SCORES,
+    CHECK_SKIPPED,
+)
 from .redact import is_secret_env_name
 from .rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
 from .task import (
@@ -353,27 +363,27 @@ def field_of(name: str, chosen: list[str], monitored: tuple = ()) -> str:
 def valid_answer(answer: dict, name: str, field: str, expected: int) -> dict:
     """The worker's answer as the report may show it, or a failure saying what was wrong with it."""
     kind = answer.get("event")
-    if kind == "scores":
+    if kind == CHECK_SCORES:
         scores = answer.get("scores")
         if (isinstance(scores, list) and len(scores) == expected and all(
                 s is None or (isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s))
                 for s in scores)):
-            return {"event": "scores", "name": name, "scores": scores}
-    elif kind == "skipped" and isinstance(answer.get("reason"), str):
-        return {"event": "skipped", "name": name, "reason": answer["reason"][:MAX_MESSAGE_CHARS]}
-    elif kind == "failed" and isinstance(answer.get("message"), str):
-        failed = {"event": "failed", "name": name, "field": field, "message": answer["message"][:MAX_MESSAGE_CHARS]}
+            return {"event": CHECK_SCORES, "name": name, "scores": scores}
+    elif kind == CHECK_SKIPPED and isinstance(answer.get("reason"), str):
+        return {"event": CHECK_SKIPPED, "name": name, "reason": answer["reason"][:MAX_MESSAGE_CHARS]}
+    elif kind == CHECK_FAILED and isinstance(answer.get("message"), str):
+        failed = {"event": CHECK_FAILED, "name": name, "field": field, "message": answer["message"][:MAX_MESSAGE_CHARS]}
         if isinstance(answer.get("traceback"), str):
             failed["traceback"] = answer["traceback"][:MAX_TRACEBACK_CHARS]
         return failed
-    return {"event": "failed", "name": name, "field": field, "message": f"{name} answered the check with something "
+    return {"event": CHECK_FAILED, "name": name, "field": field, "message": f"{name} answered the check with something "
             "that is not a result (did the code write to the check's own output?)"}
 
 
 def check_rewards(request: dict, tasks: list[dict], tokenizer, channel: Channel, timeout_s: float) -> None:
     spec = request["spec"]
     kwargs, labels = reward_batch(spec, tasks[:request["sample_rows"]], tokenizer)
-    channel.emit(event="samples", samples=labels)
+    channel.emit(event=CHECK_SAMPLES, samples=labels)
     monitored = tuple(spec.get("monitor_rewards") or ())
     calls = [("builtin", name, name) for name in (*spec["rewards"], *monitored)]
     code_names = reward_function_names(spec.get("reward_code") or "")
@@ -383,20 +393,20 @@ def check_rewards(request: dict, tasks: list[dict], tokenizer, channel: Channel,
     try:
         for op, name, calling in calls:
             field = field_of(name, spec["rewards"], monitored)
-            channel.emit(event="calling", name=calling)
+            channel.emit(event=CHECK_CALLING, name=calling)
             answer = worker.call(op, name, timeout_s)
             if answer == "timeout":
-                channel.emit(event="failed", name=name, field=field,
+                channel.emit(event=CHECK_FAILED, name=name, field=field,
                              message=f"{calling} did not return within {timeout_s:g} s on {len(labels)} sample "
                                      "completions (an endless loop?)")
                 return
             if answer == "ended":
                 status = worker.stop()
-                channel.emit(event="failed", name=name, field=field,
+                channel.emit(event=CHECK_FAILED, name=name, field=field,
                              message=f"the check process stopped before it finished: {calling} ended it (exit "
                                      f"status {status}); what it printed is below")
                 return
-            if op == "import" and answer.get("event") == "imported":
+            if op == "import" and answer.get("event") == CHECK_IMPORTED:
                 continue
             answer = valid_answer(answer, name, field, len(labels))
             channel.emit(**answer)
@@ -410,10 +420,10 @@ def harness(request: dict, nonce: str, protocol) -> None:
     confine(request.get("limits") or {}, request.get("drop_uid"))
     channel = Channel(protocol, nonce)
     report, tasks, tokenizer = check_data(request)
-    channel.emit(event="data", **report)
+    channel.emit(event=CHECK_DATA, **report)
     if not report["errors"]:
         check_rewards(request, tasks, tokenizer, channel, float(request.get("timeout_s") or 15.0))
-    channel.emit(event="done")
+    channel.emit(event=CHECK_DONE)
 
 
 # ---- the worker: the only process that runs the visitor's code
@@ -421,29 +431,29 @@ def harness(request: dict, nonce: str, protocol) -> None:
 def run_call(op: str, name: str, spec: dict, kwargs: dict, expected: int) -> dict:
     if op == "builtin":
         try:
-            return {"event": "scores", "scores": checked_scores(
+            return {"event": CHECK_SCORES, "scores": checked_scores(
                 name, reward_functions([name], spec)[0](**kwargs), expected, allow_none=True)}
         except ImportError as exc:
             if name in TRL_REWARDS:
-                return {"event": "skipped", "reason": f"not previewed here ({exc}); it runs in the job"}
-            return {"event": "failed", "message": f"{name}: {type(exc).__name__}: {exc}"}
+                return {"event": CHECK_SKIPPED, "reason": f"not previewed here ({exc}); it runs in the job"}
+            return {"event": CHECK_FAILED, "message": f"{name}: {type(exc).__name__}: {exc}"}
         except Exception as exc:
-            return {"event": "failed", "message": f"{name} failed on the sample rows: {type(exc).__name__}: {exc}"}
+            return {"event": CHECK_FAILED, "message": f"{name} failed on the sample rows: {type(exc).__name__}: {exc}"}
     if op == "import":
         try:
             importlib.import_module(USER_REWARDS_MODULE)
-            return {"event": "imported"}
+            return {"event": CHECK_IMPORTED}
         except BaseException as exc:   # SystemExit and KeyboardInterrupt too: it is someone's code
             tb, line = your_code_traceback(exc)
-            return {"event": "failed", "traceback": tb, "message": f"importing your code raised "
+            return {"event": CHECK_FAILED, "traceback": tb, "message": f"importing your code raised "
                     f"{type(exc).__name__}: {exc}" + (f" (line {line})" if line else "")}
     try:
-        return {"event": "scores", "scores": checked_scores(name, UserReward(name)(**kwargs), expected)}
+        return {"event": CHECK_SCORES, "scores": checked_scores(name, UserReward(name)(**kwargs), expected)}
     except BaseException as exc:
         tb, line = your_code_traceback(exc)
         message = str(exc) if isinstance(exc, RewardFunctionError) else (
             f"reward function {name!r} raised {type(exc).__name__}: {exc}")
-        return {"event": "failed", "traceback": tb, "message": message + (f" (line {line})" if line else "")}
+        return {"event": CHECK_FAILED, "traceback": tb, "message": message + (f" (line {line})" if line else "")}
 
 
 def worker() -> None:

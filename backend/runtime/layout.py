@@ -13,7 +13,7 @@
                                                 per flush like metrics (runs written before: one per step)
     runs/<run_id>/base-model/                   a builtin model, built by the first job that needs it
     runs/<run_id>/events/<writer>-<seq>.jsonl   write-once event fragments (started, adapter_published,
-                                                adapters_superseded, finished, failed, canceled, ...)
+                                                finished, failed, ...: records.py declares every kind)
     runs/<run_id>/heartbeat/trainer.json        the distributed trainer's heartbeat, replaced every few seconds
     runs/<run_id>/evals/<writer>-<seq>.jsonl    write-once held-out evaluation fragments, one record per evaluated
                                                 adapter version (runtime/evaluate.py says what a record holds)
@@ -32,9 +32,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
-
-from .redact import redact_record
 
 RUNS_DIR = "runs"
 SPEC_FILE = "spec.json"
@@ -184,12 +181,6 @@ def rollout_state_version(data: bytes | str | None) -> int:
         return int(json.loads(data).get("model_version", 0))
     except (TypeError, ValueError, AttributeError):
         return 0
-
-
-def write_event(run_dir: str, writer: str, kind: str, **fields) -> None:
-    """One event as its own fragment. Its text is masked first: an error message can quote a token."""
-    record = redact_record({"time": time.time(), "event": kind, **fields})
-    FragmentWriter(os.path.join(run_dir, EVENTS_DIR), writer).write([record])
 
 
 def reward_function_keys(keys) -> list[str]:

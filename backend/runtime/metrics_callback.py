@@ -21,8 +21,8 @@ from .layout import (
     FragmentWriter,
     adapter_name,
     publish_folder,
-    write_event,
 )
+from .records import ADAPTER_PUBLISHED, FINISHED, STARTED, write_event
 from .samples import SampleWriter, colocated_samples
 from .versions import highest_published
 
@@ -190,7 +190,7 @@ class RunFolderCallback(TrainerCallback):
         self.last_log = (self.start, state.num_input_tokens_seen)
         self.last_step = state.global_step
         self.max_steps = state.max_steps
-        write_event(self.run_dir, TRAINER_WRITER, "started", step=state.global_step, max_steps=state.max_steps)
+        write_event(self.run_dir, TRAINER_WRITER, STARTED, step=state.global_step, max_steps=state.max_steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
@@ -242,7 +242,7 @@ class RunFolderCallback(TrainerCallback):
         name = adapter_name(self.version)
         dest = os.path.join(self.run_dir, ADAPTERS_DIR, name)
         meta = publish_adapter(model, dest, {"version": self.version, "step": step})
-        write_event(self.run_dir, TRAINER_WRITER, "adapter_published", name=name, **meta)
+        write_event(self.run_dir, TRAINER_WRITER, ADAPTER_PUBLISHED, name=name, **meta)
         print(f"published adapter {name} at step {step}", flush=True)
         if self.evaluation is not None and self.evaluation.due(step, last or step >= self.max_steps):
             from .evaluate import progress_line  # noqa: PLC0415 only runs with a held-out set
@@ -260,4 +260,4 @@ class RunFolderCallback(TrainerCallback):
             self.publish_version(model, state.global_step, last=True)
         dest = os.path.join(self.run_dir, FINAL_DIR)
         meta = publish_adapter(model, dest, {"version": self.version, "step": state.global_step})
-        write_event(self.run_dir, TRAINER_WRITER, "finished", final=FINAL_DIR, **meta)
+        write_event(self.run_dir, TRAINER_WRITER, FINISHED, final=FINAL_DIR, **meta)

@@ -13,7 +13,7 @@ import sys
 import traceback
 
 from .attempt import NO_RETRY_EXIT, retry_helps
-from .layout import write_event
+from .records import CANCELED, FAILED, write_event
 
 # Errors that mean the bucket (or whatever disk the trainer writes to) takes no more writes.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG)
@@ -83,8 +83,8 @@ def record_end(run_dir: str, writer: str, error: BaseException, flush=lambda: No
                 extra = {}
             bucket_cause = _write_error(error) is not None
             fields.update({k: v for k, v in extra.items() if k != "error" or not bucket_cause})
-    kind = "canceled" if isinstance(error, Terminated) else "failed"
-    if kind == "failed" and not retry_helps(error):
+    kind = CANCELED if isinstance(error, Terminated) else FAILED
+    if kind == FAILED and not retry_helps(error):
         fields["retry"] = False     # the next attempt, if any, stops at once (runtime.attempt)
     _try(flush, "the last metrics")
     _try(lambda: write_event(run_dir, writer, kind, **fields), f"the '{kind}' event")

@@ -22,13 +22,13 @@ import time
 
 from .heartbeat import HeartbeatWatch
 from .layout import EVENTS_DIR, FRAGMENT_RE, SPEC_FILE, TRAINER_WRITER
+from .records import ATTEMPT, FAILED, TRAINER_ENDS
 from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
 from .replica_key import REPLICA_KEY_ENV
 from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
 GRACE_S = 30.0
-END_EVENTS = ("finished", "failed", "canceled")
 
 
 def wait_for_model(model_dir: str, trainer_gone=lambda: None) -> bool:
@@ -73,11 +73,11 @@ class TrainerEndWatch:
                 for line in f:
                     event = _event(line)
                     recent = event.get("time", 0) >= self.since
-                    self.attempts_seen += recent and event.get("event") == "attempt"
-                    if event.get("event") == "failed" and event.get("retry") is not False \
+                    self.attempts_seen += recent and event.get("event") == ATTEMPT
+                    if event.get("event") == FAILED and event.get("retry") is not False \
                             and 1 < self.attempts and self.attempts_seen < self.attempts:
                         continue
-                    if event.get("event") in END_EVENTS and event.get("time", 0) >= self.since:
+                    if event.get("event") in TRAINER_ENDS and event.get("time", 0) >= self.since:
                         return f"the trainer has {event['event']}"
         return None
 

@@ -26,8 +26,9 @@ from .common import (
     skip_long_prompts,
     trackio_folder,
 )
-from .layout import CHECKPOINTS_DIR, SPEC_FILE, TRAINER_WRITER, write_event
+from .layout import CHECKPOINTS_DIR, SPEC_FILE, TRAINER_WRITER
 from .metrics_callback import ProfiledSeconds, RunFolderCallback
+from .records import ENGINE, write_event
 from .redact import remember_env_secrets
 from .rewards import run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
@@ -91,7 +92,7 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
         engine_name += f" · model {benchmark_note(spec['model'])}"
     if process_rank() == 0:
         print(f"generation engine: {engine_name}", flush=True)
-        write_event(run_dir, TRAINER_WRITER, "engine", engine=engine_name)
+        write_event(run_dir, TRAINER_WRITER, ENGINE, engine=engine_name)
 
     from transformers import PrinterCallback  # noqa: PLC0415 heavy: after the run's own inputs are read
     from trl import GRPOTrainer  # noqa: PLC0415 heavy: after the run's own inputs are read

@@ -43,18 +43,18 @@ from .layout import (
     VLLM_LORA_DIR,
     adapter_name,
     rollout_state_version,
-    write_event,
 )
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import start_proxy_process
 from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
+from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, write_event
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
-from .versions import PUBLISHED, highest_published, mark_superseded, published_versions
+from .versions import highest_published, mark_superseded, published_versions
 
 
 class AsyncRunFolderCallback(RunFolderCallback):
@@ -93,7 +93,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
         """The `finished` event, once nothing needs the replicas any more: they stop when they read it."""
         self.flush()
         # Dated now, not when the final adapter was written (the metadata's own time).
-        write_event(self.run_dir, TRAINER_WRITER, "finished", **{**self.final, "final": FINAL_DIR, "time": time.time()})
+        write_event(self.run_dir, TRAINER_WRITER, FINISHED, **{**self.final, "final": FINAL_DIR, "time": time.time()})
 
     def stop_now(self) -> None:
         """What starts the moment SIGTERM arrives, so that a cancelled trainer is gone in seconds: drain the
@@ -203,8 +203,8 @@ def trainer_class():
             marks = super()._sync_weight_lora(t0)
             if self.accelerator.is_main_process:
                 name = adapter_name(self.model_version)
-                write_event(self.args.output_dir, TRAINER_WRITER, PUBLISHED, name=name, version=self.model_version,
-                            step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
+                write_event(self.args.output_dir, TRAINER_WRITER, ADAPTER_PUBLISHED, name=name,
+                            version=self.model_version, step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
                             size_bytes=folder_size(os.path.join(self._lora_dir, name)))
                 if self.held_out is not None:
                     self.held_out.published(self.model_version, self.state.global_step,
@@ -293,7 +293,7 @@ def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
             engine += f" · model {benchmark_note(spec['model'])}"
         print(f"generation engine: {engine}", flush=True)
         # The proxy's address: a panel on this machine sends "try it" prompts through it while the run is live.
-        write_event(run_dir, TRAINER_WRITER, "engine", engine=engine, replicas=len(urls), healthy=healthy,
+        write_event(run_dir, TRAINER_WRITER, ENGINE, engine=engine, replicas=len(urls), healthy=healthy,
                     proxy_url=proxy.url)
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint:

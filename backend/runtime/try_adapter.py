@@ -11,8 +11,8 @@ match the layers that config makes, name for name and shape for shape. The base 
 before it reads any of it.
 
 The request: {"nonce", "base", "adapters": {label: folder}, "prompt", "system_prompt", "max_new_tokens",
-"limits", "drop_uid"}. Each line written to stdout is a JSON object carrying the nonce: {"event": "loading" |
-"loaded" | "answer" | "error" | "done", ...}; anything else there (a library's print) is not part of the answer.
+"limits", "drop_uid"}. Each line written to stdout is a JSON object carrying the nonce: {"event": a kind of
+`records.TRY_MESSAGES`, ...}; anything else there (a library's print) is not part of the answer.
 """
 
 import json
@@ -21,6 +21,8 @@ import os
 import re
 import sys
 import time
+
+from .records import TRY_ANSWER, TRY_DONE, TRY_ERROR, TRY_LOADED, TRY_LOADING
 
 LORA_KEYS = {"r": int, "lora_alpha": (int, float), "lora_dropout": (int, float), "target_modules": (list, str),
              "bias": str, "use_rslora": bool, "fan_in_fan_out": bool, "task_type": (str, type(None)),
@@ -134,7 +136,7 @@ def main() -> None:
     confine(request.get("limits") or {}, request.get("drop_uid"))
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     began = time.monotonic()
-    emit(nonce, event="loading", what="the base model")
+    emit(nonce, event=TRY_LOADING, what="the base model")
     # Imported once the limits are lowered: loading them is most of the memory a try needs.
     import torch  # noqa: PLC0415
     from peft import LoraConfig, PeftModel  # noqa: PLC0415
@@ -156,22 +158,22 @@ def main() -> None:
     linear = next(n.rsplit(".", 1)[-1] for n, m in model.named_modules()
                   if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head"))
     peft = PeftModel(model, LoraConfig(r=1, target_modules=[linear], task_type="CAUSAL_LM"), "_placeholder")
-    emit(nonce, event="loaded", seconds=round(time.monotonic() - began, 2))
+    emit(nonce, event=TRY_LOADED, seconds=round(time.monotonic() - began, 2))
     if request.get("with_base"):
         with peft.disable_adapter():
-            emit(nonce, event="answer", label="base", text=answer(peft, tokenizer, messages, limit))
+            emit(nonce, event=TRY_ANSWER, label="base", text=answer(peft, tokenizer, messages, limit))
     for i, label in enumerate(labels):
         name = f"try{i}"
         try:
             load_adapter(peft, name, request["adapters"][label])
         except AdapterRefused as exc:
-            emit(nonce, event="error", label=label, message=str(exc))
+            emit(nonce, event=TRY_ERROR, label=label, message=str(exc))
             continue
         peft.set_adapter(name)
-        emit(nonce, event="answer", label=label, text=answer(peft, tokenizer, messages, limit))
+        emit(nonce, event=TRY_ANSWER, label=label, text=answer(peft, tokenizer, messages, limit))
         peft.set_adapter("_placeholder")
         peft.delete_adapter(name)
-    emit(nonce, event="done", seconds=round(time.monotonic() - began, 2))
+    emit(nonce, event=TRY_DONE, seconds=round(time.monotonic() - began, 2))
 
 
 if __name__ == "__main__":

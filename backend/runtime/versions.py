@@ -23,10 +23,8 @@ from .layout import (
     TRAINER_WRITER,
     VLLM_LORA_DIR,
     fragment_records,
-    write_event,
 )
-
-PUBLISHED, SUPERSEDED = "adapter_published", "adapters_superseded"
+from .records import ADAPTER_PUBLISHED, ADAPTERS_SUPERSEDED, write_event
 
 
 def trainer_events(run_dir: str) -> list[dict]:
@@ -53,7 +51,7 @@ def published_versions(run_dir: str) -> dict[int, dict]:
             if match and all(os.path.isfile(os.path.join(folder, name, f)) for f in ADAPTER_FILES):
                 found[int(match.group(1))] = {"name": name, "step": _meta_step(os.path.join(folder, name))}
     for event in trainer_events(run_dir):
-        match = ADAPTER_NAME_RE.match(str(event.get("name", ""))) if event["event"] == PUBLISHED else None
+        match = ADAPTER_NAME_RE.match(str(event.get("name", ""))) if event["event"] == ADAPTER_PUBLISHED else None
         if match:
             step = event.get("step") if isinstance(event.get("step"), int) else None
             found.setdefault(int(match.group(1)), {"name": event["name"], "step": step})
@@ -77,7 +75,7 @@ def highest_published(run_dir: str) -> int:
 def superseded_names(run_dir: str) -> set[str]:
     names: set[str] = set()
     for event in trainer_events(run_dir):
-        if event["event"] == SUPERSEDED and isinstance(event.get("names"), list):
+        if event["event"] == ADAPTERS_SUPERSEDED and isinstance(event.get("names"), list):
             names.update(str(n) for n in event["names"])
     return names
 
@@ -88,5 +86,5 @@ def mark_superseded(run_dir: str, versions: list[int], resumed_from_step: int) -
     published = published_versions(run_dir)
     names = [published[v]["name"] for v in sorted(versions) if v in published and published[v]["name"] not in already]
     if names:
-        write_event(run_dir, TRAINER_WRITER, SUPERSEDED, names=names, resumed_from_step=resumed_from_step)
+        write_event(run_dir, TRAINER_WRITER, ADAPTERS_SUPERSEDED, names=names, resumed_from_step=resumed_from_step)
     return names

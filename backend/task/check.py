@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from huggingface_hub import snapshot_download
 
 from backend.plan.spec import FieldError, RunSpec
+from backend.runtime import records
 from backend.runtime.check_protocol import Reassembler
 from backend.runtime.check_task import TOKENIZER_FILES
 from backend.runtime.redact import redact_tokens
@@ -238,9 +239,9 @@ class ReportReader:
         if event is None:
             return self.events.is_protocol(line)
         kind = event["event"]
-        self.done = self.done or kind == "done"
-        self.started = self.started or kind == "data"
-        if kind == "calling":
+        self.done = self.done or kind == records.CHECK_DONE
+        self.started = self.started or kind == records.CHECK_DATA
+        if kind == records.CHECK_CALLING:
             self.calling = str(event.get("name"))
         try:
             _apply(event, report)
@@ -308,23 +309,23 @@ def _field_of(calling: str | None, chosen: list[str]) -> str:
 
 def _apply(event: dict, report: TaskReport) -> None:
     kind = event["event"]
-    if kind == "data":
+    if kind == records.CHECK_DATA:
         report.errors += [FieldError(f, redact_tokens(m)) for f, m in event.get("errors", [])]
         report.warnings += [redact_tokens(w) for w in event.get("warnings", [])]
         for name in ("columns", "num_rows", "preview", "prompt_text", "prompt_messages", "prompt_tokens",
                      "checked_rows", "long_rows", "longest", "held_out_rows"):
             if event.get(name) is not None:
                 setattr(report, name, event[name])
-    elif kind == "samples":
+    elif kind == records.CHECK_SAMPLES:
         report.samples = event["samples"]
-    elif kind == "scores":
+    elif kind == records.CHECK_SCORES:
         report.scores[event["name"]] = event["scores"]
         if event["scores"] and all(score is None for score in event["scores"]):
             report.warnings.append(f"{event['name']} skipped every sample (it returned None): TRL does that when it "
                                    "cannot parse the reference answer; check the mapped column's values")
-    elif kind == "skipped":
+    elif kind == records.CHECK_SKIPPED:
         report.warnings.append(f"{event['name']}: {event['reason']}")
-    elif kind == "failed":
+    elif kind == records.CHECK_FAILED:
         field_name = event["field"] if event.get("field") in REPORT_FIELDS else "reward_code"
         report.errors.append(FieldError(field_name, redact_tokens(str(event["message"]))))
         if event.get("traceback"):

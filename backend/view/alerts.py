@@ -23,7 +23,7 @@ import urllib.request
 
 from cryptography.fernet import Fernet
 
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.redact import redact_record, redact_tokens
 from backend.storage.store import BucketStore
 from backend.view import diagnose
@@ -31,7 +31,6 @@ from backend.view import diagnose
 log = logging.getLogger(__name__)
 
 WRITER = f"{layout.PANEL_WRITER}-alerts"
-FIRED, CLEARED = "alert", "alert_cleared"
 WEBHOOK_TIMEOUT_S = 10.0
 
 
@@ -60,7 +59,7 @@ def _trainer_start(view) -> tuple[bool, float | None]:
     attempt started training). Each attempt's trainer writes one 'started' event as training begins."""
     attempts = 1 + sum(1 for key in getattr(view, "jobs", {}) if key.startswith("trainer#"))
     starts = [e["time"] for e in view.events
-              if e.get("event") == "started" and isinstance(e.get("time"), (int, float))]
+              if e.get("event") == records.STARTED and isinstance(e.get("time"), (int, float))]
     if attempts > 1 and len(starts) < attempts:
         return True, None
     return False, (max(starts) if starts else None)
@@ -91,14 +90,13 @@ class AlertBook:
             alerts = {a.key: a for a in current_alerts(view, now)}
             fired = [a for key, a in alerts.items() if key not in self.open]
             cleared = [key for key in self.open if key not in alerts]
-            records = [{"event": FIRED, "time": time.time(), "kind": a.kind, "key": a.key, "message": a.message}
-                       for a in fired]
-            records += [{"event": CLEARED, "time": time.time(), "key": key} for key in cleared]
-            if records:
-                self._write(records)
+            written = [records.event_record(records.ALERT, kind=a.kind, key=a.key, message=a.message) for a in fired]
+            written += [records.event_record(records.ALERT_CLEARED, key=key) for key in cleared]
+            if written:
+                self._write(written)
                 if hasattr(view, "expect_event_writer"):
                     view.expect_event_writer(self.writer)
-            for record in records:
+            for record in written:
                 self._note(record)
             for alert in fired:
                 self._notify(alert, view)
@@ -110,7 +108,7 @@ class AlertBook:
         its start: an event older than what is known of its key changes nothing, so reading one twice is harmless."""
         seen, known = self._learnt
         for event in events[known if seen is events else 0:]:
-            if event.get("event") in (FIRED, CLEARED) and isinstance(event.get("key"), str):
+            if event.get("event") in (records.ALERT, records.ALERT_CLEARED) and isinstance(event.get("key"), str):
                 self._note(event)
         self._learnt = (events, len(events))
 
@@ -120,16 +118,16 @@ class AlertBook:
         if newest is not None and _time(event) < _time(newest):
             return
         self._newest[key] = event
-        if event["event"] == FIRED:
+        if event["event"] == records.ALERT:
             self.open[key] = event
         else:
             self.open.pop(key, None)
 
-    def _write(self, records: list[dict]) -> None:
+    def _write(self, events: list[dict]) -> None:
         folder = f"{layout.run_prefix(self.run_id)}/{layout.EVENTS_DIR}"
         name = layout.fragment_name(self.writer, self._seq)
         self._seq += 1
-        body = "".join(json.dumps(redact_record(r)) + "\n" for r in records).encode()
+        body = "".join(json.dumps(event) + "\n" for event in events).encode()
         try:
             self.store.write_bytes(f"{folder}/{name}", body)
         except Exception as error:   # an alert that cannot be recorded is still shown and sent

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from backend.executors.base import Executor, ResourceSample
 from backend.outcome.best_version import HeldOut
 from backend.plan.jobspec import TERMINAL_STAGES, JobStatus, run_stage
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
 from backend.storage.observers import (
     AdapterVersion,
@@ -57,7 +57,7 @@ CANARY_KEPT = 10            # the proxy's newest serving proofs a first look rea
 # runs list read: the newest steps, the events but adapter versions, the newest resource samples.
 SUMMARY_FRAGMENTS = 10
 SUMMARY_ROWS = 200
-SUMMARY_EVENTS_SKIPPED = ("adapter_published", "adapters_superseded")
+SUMMARY_EVENTS_SKIPPED = (records.ADAPTER_PUBLISHED, records.ADAPTERS_SUPERSEDED)
 
 
 def _usage_row(sample: ResourceSample) -> dict:
@@ -197,7 +197,8 @@ class RunView:
     def retries(self) -> list[str]:
         """Each retry the run has seen, in words: trainer attempts beyond the first of each trainer job (recorded by
         `runtime.attempt`), and replicas the proxy took back after they had stopped answering."""
-        attempts = [e for e in self.events if e.get("writer") == layout.TRAINER_WRITER and e.get("event") == "attempt"]
+        attempts = [e for e in self.events
+                    if e.get("writer") == layout.TRAINER_WRITER and e.get("event") == records.ATTEMPT]
         launched = sum(1 for role in self.jobs if role == "trainer" or role.startswith("trainer#"))
         # Where the executor numbers its attempts (local) a retry is one past the first; HF Jobs does not say, so
         # there every trainer job's first attempt is counted off instead.
@@ -515,23 +516,22 @@ class RunView:
     def _note_event(self, record: dict) -> None:
         """What the view derives from an event, the events read in the order they happened."""
         self._note_adapter_event(record)
-        if record["event"] == "engine":
+        if record["event"] == records.ENGINE:
             self._engine = record.get("engine")
-        if record["writer"] == layout.TRAINER_WRITER and record["event"] in ("started", "finished", "failed",
-                                                                              "canceled"):
+        if record["writer"] == layout.TRAINER_WRITER and record["event"] in records.TRAINER_STAGES:
             self.trainer_end = record
-        if record["event"] == "alert" and isinstance(record.get("key"), str):
+        if record["event"] == records.ALERT and isinstance(record.get("key"), str):
             self.open_alerts[record["key"]] = record
-        elif record["event"] == "alert_cleared":
+        elif record["event"] == records.ALERT_CLEARED:
             self.open_alerts.pop(record.get("key"), None)
 
     def _note_adapter_event(self, event: dict) -> None:
         """A published version (its files may be gone: TRL deletes old serving copies) or superseded versions."""
-        if event["event"] == "adapters_superseded" and isinstance(event.get("names"), list):
+        if event["event"] == records.ADAPTERS_SUPERSEDED and isinstance(event.get("names"), list):
             for name in event["names"]:
                 self.superseded[str(name)] = event.get("resumed_from_step")
         match = layout.ADAPTER_NAME_RE.match(str(event.get("name", "")))
-        if event["event"] != "adapter_published" or not match or int(match.group(1)) in self.adapters:
+        if event["event"] != records.ADAPTER_PUBLISHED or not match or int(match.group(1)) in self.adapters:
             return
         self._versions_from_events = True
         version, name = int(match.group(1)), event["name"]
@@ -561,7 +561,7 @@ class RunView:
         elif full or self._metrics.listed_at > self._adapters_listed_at:
             self._adapters_listed_at = self._metrics.listed_at
             rescan = True
-        finished = any(e.get("event") == "finished" for e in self.events[-20:])
+        finished = any(e.get("event") == records.FINISHED for e in self.events[-20:])
         if not self.final_files and (full or rescan or finished):
             self.final_files = final_adapter_files(self.store, self.run_id)
             changed |= bool(self.final_files)
