@@ -42,6 +42,7 @@ from .records import (
 )
 from .redact import is_secret_env_name
 from .rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
+from .spec_file import SpecFile
 from .task import (
     TaskDataError,
     count_tokens,
@@ -246,7 +247,7 @@ def _measure_prompts(request: dict, tasks: list[dict], report: dict):
     return tokenizer
 
 
-def reward_batch(spec: dict, tasks: list[dict], tokenizer) -> tuple[dict, list[dict]]:
+def reward_batch(spec: SpecFile, tasks: list[dict], tokenizer) -> tuple[dict, list[dict]]:
     """TRL's keyword arguments (JSON) for one call over the sample rows x sample completions, and a label per item."""
     mapped = parse_reward_columns(spec.get("reward_columns") or [])
     labels, prompts, completions, columns = [], [], [], {k: [] for k in mapped}
@@ -263,7 +264,7 @@ def reward_batch(spec: dict, tasks: list[dict], tokenizer) -> tuple[dict, list[d
     return dict(prompts=prompts, completions=completions, completion_ids=ids, **columns), labels
 
 
-def trainer_kwargs(spec: dict, kwargs: dict) -> dict:
+def trainer_kwargs(spec: SpecFile, kwargs: dict) -> dict:
     """`kwargs` plus what only GRPOTrainer passes (TRL's async trainer does not)."""
     if spec.get("mode") == "distributed":
         return kwargs
@@ -308,7 +309,7 @@ class Channel:
 class Worker:
     """The process that runs the reward functions: one call at a time, each answer tied to its call's own id."""
 
-    def __init__(self, spec: dict, kwargs: dict, expected: int):
+    def __init__(self, spec: SpecFile, kwargs: dict, expected: int):
         env = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.check_task", "--worker"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
@@ -428,7 +429,7 @@ def harness(request: dict, nonce: str, protocol) -> None:
 
 # ---- the worker: the only process that runs the visitor's code
 
-def run_call(op: str, name: str, spec: dict, kwargs: dict, expected: int) -> dict:
+def run_call(op: str, name: str, spec: SpecFile, kwargs: dict, expected: int) -> dict:
     if op == "builtin":
         try:
             return {"event": CHECK_SCORES, "scores": checked_scores(

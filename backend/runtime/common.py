@@ -9,6 +9,7 @@ import warnings
 
 from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR, TRACKIO_DIR
 from .redact import is_secret_env_name, redact_tokens
+from .spec_file import SpecFile
 from .task import TaskDataError, drop_long_prompts
 from .tiny_model import BUILTIN_MODELS, ensure_tiny_model
 from .user_code import code_traceback
@@ -19,7 +20,7 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def resolve_model(spec: dict, run_dir: str) -> str:
+def resolve_model(spec: SpecFile, run_dir: str) -> str:
     """A model path or Hub id for TRL; a builtin model is built into the run folder first."""
     if spec["model"] not in BUILTIN_MODELS:
         return spec["model"]
@@ -45,7 +46,7 @@ def say_vllm_version_warning_once() -> None:
     warnings.showwarning = show
 
 
-def shared_trainer_args(spec: dict) -> dict:
+def shared_trainer_args(spec: SpecFile) -> dict:
     """The GRPOConfig / AsyncGRPOConfig fields both trainers take from the RunSpec alike."""
     import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
 
@@ -70,7 +71,7 @@ def shared_trainer_args(spec: dict) -> dict:
     )
 
 
-def trackio_args(spec: dict) -> dict:
+def trackio_args(spec: SpecFile) -> dict:
     """What makes transformers' trackio callback report the run (RunSpec `trackio`): to the project, under the
     run's name, in a Space the visitor named or else in the run's own folder (`trackio_folder`). Never a static
     Space after training: no repo the visitor did not name."""
@@ -81,14 +82,14 @@ def trackio_args(spec: dict) -> dict:
                 trackio_static_space_id=False)
 
 
-def trackio_folder(spec: dict, run_dir: str) -> None:
+def trackio_folder(spec: SpecFile, run_dir: str) -> None:
     """A run that logs to trackio without a Space keeps trackio's folder in its own (`trackio/`; `TRACKIO_DIR=<it>
     trackio show` opens it). Called first thing: trackio reads TRACKIO_DIR once, when TRL first imports it."""
     if spec.get("trackio") and not spec.get("trackio_space"):
         os.environ["TRACKIO_DIR"] = os.path.join(run_dir, TRACKIO_DIR)
 
 
-def skip_long_prompts(spec: dict, model: str, data):
+def skip_long_prompts(spec: SpecFile, model: str, data):
     """The rows whose templated prompt fits `max_prompt_tokens` (TRL 1.16 has no prompt length limit of its own)."""
     limit = spec.get("max_prompt_tokens") or 0
     if not limit:
@@ -128,7 +129,7 @@ def failure_fields(error: BaseException) -> dict:
     return fields
 
 
-def lora_config(spec: dict):
+def lora_config(spec: SpecFile):
     from peft import LoraConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return LoraConfig(

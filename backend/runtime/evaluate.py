@@ -42,6 +42,7 @@ from .layout import (
 from .redact import redact_record
 from .rewards import checked_scores, reward_functions, run_rewards
 from .samples import MAX_TEXT, text_of
+from .spec_file import SpecFile
 from .task import render_prompt
 
 SAMPLES_SHOWN = 4           # held-out prompts whose answers a record keeps, for the samples view
@@ -49,7 +50,7 @@ REQUEST_TIMEOUT_S = 300.0
 RETRIES = 3                 # of a held-out request the proxy answered 503
 
 
-def eval_rewards(spec: dict) -> list[tuple[str, object, float]]:
+def eval_rewards(spec: SpecFile) -> list[tuple[str, object, float]]:
     """(name, function, weight) of every reward scored on the held-out set: the run's own, then the monitor-only
     ones at weight 0."""
     functions, weights = run_rewards(spec)
@@ -178,7 +179,7 @@ def _records_in(folder: str) -> int:
 class HeldOutEvaluation:
     """Evaluates adapter versions on the held-out rows: when one is due, generate, score, write, keep the best."""
 
-    def __init__(self, spec: dict, run_dir: str, rows: list[dict], tokenizer, generate, extra=None):
+    def __init__(self, spec: SpecFile, run_dir: str, rows: list[dict], tokenizer, generate, extra=None):
         self.rows, self.tokenizer, self.generate, self.extra = rows, tokenizer, generate, extra or dict
         self.rewards = eval_rewards(spec)
         self.weights = {name: weight for name, _, weight in self.rewards}
@@ -211,7 +212,7 @@ def progress_line(record: dict) -> str:
 class LocalGenerator:
     """Answers with the model being trained (the colocated trainer), through transformers' generate."""
 
-    def __init__(self, model_of, tokenizer, spec: dict, batch_size: int = 16):
+    def __init__(self, model_of, tokenizer, spec: SpecFile, batch_size: int = 16):
         self.model_of, self.tokenizer, self.batch_size = model_of, tokenizer, batch_size
         self.greedy = bool(spec.get("eval_greedy", True))
         self.n = 1 if self.greedy else int(spec.get("eval_samples_per_prompt") or 1)
@@ -247,7 +248,7 @@ class ReplicaGenerator:
     """Answers with version `trl-policy-vN` on the replicas, through the proxy (the distributed trainer), with at
     most `eval_max_inflight` requests open at once so the rollouts keep the replicas."""
 
-    def __init__(self, proxy_url: str, tokenizer, spec: dict):
+    def __init__(self, proxy_url: str, tokenizer, spec: SpecFile):
         self.url, self.tokenizer = proxy_url.rstrip("/"), tokenizer
         self.greedy = bool(spec.get("eval_greedy", True))
         self.n = 1 if self.greedy else int(spec.get("eval_samples_per_prompt") or 1)

@@ -17,6 +17,7 @@ import numbers
 import string
 
 from .layout import USER_REWARDS_MODULE
+from .spec_file import SpecFile
 from .user_code import reward_function_names
 
 DEFAULT_TARGET_LENGTH = 8
@@ -151,7 +152,7 @@ class Weighted:
         return [None if r is None else r * self.weight for r in self.reward(*args, **kwargs)]
 
 
-def reward_functions(names: list[str], spec: dict | None = None) -> list:
+def reward_functions(names: list[str], spec: SpecFile | None = None) -> list:
     """The builtin and TRL reward functions named in a RunSpec, in order."""
     unknown = [n for n in names if n not in CHOICES]
     if unknown:
@@ -160,7 +161,7 @@ def reward_functions(names: list[str], spec: dict | None = None) -> list:
     return [BUILTIN_REWARDS[n] if n in BUILTIN_REWARDS else TRL_REWARDS[n](spec) for n in names]
 
 
-def run_rewards(spec: dict) -> tuple[list, list[float]]:
+def run_rewards(spec: SpecFile) -> tuple[list, list[float]]:
     """Every reward of the run (chosen ones, then the run's own code, which is imported now) and their weights."""
     functions = reward_functions(spec["rewards"], spec)
     code_names = reward_function_names(spec.get("reward_code") or "")

@@ -21,10 +21,11 @@ import tempfile
 import time
 
 from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE, SPEC_FILE, TRAINER_WRITER
+from .layout import EVENTS_DIR, FRAGMENT_RE, TRAINER_WRITER
 from .records import ATTEMPT, FAILED, TRAINER_ENDS
 from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
 from .replica_key import REPLICA_KEY_ENV
+from .spec_file import read_spec
 from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
@@ -84,9 +85,8 @@ class TrainerEndWatch:
 
 def _attempts(run_dir: str) -> int:
     try:
-        with open(os.path.join(run_dir, SPEC_FILE)) as f:
-            attempts = json.load(f).get("attempts", 1)
-    except (OSError, ValueError, AttributeError):
+        attempts = read_spec(run_dir).get("attempts", 1)
+    except (OSError, ValueError):
         return 1
     return attempts if isinstance(attempts, int) else 1
 

@@ -11,6 +11,7 @@ import os
 
 from .layout import DATA_DIR
 from .prompts import BUILTIN_PREFIX, builtin_eval_rows, builtin_rows
+from .spec_file import SpecFile
 
 FILE_SUFFIXES = (".jsonl", ".parquet")
 # Names that only look like a file: refused with "use .jsonl or .parquet" rather than taken for a Hub id.
@@ -144,7 +145,7 @@ def _read_parquet(path: str, limit: int) -> tuple[list[dict], int]:
 
 # ---- the trainer's dataset
 
-def _raw_dataset(spec: dict, run_dir: str, held_out: bool = False):
+def _raw_dataset(spec: SpecFile, run_dir: str, held_out: bool = False):
     """The rows of the run's dataset (or, `held_out`, of its held-out split or file) as they are stored."""
     from datasets import Dataset, load_dataset  # noqa: PLC0415 heavy: trainer only, absent on a Space
 
@@ -162,12 +163,12 @@ def _raw_dataset(spec: dict, run_dir: str, held_out: bool = False):
     return load_dataset(source, spec.get("dataset_config") or None, split=split or "train")
 
 
-def held_out_rows(spec: dict) -> int:
+def held_out_rows(spec: SpecFile) -> int:
     """How many of the dataset's first rows the run holds out of training (0 unless its held-out set is 'rows')."""
     return int(spec.get("eval_rows") or 0) if spec.get("eval_source") == "rows" else 0
 
 
-def load_task_dataset(spec: dict, run_dir: str, held_out: bool = False):
+def load_task_dataset(spec: SpecFile, run_dir: str, held_out: bool = False):
     """The run's rows as a `datasets.Dataset` with a conversational `prompt` and one column per reward keyword:
     the training rows, or (`held_out`) the held-out set's, at most `eval_max_prompts` of them."""
     source = spec["dataset"]

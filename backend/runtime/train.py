@@ -11,7 +11,6 @@ A preempted run started again on the same folder resumes from its latest checkpo
 """
 
 import argparse
-import json
 import os
 
 from .common import (
@@ -26,18 +25,19 @@ from .common import (
     skip_long_prompts,
     trackio_folder,
 )
-from .layout import CHECKPOINTS_DIR, SPEC_FILE, TRAINER_WRITER
+from .layout import CHECKPOINTS_DIR, TRAINER_WRITER
 from .metrics_callback import ProfiledSeconds, RunFolderCallback
 from .records import ENGINE, write_event
 from .redact import remember_env_secrets
 from .rewards import run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
+from .spec_file import SpecFile, read_spec
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import TINY_MODEL, benchmark_note, no_progress_bars
 from .versions import mark_superseded, published_versions
 
 
-def limit_cpu_threads(spec: dict) -> None:
+def limit_cpu_threads(spec: SpecFile) -> None:
     """One thread for the builtin model on CPU: a 64-wide model gains nothing from more, and on a busy
     machine OpenMP's spinning threads made steps 30x slower (0.04 s -> 1-15 s) than one thread."""
     import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
@@ -46,7 +46,7 @@ def limit_cpu_threads(spec: dict) -> None:
         torch.set_num_threads(1)
 
 
-def generation_engine(spec: dict) -> tuple[dict, str]:
+def generation_engine(spec: SpecFile) -> tuple[dict, str]:
     """GRPOConfig fields for the generation engine, and a line naming it for the log and the panel."""
     import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
 
@@ -66,7 +66,7 @@ def generation_engine(spec: dict) -> tuple[dict, str]:
                     f"tensor_parallel={spec['vllm_tensor_parallel_size']}, {sleep})")
 
 
-def grpo_config(spec: dict, run_dir: str, engine: dict, reward_weights: list[float] | None = None):
+def grpo_config(spec: SpecFile, run_dir: str, engine: dict, reward_weights: list[float] | None = None):
     from trl import GRPOConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return GRPOConfig(output_dir=os.path.join(run_dir, CHECKPOINTS_DIR), beta=spec["beta"],
@@ -81,7 +81,7 @@ def supersede_after_step(run_dir: str, step: int) -> None:
         print(f"superseded (published after step {step}, now discarded): {', '.join(names)}", flush=True)
 
 
-def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
+def build_trainer(spec: SpecFile, run_dir: str, callback: RunFolderCallback):
     # The run's own inputs first: a wrong dataset or reward fails in seconds, before TRL (and vLLM) import.
     prompts = load_task_dataset(spec, run_dir)
     rewards, weights = run_rewards(spec)
@@ -108,7 +108,7 @@ def build_trainer(spec: dict, run_dir: str, callback: RunFolderCallback):
     return trainer
 
 
-def held_out_evaluation(spec: dict, run_dir: str, model: str, trainer):
+def held_out_evaluation(spec: SpecFile, run_dir: str, model: str, trainer):
     """The held-out evaluation at each published version, answered by the model being trained.
 
     TRL 1.16's own `evaluate()` (eval_dataset, eval_steps) does not fit here: it samples at the training temperature
@@ -131,8 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="the run's folder: holds spec.json, receives everything else")
     run_dir = os.path.abspath(parser.parse_args().run_dir)
-    with open(os.path.join(run_dir, SPEC_FILE)) as f:
-        spec = json.load(f)
+    spec = read_spec(run_dir)
     trackio_folder(spec, run_dir)
     stop_on_sigterm()
     remember_env_secrets()   # the job's token is masked in every event it writes

@@ -38,7 +38,6 @@ from .layout import (
     FINAL_DIR,
     METRICS_DIR,
     ROLLOUT_STATE_FILE,
-    SPEC_FILE,
     TRAINER_WRITER,
     VLLM_LORA_DIR,
     adapter_name,
@@ -52,6 +51,7 @@ from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
+from .spec_file import SpecFile, read_spec
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .versions import highest_published, mark_superseded, published_versions
@@ -166,7 +166,7 @@ def _proxy_health(proxy_url: str) -> tuple[int, int]:
     return body["healthy"], body["replicas"]
 
 
-def async_config(spec: dict, run_dir: str, proxy_url: str):
+def async_config(spec: SpecFile, run_dir: str, proxy_url: str):
     from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     return AsyncGRPOConfig(
@@ -236,7 +236,7 @@ def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
         print(f"adapter versions continue at {adapter_name(trainer.version_floor + 1)}", flush=True)
 
 
-def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
+def build_trainer(spec: SpecFile, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
     from transformers import PrinterCallback  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     rewards, weights = run_rewards(spec)
@@ -257,7 +257,7 @@ def build_trainer(spec: dict, run_dir: str, proxy_url: str, callback: AsyncRunFo
     return trainer
 
 
-def held_out_evaluation(spec: dict, run_dir: str, model: str, trainer, proxy_url: str):
+def held_out_evaluation(spec: SpecFile, run_dir: str, model: str, trainer, proxy_url: str):
     """Each synced version evaluated on the replicas that serve it, through the proxy (`model="trl-policy-vN"`)."""
     from .evaluate import BackgroundEvaluation, HeldOutEvaluation, ReplicaGenerator  # noqa: PLC0415
 
@@ -271,7 +271,7 @@ def held_out_evaluation(spec: dict, run_dir: str, model: str, trainer, proxy_url
     return BackgroundEvaluation(HeldOutEvaluation(spec, run_dir, rows, tokenizer, generator), generator)
 
 
-def train(spec: dict, run_dir: str, urls: list[str], replica_wait_s: float,
+def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
           callback: AsyncRunFolderCallback) -> str | None:
     """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
     proxy = None
@@ -320,8 +320,7 @@ def main() -> None:
                         help="seconds to wait for every replica before starting with those that are up")
     args = parser.parse_args()
     run_dir = os.path.abspath(args.run_dir)
-    with open(os.path.join(run_dir, SPEC_FILE)) as f:
-        spec = json.load(f)
+    spec = read_spec(run_dir)
     trackio_folder(spec, run_dir)
     callback = AsyncRunFolderCallback(run_dir)
     stop_on_sigterm(first=callback.stop_now)
