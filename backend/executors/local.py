@@ -28,6 +28,7 @@ from dataclasses import asdict
 import psutil
 
 from backend.executors.base import ResourceSample, SubmitError
+from backend.executors.wrapper_files import SAMPLE_BYTES, ended_status, read_complete_lines, read_samples, tail_offset
 from backend.plan.engines.local import ENGINE, as_run
 from backend.plan.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
 from backend.runtime import BACKEND_DIR
@@ -40,7 +41,6 @@ log = logging.getLogger(__name__)
 JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
 START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
 CANCELED_BY_USER = "canceled by the user"
-SAMPLE_BYTES = 128        # about one resources.jsonl line, to turn a number of samples into bytes to read
 
 
 class Unreadable(ValueError):
@@ -117,8 +117,8 @@ class LocalExecutor:
         record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command,
                   "tmpdir": job_tmp}
         _write_json(os.path.join(job_dir, JOB_FILE), record)
-        wrapped = [sys.executable, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(job.timeout_s),
-                   "--grace", str(self.grace_s), "--tmpdir", job_tmp, "--attempts", str(job.attempts), "--", *command]
+        wrapped = wrapper.wrapper_command(sys.executable, job_dir, command, timeout_s=job.timeout_s,
+                                          attempts=job.attempts, grace_s=self.grace_s, tmpdir=job_tmp)
         with open(self.log_path(job_id), "ab") as log_file:
             try:
                 # A session of its own: the job lives on when the panel exits, and no terminal signal reaches it.
@@ -230,10 +230,9 @@ class LocalExecutor:
             shutil.rmtree(folder, ignore_errors=True)
 
     def _status(self, job_id: str) -> JobStatus:
-        ended = self._read_json(job_id, wrapper.EXIT_FILE)
-        if ended and ended.get("stage") in TERMINAL_STAGES:
-            return JobStatus(ended["stage"], self._redact(job_id, str(ended.get("message") or "")),
-                             timed_out=ended.get("timed_out") is True)
+        ended = ended_status(self._read_json(job_id, wrapper.EXIT_FILE), lambda text: self._redact(job_id, text))
+        if ended is not None:
+            return ended
         legacy = self._read_json(job_id, LEGACY_STATUS_FILE)    # jobs launched before the wrapper existed
         if legacy and legacy.get("stage") in TERMINAL_STAGES:
             return JobStatus(legacy["stage"], str(legacy.get("message") or ""))
@@ -258,7 +257,7 @@ class LocalExecutor:
         return redact_tokens(text, self._secrets.get(job_id, ()))
 
     def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:
-        data = _read_complete_lines(self.log_path(job_id), cursor)
+        data = read_complete_lines(self.log_path(job_id), cursor)
         text = data.decode("utf-8", errors="replace")
         lines = [self._redact(job_id, line) for line in text.splitlines()]
         return lines, cursor + len(data)
@@ -268,33 +267,15 @@ class LocalExecutor:
 
     def tail_cursor(self, job_id: str, lines: int) -> int:
         """The offset of the line start `lines` lines before the log's end (0 for a shorter log)."""
-        return _tail_offset(self.log_path(job_id), lines, 400)
+        return tail_offset(self.log_path(job_id), lines, 400)
 
     def resources_tail_cursor(self, job_id: str, samples: int) -> int:
         """A cursor from which `read_resources` returns about the last `samples` samples (0 for fewer)."""
-        return _tail_offset(self._file(job_id, wrapper.RESOURCES_FILE), samples, SAMPLE_BYTES)
+        return tail_offset(self._file(job_id, wrapper.RESOURCES_FILE), samples, SAMPLE_BYTES)
 
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         path = self._file(job_id, wrapper.RESOURCES_FILE)
-        data = _read_complete_lines(path, cursor, None if limit is None else limit * SAMPLE_BYTES)
-        lines = [line for line in data.splitlines() if line.strip()]
-        try:    # one parse for the whole chunk (a day of 1 Hz samples on a first look); line by line if one is bad
-            decoded = json.loads(b"[" + b",".join(lines) + b"]")
-            samples = [_sample_of(d) for d in decoded]
-            if len(samples) == len(lines) and all(samples):
-                return samples, cursor + len(data)
-        except ValueError:
-            pass
-        samples, offset = [], cursor
-        for line in data.splitlines(keepends=True):
-            if line.strip():
-                sample = _sample(line)
-                if sample is None:
-                    self._count_bad(path, offset)
-                else:
-                    samples.append(sample)
-            offset += len(line)
-        return samples, cursor + len(data)
+        return read_samples(path, cursor, limit, skipped=lambda offset: self._count_bad(path, offset))
 
     # ---- control
     def cancel(self, job_id: str, reason: str = CANCELED_BY_USER) -> None:
@@ -465,64 +446,3 @@ def _stop_group(pgid: int, grace_s: float) -> None:
 
 def _write_json(path: str, data: dict) -> None:
     atomic_write_bytes(path, json.dumps(data).encode())
-
-
-def _tail_offset(path: str, lines: int, line_bytes: int) -> int:
-    """The offset of the line start `lines` lines before the file's end (0 for a shorter file), reading back from
-    the end a block of about `lines * line_bytes` bytes, doubled until it holds them."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            block = min(size, lines * line_bytes)
-            while True:
-                f.seek(size - block)
-                data = f.read(block)
-                # The last line may still lack its newline: count the ones before it.
-                end = len(data) - 1
-                for _ in range(lines):
-                    end = data.rfind(b"\n", 0, end)
-                    if end < 0:
-                        break
-                if end >= 0:
-                    return size - block + end + 1
-                if block == size:
-                    return 0
-                block = min(size, block * 2)
-    except OSError:
-        return 0
-
-
-def _read_complete_lines(path: str, cursor: int, max_bytes: int | None = None) -> bytes:
-    """Bytes after `cursor` (at most about `max_bytes`) up to the last newline: a line still being written waits
-    for the next read."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(cursor)
-            data = f.read(-1 if max_bytes is None else max_bytes)
-    except FileNotFoundError:
-        return b""
-    end = data.rfind(b"\n")
-    return data[: end + 1] if end >= 0 else b""
-
-
-def _sample(line: bytes) -> ResourceSample | None:
-    """One resources.jsonl line as a sample, or None if it is not one."""
-    try:
-        return _sample_of(json.loads(line))
-    except ValueError:
-        return None
-
-
-def _sample_of(d) -> ResourceSample | None:
-    """One decoded resources.jsonl record as a sample, or None if it is not one."""
-    try:
-        t, cpu, ram = d["time"], d.get("cpu_percent"), d.get("ram_bytes")
-        if len(d) == 3 and type(t) is float and type(cpu) is float and type(ram) is int:
-            return ResourceSample(t, cpu, ram)      # a CPU-only sample as the sampler writes it: nothing to convert
-        return ResourceSample(
-            float(d["time"]), None if cpu is None else float(cpu), None if ram is None else int(ram),
-            tuple(map(float, d.get("gpu_util", ()))), tuple(map(int, d.get("gpu_mem_bytes", ()))),
-            tuple(map(int, d.get("gpu_mem_total_bytes", ()))), tuple(map(int, d.get("gpu_index", ()))))
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-

@@ -28,12 +28,7 @@ import time
 from urllib.parse import urlparse
 
 from backend.executors.base import ResourceSample, SubmitError
-from backend.executors.local import (
-    SAMPLE_BYTES,
-    _read_complete_lines,
-    _sample,
-    _tail_offset,
-)
+from backend.executors.wrapper_files import SAMPLE_BYTES, ended_status, read_samples, tail_offset
 from backend.plan.engines.ray import (
     ENGINE,
     GRACE_S,
@@ -169,10 +164,10 @@ class RayExecutor:
 
     def _status(self, job_id: str, info) -> JobStatus:
         """The wrapper's record of how the job ended where there is one, else Ray's word for the job."""
-        ended = self._wrapper_record(job_id, wrapper.EXIT_FILE)
-        if ended and ended.get("stage") in TERMINAL_STAGES:
-            return JobStatus(ended["stage"], redact_tokens(str(ended.get("message") or ""), self._secrets),
-                             timed_out=ended.get("timed_out") is True)
+        ended = ended_status(self._wrapper_record(job_id, wrapper.EXIT_FILE),
+                             lambda text: redact_tokens(text, self._secrets))
+        if ended is not None:
+            return ended
         info = info or self.api.get_job_info(job_id)
         stage = _STAGES.get(str(getattr(info.status, "value", info.status)), ERROR)
         if stage in TERMINAL_STAGES and stage != CANCELED:
@@ -280,13 +275,10 @@ class RayExecutor:
         return self.read_logs(job_id, 0)[0]
 
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
-        path = self._file(job_id, wrapper.RESOURCES_FILE) or ""
-        data = _read_complete_lines(path, cursor, None if limit is None else limit * SAMPLE_BYTES)
-        samples = [s for s in (_sample(line) for line in data.splitlines() if line.strip()) if s is not None]
-        return samples, cursor + len(data)
+        return read_samples(self._file(job_id, wrapper.RESOURCES_FILE) or "", cursor, limit)
 
     def resources_tail_cursor(self, job_id: str, samples: int) -> int:
-        return _tail_offset(self._file(job_id, wrapper.RESOURCES_FILE) or "", samples, SAMPLE_BYTES)
+        return tail_offset(self._file(job_id, wrapper.RESOURCES_FILE) or "", samples, SAMPLE_BYTES)
 
 
 def _remove(path: str) -> None:

@@ -1,15 +1,17 @@
-"""The wrapper around one local job: starts its command, samples its resources, enforces its timeout, and records
-how it ended, so that neither the job nor its record depends on the panel that launched it.
+"""The wrapper around one job (local, or on a Ray cluster): starts its command, samples its resources, enforces its
+timeout, and records how it ended, so that neither the job nor its record depends on the panel that launched it.
 
     python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] [--attempts N] \
-        -- COMMAND...
+        [--stop-with-wrapper] -- COMMAND...
 
-LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the command in a process
-group of its own. In DIR it writes `process.json` (the command's pid, which is also its process group id, and its
-start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of the command's process
-tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message, end time, and whether
-it timed out). With `--attempts N` a command that fails (not stopped, not exit code NO_RETRY_EXIT, runtime/attempt.py)
-is started again, up to N runs in all, as HF Jobs retries a job: `process.json` then names the newest attempt.
+`wrapper_command()` writes that line, for every executor that runs jobs under the wrapper (LocalExecutor, and the
+Ray engine's entrypoint). LocalExecutor starts one wrapper per job, in a session of its own; the wrapper starts the
+command in a process group of its own. In DIR it writes `process.json` (the command's pid, which is also its
+process group id, and its start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of
+the command's process tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message,
+end time, and whether it timed out). With `--attempts N` a command that fails (not stopped, not exit code
+NO_RETRY_EXIT, runtime/attempt.py) is started again, up to N runs in all, as HF Jobs retries a job: `process.json`
+then names the newest attempt.
 
 SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
 order, and SIGKILL to the whole group if it is still there after `--grace` seconds. (SIGTERM to the whole group
@@ -97,6 +99,16 @@ def exit_message(code: int, job_dir: str) -> tuple[str, str]:
         return ERROR, f"killed by {name}{hint}"
     line = failure_line(job_dir)
     return ERROR, f"exited with code {code}" + (f": {line}" if line else "; see the log")
+
+
+def wrapper_command(python: str, job_dir: str, command: list[str], *, timeout_s: int, attempts: int,
+                    grace_s: float = DEFAULT_GRACE_S, tmpdir: str | None = None,
+                    stop_with_wrapper: bool = False) -> list[str]:
+    """The wrapper around `command`, as `main()` reads it: the one writer of this command line, so each setting of a
+    job (its timeout, its attempts) reaches the job whichever executor starts it."""
+    return [python, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(timeout_s),
+            "--grace", f"{grace_s:g}", *(("--tmpdir", tmpdir) if tmpdir else ()), "--attempts", str(attempts),
+            *(("--stop-with-wrapper",) if stop_with_wrapper else ()), "--", *command]
 
 
 class JobWrapper:
@@ -214,8 +226,9 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The wrapper's command line (`wrapper_command()`'s, after `-m runtime.job_wrapper`); `command` without `--`."""
+    parser = argparse.ArgumentParser(prog="runtime.job_wrapper", description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")
@@ -227,11 +240,16 @@ def main() -> None:
                         help="runs of the command in all: one that fails is started again (not after exit code "
                              f"{NO_RETRY_EXIT}: a failure a retry cannot fix)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's command")
-    args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
+    args = parser.parse_args(argv)
+    args.command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not args.command:
         parser.error("give the job's command after --")
-    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), command, args.timeout, args.grace, args.tmpdir,
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    raise SystemExit(JobWrapper(os.path.abspath(args.job_dir), args.command, args.timeout, args.grace, args.tmpdir,
                                stop_with_wrapper=args.stop_with_wrapper, attempts=args.attempts).run())
 
 

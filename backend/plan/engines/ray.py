@@ -284,9 +284,9 @@ def entrypoint_steps(job: JobSpec, job_id: str, secret_file: str | None) -> list
     if secret_file:
         steps += [["set", "-a"], [".", secret_file], ["set", "+a"], ["rm", "-f", secret_file]]
     python = os.environ.get(PYTHON_ENV) or "python"
-    steps.append(["exec", "env", f"TMPDIR={tmp}", python, "-m", "runtime.job_wrapper",
-                  "--job-dir", job_dir_of(job, job_id), "--timeout", str(job.timeout_s), "--grace", f"{GRACE_S:g}",
-                  "--tmpdir", tmp, "--stop-with-wrapper", "--", *job.command])
+    steps.append(["exec", "env", f"TMPDIR={tmp}", *wrapper.wrapper_command(
+        python, job_dir_of(job, job_id), job.command, timeout_s=job.timeout_s, attempts=job.attempts,
+        grace_s=GRACE_S, tmpdir=tmp, stop_with_wrapper=True)])
     return steps
 
 
