@@ -8,12 +8,12 @@ import dataclasses
 import gradio as gr
 
 from backend.plan.engines import engine, known_engine
-from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, LORA, STORAGE, RunSpec, form_fields
+from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, HELD_OUT_FIELDS, LORA, STORAGE, RunSpec, form_fields
 from backend.view import diagnose
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_view import run_choices
-from panel.task_form import HELD_OUT_FIELDS, HELD_OUT_TITLE, REQUIRED_CHOICE, TaskSection
+from panel.task_form import HELD_OUT_TITLE, REQUIRED_CHOICE, TaskSection
 
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 ROW = 4     # fields a row of a form section

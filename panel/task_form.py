@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pandas as pd
 
-from backend.plan.spec import RunSpec
+from backend.plan.spec import HELD_OUT_SETTINGS, RunSpec
 from backend.plan.spec_fields import limits_text
 from panel.markdown import plain
 
@@ -26,11 +26,6 @@ CODE_LABEL = f"{SPEC_FIELDS['reward_code'].metadata['label']}: {SPEC_FIELDS['rew
 
 CHECKS_AT_ONCE = 16       # local checks wait their turn in backend.task.check (two at a time)
 HELD_OUT_TITLE = "Held-out evaluation"
-HELD_OUT_FIELDS = frozenset({"eval_source", "eval_split", "eval_file", "eval_rows", "eval_max_prompts",
-                             "monitor_rewards", "eval_every", "eval_greedy", "eval_samples_per_prompt",
-                             "eval_max_inflight"})
-# How the held-out set is evaluated: the row under its source (runtime/evaluate.py reads them).
-HELD_OUT_SETTINGS = ("eval_max_prompts", "eval_every", "eval_greedy", "eval_samples_per_prompt", "eval_max_inflight")
 
 
 def _columns_text(columns: list[str] | str) -> str:

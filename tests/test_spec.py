@@ -165,3 +165,21 @@ def test_the_held_out_defaults_validate_and_the_preview_line_says_what_is_evalua
     assert "sampled at temperature 1, 4 per prompt, at a version at least every 10 steps, at most 4 requests" in (
         held_out_summary(sampled))
     assert held_out_summary(RunSpec()) == "Held-out evaluation: none (no held-out set)."
+
+
+def test_the_task_form_shows_every_task_field_and_its_held_out_accordion_exactly_the_held_out_group():
+    import gradio as gr
+
+    from backend.plan.spec import HELD_OUT_FIELDS, HELD_OUT_SETTINGS, TASK_FIELDS
+    from backend.plan.spec_fields import TASK
+    from panel.task_form import TaskSection
+
+    def inside(block) -> list:
+        return [c for child in getattr(block, "children", []) for c in (child, *inside(child))]
+
+    with gr.Blocks():
+        section = TaskSection.build(RunSpec().to_dict())
+    task_section = {f.name for f in dataclasses.fields(RunSpec) if f.metadata.get("section") == TASK}
+    assert set(section.fields) == task_section and task_section < set(TASK_FIELDS)
+    in_accordion = {name for name, widget in section.fields.items() if widget in inside(section.held_out)}
+    assert in_accordion == HELD_OUT_FIELDS and set(HELD_OUT_SETTINGS) < HELD_OUT_FIELDS

@@ -20,6 +20,8 @@ from backend.plan.spec_fields import (
     COLOCATED,
     DISTRIBUTED,
     GRPO,
+    HELD_OUT_EVALUATION,
+    HELD_OUT_SET,
     LORA,
     STORAGE,
     TASK,
@@ -66,7 +68,7 @@ class RunSpec:
         "help": "colocated (one job) or distributed (trainer + vLLM replicas)", "choices": MODES})
     executor: str = field(default="local", metadata={
         "help": "local processes, or Hugging Face Jobs", "choices": EXECUTORS})
-    model: str = field(default=TINY_MODEL, metadata={"label": "Model", "help": MODEL_HELP})
+    model: str = field(default=TINY_MODEL, metadata={"label": "Model", "help": MODEL_HELP, "task_check": True})
     # The task: data, prompt, rewards (the form's "Your task" section, panel/task_form.py)
     dataset: str = field(default="builtin:count-to-ten", metadata={
         "label": "Dataset", "section": TASK, "suggestions": BUILTIN_DATASETS,
@@ -112,39 +114,40 @@ class RunSpec:
         "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
     # Held-out evaluation (the task section's "Held-out evaluation"; runtime/evaluate.py)
     eval_source: str = field(default="none", metadata={
-        "label": "Held-out set", "section": TASK, "choices": EVAL_SOURCES,
+        "label": "Held-out set", "section": TASK, "group": HELD_OUT_SET, "choices": EVAL_SOURCES,
         "help": "prompts never trained on, scored at each adapter version: 'split' (a split of the dataset: a Hub "
                 "dataset's, or a builtin set's 'test'), 'file' (a .jsonl / .parquet file), 'rows' (the dataset's "
                 "first rows, kept out of training); none: no held-out evaluation"})
     eval_split: str = field(default="test", metadata={
-        "label": "Held-out split", "section": TASK,
+        "label": "Held-out split", "section": TASK, "group": HELD_OUT_SET,
         "help": "with 'split': the split to evaluate on, other than the training split (a builtin set's is 'test')"})
     eval_file: str = field(default="", metadata={
-        "label": "Held-out file", "section": TASK,
+        "label": "Held-out file", "section": TASK, "group": HELD_OUT_SET,
         "help": "with 'file': a local .jsonl / .parquet file with the training data's columns (the run keeps a copy)"})
     eval_rows: int = field(default=16, metadata={
-        "label": "Held-out rows", "section": TASK, "limits": (1, 100_000),
+        "label": "Held-out rows", "section": TASK, "group": HELD_OUT_SET, "limits": (1, 100_000),
         "help": "with 'rows': this many of the dataset's first rows are held out; training uses the rest"})
     eval_max_prompts: int = field(default=64, metadata={
-        "label": "Held-out prompts per evaluation", "section": TASK, "limits": (1, 10_000),
+        "label": "Held-out prompts per evaluation", "section": TASK, "group": HELD_OUT_EVALUATION,
+        "limits": (1, 10_000),
         "help": "at most this many held-out prompts are scored per adapter version (the first ones, the same each "
                 "time)"})
     monitor_rewards: list[str] = field(default_factory=list, metadata={
-        "label": "Monitor-only rewards", "section": TASK, "choices": REWARD_CHOICES,
+        "label": "Monitor-only rewards", "section": TASK, "group": HELD_OUT_SET, "choices": REWARD_CHOICES,
         "help": "rewards scored on the held-out set with weight 0, never trained on: e.g. accuracy_reward while "
                 "training on a format reward (a run's reward weighted 0 is monitor-only too)"})
     eval_every: int = field(default=0, metadata={
-        "label": "Evaluate every K steps", "section": TASK, "limits": (0, None),
+        "label": "Evaluate every K steps", "section": TASK, "group": HELD_OUT_EVALUATION, "limits": (0, None),
         "help": "0: every published adapter version; K: the first version published K or more steps after the "
                 "last one evaluated (the last version is always evaluated)"})
     eval_greedy: bool = field(default=True, metadata={
-        "label": "Greedy held-out answers", "section": TASK,
+        "label": "Greedy held-out answers", "section": TASK, "group": HELD_OUT_EVALUATION,
         "help": "greedy decoding (one answer per prompt); off: sampled at the training temperature"})
     eval_samples_per_prompt: int = field(default=1, metadata={
-        "label": "Held-out samples per prompt", "section": TASK, "limits": (1, 64),
+        "label": "Held-out samples per prompt", "section": TASK, "group": HELD_OUT_EVALUATION, "limits": (1, 64),
         "help": "sampled answers per held-out prompt (greedy decoding gives one)"})
     eval_max_inflight: int = field(default=4, metadata={
-        "label": "Held-out requests in flight", "section": TASK, "limits": (1, 1024),
+        "label": "Held-out requests in flight", "section": TASK, "group": HELD_OUT_EVALUATION, "limits": (1, 1024),
         "help": "distributed runs: held-out requests sent to the replicas at once, so rollouts are not starved"})
     # LoRA
     lora_r: int = field(default=8, metadata={
@@ -405,6 +408,16 @@ class RunSpec:
         if errors:
             raise SpecError(errors)
         return self
+
+
+def _named(keep) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(RunSpec) if keep(f.metadata))
+
+
+# Groups of fields, read from their declarations (`spec_fields` describes the metadata), in declaration order.
+TASK_FIELDS = _named(lambda meta: meta.get("section") == TASK or meta.get("task_check"))   # what a task check reads
+HELD_OUT_SETTINGS = _named(lambda meta: meta.get("group") == HELD_OUT_EVALUATION)         # how it is evaluated
+HELD_OUT_FIELDS = frozenset(_named(lambda meta: meta.get("group") in (HELD_OUT_SET, HELD_OUT_EVALUATION)))
 
 
 def _without_tokens(spec: RunSpec) -> list[FieldError]:

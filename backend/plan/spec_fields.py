@@ -6,8 +6,12 @@ A field is declared once, TRL style: `field(default=..., metadata={"help": ..., 
 - `choices`: the values a single-choice field takes (a list field's are only offered: custom names are fine);
 - `suggestions`: values offered for a field that takes others too (the builtin datasets);
 - `widget`: a special widget ("flavor": the Hub's hardware with prices; "code": a Python editor);
-- `limits`: a whole number's valid (lowest, highest), None for no highest, shown with the field.
-`declared_problems` checks `choices` and `limits` for every field, so no rule is written twice.
+- `limits`: a whole number's valid (lowest, highest), None for no highest, shown with the field;
+- `group`: a part of a section the form shows together (HELD_OUT_SET, HELD_OUT_EVALUATION), and code reads as one
+  (`spec.HELD_OUT_FIELDS`, `spec.HELD_OUT_SETTINGS`);
+- `task_check`: True for a field outside the TASK section that the task check reads too (the model: its tokenizer).
+`declared_problems` checks `choices` and `limits` for every field, so no rule is written twice; the field groups
+(`spec.TASK_FIELDS`, ...) are read from the metadata, so a new field joins its group by its declaration alone.
 """
 
 import dataclasses
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE = (
     "LoRA", "GRPO training", "vLLM (colocated)", "Distributed (async GRPO)", "Hardware and storage")
 TASK = "Your task"
+# The task section's held-out fields: what is held out, and how it is evaluated (runtime/evaluate.py reads those).
+HELD_OUT_SET, HELD_OUT_EVALUATION = "held-out set", "held-out evaluation"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from backend.plan.engines import EXECUTORS, engine, known_engine
 from backend.plan.engines.base import Engine
 from backend.plan.hardware import Flavor, estimate_cost, hardware_problems
 from backend.plan.jobspec import JobSpec
-from backend.plan.spec import FieldError, RunSpec, SpecError
+from backend.plan.spec import TASK_FIELDS, FieldError, RunSpec, SpecError
 from backend.runs.access import (
     ANONYMOUS,
     Deployment,
@@ -40,7 +40,7 @@ from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import ResumePlan
 from backend.runtime.task import is_local_file
-from backend.task.check import TASK_FIELDS, TaskReport, check_task, task_field_errors
+from backend.task.check import TaskReport, check_task, task_field_errors
 from backend.task.check_job import CHECK_FLAVOR, check_in_job
 from backend.view.alerts import webhook_problem
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from huggingface_hub import snapshot_download
 
-from backend.plan.spec import FieldError, RunSpec
+from backend.plan.spec import TASK_FIELDS, FieldError, RunSpec
 from backend.runtime import records
 from backend.runtime.check_protocol import Reassembler
 from backend.runtime.check_task import TOKENIZER_FILES
@@ -48,12 +48,6 @@ CALL_MARGIN_S = 5.0         # per reward call, on top of its own limit (the harn
 # The fields a check's answer may blame (anything else a check job's log claims is blamed on the code).
 REPORT_FIELDS = frozenset({"dataset", "prompt_column", "reward_columns", "model", "max_prompt_tokens", "rewards",
                            "reward_code", "eval_split", "eval_file", "eval_rows", "monitor_rewards"})
-# The RunSpec fields a task check reads; the preview names only their problems.
-TASK_FIELDS = ("model", "dataset", "dataset_config", "dataset_split", "prompt_column", "reward_columns",
-               "system_prompt", "max_prompt_tokens", "rewards", "reward_weights", "reward_code",
-               "overlong_max_tokens", "overlong_cache_tokens", "repetition_ngram_size", "repetition_max_penalty",
-               "eval_source", "eval_split", "eval_file", "eval_rows", "eval_max_prompts", "monitor_rewards",
-               "eval_every", "eval_greedy", "eval_samples_per_prompt", "eval_max_inflight")
 # Checks run visitor code: a few at a time, whatever the number of visitors.
 _SLOTS = threading.BoundedSemaphore(2)
 
