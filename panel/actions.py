@@ -18,7 +18,6 @@ from backend.executors.local import LocalExecutor
 from backend.outcome.best_version import ChosenAdapter
 from backend.outcome.try_it import try_it
 from backend.plan import recipe
-from backend.plan.engines import engine
 from backend.plan.hardware import Flavor
 from backend.plan.jobspec import JobSpec, run_stage
 from backend.plan.spec import RunSpec, SpecError
@@ -102,9 +101,9 @@ class Panel:
         return self.runs.local
 
     # ---- who may do what
-    def control_token(self, registry_or_executor: str, namespace: str | None, visitor: Visitor) -> str | None:
-        """The token to act with on `namespace`; raises Refused with a reason the visitor can act on."""
-        return self.operations.control_token(registry_or_executor, namespace, visitor)
+    def control_token(self, registry: RunRegistry, visitor: Visitor) -> str | None:
+        """The token to act with on `registry`'s runs; raises Refused with a reason the visitor can act on."""
+        return self.operations.control_token(registry.engine, registry.namespace, visitor)
 
     def default_bucket(self, visitor: Visitor | str | None, executor: str) -> str:
         """The bucket a preset starts with: the visitor's own `<name>/grpo-runs` for HF Jobs, created on first
@@ -319,7 +318,7 @@ class Panel:
         visitor = as_visitor(visitor)
         registry = self.runs.find(run_id, visitor)
         view = registry.view(run_id)
-        return try_it(view, engine(registry.executor.name), acting_token(visitor, self.settings), prompt, picks,
+        return try_it(view, registry.engine, acting_token(visitor, self.settings), prompt, picks,
                       max_tokens)
 
     def full_log_file(self, run_id: str, role: str, visitor: Visitor | str | None = None) -> str | None:
@@ -393,7 +392,7 @@ def engine_label(spec: RunSpec) -> str:
 def _engine(spec: RunSpec) -> str:
     if spec.mode == "distributed":
         return f"vLLM server x{spec.replicas} behind the proxy (async GRPO)"
-    if spec.use_vllm and engine(spec.executor).chooses_hardware:
+    if spec.use_vllm and spec.engine.chooses_hardware:
         sleep = "on" if spec.vllm_enable_sleep_mode else "off"
         return f"vLLM colocated (gpu_memory_utilization={spec.vllm_gpu_memory_utilization}, sleep mode {sleep})"
     if spec.use_vllm:

@@ -65,7 +65,7 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
         trainer = next((r for r in records if r.role == "trainer" and r.url), None)
         space = os.environ.get("SPACE_ID")
         facts = run_facts(view, next((r.bucket for r in records if r.bucket), view.spec.get("bucket", "")),
-                          registry.executor.name, trainer.url if trainer else None,
+                          registry.engine, trainer.url if trainer else None,
                           f"https://huggingface.co/spaces/{space}" if space else None)
         what = pushed_name(chosen)
         url = push_adapter(view.store, run_id, chosen.files, repo_id, model_card(view.spec, facts, repo_id, chosen),

@@ -5,7 +5,6 @@ finder's few components (`build_orphans`)."""
 import time
 
 from backend.plan.cost import RunCost, format_duration, format_usd, spend_curve, spend_knots
-from backend.plan.engines import engine
 from backend.runs.access import Refused, Visitor
 from backend.runs.orphans import cancel_orphans, find_orphans
 from backend.runtime.records import BUDGET_CAP
@@ -92,7 +91,7 @@ def cost_line(panel, run_id: str, visitor: Visitor, view) -> str:
 
 def cost_at(panel, registry, run_id: str):
     """The run's `cost_at(t)` for a dollars axis, or None for a run that costs nothing."""
-    if not engine(registry.executor.name).billed:
+    if not registry.engine.billed:
         return None
     return spend_curve(registry.job_records(run_id), panel.spend.prices(registry), panel.spend.clock())
 
@@ -100,7 +99,7 @@ def cost_at(panel, registry, run_id: str):
 def spend_corners(panel, run_id: str, visitor: Visitor) -> tuple | None:
     """The corners of the run's spend curve for the dashboard's dollars axis; None for a run that costs nothing."""
     registry = panel.runs.find(run_id, visitor)
-    if not engine(registry.executor.name).billed:
+    if not registry.engine.billed:
         return None
     return spend_knots(registry.job_records(run_id), panel.spend.prices(registry), panel.spend.clock())
 
@@ -138,7 +137,7 @@ def cancel_all_orphans(panel, visitor: Visitor) -> str:
         return f"**Nothing cancelled.** {panel.runs_hint(visitor) or 'No runs you can control.'}"
     for registry in registries:
         try:
-            panel.control_token(registry.executor.name, getattr(registry.executor, "namespace", None), visitor)
+            panel.control_token(registry, visitor)
         except Refused as exc:
             if find_orphans(registry):
                 refused.append(f"{_where(registry)}: {exc}")
@@ -146,7 +145,7 @@ def cancel_all_orphans(panel, visitor: Visitor) -> str:
         cancelled, failed = cancel_orphans(registry)
         done += cancelled
         errors += failed
-        panel.runs.relist(getattr(registry.executor, "namespace", ""))
+        panel.runs.relist(registry.namespace or "")
     parts = [f"Cancel requested for {len(done)} orphan job(s)" + (f": {', '.join(done)}." if done else ".")]
     if refused:
         parts.append("Not cancelled: " + "; ".join(refused))
@@ -156,8 +155,7 @@ def cancel_all_orphans(panel, visitor: Visitor) -> str:
 
 
 def _where(registry) -> str:
-    namespace = getattr(registry.executor, "namespace", None)
-    return f"HF Jobs in {namespace}" if namespace else "local runs"
+    return f"HF Jobs in {registry.namespace}" if registry.namespace else "local runs"
 
 
 def _prices(panel, registry) -> dict[str, float]:

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 from backend.executors.base import ResourceSample
 from backend.plan.cost import spend_knots
+from backend.plan.engines import engine
 from backend.plan.jobspec import JobRecord
 from backend.plan.spec import RunSpec
 from backend.view.compare import config_diff, metric_points, on_axis
@@ -25,7 +26,7 @@ def _view(run_id: str, steps: int, spec: dict | None = None, every_s: float = 2.
 
 def _panel(views: dict, executor: str = "local", cost_at=None):
     registry = SimpleNamespace(view=lambda run_id: views[run_id], executor=SimpleNamespace(name=executor),
-                               job_records=lambda run_id: [])
+                               engine=engine(executor), namespace=None, job_records=lambda run_id: [])
 
     def find(run_id, visitor):
         if run_id not in views:

@@ -28,7 +28,8 @@ class SubmitError(RuntimeError):
 
 
 class Executor(Protocol):
-    name: str
+    name: str                   # its engine's name (`backend.plan.engines.engine(name)`)
+    namespace: str | None       # the Hub namespace its jobs run in (HF Jobs); None where jobs run on machines
 
     def submit(self, job: JobSpec, secrets: dict[str, str] | None = None) -> str:
         """Start a job and return its id. `secrets` maps the JobSpec's secret names to values."""

@@ -49,6 +49,7 @@ class Unreadable(ValueError):
 
 class LocalExecutor:
     name = ENGINE.name
+    namespace = None
 
     def __init__(self, home: str, grace_s: float = wrapper.DEFAULT_GRACE_S):
         self.home = os.path.abspath(home)

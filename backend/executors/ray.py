@@ -69,6 +69,7 @@ class RayExecutor:
     """Submits, watches and cancels the jobs of runs on the Ray cluster at `where`."""
 
     name = ENGINE.name
+    namespace = None
 
     def __init__(self, where: str | None = None):
         self.address = where or address()

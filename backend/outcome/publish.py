@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from huggingface_hub import CommitOperationAdd, HfApi
 
-from backend.plan.engines import engine, known_engine
+from backend.plan.engines import known_engine
+from backend.plan.engines.base import Engine
 from backend.plan.recipe import PEFT_VERSION, TRL_VERSION
 from backend.plan.spec import HUB_ID, bucket_name_problem
 from backend.plan.vllm_args import VLLM_LORA_RANKS, round_lora_rank
@@ -31,7 +32,7 @@ class RunFacts:
     """What the card says about a run besides its spec: how far it got and where it can be found."""
 
     run_id: str
-    executor: str
+    engine: Engine                       # where it ran
     steps_done: int | None
     final_reward: float | None
     last_rewards_mean: float | None      # mean reward of the last logged steps
@@ -53,16 +54,16 @@ def repo_id_problem(repo_id: str) -> str | None:
     return bucket_name_problem(repo_id.split("/", 1)[1])    # repo names follow the same rules as bucket names
 
 
-def run_facts(view, bucket: str, executor: str, trainer_url: str | None = None,
+def run_facts(view, bucket: str, where: Engine, trainer_url: str | None = None,
               panel_url: str | None = None, last: int = 10) -> RunFacts:
     rows = _rows(view, last)
     rewards = [r["reward"] for r in rows if isinstance(r.get("reward"), (int, float))]
     final = rows[-1] if rows else {}
     parts = {k.split("/", 1)[1]: final[k] for k in layout.reward_function_keys(final) if isinstance(final[k], float)}
-    where = (f"`hf://buckets/{bucket}/runs/{view.run_id}`" if engine(executor).bucket_on_hub
-             else f"`runs/{view.run_id}` in the panel's local bucket `{bucket}`")
-    return RunFacts(view.run_id, executor, final.get("step"), rewards[-1] if rewards else None,
-                    sum(rewards) / len(rewards) if rewards else None, parts, where, trainer_url, panel_url)
+    path = (f"`hf://buckets/{bucket}/runs/{view.run_id}`" if where.bucket_on_hub
+            else f"`runs/{view.run_id}` in the panel's local bucket `{bucket}`")
+    return RunFacts(view.run_id, where, final.get("step"), rewards[-1] if rewards else None,
+                    sum(rewards) / len(rewards) if rewards else None, parts, path, trainer_url, panel_url)
 
 
 def model_card(spec: dict, facts: RunFacts, repo_id: str, chosen=None) -> str:
@@ -70,7 +71,7 @@ def model_card(spec: dict, facts: RunFacts, repo_id: str, chosen=None) -> str:
     `best_version.ChosenAdapter`), results, every setting that shaped it, how to use it."""
     base = str(spec.get("model") or "")
     hub_base = base if HUB_ID.match(base) else None
-    executor = engine(facts.executor).label
+    executor = facts.engine.label
     intro = (f"A LoRA adapter for {_code(base)} trained with GRPO (TRL {TRL_VERSION}, PEFT {PEFT_VERSION}) from the "
              f"GRPO + LoRA control panel: run {_code(facts.run_id)}, {spec.get('mode')} on {executor}.")
     results = [("steps", f"{_num(facts.steps_done)} of {spec.get('max_steps')}"),

@@ -11,7 +11,6 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend.plan.engines import engine
 from backend.plan.engines.base import Placement
 from backend.plan.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.plan.spec import RunSpec
@@ -57,7 +56,7 @@ def _labels(spec: RunSpec, role: str) -> dict[str, str]:
 
 def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,
          env: dict[str, str] | None = None, expose: tuple[int, ...] = (), alias: str | None = None) -> JobSpec:
-    where = engine(spec.executor)
+    where = spec.engine
     group = network_group(spec)
     return JobSpec(
         run_id=spec.run_id, role=role, command=command, timeout_s=spec.timeout_minutes * 60,
@@ -73,7 +72,7 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
 def network_group(spec: RunSpec) -> str | None:
     """The network group of a distributed run on private networking (where its engine has network groups), named
     after the run as the Hub wants it (lowercase letters, digits and dashes, at most 46); else None."""
-    if spec.mode != "distributed" or spec.network != "private" or not engine(spec.executor).network_groups:
+    if spec.mode != "distributed" or spec.network != "private" or not spec.engine.network_groups:
         return None
     name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"grpo-{spec.run_id}".lower())).strip("-")
     if len(name) > 46:
@@ -99,7 +98,7 @@ def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> 
     (`install`) starts with `runtime.attempt`, before anything is installed: every attempt is recorded, and one after a
     failure that a retry cannot fix stops there."""
     lines = [shlex.join(s) for s in steps]
-    if install and engine(spec.executor).installs_runtime:
+    if install and spec.engine.installs_runtime:
         trackio = [TRACKIO_PIP] if spec.trackio else []
         lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *trackio, *reward_packages(spec)])}")
     if install:
@@ -163,15 +162,15 @@ def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "p
         # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
-        options, wrapper_args = engine(spec.executor).replica_server(spec, gpus)
+        options, wrapper_args = spec.engine.replica_server(spec, gpus)
         wrapper += wrapper_args
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
         serve = vllm_serve_command(vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
                                                     max_model_len=spec.replica_max_model_len or None, **options))
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
-        env = engine(spec.executor).replica_env()
-        gap = engine(spec.executor).retry_gap_s
+        env = spec.engine.replica_env()
+        gap = spec.engine.retry_gap_s
         if spec.attempts > 1 and gap:
             # A retried trainer is silent while its job is rescheduled and reinstalled: the replicas wait for it
             # longer than for a trainer that is simply gone (runtime/heartbeat.py's 90 s).

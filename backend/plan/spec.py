@@ -15,7 +15,8 @@ import secrets as _secrets
 import time
 from dataclasses import dataclass, field
 
-from backend.plan.engines import EXECUTORS, billed, reaches_hub
+from backend.plan.engines import EXECUTORS, billed, engine, reaches_hub
+from backend.plan.engines.base import Engine
 from backend.plan.spec_fields import (
     COLOCATED,
     DISTRIBUTED,
@@ -397,6 +398,11 @@ class RunSpec:
              "letters, digits, '-', '_', '.' only")
         # A message may quote the value it refuses: never quote a token back.
         return [FieldError(e.field, redact_tokens(e.message)) for e in _without_tokens(self) + errs]
+
+    @property
+    def engine(self) -> Engine:
+        """What the run's executor answers before anything runs (KeyError for an executor this panel lacks)."""
+        return engine(self.executor)
 
     @property
     def reward_names(self) -> list[str]:

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backend.plan.cost import RunCost, format_duration, format_usd
-from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
@@ -49,7 +48,7 @@ class SpendWatch(RunSummaries):
 
     def enforce(self, registry) -> list[BudgetStop]:
         """Cancel every job of each live run of the registry whose spend or projection reached its cap."""
-        if not engine(registry.executor.name).billed:
+        if not registry.engine.billed:
             return []     # local runs cost nothing (a budget on one is refused when it is launched)
         stops = []
         for run in registry.list_runs():

@@ -123,7 +123,7 @@ def preview_jobs(spec: RunSpec) -> list[JobSpec]:
     """Every job of the run as it will be submitted, placed as its engine places them (a local run: this interpreter,
     its CPU and GPU split, FREE_PORT_i where the launch picks a free port), each replica reached where the engine
     says (an HF Jobs replica's URL is a placeholder: it is known once the replica is submitted)."""
-    where = engine(spec.executor)
+    where = spec.engine
     return recipe.RunJobs(spec, where.placement(spec, preview=True)).preview(where.replica_url)
 
 
@@ -137,7 +137,7 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     and the panel's background sweep look again."""
     spec.check()
     secrets = secrets or {}
-    where = engine(executor.name)
+    where = engine(executor.name)      # the engine of the executor that runs the jobs
     if where.replicas_need_key and spec.mode == "distributed":
         # A key of this launch's own (a resume's jobs get a new one): its replicas answer only its trainer.
         secrets = {**secrets, recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}

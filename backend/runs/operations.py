@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.executors.local import LocalExecutor
 from backend.plan import recipe
-from backend.plan.engines import EXECUTORS, engine, known_engine
+from backend.plan.engines import engine, engines, known_engine
 from backend.plan.engines.base import Engine
 from backend.plan.hardware import Flavor, estimate_cost, hardware_problems
 from backend.plan.jobspec import JobSpec
@@ -120,16 +120,16 @@ class Operations:
     def offered_executors(self) -> list[str]:
         """The executors this deployment offers: those whose runtime it has, the panel's own machine only where
         local runs are on."""
-        return [name for name in EXECUTORS if self._offers(engine(name))]
+        return [where.name for where in engines() if self._offers(where)]
 
     def _offers(self, where: Engine) -> bool:
         if where.runtime_problem():
             return False
         return not where.operators_machines or self.deployment.local_runs != "off"
 
-    def control_token(self, executor: str, namespace: str | None, visitor: Visitor) -> str | None:
-        """The token to act with on `namespace`; raises Refused with a reason the visitor can act on."""
-        where = engine(executor)
+    def control_token(self, where: Engine, namespace: str | None, visitor: Visitor) -> str | None:
+        """The token to act with on `namespace` with engine `where`'s runs; raises Refused with a reason the visitor
+        can act on."""
         problem = where.runtime_problem() or (
             local_runs_problem(visitor, self.deployment) if where.operators_machines else None)
         if problem:
@@ -173,10 +173,10 @@ class Operations:
         with prices (the Hub's list asked with the visitor's token, or the built-in one), asked at most every 10
         minutes."""
         token = acting_token(visitor, self.deployment)
-        names = [executor] if executor else self.offered_executors()
-        return [f for name in names if engine(name).chooses_hardware
-                for f in self.spend.flavor_cache.get((name, "signed in", bool(token)),
-                                                     lambda name=name: engine(name).flavors(token))]
+        chosen = [engine(executor)] if executor else [where for where in engines() if self._offers(where)]
+        return [f for where in chosen if where.chooses_hardware
+                for f in self.spend.flavor_cache.get((where.name, "signed in", bool(token)),
+                                                     lambda where=where: where.flavors(token))]
 
     def estimate(self, jobs: list[JobSpec], visitor: Visitor) -> CostEstimate:
         flavors = self.flavors(visitor)
@@ -202,8 +202,7 @@ class Operations:
             return TaskReport(errors=[FieldError("dataset", "on a Space, upload your file (Upload .jsonl / .parquet): "
                                                             "the Space's own files cannot be read")])
         if not self.deployment.serves_others:
-            where = known_engine(spec.executor)
-            token = acting_token(visitor, self.deployment) if where is not None and where.needs_token else None
+            token = acting_token(visitor, self.deployment) if spec.engine.needs_token else None
             return check_task(spec, token, self.deployment.datasets_server, self.deployment.task_check_timeout_s)
         return self._check_in_job(spec, visitor, progress)
 
@@ -214,8 +213,7 @@ class Operations:
                 f"{no_token_reason(self.deployment)} A panel that others reach checks a task in a job of the visitor's "
                 "own account, never on its own machine.")
             return TaskReport(errors=[FieldError("account", why)])
-        where = known_engine(spec.executor)
-        bucket = spec.bucket if where is not None and where.bucket_on_hub and spec.bucket.strip() else ""
+        bucket = spec.bucket if spec.engine.bucket_on_hub and spec.bucket.strip() else ""
         spec = replace(spec, executor=CHECK_EXECUTOR,
                        bucket=bucket or self.default_bucket(visitor, CHECK_EXECUTOR) or spec.bucket)
         key = _check_key(spec, token)
@@ -245,7 +243,7 @@ class Operations:
         if chosen is not None and chosen.bucket_on_hub and not str(values.get("bucket") or "").strip() and visitor:
             values["bucket"] = self.default_bucket(visitor, values["executor"])
         spec = RunSpec.from_dict(values).check()
-        where = engine(spec.executor)
+        where = spec.engine
         # Only the executor's own hardware: another engine's flavor name would fail at submission, not here.
         accepted = [*self.flavors(ANONYMOUS, spec.executor), *where.other_accepted_flavors()]
         problems = hardware_problems(spec, accepted) if where.chooses_hardware else []
@@ -261,7 +259,7 @@ class Operations:
     def preview(self, values: dict, visitor: Visitor, run_id: str | None = None) -> LaunchPreview:
         """The jobs as they will be submitted, with what they can cost; raises SpecError with what to fix."""
         spec = self.build_spec(values, run_id, visitor)
-        where = engine(spec.executor)
+        where = spec.engine
         jobs = preview_jobs(spec)
         return LaunchPreview(
             spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
@@ -283,8 +281,8 @@ class Operations:
         if missing:
             raise Refused(missing)
         spec = self.build_spec(values, run_id, visitor)
-        token = self.control_token(spec.executor, spec.bucket_namespace, visitor)
-        where = engine(spec.executor)
+        where = spec.engine
+        token = self.control_token(where, spec.bucket_namespace, visitor)
         self._check_token_lifetime(where, visitor, spec)
         if where.billed and confirmed != spec.fingerprint():
             return ReviewNeeded(spec, reviewed_another=bool(confirmed))
@@ -306,14 +304,13 @@ class Operations:
     # ---- runs
     def _registry_for_control(self, run_id: str, visitor: Visitor) -> tuple[RunRegistry, str | None]:
         registry = self.runs.find(run_id, visitor)
-        namespace = getattr(registry.executor, "namespace", None)
-        return registry, self.control_token(registry.executor.name, namespace, visitor)
+        return registry, self.control_token(registry.engine, registry.namespace, visitor)
 
     def cancel(self, run_id: str, visitor: Visitor) -> list[str]:
         """Cancel every job of the run, found through the executor (its labels), not the bucket; the ids stopped."""
         registry, _ = self._registry_for_control(run_id, visitor)
         stopped = registry.cancel(run_id)
-        self.runs.relist(getattr(registry.executor, "namespace", ""))
+        self.runs.relist(registry.namespace or "")
         return stopped
 
     def _resume_plan(self, registry: RunRegistry, run_id: str) -> ResumePlan:
@@ -328,14 +325,14 @@ class Operations:
         registry, _ = self._registry_for_control(run_id, visitor)
         plan = self._resume_plan(registry, run_id)
         jobs = preview_jobs(plan.spec)
-        return ResumePreview(plan, jobs, self.estimate(jobs, visitor) if engine(plan.spec.executor).billed else None)
+        return ResumePreview(plan, jobs, self.estimate(jobs, visitor) if plan.spec.engine.billed else None)
 
     def resume(self, run_id: str, visitor: Visitor, confirmed: str | None = None) -> LaunchedRun | ReviewNeeded:
         """Relaunch a stopped run's jobs. A resume that costs money or starts again from step 0 (no checkpoint)
         goes ahead only once the visitor reviewed exactly this resume (`confirmed` is its code)."""
         registry, token = self._registry_for_control(run_id, visitor)
         plan = self._resume_plan(registry, run_id)
-        where = engine(plan.spec.executor)
+        where = plan.spec.engine
         self._check_token_lifetime(where, visitor, plan.spec)
         if (where.billed or plan.checkpoint_step is None) and confirmed != plan.fingerprint():
             return ReviewNeeded(plan.spec, reviewed_another=bool(confirmed))

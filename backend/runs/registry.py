@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
 from backend.outcome.best_version import ChosenAdapter, choose
+from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
 from backend.plan.spec import RunSpec
 from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
@@ -45,6 +46,8 @@ class RunSummary:
 class RunRegistry:
     def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0):
         self.executor = executor
+        self.engine = engine(executor.name)     # what the executor answers before it runs, resolved once
+        self.namespace = executor.namespace
         self.store_for = store_for
         self.list_every_s = list_every_s    # a remote job list is an API call: ask at most this often
         self._views: dict[str, RunView] = {}

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend.plan.cost import RATE_POINTS, RunCost, hourly_prices, run_cost, view_points
-from backend.plan.engines import engine
 from backend.plan.hardware import FlavorCache
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord, run_stage
 from backend.runtime import layout
@@ -82,7 +81,7 @@ class RunSummaries:
         executor = registry.executor
         if not hasattr(executor, "flavors"):
             return {}
-        return hourly_prices(self.flavor_cache.get(("namespace", getattr(executor, "namespace", "")),
+        return hourly_prices(self.flavor_cache.get(("namespace", registry.namespace or ""),
                                                    executor.flavors))
 
     def glance(self, registry, run_id: str, view=None) -> RunGlance:
@@ -106,7 +105,7 @@ class RunSummaries:
         else:
             points, newest = self._read(registry, run_id, records, followed)
         spec = (view.spec if view is not None and view.spec else None) or followed.spec or {}
-        billed = engine(registry.executor.name).billed
+        billed = registry.engine.billed
         cost = run_cost(records, self.prices(registry) if billed else {}, points, spec.get("max_steps"),
                         self.clock(), billed)
         stages: dict[str, str] = {}
