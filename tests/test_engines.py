@@ -151,3 +151,14 @@ def _words(tokens: list[str]) -> list:
 
     return [_words(shlex.split(re.sub(r"\\\n\s*", " ", t))) if i >= 2 and tokens[i - 2:i] == ["bash", "-c"] else t
             for i, t in enumerate(tokens)]
+
+
+def test_the_architecture_page_names_every_member_of_an_engine():
+    from backend.plan.engines.base import Engine
+
+    members = {*Engine.__annotations__, *(n for n, v in vars(Engine).items() if callable(v) and not n.startswith("_"))}
+    with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+        text = f.read()
+    paragraph = text[text.index("**An executor.**"):].split("\n\n")[0]
+    named = set(re.findall(r"`(\w+)(?:\(\))?`", paragraph))
+    assert members - named == set() and len(members) >= 25
