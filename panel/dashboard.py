@@ -20,6 +20,7 @@ from backend.runtime.redact import redact_tokens
 from backend.view import diagnose
 from backend.view.axes import run_start
 from backend.view.diagnose import ratio_alert
+from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from panel import charts
 
 LOG_TAIL = 400
@@ -76,7 +77,7 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     options = options or charts.ChartOptions(t0=run_start(view))
     values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
     values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view),
-                  change=diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change,
+                  change=diagnose.view_verdict(view).change,
                   sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
                   version_pick=version_choices(view), try_picks=try_choices(view), roles=sorted(view.jobs))
     if view.spec:       # before spec.json is read, the config shown stays as it was
@@ -159,7 +160,7 @@ def status_markdown(view) -> str:
     for finding in (ratio_alert(rows[-5:]), diagnose.no_signal_alert(rows, view.spec)):
         if finding and finding.kind not in shown:
             parts.append(f"⚠️ **{finding.message}**")
-    verdict = diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec)
+    verdict = diagnose.view_verdict(view)
     if verdict.kind not in ("unknown",):
         parts.append(f"**Bottleneck:** {verdict.line}" + (f" {verdict.advice}" if verdict.advice else ""))
     unreadable = view.unreadable
@@ -237,46 +238,51 @@ def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
     return rows
 
 
-def _replicas(view) -> list[tuple[dict, str | None]]:
-    """The proxy's latest snapshot of each replica, with why it is down when its job has ended (replica i is
-    the job `vllm-i`: the trainer's proxy lists the replicas in that order)."""
-    if not view.replica_stats:
+def _replicas(view) -> list[tuple[str, dict, str | None]]:
+    """The proxy's latest snapshot of each vLLM server, named by its replica job (server i of the proxy's list runs
+    in job `vllm-i`, or with several servers a job, in `vllm-<i // per job>`), with why it is down when its job has
+    ended."""
+    servers = latest_servers(view)
+    if not servers:
         return []
     jobs = view.current_jobs
+    per_job = view_servers_per_job(view)
     out = []
-    for i, r in enumerate(view.replica_stats[-1].get("replicas", [])):
-        job = jobs.get(f"vllm-{i}")
+    for i, r in enumerate(servers):
+        job = jobs.get(server_role(i, per_job))
         if job is None or not job.status.done:
-            out.append((r, None))
+            out.append((server_name(i, per_job), r, None))
             continue
         # A replica stops by itself when the trainer has finished: that is no fault, so it is not DOWN.
-        out.append((r, f"{'stopped' if job.status.stage == 'COMPLETED' else 'DOWN'} (job {job.status.stage})"))
+        out.append((server_name(i, per_job), r,
+                    f"{'stopped' if job.status.stage == 'COMPLETED' else 'DOWN'} (job {job.status.stage})"))
     return out
 
 
 def _registered_adapters(view) -> dict[str, list[str]]:
     # A replica that is down serves nothing, whatever its last snapshot held.
-    return {replica_name(i): r.get("adapters", []) if r.get("healthy") and not down else []
-            for i, (r, down) in enumerate(_replicas(view))}
-
-
-def replica_name(i: int) -> str:
-    """Replica i is the job `vllm-i` everywhere: tables, logs and charts name it alike."""
-    return f"vllm-{i}"
+    return {name: r.get("adapters", []) if r.get("healthy") and not down else []
+            for name, r, down in _replicas(view)}
 
 
 def replica_rows(view) -> list[list]:
-    """One row per replica: its job name, health, load, adapters, and the proof that it serves the newest version
-    (the proxy's canary: listed and answering for vN, with logprobs that differ from the base model's)."""
+    """One row per vLLM server: its name, health, load, adapters, the proof that it serves the newest version (the
+    proxy's canary: listed and answering for vN, with logprobs that differ from the base model's), its generated
+    tokens a second and its API process's CPU (a core's worth bounds a server), its URL."""
     proofs = {p.get("url"): p for p in (view.serving or {}).get("replicas", [])}
     version = (view.serving or {}).get("version")
     rows = []
-    for i, (r, down) in enumerate(_replicas(view)):
+    for name, r, down in _replicas(view):
         healthy = r.get("healthy") and not down
-        rows.append([replica_name(i), "up" if healthy else (down or "DOWN"), r.get("in_flight"), r.get("served"),
+        rows.append([name, "up" if healthy else (down or "DOWN"), r.get("in_flight"), r.get("served"),
                      r.get("errors"), ", ".join(r.get("adapters", [])) if healthy else "",
-                     proof_cell(version, proofs.get(r.get("url"))), r.get("url")])
+                     proof_cell(version, proofs.get(r.get("url"))), _rate(r.get("gen_tok_s"), healthy),
+                     _rate(r.get("api_cpu"), healthy), r.get("url")])
     return rows
+
+
+def _rate(value, healthy: bool):
+    return value if healthy and isinstance(value, (int, float)) else "-"
 
 
 def proof_cell(version: str | None, proof: dict | None) -> str:

@@ -21,7 +21,8 @@ DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
                 "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
                 "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
 ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note", "held-out score"]
-REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)", "url"]
+REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
+                   "generated tok/s", "API CPU (cores)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
 VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
 DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",
@@ -65,8 +66,8 @@ def build(page, panel) -> None:
             sample_prompt = gr.Dropdown([ALL_OF_THE_STEP], value="", elem_id="sample-prompt",
                                         label="Follow one prompt across steps and versions", allow_custom_value=True)
         samples = gr.Dataframe(headers=dashboard.SAMPLE_HEADERS, interactive=False, wrap=True, elem_id="samples-table")
-    replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, label="vLLM replicas (distributed runs)",
-                            elem_id="replicas-table")
+    replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, elem_id="replicas-table",
+                            label="vLLM servers (distributed runs: vllm-<job>/<server> where a job runs several)")
     final = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
     with gr.Accordion("Config (spec.json: everything this run was launched with)", open=False):
         config = gr.JSON(elem_id="config-json")

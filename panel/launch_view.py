@@ -217,7 +217,7 @@ def new_run(panel, visitor, run_id: str | None, with_change: bool) -> dict:
         return {"action_msg": "Pick a run first."}
     try:
         view = panel.view(run_id, visitor)
-        change = (diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change
+        change = (diagnose.view_verdict(view).change
                   if with_change else None)
         values, line = panel.form_from_run(run_id, visitor, change)
     except KeyError as exc:

@@ -56,11 +56,26 @@ def test_each_replica_row_carries_the_proxys_serving_proof_of_the_newest_version
         {"url": "http://b", "listed": True, "served": "trl-policy-v7", "delta_base": 0.0},     # the base model
         {"url": "http://c", "error": "timed out"}]}
     rows = dashboard.replica_rows(_view(replica_stats=stats, serving=serving))
-    assert [r[0] for r in rows] == ["vllm-0", "vllm-1", "vllm-2"] and rows[0][7] == "http://a"
+    assert [r[0] for r in rows] == ["vllm-0", "vllm-1", "vllm-2"] and rows[0][-1] == "http://a"
     assert [r[6] for r in rows] == ["serves trl-policy-v7: yes · differs from base: yes",
                                     "serves trl-policy-v7: yes · differs from base: NO",
                                     "canary failed: timed out"]
     assert dashboard.replica_rows(_view(replica_stats=stats, serving={}))[0][6] == "-", "no proof yet"
+
+
+def test_the_servers_of_one_replica_job_are_named_by_it_and_show_their_own_rates():
+    from backend.plan.jobspec import JobStatus
+
+    load = {"gen_tok_s": 15200.0, "api_cpu": 0.97, "running": 250}
+    stats = [{"time": 1, "replicas": [{"url": f"http://h{j}:{8000 + k}", "healthy": True, "adapters": ["trl-policy-v2"],
+                                       **load} for j in range(2) for k in range(2)]}]
+    jobs = {"vllm-0": SimpleNamespace(status=JobStatus("RUNNING")),
+            "vllm-1": SimpleNamespace(status=JobStatus("ERROR", "killed"))}
+    rows = dashboard.replica_rows(_view(replica_stats=stats, current_jobs=jobs))
+    assert [r[0] for r in rows] == ["vllm-0/0", "vllm-0/1", "vllm-1/0", "vllm-1/1"]
+    assert [r[1] for r in rows] == ["up", "up", "DOWN (job ERROR)", "DOWN (job ERROR)"], "a job's end downs its servers"
+    assert [(r[7], r[8]) for r in rows] == [(15200.0, 0.97)] * 2 + [("-", "-")] * 2
+    assert rows[1][-1] == "http://h0:8001"
 
 
 def test_samples_of_the_latest_step_or_a_chosen_one():

@@ -79,7 +79,8 @@ def test_a_launch_submits_the_jobs_its_preview_showed_with_the_ports_it_picked(t
     ports = [job.expose[0] for job in executor.jobs[:2]]
     assert all(isinstance(port, int) for port in ports)
     picked = [replace(job, command=[_ports(arg, ports) for arg in job.command],
-                      env={k: _ports(v, ports) for k, v in job.env.items()}, expose=tuple(ports[i:i + 1]))
+                      env={k: _ports(v, ports) for k, v in job.env.items()}, expose=tuple(ports[i:i + 1]),
+                      ports=tuple(ports[i:i + 1]))
               if job.role.startswith("vllm-") else
               replace(job, env={k: _ports(v, ports) for k, v in job.env.items()})
               for i, job in enumerate(shown)]

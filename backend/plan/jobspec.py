@@ -52,6 +52,7 @@ class JobSpec:
     secrets: tuple[str, ...] = ()
     volumes: tuple[VolumeSpec, ...] = ()
     expose: tuple[int, ...] = ()
+    ports: tuple = ()                       # a replica job's vLLM servers' ports, in order: the trainer reaches each
     labels: dict[str, str] = field(default_factory=dict)
     namespace: str | None = None
     attempts: int = 1                       # runs in all, the first included (the executor retries a failed one)

@@ -5,6 +5,7 @@ Distributed: N vLLM replica jobs, then one trainer job whose proxy fronts the re
 JobSpec needs the replicas' URLs, which exist only once they are submitted, so it is built afterwards.
 """
 
+import dataclasses
 import hashlib
 import re
 import shlex
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from backend.plan.engines.base import Placement
 from backend.plan.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.plan.servers import footprint, server_ports, servers_per_job
 from backend.plan.spec import RunSpec
 from backend.plan.vllm_args import vllm_serve_command, vllm_server_args
 from backend.runtime import layout, rewards
@@ -89,8 +91,9 @@ def group_url(alias: str, port) -> str:
     return f"http://{NETWORK_PREFIX}{alias}:{port}"
 
 
-def replica_port(job: JobSpec) -> int:
-    return job.expose[0] if job.expose else REPLICA_PORT
+def server_ports_of(job: JobSpec) -> list:
+    """The ports of a replica job's servers, in order."""
+    return list(job.ports or job.expose or (REPLICA_PORT,))
 
 
 def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
@@ -152,38 +155,69 @@ def assign_local_gpus(gpus: list[str], replicas: int) -> tuple[str | None, list[
     return gpus[0], gpus[1:replicas + 1]
 
 
-def replica_jobs(spec: RunSpec, ports: list[int] | None = None, python: str = "python",
-                 cpu_binds: list[str] | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
-    """One vLLM server job per replica; `ports`, `cpu_binds` (cores per replica) and `gpus` (a GPU of its own per
-    replica, from assign_local_gpus) are for local runs only (one machine, N servers)."""
+def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python",
+                 cpu_binds: list | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
+    """One job per replica, each running `servers_per_job` vLLM servers; `ports` (a port or a list of its servers'
+    ports per replica), `cpu_binds` (cores per replica, or per server) and `gpus` (a GPU of its own per replica,
+    from assign_local_gpus) are for local runs only (one machine, N jobs)."""
+    where = spec.engine
+    count = servers_per_job(spec.servers_per_gpu, where.replica_gpus(spec))
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):
-        # serve_replica stops the server once the trainer ends, and waits for a builtin model the trainer
+        mine = _ports(port, count)
+        # serve_replica stops the servers once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
-        options, wrapper_args = spec.engine.replica_server(spec, gpus)
-        wrapper += wrapper_args
+        options, wrapper_args = where.replica_server(spec, gpus)
+        wrapper += wrapper_args + _server_args(spec, mine, cpu_binds[i] if cpu_binds else None, gpus, options)
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
-        serve = vllm_serve_command(vllm_server_args(model_path(spec), port, spec.lora_r, spec.max_staleness,
+        serve = vllm_serve_command(vllm_server_args(model_path(spec), mine[0], spec.lora_r, spec.max_staleness,
                                                     max_model_len=spec.replica_max_model_len or None, **options))
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
-        env = spec.engine.replica_env()
-        gap = spec.engine.retry_gap_s
+        env = where.replica_env()
+        gap = where.retry_gap_s
         if spec.attempts > 1 and gap:
             # A retried trainer is silent while its job is rescheduled and reinstalled: the replicas wait for it
             # longer than for a trainer that is simply gone (runtime/heartbeat.py's 90 s).
             env[GONE_AFTER_ENV] = str(TRAINER_GONE_AFTER_S + gap)
-        if cpu_binds:
+        if cpu_binds and isinstance(cpu_binds[i], str):
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-        # On the run's network group the trainer reaches the replica at its alias: no port is exposed.
-        expose = () if network_group(spec) else (port,)
-        jobs.append(_job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=expose,
-                         alias=replica_alias(i)))
+        # On the run's network group the trainer reaches each server at the replica's alias: no port is exposed.
+        expose = () if network_group(spec) else tuple(mine)
+        job = _job(spec, f"vllm-{i}", command, spec.vllm_flavor, read_only=True, env=env, expose=expose,
+                   alias=replica_alias(i))
+        jobs.append(dataclasses.replace(job, ports=tuple(mine)))
     return jobs
+
+
+def _ports(port, count: int) -> list:
+    """A replica's servers' ports: as placed (a list), or its port and those after it."""
+    if isinstance(port, (list, tuple)):
+        return list(port)
+    return server_ports(port, count) if isinstance(port, int) else [port]
+
+
+def _server_args(spec: RunSpec, ports: list, binds, gpus: list[str] | None, options: dict) -> list[str]:
+    """serve_replica's arguments for a job of several servers: each one's port and cores, the job's GPUs, and how
+    they split each GPU's memory (the split replaces the engine's own --gpu-memory-utilization)."""
+    if len(ports) == 1:
+        return []
+    args = ["--ports", *map(str, ports)]
+    if isinstance(binds, (list, tuple)):
+        args += ["--cpu-binds", *binds]
+    if spec.engine.replica_gpus(spec) > 1:
+        args += ["--gpus", str(spec.engine.replica_gpus(spec))]
+    share = spec.engine.replica_gpu_share(spec, gpus)
+    need = footprint(spec.model, spec.replica_max_model_len)
+    if share and need:
+        options.pop("gpu_memory_utilization", None)
+        args += ["--split-gpu", f"{share:g}", "--servers-per-gpu", str(spec.servers_per_gpu),
+                 "--model-bytes", str(need.weights_bytes)]
+    return args
 
 
 def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
@@ -203,7 +237,9 @@ def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", 
 
 
 def placeholder_url(i: int, port) -> str:
-    return REPLICA_URL_PLACEHOLDER.format(i=i)
+    """Where a preview says replica `i`'s server on `port` is reached (its URL exists once it is submitted)."""
+    name = replica_alias(i) if port in (REPLICA_PORT, None) else f"{replica_alias(i)}:{port}"
+    return REPLICA_URL_PLACEHOLDER.replace("vllm-{i}", name)
 
 
 @dataclass(frozen=True)
@@ -227,17 +263,23 @@ class RunJobs:
         return trainer_job(self.spec, replica_urls, python=self.place.python, gpu=self.place.trainer_gpu)
 
     def preview(self, replica_url: Callable[[int, object], str] = placeholder_url) -> list[JobSpec]:
-        """Every job, replica `i` reached at `replica_url(i, its port)`."""
+        """Every job, each server of replica `i` reached at `replica_url(i, its port)`."""
         first = self.first()
         if self.spec.mode == "colocated":
             return first
-        return [*first, self.trainer([reached_at(job) or replica_url(i, replica_port(job))
-                                      for i, job in enumerate(first)])]
+        return [*first, self.trainer(server_urls(first, lambda i, job, port: replica_url(i, port)))]
 
 
-def reached_at(job: JobSpec) -> str | None:
-    """Where the trainer reaches a replica on the run's network group (its alias), or None (not in one)."""
-    return group_url(job.network_aliases[0], replica_port(job)) if job.network_group and job.network_aliases else None
+def server_urls(replicas: list[JobSpec], reach: Callable[[int, JobSpec, object], str]) -> list[str]:
+    """Where the trainer reaches every server of every replica job, in order: at the replica's alias on the run's
+    network group, else where `reach(i, job, port)` says (an exposed port, a local port)."""
+    return [reached_at(job, port) or reach(i, job, port)
+            for i, job in enumerate(replicas) for port in server_ports_of(job)]
+
+
+def reached_at(job: JobSpec, port) -> str | None:
+    """Where the trainer reaches a replica's server on the run's network group (its alias), or None (not in one)."""
+    return group_url(job.network_aliases[0], port) if job.network_group and job.network_aliases else None
 
 
 def preview_jobs(spec: RunSpec) -> list[JobSpec]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from backend.plan.engines import EXECUTORS, billed, engine, reaches_hub
 from backend.plan.engines.base import Engine
+from backend.plan.servers import MAX_SERVERS_PER_GPU, unsized_problem
 from backend.plan.spec_fields import (
     COLOCATED,
     DISTRIBUTED,
@@ -240,6 +241,11 @@ class RunSpec:
         "label": "Replica GPU memory share", "section": DISTRIBUTED,
         "help": "each HF Jobs replica's --gpu-memory-utilization (vLLM's default 0.9); local replicas share one "
                 "machine and size their own"})
+    servers_per_gpu: int = field(default=1, metadata={
+        "label": "vLLM servers per GPU", "section": DISTRIBUTED, "limits": (1, MAX_SERVERS_PER_GPU),
+        "help": "vLLM servers each replica job runs on each of its GPUs (a CPU replica: in all), each with 1/K of the "
+                "replica's GPU memory and a port of its own, each a replica to the proxy: one server's API process "
+                "keeps an H200 busy only part of the time, 4 filled it (docs/replica-scaling.md)"})
     # Hardware and storage
     flavor: str = field(default="cpu-basic", metadata={
         "label": "Trainer flavor", "section": STORAGE, "widget": "flavor", "help": "HF Jobs hardware, price per hour"})
@@ -366,6 +372,11 @@ class RunSpec:
                  f"tensor parallel size {self.vllm_tensor_parallel_size} must divide the training processes "
                  f"(num_processes={self.num_processes}): one process per GPU, e.g. num_processes="
                  f"{self.vllm_tensor_parallel_size} for TP {self.vllm_tensor_parallel_size}")
+        need(self.mode == "distributed" or self.servers_per_gpu == 1, "servers_per_gpu",
+             "a colocated run has no replica jobs (vLLM runs inside the trainer): leave it 1, or choose the "
+             "distributed mode")
+        unsized = unsized_problem(self)
+        need(unsized is None, "servers_per_gpu", unsized or "")
         if self.mode == "distributed":
             whole = sorted(set(self.lora_target_modules) & WHOLE_MODEL_TARGETS)
             need(not whole, "lora_target_modules",

@@ -177,6 +177,6 @@ def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str
     roles = {j.role: i for j, i in zip(first, ids)}
     if jobs.spec.mode == "colocated":
         return LaunchedRun(jobs.spec.run_id, roles)
-    urls = [recipe.reached_at(job) or executor.exposed_url(job_id, job.expose[0]) for job, job_id in zip(first, ids)]
+    urls = recipe.server_urls(first, lambda i, job, port: executor.exposed_url(ids[i], port))
     trainer_id = submit_jobs(executor, [jobs.trainer(urls)], secrets, already=ids)[0]
     return LaunchedRun(jobs.spec.run_id, {**roles, "trainer": trainer_id})

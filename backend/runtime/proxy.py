@@ -16,8 +16,11 @@
   generate and take adapter loads; late replicas join through reconciliation. Its body counts the healthy
   replicas: the trainer's start-up waits until all are (or at least one, after a while). `/health?require=all`
   is 200 only when every replica is healthy.
-- `GET /proxy/stats` reports each replica; with a stats dir, changed snapshots become write-once fragments, and
-  each broadcast load one record of how long every replica took to load it (the dashboard's Sync chart).
+- Each replica is one vLLM server (a replica job may run several on its GPUs: runtime/serve_replica.py); its
+  /metrics is read every `load_interval_s` for its generated tok/s and its API process's CPU.
+- `GET /proxy/stats` reports each replica, and the proxy's own CPU seconds and generations relayed; with a stats
+  dir, changed snapshots become write-once fragments, and each broadcast load one record of how long every replica
+  took to load it (the dashboard's Sync chart).
 Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it), except
 on the run's private network (GRPO_REPLICA_AUTH=none, proxy_env.py): there no token travels with a rollout.
 
@@ -31,6 +34,7 @@ import ctypes
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -46,7 +50,7 @@ from aiohttp import web
 from .canary import ServingProof
 from .proxy_env import replica_token
 from .proxy_stats import LoadRecorder, StatsRecorder
-from .replicas import Replica, ReplicaUnreachable, Reply, affinity_key, pick
+from .replicas import Replica, ReplicaUnreachable, Reply, affinity_key, load_rates, parse_load, pick
 
 log = logging.getLogger("runtime.proxy")
 
@@ -59,7 +63,8 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
 class Proxy:
     def __init__(self, replica_urls: list[str], *, spill_threshold: int = 8, load_deadline_s: float = 60.0,
                  health_interval_s: float = 1.0, stats_dir: str | None = None, stats_interval_s: float = 2.0,
-                 stats_flush_s: float = 30.0, token: str | None = None, canary_interval_s: float = 30.0):
+                 stats_flush_s: float = 30.0, token: str | None = None, canary_interval_s: float = 30.0,
+                 load_interval_s: float = 10.0):
         if not replica_urls:
             raise ValueError("the proxy needs at least one --replica URL")
         self.replicas = [Replica(u.rstrip("/")) for u in replica_urls]
@@ -74,6 +79,9 @@ class Proxy:
         self._proof = ServingProof(self._call, stats_dir)
         self.canary_interval_s = canary_interval_s
         self.newest: str | None = None        # the adapter loaded last: what the trainer samples from
+        self.load_interval_s = load_interval_s
+        self._readings: dict[str, tuple[float, dict]] = {}   # server url -> its last /metrics reading
+        self.forwarded = 0                    # generations relayed: with the process's CPU time, its cost per request
         self._session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -102,7 +110,8 @@ class Proxy:
         self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
                                               connector=aiohttp.TCPConnector(limit=0))
         self._lock = asyncio.Lock()
-        self._tasks = [asyncio.create_task(self._health_loop()), asyncio.create_task(self._canary_loop())]
+        self._tasks = [asyncio.create_task(self._health_loop()), asyncio.create_task(self._canary_loop()),
+                       asyncio.create_task(self._load_loop())]
         if self._stats:
             self._tasks.append(asyncio.create_task(self._stats_loop()))
 
@@ -309,6 +318,7 @@ class Proxy:
             except ConnectionResetError:
                 return response  # the caller went away; not the replica's fault
         await response.write_eof()
+        self.forwarded += 1
         if upstream.status < 400:
             replica.served += 1
         else:
@@ -340,7 +350,8 @@ class Proxy:
         return web.json_response(self.snapshot())
 
     def snapshot(self) -> dict:
-        return {"time": time.time(), "replicas": [r.snapshot() for r in self.replicas], "adapters": dict(self.adapters)}
+        return {"time": time.time(), "replicas": [r.snapshot() for r in self.replicas], "adapters": dict(self.adapters),
+                "proxy": {"cpu_s": round(time.process_time(), 3), "forwarded": self.forwarded}}
 
     # ---- background loops
     async def _health_loop(self) -> None:
@@ -388,6 +399,23 @@ class Proxy:
             replica.last_error = ""
             self._record()
             log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))
+
+    async def _load_loop(self) -> None:
+        """Each server's generated tok/s and its API process's CPU, from its /metrics, every `load_interval_s`: the
+        dashboard's per-server rates and its "API-server bound" verdict."""
+        while True:
+            await asyncio.sleep(self.load_interval_s)
+            await asyncio.gather(*(self._read_load(r) for r in self.replicas if r.healthy), return_exceptions=True)
+
+    async def _read_load(self, replica: Replica) -> None:
+        reply = await self._call(replica, "GET", "/metrics", timeout=10)
+        if reply.status != 200:
+            return
+        reading = (time.monotonic(), parse_load(reply.text))
+        before = self._readings.get(replica.url)
+        self._readings[replica.url] = reading
+        if before:
+            replica.load = load_rates(before, reading)
 
     # ---- serving proof
     async def _canary_loop(self) -> None:
@@ -533,6 +561,20 @@ def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None
             time.sleep(0.2)
 
 
+def raise_open_files_limit() -> int:
+    """Lift this process's open-file limit to its hard limit, and return it: each generation in flight holds a
+    socket in the trainer's rollout worker and two in the proxy, and a soft limit of 1024 (common in containers)
+    would refuse the trainer's 1024 in flight with "Too many open files". Children inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):
+            return soft
+    return soft
+
+
 def die_with_parent(parent_pid: int) -> None:
     """Get SIGTERM when the parent dies, however it dies (a SIGKILLed or OOM-killed trainer): a proxy alone
     would keep a job's process group, and its bill, alive."""
@@ -555,6 +597,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.parent_pid:
         die_with_parent(args.parent_pid)
+    raise_open_files_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
                   stats_dir=args.stats_dir)

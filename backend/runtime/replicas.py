@@ -1,7 +1,7 @@
-"""The proxy's replicas: what it knows of each (health, load, adapters), what one answered, and which one a
-generation goes to: rendezvous hashing of (adapter name, prompt prefix), so the generations of one prompt share one
-replica's prefix cache, spilling to the least-loaded replica when the preferred one has `spill_threshold` more
-requests in flight than it.
+"""The proxy's replicas (each a vLLM server: a replica job may run several): what it knows of each (health, load,
+adapters, what its /metrics says), what one answered, and which one a generation goes to: rendezvous hashing of
+(adapter name, prompt prefix), so the generations of one prompt share one replica's prefix cache, spilling to the
+least-loaded replica when the preferred one has `spill_threshold` more requests in flight than it.
 """
 
 import hashlib
@@ -26,11 +26,44 @@ class Replica:
     adapters: set[str] = field(default_factory=set)
     last_error: str = ""
     joined: int = 0         # times it became healthy: more than once, it was down (restarted, retried) and taken back
+    load: dict = field(default_factory=dict)    # what its /metrics said lately (ServerLoad.rates)
 
     def snapshot(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "served": self.served,
                 "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error,
-                "joined": self.joined}
+                "joined": self.joined, **self.load}
+
+
+# A server's /metrics (Prometheus text) -> the counters and gauges its load is read from. process_cpu_seconds_total is
+# its API server process's own (vLLM serves one API process's registry); its main thread bounds a server on a GPU.
+LOAD_METRICS = {"vllm:generation_tokens_total": "tokens", "process_cpu_seconds_total": "cpu_s",
+                "vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
+
+
+def parse_load(text: str) -> dict[str, float]:
+    """The LOAD_METRICS of a /metrics answer, summed over their label sets (per model, per adapter)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in LOAD_METRICS:
+            try:
+                out[LOAD_METRICS[name]] = out.get(LOAD_METRICS[name], 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out
+
+
+def load_rates(before: tuple[float, dict], after: tuple[float, dict]) -> dict:
+    """A server's load between two readings (time, parse_load): generated tok/s, its API process's CPU (cores), and
+    the requests running and waiting at the second."""
+    seconds = after[0] - before[0]
+    if seconds <= 0:
+        return {}
+    rates = {"running": after[1].get("running"), "waiting": after[1].get("waiting")}
+    for key, name, digits in (("tokens", "gen_tok_s", 0), ("cpu_s", "api_cpu", 2)):
+        if key in after[1] and key in before[1] and after[1][key] >= before[1][key]:
+            rates[name] = round((after[1][key] - before[1][key]) / seconds, digits)
+    return {k: v for k, v in rates.items() if v is not None}
 
 
 @dataclass

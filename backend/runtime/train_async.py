@@ -44,7 +44,7 @@ from .layout import (
     rollout_state_version,
 )
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
-from .proxy import start_proxy_process
+from .proxy import raise_open_files_limit, start_proxy_process
 from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
 from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, write_event
 from .redact import remember_env_secrets
@@ -325,6 +325,7 @@ def main() -> None:
     callback = AsyncRunFolderCallback(run_dir)
     stop_on_sigterm(first=callback.stop_now)
     remember_env_secrets()   # the job's token is masked in every event it writes
+    raise_open_files_limit()    # TRL's rollout worker (a child) holds a socket for each generation in flight
     say_vllm_version_warning_once()
     no_progress_bars()
     Heartbeat(run_dir).start()    # the replicas stop when it stops, however this process ends

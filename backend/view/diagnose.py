@@ -11,6 +11,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from backend.view.servers import latest_servers, replica_gpu_busy
+
 WINDOW = 20                  # recent logged steps a verdict reads
 WAITING_SHARE = 0.30         # the trainer waits for rollouts this share of a step or more: generation bounds it
 IDLE_WAIT_SHARE = 0.05       # ... this share or less, with a full queue: the trainer bounds it
@@ -37,6 +39,11 @@ GPU_IDLE_PERCENT = 5.0       # a GPU below this utilisation ...
 GPU_IDLE_MINUTES = 5.0       # ... for this long while the run trains is idle
 
 
+API_BOUND_CPU = 0.9          # a server's API process busy this share of a core or more: its main thread is saturated
+GPU_ROOM_PERCENT = 80.0      # replica GPUs busy less than this have room for another server's work
+MAX_SERVERS_PER_GPU = 8      # the RunSpec's limit
+
+
 @dataclass(frozen=True)
 class Verdict:
     kind: str                          # "trainer-bound", "generation-bound", "sync-bound", "healthy", "unknown"
@@ -54,8 +61,25 @@ def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def verdict(rows: list[dict], spec: dict) -> Verdict:
-    """Which side bounds a distributed run over its last WINDOW logged steps, with the evidence and a change."""
+def view_verdict(view) -> Verdict:
+    """The verdict of a run's view: its last WINDOW logged steps, its servers' newest load, its replicas' GPU use."""
+    return verdict(view.table.rows(last=WINDOW), view.spec, latest_servers(view), replica_gpu_busy(view))
+
+
+def api_bound(servers: list[dict], gpu_busy: float | None) -> tuple[float, float] | None:
+    """(the servers' median API-process CPU, the replicas' GPU %) when the healthy servers' API processes are
+    saturated while their GPUs have room; None otherwise, or where no GPU is reported (a CPU replica)."""
+    cpus = [s["api_cpu"] for s in servers if isinstance(s, dict) and s.get("healthy")
+            and isinstance(s.get("api_cpu"), (int, float))]
+    if not cpus or gpu_busy is None:
+        return None
+    cpu = statistics.median(cpus)
+    return (cpu, gpu_busy) if cpu >= API_BOUND_CPU and gpu_busy < GPU_ROOM_PERCENT else None
+
+
+def verdict(rows: list[dict], spec: dict, servers: list[dict] = (), gpu_busy: float | None = None) -> Verdict:
+    """Which side bounds a distributed run over its last WINDOW logged steps, with the evidence and a change;
+    `servers` (the proxy's newest snapshot) and `gpu_busy` (the replicas' GPU %) tell an API-server bound."""
     if spec.get("mode") != "distributed":
         return Verdict("unknown", "Colocated runs alternate generation and training on the same GPUs: there is no "
                                   "queue between them to read a bottleneck from.")
@@ -84,6 +108,9 @@ def verdict(rows: list[dict], spec: dict) -> Verdict:
         evidence = (f"Generation-bound: the trainer waits {wait_s:.2f} s of each {step_s:.2f} s step for rollouts "
                     f"({wait_share:.0%})" + (f"; in flight {inflight:.0f} of {cap_inflight}" if inflight is not None
                                             else "") + ".")
+        saturated = api_bound(servers, gpu_busy)
+        if saturated:
+            return _api_bound_verdict(evidence, saturated, spec)
         if at_cap or inflight is None:
             return Verdict("generation-bound", evidence,
                            "Raise max_inflight_tasks before adding replicas: the replicas may have room the cap "
@@ -105,6 +132,22 @@ def verdict(rows: list[dict], spec: dict) -> Verdict:
                        {"max_tokens_per_batch": max(budget * 2, 1)})
     return Verdict("healthy", f"Healthy: the trainer waits {wait_share:.0%} of each {step_s:.2f} s step, weight sync "
                               f"takes {sync_share:.0%} of wall time.")
+
+
+def _api_bound_verdict(evidence: str, saturated: tuple[float, float], spec: dict) -> Verdict:
+    cpu, gpu = saturated
+    line = (f"{evidence} API-server bound: the vLLM servers' API processes use {cpu:.2f} of a core each (median) "
+            f"while the replicas' GPUs are {gpu:.0f}% busy.")
+    servers = int(spec.get("servers_per_gpu") or 1)
+    if servers >= MAX_SERVERS_PER_GPU:
+        return Verdict("generation-bound", line, "Add replicas: each server already has its own API process.",
+                       {"replicas": int(spec.get("replicas") or 1) + 1})
+    more = min(servers * 2, MAX_SERVERS_PER_GPU)
+    inflight = int(spec.get("max_inflight_tasks") or 1)
+    return Verdict("generation-bound", line,
+                   f"Raise servers per GPU to {more}: each server brings its own API process and engine core, and "
+                   "the GPU has room; requests in flight rise alike so each server stays fed.",
+                   {"servers_per_gpu": more, "max_inflight_tasks": inflight * more // servers})
 
 
 @dataclass(frozen=True)

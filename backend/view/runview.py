@@ -30,6 +30,7 @@ from backend.storage.observers import (
 )
 from backend.storage.store import BucketStore
 from backend.view.series import SeriesTable, Sketch
+from backend.view.servers import server_name, server_role, servers_per_job
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ class RunView:
         if not replicas:
             return None
         snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
-        lost = {f"vllm-{i}" for i, r in enumerate(snapshot)
+        per_job = servers_per_job(len(snapshot), len(replicas))
+        lost = {server_role(i, per_job) for i, r in enumerate(snapshot)
                 if isinstance(r, dict) and not r.get("healthy") and _is_number(r.get("joined")) and r["joined"] >= 1}
         return sum(not job.status.done and role not in lost for role, job in replicas.items()), len(replicas)
 
@@ -207,10 +209,11 @@ class RunView:
         out = [f"trainer retried at {_clock(e.get('time'))}" + (f" (attempt {e['attempt']})" if numbered else "")
                for e in retried]
         snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
+        per_job = servers_per_job(len(snapshot), sum(1 for role in self.current_jobs if role.startswith("vllm-")))
         for i, r in enumerate(snapshot):
             back = int(r.get("joined") or 0) - 1 if isinstance(r, dict) and _is_number(r.get("joined")) else 0
             if back > 0:
-                out.append(f"vllm-{i} taken back {back}x after a restart")
+                out.append(f"{server_name(i, per_job)} taken back {back}x after a restart")
         return out
 
     @property

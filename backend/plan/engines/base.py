@@ -19,8 +19,8 @@ class Placement:
 
     python: str = "python"
     master_port: int | str | None = None       # a colocated run's torch.distributed rendezvous port
-    ports: list | None = None                  # one per replica
-    cpu_binds: list[str] | None = None         # one per replica (VLLM_CPU_OMP_THREADS_BIND)
+    ports: list | None = None                  # per replica: its port, or its servers' ports (a list)
+    cpu_binds: list | None = None              # per replica: its cores (VLLM_CPU_OMP_THREADS_BIND), or each server's
     trainer_gpu: str | None = None
     replica_gpus: list[str] | None = None      # one per replica
 
@@ -76,6 +76,15 @@ class Engine:
     def replica_server(self, spec, gpus: list[str] | None) -> tuple[dict, list[str]]:
         """A replica's vLLM options (vllm_server_args keywords) and its wrapper's extra arguments."""
         return {}, []
+
+    def replica_gpus(self, spec) -> int:
+        """GPUs one replica job has (its `servers_per_gpu` servers run on each); 1 where it has one or none."""
+        return 1
+
+    def replica_gpu_share(self, spec, gpus: list[str] | None) -> float | None:
+        """The share of each GPU a replica job's servers split between them (runtime/gpu_split.py), or None where
+        they need no split: on CPU, or where each server already gets a fixed KV cache."""
+        return None
 
     def replica_env(self) -> dict[str, str]:
         """A replica's environment: runtime LoRA loading and TRL's dev routes, plus what this engine's machines need."""

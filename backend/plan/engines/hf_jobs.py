@@ -3,7 +3,7 @@ token."""
 
 from backend.plan import recipe
 from backend.plan.engines.base import Engine
-from backend.plan.hardware import Flavor, list_flavors
+from backend.plan.hardware import FALLBACK_FLAVORS, Flavor, list_flavors
 from backend.plan.jobspec import JobSpec
 from backend.plan.spec import RunSpec
 
@@ -33,8 +33,15 @@ class HfJobsEngine(Engine):
         share = spec.replica_gpu_memory_utilization
         return (dict(gpu_memory_utilization=share) if share != recipe.VLLM_DEFAULT_GPU_SHARE else {}), []
 
+    def replica_gpus(self, spec: RunSpec) -> int:
+        return max(next((f.gpus for f in FALLBACK_FLAVORS if f.name == spec.vllm_flavor), 1), 1)
+
+    def replica_gpu_share(self, spec: RunSpec, gpus: list[str] | None) -> float | None:
+        has_gpu = next((f.gpus for f in FALLBACK_FLAVORS if f.name == spec.vllm_flavor), 1) > 0
+        return spec.replica_gpu_memory_utilization if has_gpu else None
+
     def replica_url(self, i: int, port) -> str:
-        return recipe.REPLICA_URL_PLACEHOLDER.format(i=i)
+        return recipe.placeholder_url(i, port)
 
     def preview_command(self, job: JobSpec, bucket_root) -> str:
         return job.cli_preview()

