@@ -48,6 +48,12 @@ DISTRIBUTED = dict(mode="distributed", replicas=1, max_staleness=1, adapter_ever
                    # One generation per in-flight task: a step's worth in flight, a fixed 64 samples a step.
                    max_inflight_tasks=GLOBAL_BATCH, queue_maxsize=2 * GLOBAL_BATCH, max_tokens_per_batch=0,
                    per_device_batch_size=GLOBAL_BATCH)
+# A generation-bound one-GPU run (the trainer and one replica job share the GPU): 1024-token completions, packed
+# into 16k-token micro-batches (one batch of 64 such sequences ran the trainer out of memory), at one vLLM server and
+# at the H200 preset's rule: 4 servers, requests in flight 4x (64 a server each time; max_staleness 4 lets 4 steps'
+# worth be in flight). Each local server keeps a fixed 1 GiB KV cache, which holds its 64 sequences of a 0.5B model.
+GENERATION_BOUND = dict(DISTRIBUTED, max_completion_length=1024, max_tokens_per_batch=16384, max_staleness=4,
+                        replica_max_model_len=2048)
 # name: (RunSpec fields, GPUs it needs)
 CONFIGS = {
     "colocated-1gpu-sleep": (dict(COLOCATED, vllm_enable_sleep_mode=True, per_device_batch_size=GLOBAL_BATCH), 1),
@@ -59,6 +65,9 @@ CONFIGS = {
     "distributed-1gpu": (DISTRIBUTED, 1),   # trainer and replica share one GPU: the one-H200 fallback
     # Two replicas and the trainer time-sharing one GPU: where two GPUs are not lent, a partial datum on scaling.
     "distributed-1gpu-2replicas": (dict(DISTRIBUTED, replicas=2), 1),
+    "distributed-1gpu-k1": (GENERATION_BOUND, 1),
+    "distributed-1gpu-k4": (dict(GENERATION_BOUND, servers_per_gpu=4, max_inflight_tasks=4 * GLOBAL_BATCH,
+                                 queue_maxsize=8 * GLOBAL_BATCH), 1),
 }
 DEFAULT = [name for name in CONFIGS if not name.startswith("distributed-1gpu")]
 
@@ -217,6 +226,10 @@ def print_table(rows: list[dict]) -> None:
 
 def print_ratios(rows: list[dict]) -> None:
     by_name = {r["config"]: r for r in rows if r["stage"] == "COMPLETED"}
+    one, four = by_name.get("distributed-1gpu-k1"), by_name.get("distributed-1gpu-k4")
+    if one and four and one["gen_tok_s"] and four["gen_tok_s"] and one["step_s"] and four["step_s"]:
+        print(f"distributed-1gpu-k4 / -k1: generated tok/s x{four['gen_tok_s'] / one['gen_tok_s']:.2f}, "
+              f"median step {one['step_s']:.2f} s -> {four['step_s']:.2f} s (x{one['step_s'] / four['step_s']:.2f})")
     dist = by_name.get("distributed-2gpu")
     for name in ("colocated-2gpu-dp", "colocated-2gpu-tp"):
         colo = by_name.get(name)

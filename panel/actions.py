@@ -384,6 +384,24 @@ def trackio_line(spec: RunSpec) -> str:
     return f"Also logs to trackio: project `{spec.trackio_project}`, run `{spec.name}`, in {where}."
 
 
+FED_PER_SERVER = 64   # requests in flight a GPU server needs before a second one on its GPU pays (replica-scaling.md)
+
+
+def distributed_engine(spec: RunSpec) -> str:
+    """The replicas, their servers, and the requests in flight each server gets: more servers need more in flight."""
+    servers = recipe.server_count(spec)
+    per_job = servers // spec.replicas
+    shape = (f"{spec.replicas} replica job(s) x {per_job} vLLM servers ({spec.servers_per_gpu} a GPU) = {servers}"
+              if per_job > 1 else f"vLLM server x{spec.replicas}")
+    per_server = spec.max_inflight_tasks / servers
+    line = (f"{shape} behind the proxy (async GRPO); {spec.max_inflight_tasks} requests in flight "
+            f"(max_inflight_tasks), {per_server:.0f} a server")
+    if spec.servers_per_gpu > 1 and per_server < FED_PER_SERVER:
+        line += (f" ⚠️ fewer than {FED_PER_SERVER} a server leave the added servers unfed: raise max_inflight_tasks "
+                 f"to {FED_PER_SERVER * servers} or more")
+    return line
+
+
 def engine_label(spec: RunSpec) -> str:
     note = benchmark_note(spec.model)
     return _engine(spec) + (f"; model {note}" if note else "")
@@ -391,7 +409,7 @@ def engine_label(spec: RunSpec) -> str:
 
 def _engine(spec: RunSpec) -> str:
     if spec.mode == "distributed":
-        return f"vLLM server x{spec.replicas} behind the proxy (async GRPO)"
+        return distributed_engine(spec)
     if spec.use_vllm and spec.engine.chooses_hardware:
         sleep = "on" if spec.vllm_enable_sleep_mode else "off"
         return f"vLLM colocated (gpu_memory_utilization={spec.vllm_gpu_memory_utilization}, sleep mode {sleep})"

@@ -89,6 +89,16 @@ STUDY_DISTRIBUTED = dict(
 )
 STUDY_COMPLETIONS_PER_STEP = 128
 
+# Several vLLM servers a GPU, from the H200 measurements (docs/replica-scaling.md): one server of a 0.5B-1.5B model is
+# bound by its API process's main thread with the GPU mostly idle; 4 servers on one H200 generated 3.3-4.6x one at
+# 1024 requests in flight (256 a server), while at 64 a server the added servers gave little. So the H200 preset runs
+# 4 a GPU and keeps 128 requests in flight a server (max_inflight_tasks rises with the servers), with the queue and
+# max_staleness sized to hold them. Other GPUs were not measured: their presets keep one server.
+SERVERS_PER_GPU = {"h200": 4}
+IN_FLIGHT_PER_SERVER = 128
+QWEN15_REPLICAS = 2
+QWEN15_SERVERS = QWEN15_REPLICAS * SERVERS_PER_GPU["h200"]
+
 QWEN05_COLOCATED = "Qwen2.5-0.5B math, colocated (HF Jobs, 1x A10G)"
 QWEN15_DISTRIBUTED = "Qwen2.5-1.5B math, distributed (HF Jobs, 2 vLLM replicas)"
 
@@ -103,6 +113,13 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     QWEN15_DISTRIBUTED: dict(
         flavor="h200, not h200x2: the distributed trainer here runs one training process, so a second GPU would "
                "be paid for and idle",
+        max_inflight_tasks=f"{IN_FLIGHT_PER_SERVER} a vLLM server: each replica runs {SERVERS_PER_GPU['h200']} "
+                           "servers on its H200 (one server's API process bounds it; 4 generated 3.3-4.6x one on an "
+                           "H200), and more servers need more requests in flight to be fed",
+        queue_maxsize="as many as are in flight, so finished rollouts never hold generation back",
+        max_staleness="TRL's useful bound on requests in flight is max_staleness x the samples a step (128+): "
+                      f"{IN_FLIGHT_PER_SERVER * QWEN15_SERVERS} in flight need "
+                      f"{IN_FLIGHT_PER_SERVER * QWEN15_SERVERS // STUDY_COMPLETIONS_PER_STEP}",
     ),
 }
 
@@ -149,15 +166,17 @@ PRESETS: dict[str, dict] = {
         reward_weights="accuracy_reward=1, think_format_reward=0.2, soft_overlong_punishment_reward=0.5",
         # The study's tuned run (3.9x faster than its first setting): 16384-token micro-batches, 6 of them a step
         # (128+ completions), 384 requests in flight so both replicas stay full, a queue of max_staleness x 128.
-        max_tokens_per_batch=16384, gradient_accumulation_steps=6, max_inflight_tasks=384, queue_maxsize=768,
-        max_staleness=6,
+        # Generation at the GPU's pace: 4 vLLM servers on each replica's H200, 128 requests in flight each.
+        max_tokens_per_batch=16384, gradient_accumulation_steps=6, servers_per_gpu=SERVERS_PER_GPU["h200"],
+        max_inflight_tasks=IN_FLIGHT_PER_SERVER * QWEN15_SERVERS, queue_maxsize=IN_FLIGHT_PER_SERVER * QWEN15_SERVERS,
+        max_staleness=IN_FLIGHT_PER_SERVER * QWEN15_SERVERS // STUDY_COMPLETIONS_PER_STEP,
         # A version every 4 steps is 250 versions: evaluate one every 50 steps, 16 held-out requests beside the 384
         # rollouts in flight (about 4% of the replicas' requests while it runs).
         eval_every=50, eval_max_inflight=16,
         adapter_every=4,                  # not set by the study's summary: across a bucket a sync costs seconds,
                                           # so every 4 steps, within max_staleness
         gradient_checkpointing=False,     # a rank-1 LoRA on 1.5B fits an H200 without it; it recomputes forwards
-        replicas=2, flavor="h200", vllm_flavor="h200",
+        replicas=QWEN15_REPLICAS, flavor="h200", vllm_flavor="h200",
         max_steps=1000, timeout_minutes=480),   # not from the study, not measured here: the cost cap is yours
 }
 

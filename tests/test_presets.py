@@ -3,6 +3,7 @@ either matches or has a stated reason, in `panel/presets.py` and in the note the
 
 import pytest
 
+from backend.plan.hardware import FALLBACK_FLAVORS, hardware_problems
 from backend.plan.spec import RunSpec
 from panel.presets import PRESETS, STUDY, STUDY_DISTRIBUTED, preset_note, preset_values, study_differences
 
@@ -42,9 +43,23 @@ def test_a_colocated_preset_trains_as_many_completions_a_step_as_the_study():
             assert _completions_per_step(values) // values["num_generations"] > 1, f"{name}: one prompt a step"
 
 
+def test_the_h200_preset_runs_several_servers_a_gpu_and_feeds_each_as_many_requests_as_one_server_had():
+    [name] = [n for n in HF_PRESETS if PRESETS[n]["mode"] == "distributed"]
+    values = preset_values(name, bucket="me/grpo-runs")
+    spec = RunSpec.from_dict(values).check()
+    assert spec.vllm_flavor == "h200" and spec.servers_per_gpu == 4
+    servers = spec.replicas * spec.servers_per_gpu
+    assert spec.max_inflight_tasks == 128 * servers > 384, "in flight rises with the servers"
+    assert spec.queue_maxsize >= spec.max_inflight_tasks
+    # TRL's useful bound: what is in flight is trained within max_staleness steps of 128+ completions.
+    assert spec.max_staleness * 128 >= spec.max_inflight_tasks
+    assert hardware_problems(spec, list(FALLBACK_FLAVORS)) == [], "4 servers of the 1.5B model fit one H200"
+    notes = preset_note(name)
+    assert all(f"`{field}`" in notes for field in ("max_inflight_tasks", "queue_maxsize", "max_staleness"))
+
+
 def test_the_distributed_preset_follows_the_studys_tuned_run():
     [name] = [n for n in HF_PRESETS if PRESETS[n]["mode"] == "distributed"]
     values = preset_values(name)
-    assert (values["max_tokens_per_batch"], values["gradient_accumulation_steps"], values["max_inflight_tasks"],
-            values["queue_maxsize"]) == (16384, 6, 384, 768)
+    assert (values["max_tokens_per_batch"], values["gradient_accumulation_steps"]) == (16384, 6)
     assert (values["lora_r"], values["lora_alpha"], values["learning_rate"], values["adam_beta2"]) == (1, 2, 4e-5, 0.95)

@@ -148,3 +148,41 @@ def test_the_trainer_is_gone_when_its_heartbeat_stands_still_or_never_starts():
     never = HeartbeatWatch("/nonexistent", gone_after_s=30, first_beat_s=600, clock=lambda: now[0])
     now[0] += 601
     assert never.gone() == "no trainer heartbeat within 600 s"
+
+
+# One write a line: two servers print at once into one pipe (unbuffered print() writes each of its parts alone).
+PORT_SERVER = [sys.executable, "-c", ("import os, sys, time; port = sys.argv[sys.argv.index('--port') + 1]; "
+               "sys.stdout.write(f\"serving {port} {os.environ.get('VLLM_CPU_OMP_THREADS_BIND')}\\n\"); "
+               "sys.stdout.flush(); "
+               "time.sleep(int(os.environ.get('EXIT_AFTER_' + port, 300))); sys.exit(3)"), "--port", "8000"]
+
+
+def test_a_job_of_several_servers_runs_one_on_each_port_and_stops_them_all_when_one_exits(tmp_path):
+    proc = _start(tmp_path, "--ports", "8100", "8101", "--cpu-binds", "0", "1", server=PORT_SERVER,
+                  env={"EXIT_AFTER_8101": "4"})
+    try:
+        started = sorted(proc.stdout.readline().split() for _ in range(2))
+        assert started == [["serving", "8100", "0"], ["serving", "8101", "1"]]
+        servers = _children(proc)
+        # One server gone takes the job down (its retry starts them all again, and the proxy takes each back).
+        assert proc.wait(timeout=40) == 3
+        assert "the vLLM server on port 8101 exited (3): stopping the others" in proc.stdout.read()
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in servers)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def test_every_server_of_a_job_stops_when_the_trainer_finishes(tmp_path):
+    proc = _start(tmp_path, "--ports", "8100", "8101", server=PORT_SERVER)
+    try:
+        assert sorted(proc.stdout.readline().split()[1] for _ in range(2)) == ["8100", "8101"]
+        servers = _children(proc)
+        write_event(str(tmp_path), "trainer", "finished")
+        assert proc.wait(timeout=20) == 0
+        assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in servers)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()

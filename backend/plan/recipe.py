@@ -155,13 +155,18 @@ def assign_local_gpus(gpus: list[str], replicas: int) -> tuple[str | None, list[
     return gpus[0], gpus[1:replicas + 1]
 
 
+def server_count(spec: RunSpec) -> int:
+    """The vLLM servers of a distributed run: `servers_per_gpu` on each GPU of each replica job."""
+    return spec.replicas * servers_per_job(spec.servers_per_gpu, spec.engine.replica_gpus(spec))
+
+
 def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python",
                  cpu_binds: list | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
     """One job per replica, each running `servers_per_job` vLLM servers; `ports` (a port or a list of its servers'
     ports per replica), `cpu_binds` (cores per replica, or per server) and `gpus` (a GPU of its own per replica,
     from assign_local_gpus) are for local runs only (one machine, N jobs)."""
     where = spec.engine
-    count = servers_per_job(spec.servers_per_gpu, where.replica_gpus(spec))
+    count = server_count(spec) // spec.replicas
     ports = ports or [REPLICA_PORT] * spec.replicas
     jobs = []
     for i, port in enumerate(ports):

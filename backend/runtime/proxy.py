@@ -304,7 +304,10 @@ class Proxy:
         response = web.StreamResponse(status=upstream.status, headers=headers | {SERVED_BY: replica.url})
         if upstream.content_length is not None:
             response.content_length = upstream.content_length
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionResetError:
+            return response  # the caller went away while the replica answered
         while True:
             try:
                 chunk = await upstream.content.readany()
