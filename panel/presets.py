@@ -89,15 +89,19 @@ STUDY_DISTRIBUTED = dict(
 )
 STUDY_COMPLETIONS_PER_STEP = 128
 
-# Several vLLM servers a GPU, from the H200 measurements (docs/replica-scaling.md): one server of a 0.5B-1.5B model is
-# bound by its API process's main thread with the GPU mostly idle; 4 servers on one H200 generated 3.3-4.6x one at
-# 1024 requests in flight (256 a server), while at 64 a server the added servers gave little. So the H200 preset runs
-# 4 a GPU and keeps 128 requests in flight a server (max_inflight_tasks rises with the servers), with the queue and
-# max_staleness sized to hold them. Other GPUs were not measured: their presets keep one server.
+# Several vLLM servers a GPU, from the H200 measurements (docs/replica-scaling.md, TRL's request body, 0.5B shape): one
+# server is bound by its API process's main thread with the GPU mostly idle. With 512 requests in flight on one H200,
+# 4 servers generated 2.77x one (2 servers 2.41x); with 1024, 4.43x; with 256, 4 servers gave less than 2 (1.35x
+# against 1.64x): each server needs ~128 requests of its own. So the H200 preset runs 4 servers a GPU and keeps 512
+# requests in flight a replica GPU. What is in flight and queued must be trained within max_staleness steps, or it is
+# dropped as stale once the trainer is the bound (seen: a run that queued 12 steps' worth with max_staleness 4 dropped
+# 428 samples in 6 steps): max_staleness covers in flight + queue at the study's 128 completions a step. Other GPUs were
+# not measured: their presets keep one server.
 SERVERS_PER_GPU = {"h200": 4}
-IN_FLIGHT_PER_SERVER = 128
+IN_FLIGHT_PER_GPU = 512
 QWEN15_REPLICAS = 2
-QWEN15_SERVERS = QWEN15_REPLICAS * SERVERS_PER_GPU["h200"]
+QWEN15_IN_FLIGHT = IN_FLIGHT_PER_GPU * QWEN15_REPLICAS
+QWEN15_QUEUE = 128          # a step's worth ready: the trainer does not wait while generation keeps pace
 
 QWEN05_COLOCATED = "Qwen2.5-0.5B math, colocated (HF Jobs, 1x A10G)"
 QWEN15_DISTRIBUTED = "Qwen2.5-1.5B math, distributed (HF Jobs, 2 vLLM replicas)"
@@ -113,13 +117,13 @@ DIFFERENCES: dict[str, dict[str, str]] = {
     QWEN15_DISTRIBUTED: dict(
         flavor="h200, not h200x2: the distributed trainer here runs one training process, so a second GPU would "
                "be paid for and idle",
-        max_inflight_tasks=f"{IN_FLIGHT_PER_SERVER} a vLLM server: each replica runs {SERVERS_PER_GPU['h200']} "
-                           "servers on its H200 (one server's API process bounds it; 4 generated 3.3-4.6x one on an "
-                           "H200), and more servers need more requests in flight to be fed",
-        queue_maxsize="as many as are in flight, so finished rollouts never hold generation back",
-        max_staleness="TRL's useful bound on requests in flight is max_staleness x the samples a step (128+): "
-                      f"{IN_FLIGHT_PER_SERVER * QWEN15_SERVERS} in flight need "
-                      f"{IN_FLIGHT_PER_SERVER * QWEN15_SERVERS // STUDY_COMPLETIONS_PER_STEP}",
+        max_inflight_tasks=f"{IN_FLIGHT_PER_GPU} a replica GPU, 128 for each of its {SERVERS_PER_GPU['h200']} vLLM "
+                           "servers: one server's API process bounds it, 4 on one H200 generated 2.77x one at 512 in "
+                           "flight, and each needs ~128 requests of its own",
+        queue_maxsize=f"{QWEN15_QUEUE}, a step's worth: with {QWEN15_IN_FLIGHT} in flight a longer queue only ages the "
+                      "samples past max_staleness once the trainer is the bound",
+        max_staleness="what is in flight and queued is trained within it at 128 completions a step "
+                      f"(({QWEN15_IN_FLIGHT} + {QWEN15_QUEUE}) / 128); older samples would be dropped",
     ),
 }
 
@@ -168,8 +172,8 @@ PRESETS: dict[str, dict] = {
         # (128+ completions), 384 requests in flight so both replicas stay full, a queue of max_staleness x 128.
         # Generation at the GPU's pace: 4 vLLM servers on each replica's H200, 128 requests in flight each.
         max_tokens_per_batch=16384, gradient_accumulation_steps=6, servers_per_gpu=SERVERS_PER_GPU["h200"],
-        max_inflight_tasks=IN_FLIGHT_PER_SERVER * QWEN15_SERVERS, queue_maxsize=IN_FLIGHT_PER_SERVER * QWEN15_SERVERS,
-        max_staleness=IN_FLIGHT_PER_SERVER * QWEN15_SERVERS // STUDY_COMPLETIONS_PER_STEP,
+        max_inflight_tasks=QWEN15_IN_FLIGHT, queue_maxsize=QWEN15_QUEUE,
+        max_staleness=-(-(QWEN15_IN_FLIGHT + QWEN15_QUEUE) // STUDY_COMPLETIONS_PER_STEP),
         # A version every 4 steps is 250 versions: evaluate one every 50 steps, 16 held-out requests beside the 384
         # rollouts in flight (about 4% of the replicas' requests while it runs).
         eval_every=50, eval_max_inflight=16,

@@ -196,15 +196,21 @@ def gpu_memory_args(split: float | None, per_gpu: int, model_bytes: int) -> list
     Exits where the servers cannot fit (the plan refuses what it can size; a Ray node's GPU it cannot)."""
     if not split or per_gpu <= 1 or not cuda_available():
         return None
-    import torch  # noqa: PLC0415 heavy: only on a GPU
-
-    total = torch.cuda.mem_get_info()[1]
+    total = gpu_total_bytes()
     args = server_memory_args(total, split, per_gpu, model_bytes)
     if int(args[-1]) <= 0:
         sys.exit(f"{per_gpu} vLLM servers cannot share this GPU ({gib(total)}, a share of {split:g}): each would "
                  f"have {gib(split * total / per_gpu)} for {gib(model_bytes)} of weights and "
                  f"~{gib(SERVER_OVERHEAD_BYTES)} of runtime; lower servers_per_gpu")
     return args
+
+
+def gpu_total_bytes() -> int:
+    """The first visible GPU's memory, asked by a child process: CUDA in this wrapper would keep a context (0.5 GiB
+    on an H200) on the GPU its servers share for as long as they run."""
+    asked = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.mem_get_info()[1])"],
+                           capture_output=True, text=True, timeout=300, check=True)
+    return int(asked.stdout.split()[-1])
 
 
 def main() -> None:
