@@ -70,7 +70,9 @@ def replica_job(args, root: str) -> tuple[subprocess.Popen, list[str], str]:
     binds = None if on_gpu else [str(cores[k % len(cores)]) for k in range(count)]
     [job] = RunJobs(spec, Placement(sys.executable, ports=[ports], cpu_binds=[binds] if binds else None)).first()
     model_dir = ensure_tiny_model(f"{spec.run_path}/base-model", name=args.model)
-    env = {**os.environ, **job.env, "PYTHONPATH": os.pathsep.join(filter(None, [os.path.join(ROOT, "backend"), os.environ.get("PYTHONPATH")]))}
+    # The runtime from this checkout, ahead of whatever else the path holds (the GPU machine's offline site).
+    path = [os.path.join(ROOT, "backend"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, **job.env, "PYTHONPATH": os.pathsep.join(path)}
     print("replica job:", shlex.join(job.command)[:1500], flush=True)
     log = open(os.path.join(root, "replica.log"), "ab")
     proc = subprocess.Popen(job.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -38,7 +39,9 @@ def app_home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def app_url(app_home):
     port = _free_port()
-    env = {**os.environ, "GRPO_PANEL_HOME": str(app_home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
+    # A distributed run's proxy reads each server's load every 2 s (not 10): a 4-step run shows it.
+    env = {**os.environ, "GRPO_PANEL_HOME": str(app_home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
+           "GRPO_PROXY_LOAD_INTERVAL_S": "2"}
     env.pop("SPACE_ID", None)
     log = open(app_home / "app.log", "wb")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -371,12 +374,17 @@ def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a
     assert (initialize_status(app_url, host="attacker.example"), initialize_status(app_url)) == (421, 200)
 
 
-def test_a_local_distributed_run_from_the_browser(page):
+def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_the_browser(page, app_home):
+    """The tiny distributed preset as one replica job running 2 vLLM servers (servers_per_gpu 2, the cost of its two
+    replica jobs): each server is a replica to the proxy, and the canary proves each serves the newest version."""
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny distributed (CPU, 2 vLLM replicas)").click()
     page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
     page.get_by_text("GRPO training", exact=True).click()
     _set_number(page, "f-max_steps", 4)
+    page.get_by_text("Distributed (async GRPO)", exact=True).click()
+    _set_number(page, "f-replicas", 1)
+    _set_number(page, "f-servers_per_gpu", 2)
     page.locator("#launch-btn").click()
     message = _wait_for_launch_answer(page)
     assert "Launched run" in message, message
@@ -389,11 +397,18 @@ def test_a_local_distributed_run_from_the_browser(page):
     assert "vLLM replicas behind the LoRA-aware proxy (2/2 healthy at start, adapter-only sync" in status, status
     replicas = _text(page, "replicas-table")
     assert replicas.count("127.0.0.1") == 2 and "DOWN" not in replicas
+    assert "vllm-0/0" in replicas and "vllm-0/1" in replicas, "two servers of the one replica job"
     adapters = _text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v4" in adapters
-    assert adapters.count("vllm-") >= 2, "the newest versions are listed as loaded on the replicas"
-    # The proxy's canary: every replica lists the newest version, answers for it, and differs from its base model.
+    assert "vllm-0/0, vllm-0/1" in adapters, "the newest versions are listed as loaded on both servers"
+    # The proxy's canary: every server lists the newest version, answers for it, and differs from its base model.
     assert replicas.count(": yes · differs from base: yes") == 2, replicas
+    # Each server's own load, as the proxy read it from its /metrics: tokens generated, its API process's CPU.
+    snapshots = [json.loads(line) for path in (Path(_run_dir(page, app_home)) / "metrics").glob("proxy-*.jsonl")
+                 for line in path.read_text().splitlines()]
+    loaded = {r["url"] for snap in snapshots for r in snap["replicas"] if r.get("gen_tok_s", 0) > 0
+              and r.get("api_cpu", 0) > 0}
+    assert len(loaded) == 2, snapshots[-1:]
     assert _plot_points(page, "staleness-plot", "mean") == 4
     assert _plot_points(page, "ratio-plot", "ratio") == 4
     assert _plot_points(page, "reward-plot", "mean reward") == 4
@@ -407,5 +422,6 @@ def test_a_local_distributed_run_from_the_browser(page):
     # The replicas stop by themselves once the trainer has finished: nothing keeps running (or billing).
     page.wait_for_function("""() => {
         const t = document.getElementById('run-status').innerText;
-        return t.includes('vllm-0: COMPLETED') && t.includes('vllm-1: COMPLETED');
+        return t.includes('vllm-0: COMPLETED');
     }""", timeout=90000)
+    assert "vllm-1" not in _text(page, "run-status"), "one replica job"

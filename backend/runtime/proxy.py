@@ -56,6 +56,7 @@ log = logging.getLogger("runtime.proxy")
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
 FORWARDED_HEADERS = ("Content-Type", "Accept")
+LOAD_INTERVAL_ENV = "GRPO_PROXY_LOAD_INTERVAL_S"   # how often each server's /metrics is read (default 10 s)
 SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 
@@ -603,7 +604,7 @@ def main() -> None:
     raise_open_files_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
-                  stats_dir=args.stats_dir)
+                  stats_dir=args.stats_dir, load_interval_s=float(os.environ.get(LOAD_INTERVAL_ENV) or 10.0))
     # On SIGTERM the trainer wants none of the generations in flight: aiohttp would wait 60 s for them by default,
     # past a cancelled job's grace period.
     web.run_app(proxy.build_app(), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=2.0)
