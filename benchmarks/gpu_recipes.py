@@ -49,10 +49,13 @@ DISTRIBUTED = dict(mode="distributed", replicas=1, max_staleness=1, adapter_ever
                    max_inflight_tasks=GLOBAL_BATCH, queue_maxsize=2 * GLOBAL_BATCH, max_tokens_per_batch=0,
                    per_device_batch_size=GLOBAL_BATCH)
 # A generation-bound one-GPU run (the trainer and one replica job share the GPU): 1024-token completions, packed
-# into 16k-token micro-batches (one batch of 64 such sequences ran the trainer out of memory), at one vLLM server and
-# at the H200 preset's rule: 4 servers, requests in flight 4x (64 a server each time; max_staleness 4 lets 4 steps'
-# worth be in flight). Each local server keeps a fixed 1 GiB KV cache, which holds its 64 sequences of a 0.5B model.
-GENERATION_BOUND = dict(DISTRIBUTED, max_completion_length=1024, max_tokens_per_batch=16384, max_staleness=4,
+# into 16k-token micro-batches (one batch of 64 such sequences ran the trainer out of memory), 4 of them a step (~60
+# completions: with a token budget a step trains what fits, not per_device_batch_size), at one vLLM server and at the
+# H200 preset's rule: 4 servers, requests in flight 4x (64 a server each time). What is in flight and queued stays
+# within max_staleness steps (a first try queued ~50 steps' worth at max_staleness 4 and dropped 428 samples as
+# stale: docs/replica-scaling.md). Each local server keeps a fixed 1 GiB KV cache: 64 sequences of a 0.5B model.
+GENERATION_BOUND = dict(DISTRIBUTED, max_completion_length=1024, max_tokens_per_batch=16384,
+                        gradient_accumulation_steps=4, max_staleness=8, queue_maxsize=GLOBAL_BATCH,
                         replica_max_model_len=2048)
 # name: (RunSpec fields, GPUs it needs)
 CONFIGS = {
@@ -66,8 +69,7 @@ CONFIGS = {
     # Two replicas and the trainer time-sharing one GPU: where two GPUs are not lent, a partial datum on scaling.
     "distributed-1gpu-2replicas": (dict(DISTRIBUTED, replicas=2), 1),
     "distributed-1gpu-k1": (GENERATION_BOUND, 1),
-    "distributed-1gpu-k4": (dict(GENERATION_BOUND, servers_per_gpu=4, max_inflight_tasks=4 * GLOBAL_BATCH,
-                                 queue_maxsize=8 * GLOBAL_BATCH), 1),
+    "distributed-1gpu-k4": (dict(GENERATION_BOUND, servers_per_gpu=4, max_inflight_tasks=4 * GLOBAL_BATCH), 1),
 }
 DEFAULT = [name for name in CONFIGS if not name.startswith("distributed-1gpu")]
 
