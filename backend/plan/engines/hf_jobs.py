@@ -50,6 +50,10 @@ class HfJobsEngine(Engine):
         """How the jobs reach each other, how often a failed one is retried, and whose spending limits apply."""
         notes = []
         group = recipe.network_group(spec)
+        servers = recipe.server_count(spec) // spec.replicas if spec.mode == "distributed" else 1
+        if servers > 1:
+            notes.append(f"Each replica job runs {servers} vLLM servers ({spec.servers_per_gpu} a GPU) on ports "
+                         f"{recipe.REPLICA_PORT}-{recipe.REPLICA_PORT + servers - 1}, each a replica to the proxy.")
         if group:
             notes.append(f"Private network: the trainer and replicas join network group `{group}`; the trainer's proxy "
                          f"reaches each replica at its alias (`vllm-0`, ...) with no port exposed and no token on "
