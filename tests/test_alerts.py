@@ -305,4 +305,4 @@ def _header_view(rows, stage, open_alerts=None, spec=None):
     return SimpleNamespace(run_id="r1", spec={"mode": "colocated", "max_steps": 100, **(spec or {})}, latest=rows[-1],
                            degraded="", stage=stage, jobs=jobs, current_jobs=jobs, engine="", history_pending=False,
                            open_alerts=open_alerts or {}, table=table, unreadable={}, done=True, trainer_end={},
-                           adapters={}, final_files=[])
+                           adapters={}, final_files=[], replica_stats=[])

@@ -358,7 +358,8 @@ def test_an_idle_visitors_registry_is_dropped_and_rebuilt_on_their_return(hub, m
 def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, make_panel):
     hub.expose_url_format = "https://{job_id}-p{port}.jobs.example"    # the URL the Hub reports wins
     panel = make_panel()
-    # The published recipe's exposed ports (the private network group is test_platform.py's).
+    # The published recipe's exposed ports (the private network group is test_platform.py's). An l4x4 replica job
+    # runs one vLLM server on each of its 4 GPUs (servers_per_gpu 1), each on its own exposed port.
     form = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x4", "max_staleness": 2,
             "network": "exposed"}
     result, _ = launch_reviewed(panel, form)
@@ -368,12 +369,12 @@ def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, make_panel):
     assert [p.json["labels"]["grpo-panel-role"] for p in hub.job_posts()] == ["vllm-0", "vllm-1", "trainer"]
     for post in replicas:
         body = post.json
-        assert body["flavor"] == "l4x4" and body["expose"]["ports"] == [8000]
+        assert body["flavor"] == "l4x4" and body["expose"]["ports"] == [8000, 8001, 8002, 8003]
         assert [(v["mountPath"], v["readOnly"]) for v in body["volumes"]] == [("/bucket", True)]
         assert "--max-loras 4" in body["command"][-1] and "runtime.serve_replica" in body["command"][-1]
     replica_ids = [panel.view(run_id).jobs[f"vllm-{i}"].job_id for i in range(2)]
     urls = trainer.json["environment"]["VLLM_REPLICA_URLS"].split(",")
-    assert urls == [f"https://{job_id}-p8000.jobs.example" for job_id in replica_ids]
+    assert urls == [f"https://{job_id}-p{port}.jobs.example" for job_id in replica_ids for port in range(8000, 8004)]
     assert [(v["mountPath"], v.get("readOnly", False)) for v in trainer.json["volumes"]] == [("/bucket", False)]
     assert "runtime.train_async" in trainer.json["command"][-1]
 
