@@ -1,3 +1,22 @@
+"""What every test file shares. Use these fixtures; do not define them again in a test file.
+
+Fixtures:
+- `hub`: a started fake Hub (tests/fakehub/) serving this test in-process: every `HfApi` built from now on points at
+  it, bucket and repo bytes go through it, HF_TOKEN is its first user's token; stopped at the end. Its users are
+  `FakeHub`'s default (alice, writer in "acme") unless `@pytest.mark.fake_hub(users={token: FakeUser(...)})` names
+  others (on a test, or a file's `pytestmark`); the first one is the host. `fake_hub(..., serve=False)`: only the
+  server, for a test whose panel runs in another process (nothing in this process is pointed at it).
+- `make_panel`: `make_panel(**settings)` builds a `Panel` over this test's `tmp_path / "home"` (a second call is the
+  panel after a restart), off a Space, on loopback; `@pytest.mark.panel_settings(**settings)` sets defaults for a test
+  or a file; every panel made is shut down at the end.
+- `panel`: `make_panel()`, once.
+- `no_hub_login`: no HF_TOKEN and an empty HF_HOME: nothing this test builds signs in to the Hub.
+- `free_port`: a TCP port on 127.0.0.1 that is free now. Where a fixture cannot be asked for (a module-scoped fixture,
+  a helper), call `tests.helpers.free_port()`.
+Plain helpers (free_port, files_under, launch_reviewed, panel_factory) are in tests/helpers.py, browser ones in
+tests/browser_helpers.py; every test gets its tier's marker from this file (below).
+"""
+
 import os
 import re
 import sys
@@ -34,6 +53,7 @@ INTEGRATION_FILES = frozenset({
     "test_task_sandbox.py",      # hostile reward code against real panels, the sandbox and check jobs
     "test_secrets.py",           # local jobs and their environment
     "test_serve_replica.py",     # `python -m runtime.serve_replica`
+    "test_space_mcp.py",         # the panel as a Space process, read and driven by an MCP client
     "test_spend.py",             # launches (the task check's process) against the fake Hub
     "test_task_code.py",         # the task check's process running reward code
     "test_task_data.py",         # the task check's process reading datasets
@@ -78,6 +98,47 @@ def _tier_matcher(tier: str, others: bool):
     def match(name: str, /, **kwargs) -> bool:
         return name == tier or (name not in TIERS and others)
     return match
+
+
+
+# ---- shared fixtures (documented at the top of this file)
+
+@pytest.fixture
+def hub(request, monkeypatch):
+    from tests.fakehub import FakeHub
+
+    mark = request.node.get_closest_marker("fake_hub")
+    options = {"users": None, "serve": True, **(mark.kwargs if mark else {})}
+    fake = FakeHub(users=options["users"]).start()
+    with fake.serving(monkeypatch, fake.token, repos=True) if options["serve"] else fake:   # each stops it at the end
+        yield fake
+
+
+@pytest.fixture
+def make_panel(request, tmp_path):
+    from tests.helpers import panel_factory
+
+    mark = request.node.get_closest_marker("panel_settings")
+    with panel_factory(str(tmp_path / "home"), **(mark.kwargs if mark else {})) as make:
+        yield make
+
+
+@pytest.fixture
+def panel(make_panel):
+    return make_panel()
+
+
+@pytest.fixture
+def no_hub_login(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+@pytest.fixture
+def free_port() -> int:
+    from tests.helpers import free_port as pick
+
+    return pick()
 
 
 # ---- process hygiene: nothing this session started outlives it

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import sys
 import urllib.request
 import zipfile
@@ -30,6 +29,8 @@ from panel.actions import Panel, Settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
+
+from tests.helpers import free_port
 
 SCORES = {1: 0.10, 2: 0.22, 3: 0.31, 4: 0.35, 5: 0.41, 6: 0.44, 7: 0.52, 8: 0.47, 9: 0.45, 10: 0.49}
 BEST_BYTES = b"the best version's weights, kept in best/"
@@ -61,26 +62,14 @@ def write_evals(run: SyntheticRun, scores: dict[int, float] = SCORES, best: int 
     shutil.rmtree(os.path.join(run.run_dir, layout.ADAPTERS_DIR, layout.adapter_name(best)))
 
 
-@pytest.fixture
-def panel(tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    p = Panel(Settings(home=str(tmp_path), on_space=False, budget_check_s=0))
-    yield p
-    p.shutdown()
+pytestmark = [pytest.mark.usefixtures("no_hub_login"), pytest.mark.panel_settings(budget_check_s=0)]
 
 
 @pytest.fixture
-def run(panel, tmp_path):
-    run = SyntheticRun(str(tmp_path), 200)
+def run(panel):
+    run = SyntheticRun(panel.settings.home, 200)
     write_evals(run)
     return run
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
@@ -91,7 +80,7 @@ def served(panel):
     from panel.ui import build_ui
 
     demo = build_ui(panel)
-    port = _free_port()
+    port = free_port()
     demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
                         run_history=False)
     client = None

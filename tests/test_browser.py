@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
 from tests.mcp_client import initialize_status, mcp_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +32,7 @@ def app_home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_url(app_home):
-    port = _free_port()
+    port = free_port()
     # A distributed run's proxy reads each server's load every 2 s (not 10): a 4-step run shows it.
     env = {**os.environ, "GRPO_PANEL_HOME": str(app_home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
            "GRPO_PROXY_LOAD_INTERVAL_S": "2"}

@@ -13,6 +13,7 @@ from backend.plan import engines as executors
 from backend.plan.spec import EXECUTORS, RunSpec
 from backend.runs.launch import launch_run, preview_jobs
 from backend.storage.store import FolderStore
+from tests.helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME_COMPARISON = re.compile(r"""(==|!=|\bin)\s*["'](%s)["']|["'](%s)["']\s*(==|!=)""" % (
@@ -95,15 +96,12 @@ def _ports(text: str, ports: list[int]) -> str:
 
 def test_ray_is_offered_only_where_ray_is_installed_and_a_cluster_answers(tmp_path, monkeypatch):
     import importlib.util
-    import socket
 
     from backend.plan.engines import ray
     from backend.runs.access import Deployment
     from backend.runs.operations import Operations
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"      # closed once the block ends: nothing answers
+    nobody = f"http://127.0.0.1:{free_port()}"      # a port nothing listens on
     monkeypatch.setenv("RAY_ADDRESS", nobody)
     monkeypatch.setattr(ray, "_probe", {})
     operations = Operations(Deployment(home=str(tmp_path)), None, None, None, None)

@@ -17,6 +17,7 @@ import pytest
 from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec, VolumeSpec
 from tests.fakehub import wait_until
+from tests.helpers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -365,11 +366,7 @@ def test_a_bucket_that_fills_up_is_reported_as_the_cause(executor, small_bucket)
 
 def _start_panel(home: str, sigint_ignored: bool = False) -> tuple[subprocess.Popen, str]:
     """`python app.py` on a free port; `sigint_ignored`: started as a background script starts it (SIGINT ignored)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "GRPO_PANEL_HOME": home, "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
     env.pop("SPACE_ID", None)
     os.makedirs(home, exist_ok=True)

@@ -17,19 +17,10 @@ from backend.runs.access import Deployment, Visitor, acting_token
 from backend.runs.hub_auth import can_control, whoami_namespaces
 from backend.storage.hub_store import HubBucketStore, open_store
 from backend.storage.store import FolderStore
-from tests.fakehub import FakeHub, wait_until
+from tests.fakehub import wait_until
 
 BUCKET = "alice/grpo-runs"
 PLANTED = "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNmQwErTyUi"   # token-shaped: hf_ + 34 letters
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub().start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    yield hub
-    hub.stop()
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_the_timeout_is_enforced(executor):
 @pytest.fixture
 def restarted_panel(executor):
     """`restarted_panel()`: a panel started over the executor's home after its jobs ran (shut down at the end)."""
-    from tests.fakehub import panel_factory
+    from tests.helpers import panel_factory
 
     with panel_factory(executor.home) as make:
         yield make

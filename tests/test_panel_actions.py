@@ -2,20 +2,8 @@
 
 import os
 
-import pytest
-
 from panel.actions import Panel, Settings
-
-
-@pytest.fixture
-def panel(tmp_path):
-    p = Panel(Settings(home=str(tmp_path / "home"), on_space=False))
-    yield p
-    p.shutdown()
-
-
-def _files_under(path) -> list[str]:
-    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+from tests.helpers import files_under
 
 
 def test_bad_input_is_refused_and_changes_nothing(panel, tmp_path):
@@ -26,7 +14,7 @@ def test_bad_input_is_refused_and_changes_nothing(panel, tmp_path):
     for field in ("lora_r", "learning_rate", "bucket"):
         assert f"**{field}**" in message
     assert panel.local.list_jobs() == []
-    assert _files_under(os.path.join(panel.settings.home, "buckets")) == []
+    assert files_under(os.path.join(panel.settings.home, "buckets")) == []
 
 
 def test_unknown_fields_and_wrong_types_are_refused(panel):

@@ -14,9 +14,9 @@ from backend.plan.jobspec import LABEL_RUN
 from backend.runs.access import Visitor
 from backend.view.alerts import AlertBook
 from panel import dashboard
-from panel.actions import Panel
 from panel.runs_list import RUNS_HEADERS
-from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
+from tests.fakehub import FakeUser, wait_until
+from tests.helpers import launch_reviewed
 
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
 FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
@@ -28,27 +28,8 @@ DAN = "hf_oauth_danToken000000000000000"
 EXECUTOR = RUNS_HEADERS.index("executor")
 
 
-@pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), BOB: FakeUser("bob", {"acme": "write"}),
-                         CAROL: FakeUser("carol")}).start()
-    with hub.serving(monkeypatch, ALICE):
-        yield hub
-
-
-@pytest.fixture
-def make_panel(tmp_path):
-    """Panels over one home (a second one is the panel after a restart); each is shut down after the test."""
-    with panel_factory(str(tmp_path / "home")) as make:
-        yield make
-
-
-def launch_reviewed(panel: Panel, form: dict, visitor=None):
-    """Preview, then launch exactly what was previewed, as a visitor ticking the review box does."""
-    shown = panel.preview(form, visitor)
-    assert shown.fingerprint, shown.markdown
-    return panel.launch(form, visitor, confirmed=shown.fingerprint, run_id=shown.run_id), shown
-
+pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
+                                         BOB: FakeUser("bob", {"acme": "write"}), CAROL: FakeUser("carol")})
 
 def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, make_panel):
     panel = make_panel()

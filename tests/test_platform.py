@@ -26,7 +26,8 @@ from backend.runtime.proxy_env import expand_replica_url
 from backend.runtime.task import TaskDataError
 from backend.storage.store import FolderStore
 from backend.view.runview import RunView
-from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
+from tests.fakehub import FakeUser, wait_until
+from tests.helpers import launch_reviewed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALICE = "hf_oauth_aliceToken000000000000"
@@ -36,23 +37,7 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
         "replicas": 2, "vllm_flavor": "l4x1"}
 
 
-@pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"})}).start()
-    with hub.serving(monkeypatch, ALICE):
-        yield hub
-
-
-@pytest.fixture
-def make_panel(tmp_path):
-    with panel_factory(str(tmp_path / "home")) as make:
-        yield make
-
-
-def launch_reviewed(panel, form: dict):
-    shown = panel.preview(form)
-    assert shown.fingerprint, shown.markdown
-    return panel.launch(form, confirmed=shown.fingerprint, run_id=shown.run_id), shown
+pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"})})
 
 
 # ---- 1. the private network

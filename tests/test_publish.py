@@ -10,7 +10,7 @@ import yaml
 from backend.runs.access import Visitor
 from panel import publish_view
 from panel.actions import Panel
-from tests.fakehub import FakeHub, FakeUser, panel_factory
+from tests.fakehub import FakeHub, FakeUser
 
 ALICE = "hf_oauth_alicePushToken00000000000"
 CAROL = "hf_oauth_carolPushToken00000000000"
@@ -22,18 +22,9 @@ ADAPTER = {"adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32, "peft_t
            "adapter_model.safetensors": b"\x00\x01weights-as-the-trainer-wrote-them"}
 
 
-@pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
-                         DAVE: FakeUser("dave", {"acme": "read"})}).start()
-    with hub.serving(monkeypatch, ALICE, repos=True):
-        yield hub
-
-
-@pytest.fixture
-def make_panel(tmp_path):
-    with panel_factory(str(tmp_path / "home"), budget_check_s=0) as make:
-        yield make
+pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
+                                          DAVE: FakeUser("dave", {"acme": "read"})}),
+              pytest.mark.panel_settings(budget_check_s=0)]
 
 
 def finished_hub_run(hub: FakeHub, panel: Panel, visitor=None) -> str:

@@ -14,7 +14,8 @@ from backend.plan.spec import RunSpec
 from backend.runs.access import Visitor
 from panel import spend_view
 from panel.actions import Panel
-from tests.fakehub import FakeHub, FakeUser, panel_factory
+from tests.fakehub import FakeHub, FakeUser
+from tests.helpers import launch_reviewed
 
 ALICE = "hf_oauth_aliceSpendToken0000000000"
 DAVE = "hf_oauth_daveReadsAcme000000000000"
@@ -37,31 +38,31 @@ def clock():
     return FakeClock(T0)
 
 
+pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
+                                          DAVE: FakeUser("dave", {"acme": "read"})}),
+              pytest.mark.panel_settings(budget_check_s=0)]   # no enforcer thread: tests call enforce_budgets()
+
+
 @pytest.fixture
-def hub(monkeypatch, clock):
-    hub = FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), DAVE: FakeUser("dave", {"acme": "read"})})
+def hub(hub, clock):
+    """The shared fake Hub, on the fake clock."""
     hub.clock = clock
-    with hub.start().serving(monkeypatch, ALICE):
-        yield hub
+    return hub
 
 
 @pytest.fixture
-def make_panel(tmp_path, clock):
-    """Panels over one home (a second one is the panel after a restart), on the fake clock, with no enforcer
-    thread: the tests call `watch.enforce_budgets()` themselves."""
-    with panel_factory(str(tmp_path / "home"), budget_check_s=0) as make:
-        def on_the_clock(**settings):
-            panel = make(**settings)
-            panel.spend.clock = clock
-            return panel
+def make_panel(make_panel, clock):
+    """The shared panel factory, each panel's spend on the fake clock."""
+    def on_the_clock(**settings):
+        panel = make_panel(**settings)
+        panel.spend.clock = clock
+        return panel
 
-        yield on_the_clock
+    return on_the_clock
 
 
 def launch(panel: Panel, form: dict, visitor=None) -> str:
-    shown = panel.preview(form, visitor)
-    assert shown.fingerprint, shown.markdown
-    result = panel.launch(form, visitor, confirmed=shown.fingerprint, run_id=shown.run_id)
+    result, _ = launch_reviewed(panel, form, visitor)
     assert result.run_id, result.message
     return result.run_id
 

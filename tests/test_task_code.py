@@ -14,7 +14,7 @@ import pytest
 
 from backend.plan.spec import RunSpec
 from backend.task.check import check_task
-from panel.actions import Panel, Settings
+from tests.helpers import files_under
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOOD = '''
@@ -81,15 +81,7 @@ RUN_BAD = [
 ]
 
 
-@pytest.fixture
-def panel(tmp_path):
-    p = Panel(Settings(home=str(tmp_path / "home"), on_space=False, task_check_timeout_s=2.0))
-    yield p
-    p.shutdown()
-
-
-def _files_under(path) -> list[str]:
-    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+pytestmark = pytest.mark.panel_settings(task_check_timeout_s=2.0)
 
 
 @pytest.mark.parametrize("code,fragment", RUN_BAD,
@@ -100,7 +92,7 @@ def test_code_that_fails_on_sample_completions_is_refused_and_nothing_is_launche
     assert run_id is None and "nothing was launched" in message
     assert "**reward_code**" in message and fragment in message, message
     assert panel.local.list_jobs() == []
-    assert _files_under(os.path.join(panel.settings.home, "buckets")) == []
+    assert files_under(os.path.join(panel.settings.home, "buckets")) == []
 
 
 def test_a_raising_reward_shows_its_own_frames_and_what_it_printed(panel):

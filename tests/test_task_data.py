@@ -13,7 +13,6 @@ from backend.task.check import check_task
 from backend.task.dataset_viewer import DatasetUnreadable, first_rows
 from panel.actions import Panel, Settings
 from panel.task_form import preview_outputs
-from tests.fakehub import FakeHub
 
 ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3} for i in range(1, 21)]
 
@@ -21,13 +20,6 @@ ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3
 def _jsonl(path, rows) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
-
-
-@pytest.fixture
-def panel(tmp_path):
-    p = Panel(Settings(home=str(tmp_path / "home"), on_space=False))
-    yield p
-    p.shutdown()
 
 
 # ---- column mapping
@@ -156,16 +148,6 @@ def test_a_mapped_reward_column_that_does_not_exist_is_refused(panel, tmp_path):
 
 
 # ---- Hub datasets, through the dataset viewer (the loopback fake)
-
-@pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub().start()
-    hub.patch_endpoint(monkeypatch)
-    hub.install_bucket_transfers(monkeypatch)
-    monkeypatch.setenv("HF_TOKEN", hub.token)
-    yield hub
-    hub.stop()
-
 
 def test_the_dataset_viewer_gives_the_first_rows_of_a_hub_split(hub):
     hub.put_dataset("alice/math", ROWS, config="easy", split="test")

@@ -312,13 +312,7 @@ def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_sur
             assert MARK not in name, os.path.join(path, name)
 
 
-@pytest.fixture
-def hub():
-    hub = FakeHub(users={ALICE: FakeUser("alice"), SECRETS["bob's token"]: FakeUser("bob")}).start()
-    yield hub
-    hub.stop()
-
-
+@pytest.mark.fake_hub(users={ALICE: FakeUser("alice"), SECRETS["bob's token"]: FakeUser("bob")}, serve=False)
 def test_hostile_code_on_a_space_runs_only_in_the_visitors_own_job(tmp_path, hub, listener, kill_survivors):
     from gradio_client import Client
 

@@ -15,7 +15,6 @@ from backend.runs.access import Visitor
 from backend.runtime import layout
 from backend.view import diagnose
 from panel import dashboard, dashboard_view, launch_view, live, runs_view
-from panel.actions import Panel, Settings
 from panel.page import Page
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -25,19 +24,13 @@ ANYONE = Visitor()
 SHOWN = ("trainer", "", "step", 0.0, "latest", "")   # role, log query, x axis, smoothing, sample step, prompt followed
 
 
-@pytest.fixture
-def panel(tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))       # no stored token: nothing asks the Hub
-    p = Panel(Settings(home=str(tmp_path), on_space=False))
-    yield p
-    p.shutdown()
+pytestmark = pytest.mark.usefixtures("no_hub_login")
 
 
 @pytest.fixture
-def run(panel, tmp_path):
+def run(panel):
     """A live distributed run of 60 steps, three jobs, with samples of nothing yet."""
-    return SyntheticRun(str(tmp_path), 60)
+    return SyntheticRun(panel.settings.home, 60)
 
 
 def _finish(run) -> None:

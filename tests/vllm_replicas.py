@@ -10,7 +10,6 @@ that reaches them through the proxy proves it added one.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,17 +22,12 @@ from backend.plan.vllm_args import vllm_server_args, vllm_server_env
 from backend.runtime.proxy_env import REPLICA_KEY_ENV
 from backend.runtime.serve_replica import with_key
 from backend.runtime.tiny_model import TINY_MODEL, ensure_tiny_model
+from tests.helpers import free_port
 
 API_KEY = "test-replica-token"
 MAX_STALENESS = 1
 MAX_LORA_RANK = 8
 START_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ReplicaPool:

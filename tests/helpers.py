@@ -1,0 +1,44 @@
+"""Plain helpers shared by test files (fixtures: tests/conftest.py; browser helpers: tests/browser_helpers.py)."""
+
+import contextlib
+import os
+import socket
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free right now (the OS picks it): a test never assumes a fixed port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def files_under(path) -> list[str]:
+    """Every file below `path`, as paths."""
+    return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
+
+
+def launch_reviewed(panel, form: dict, visitor=None):
+    """Preview, then launch exactly what was previewed, as a visitor ticking the review box does. Returns (the launch's
+    result, the preview shown)."""
+    shown = panel.preview(form, visitor)
+    assert shown.fingerprint, shown.markdown
+    return panel.launch(form, visitor, confirmed=shown.fingerprint, run_id=shown.run_id), shown
+
+
+@contextlib.contextmanager
+def panel_factory(home: str, **defaults):
+    """`make(**settings)` builds a Panel over `home` (a second one is the panel after a restart), off a Space, on
+    loopback, with `defaults`; every panel made is shut down at the end."""
+    from panel.actions import Panel, Settings
+
+    made = []
+
+    def make(**settings):
+        made.append(Panel(Settings(**{"home": home, "on_space": False, "host": "127.0.0.1", **defaults, **settings})))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for panel in made:
+            panel.shutdown()
