@@ -5,6 +5,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,3 +110,68 @@ def wait_for_text(page, elem_id: str, pattern: str, timeout_ms: int = 30000) -> 
         return e && new RegExp(pattern, 'i').test(e.innerText);
     }""", arg=[elem_id, pattern], timeout=timeout_ms)
     return text_of(page, elem_id)
+
+
+def field_box(page, name: str):
+    """The text box of the form's field `name` (`#f-<name>`: a textarea or an input)."""
+    return page.locator(f"#f-{name} textarea, #f-{name} input").first
+
+
+def keep_value(page, box, value, what: str) -> None:
+    """Type `value` into `box` until it holds.
+
+    A field inside an accordion that has just been opened can be reset to its stored value right after it mounts
+    (seen in CI: the value typed within ~0.1 s of opening was replaced by the preset's), so the value is typed
+    again until it survives a short settle."""
+    want = str(value)
+    for _ in range(10):
+        box.fill(want)
+        box.press("Tab")
+        page.wait_for_timeout(400)
+        if box.input_value() == want:
+            return
+    raise AssertionError(f"{what} does not keep {want!r}; it shows {box.input_value()!r}")
+
+
+def set_number(page, elem_id: str, value) -> None:
+    """Type a number into the number field `#elem_id` until it holds (`keep_value`)."""
+    keep_value(page, page.locator(f"#{elem_id} input").first, value, f"#{elem_id}")
+
+
+def pick_run(page, run_id: str, list_timeout_ms: int = 30000) -> None:
+    """Open the run `run_id` on the Runs tab, as a visitor picks it from the list."""
+    page.get_by_role("tab", name="Runs").click()
+    wait_for_text(page, "runs-table", re.escape(run_id), list_timeout_ms)
+    page.locator("#run-pick input").first.click()
+    page.get_by_role("option", name=run_id).click()
+    wait_for_text(page, "run-status", re.escape(run_id))
+
+
+def launch_message(page) -> str:
+    try:
+        return page.evaluate("() => document.querySelector('#launch-msg').innerText")
+    except Exception as exc:
+        return f"(unreadable: {exc})"
+
+
+def wait_for_launch_answer(page, timeout_ms: int = 30000) -> str:
+    """The launch message once the server has answered the click: a refusal or 'Launched run'."""
+    page.wait_for_function("""() => {
+        const t = document.querySelector('#launch-msg').innerText;
+        return /launched/i.test(t);   // 'Launched run ...', 'Not launched ...', '... nothing was launched'
+    }""", timeout=timeout_ms)
+    return launch_message(page)
+
+
+def plot_points(page, plot_id: str, trace: str) -> int:
+    return page.evaluate("""([plotId, trace]) => {
+        const el = document.querySelector('#' + plotId + ' .js-plotly-plot');
+        const t = el && el.data ? el.data.find(d => d.name === trace) : null;
+        return t ? t.x.length : 0;
+    }""", [plot_id, trace])
+
+
+def inner_text(page, elem_id: str) -> str:
+    """The element's text; fails where there is no such element (so a check that some text is absent cannot pass
+    on a missing element, as `text_of` would)."""
+    return page.evaluate("(id) => document.getElementById(id).innerText", elem_id)

@@ -7,21 +7,26 @@ import io
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from tests.browser_helpers import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    inner_text,
+    launch_message,
+    plot_points,
+    running_panel,
+    set_number,
+    tail,
+    wait_for_launch_answer,
+)
 from tests.mcp_client import initialize_status, mcp_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 
 
@@ -32,44 +37,14 @@ def app_home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def app_url(app_home):
-    port = free_port()
     # A distributed run's proxy reads each server's load every 2 s (not 10): a 4-step run shows it.
-    env = {**os.environ, "GRPO_PANEL_HOME": str(app_home), "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False",
-           "GRPO_PROXY_LOAD_INTERVAL_S": "2"}
-    env.pop("SPACE_ID", None)
-    log = open(app_home / "app.log", "wb")
-    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, (app_home / "app.log").read_text()
-                assert time.time() < deadline, "the panel did not answer within 120 s:\n" + _tail(app_home / "app.log")
-                time.sleep(0.5)
-        yield url
+        with running_panel("app.py", {"GRPO_PROXY_LOAD_INTERVAL_S": "2"}, app_home, unset=("SPACE_ID",)) as url:
+            yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)   # the panel exits; its local runs would keep running
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
         from backend.executors.local import LocalExecutor
 
-        LocalExecutor(str(app_home)).cancel_all()     # so stop whatever the tests left running
-
-
-def _tail(path, lines: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError as exc:
-        return f"(no log: {exc})"
+        LocalExecutor(str(app_home)).cancel_all()     # the panel exits; stop whatever local runs the tests left
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +52,7 @@ def browser(app_url):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
 
@@ -100,42 +73,11 @@ def page(browser, app_url, app_home, request):
             page.screenshot(path=str(shot), full_page=True)
         except Exception as exc:  # diagnostics must not hide the test's own failure
             shot = f"(no screenshot: {exc})"
-        print(f"--- screenshot: {shot}\n--- launch message: {_launch_message(page)!r}\n"
-              f"--- panel log tail:\n{_tail(app_home / 'app.log')}")
+        print(f"--- screenshot: {shot}\n--- launch message: {launch_message(page)!r}\n"
+              f"--- panel log tail:\n{tail(app_home / 'app.log')}")
     page.close()
 
 
-def _launch_message(page) -> str:
-    try:
-        return page.evaluate("() => document.querySelector('#launch-msg').innerText")
-    except Exception as exc:
-        return f"(unreadable: {exc})"
-
-
-def _wait_for_launch_answer(page, timeout_ms: int = 30000) -> str:
-    """The launch message once the server has answered the click: a refusal or 'Launched run'."""
-    page.wait_for_function("""() => {
-        const t = document.querySelector('#launch-msg').innerText;
-        return /launched/i.test(t);   // 'Launched run ...', 'Not launched ...', '... nothing was launched'
-    }""", timeout=timeout_ms)
-    return _launch_message(page)
-
-
-def _set_number(page, elem_id: str, value) -> None:
-    """Type a number into a field, until it holds.
-
-    A field inside an accordion that has just been opened can be reset to its stored value right after it mounts
-    (seen in CI: the value typed within ~0.1 s of opening was replaced by the preset's), so the value is typed
-    again until it survives a short settle."""
-    box = page.locator(f"#{elem_id} input").first
-    want = str(value)
-    for _ in range(10):
-        box.fill(want)
-        box.press("Tab")
-        page.wait_for_timeout(400)
-        if box.input_value() == want:
-            return
-    raise AssertionError(f"#{elem_id} does not keep {want!r}; it shows {box.input_value()!r}")
 
 
 def _reward_points(page) -> int:
@@ -158,14 +100,14 @@ def _marked(page, elem_id: str) -> bool:
 
 def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_launches(page):
     page.get_by_text("LoRA", exact=True).click()
-    _set_number(page, "f-lora_r", 0)
+    set_number(page, "f-lora_r", 0)
     page.get_by_text("GRPO training", exact=True).click()
-    _set_number(page, "f-max_steps", 0)
+    set_number(page, "f-max_steps", 0)
     page.get_by_text("GRPO training", exact=True).click()       # closed again: the refusal opens it
     page.wait_for_function("() => document.querySelector('#f-max_steps') === null || "
                            "document.querySelector('#f-max_steps').offsetParent === null", timeout=10000)
     page.locator("#launch-btn").click()
-    message = _wait_for_launch_answer(page)
+    message = wait_for_launch_answer(page)
     assert "nothing was launched" in message and "Launched run" not in message, message
     assert "Rank r (lora_r): must be between 1 and 512" in message, message
     assert "Steps (max_steps): must be between 1 and 1,000,000" in message, message
@@ -174,8 +116,8 @@ def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_lau
                            timeout=10000)
     assert _marked(page, "f-lora_r") and not _marked(page, "f-learning_rate")
 
-    _set_number(page, "f-lora_r", 8)
-    _set_number(page, "f-max_steps", 5)
+    set_number(page, "f-lora_r", 8)
+    set_number(page, "f-max_steps", 5)
     page.locator("#preview-btn").click()
     page.wait_for_function("() => /job\\(s\\) of run/.test(document.getElementById('launch-msg').innerText)",
                            timeout=30000)
@@ -201,16 +143,6 @@ def test_the_form_shows_the_sections_of_the_chosen_mode(page):
     assert shown() == [True, False]
 
 
-def _plot_points(page, plot_id: str, trace: str) -> int:
-    return page.evaluate("""([plotId, trace]) => {
-        const el = document.querySelector('#' + plotId + ' .js-plotly-plot');
-        const t = el && el.data ? el.data.find(d => d.name === trace) : null;
-        return t ? t.x.length : 0;
-    }""", [plot_id, trace])
-
-
-def _text(page, elem_id: str) -> str:
-    return page.evaluate("(id) => document.getElementById(id).innerText", elem_id)
 
 
 def _screenshot(page, name: str) -> None:
@@ -240,7 +172,7 @@ def _grid(page, elem_id: str) -> tuple[list[str], list[list[str]]]:
 
 
 def _run_dir(page, app_home) -> str:
-    run_id = re.search(r"Run (\S+)", _text(page, "run-status")).group(1).strip("`")
+    run_id = re.search(r"Run (\S+)", inner_text(page, "run-status")).group(1).strip("`")
     return os.path.join(str(app_home), "buckets", "local", "grpo-runs", "runs", run_id)
 
 
@@ -251,7 +183,7 @@ def _a_version_downloads_and_tries_beside_the_base_model(page, app_home) -> None
     _pick(page, "version-pick", "trl-policy-v5 · step 100")
     page.wait_for_function("() => { const b = document.querySelector('#version-btn'); "
                            "return b && !b.disabled && !b.querySelector('[disabled]'); }", timeout=30000)
-    assert "trl-policy-v5 at step 100, picked by hand" in _text(page, "version-msg")
+    assert "trl-policy-v5 at step 100, picked by hand" in inner_text(page, "version-msg")
     with page.expect_download(timeout=30000) as info:
         page.locator("#version-btn").click()
     archive = zipfile.ZipFile(io.BytesIO(open(info.value.path(), "rb").read()))
@@ -296,7 +228,7 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     page.get_by_role("option", name="Tiny demo (CPU)").click()
     page.locator("#launch-btn").click()
     # A successful launch switches to the Runs tab, with the new run selected.
-    message = _wait_for_launch_answer(page)
+    message = wait_for_launch_answer(page)
     assert "Launched run" in message, message
     page.wait_for_function("() => document.querySelector('#run-status').textContent.includes('trainer:')",
                            timeout=30000)
@@ -314,11 +246,11 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     assert len(grown) >= 3 and grown[-1] == 200, counts
 
     page.locator("#run-status").get_by_text("final adapter ready").wait_for(timeout=120000)
-    assert "transformers (CPU)" in _text(page, "run-status")
+    assert "transformers (CPU)" in inner_text(page, "run-status")
     # The runs list names the run and shows its progress and latest reward.
     page.wait_for_function("() => /tiny-demo[\\s\\S]*200\\/200\\s+\\d\\.\\d{3}/.test("
                            "document.getElementById('runs-table').innerText)", timeout=30000)
-    adapters = _text(page, "adapters-table")
+    adapters = inner_text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
     # Held-out reward by version, beside the training reward: each of the 10 versions scored on the held-out split,
     # the best starred, the monitor-only format reward dashed; it rises as the training reward does.
@@ -375,24 +307,24 @@ def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_t
     page.get_by_role("option", name="Tiny distributed (CPU, 2 vLLM replicas)").click()
     page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
     page.get_by_text("GRPO training", exact=True).click()
-    _set_number(page, "f-max_steps", 4)
+    set_number(page, "f-max_steps", 4)
     page.get_by_text("Distributed (async GRPO)", exact=True).click()
-    _set_number(page, "f-replicas", 1)
-    _set_number(page, "f-servers_per_gpu", 2)
+    set_number(page, "f-replicas", 1)
+    set_number(page, "f-servers_per_gpu", 2)
     page.locator("#launch-btn").click()
-    message = _wait_for_launch_answer(page)
+    message = wait_for_launch_answer(page)
     assert "Launched run" in message, message
     page.wait_for_function("""() => {
         const t = document.getElementById('run-status').innerText;
         return t.includes('distributed') && t.includes('final adapter ready');
     }""", timeout=420000)
 
-    status = _text(page, "run-status")
+    status = inner_text(page, "run-status")
     assert "vLLM replicas behind the LoRA-aware proxy (2/2 healthy at start, adapter-only sync" in status, status
-    replicas = _text(page, "replicas-table")
+    replicas = inner_text(page, "replicas-table")
     assert replicas.count("127.0.0.1") == 2 and "DOWN" not in replicas
     assert "vllm-0/0" in replicas and "vllm-0/1" in replicas, "two servers of the one replica job"
-    adapters = _text(page, "adapters-table")
+    adapters = inner_text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v4" in adapters
     assert "vllm-0/0, vllm-0/1" in adapters, "the newest versions are listed as loaded on both servers"
     # The proxy's canary: every server lists the newest version, answers for it, and differs from its base model.
@@ -403,19 +335,19 @@ def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_t
     loaded = {r["url"] for snap in snapshots for r in snap["replicas"] if r.get("gen_tok_s", 0) > 0
               and r.get("api_cpu", 0) > 0}
     assert len(loaded) == 2, snapshots[-1:]
-    assert _plot_points(page, "staleness-plot", "mean") == 4
-    assert _plot_points(page, "ratio-plot", "ratio") == 4
-    assert _plot_points(page, "reward-plot", "mean reward") == 4
+    assert plot_points(page, "staleness-plot", "mean") == 4
+    assert plot_points(page, "ratio-plot", "ratio") == 4
+    assert plot_points(page, "reward-plot", "mean reward") == 4
     # The preset evaluates every 5 steps and the last version: v1 (before the first step) and v5 (after step 4)
     # answered the held-out split on the replicas.
     page.wait_for_function("() => { const el = document.querySelector('#heldout-plot .js-plotly-plot');"
                            " const t = el && el.data && el.data.find(d => d.name === 'held-out score');"
                            " return t && t.text.join() === 'v1,v5'; }", timeout=60000)
-    assert _plot_points(page, "util-plot", "vllm-0 CPU") > 0
+    assert plot_points(page, "util-plot", "vllm-0 CPU") > 0
     _screenshot(page, "distributed.png")
     # The replicas stop by themselves once the trainer has finished: nothing keeps running (or billing).
     page.wait_for_function("""() => {
         const t = document.getElementById('run-status').innerText;
         return t.includes('vllm-0: COMPLETED');
     }""", timeout=90000)
-    assert "vllm-1" not in _text(page, "run-status"), "one replica job"
+    assert "vllm-1" not in inner_text(page, "run-status"), "one replica job"

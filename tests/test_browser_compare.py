@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
+from tests.browser_helpers import CHROMIUM, panel_page, running_panel, set_number, text_of, wait_for_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 STEPS = 40
@@ -29,26 +29,14 @@ def page(app, request):
         yield page
 
 
-def _set_number(page, elem_id: str, value) -> None:
-    """Type a number until the field keeps it (a field in a just-opened accordion can be reset once)."""
-    box = page.locator(f"#{elem_id} input").first
-    for _ in range(10):
-        box.fill(str(value))
-        box.press("Tab")
-        page.wait_for_timeout(400)
-        if box.input_value() == str(value):
-            return
-    raise AssertionError(f"#{elem_id} does not keep {value!r}")
-
-
 def _launch(page, learning_rate: str, before: str = "") -> str:
     """Launch the tiny demo with this learning rate and wait for its final adapter; `before` is the run launched
     last (the launch message shows it, with a busy overlay, until the new launch answers)."""
     page.get_by_role("tab", name="Launch").click()
     if not page.locator("#f-learning_rate input").first.is_visible():
         page.get_by_text("GRPO training", exact=True).click()
-    _set_number(page, "f-max_steps", STEPS)
-    _set_number(page, "f-learning_rate", learning_rate)
+    set_number(page, "f-max_steps", STEPS)
+    set_number(page, "f-learning_rate", learning_rate)
     page.locator("#launch-btn").click()
     page.wait_for_function("""(before) => {
         const m = /Launched run (\\S+)|not launched|nothing was launched/i.exec(

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tests import test_browser as shared
-from tests.test_browser import CHROMIUM, _plot_points, _set_number, _text, _wait_for_launch_answer
+from tests.browser_helpers import CHROMIUM, inner_text, plot_points, set_number, wait_for_launch_answer
 
 # The same fixtures (this module gets its own panel process): pytest finds them by name in the module.
 app_home, app_url, browser, page = shared.app_home, shared.app_url, shared.browser, shared.page
@@ -21,7 +21,7 @@ REWARD = '''def short_answer(completions, **kwargs) -> list[float]:
 def _task_message(page) -> str:
     page.wait_for_function("() => /Task checked|Fix these/.test(document.querySelector('#task-msg').innerText)",
                            timeout=60000)
-    return _text(page, "task-msg")
+    return inner_text(page, "task-msg")
 
 
 def _write_code(page, code: str) -> None:
@@ -49,19 +49,19 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     page.locator("#check-task-btn").click()
     page.wait_for_function("() => document.querySelector('#task-msg').innerText.includes('Task checked')",
                            timeout=60000)
-    message = _text(page, "task-msg")
+    message = inner_text(page, "task-msg")
     assert "48 rows, columns question, solution" in message and "1 reward function(s) scored 12" in message
     assert "Answer with the number only." in page.locator("#task-prompt textarea").input_value()
-    scores = _text(page, "task-scores")
+    scores = inner_text(page, "task-scores")
     assert "short_answer" in scores and "bare answer" in scores and "1.000" in scores and "0.000" in scores
     folder = os.environ.get("DASHBOARD_SCREENSHOTS")
     if folder:
         page.locator("#task-section").screenshot(path=os.path.join(folder, "task.png"))
 
     page.get_by_text("GRPO training", exact=True).click()
-    _set_number(page, "f-max_steps", 6)
+    set_number(page, "f-max_steps", 6)
     page.locator("#launch-btn").click()
-    assert "Launched run" in _wait_for_launch_answer(page, timeout_ms=60000)
+    assert "Launched run" in wait_for_launch_answer(page, timeout_ms=60000)
     page.wait_for_function("() => document.getElementById('run-status').innerText.includes('final adapter ready')",
                            timeout=240000)
     # One reward function weighing 1 is the mean reward: the chart names it instead of drawing it twice.
@@ -69,8 +69,8 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     page.wait_for_function("() => { const el = document.querySelector('#reward-plot .js-plotly-plot');"
                            " const t = el && el.data ? el.data.find(d => d.name === 'mean reward') : null;"
                            " return t && t.x.length >= 6; }", timeout=30000)
-    assert _plot_points(page, "reward-plot", "mean reward") == 6, "the reward code's series, every step"
-    assert "Reward (short_answer)" in _text(page, "reward-plot")
+    assert plot_points(page, "reward-plot", "mean reward") == 6, "the reward code's series, every step"
+    assert "Reward (short_answer)" in inner_text(page, "reward-plot")
 
 
 def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
@@ -83,4 +83,4 @@ def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
     page.locator("#check-task-btn").click()
     message = _task_message(page)
     assert "Task checked." in message and "2 rows, columns q, a" in message, message
-    assert "Name a prime." in _text(page, "task-rows")
+    assert "Name a prime." in inner_text(page, "task-rows")

@@ -22,7 +22,7 @@ from backend.runtime.samples import sample_record
 from backend.view import diagnose
 from benchmarks.dashboard_scale import JOBS, SyntheticRun, record
 from panel.presets import preset_values
-from tests.browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
+from tests.browser_helpers import CHROMIUM, panel_page, pick_run, running_panel, text_of, wait_for_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 
@@ -114,18 +114,10 @@ def page(app, request):
         yield page
 
 
-def _pick(page, run_id: str) -> None:
-    page.get_by_role("tab", name="Runs").click()
-    wait_for_text(page, "runs-table", re.escape(run_id))
-    page.locator("#run-pick input").first.click()
-    page.get_by_role("option", name=run_id).click()
-    wait_for_text(page, "run-status", re.escape(run_id))
-
-
 def test_a_sync_bound_run_shows_its_verdict_samples_and_serving_proof_and_one_click_fills_the_change(app, page):
     _, _, run, verdict, _ = app
     assert verdict.kind == "sync-bound" and "adapter_every" in verdict.change
-    _pick(page, run.spec.run_id)
+    pick_run(page, run.spec.run_id)
 
     status = wait_for_text(page, "run-status", "Sync-bound")
     assert "1.50 s every 1 step(s) of 2.00 s" in status, status
@@ -242,7 +234,7 @@ def _number(page, elem_id: str) -> str:
 
 def test_smoothing_draws_the_smoothed_series_over_the_faint_raw_one(app, page):
     _, _, run, _, _ = app
-    _pick(page, run.spec.run_id)
+    pick_run(page, run.spec.run_id)
     page.wait_for_function("() => { const el = document.querySelector('#reward-plot .js-plotly-plot');"
                            " return el && el.data && el.data.some(t => t.name === 'mean reward'); }", timeout=30000)
     names = page.evaluate("() => document.querySelector('#reward-plot .js-plotly-plot').data.map(t => t.name)")
@@ -262,7 +254,7 @@ def test_smoothing_draws_the_smoothed_series_over_the_faint_raw_one(app, page):
 
 def test_new_run_from_this_fills_the_form_and_presets_set_every_field(app, page):
     _, _, run, _, _ = app
-    _pick(page, run.spec.run_id)
+    pick_run(page, run.spec.run_id)
     page.locator("#new-run-from").click()
     page.wait_for_function("() => /Filled from run/.test(document.getElementById('launch-msg').innerText)",
                            timeout=30000)

@@ -61,10 +61,6 @@ def _processes_with(text: str) -> list[psutil.Process]:
     return found
 
 
-def _wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    return wait_until(predicate, timeout, interval, what)
-
-
 def _log(ex: LocalExecutor, job_id: str) -> list[str]:
     return ex.read_logs(job_id, 0)[0]
 
@@ -108,7 +104,7 @@ def test_a_recycled_process_id_neither_looks_alive_nor_gets_signalled(tmp_path):
     home = str(tmp_path / "home")
     job_id = _submit_from_a_panel_that_exits(home, ["sleep", "1"])
     job_dir = os.path.join(home, "jobs", job_id)
-    _wait_for(lambda: not _processes_with(job_dir), 30, "the job ended")
+    wait_until(lambda: not _processes_with(job_dir), 30, 0.1, "the job ended")
     # The machine restarted: nobody recorded how the job ended, and its process id now belongs to someone else.
     if os.path.exists(os.path.join(job_dir, "exit.json")):
         os.remove(os.path.join(job_dir, "exit.json"))
@@ -137,7 +133,7 @@ def test_a_timeout_is_reported_on_time_and_asks_with_sigterm_first(executor):
             "signal.signal(signal.SIGTERM, bye); print('ready', flush=True); time.sleep(60)")
     started = time.monotonic()
     job_id = executor.submit(_job([sys.executable, "-c", code], timeout_s=2))
-    status = _wait_for(lambda: (s := executor.status(job_id)).done and s, 20, "the job ended")
+    status = wait_until(lambda: (s := executor.status(job_id)).done and s, 20, 0.1, "the job ended")
     took = time.monotonic() - started
     assert status.stage == "ERROR" and "timed out after 2 s" in status.message, status
     assert took < 5, f"a 2 s timeout was reported after {took:.1f} s"
@@ -147,7 +143,7 @@ def test_a_timeout_is_reported_on_time_and_asks_with_sigterm_first(executor):
 def test_when_a_jobs_main_process_is_killed_no_process_of_its_group_survives(executor):
     marker = uuid.uuid4().hex
     job_id = executor.submit(_job(["bash", "-c", f"sleep 300 & sleep 300 & echo {marker}; wait"]))
-    _wait_for(lambda: _log(executor, job_id) == [marker], 15, "the job started")
+    wait_until(lambda: _log(executor, job_id) == [marker], 15, 0.1, "the job started")
     [main] = [p for p in _processes_with(marker) if p.name() == "bash"]
     group = os.getpgid(main.pid)
     family = [main, *main.children(recursive=True)]
@@ -155,7 +151,7 @@ def test_when_a_jobs_main_process_is_killed_no_process_of_its_group_survives(exe
     main.kill()      # what the OOM killer does: one process, not its group
     _, alive = psutil.wait_procs(family, timeout=15)
     assert alive == [], f"left running in group {group}: {[p.cmdline() for p in alive]}"
-    status = _wait_for(lambda: (s := executor.status(job_id)).done and s, 15, "the job ended")
+    status = wait_until(lambda: (s := executor.status(job_id)).done and s, 15, 0.1, "the job ended")
     assert status.stage == "ERROR" and "SIGKILL" in status.message, status
 
 
@@ -274,15 +270,15 @@ def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_
     run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
     first = registry.launch(spec).job_ids["trainer"]
     view = registry.view(spec.run_id)
-    _wait_for(lambda: _logged(executor, first, "step 3/30"), 180, "training started")
+    wait_until(lambda: _logged(executor, first, "step 3/30"), 180, 0.1, "training started")
     view.refresh()
     with pytest.raises(LaunchError, match="still has running jobs"):
         resume_plan(view)
 
-    _wait_for(lambda: latest_checkpoint(run_dir), 180, "a checkpoint was saved")
+    wait_until(lambda: latest_checkpoint(run_dir), 180, 0.1, "a checkpoint was saved")
     asked = time.monotonic()
     registry.cancel(spec.run_id)
-    _wait_for(lambda: not _run_processes(executor, spec.run_id), 15, "every process of the run ended")
+    wait_until(lambda: not _run_processes(executor, spec.run_id), 15, 0.1, "every process of the run ended")
     assert time.monotonic() - asked < 10
     assert executor.wait(first, 10).stage == "CANCELED"
     os.makedirs(os.path.join(run_dir, "adapters", "trl-policy-v99"))     # a half-written copy: counts for nothing
@@ -350,7 +346,7 @@ def test_a_bucket_that_fills_up_is_reported_as_the_cause(executor, small_bucket)
     registry = _registry(executor)
     spec = RunSpec(max_steps=200, adapter_every=2, checkpoint_every=1000)
     job_id = registry.launch(spec).job_ids["trainer"]
-    _wait_for(lambda: _logged(executor, job_id, "step 3/200"), 180, "training started")
+    wait_until(lambda: _logged(executor, job_id, "step 3/200"), 180, 0.1, "training started")
     _fill(small_bucket)
     status = executor.wait(job_id, 60)
     log_tail = "\n".join(_log(executor, job_id)[-15:])
@@ -395,7 +391,8 @@ def test_the_panel_exits_alike_on_sigterm_and_sigint_and_its_local_runs_finish_w
               for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         for home, proc, url in panels.values():
-            _wait_for(lambda url=url, proc=proc: proc.poll() is not None or _answers(url), 180, "the panel answers")
+            wait_until(lambda url=url, proc=proc: proc.poll() is not None or _answers(url), 180, 0.1,
+                       "the panel answers")
             assert proc.poll() is None, open(os.path.join(home, "app.log")).read()
         runs = {sig: _launch_through(url, steps=20) for sig, (_, _, url) in panels.items()}
         for sig, (_, proc, _) in panels.items():
@@ -461,20 +458,20 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
         view.refresh()
         return [e["name"] for e in _trainer_events(view) if e["event"] == "adapter_published"]
 
-    _wait_for(lambda: steps() >= 1 and latest_checkpoint(run_dir), 480, "a step and a checkpoint", interval=1)
+    wait_until(lambda: steps() >= 1 and latest_checkpoint(run_dir), 480, 1, "a step and a checkpoint")
 
     # A replica dies (its whole process group): training goes on with the other one, and the run is degraded until
     # the replica's job has started it again (its second attempt) and the proxy has taken it back.
     first_replica = executor.main_pid(jobs["vllm-1"])
     os.killpg(first_replica, signal.SIGKILL)
-    _wait_for(lambda: steps() and view.degraded == "degraded (1/2 replicas)", 30, "the run shows degraded")
+    wait_until(lambda: steps() and view.degraded == "degraded (1/2 replicas)", 30, 0.1, "the run shows degraded")
     assert view.stage == "RUNNING"
     at_kill = steps()
-    _wait_for(lambda: steps() > at_kill, 180, "training went on with one replica", interval=1)
+    wait_until(lambda: steps() > at_kill, 180, 1, "training went on with one replica")
     rows = dashboard.replica_rows(view)
     assert rows[1][1] == "DOWN" and rows[1][5] == "", rows
     assert "degraded (1/2 replicas)" in dashboard.build_frame(view).status
-    _wait_for(lambda: steps() and view.degraded is None, 480, "the restarted replica taken back", interval=1)
+    wait_until(lambda: steps() and view.degraded is None, 480, 1, "the restarted replica taken back")
     assert executor.main_pid(jobs["vllm-1"]) != first_replica
     assert view.jobs["vllm-1"].status.message == "attempt 2 of 2"
     assert dashboard.replica_rows(view)[1][1] == "up" and "vllm-1 taken back 1x after a restart" in view.retries
@@ -486,15 +483,13 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
     if _attempt(executor, jobs["trainer"]) == 1:
         first_trainer = executor.main_pid(jobs["trainer"])
         os.kill(first_trainer, signal.SIGKILL)
-        _wait_for(lambda: _attempt(executor, jobs["trainer"]) == 2, 30, "the trainer started again")
-    _wait_for(lambda: _logged(executor, jobs["trainer"], "resuming from"), 480, "the retried trainer resumed",
-              interval=1)
-    _wait_for(lambda: steps() >= 0 and any(r.startswith("trainer retried at") and "(attempt 2)" in r
-                                           for r in view.retries), 30,
-              "the header shows the trainer's retry")
+        wait_until(lambda: _attempt(executor, jobs["trainer"]) == 2, 30, 0.1, "the trainer started again")
+    wait_until(lambda: _logged(executor, jobs["trainer"], "resuming from"), 480, 1, "the retried trainer resumed")
+    wait_until(lambda: steps() >= 0 and any(r.startswith("trainer retried at") and "(attempt 2)" in r
+                                            for r in view.retries), 30, 0.1, "the header shows the trainer's retry")
     # Killed again, with no attempt left: no event; its leftovers and the live replica must stop.
     os.kill(executor.main_pid(jobs["trainer"]), signal.SIGKILL)
-    _wait_for(lambda: not _run_processes(executor, spec.run_id), 60, "no process of the run is left", interval=1)
+    wait_until(lambda: not _run_processes(executor, spec.run_id), 60, 1, "no process of the run is left")
     view.refresh()
     assert view.jobs["trainer"].status.stage == "ERROR" and "SIGKILL" in view.jobs["trainer"].status.message
     assert _logged(executor, jobs["vllm-0"], "no trainer heartbeat for")
@@ -522,7 +517,7 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
                and {"adapter_config.json", "adapter_model.safetensors"} <= set(os.listdir(os.path.join(serving, name)))]
     assert plan.next_version == max([len(before), *on_disk]) + 1 and plan.superseded, (plan, before, on_disk)
     resumed = registry.resume(spec.run_id).job_ids
-    _wait_for(lambda: len(published()) > len(before) + 1, 480, "the resumed trainer published", interval=1)
+    wait_until(lambda: len(published()) > len(before) + 1, 480, 1, "the resumed trainer published")
     assert published()[len(before)] == f"trl-policy-v{plan.next_version}"
     assert len(published()) == len(set(published())), f"a version name was published twice: {published()}"
     # (The retried attempt above may have superseded versions of its own: the resume's is the newest.)
@@ -532,7 +527,7 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
     # Cancel: every job at once, the trainer first (it records why), replicas drain within their grace.
     asked = time.monotonic()
     registry.cancel(spec.run_id)
-    _wait_for(lambda: not _run_processes(executor, spec.run_id), 45, "every process of the run ended", interval=0.5)
+    wait_until(lambda: not _run_processes(executor, spec.run_id), 45, 0.5, "every process of the run ended")
     took = time.monotonic() - asked
     view.refresh()
     assert {role: view.jobs[role].status.stage for role in resumed} == dict.fromkeys(resumed, "CANCELED")

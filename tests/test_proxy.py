@@ -21,6 +21,7 @@ from backend.runtime.layout import LOADS_WRITER
 from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
+from tests.fakehub import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -52,17 +53,10 @@ def proxy(pool, tmp_path_factory):
     stats_dir = tmp_path_factory.mktemp("proxy-stats")
     handle = start_proxy(pool.urls, token=API_KEY, stats_dir=str(stats_dir), health_interval_s=0.5,
                          stats_interval_s=0.2, stats_flush_s=0.5)
-    _wait_for(lambda: requests.get(f"{handle.url}/health", params={"require": "all"}).status_code == 200)
+    wait_until(lambda: requests.get(f"{handle.url}/health", params={"require": "all"}).status_code == 200, 60, 0.2)
     handle.stats_dir = str(stats_dir)
     yield handle
     handle.stop()
-
-
-def _wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
 
 
 def _load(proxy, name: str, path: str) -> requests.Response:
@@ -174,7 +168,7 @@ def _served(proxy) -> dict[str, int]:
 def test_a_busy_replica_spills_to_the_least_loaded_one(pool, adapters):
     handle = start_proxy(pool.urls, token=API_KEY, spill_threshold=1, health_interval_s=0.5)
     try:
-        _wait_for(lambda: requests.get(f"{handle.url}/health", params={"require": "all"}).status_code == 200)
+        wait_until(lambda: requests.get(f"{handle.url}/health", params={"require": "all"}).status_code == 200, 60, 0.2)
         assert _load(handle, "spill-v1", adapters["rank8"]).status_code == 200
         with ThreadPoolExecutor(6) as threads:
             replies = list(threads.map(lambda _: _complete(handle, "spill-v1", [1, 2, 3], max_tokens=200), range(6)))
@@ -260,7 +254,7 @@ def test_the_command_line_proxy_serves_and_writes_stats(pool, tmp_path):
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_for(lambda: _status(f"{url}/health?require=all") == 200)
+        wait_until(lambda: _status(f"{url}/health?require=all") == 200, 60, 0.2)
         assert _status(f"{url}/v1/models") == 200  # HF_TOKEN from the environment reached the replicas
     finally:
         process.terminate()
@@ -287,7 +281,7 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
         return next(r for r in proxy.stats()["replicas"] if r["url"] == pool.urls[1])
 
     # If no completion happened to be routed to it, the health loop finds it: two missed checks, 0.5 s apart.
-    _wait_for(lambda: not dead_replica()["healthy"], timeout=15)
+    wait_until(lambda: not dead_replica()["healthy"], 15, 0.2)
     assert dead_replica()["last_error"]
     assert dead_replica()["adapters"] == [], "a dead replica serves none of the adapters it held"
     assert dead_replica()["joined"] == 1
@@ -299,7 +293,7 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
     assert _unload(proxy, "live-v1").status_code == 200
 
     pool.ensure_running()  # the same URL comes back, empty, like a restarted job
-    _wait_for(lambda: requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 200)
+    wait_until(lambda: requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 200, 60, 0.2)
     assert served_models(pool.urls[1]) == {"live-v2"}  # caught up before it was given traffic
     assert dead_replica()["healthy"] and dead_replica()["joined"] == 2     # taken back: the panel counts it
     assert _unload(proxy, "live-v2").status_code == 200
@@ -351,7 +345,7 @@ def test_every_replica_proves_it_serves_the_loaded_adapter_and_a_replica_that_do
     from backend.view.diagnose import serving_alerts
 
     assert _load(proxy, "proof-v1", adapters["rank8"]).status_code == 200
-    _wait_for(lambda: all(proxy.proxy.proofs.get(u, {}).get("served") == "proof-v1" for u in pool.urls))
+    wait_until(lambda: all(proxy.proxy.proofs.get(u, {}).get("served") == "proof-v1" for u in pool.urls), 60, 0.2)
     record = proxy.prove("proof-v1")
     assert [(r["listed"], r["served"]) for r in record["replicas"]] == [(True, "proof-v1")] * 2
     assert all(r["delta_base"] > 1e-3 for r in record["replicas"]), record

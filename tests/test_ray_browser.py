@@ -16,7 +16,7 @@ import urllib.request
 
 import psutil
 import pytest
-from browser_helpers import CHROMIUM, panel_page, running_panel, text_of, wait_for_text
+from browser_helpers import CHROMIUM, field_box, keep_value, panel_page, pick_run, running_panel, text_of, wait_for_text
 from playwright.sync_api import expect
 from ray_cluster import ray_cluster
 
@@ -55,25 +55,10 @@ def _dashboard_jobs(address: str) -> str:
         return answer.read().decode()
 
 
-def _textbox(page, name: str):
-    return page.locator(f"#f-{name} textarea, #f-{name} input").first
-
-
 def _open(page, section: str, field: str) -> None:
-    if not _textbox(page, field).is_visible():
+    if not field_box(page, field).is_visible():
         page.get_by_text(section, exact=True).click()
-        _textbox(page, field).wait_for(state="visible", timeout=10000)
-
-
-def _fill(page, name: str, value) -> None:
-    box = _textbox(page, name)
-    for _ in range(10):      # a field in a just-opened accordion can be reset once right after it mounts
-        box.fill(str(value))
-        box.press("Tab")
-        page.wait_for_timeout(300)
-        if box.input_value() == str(value):
-            return
-    raise AssertionError(f"#f-{name} does not keep {value!r}")
+        field_box(page, field).wait_for(state="visible", timeout=10000)
 
 
 def _http_status(method: str, url: str) -> int:
@@ -92,9 +77,9 @@ def _form(page, preset: str, mount: str, steps: int) -> None:
     page.wait_for_function("(p) => document.querySelector('#preset input').value === p", arg=preset, timeout=10000)
     page.locator("#f-executor").get_by_text("ray", exact=True).click()
     _open(page, "Hardware and storage", "mount_path")
-    _fill(page, "mount_path", mount)
+    keep_value(page, field_box(page, "mount_path"), mount, "#f-mount_path")
     _open(page, "GRPO training", "max_steps")
-    _fill(page, "max_steps", steps)
+    keep_value(page, field_box(page, "max_steps"), steps, "#f-max_steps")
 
 
 def _launch(page) -> str:
@@ -103,14 +88,6 @@ def _launch(page) -> str:
     found = re.search(r"Launched run \*?\*?(\S+?)\*?\*? ", message)
     assert found, message
     return found.group(1)
-
-
-def _pick(page, run_id: str) -> None:
-    page.get_by_role("tab", name="Runs").click()
-    wait_for_text(page, "runs-table", re.escape(run_id), 60000)
-    page.locator("#run-pick input").first.click()
-    page.get_by_role("option", name=run_id).click()
-    wait_for_text(page, "run-status", re.escape(run_id))
 
 
 @contextlib.contextmanager
@@ -176,7 +153,7 @@ def test_the_tiny_demo_runs_on_a_ray_cluster_from_the_browser(cluster, shared, t
         assert "ray job submit --address " + cluster in preview and "--entrypoint-num-gpus 0" in preview, preview
         assert "runtime.job_wrapper" in preview and HOST_TOKEN not in preview
         demo = _launch(page)
-        _pick(page, demo)
+        pick_run(page, demo, 60000)
         wait_for_text(page, "run-status", "final adapter ready", 420000)
         wait_for_text(page, "run-status", "trainer: COMPLETED", 120000)    # it exits a moment after writing final/
         assert "step 40/40" in page.locator("#log-box textarea").input_value()
@@ -194,14 +171,14 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         # The tiny distributed preset, its replicas on CPU: a run long enough to lose a replica on the way.
         _form(page, "Tiny distributed (CPU, 2 vLLM replicas)", shared, 200)
         _open(page, "Distributed (async GRPO)", "vllm_flavor")
-        _textbox(page, "vllm_flavor").click()
+        field_box(page, "vllm_flavor").click()
         # With Ray picked, the hardware lists offer the cluster's flavors only (an HF Jobs one would not run here).
         page.get_by_role("option", name=re.compile(r"^ray-1gpu · ")).wait_for(timeout=10000)
         expect(page.get_by_role("option", name=re.compile(r"^(a10g-small|cpu-basic) · "))).to_have_count(0)
         page.get_by_role("option", name=re.compile(r"^ray-cpu · ")).click()
         page.wait_for_function("() => document.querySelector('#f-vllm_flavor input').value.startsWith('ray-cpu')")
         distributed = _launch(page)
-        _pick(page, distributed)
+        pick_run(page, distributed, 60000)
         # Both replicas joined the proxy (the trainer's engine line says so) before one dies.
         wait_for_text(page, "run-status", r"2/2 healthy at start", 600000)
         # A replica dies (its whole process group): the run goes on, degraded, as on the other executors.
@@ -230,7 +207,7 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         page.get_by_role("tab", name="Runs").click()
         table = wait_for_text(page, "runs-table", re.escape(distributed), 60000)
         assert "tiny-distributed" in table, table
-        _pick(page, distributed)
+        pick_run(page, distributed, 60000)
         page.locator("#cancel-btn").click()
         wait_for_text(page, "action-msg", "cancel", 30000)
         _wait(lambda: all(str(s) in ("STOPPED", "FAILED", "SUCCEEDED") for s in _stages(cluster, distributed).values()),

@@ -17,6 +17,7 @@ from tests import space_panel
 from tests.browser_helpers import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    field_box,
     space_session_cookie,
     tail,
     text_of,
@@ -82,10 +83,6 @@ def _open_hardware(page) -> None:
         page.locator("#f-bucket textarea, #f-bucket input").first.wait_for(state="visible", timeout=10000)
 
 
-def _textbox(page, name: str):
-    return page.locator(f"#f-{name} textarea, #f-{name} input").first
-
-
 def _launch_reviewed(page) -> tuple[str, str]:
     """Preview, tick the review box, launch: the clicks a visitor makes. Returns (preview, launch message)."""
     page.locator("#preview-btn").click()
@@ -126,8 +123,8 @@ def test_a_signed_in_newcomer_launches_on_hf_jobs_in_three_clicks(visit, hub):
 def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothing(visit, hub):
     alice = visit(ALICE, "alice")
     _open_hardware(alice)
-    _textbox(alice, "bucket").fill("acme/grpo-runs")
-    _textbox(alice, "bucket").press("Tab")
+    field_box(alice, "bucket").fill("acme/grpo-runs")
+    field_box(alice, "bucket").press("Tab")
     run_id = _run_id(_launch_reviewed(alice)[1])
     [job] = [j for j in hub.jobs.values() if j.spec["labels"]["grpo-panel-run"] == run_id]
     hub.set_stage(job.id, "RUNNING")
@@ -222,8 +219,8 @@ def test_a_signed_in_visitor_pushes_a_finished_runs_adapter_and_others_are_refus
 def test_the_budget_cap_stops_a_run_in_the_background_and_the_visitor_is_told(visit, hub):
     alice = visit(ALICE, "alice")
     _open_hardware(alice)
-    _textbox(alice, "budget_usd").fill("0.5")
-    _textbox(alice, "budget_usd").press("Tab")
+    field_box(alice, "budget_usd").fill("0.5")
+    field_box(alice, "budget_usd").press("Tab")
     preview, message = _launch_reviewed(alice)
     assert "Budget cap $0.50" in preview, preview
     run_id = _run_id(message)
