@@ -9,7 +9,9 @@ GRPO_PANEL_LOCAL_RUNS=on|off|owner (default: on here, off on a Space), GRPO_PANE
 login), GRPO_PANEL_ALLOW_HOST_TOKEN=1 (let visitors of a panel reachable from other machines use this
 machine's token), GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted into the Space, read as a folder),
 GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datasets-server.huggingface.co),
-GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 0: never).
+GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 0: never),
+GRPO_PANEL_ALLOW_UNSANDBOXED=1 (run *Check task* and *Try it* code without a sandbox where bubblewrap cannot make
+one; by default they run none).
 MCP tools for agents: http://127.0.0.1:7860/gradio_api/mcp/ (docs/mcp.md).
 """
 
@@ -45,6 +47,7 @@ def main() -> None:
     atexit.register(panel.shutdown)
     for note in deployment.startup_notes():
         log.warning(note)
+    log.warning(panel.isolation())    # where visitors' code runs, or why nowhere here (probes the sandbox once)
     # A container stop or a Space restart sends SIGTERM, Ctrl-C sends SIGINT: both close the server the same way.
     # Local runs keep running either way (each job has its own wrapper process); the next panel finds them.
     # SIGINT too: a panel started from a script in the background inherits SIGINT ignored, and would outlive a Ctrl-C.

@@ -34,6 +34,7 @@ from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import benchmark_note
 from backend.storage.store import FolderStore
 from backend.task.check import TaskReport
+from backend.task.sandbox import isolation_state
 from backend.view.runview import RunView
 from panel.markdown import plain
 from panel.presets import TINY_DEMO, preset_values
@@ -113,6 +114,10 @@ class Panel:
     def offered_executors(self) -> list[str]:
         """The executors the form offers on this deployment."""
         return self.operations.offered_executors()
+
+    def isolation(self) -> str:
+        """Where *Check task* and *Try it* run code on this deployment, or why they run none here (Markdown)."""
+        return isolation_state(self.settings.serves_others)
 
     # ---- launch form
     def check_task(self, values: dict, visitor: Visitor | str | None = None, spec: RunSpec | None = None,

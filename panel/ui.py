@@ -31,6 +31,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
                         "locally or on Hugging Face Jobs, and watch them live.")
             if panel.settings.on_space:
                 gr.LoginButton()
+        # Where visitors' code runs, or why it runs nowhere here: said once, for the whole page.
+        gr.Markdown(panel.isolation(), elem_id="isolation")
         with gr.Tabs() as tabs:
             launch_view.build(page, panel)
             with gr.Tab("Runs", id="runs"):

@@ -18,7 +18,7 @@ import threading
 
 from backend.plan.jobspec import LABEL_ROLE
 from backend.task.check_job import CHECK_ROLE
-from backend.task.sandbox import python_binds, system_binds
+from backend.task.sandbox import machine_binds
 
 PASSED = ("LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 JOB_MEMORY_BYTES = 8 * 2**30
@@ -101,12 +101,12 @@ class CheckJobRunner:
 
 
 def _elsewhere(machine: str, script: str) -> list[str]:
-    """`bash -c script` as on another machine: none of this one's files, processes or loopback services."""
+    """`bash -c script` as on another machine: none of this one's files, processes or loopback services. Its
+    Python is the panel sandbox's (`machine_binds`: this Python by the path it was started with and its real one,
+    under the private /tmp), so `python` there is the test's own interpreter however it was installed."""
     # prlimit: the job machine's memory (cpu-basic has 16 GB); a job asking for more fails there, not here.
     return ["prlimit", f"--as={JOB_MEMORY_BYTES}", "--", "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--die-with-parent", "--new-session",
-            *system_binds(), *python_binds(), "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-            "--bind", machine, machine, "bash", "-c", script]
+            "--die-with-parent", "--new-session", *machine_binds(), "--bind", machine, machine, "bash", "-c", script]
 
 
 def _remapped(env: dict, volume: dict, machine: str) -> dict:

@@ -9,7 +9,8 @@ Where an answer comes from:
 - Any other version, of a run whose base model is on this machine (a builtin model in the run's folder, a local
   folder, a Hub model in this machine's cache) and small enough, is answered on CPU with PEFT
   (`runtime.try_adapter`) in the sandbox the task check uses, never in the panel's process: an adapter is a
-  visitor's data. Greedy, bounded tokens, bounded time and memory, one at a time per panel.
+  visitor's data. Greedy, bounded tokens, bounded time and memory, one at a time per panel. Where this machine
+  cannot make the sandbox, nothing is tried here (unless the operator opted in: `Sandbox.refusal`).
 - Otherwise the answer says what it would need.
 """
 
@@ -265,6 +266,11 @@ def _fits(folder: str) -> tuple[str | None, str]:
 
 
 def _cpu_try(view, base: str, local: dict, prompt: str, tokens: int, state: TryAnswers) -> Iterator[TryAnswers]:
+    refusal = local_sandbox().refusal()
+    if refusal:     # fail closed: no sandbox, nothing loaded here (unless the operator opted in)
+        for pick in local:
+            state.answers[pick], state.routes[pick] = f"(not tried: {refusal})", "-"
+        return
     if not _one_at_a_time.acquire(blocking=False):
         for pick in local:
             state.answers[pick], state.routes[pick] = "(another try is running on this panel: try again shortly)", "-"

@@ -36,7 +36,7 @@ from backend.runtime.task import is_local_file
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import reward_function_names
 from backend.task.dataset_viewer import DatasetUnreadable, first_rows
-from backend.task.sandbox import INSIDE_WORK, LIMITS, Sandbox, local_sandbox
+from backend.task.sandbox import ALLOW_UNSANDBOXED_ENV, INSIDE_WORK, LIMITS, Sandbox, local_sandbox
 
 PREVIEW_ROWS = 5
 SAMPLE_ROWS = 3
@@ -48,6 +48,7 @@ CALL_MARGIN_S = 5.0         # per reward call, on top of its own limit (the harn
 # The fields a check's answer may blame (anything else a check job's log claims is blamed on the code).
 REPORT_FIELDS = frozenset({"dataset", "prompt_column", "reward_columns", "model", "max_prompt_tokens", "rewards",
                            "reward_code", "eval_split", "eval_file", "eval_rows", "monitor_rewards"})
+SANDBOX_FIELD = "sandbox"   # what a check refused for want of a sandbox blames (no form field: the machine)
 # Checks run visitor code: a few at a time, whatever the number of visitors.
 _SLOTS = threading.BoundedSemaphore(2)
 
@@ -148,12 +149,17 @@ def check_task(spec: RunSpec, token: str | None, datasets_server: str, timeout_s
     """Check and preview `spec`'s task on this machine, its code in the sandbox. `timeout_s` bounds each reward
     call (and the import of the code)."""
     report = TaskReport()
+    box = sandbox or local_sandbox()
+    refusal = box.refusal()
+    if refusal:     # fail closed: no sandbox, nothing run (unless the operator opted in)
+        report.errors.append(FieldError(SANDBOX_FIELD, refusal))
+        return report
     request = check_request(spec, token, datasets_server, report)
     if request is None:
         return report
     request["tokenizer"] = tokenizer_source(spec, token, report)
     with _SLOTS:
-        run_in_sandbox(request, spec, timeout_s, report, sandbox or local_sandbox())
+        run_in_sandbox(request, spec, timeout_s, report, box)
     return report
 
 
@@ -173,8 +179,9 @@ def run_in_sandbox(request: dict, spec: RunSpec, timeout_s: float, report: TaskR
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         if box.missing:
-            report.warnings.append(f"The check ran without {', '.join(box.missing)}: {box.reason}. Your code could "
-                                   "reach what this machine's user can (files, processes, network).")
+            report.warnings.append(f"The check ran without {', '.join(box.missing)} ({ALLOW_UNSANDBOXED_ENV} is "
+                                   f"set): {box.reason}. Your code could reach what this machine's user can (files, "
+                                   "processes, network).")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

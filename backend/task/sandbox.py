@@ -5,11 +5,18 @@ private /tmp, /proc and HOME; it has its own PID, mount, network, IPC and UTS na
 processes, memory, files, environment and loopback services do not exist for it, and every process it starts
 (also a `setsid` or double-forked one) ends with it. Inside, the check's own harness lowers its resource limits
 (memory, CPU time, processes, file size, open files) and, when the panel runs as root, becomes an unprivileged
-user before it runs anything of the visitor's (`runtime.check_task.confine`).
+user before it runs anything of the visitor's (`runtime.check_task.confine`). *Try it*'s CPU worker runs in the
+same sandbox.
 
-Where the OS refuses a layer (no `bwrap`, no namespaces), `Sandbox.missing` names it: the check still runs on a
-local single-user panel with what is left and says what is missing. A panel that serves other people never runs
-visitor code here at all: its checks run in the visitor's own Hugging Face job (`backend.task.check_job`).
+Python is bound by the paths it was started with as well as by their real paths (a venv reached through a linked
+folder, a venv under /tmp, pyenv, conda and uv installations alike), after the private /tmp is mounted, so the
+interpreter the panel names exists inside. `local_sandbox()` probes the machine once and tells apart bubblewrap
+missing, the OS refusing its namespaces and binds of ours that are wrong, each with its fix.
+
+Fail closed: where no sandbox can be made, `Sandbox.refusal()` says why and how to fix it, and the callers run no
+code, unless the operator opted in with GRPO_PANEL_ALLOW_UNSANDBOXED=1 (then the code runs with what is left and
+every answer, and the page, says what is missing). A panel that serves other people never runs a task check here
+at all: its checks run in the visitor's own Hugging Face job (`backend.task.check_job`).
 """
 
 import functools
@@ -35,14 +42,47 @@ NAMESPACES = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"
 LAYERS = ("PID namespace", "mount namespace", "network namespace", "a user of its own")
 
 
+ALLOW_UNSANDBOXED_ENV = "GRPO_PANEL_ALLOW_UNSANDBOXED"      # the operator's opt-in to run code without a sandbox
+# Why there is no sandbox (Sandbox.problem), each with what fixes it.
+NOT_INSTALLED, REFUSED, BAD_BINDS = "not installed", "namespaces refused", "binds wrong"
+FIXES = {
+    NOT_INSTALLED: "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
+                   "bubblewrap`) and restart the panel",
+    REFUSED: "allow user namespaces, then restart the panel: `sysctl -w kernel.unprivileged_userns_clone=1` "
+             "(Debian), `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (Ubuntu 23.10+), "
+             "`sysctl -w user.max_user_namespaces=15000` where it is 0; in a container, run it with user "
+             "namespaces allowed (Docker: `--security-opt seccomp=unconfined --security-opt apparmor=unconfined`)",
+    BAD_BINDS: "this is a bug of the panel's sandbox (it could not start this Python inside bubblewrap, which works "
+               "here): please report it with this message",
+}
+# Where a bind of Python's installation must not go: the system's own folders (bound whole, some of them links) and
+# the sandbox's own mounts.
+SYSTEM_TOPS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+NOT_BOUND = ("/", "/tmp", "/proc", "/dev", "/check", "/etc")
+
+
+def unsandboxed_allowed() -> bool:
+    """Whether the operator opted in to running code with no sandbox (GRPO_PANEL_ALLOW_UNSANDBOXED=1)."""
+    return os.environ.get(ALLOW_UNSANDBOXED_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """How the check process is started here, and which isolation layers this machine refused."""
 
     bwrap: str | None
     missing: tuple[str, ...] = ()
-    reason: str = ""
+    reason: str = ""          # why there is no sandbox, with its fix
     drop_uid: int | None = field(default=None)
+    problem: str = ""         # NOT_INSTALLED, REFUSED or BAD_BINDS where there is no sandbox
+
+    def refusal(self) -> str | None:
+        """Why no code may run here (None: sandboxed, or the operator opted in to running it without one)."""
+        if self.bwrap is not None or unsandboxed_allowed():
+            return None
+        return (f"No sandbox on this machine: {self.reason}. Nothing ran: this panel runs no task or adapter code "
+                f"without one (set {ALLOW_UNSANDBOXED_ENV}=1 to run it anyway, with this machine's user's rights, "
+                "on a panel only you reach)")
 
     def command(self, argv: list[str], scratch: str, ro_binds: dict[str, str]) -> tuple[list[str], dict, str]:
         """(argv, env, working directory) that run `argv` confined; `ro_binds` maps host paths to inside paths."""
@@ -55,14 +95,13 @@ class Sandbox:
         args = [self.bwrap, *NAMESPACES, "--die-with-parent", "--new-session"]
         if os.geteuid() != 0:
             args.append("--unshare-user")
-        args += system_binds() + python_binds()
+        args += machine_binds()
         for folder in ("/check", INSIDE_LIB):   # created by bwrap, with a mode that lets the dropped user in
             args += ["--perms", "0755", "--dir", folder]
         args += ["--ro-bind", RUNTIME_DIR, f"{INSIDE_LIB}/runtime", "--bind", scratch, INSIDE_WORK]
         for host, inside in ro_binds.items():
             args += ["--perms", "0755", "--dir", os.path.dirname(inside), "--ro-bind", host, inside]
-        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
-                 "--perms", "0777", "--dir", INSIDE_HOME, "--chdir", INSIDE_WORK, "--clearenv"]
+        args += ["--perms", "0777", "--dir", INSIDE_HOME, "--chdir", INSIDE_WORK, "--clearenv"]
         for k, v in env.items():
             args += ["--setenv", k, v]
         return [*args, *argv], env, scratch
@@ -78,10 +117,17 @@ class Sandbox:
         return argv, env, scratch     # the request names host paths here (task_check._stage_files)
 
 
+def machine_binds() -> list[str]:
+    """bwrap's mounts of everything a confined Python needs, in the order that keeps each visible: the system's
+    folders, a fresh /proc and /dev, the private /tmp, then Python's installation (which may live under /tmp)."""
+    return [*system_binds(), "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
+            *python_binds()]
+
+
 def system_binds() -> list[str]:
     """The system's libraries and tools, read-only; /etc only for the dynamic linker's cache."""
     args = []
-    for top in ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+    for top in SYSTEM_TOPS:
         path = f"/{top}"
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -93,46 +139,108 @@ def system_binds() -> list[str]:
     return args
 
 
+def python_paths() -> list[str]:
+    """Where this Python and its packages are, as it was started (links kept) and as they really are: the
+    interpreter's folder, the venv and the installation it was made from, every site-packages on sys.path."""
+    named = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))]
+    named += [entry for entry in sys.path
+              if entry and os.path.basename(os.path.realpath(entry)) in ("site-packages", "dist-packages")]
+    hops = [os.path.abspath(sys.executable)]
+    while os.path.islink(hops[-1]) and len(hops) < 40:    # each link of the interpreter's chain, to its file
+        hops.append(os.path.join(os.path.dirname(hops[-1]), os.readlink(hops[-1])))
+    named += [os.path.dirname(os.path.dirname(os.path.abspath(hop))) for hop in hops]
+    paths = set()
+    for path in named:
+        paths.update({os.path.abspath(path), os.path.realpath(path)})
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
 def python_roots() -> list[str]:
-    """The folders of this Python installation and its packages (a venv and the base it was made from)."""
-    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    roots.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
-    for entry in sys.path:
-        real = os.path.realpath(entry) if entry else ""
-        if os.path.basename(real) in ("site-packages", "dist-packages") and os.path.isdir(real):
-            roots.add(real)
-    roots = sorted(r for r in roots if os.path.isdir(r) and r not in ("/", "/usr") and not r.startswith("/usr/"))
-    return [r for r in roots if not any(r != o and r.startswith(o + os.sep) for o in roots)]
+    """The folders to bind (each from its real path, at this path inside): `python_paths()` without the system's
+    own folders, the sandbox's mounts, and any folder inside another one."""
+    roots = [p for p in python_paths()
+             if p not in NOT_BOUND and p.strip("/").split("/")[0] not in SYSTEM_TOPS]
+    kept: list[str] = []
+    for root in roots:      # sorted: a folder comes after the folders holding it
+        # Inside a bound folder, a path resolves as it does here; where it goes through a link, the link's target
+        # is one of the real paths, bound on its own.
+        if not any(root.startswith(outer + os.sep) for outer in kept):
+            kept.append(root)
+    return kept
 
 
 def python_binds() -> list[str]:
+    """Read-only binds of Python's installation at the paths it has on this machine, links resolved at the source:
+    bwrap creates the folders on the way (with a mode that lets the dropped user through)."""
     args, made = [], set()
     for root in python_roots():
         # bwrap copies a parent's mode when it creates it (/root is 0700): make every parent traversable.
         parts = root.strip("/").split("/")[:-1]
         for i in range(len(parts)):
             parent = "/" + "/".join(parts[:i + 1])
-            if parent not in made and not parent.startswith("/usr"):
+            if parent not in made:
                 made.add(parent)
                 args += ["--perms", "0755", "--dir", parent]
-        args += ["--ro-bind", root, root]
+        args += ["--ro-bind", os.path.realpath(root), root]
     return args
+def isolation_state(serves_others: bool, box: "Sandbox | None" = None) -> str:
+    """The panel's isolation, in one Markdown line for the page (and the start-up log): where *Check task* and
+    *Try it* run code, or why they run none and how to fix it."""
+    box = box or local_sandbox()
+    what, run, them = (("*Try it* on CPU", "runs", "it") if serves_others
+                       else ("*Check task* and *Try it*", "run", "them"))
+    if box.bwrap is not None:
+        line = (f"🔒 **Isolation:** {what} {run} code in a bubblewrap sandbox on this machine (its own PID, mount, "
+                "network and IPC namespaces, a read-only Python, resource limits).")
+    elif unsandboxed_allowed():
+        line = (f"⚠️ **No sandbox** ({box.reason}): {what} {run} code **unsandboxed** ({ALLOW_UNSANDBOXED_ENV}=1), "
+                "with this machine's user's rights: its files, processes and network.")
+    else:
+        line = (f"⛔ **No sandbox** ({box.reason}): {what} {run} no code on this machine"
+                + ("" if serves_others else ", and a launch (which checks its task first) is refused")
+                + f"; {ALLOW_UNSANDBOXED_ENV}=1 would run {them} unsandboxed.")
+    if serves_others:
+        line += " *Check task* runs your code in a `cpu-basic` job of your own account, never here."
+    return line
 
 
 @functools.lru_cache(maxsize=1)
 def local_sandbox() -> Sandbox:
-    """This machine's sandbox, probed once: bubblewrap with every namespace, or what is missing and why."""
+    """This machine's sandbox, probed once: bubblewrap with every namespace, or why there is none (bubblewrap
+    missing, the OS refusing its namespaces, or our binds wrong), with the fix."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        return Sandbox(None, LAYERS, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)")
+        return no_sandbox(NOT_INSTALLED, "bubblewrap is not installed")
     probe = Sandbox(bwrap, drop_uid=UNPRIVILEGED_UID if os.geteuid() == 0 else None)
+    user = [] if os.geteuid() == 0 else ["--unshare-user"]
+    # First the namespaces alone, with the whole file system in view: this fails only where the OS refuses them.
+    bare = [bwrap, *NAMESPACES, *user, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
+            "--dev", "/dev", sys.executable, "-c", "pass"]
+    why = _fails(bare, None)
+    if why is not None:
+        return no_sandbox(REFUSED, f"this machine refused bubblewrap's namespaces ({why})")
     with tempfile.TemporaryDirectory(prefix="grpo-sandbox-probe-") as scratch:
         argv, env, cwd = probe.command([sys.executable, "-c", "import runtime"], scratch, {})
-        try:
-            done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return Sandbox(None, LAYERS, f"bubblewrap could not start ({exc})")
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Sandbox(None, LAYERS, f"this machine refused bubblewrap's namespaces ({why})")
+        why = _fails(argv, env, cwd)
+    if why is not None:
+        return no_sandbox(BAD_BINDS, f"bubblewrap works here, but {sys.executable} did not start in the sandbox "
+                                     f"({why})")
     return probe
+
+
+def no_sandbox(problem: str, why: str) -> Sandbox:
+    """No sandbox: every layer missing, the reason with its fix."""
+    return Sandbox(None, LAYERS, f"{why}; fix: {FIXES[problem]}", problem=problem)
+
+
+def _fails(argv: list[str], env: dict | None, cwd: str | None = None) -> str | None:
+    """What went wrong running `argv` (its last line of stderr), or None when it exited 0."""
+    try:
+        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, no output"])[-1]
