@@ -11,7 +11,7 @@ from backend.outcome.publish import PublishError, default_repo_id, model_card, p
 from backend.runs.access import Visitor, acting_token, no_token_reason
 from backend.runs.hub_auth import can_control, whoami_name, writable_namespaces
 from backend.runtime.redact import redact_tokens
-from backend.storage.observers import final_adapter_files
+from backend.storage.observers import final_adapter_files, shipped
 
 
 def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
@@ -76,7 +76,7 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
         return f"**Not pushed.** {redact_tokens(str(exc))}"
     except Exception as exc:   # the Hub refusing or failing: its own words, masked
         return f"**Not pushed:** {redact_tokens(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
-    files = len([f for f in chosen.files if os.path.basename(f.path) != "README.md"])
+    files = len(shipped(chosen.files))
     return (f"Pushed {what} of run {run_id} to [{repo_id}]({url}) "
             f"({'private' if private else 'public'}): {files} file(s) and a model card (README.md).")
 

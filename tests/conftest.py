@@ -50,6 +50,7 @@ INTEGRATION_FILES = frozenset({
     "test_publish.py",           # a local run, then its adapter pushed
     "test_resume.py",            # a real local job as the run's trainer
     "test_runtime_train.py",     # `python -m runtime.train` on the tiny model
+    "test_run_folder_links.py",  # downloads and pushes through the panel's page on a real Gradio server
     "test_task_sandbox.py",      # hostile reward code against real panels, the sandbox and check jobs
     "test_secrets.py",           # local jobs and their environment
     "test_serve_replica.py",     # `python -m runtime.serve_replica`

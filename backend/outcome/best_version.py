@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
-from backend.storage.observers import FragmentReader
+from backend.storage.observers import FragmentReader, adapter_folder_files
 from backend.storage.store import BucketStore, StoredFile
 
 FINAL, BEST = "final", "best"
@@ -98,7 +98,7 @@ class HeldOut:
         return max(self.scores.values(), key=lambda s: (s.score, -s.version)).version if self.scores else None
 
     def _read_best(self) -> bool:
-        files = self.store.list_files(f"{self.prefix}/{layout.BEST_DIR}")
+        files = adapter_folder_files(self.store, f"{self.prefix}/{layout.BEST_DIR}")
         names = {posixpath.basename(f.path) for f in files}
         if not all(n in names for n in layout.ADAPTER_FILES):
             return False
@@ -263,7 +263,7 @@ def choose(view, choice: str | None) -> ChosenAdapter:
 def _version_files(view, version: int) -> list[StoredFile]:
     """A version's own folder, or best/ when that is this version and its serving copy was pruned."""
     known = published(view, version)
-    files = _complete(view.store.list_files(known.path)) if known is not None else []
+    files = _complete(adapter_folder_files(view.store, known.path)) if known is not None else []
     if files:
         return files
     held = view.held_out

@@ -1,8 +1,10 @@
 """Publish one adapter version of a run (the best by held-out score, final/, or any published version) to a Hub
 model repo, with a model card generated from the run that says which version it is and why.
 
-Buckets cannot be copied into a repo on the server, so the adapter's files are read from the run's bucket store
-(the Hub bucket, or the local folder of a local run) and uploaded in one commit with the card
+Buckets cannot be copied into a repo on the server, so the adapter's own files (`layout.SHIPPED_ADAPTER_FILES`:
+its config, weights and version record, never anything else its folder holds, read through the store, which
+follows no link) are read from the run's bucket store (the Hub bucket, or the local folder of a local run) and
+uploaded in one commit with the card
 (`create_repo` + `create_commit`). The repo is private unless the visitor asks otherwise.
 """
 
@@ -21,6 +23,7 @@ from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import TINY_MODEL
 from backend.runtime.user_code import reward_function_names
+from backend.storage.observers import shipped
 
 
 class PublishError(ValueError):
@@ -131,13 +134,14 @@ def push_adapter(store, run_id: str, files: list, repo_id: str, card: str, token
     problem = repo_id_problem(repo_id)
     if problem:
         raise PublishError(f"repo_id: {problem}")
+    files = shipped(files)      # the adapter's own files only: nothing else a run's jobs put in its folder
     names = {posixpath.basename(f.path) for f in files}
     if not all(n in names for n in layout.ADAPTER_FILES):
         raise PublishError(f"run {run_id} has no complete {what} adapter (both {' and '.join(layout.ADAPTER_FILES)})")
     api = HfApi(token=token)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     operations = [CommitOperationAdd(path_in_repo=posixpath.basename(f.path), path_or_fileobj=store.read_bytes(f.path))
-                  for f in files if posixpath.basename(f.path) != "README.md"]
+                  for f in files]
     operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()))
     api.create_commit(repo_id, operations=operations, commit_message=f"LoRA adapter of GRPO run {run_id}: {what}")
     return str(url)

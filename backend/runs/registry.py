@@ -23,7 +23,7 @@ from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_r
 from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
-from backend.storage.observers import final_adapter_files
+from backend.storage.observers import final_adapter_files, shipped
 from backend.storage.store import BucketStore
 from backend.view.runview import RunView
 
@@ -221,15 +221,7 @@ class RunRegistry:
             view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
         if not view.final_files:
             return None
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            for f in view.final_files:
-                zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
-        path = os.path.join(folder, f"{name}-{run_id}-final-adapter.zip")
-        atomic_write_bytes(path, buf.getvalue())
-        return path
-
+        return _write_zip(view, view.final_files, folder, "final")
 
     def adapter_zip(self, run_id: str, choice: str | None, folder: str) -> tuple[str, ChosenAdapter]:
         """A zip of the adapter version `choice` names ("best", "final" or "trl-policy-v<N>"; None: the default) in
@@ -239,14 +231,20 @@ class RunRegistry:
         if not view.final_files:
             view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
         chosen = choose(view, choice)
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-            for f in chosen.files:
-                zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
-        name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
-        path = os.path.join(folder, f"{name}-{run_id}-{chosen.choice}-adapter.zip")
-        atomic_write_bytes(path, buf.getvalue())
-        return path, chosen
+        return _write_zip(view, chosen.files, folder, chosen.choice), chosen
+
+
+def _write_zip(view, files: list, folder: str, what: str) -> str:
+    """A zip of the adapter's own files (`shipped`: never anything else its folder holds) in `folder`, one file
+    per run and version, replaced whole; its path."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in shipped(files):
+            zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
+    path = os.path.join(folder, f"{name}-{view.run_id}-{what}-adapter.zip")
+    atomic_write_bytes(path, buf.getvalue())
+    return path
 
 
 @dataclass(frozen=True)

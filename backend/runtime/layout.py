@@ -51,6 +51,9 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 ADAPTER_META_FILE = "version.json"
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# What a download or a push takes from an adapter's folder: PEFT's own files (its config, its weights in either
+# format) and the version record; anything else a run's jobs put there (a README, a link, a subfolder) stays.
+SHIPPED_ADAPTER_FILES = (*ADAPTER_FILES, "adapter_model.bin", ADAPTER_META_FILE)
 ROLLOUT_STATE_FILE = "rollout_state.json"   # in an async trainer's checkpoint: TRL's policy version at that step
 
 TRACKIO_DIR = "trackio"                # trackio's folder (TRACKIO_DIR) when a run logs to trackio without a Space

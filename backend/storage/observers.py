@@ -397,12 +397,22 @@ def _group_by_folder(files: list[StoredFile]) -> dict[str, list[StoredFile]]:
     return groups
 
 
+def shipped(files: list[StoredFile]) -> list[StoredFile]:
+    """The files of an adapter a download or a push takes (`layout.SHIPPED_ADAPTER_FILES`), nothing else."""
+    return [f for f in files if posixpath.basename(f.path) in layout.SHIPPED_ADAPTER_FILES]
+
+
+def adapter_folder_files(store: BucketStore, folder: str) -> list[StoredFile]:
+    """The adapter's own files directly in `folder` (regular files: the store follows no link), nothing else."""
+    return shipped([f for f in store.list_files(folder) if posixpath.dirname(f.path) == folder.strip("/")])
+
+
 def final_adapter_files(store: BucketStore, run_id: str) -> list[StoredFile]:
     """The final adapter's files, or [] until both adapter files are there (asked for by name first: one cheap
     call while the run trains, a listing of the small folder once they are)."""
     folder = f"{layout.run_prefix(run_id)}/{layout.FINAL_DIR}"
     if len(store.sizes([f"{folder}/{name}" for name in layout.ADAPTER_FILES])) < len(layout.ADAPTER_FILES):
         return []
-    files = store.list_files(folder)
+    files = adapter_folder_files(store, folder)
     names = {posixpath.basename(f.path) for f in files}
     return files if all(n in names for n in layout.ADAPTER_FILES) else []

@@ -4,12 +4,13 @@ Paths are always relative to the bucket root and use "/" (e.g. "runs/<run_id>/me
 Writers write each file once; readers list and keep their own cursors (see `backend.storage.observers`).
 """
 
+import contextlib
 import os
+import secrets
 import shutil
+import stat
 from dataclasses import dataclass
 from typing import Protocol
-
-from backend.runtime.layout import atomic_write_bytes
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,13 @@ class BucketStore(Protocol):
 
 
 class FolderStore:
-    """A bucket that is a local folder: local runs, or a bucket mounted into the Space as a volume."""
+    """A bucket that is a local folder: local runs, or a bucket mounted into the Space as a volume.
+
+    A run's own jobs write this folder, so it may hold links they planted (to /etc/passwd, to another visitor's
+    run, to the panel's secrets). The store never follows one below its root: every path is walked from the root
+    one folder at a time with O_NOFOLLOW (a link, or a path that climbs out, is not there), only regular files are
+    listed, read or sized, and writes and deletions go through real folders only. The root itself is the operator's
+    to choose and may be a link."""
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
@@ -56,44 +63,53 @@ class FolderStore:
         os.makedirs(self.root, exist_ok=True)
 
     def local_path(self, path: str) -> str:
-        full = os.path.abspath(os.path.join(self.root, path))
-        if full != self.root and not full.startswith(self.root + os.sep):
-            raise ValueError(f"path {path!r} escapes the bucket")
-        return full
+        """The path on this machine (lexically inside the root; what it holds is read through the store)."""
+        return os.path.join(self.root, *_parts(path))
 
     def list_files(self, prefix: str) -> list[StoredFile]:
         out: list[StoredFile] = []
-        start = prefix.strip("/")
-        self._walk(self.local_path(start), start, out)
+        parts = _parts(prefix)
+        try:
+            fd = self._open_folder(parts)
+        except OSError:
+            return []     # not there, not a folder, or reached through a link
+        try:
+            self._walk(fd, "/".join(parts), out)
+        finally:
+            os.close(fd)
         return sorted(out, key=lambda f: f.path)
 
-    def _walk(self, folder: str, rel: str, out: list[StoredFile]) -> None:
-        try:
-            entries = list(os.scandir(folder))
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        for entry in entries:
-            path = f"{rel}/{entry.name}" if rel else entry.name
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    self._walk(entry.path, path, out)
-                else:
-                    st = entry.stat()
-                    out.append(StoredFile(path, st.st_size, st.st_mtime))
-            except FileNotFoundError:
-                continue  # renamed or removed while we walked
+    def _walk(self, fd: int, rel: str, out: list[StoredFile]) -> None:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        out.append(StoredFile(path, st.st_size, st.st_mtime))
+                    elif stat.S_ISDIR(st.st_mode):
+                        sub = os.open(entry.name, _FOLDER, dir_fd=fd)
+                        try:
+                            self._walk(sub, path, out)
+                        finally:
+                            os.close(sub)
+                except OSError:
+                    continue  # renamed or removed while we walked, or swapped for a link
+                # anything else (a link, a FIFO, a device) is not a file of the bucket
 
     def sizes(self, paths: list[str]) -> dict[str, int]:
         out = {}
         for path in paths:
             try:
-                out[path] = os.stat(self.local_path(path)).st_size
-            except FileNotFoundError:
+                st = self._stat(path)
+            except OSError:
                 continue
+            if stat.S_ISREG(st.st_mode):
+                out[path] = st.st_size
         return out
 
     def read_bytes(self, path: str, start: int = 0) -> bytes:
-        with open(self.local_path(path), "rb") as f:
+        with self._open_file(path) as f:
             f.seek(start)
             return f.read()
 
@@ -101,15 +117,106 @@ class FolderStore:
         pass    # reads are local already
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        atomic_write_bytes(self.local_path(path), data)
+        """Write the whole file under a temporary name, then rename it into place (both in a real folder)."""
+        *folder, name = _parts(path)
+        fd = self._open_folder(folder, create=True)
+        tmp = f"_tmp{secrets.token_hex(8)}"
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                          dir_fd=fd)
+            try:
+                with os.fdopen(out, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
+                raise
+        finally:
+            os.close(fd)
 
     def delete_folder(self, prefix: str) -> None:
-        folder = self.local_path(prefix.strip("/") or ".")
-        if folder == self.root:
+        *parent, name = _parts(prefix) or [""]
+        if not name:
             raise ValueError("refusing to delete the whole bucket")
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            fd = self._open_folder(parent)
+        except OSError:
+            return
+        try:
+            # rmtree with dir_fd removes a link itself (never what it points to) and walks real folders only.
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+            else:
+                os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
 
     def upload_folder(self, local_dir: str, prefix: str) -> None:
-        dest = self.local_path(prefix)
-        shutil.copytree(local_dir, dest, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        base = "/".join(_parts(prefix))
+        for folder, dirs, files in os.walk(local_dir):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            rel = os.path.relpath(folder, local_dir)
+            for name in files:
+                if not name.endswith(".pyc"):
+                    with open(os.path.join(folder, name), "rb") as f:
+                        self.write_bytes("/".join(p for p in (base, rel, name) if p and p != "."), f.read())
+
+    # ---- walking from the root, one real folder at a time
+    def _open_folder(self, parts: list[str], create: bool = False) -> int:
+        """A descriptor of the folder `parts` below the root, each step a real folder (OSError otherwise)."""
+        fd = os.open(self.root, _FOLDER & ~os.O_NOFOLLOW)
+        try:
+            for part in parts:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                sub = os.open(part, _FOLDER, dir_fd=fd)
+                os.close(fd)
+                fd = sub
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _stat(self, path: str) -> os.stat_result:
+        *folder, name = _parts(path)
+        fd = self._open_folder(folder)
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        finally:
+            os.close(fd)
+
+    def _open_file(self, path: str):
+        """The regular file at `path`, opened for reading; FileNotFoundError for a link or anything else."""
+        *folder, name = _parts(path)
+        try:
+            fd = self._open_folder(folder)
+        except OSError as exc:
+            raise FileNotFoundError(f"{path}: no such file in the bucket ({exc.strerror})") from None
+        try:
+            # O_NONBLOCK: a FIFO planted in its place must not hang the reader (no effect on a regular file).
+            file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as exc:
+            raise FileNotFoundError(f"{path}: no such file in the bucket ({exc.strerror})") from None
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+            os.close(file_fd)
+            raise FileNotFoundError(f"{path}: not a regular file")
+        os.set_blocking(file_fd, True)
+        return os.fdopen(file_fd, "rb")
+
+
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _parts(path: str) -> list[str]:
+    """`path`'s names below the bucket root ("/" separated, relative to it); ValueError for one that climbs out."""
+    parts = [p for p in str(path).split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ValueError(f"path {path!r} escapes the bucket")
+    return parts
