@@ -29,16 +29,18 @@ def tail(path, lines: int = 60) -> str:
 
 
 @contextlib.contextmanager
-def running_panel(script: str, env: dict, home, startup_s: float = 120.0, unset: tuple[str, ...] = ()):
+def running_panel(script: str, env: dict, home, startup_s: float = 120.0, unset: tuple[str, ...] = (),
+                  python: str = sys.executable):
     """`python <script>` as its own process group on a free port; yields its URL; stops the group at the end.
-    `env` is added to this process's environment, without the variables named in `unset`."""
+    `env` is added to this process's environment, without the variables named in `unset`; `python` is the
+    interpreter (by the path given: a venv's, reached through a link, starts as such)."""
     port = free_port()
     env = {**{k: v for k, v in os.environ.items() if k not in unset}, "GRPO_PANEL_HOME": str(home),
            "PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False", **env}
     log_path = os.path.join(str(home), "app.log")
     os.makedirs(str(home), exist_ok=True)
     log = open(log_path, "wb")
-    proc = subprocess.Popen([sys.executable, script], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([python, script], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -6,7 +6,14 @@ file, the webhook key file in its home, another run's `spec.json` and a download
 
 - A local panel (loopback, one user): the check runs in the sandbox. Each attack is refused or contained, and no
   planted secret appears in the answer (plain, base64, hex or reversed), in what the code managed to print, or
-  on the disk; no process it started outlives the check; the panel stays up.
+  on the disk, also not a token in the environment of an unrelated process of the machine (every readable
+  `/proc/*/environ` and memory is scanned); no process it started outlives the check; the panel stays up. The same
+  with the panel started from a venv under /tmp and from a venv reached through a linked folder (the sandbox binds
+  Python by the path it was started with and by its real path).
+- Without bubblewrap (a PATH without `bwrap`) the local panel runs nothing, says why and how to fix it, and the page
+  shows its isolation state; with the operator's opt-in (GRPO_PANEL_ALLOW_UNSANDBOXED=1) the check runs, the state
+  shown. *Try it* with no sandbox loads nothing. The probe tells bubblewrap missing, namespaces refused and binds
+  of ours that are wrong apart.
 - A Space-mode panel: the panel's machine starts no process at all; exactly one check job reaches the fake Hub,
   created with the signed-in visitor's token and carrying no other; its report comes back from that job (run
   by the fake Hub on a machine of its own). An anonymous visitor is told to sign in and starts nothing.
@@ -14,11 +21,15 @@ file, the webhook key file in its home, another run's `spec.json` and a download
 
 import base64
 import glob
+import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 import uuid
 
 import psutil
@@ -38,6 +49,7 @@ SECRETS = {
     "another run": "planted-other-visitors-run-" + "Wc63" * 5,
     "downloaded log": "planted-downloaded-log-" + "Pv27" * 5,
     "bob's token": "hf_oauth_" + "PlantedBobVisitor" + "Nn64" * 5,
+    "another process's token": "hf_" + "PlantedDecoyProcess" + "Jd29" * 5,
 }
 ALICE = "hf_oauth_" + "aliceCheckVisitor" + "0" * 20
 
@@ -274,18 +286,54 @@ def kill_survivors():
         proc.kill()
 
 
-def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_survivors):
+@pytest.fixture(scope="module")
+def venvs(tmp_path_factory) -> dict[str, str]:
+    """This Python as many people install it: a venv under /tmp, and that venv reached through a linked folder
+    (the folder a link to the real one); each venv's interpreter by the path a panel is started with."""
+    base = tmp_path_factory.mktemp("venvs")
+    assert str(base).startswith("/tmp/"), base
+    (base / "real").mkdir()
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(base / "real" / "venv")], check=True, timeout=300)
+    os.symlink(base / "real", base / "link")
+    return {"venv under /tmp": str(base / "real" / "venv" / "bin" / "python3"),
+            "venv through a linked folder": str(base / "link" / "venv" / "bin" / "python3")}
+
+
+@pytest.fixture
+def decoy():
+    """An unrelated process of this machine with a token in its environment (another user's job, say)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], stdin=subprocess.DEVNULL,
+                            env={**os.environ, "HF_TOKEN": SECRETS["another process's token"]})
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def isolation_shown(url: str) -> str:
+    """The page's isolation state (the one line under its title), as the page's config serves it."""
+    with urllib.request.urlopen(f"{url}/config", timeout=30) as response:
+        config = json.loads(response.read())
+    return next(c["props"]["value"] for c in config["components"]
+                if c.get("props", {}).get("elem_id") == "isolation")
+
+
+@pytest.mark.parametrize("interpreter", ["as installed", "venv under /tmp", "venv through a linked folder"])
+def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_survivors, decoy, interpreter, request):
     from gradio_client import Client
 
     from backend.task.sandbox import local_sandbox
 
     assert local_sandbox().missing == (), f"this machine must run the sandbox: {local_sandbox().reason}"
+    python = sys.executable if interpreter == "as installed" else request.getfixturevalue("venvs")[interpreter]
     env, home = plant(tmp_path)
-    with running_panel("app.py", env, home) as url:
+    with running_panel("app.py", env, home, python=python) as url:
+        assert isolation_shown(url).startswith("🔒 **Isolation:**"), isolation_shown(url)
         port = int(url.rsplit(":", 1)[1])
         client = Client(url, verbose=False)
         answer = check_once(client, attack_code(home, tmp_path, [port, listener.port]))
         assert "Task checked" in answer, answer[-3000:]
+        assert "ran without" not in answer and "No sandbox" not in answer, answer[-3000:]
         for name in ("read_environs", "read_memory", "read_files", "write_outside", "open_sockets", "start_survivors"):
             assert name in answer, f"{name} was not scored: {answer[-2000:]}"
         assert_no_secret(answer, "the answer to the read attacks")
@@ -310,6 +358,120 @@ def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_sur
     for path, _, files in os.walk(home):
         for name in files:
             assert MARK not in name, os.path.join(path, name)
+
+
+def path_without_bwrap(tmp_path) -> str:
+    """A PATH holding every program of this one's but bubblewrap (links in one folder)."""
+    folder = tmp_path / "bin-without-bwrap"
+    folder.mkdir()
+    for place in os.environ["PATH"].split(os.pathsep):
+        for name in (os.listdir(place) if os.path.isdir(place) else []):
+            if name != "bwrap" and not os.path.lexists(folder / name):
+                os.symlink(os.path.join(place, name), folder / name)
+    return str(folder)
+
+
+def test_without_bubblewrap_a_local_panel_runs_nothing_unless_the_operator_opts_in(tmp_path, listener,
+                                                                                  kill_survivors):
+    from gradio_client import Client
+
+    env, home = plant(tmp_path)
+    env["PATH"] = path_without_bwrap(tmp_path)
+    with running_panel("app.py", env, home) as url:
+        state = isolation_shown(url)
+        assert state.startswith("⛔ **No sandbox** (bubblewrap is not installed") and "apt-get install bubblewrap" in (
+            state) and "GRPO_PANEL_ALLOW_UNSANDBOXED=1" in state, state
+        client = Client(url, verbose=False)
+        answer = check_once(client, attack_code(home, tmp_path, [int(url.rsplit(":", 1)[1]), listener.port]))
+        client.close()
+    assert "No sandbox on this machine: bubblewrap is not installed" in answer, answer[-3000:]
+    assert "apt-get install bubblewrap" in answer and "GRPO_PANEL_ALLOW_UNSANDBOXED=1" in answer
+    assert "Task checked" not in answer and "read_environs" not in answer and "LEAK" not in answer
+    assert listener.received == [] and not survivors(), "the code ran"
+    assert not any(os.path.exists(p) for p in (os.path.join(home, MARK), os.path.join(ROOT, MARK),
+                                               str(tmp_path / "hf-home" / MARK), "/tmp/" + MARK)), "the code ran"
+    assert glob.glob(str(tmp_path / "tmp" / "grpo-task-check-*")) == [], "nothing was even staged"
+
+    env["GRPO_PANEL_ALLOW_UNSANDBOXED"] = "1"       # the operator's opt-in: the code runs, and the page says how
+    with running_panel("app.py", env, home) as url:
+        state = isolation_shown(url)
+        assert state.startswith("⚠️ **No sandbox** (bubblewrap is not installed") and "**unsandboxed**" in state
+        client = Client(url, verbose=False)
+        answer = check_once(client, "def one(completions, **kwargs):\n    print('ran here')\n"
+                                    "    return [1.0] * len(completions)\n")
+        client.close()
+    assert "Task checked" in answer and "ran here" in answer, answer[-3000:]
+    assert "The check ran without PID namespace" in answer and "GRPO_PANEL_ALLOW_UNSANDBOXED is set" in answer
+
+
+@pytest.fixture
+def fresh_probe():
+    """`local_sandbox` probing this machine again (it remembers its answer), and again after the test."""
+    from backend.task.sandbox import local_sandbox
+
+    local_sandbox.cache_clear()
+    yield local_sandbox
+    local_sandbox.cache_clear()
+
+
+def test_the_probe_tells_what_is_wrong_and_names_the_fix(tmp_path, monkeypatch, fresh_probe):
+    from backend.task import sandbox
+
+    no_bwrap = path_without_bwrap(tmp_path)
+    monkeypatch.setenv("PATH", no_bwrap)
+    missing = fresh_probe()
+    assert missing.problem == sandbox.NOT_INSTALLED and "apt-get install bubblewrap" in missing.reason
+    assert "Nothing ran" in missing.refusal() and "GRPO_PANEL_ALLOW_UNSANDBOXED=1" in missing.refusal()
+
+    refusing = tmp_path / "refusing"        # a bubblewrap this kernel will not give namespaces
+    refusing.mkdir()
+    (refusing / "bwrap").write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    (refusing / "bwrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{refusing}{os.pathsep}{no_bwrap}")
+    fresh_probe.cache_clear()
+    refused = fresh_probe()
+    assert refused.problem == sandbox.REFUSED and "No permissions to create new namespace" in refused.reason
+    assert "user namespaces" in refused.reason and "unprivileged_userns_clone" in refused.reason
+
+    monkeypatch.undo()
+    monkeypatch.setattr(sandbox, "python_binds", list)     # our binds wrong: this Python is not inside
+    fresh_probe.cache_clear()
+    wrong = fresh_probe()
+    assert wrong.problem == sandbox.BAD_BINDS and "bubblewrap works here" in wrong.reason
+    assert sys.executable in wrong.reason and "bug of the panel's sandbox" in wrong.reason
+
+    monkeypatch.undo()
+    fresh_probe.cache_clear()
+    assert fresh_probe().problem == "" and fresh_probe().refusal() is None
+    monkeypatch.setenv("GRPO_PANEL_ALLOW_UNSANDBOXED", "1")
+    assert missing.refusal() is None, "the operator's opt-in"
+
+
+def test_try_it_without_a_sandbox_loads_nothing_and_says_how_to_fix_it(tmp_path, monkeypatch):
+    """Through the page (a real Gradio server): a CPU try refused, nothing staged or started."""
+    from backend.outcome import try_it
+    from backend.task.sandbox import NOT_INSTALLED, no_sandbox
+    from panel.actions import Panel, Settings
+    from tests.test_best_version import SyntheticRun, served
+
+    monkeypatch.setattr(try_it, "local_sandbox", lambda: no_sandbox(NOT_INSTALLED, "bubblewrap is not installed"))
+    monkeypatch.setattr(try_it, "_run_worker", lambda *a, **k: pytest.fail("a try ran without a sandbox"))
+    panel = Panel(Settings(home=str(tmp_path / "home"), on_space=False, budget_check_s=0))
+    try:
+        run = SyntheticRun(str(tmp_path / "home"), 200)
+        base = os.path.join(run.run_dir, "base-model")
+        os.makedirs(base)
+        for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights")):
+            with open(os.path.join(base, name), "wb") as f:
+                f.write(data)
+        with served(panel) as client:
+            _message, table = client.predict(run.spec.run_id, "2+2?", ["base", "trl-policy-v3"], 8, api_name="/on_try")
+        cells = dict(zip(table["headers"], zip(*table["data"])))
+        for pick in ("base model", "trl-policy-v3"):
+            assert "No sandbox on this machine: bubblewrap is not installed" in cells[pick][0], cells
+            assert "apt-get install bubblewrap" in cells[pick][0] and "GRPO_PANEL_ALLOW_UNSANDBOXED" in cells[pick][0]
+    finally:
+        panel.shutdown()
 
 
 @pytest.mark.fake_hub(users={ALICE: FakeUser("alice"), SECRETS["bob's token"]: FakeUser("bob")}, serve=False)
