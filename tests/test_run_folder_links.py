@@ -156,3 +156,19 @@ def test_downloads_and_pushes_from_the_page_take_only_the_adapters_own_files(lin
         with zipfile.ZipFile(open(os.path.join(panel.downloads, name), "rb")) as archive:
             assert_only_the_adapters_own({n: archive.read(n) for n in archive.namelist()}, name)
     assert json.loads(zips["trl-policy-v3"]["version.json"])["version"] == 3
+
+
+def test_try_it_never_loads_a_base_model_through_a_link_in_the_run_folder(linked_run, outside, monkeypatch):
+    from backend.outcome import try_it
+
+    panel, run = linked_run
+    monkeypatch.setattr(try_it, "_run_worker", lambda *a, **k: pytest.fail("the try went ahead"))
+    base = os.path.join(run.run_dir, layout.BASE_MODEL_DIR)
+    os.makedirs(base)
+    with open(os.path.join(base, "config.json"), "w") as f:
+        f.write("{}")
+    os.symlink(str(outside / "secret.txt"), os.path.join(base, "model.safetensors"))
+    with served(panel) as client:
+        _message, table = client.predict(run.spec.run_id, "2+2?", ["base"], 8, api_name="/on_try")
+    cells = dict(zip(table["headers"], zip(*table["data"])))
+    assert "base-model/ folder holds links, which a try never follows" in cells["base model"][0], cells

@@ -240,9 +240,13 @@ def local_base(view) -> tuple[str | None, str]:
         if local is None:
             return None, (f"the run's builtin model is in {layout.BASE_MODEL_DIR}/ of its bucket on the Hub; a CPU "
                           "try needs the run's folder on this machine (a local run), or a live distributed run")
-        folder = local(f"{layout.run_prefix(view.run_id)}/{layout.BASE_MODEL_DIR}")
-        if not os.path.isfile(os.path.join(folder, "config.json")):
+        prefix = f"{layout.run_prefix(view.run_id)}/{layout.BASE_MODEL_DIR}"
+        folder = local(prefix)
+        if not view.store.sizes([f"{prefix}/config.json"]):    # the store: reached through real folders only
             return None, (f"the run's {layout.BASE_MODEL_DIR}/ folder holds no model yet (its first job builds it)")
+        if any(entry.is_symlink() for entry in os.scandir(folder)):
+            # A run's jobs write its folder: a link there could hand the try a file from outside it.
+            return None, f"the run's {layout.BASE_MODEL_DIR}/ folder holds links, which a try never follows"
         return _fits(folder)
     if os.path.isabs(model):
         return (_fits(model) if os.path.isfile(os.path.join(model, "config.json"))
