@@ -404,6 +404,32 @@ def test_without_bubblewrap_a_local_panel_runs_nothing_unless_the_operator_opts_
     assert "The check ran without PID namespace" in answer and "GRPO_PANEL_ALLOW_UNSANDBOXED is set" in answer
 
 
+def test_python_is_bound_by_the_path_it_was_started_with_and_by_its_real_path(tmp_path, monkeypatch):
+    """A uv-managed Python and a venv made from it in a project folder reached through a link: the venv is bound
+    at both its paths (from the real one), the uv installation too, all after the private /tmp is mounted."""
+    from backend.task import sandbox
+
+    uv = tmp_path / "home" / ".local" / "share" / "uv" / "python" / "cpython-3.11.7-linux-x86_64-gnu"
+    (uv / "bin").mkdir(parents=True)
+    (uv / "bin" / "python3.11").write_text("")
+    (uv / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    real = tmp_path / "disk" / "project" / ".venv"
+    (real / "bin").mkdir(parents=True)
+    (real / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    os.symlink(uv / "bin" / "python3.11", real / "bin" / "python3")
+    os.symlink(tmp_path / "disk" / "project", tmp_path / "project")
+    venv = tmp_path / "project" / ".venv"
+    for name, value in (("executable", str(venv / "bin" / "python3")), ("prefix", str(venv)),
+                        ("exec_prefix", str(venv)), ("base_prefix", str(uv)), ("base_exec_prefix", str(uv)),
+                        ("path", [str(uv / "lib" / "python3.11"), str(venv / "lib" / "python3.11" / "site-packages")])):
+        monkeypatch.setattr(sys, name, value)
+    args = sandbox.machine_binds()
+    binds = {(args[i + 1], args[i + 2]) for i, arg in enumerate(args) if arg == "--ro-bind"}
+    assert {(str(real), str(venv)), (str(real), str(real)), (str(uv), str(uv))} <= binds, binds
+    assert not [dest for _, dest in binds if dest.startswith((f"{venv}/", f"{uv}/"))], "nested"
+    assert args.index("--tmpfs") < min(args.index(str(venv)), args.index(str(uv))), "/tmp first, then Python"
+
+
 @pytest.fixture
 def fresh_probe():
     """`local_sandbox` probing this machine again (it remembers its answer), and again after the test."""
