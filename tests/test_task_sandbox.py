@@ -429,6 +429,16 @@ def test_python_is_bound_by_the_path_it_was_started_with_and_by_its_real_path(tm
     assert not [dest for _, dest in binds if dest.startswith((f"{venv}/", f"{uv}/"))], "nested"
     assert args.index("--tmpfs") < min(args.index(str(venv)), args.index(str(uv))), "/tmp first, then Python"
 
+    # Started through a link of one's own (`~/bin/python3`): that link is made again inside, the home is not bound.
+    (tmp_path / "home" / "bin").mkdir()
+    os.symlink(uv / "bin" / "python3.11", tmp_path / "home" / "bin" / "python3")
+    for name, value in (("executable", str(tmp_path / "home" / "bin" / "python3")), ("prefix", str(uv)),
+                        ("exec_prefix", str(uv)), ("path", [str(uv / "lib" / "python3.11")])):
+        monkeypatch.setattr(sys, name, value)
+    args = sandbox.machine_binds()
+    assert ["--symlink", str(uv / "bin" / "python3.11"), sys.executable] == args[-3:], args
+    assert [args[i + 2] for i, arg in enumerate(args) if arg == "--ro-bind"][-1] == str(uv), "only the installation"
+
 
 @pytest.fixture
 def fresh_probe():

@@ -140,17 +140,12 @@ def system_binds() -> list[str]:
 
 
 def python_paths() -> list[str]:
-    """Where this Python and its packages are, as it was started (links kept) and as they really are: the
-    interpreter's folder, the venv and the installation it was made from, every site-packages on sys.path."""
-    named = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))]
+    """Where this Python and its packages are, as it was started (links kept) and as they really are: the venv and
+    the installation it was made from, the real interpreter's installation, every site-packages on sys.path."""
+    named = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     named += [entry for entry in sys.path
               if entry and os.path.basename(os.path.realpath(entry)) in ("site-packages", "dist-packages")]
-    hops = [os.path.abspath(sys.executable)]
-    while os.path.islink(hops[-1]) and len(hops) < 40:    # each link of the interpreter's chain, to its file
-        hops.append(os.path.join(os.path.dirname(hops[-1]), os.readlink(hops[-1])))
-    named += [os.path.dirname(os.path.dirname(os.path.abspath(hop))) for hop in hops]
-    paths = set()
+    paths = {os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
     for path in named:
         paths.update({os.path.abspath(path), os.path.realpath(path)})
     return sorted(p for p in paths if os.path.isdir(p))
@@ -159,31 +154,65 @@ def python_paths() -> list[str]:
 def python_roots() -> list[str]:
     """The folders to bind (each from its real path, at this path inside): `python_paths()` without the system's
     own folders, the sandbox's mounts, and any folder inside another one."""
-    roots = [p for p in python_paths()
-             if p not in NOT_BOUND and p.strip("/").split("/")[0] not in SYSTEM_TOPS]
+    roots = [p for p in python_paths() if p not in NOT_BOUND and not _in_system(p)]
     kept: list[str] = []
     for root in roots:      # sorted: a folder comes after the folders holding it
         # Inside a bound folder, a path resolves as it does here; where it goes through a link, the link's target
         # is one of the real paths, bound on its own.
-        if not any(root.startswith(outer + os.sep) for outer in kept):
+        if not _inside(root, kept):
             kept.append(root)
     return kept
 
 
+def interpreter_links(roots: list[str]) -> list[tuple[str, str]]:
+    """(target, link) for each link on the way from the path Python was started with to its file that no bound
+    folder holds (a `~/bin/python3` pointing into an installation): made again inside, targets absolute, so the
+    interpreter starts by that path and finds its installation as it does here. Never the folders around them."""
+    links, hop = [], os.path.abspath(sys.executable)
+    for _ in range(40):
+        if not os.path.islink(hop):
+            break
+        target = os.path.normpath(os.path.join(os.path.realpath(os.path.dirname(hop)), os.readlink(hop)))
+        if not _inside(hop, roots) and not _in_system(hop):
+            links.append((target, hop))
+        hop = target
+    return links
+
+
 def python_binds() -> list[str]:
-    """Read-only binds of Python's installation at the paths it has on this machine, links resolved at the source:
-    bwrap creates the folders on the way (with a mode that lets the dropped user through)."""
+    """Read-only binds of Python's installation at the paths it has on this machine, links resolved at the source,
+    and the interpreter's own links: bwrap creates the folders on the way (with a mode that lets the dropped user
+    through)."""
     args, made = [], set()
-    for root in python_roots():
+
+    def parents(path: str) -> None:
         # bwrap copies a parent's mode when it creates it (/root is 0700): make every parent traversable.
-        parts = root.strip("/").split("/")[:-1]
+        parts = path.strip("/").split("/")[:-1]
         for i in range(len(parts)):
             parent = "/" + "/".join(parts[:i + 1])
-            if parent not in made:
+            if parent not in made and parent not in NOT_BOUND:
                 made.add(parent)
-                args += ["--perms", "0755", "--dir", parent]
+                args.extend(["--perms", "0755", "--dir", parent])
+
+    roots = python_roots()
+    for root in roots:
+        parents(root)
         args += ["--ro-bind", os.path.realpath(root), root]
+    for target, link in interpreter_links(roots):
+        parents(link)
+        args += ["--symlink", target, link]
     return args
+
+
+def _inside(path: str, folders: list[str]) -> bool:
+    return any(path.startswith(folder + os.sep) for folder in folders)
+
+
+def _in_system(path: str) -> bool:
+    """Whether `path` is under one of the system's own folders, bound whole (or made links) by `system_binds`."""
+    return path.strip("/").split("/")[0] in SYSTEM_TOPS
+
+
 def isolation_state(serves_others: bool, box: "Sandbox | None" = None) -> str:
     """The panel's isolation, in one Markdown line for the page (and the start-up log): where *Check task* and
     *Try it* run code, or why they run none and how to fix it."""
@@ -217,7 +246,7 @@ def local_sandbox() -> Sandbox:
     # First the namespaces alone, with the whole file system in view: this fails only where the OS refuses them.
     bare = [bwrap, *NAMESPACES, *user, "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
             "--dev", "/dev", sys.executable, "-c", "pass"]
-    why = _fails(bare, None)
+    why = _fails(bare, {"PATH": "/usr/bin:/bin"})      # nothing of the panel's environment, here either
     if why is not None:
         return no_sandbox(REFUSED, f"this machine refused bubblewrap's namespaces ({why})")
     with tempfile.TemporaryDirectory(prefix="grpo-sandbox-probe-") as scratch:
@@ -234,7 +263,7 @@ def no_sandbox(problem: str, why: str) -> Sandbox:
     return Sandbox(None, LAYERS, f"{why}; fix: {FIXES[problem]}", problem=problem)
 
 
-def _fails(argv: list[str], env: dict | None, cwd: str | None = None) -> str | None:
+def _fails(argv: list[str], env: dict, cwd: str | None = None) -> str | None:
     """What went wrong running `argv` (its last line of stderr), or None when it exited 0."""
     try:
         done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
