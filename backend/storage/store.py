@@ -116,7 +116,7 @@ class FolderStore:
     def prefetch(self, paths: list[str]) -> None:
         pass    # reads are local already
 
-    def write_bytes(self, path: str, data: bytes) -> None:
+    def write_bytes(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Write the whole file under a temporary name, then rename it into place (both in a real folder)."""
         *folder, name = _parts(path)
         fd = self._open_folder(folder, create=True)
@@ -127,6 +127,7 @@ class FolderStore:
             try:
                 with os.fdopen(out, "wb") as f:
                     f.write(data)
+                    os.fchmod(f.fileno(), mode)
                 os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
                 with contextlib.suppress(OSError):
@@ -162,8 +163,9 @@ class FolderStore:
             rel = os.path.relpath(folder, local_dir)
             for name in files:
                 if not name.endswith(".pyc"):
-                    with open(os.path.join(folder, name), "rb") as f:
-                        self.write_bytes("/".join(p for p in (base, rel, name) if p and p != "."), f.read())
+                    with open(os.path.join(folder, name), "rb") as f:     # the panel's own files: as they are
+                        self.write_bytes("/".join(p for p in (base, rel, name) if p and p != "."), f.read(),
+                                         stat.S_IMODE(os.fstat(f.fileno()).st_mode))
 
     # ---- walking from the root, one real folder at a time
     def _open_folder(self, parts: list[str], create: bool = False) -> int:
