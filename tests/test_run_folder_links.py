@@ -15,13 +15,14 @@ import pytest
 
 from backend.runtime import layout
 from backend.storage.store import FolderStore
-from tests.fakehub import FakeHub, FakeUser
+from tests.fakehub import FakeUser
 from tests.test_best_version import SyntheticRun, downloaded, served, write_evals
 
 SECRET = b"planted-outside-secret-" + b"Qx71" * 6
 PASSWD = b"root:x:0:0"
 ALICE = "hf_" + "aliceLinksHostToken" + "0" * 16
 V3_WEIGHTS = b"the real weights of version 3 " * 8
+pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice")})     # alice's token is the host's
 
 
 @pytest.fixture
@@ -83,20 +84,11 @@ def test_the_store_lists_and_reads_regular_files_inside_the_bucket_only(tmp_path
 
 
 @pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub(users={ALICE: FakeUser("alice")}).start()
-    with hub.serving(monkeypatch, ALICE, repos=True):
-        yield hub
-
-
-@pytest.fixture
-def linked_run(tmp_path, outside, monkeypatch, hub):
+def linked_run(tmp_path, outside, monkeypatch, hub, make_panel):
     """A local run with ten versions and held-out scores, its adapters' folders laced with links: version 3 holds
     links among its real files, final/ and best/ too, and version 5 is itself a link to a folder outside."""
-    from panel.actions import Panel, Settings
-
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    panel = Panel(Settings(home=str(tmp_path / "home"), on_space=False, budget_check_s=0))
+    panel = make_panel(budget_check_s=0)
     run = SyntheticRun(str(tmp_path / "home"), 200)
     write_evals(run)
     adapters = os.path.join(run.run_dir, layout.ADAPTERS_DIR)
@@ -114,8 +106,7 @@ def linked_run(tmp_path, outside, monkeypatch, hub):
     v5 = os.path.join(adapters, "trl-policy-v5")
     os.rename(v5, os.path.join(run.run_dir, "v5-moved-away"))
     os.symlink(str(outside / "adapter"), v5)
-    yield panel, run
-    panel.shutdown()
+    return panel, run
 
 
 def assert_only_the_adapters_own(files: dict[str, bytes], where: str, card: bool = False) -> None:

@@ -483,31 +483,27 @@ def test_the_probe_tells_what_is_wrong_and_names_the_fix(tmp_path, monkeypatch, 
     assert missing.refusal() is None, "the operator's opt-in"
 
 
-def test_try_it_without_a_sandbox_loads_nothing_and_says_how_to_fix_it(tmp_path, monkeypatch):
+@pytest.mark.panel_settings(budget_check_s=0)
+def test_try_it_without_a_sandbox_loads_nothing_and_says_how_to_fix_it(tmp_path, monkeypatch, panel):
     """Through the page (a real Gradio server): a CPU try refused, nothing staged or started."""
     from backend.outcome import try_it
     from backend.task.sandbox import NOT_INSTALLED, no_sandbox
-    from panel.actions import Panel, Settings
     from tests.test_best_version import SyntheticRun, served
 
     monkeypatch.setattr(try_it, "local_sandbox", lambda: no_sandbox(NOT_INSTALLED, "bubblewrap is not installed"))
     monkeypatch.setattr(try_it, "_run_worker", lambda *a, **k: pytest.fail("a try ran without a sandbox"))
-    panel = Panel(Settings(home=str(tmp_path / "home"), on_space=False, budget_check_s=0))
-    try:
-        run = SyntheticRun(str(tmp_path / "home"), 200)
-        base = os.path.join(run.run_dir, "base-model")
-        os.makedirs(base)
-        for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights")):
-            with open(os.path.join(base, name), "wb") as f:
-                f.write(data)
-        with served(panel) as client:
-            _message, table = client.predict(run.spec.run_id, "2+2?", ["base", "trl-policy-v3"], 8, api_name="/on_try")
-        cells = dict(zip(table["headers"], zip(*table["data"])))
-        for pick in ("base model", "trl-policy-v3"):
-            assert "No sandbox on this machine: bubblewrap is not installed" in cells[pick][0], cells
-            assert "apt-get install bubblewrap" in cells[pick][0] and "GRPO_PANEL_ALLOW_UNSANDBOXED" in cells[pick][0]
-    finally:
-        panel.shutdown()
+    run = SyntheticRun(str(tmp_path / "home"), 200)
+    base = os.path.join(run.run_dir, "base-model")
+    os.makedirs(base)
+    for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights")):
+        with open(os.path.join(base, name), "wb") as f:
+            f.write(data)
+    with served(panel) as client:
+        _message, table = client.predict(run.spec.run_id, "2+2?", ["base", "trl-policy-v3"], 8, api_name="/on_try")
+    cells = dict(zip(table["headers"], zip(*table["data"])))
+    for pick in ("base model", "trl-policy-v3"):
+        assert "No sandbox on this machine: bubblewrap is not installed" in cells[pick][0], cells
+        assert "apt-get install bubblewrap" in cells[pick][0] and "GRPO_PANEL_ALLOW_UNSANDBOXED" in cells[pick][0]
 
 
 @pytest.mark.fake_hub(users={ALICE: FakeUser("alice"), SECRETS["bob's token"]: FakeUser("bob")}, serve=False)
