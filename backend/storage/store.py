@@ -98,14 +98,26 @@ class FolderStore:
                 # anything else (a link, a FIFO, a device) is not a file of the bucket
 
     def sizes(self, paths: list[str]) -> dict[str, int]:
-        out = {}
-        for path in paths:
-            try:
-                st = self._stat(path)
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                out[path] = st.st_size
+        out, folders = {}, {}      # each folder opened once per call (a tick asks for many files of a few)
+        try:
+            for path in paths:
+                *folder, name = _parts(path) or [""]
+                key = tuple(folder)
+                try:
+                    if key not in folders:
+                        folders[key] = None
+                        folders[key] = self._open_folder(folder)
+                    if folders[key] is None:
+                        continue
+                    st = os.stat(name, dir_fd=folders[key], follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    out[path] = st.st_size
+        finally:
+            for fd in folders.values():
+                if fd is not None:
+                    os.close(fd)
         return out
 
     def read_bytes(self, path: str, start: int = 0) -> bytes:
@@ -184,17 +196,9 @@ class FolderStore:
             raise
         return fd
 
-    def _stat(self, path: str) -> os.stat_result:
-        *folder, name = _parts(path)
-        fd = self._open_folder(folder)
-        try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        finally:
-            os.close(fd)
-
     def _open_file(self, path: str):
         """The regular file at `path`, opened for reading; FileNotFoundError for a link or anything else."""
-        *folder, name = _parts(path)
+        *folder, name = _parts(path) or [""]
         try:
             fd = self._open_folder(folder)
         except OSError as exc:
