@@ -484,6 +484,22 @@ def test_the_probe_tells_what_is_wrong_and_names_the_fix(tmp_path, monkeypatch, 
 
 
 @pytest.mark.panel_settings(budget_check_s=0)
+def test_without_a_sandbox_a_local_launch_is_refused_before_anything_starts(panel, monkeypatch):
+    """A launch checks its task first: with no sandbox that check runs nothing, so nothing is launched."""
+    from backend.task import check
+    from backend.task.sandbox import REFUSED, no_sandbox
+
+    monkeypatch.setattr(check, "local_sandbox", lambda: no_sandbox(REFUSED, "this machine refused bubblewrap's "
+                                                                            "namespaces (setting up uid map)"))
+    monkeypatch.setattr(check, "run_in_sandbox", lambda *a, **k: pytest.fail("a check ran without a sandbox"))
+    result = panel.launch({"max_steps": 10})
+    assert result.run_id is None and "nothing was launched" in result.message, result.message
+    assert "No sandbox on this machine: this machine refused bubblewrap" in result.message
+    assert "user namespaces" in result.message and "GRPO_PANEL_ALLOW_UNSANDBOXED=1" in result.message
+    assert panel.local.list_jobs() == [], "no job was started"
+
+
+@pytest.mark.panel_settings(budget_check_s=0)
 def test_try_it_without_a_sandbox_loads_nothing_and_says_how_to_fix_it(tmp_path, monkeypatch, panel):
     """Through the page (a real Gradio server): a CPU try refused, nothing staged or started."""
     from backend.outcome import try_it
