@@ -144,8 +144,10 @@ class SyntheticRun:
     def _fragment(self, folder: str, writer: str, seq: int, records: list[dict]) -> None:
         from backend.runtime.layout import fragment_name
 
-        with open(os.path.join(folder, fragment_name(writer, seq)), "w") as f:
+        name = fragment_name(writer, seq)     # written once, as the runtime's writers do: a reader never sees half
+        with open(os.path.join(folder, f"_tmp{name}"), "w") as f:
             f.write("".join(json.dumps(r) + "\n" for r in records))
+        os.replace(os.path.join(folder, f"_tmp{name}"), os.path.join(folder, name))
 
     def _adapter(self, version: int, step: int, t: float) -> None:
         from backend.runtime import layout

@@ -20,6 +20,7 @@ from backend.runtime.redact import redact_tokens
 from backend.view import diagnose
 from backend.view.axes import run_start
 from backend.view.diagnose import ratio_alert
+from backend.view.runview import reading
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from panel import charts
 
@@ -75,13 +76,14 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     the run's length): the charts, the status, the adapter and replica tables, the verdict's change (None: no
     change to suggest), the steps with samples, the job roles (the log's picker) and the spec (once read)."""
     options = options or charts.ChartOptions(t0=run_start(view))
-    values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
-    values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view),
-                  change=diagnose.view_verdict(view).change,
-                  sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
-                  version_pick=version_choices(view), try_picks=try_choices(view), roles=sorted(view.jobs))
-    if view.spec:       # before spec.json is read, the config shown stays as it was
-        values["config"] = view.spec
+    with reading(view):     # a refresh or a history join meanwhile would change the tables being drawn
+        values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
+        values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view),
+                      change=diagnose.view_verdict(view).change,
+                      sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
+                      version_pick=version_choices(view), try_picks=try_choices(view), roles=sorted(view.jobs))
+        if view.spec:       # before spec.json is read, the config shown stays as it was
+            values["config"] = view.spec
     return Frame(values, {k: digest(v) for k, v in values.items()})
 
 
@@ -147,9 +149,12 @@ def status_markdown(view) -> str:
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
                      + f" · {len(view.adapters)} adapter version(s)" + best_line(view)
                      + (" · **final adapter ready**" if view.final_files else ""))
+    failure = getattr(view, "history_failure", "")
     if view.history_pending:
         first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
-        parts.append(f"⏳ Reading the run's earlier history{first} in the background: the charts fill in shortly.")
+        parts.append(f"⚠️ Could not read the run's earlier history{first} ({redact_tokens(failure)}): trying again;"
+                     " the charts lack those steps meanwhile." if failure else
+                     f"⏳ Reading the run's earlier history{first} in the background: the charts fill in shortly.")
     live = {} if view.done else view.open_alerts     # an ended run has no live alert left, whatever was recorded
     for alert in sorted(live.values(), key=lambda a: a.get("time", 0)):
         when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))

@@ -27,6 +27,7 @@ from backend.runtime import layout, records
 from backend.runtime.redact import redact_record, redact_tokens
 from backend.storage.store import BucketStore
 from backend.view import diagnose
+from backend.view.runview import reading
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def current_alerts(view, now: float | None = None) -> list[diagnose.Alert]:
                                 {role: job.status.message for role, job in view.current_jobs.items()})
     if view.done:
         return found
-    rows = view.table.rows(last=diagnose.WINDOW + 1)
+    with reading(view):
+        rows = view.table.rows(last=diagnose.WINDOW + 1)
     starting, started_at = _trainer_start(view)
     found += [diagnose.ratio_alert(rows), diagnose.no_signal_alert(rows, view.spec),
               None if starting else diagnose.stall_alert(rows, now, True, view.spec, started_at),

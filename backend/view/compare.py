@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from backend.plan.spec import RunSpec
 from backend.view.axes import wall_minutes
+from backend.view.runview import reading
 from backend.view.series import Sketch
 
 X_AXES = ("step", "wall time", "dollars")
@@ -29,8 +30,9 @@ def metric_points(view, key: str, x: str = "step") -> tuple[list[float], list[fl
     by = "step" if x == "step" else "time"
     table = getattr(view, "table", None)
     if table is not None:
-        sketch = table.sketch(key, by)
-        return sketch.points() if sketch is not None else ([], [])
+        with reading(view):
+            sketch = table.sketch(key, by)
+            return sketch.points() if sketch is not None else ([], [])
     sketch = Sketch()
     for record in view.metrics:
         xv, yv = record.get(by), record.get(key)

@@ -8,6 +8,7 @@ events as well as from the folders, so a version whose serving copy was deleted 
 """
 
 import bisect
+import contextlib
 import json
 import logging
 import math
@@ -59,6 +60,11 @@ CANARY_KEPT = 10            # the proxy's newest serving proofs a first look rea
 SUMMARY_FRAGMENTS = 10
 SUMMARY_ROWS = 200
 SUMMARY_EVENTS_SKIPPED = (records.ADAPTER_PUBLISHED, records.ADAPTERS_SUPERSEDED)
+# A background read of the history that fails (a bucket that did not answer) is tried again, this long after
+# the failure, doubling up to the cap: the rows it did not bring are never silently left out.
+HISTORY_RETRY_S = 2.0
+HISTORY_RETRY_MAX_S = 60.0
+HISTORY_WAIT_FAILURES = 3    # a wait with no deadline (a resume's plan) gives up after this many failed reads
 
 
 def _usage_row(sample: ResourceSample) -> dict:
@@ -167,7 +173,12 @@ class RunView:
         self.version = 0          # bumped on every change, so each viewer can tell whether it is behind
         # Every browser session watching this run shares this view, and Gradio runs their handlers in threads:
         # two refreshes at once would each append the same new lines (reentrant: a due refresh is checked under it).
+        # Whatever draws or reads the tables holds it too (`reading`): a draw adds sketches to a table and walks
+        # their points, which a refresh appends to and a history join iterates.
         self._lock = threading.RLock()
+        self.history_failure = ""     # why the last background read of the history failed ("" if none did)
+        self._history_failures = 0
+        self._history_retry_at = float("-inf")
         self._history: threading.Thread | None = None    # reads a long run's history in the background
         self._event_history: threading.Thread | None = None     # and its older events
 
@@ -327,6 +338,7 @@ class RunView:
 
     def _wait(self, pending, readers, threads, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
+        failures = self._history_failures
         while pending():
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             for reader in readers:
@@ -342,10 +354,18 @@ class RunView:
                     thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             if deadline is not None and time.monotonic() >= deadline:
                 break
+            if pending() and not any(_alive(t) for t in threads()):   # a failed read waits for its retry
+                if deadline is None and self._history_failures - failures >= HISTORY_WAIT_FAILURES:
+                    break
+                until = self._history_retry_at if deadline is None else min(self._history_retry_at, deadline)
+                time.sleep(max(0.0, min(until - time.monotonic(), HISTORY_RETRY_MAX_S)))
         return not pending()
 
     def _start_history(self) -> None:
-        """Read what a first look set aside, in threads of their own (called under the lock)."""
+        """Read what a first look set aside, in threads of their own (called under the lock); after a failed read,
+        not before its retry is due."""
+        if time.monotonic() < self._history_retry_at:
+            return
         if self._events.deferred and not _alive(self._event_history):
             fragments, self._events.deferred = self._events.deferred, []
             self._event_history = threading.Thread(target=self._read_event_history, args=(fragments,),
@@ -414,9 +434,14 @@ class RunView:
                 for job in self.jobs.values():
                     if job.job_id in usages:
                         job.usage.table = job.usage.table.after(usages[job.job_id].table)
-                self.version += 1
-        except Exception:  # the dashboard goes on with the rows it has; the history is only missing
-            log.exception("could not read the history of run %s", self.run_id)
+                self._history_read()
+        except Exception as e:  # the dashboard goes on with the rows it has, and reads them again
+            with self._lock:
+                self._metrics.deferred = [*fragments, *self._metrics.deferred]
+                for job in self.jobs.values():
+                    job.history_end = samples.get(job.job_id, job.history_end)
+                    job.log_from = (logs or {}).get(job.job_id, job.log_from)
+                self._history_failed(e, "history")
 
     def _read_event_history(self, fragments: list) -> None:
         """The events before what a first look read, joined in time order; what the view derives from events is
@@ -431,9 +456,31 @@ class RunView:
                 self._engine, self.trainer_end, self.open_alerts, self.superseded = None, {}, {}, {}
                 for record in self.events:
                     self._note_event(record)
-                self.version += 1
-        except Exception:  # the dashboard goes on with the events it has
-            log.exception("could not read the older events of run %s", self.run_id)
+                self._history_read()
+        except Exception as e:  # the dashboard goes on with the events it has, and reads them again
+            with self._lock:
+                self._events.deferred = [*fragments, *self._events.deferred]
+                self._history_failed(e, "older events")
+
+    def _history_read(self) -> None:
+        """A background read joined what it read (called under the lock): any earlier failure is over."""
+        self.history_failure, self._history_failures = "", 0
+        self.version += 1
+
+    def _history_failed(self, error: Exception, what: str) -> None:
+        """A background read failed (called under the lock, its work handed back): say why, and try again later,
+        each retry twice as late as the one before, up to HISTORY_RETRY_MAX_S."""
+        self._history_failures += 1
+        delay = min(HISTORY_RETRY_S * 2 ** (self._history_failures - 1), HISTORY_RETRY_MAX_S)
+        self._history_retry_at = time.monotonic() + delay
+        self.history_failure = f"{type(error).__name__}: {error}"[:300]
+        self.version += 1
+        log.warning("could not read the %s of run %s (%s); trying again in %.0f s", what, self.run_id,
+                    self.history_failure, delay)
+
+    def reading(self) -> threading.RLock:
+        """Hold while drawing or reading the view's tables: what refreshes and history joins hold."""
+        return self._lock
 
     def replace_jobs(self, jobs: dict[str, str]) -> None:
         """Watch a new attempt's jobs (the run was resumed); the earlier attempts' jobs stay, as `<role>#<n>`."""
@@ -602,6 +649,13 @@ class RunView:
             if not self.bounded:
                 job.usage.add(samples)
         return changed or bool(lines) or sampled
+
+
+def reading(view):
+    """What to hold while drawing `view` or reading its tables: a RunView's lock (another kind of view, built for
+    one caller, needs none)."""
+    lock = getattr(view, "reading", None)
+    return lock() if callable(lock) else contextlib.nullcontext()
 
 
 def _alive(thread: threading.Thread | None) -> bool:
