@@ -2,10 +2,13 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -51,10 +54,11 @@ def _command_pgid(job_dir) -> int:
 def test_a_replica_whose_tmpdir_is_60_characters_long_starts_and_serves(tmp_path):
     """The panel's TMPDIR 60 characters long, the job's own temp dir inside it (as LocalExecutor makes it): vLLM's
     socket paths would pass a Unix socket's 107 bytes there."""
-    system_tmp = tmp_path / ("t" * max(1, 60 - len(str(tmp_path)) - 1))
-    job_tmp = system_tmp / "grpo-job-abcdef-k2j4h5l6"
+    base = tempfile.mkdtemp(prefix="tmpdir-", dir="/tmp")
+    system_tmp = os.path.join(base, "t" * (60 - len(base) - 1))
+    job_tmp = Path(system_tmp, "grpo-job-abcdef-k2j4h5l6")
     job_tmp.mkdir(parents=True)
-    assert len(str(system_tmp)) == 60
+    assert len(system_tmp) == 60
     run_dir, job_dir = tmp_path / "run", tmp_path / "job"
     job_dir.mkdir()
     model = ensure_tiny_model(str(run_dir / "base-model"))
@@ -79,6 +83,7 @@ def test_a_replica_whose_tmpdir_is_60_characters_long_starts_and_serves(tmp_path
         assert not job_tmp.exists(), "the job's temp dir goes with it"
     finally:
         _kill(proc)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 class socket_port:
