@@ -139,7 +139,7 @@ def test_every_writer_writes_the_fields_its_kind_declares():
 def test_every_kind_is_declared_once_with_its_shape():
     assert len(set(records.EVENTS)) == len(records.EVENTS)
     for kind, shape in records.EVENTS.items():
-        assert shape.writer in (records.TRAINER_WRITER, records.PANEL_WRITER), kind
+        assert shape.writer in (records.TRAINER_WRITER, records.PANEL_WRITER, records.REPLICA_WRITER), kind
         assert shape.fields and not set(shape.fields) & set(shape.optional), kind
         assert shape.about, kind
     assert set(records.TRAINER_STAGES) <= set(records.EVENTS)

@@ -161,3 +161,44 @@ def _wait_gone(pgid: int) -> None:
     while job_wrapper.group_alive(pgid):
         assert time.monotonic() < deadline, "the killed group never went"
         time.sleep(0.1)
+
+
+def _replica_job(run_dir, role: str, attempt: int):
+    """A replica job's serve_replica whose server fails at start (as with a socket path too long), on `attempt`."""
+    server = [sys.executable, "-c", "import sys; print('vLLM failed to start', flush=True); sys.exit(1)"]
+    env = {**os.environ, "PYTHONPATH": BACKEND, "GRPO_ATTEMPT": str(attempt)}
+    return subprocess.run([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), "--role", role,
+                           "--", *server], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_trainer_whose_every_replica_job_ended_for_good_fails_at_once_with_that_cause(tmp_path):
+    from backend.runtime.proxy import start_proxy_process
+    from backend.runtime.serve_replica import replicas_ended
+    from backend.runtime.train_async import ReplicasEndedError, replicas_gone, wait_for_replicas
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(json.dumps({"attempts": 2, "replicas": 2}))
+    write_event(str(run_dir), "trainer", "failed", error="an earlier launch's trainer")   # before these replicas
+    with socket_port() as a, socket_port() as b:
+        urls = [f"http://127.0.0.1:{a}", f"http://127.0.0.1:{b}"]
+    proxy = start_proxy_process(urls)
+    try:
+        gone = replicas_gone(str(run_dir), 2)
+        assert _replica_job(run_dir, "vllm-0", 1).returncode == 1
+        assert _replica_job(run_dir, "vllm-0", 2).returncode == 1       # vllm-0 has no attempt left
+        assert _replica_job(run_dir, "vllm-1", 1).returncode == 1       # vllm-1 has one
+        assert set(replicas_ended(str(run_dir))) == {"vllm-0"}
+        assert gone() is None, "a replica job with an attempt left may still serve"
+        assert _replica_job(run_dir, "vllm-1", 2).returncode == 1
+        began = time.monotonic()
+        with pytest.raises(ReplicasEndedError) as failure:
+            wait_for_replicas(proxy.url, 900, gone)                       # the trainer's default --replica-wait
+        assert time.monotonic() - began < 900
+        assert "every vLLM replica job has ended" in str(failure.value)
+        assert "vllm-0: its vLLM server exited with code 1 on attempt 2 of 2" in str(failure.value)
+        from backend.runtime.attempt import retry_helps
+
+        assert not retry_helps(failure.value), "another trainer attempt would find no replica either"
+    finally:
+        proxy.stop()

@@ -173,7 +173,7 @@ def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python
         mine = _ports(port, count)
         # serve_replica stops the servers once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
-        wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path]
+        wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path, "--role", f"vllm-{i}"]
         options, wrapper_args = where.replica_server(spec, gpus)
         wrapper += wrapper_args + _server_args(spec, mine, cpu_binds[i] if cpu_binds else None, gpus, options)
         if spec.model in BUILTIN_MODELS:

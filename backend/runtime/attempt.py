@@ -5,8 +5,8 @@
 The first step of a trainer job's command, before anything is installed. It records an `attempt` event (so the
 panel shows each retry, local or on HF Jobs, whose `attempts` start the same command again), and it refuses to
 start again, exiting NO_RETRY_EXIT within a second, when the trainer's last attempt failed for a reason a retry cannot
-fix (its `failed` event says `"retry": false`): bad reward code, an import error, bad data. The local job wrapper
-stops retrying on that exit code; HF Jobs spends at most a container start per attempt left.
+fix (its `failed` event says `"retry": false`): bad reward code, an import error, bad data, no replica left. The
+local job wrapper stops retrying on that exit code; HF Jobs spends at most a container start per attempt left.
 
 Standard library only: it runs before the job's pip install.
 """
@@ -24,7 +24,7 @@ ATTEMPT_ENV = "GRPO_ATTEMPT"     # the local job wrapper numbers its attempts; H
 # Failures of the run's own code or data: the same inputs fail the same way on every attempt. Named rather than
 # imported, so this module needs neither TRL nor the task's readers.
 PERMANENT = frozenset({"ImportError", "ModuleNotFoundError", "SyntaxError", "IndentationError", "TaskDataError",
-                       "RewardFunctionError"})
+                       "RewardFunctionError", "ReplicasEndedError"})
 
 
 def retry_helps(error: BaseException) -> bool:

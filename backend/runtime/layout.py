@@ -65,6 +65,7 @@ PROXY_WRITER = "proxy"          # the proxy's per-replica snapshots
 CANARY_WRITER = "canary"        # the proxy's proofs that a replica serves the version it loaded
 LOADS_WRITER = "adapter-loads"  # the proxy's seconds per replica for each adapter load it broadcast
 PANEL_WRITER = "panel"          # prefix of the panel's own event writers (`panel-budget`, ...)
+REPLICA_WRITER = "replica"      # prefix of a replica job's event writer (`replica-vllm-0`)
 
 ADAPTER_PREFIX = "trl-policy-v"
 # Neither pattern takes a name starting with "." or "_tmp": a file or folder on its way to its final name.

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .layout import EVENTS_DIR, PANEL_WRITER, TRAINER_WRITER, FragmentWriter
+from .layout import EVENTS_DIR, PANEL_WRITER, REPLICA_WRITER, TRAINER_WRITER, FragmentWriter
 from .redact import redact_record
 
 
@@ -24,7 +24,8 @@ from .redact import redact_record
 class EventShape:
     """What an event of one kind carries besides `time` and `event`, and who writes it."""
 
-    writer: str                        # TRAINER_WRITER (the trainer job) or PANEL_WRITER (a panel-* writer)
+    writer: str                        # TRAINER_WRITER (the trainer job), PANEL_WRITER (a panel-* writer) or
+                                       # REPLICA_WRITER (a replica job's replica-<role> writer)
     fields: tuple[str, ...]            # always there
     optional: tuple[str, ...] = ()     # there where they apply (a distributed run, a resumed one, ...)
     about: str = ""
@@ -43,6 +44,7 @@ ALERT = "alert"
 ALERT_CLEARED = "alert_cleared"
 BUDGET_CAP = "budget_cap"
 LAUNCH_FAILED = "launch_failed"
+REPLICA_ENDED = "replica_ended"
 
 # What an adapter version's `version.json` holds; an event about a version carries it too.
 VERSION_FIELDS = ("version", "step", "size_bytes")
@@ -84,6 +86,10 @@ EVENTS: dict[str, EventShape] = {
     LAUNCH_FAILED: EventShape(
         PANEL_WRITER, ("message", "known"), (),
         "a launch failed part way (`known`: the job ids it had started, cancelled since)"),
+    REPLICA_ENDED: EventShape(
+        REPLICA_WRITER, ("role", "code", "attempt", "attempts", "last"), (),
+        "a replica job's vLLM server exited on its own (not stopped with the trainer); `last`: no attempt of the "
+        "job is left, the replica has ended for good"),
 }
 
 # A trainer attempt's start and ends: the newest of them says where the trainer stands.

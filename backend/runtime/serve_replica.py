@@ -22,10 +22,11 @@ import sys
 import tempfile
 import time
 
+from .attempt import ATTEMPT_ENV
 from .gpu_split import SERVER_OVERHEAD_BYTES, gib, server_memory_args
 from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE, TRAINER_WRITER
-from .records import ATTEMPT, FAILED, TRAINER_ENDS
+from .layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER
+from .records import ATTEMPT, FAILED, REPLICA_ENDED, TRAINER_ENDS, write_event
 from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
 from .replica_key import REPLICA_KEY_ENV
 from .spec_file import read_spec
@@ -217,6 +218,44 @@ def gpu_total_bytes() -> int:
     return int(asked.stdout.split()[-1])
 
 
+def record_own_end(run_dir: str, role: str, code: int, env=os.environ) -> None:
+    """A server of this replica exited on its own: say so in the run's events, with whether the job has an attempt
+    left (the local and Ray wrappers number their attempts; on HF Jobs this job's earlier ends are counted), so a
+    trainer waiting for replicas that will never come stops at once (`replicas_ended`)."""
+    writer = f"{REPLICA_WRITER}-{role}"
+    number = env.get(ATTEMPT_ENV, "")
+    attempt = int(number) if number.isdigit() else 1 + sum(e.get("role") == role for e in _replica_ends(run_dir))
+    attempts = _attempts(run_dir)
+    write_event(run_dir, writer, REPLICA_ENDED, role=role, code=code, attempt=attempt, attempts=attempts,
+                last=attempt >= attempts)
+
+
+def replicas_ended(run_dir: str, since: float = 0.0) -> dict[str, dict]:
+    """Role -> the end event of each replica job that has ended for good (its last attempt's server exited on its
+    own) since `since`."""
+    return {e["role"]: e for e in _replica_ends(run_dir) if e.get("last") is True and e.get("time", 0) >= since}
+
+
+def _replica_ends(run_dir: str) -> list[dict]:
+    folder = os.path.join(run_dir, EVENTS_DIR)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    ends = []
+    for name in names:
+        match = FRAGMENT_RE.match(name)
+        if not match or not match.group("writer").startswith(f"{REPLICA_WRITER}-"):
+            continue
+        try:
+            with open(os.path.join(folder, name), "rb") as f:
+                events = [_event(line) for line in f]
+        except OSError:
+            continue
+        ends += [e for e in events if e.get("event") == REPLICA_ENDED and isinstance(e.get("role"), str)]
+    return ends
+
+
 def fits(folder: str) -> bool:
     """Whether vLLM's socket names under `folder` fit a Unix socket's path."""
     return len(os.fsencode(folder)) + ZMQ_NAME_LEN <= UNIX_PATH_MAX
@@ -251,6 +290,7 @@ def main() -> None:
     parser.add_argument("--split-gpu", type=float, help="the share of each GPU its servers split")
     parser.add_argument("--servers-per-gpu", type=int, default=1)
     parser.add_argument("--model-bytes", type=int, default=0, help="one server's weights, for the split")
+    parser.add_argument("--role", help="the replica job's role (vllm-0, ...): its own end is recorded as an event")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM server command")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -284,6 +324,8 @@ def main() -> None:
             print(f"the vLLM server on port {ports[children.index(ended)]} exited ({ended.returncode}): stopping "
                   "the others", flush=True)
         stop_all(children)
+        if args.role and ended.returncode != 0:
+            record_own_end(args.run_dir, args.role, ended.returncode)
         sys.exit(ended.returncode)
     finally:
         if rpc_dir:

@@ -75,6 +75,7 @@ class SpecFile(TypedDict):
     vllm_enable_sleep_mode: bool
     vllm_tensor_parallel_size: int
     # distributed: TRL's async trainer
+    replicas: int
     max_staleness: int
     max_tokens_per_batch: int
     max_inflight_tasks: int

@@ -46,15 +46,16 @@ from .layout import (
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import raise_open_files_limit, start_proxy_process
 from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
-from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, write_event
+from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, TRAINER_ENDS, write_event
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
+from .serve_replica import replicas_ended
 from .spec_file import SpecFile, read_spec
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
-from .versions import highest_published, mark_superseded, published_versions
+from .versions import highest_published, mark_superseded, published_versions, trainer_events
 
 
 class AsyncRunFolderCallback(RunFolderCallback):
@@ -145,16 +146,40 @@ def replica_urls(cli_urls: list[str] | None) -> list[str]:
         sys.exit(str(error))
 
 
-def wait_for_replicas(proxy_url: str, timeout_s: float) -> int:
-    """Wait until every replica is healthy, or at least one once `timeout_s` has passed; return how many are."""
+class ReplicasEndedError(RuntimeError):
+    """Every replica job of the run ended for good before any served: nothing will ever generate, and another
+    attempt of the trainer would find the same (runtime/attempt.py's PERMANENT)."""
+
+
+def wait_for_replicas(proxy_url: str, timeout_s: float, gone=lambda: None) -> int:
+    """Wait until every replica is healthy, or at least one once `timeout_s` has passed; return how many are.
+    `gone()` says why no replica will ever come (every replica job has ended for good), or None."""
     deadline = time.monotonic() + timeout_s
     while True:
         healthy, total = _proxy_health(proxy_url)
         if healthy == total or (healthy and time.monotonic() >= deadline):
             return healthy
+        reason = None if healthy else gone()
+        if reason:
+            raise ReplicasEndedError(f"every vLLM replica job has ended, none will serve: {reason}")
         if time.monotonic() >= deadline:
             raise TimeoutError(f"none of the {total} vLLM replicas became healthy within {timeout_s:.0f}s")
         time.sleep(2)
+
+
+def replicas_gone(run_dir: str, jobs: int):
+    """`wait_for_replicas`' `gone`: why all `jobs` replica jobs of this launch have ended for good, or None. This
+    launch's: ends recorded after the trainer's newest end (a resumed run's earlier replicas ended before it)."""
+    ends = [e.get("time", 0) for e in trainer_events(run_dir) if e.get("event") in TRAINER_ENDS]
+    since = max(ends, default=0.0)
+
+    def gone() -> str | None:
+        ended = replicas_ended(run_dir, since)
+        if not jobs or len(ended) < jobs:
+            return None
+        return "; ".join(f"{role}: its vLLM server exited with code {e.get('code')} on attempt {e.get('attempt')} "
+                         f"of {e.get('attempts')} (its log says why)" for role, e in sorted(ended.items()))
+    return gone
 
 
 def _proxy_health(proxy_url: str) -> tuple[int, int]:
@@ -279,7 +304,7 @@ def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
         proxy = callback.proxy = start_proxy_process(
             urls, stats_dir=os.path.join(run_dir, METRICS_DIR), host=os.environ.get(PROXY_HOST_ENV, "127.0.0.1"),
             port=int(os.environ.get(PROXY_PORT_ENV) or 0))
-        healthy = wait_for_replicas(proxy.url, replica_wait_s)
+        healthy = wait_for_replicas(proxy.url, replica_wait_s, replicas_gone(run_dir, spec.get("replicas", 2)))
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)
         if not trainer._lora_sync:
