@@ -29,7 +29,7 @@ from backend.runs.launch import LaunchError
 from backend.runs.operations import CostEstimate, Operations, ReviewNeeded, TokenTooShort
 from backend.runs.registry import RunRegistry
 from backend.runs.watch import RunWatch
-from backend.runtime.layout import atomic_write_bytes
+from backend.runtime.layout import atomic_write_chunks
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import benchmark_note
 from backend.storage.store import FolderStore
@@ -332,9 +332,8 @@ class Panel:
         job = view.jobs.get(role)
         if job is None:
             return None
-        lines = view.executor.all_logs(job.job_id)
         path = os.path.join(private_folder(self.downloads), f"{run_id}-{role}.log")
-        atomic_write_bytes(path, ("\n".join(redact_tokens(line) for line in lines) + "\n").encode())
+        write_log(path, view.executor.all_logs(job.job_id))
         return path
 
     def shutdown(self) -> None:
@@ -342,6 +341,12 @@ class Panel:
         process) and the next panel over the same home finds them, with their true status."""
         self.watch.stop()
         self.runs.shutdown()
+
+
+def write_log(path: str, pieces) -> None:
+    """A log for download at `path` from an executor's `all_logs`, masked as it streams through
+    (benchmarks/log_download.py: a 1 GB log in bounded memory)."""
+    atomic_write_chunks(path, (redact_tokens(piece).encode() for piece in pieces))
 
 
 def downloads_folder(home: str) -> str:

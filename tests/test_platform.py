@@ -246,7 +246,7 @@ def test_the_local_wrapper_retries_a_failed_job_but_not_one_that_says_a_retry_ca
         job_id = executor.submit(job)
         status = executor.wait(job_id, 60)
         assert status.stage == "COMPLETED" and counter.read_text().split("\n")[:3] == ["run 1", "run 2", "run 3"]
-        log = "\n".join(executor.all_logs(job_id))
+        log = "".join(executor.all_logs(job_id))
         assert "attempt 1 of 3 failed (exited with code 1: boom); starting attempt 2" in log
         # Exit code 3 (runtime.attempt's NO_RETRY_EXIT): one run, whatever attempts are left.
         counter.unlink()

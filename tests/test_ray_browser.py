@@ -235,8 +235,8 @@ def test_a_secret_reaches_its_job_and_nothing_ray_shows(cluster, shared):
     assert executor.status(job_id).stage in ("SCHEDULING", "RUNNING")
     _wait(lambda: executor.status(job_id).done, 120, "the job ended")
     status = executor.status(job_id)
-    assert status.stage == "COMPLETED", (status, executor.all_logs(job_id))
-    assert f"digest {hashlib.sha256(JOB_SECRET.encode()).hexdigest()}" in executor.all_logs(job_id)
+    assert status.stage == "COMPLETED", (status, "".join(executor.all_logs(job_id)))
+    assert f"digest {hashlib.sha256(JOB_SECRET.encode()).hexdigest()}" in "".join(executor.all_logs(job_id))
 
     from ray.job_submission import JobSubmissionClient
 

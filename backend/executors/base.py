@@ -1,6 +1,7 @@
 """The one small interface every executor implements. What an executor answers before it runs anything is its
 engine (`backend/plan/engines/`). Executors know nothing about Gradio."""
 
+from collections.abc import Iterator
 from typing import NamedTuple, Protocol
 
 from backend.plan.jobspec import JobRecord, JobSpec, JobStatus
@@ -42,8 +43,9 @@ class Executor(Protocol):
     def tail_cursor(self, job_id: str, lines: int) -> int:
         """A cursor from which `read_logs` returns about the last `lines` lines (a first look at a long log)."""
 
-    def all_logs(self, job_id: str) -> list[str]:
-        """The job's whole log (masked), for a download."""
+    def all_logs(self, job_id: str) -> Iterator[str]:
+        """The job's whole log (masked) for a download, as pieces of whole lines (each ends with a newline), read as
+        they are written out: a long log never sits in memory whole."""
 
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         """Samples after `cursor` (at most about `limit` of them), and the cursor to pass next time."""

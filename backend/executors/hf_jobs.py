@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,14 +159,17 @@ class HfJobsExecutor:
         with self._lock:
             return max(feed.count - lines, 0)
 
-    def all_logs(self, job_id: str) -> list[str]:
-        """The job's whole log: what the reader holds, or, where it has dropped old lines, the Hub's copy."""
+    def all_logs(self, job_id: str) -> Iterator[str]:
+        """The job's whole log, a line at a time: what the reader holds, or, where it has dropped old lines, the
+        Hub's copy as it streams in."""
         feed = self._feed("logs", job_id, self._follow_logs, MAX_LOG_LINES)
         with self._lock:
-            if not feed.dropped:
-                return list(feed.items)
-        lines = self._api.fetch_job_logs(job_id=job_id, namespace=self.namespace, follow=False)
-        return [redact_tokens(line.rstrip("\r\n"), self._secrets) for line in lines]
+            held = None if feed.dropped else list(feed.items)
+        if held is not None:
+            yield from (f"{line}\n" for line in held)
+            return
+        for line in self._api.fetch_job_logs(job_id=job_id, namespace=self.namespace, follow=False):
+            yield redact_tokens(line.rstrip("\r\n"), self._secrets) + "\n"
 
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         feed = self._feed("metrics", job_id, self._follow_metrics, MAX_SAMPLES)

@@ -23,12 +23,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 
 import psutil
 
 from backend.executors.base import ResourceSample, SubmitError
-from backend.executors.wrapper_files import SAMPLE_BYTES, ended_status, read_complete_lines, read_samples, tail_offset
+from backend.executors.wrapper_files import (
+    SAMPLE_BYTES,
+    ended_status,
+    log_text,
+    read_complete_lines,
+    read_samples,
+    tail_offset,
+)
 from backend.plan.engines.local import ENGINE, as_run
 from backend.plan.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
 from backend.runtime import BACKEND_DIR
@@ -266,8 +274,8 @@ class LocalExecutor:
         lines = [self._redact(job_id, line) for line in text.splitlines()]
         return lines, cursor + len(data)
 
-    def all_logs(self, job_id: str) -> list[str]:
-        return self.read_logs(job_id, 0)[0]
+    def all_logs(self, job_id: str) -> Iterator[str]:
+        return log_text(self.log_path(job_id), lambda text: self._redact(job_id, text))
 
     def tail_cursor(self, job_id: str, lines: int) -> int:
         """The offset of the line start `lines` lines before the log's end (0 for a shorter log)."""

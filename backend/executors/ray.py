@@ -25,6 +25,7 @@ import secrets as _secrets
 import shlex
 import threading
 import time
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from backend.executors.base import ResourceSample, SubmitError
@@ -272,8 +273,11 @@ class RayExecutor:
                 return 0
         return end + 1
 
-    def all_logs(self, job_id: str) -> list[str]:
-        return self.read_logs(job_id, 0)[0]
+    def all_logs(self, job_id: str) -> Iterator[str]:
+        """The whole log (Ray's Jobs API answers with the whole text: it is held once, as bytes), masked."""
+        text = self._log(job_id).decode("utf-8", errors="replace")
+        if text:
+            yield redact_tokens(text if text.endswith("\n") else text + "\n", self._secrets)
 
     def read_resources(self, job_id: str, cursor: int, limit: int | None = None) -> tuple[list[ResourceSample], int]:
         return read_samples(self._file(job_id, wrapper.RESOURCES_FILE) or "", cursor, limit)

@@ -4,7 +4,7 @@ the wrapper (local processes, Ray jobs) reads them through these, so a job tells
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from backend.executors.base import ResourceSample
 from backend.plan.jobspec import TERMINAL_STAGES, JobStatus
@@ -81,6 +81,30 @@ def read_complete_lines(path: str, cursor: int, max_bytes: int | None = None) ->
         return b""
     end = data.rfind(b"\n")
     return data[: end + 1] if end >= 0 else b""
+
+
+LOG_CHUNK_BYTES = 1 << 20      # a whole log is read this much at a time (a download of a 1 GB log stays small)
+
+
+def log_text(path: str, mask, chunk_bytes: int = LOG_CHUNK_BYTES) -> Iterator[str]:
+    """The log at `path` as pieces of whole lines (each ends with a newline), masked by `mask`, read a chunk at a
+    time: memory bounded by a chunk (and one line), whatever the log's length. A token never spans lines, so a piece
+    is masked as its lines would be, at a fraction of the cost of a call per line. A last line without its newline
+    is given too (a download wants all)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        rest = b""
+        while chunk := f.read(chunk_bytes):
+            data = rest + chunk
+            end = data.rfind(b"\n") + 1
+            rest = data[end:]
+            if end:
+                yield mask(data[:end].decode("utf-8", errors="replace"))
+        if rest:
+            yield mask(rest.decode("utf-8", errors="replace")) + "\n"
 
 
 def _sample(line: bytes) -> ResourceSample | None:

@@ -88,12 +88,18 @@ def fragment_name(writer: str, seq: int) -> str:
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write `data` to `path` so that a reader sees either nothing or the whole file."""
+    atomic_write_chunks(path, (data,))
+
+
+def atomic_write_chunks(path: str, chunks) -> None:
+    """`atomic_write_bytes` of the bytes `chunks` yields, written as they come (a long file is never held whole)."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="_tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -21,9 +21,11 @@ REDACTED = "hf_***"
 # such as `hf_transfer` or `hf_datasets` in a log stay readable while a random token body never escapes.
 _BODY = r"(?:(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{8,}|[A-Za-z0-9]{20,})"
 _SHAPES = re.compile(rf"(?:hf_oauth_|hf_|api_org_){_BODY}")
+# Each with a word it cannot match without (lower case): a long text without it skips that scan (a 1 GB log
+# download masks a chunk at a time).
 _LABELLED = [
-    re.compile(r"(?i)(authorization:\s*bearer\s+)[A-Za-z0-9._\-]{8,}"),
-    re.compile(r"(?i)((?:hf|hugging_face_hub|huggingface)_token\s*[=:]\s*)['\"]?[^\s'\"]{8,}"),
+    ("bearer", re.compile(r"(?i)(authorization:\s*bearer\s+)[A-Za-z0-9._\-]{8,}")),
+    ("_token", re.compile(r"(?i)((?:hf|hugging_face_hub|huggingface)_token\s*[=:]\s*)['\"]?[^\s'\"]{8,}")),
 ]
 # Environment variables that carry a token into a job (or into the panel itself).
 TOKEN_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
@@ -75,9 +77,12 @@ def redact_tokens(text: str, known: tuple[str, ...] | list[str] = ()) -> str:
     # Longest first: one secret may contain another.
     for value in sorted((v for v in secrets if v and len(v) >= MIN_SECRET_LEN), key=len, reverse=True):
         text = text.replace(value, REDACTED)
-    text = _SHAPES.sub(REDACTED, text)
-    for pattern in _LABELLED:
-        text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
+    if "hf_" in text or "api_org_" in text:
+        text = _SHAPES.sub(REDACTED, text)
+    lower = text.lower()
+    for word, pattern in _LABELLED:
+        if word in lower:
+            text = pattern.sub(lambda m: m.group(1) + REDACTED, text)
     return text
 
 
