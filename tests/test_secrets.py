@@ -85,3 +85,17 @@ def test_a_failed_event_written_raw_into_the_bucket_is_shown_masked(tmp_path):
     view.refresh()
     status = dashboard.status_markdown(view)
     assert "OSError: token MYVAR_hf_***" in status and OAUTH not in status
+
+
+def test_a_whole_log_streams_masked_a_chunk_at_a_time_even_where_a_token_crosses_a_chunk(tmp_path):
+    from backend.executors.wrapper_files import log_text
+
+    token = "hf_" + "Q7w8E9r0T1" * 3
+    lines = [f"step {i} reward 0.5" if i % 7 else f"401 for token {token} at step {i}" for i in range(200)]
+    path = tmp_path / "log.txt"
+    path.write_text("\n".join(lines) + "\nlast line without its newline")
+    pieces = list(log_text(str(path), redact_tokens, chunk_bytes=64))    # tokens cut by every other chunk
+    assert len(pieces) > 10 and all(piece.endswith("\n") for piece in pieces)
+    text = "".join(pieces)
+    assert token not in text and text.count("hf_***") == len([line for line in lines if token in line])
+    assert text.splitlines() == [redact_tokens(line) for line in lines] + ["last line without its newline"]
