@@ -30,17 +30,19 @@ def cost_cell(cost: RunCost, budget: float) -> str:
     return text
 
 
-def cost_markdown(cost: RunCost, budget: float, events: list[dict]) -> str:
-    """The run header's cost line, and the budget cap's verdict once the panel acted on it."""
+def cost_markdown(cost: RunCost, budget: float, events: list[dict], rule: str = "local runs cost nothing") -> str:
+    """The run header's cost line, and the budget cap's verdict once the panel acted on it; `rule`: how the run's
+    engine reckons cost (`Engine.cost_rule`)."""
     live = any(j.active for j in cost.jobs)
     rate = f"{cost.steps_per_s:.3g} steps/s" if cost.steps_per_s else None
     if not cost.billed:
         parts = [f"**Time:** {format_duration(cost.elapsed_s)}"]
         parts += [rate] if rate and live else []
         parts += [f"ETA {format_duration(cost.eta_s)}"] if live and cost.eta_s is not None else []
-        return " · ".join(parts + ["local runs cost nothing"])
+        return " · ".join(parts + ([rule] if rule else []))
     parts = [f"**Cost:** {format_usd(cost.spent_usd or 0.0)} spent"
-             + (f" ({format_usd(cost.usd_per_step)}/step)" if cost.usd_per_step is not None else "")]
+             + (f" ({format_usd(cost.usd_per_step)}/step)" if cost.usd_per_step is not None else "")
+             + (f" ({rule})" if rule else "")]
     if live:
         parts.append(f"{format_usd(cost.burn_usd_per_h)}/h now")
         if cost.projected_usd is not None:
@@ -81,12 +83,12 @@ def run_cost(panel, run_id: str, visitor: Visitor, view=None) -> tuple[RunCost, 
 def cost_line(panel, run_id: str, visitor: Visitor, view) -> str:
     """The run header's cost line for a run this visitor reaches; '' when its cost cannot be known now."""
     try:
-        cost, spec, _ = run_cost(panel, run_id, visitor, view)
+        cost, spec, registry = run_cost(panel, run_id, visitor, view)
     except Exception:   # a failing price list or listing must not break the dashboard
         return ""
     stops = dashboard.shared_value(view, "budget events", lambda: [e for e in view.events
                                                                   if e.get("event") == BUDGET_CAP])
-    return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), stops)
+    return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), stops, registry.engine.cost_rule)
 
 
 def cost_at(panel, registry, run_id: str):

@@ -161,3 +161,31 @@ def test_the_architecture_page_names_every_member_of_an_engine():
     paragraph = text[text.index("**An executor.**"):].split("\n\n")[0]
     named = set(re.findall(r"`(\w+)(?:\(\))?`", paragraph))
     assert members - named == set() and len(members) >= 25
+
+
+def test_a_ray_runs_header_states_the_clusters_cost_rule_not_that_local_runs_cost_nothing(monkeypatch):
+    from backend.plan.cost import RunCost
+    from backend.plan.engines.ray import ENGINE as RAY
+    from backend.plan.engines.ray import GPU_PRICE_ENV
+    from panel.spend_view import cost_markdown
+
+    monkeypatch.delenv(GPU_PRICE_ENV, raising=False)
+    free = RunCost(jobs=(), billed=False, elapsed_s=60.0, spent_usd=None, burn_usd_per_h=0.0, step=3, max_steps=10,
+                   steps_per_s=None, eta_s=None, projected_usd=None)
+    header = cost_markdown(free, 0.0, [], RAY.cost_rule)
+    assert "local runs cost nothing" not in header
+    assert f"the cluster's time is not priced (set {GPU_PRICE_ENV}" in header
+    monkeypatch.setenv(GPU_PRICE_ENV, "2.5")
+    billed = replace(free, billed=True, spent_usd=1.25)
+    assert f"each GPU-hour on the cluster at $2.5 ({GPU_PRICE_ENV})" in cost_markdown(billed, 0.0, [], RAY.cost_rule)
+    assert executors.engine("local").cost_rule == "local runs cost nothing"
+
+
+def test_a_ray_mount_path_that_does_not_exist_is_refused_and_not_created(tmp_path):
+    from backend.plan.engines.ray import folder_problem
+
+    absent = tmp_path / "bucket"                  # as the form's default /bucket on a machine without it
+    assert "does not exist on this machine" in folder_problem(str(absent))
+    assert not absent.exists(), "nothing created outside the panel's own folders"
+    absent.mkdir()
+    assert folder_problem(str(absent)) is None and (absent / "runs").is_dir()

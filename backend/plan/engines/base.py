@@ -47,6 +47,12 @@ class Engine:
     network_groups: bool = False     # a run's jobs can share a private network (replicas reached at an alias)
     retry_gap_s: int = 0             # how long a retried job may take to run again (rescheduled, reinstalled)
 
+    @property
+    def cost_rule(self) -> str:
+        """How a run's cost is reckoned, in words, for the run header's cost line ("" where the prices speak for
+        themselves: a billed engine's spend is shown)."""
+        return ""
+
     def runtime_problem(self) -> str | None:
         """Why this deployment cannot run this engine's jobs at all, or None."""
         return None

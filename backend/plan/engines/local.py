@@ -35,6 +35,8 @@ class LocalEngine(Engine):
     on_panel_machine = True
     operators_machines = True
 
+    cost_rule = "local runs cost nothing"
+
     def runtime_problem(self) -> str | None:
         return None if local_runtime_installed() else NO_RUNTIME
 

@@ -93,6 +93,13 @@ class RayEngine(Engine):
     def billed(self) -> bool:
         return gpu_hour_usd() > 0
 
+    @property
+    def cost_rule(self) -> str:
+        price = gpu_hour_usd()
+        if price:
+            return f"each GPU-hour on the cluster at ${price:g} ({GPU_PRICE_ENV})"
+        return f"the cluster's time is not priced (set {GPU_PRICE_ENV} to a GPU-hour's price to see a cost)"
+
     def runtime_problem(self) -> str | None:
         return cluster_problem(address())
 
@@ -222,7 +229,12 @@ def node_gpus(where: str) -> int | None:
 
 
 def folder_problem(mount: str) -> str | None:
-    """Why this panel cannot write the runs' folder under `mount`, or None."""
+    """Why this panel cannot write the runs' folder under `mount`, or None. A mount path that does not exist is
+    refused, not created: it names a folder shared with the cluster, which the operator sets up, and creating it
+    would put the form's default (/bucket) at the root of a panel run as root."""
+    if not os.path.lexists(mount):
+        return (f"{mount} does not exist on this machine: give the folder this panel and every node of the cluster "
+                "share (a shared filesystem, or a bucket mounted on each node); none is created for you")
     try:
         os.makedirs(os.path.join(mount, "runs"), exist_ok=True)
         probe = os.path.join(mount, "runs", f".write-check-{_secrets.token_hex(4)}")
