@@ -189,3 +189,33 @@ def test_a_ray_mount_path_that_does_not_exist_is_refused_and_not_created(tmp_pat
     assert not absent.exists(), "nothing created outside the panel's own folders"
     absent.mkdir()
     assert folder_problem(str(absent)) is None and (absent / "runs").is_dir()
+
+
+class _EndedRayJobs:
+    """Ray's Jobs API as it answers for a job whose entrypoint failed before the job wrapper ran (a missing
+    module on the node): FAILED, a message quoting the log from its start, the whole log."""
+
+    LOG = ("+ mkdir -p /tmp/grpo-job-abc\n"
+           + "".join(f"pip: Requirement already satisfied: pkg{i}\n" for i in range(300))
+           + "Traceback (most recent call last):\n  File \"<frozen runpy>\", line 198, in _run_module_as_main\n"
+           + "ModuleNotFoundError: No module named 'psutil'\n")
+
+    def get_job_info(self, job_id):
+        from types import SimpleNamespace
+
+        message = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n"
+        return SimpleNamespace(status="FAILED", message=message + self.LOG[:200], metadata={})
+
+    def get_job_logs(self, job_id):
+        return self.LOG
+
+
+def test_a_ray_job_that_failed_before_its_wrapper_ran_says_the_error_from_its_logs_last_lines():
+    from backend.executors.ray import RayExecutor
+
+    executor = RayExecutor("http://127.0.0.1:8265")
+    executor._api = _EndedRayJobs()
+    status = executor.status("run--trainer--abc123")
+    assert status.stage == "ERROR"
+    assert status.message == ("the Ray job ended without its wrapper's record: "
+                              "ModuleNotFoundError: No module named 'psutil'"), status.message

@@ -20,6 +20,7 @@ sources and deletes before anything else runs.
 """
 
 import json
+import logging
 import os
 import secrets as _secrets
 import shlex
@@ -59,9 +60,12 @@ from backend.plan.jobspec import (
     JobStatus,
 )
 from backend.runtime import job_wrapper as wrapper
+from backend.runtime.cause import cause_line
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens, remember_secret
 
+log = logging.getLogger(__name__)
+CAUSE_TAIL_BYTES = 16384     # of an ended job's log, where its cause is looked for (the wrapper reads as much)
 START_WAIT_S = 120.0         # a replica must be placed and started by then for the trainer to be told where it is
 _STAGES = {"PENDING": SCHEDULING, "RUNNING": RUNNING, "SUCCEEDED": COMPLETED, "FAILED": ERROR, "STOPPED": CANCELED}
 
@@ -174,9 +178,23 @@ class RayExecutor:
         stage = _STAGES.get(str(getattr(info.status, "value", info.status)), ERROR)
         if stage in TERMINAL_STAGES and stage != CANCELED:
             # The wrapper writes its record before it exits: a job done without one never ran it, or was killed.
-            why = redact_tokens(info.message or "", self._secrets)
-            return JobStatus(ERROR, f"the Ray job ended without its wrapper's record: {why}".strip())
+            return JobStatus(ERROR, f"the Ray job ended without its wrapper's record: {self._cause(job_id, info)}")
         return JobStatus(stage, redact_tokens(info.message or "", self._secrets) if stage == CANCELED else "")
+
+    def _cause(self, job_id: str, info) -> str:
+        """Why an ended job failed before its wrapper could say: the error its log's last lines show (Ray's own
+        message quotes the log from its start, cut before the error), else Ray's message's first line."""
+        try:
+            data = self._logs.get(job_id) or (self.api.get_job_logs(job_id) or "").encode()
+            self._logs[job_id] = data
+        except Exception as exc:  # a cluster that does not answer: Ray's message is all there is
+            log.debug("no log of Ray job %s: %s", job_id, exc)
+            data = b""
+        lines = data[-CAUSE_TAIL_BYTES:].decode("utf-8", errors="replace").splitlines()
+        message = (info.message or "").strip().splitlines()
+        line = cause_line(lines) or next((x.strip() for x in reversed(lines) if x.strip()), "") \
+            or (message[0] if message else "")
+        return redact_tokens(line[:500], self._secrets)
 
     def cancel(self, job_id: str, reason: str = "canceled by the user") -> None:
         """Ask the job's wrapper to stop it (a file in its job folder: it stops the job as a local one), then, if
