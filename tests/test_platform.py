@@ -428,8 +428,12 @@ def test_a_replica_down_after_it_joined_degrades_the_run_until_the_proxy_takes_i
     snapshot(True, True)
     snapshot(True, False)                  # its process died; its job (RUNNING) is starting it again
     assert view.degraded == "degraded (1/2 replicas)" and view.retries == []
+    replicas[1].restarted += 1             # it came back holding none of its adapters: a new server
     snapshot(True, True)                   # healthy again: the proxy took it back
     assert view.degraded is None and view.retries == ["vllm-1 taken back 1x after a restart"]
+    snapshot(True, False)                  # it stops answering for a while, and comes back holding its adapters
+    snapshot(True, True)
+    assert view.retries == ["vllm-1 taken back 1x after a restart", "vllm-1 stopped answering and came back 1x"]
     stages["v1"] = "ERROR"                 # a job that ended is down whatever the proxy last said
     view.refresh()
     assert view.degraded == "degraded (1/2 replicas)"

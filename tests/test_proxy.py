@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -296,7 +297,28 @@ def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(p
     wait_until(lambda: requests.get(f"{proxy.url}/health", params={"require": "all"}).status_code == 200, 60, 0.2)
     assert served_models(pool.urls[1]) == {"live-v2"}  # caught up before it was given traffic
     assert dead_replica()["healthy"] and dead_replica()["joined"] == 2     # taken back: the panel counts it
+    assert dead_replica()["restarted"] == 1, "it came back empty: a new server"
     assert _unload(proxy, "live-v2").status_code == 200
+
+
+def test_a_replica_that_stops_answering_for_a_while_comes_back_without_counting_as_a_restart(pool, proxy, adapters):
+    assert _load(proxy, "stall-v1", adapters["rank8"]).status_code == 200
+
+    def stalled() -> dict:
+        return next(r for r in proxy.stats()["replicas"] if r["url"] == pool.urls[0])
+
+    before = stalled()
+    os.killpg(pool.procs[0].pid, signal.SIGSTOP)     # a disconnect: the server stands still, holding its adapters
+    try:
+        _wait_for(lambda: not stalled()["healthy"], timeout=60)
+    finally:
+        os.killpg(pool.procs[0].pid, signal.SIGCONT)
+    _wait_for(lambda: stalled()["healthy"], timeout=120)
+    after = stalled()
+    assert after["joined"] == before["joined"] + 1, "taken back once"
+    assert after["restarted"] == before["restarted"], "the same server: no restart"
+    assert "stall-v1" in served_models(pool.urls[0])
+    assert _unload(proxy, "stall-v1").status_code == 200
 
 
 def test_the_proxy_process_stops_when_the_trainer_that_started_it_is_killed(tmp_path):

@@ -161,6 +161,8 @@ class Proxy:
     def _mark_down(self, replica: Replica, reason: str) -> None:
         if replica.healthy:
             log.warning("replica %s is down: %s", replica.url, reason)
+        if replica.healthy:
+            replica.held_when_down = bool(replica.adapters)
         replica.healthy = False
         replica.last_error = reason
         replica.errors += 1
@@ -387,6 +389,9 @@ class Proxy:
             try:
                 models = json.loads((await self._call(replica, "GET", "/v1/models", timeout=30)).text)
                 held = {m["id"] for m in models["data"] if m.get("parent")}
+                # A server that comes back holding none of the adapters it held is a new one (its job ran again);
+                # one still holding some only stopped answering for a while (a disconnect, a stall, a missed check).
+                restarted = replica.joined >= 1 and replica.held_when_down and not held
                 # Unknown names may be a previous trainer's: a resumed trainer reuses them with new weights.
                 for name in held - set(self.adapters):
                     await self._call(replica, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
@@ -400,6 +405,7 @@ class Proxy:
             replica.adapters = set(self.adapters)
             replica.healthy = True
             replica.joined += 1
+            replica.restarted += restarted
             replica.last_error = ""
             self._record()
             log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))

@@ -26,12 +26,14 @@ class Replica:
     adapters: set[str] = field(default_factory=set)
     last_error: str = ""
     joined: int = 0         # times it became healthy: more than once, it was down (restarted, retried) and taken back
+    restarted: int = 0      # of those, the times it came back a new server (its adapters gone: its job ran again)
+    held_when_down: bool = False    # it held adapters when it went down (a server still holding any did not restart)
     load: dict = field(default_factory=dict)    # what its /metrics said lately (ServerLoad.rates)
 
     def snapshot(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "served": self.served,
                 "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error,
-                "joined": self.joined, **self.load}
+                "joined": self.joined, "restarted": self.restarted, **self.load}
 
 
 # A server's /metrics (Prometheus text) -> the counters and gauges its load is read from. process_cpu_seconds_total is

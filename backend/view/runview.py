@@ -209,7 +209,8 @@ class RunView:
     @property
     def retries(self) -> list[str]:
         """Each retry the run has seen, in words: trainer attempts beyond the first of each trainer job (recorded by
-        `runtime.attempt`), and replicas the proxy took back after they had stopped answering."""
+        `runtime.attempt`), replicas the proxy took back after a restart (a new server), and the times a replica
+        stopped answering for a while and came back (a disconnect, not a restart)."""
         attempts = [e for e in self.events
                     if e.get("writer") == layout.TRAINER_WRITER and e.get("event") == records.ATTEMPT]
         launched = sum(1 for role in self.jobs if role == "trainer" or role.startswith("trainer#"))
@@ -223,8 +224,12 @@ class RunView:
         per_job = servers_per_job(len(snapshot), sum(1 for role in self.current_jobs if role.startswith("vllm-")))
         for i, r in enumerate(snapshot):
             back = int(r.get("joined") or 0) - 1 if isinstance(r, dict) and _is_number(r.get("joined")) else 0
-            if back > 0:
-                out.append(f"{server_name(i, per_job)} taken back {back}x after a restart")
+            # A proxy that tells restarts apart says how many; one from before never did: its returns are only that.
+            restarted = int(r["restarted"]) if back > 0 and _is_number(r.get("restarted")) else 0
+            if restarted:
+                out.append(f"{server_name(i, per_job)} taken back {restarted}x after a restart")
+            if back - restarted > 0:
+                out.append(f"{server_name(i, per_job)} stopped answering and came back {back - restarted}x")
         return out
 
     @property
