@@ -7,6 +7,7 @@ are `backend.runs.operations`; which registry reaches a run, `backend.runs.direc
 """
 
 import hashlib
+import heapq
 import logging
 import os
 import stat
@@ -19,7 +20,7 @@ from backend.outcome.best_version import ChosenAdapter
 from backend.outcome.try_it import try_it
 from backend.plan import recipe
 from backend.plan.hardware import Flavor
-from backend.plan.jobspec import JobSpec, run_stage
+from backend.plan.jobspec import TERMINAL_STAGES, JobSpec, run_stage
 from backend.plan.spec import RunSpec, SpecError
 from backend.plan.task_spec import held_out_summary
 from backend.runs.access import ANONYMOUS, Deployment, Refused, Visitor, acting_token, no_token_reason
@@ -44,6 +45,7 @@ from panel.spend_view import budget_line, cost_cell
 log = logging.getLogger(__name__)
 
 Settings = Deployment      # the name the panel's tests and scripts know
+ENDED_ROW_S = 60.0         # an ended run's row in the runs list is built again this often (its last steps may arrive)
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 LOCAL_LIST_EVERY_S = 1.0   # how old a listing of the local jobs may be (sessions ticking together share one)
 
@@ -88,6 +90,7 @@ class Panel:
         self.runs = RunDirectory(self.settings, local_runs,
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self.spend = SpendWatch()
+        self._rows: dict[tuple, tuple] = {}     # (registry, run id, with cost) -> an ended run's row, for a while
         # Budget caps and alerts of every live run, checked in the background whether anyone watches or not.
         self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
         # Launch, resume and cancel with their policy; this class turns their answers into messages.
@@ -199,36 +202,55 @@ class Panel:
                    limit: int = RUNS_PAGE, query: str = "", status: str = "all") -> list[list]:
         """The newest `limit` runs (RUNS_HEADERS), optionally only those whose id or name contains `query` and
         whose status is `status` (a RUN_FILTERS key)."""
-        runs = [(run, registry) for registry in self.runs.registries(as_visitor(visitor))
-                for run in registry.list_runs()]
+        # Each registry lists its runs newest first: merged lazily, a tick reads the runs it shows (and those the
+        # filter skips), not every run ever made.
+        runs = heapq.merge(*(((run, registry) for run in registry.list_runs())
+                             for registry in self.runs.registries(as_visitor(visitor))),
+                           key=lambda pair: -pair[0].created_at)
         wanted = RUN_FILTERS.get(status) or ()
         q = (query or "").strip().lower()
         rows = []
-        for run, registry in sorted(runs, key=lambda pair: pair[0].created_at, reverse=True):
+        for run, registry in runs:
             stage = run_stage(run.stages)
             if wanted and stage not in wanted:
                 continue
-            spec, cost = {}, ""
-            if with_cost:
-                try:
-                    # A view open or watched already supplies the steps: no second reader of the run's metrics.
-                    run_cost, spec = self.spend.cost(registry, run.run_id, registry.watched_view(run.run_id))
-                    cost = cost_cell(run_cost, float(spec.get("budget_usd") or 0.0))
-                except Exception as exc:   # a failing price list or bucket must not break the runs list
-                    log.debug("no cost for run %s: %s", run.run_id, exc)
-                    cost = "-"
-            name = str(spec.get("name") or "")
+            name, row = self._run_row(run, registry, with_cost)
             if q and q not in run.run_id.lower() and q not in name.lower():
                 continue
-            latest = self.spend.latest(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else {}
-            reward = latest.get("reward")
-            created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
-            rows.append([run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),
-                         f"{reward:.3f}" if isinstance(reward, (int, float)) else "", cost,
-                         str(spec.get("mode") or ""), registry.executor.name, created])
+            rows.append(row)
             if len(rows) == limit:
                 break
         return rows
+
+    def _run_row(self, run, registry, with_cost: bool) -> tuple[str, list]:
+        """(the run's name, its row). An ended run's row is kept for ENDED_ROW_S (its last steps and cost may still
+        be read meanwhile): a tick builds the rows of live runs, not the same rows of every ended one again."""
+        key = (id(registry), run.run_id, with_cost)
+        signature = (tuple(sorted(run.stages.items())), run.timed_out, run.unreadable)
+        kept = self._rows.get(key)
+        if kept and kept[0] == signature and time.monotonic() < kept[1]:
+            return kept[2]
+        spec, cost = {}, ""
+        if with_cost:
+            try:
+                # A view open or watched already supplies the steps: no second reader of the run's metrics.
+                run_cost, spec = self.spend.cost(registry, run.run_id, registry.watched_view(run.run_id))
+                cost = cost_cell(run_cost, float(spec.get("budget_usd") or 0.0))
+            except Exception as exc:   # a failing price list or bucket must not break the runs list
+                log.debug("no cost for run %s: %s", run.run_id, exc)
+                cost = "-"
+        name = str(spec.get("name") or "")
+        latest = self.spend.latest(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else {}
+        reward = latest.get("reward")
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
+        row = [run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),
+               f"{reward:.3f}" if isinstance(reward, (int, float)) else "", cost,
+               str(spec.get("mode") or ""), registry.executor.name, created]
+        if run.stages and all(stage in TERMINAL_STAGES for stage in run.stages.values()):
+            self._rows[key] = (signature, time.monotonic() + ENDED_ROW_S, (name, row))
+        else:
+            self._rows.pop(key, None)
+        return name, row
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
         """A line above the runs list when the visitor can see no Hub runs, saying why."""

@@ -70,6 +70,7 @@ class LocalExecutor:
         # What does not change once written, kept so that listing 200 runs does not re-read 600 job files a tick:
         self._records: dict[str, dict] = {}      # job id -> its job.json once complete (with the wrapper's pid)
         self._ended: dict[str, JobStatus] = {}   # job id -> its final status
+        self._ended_records: dict[str, JobRecord] = {}   # job id -> its listing record, once final
         self._ended_times: dict[str, tuple[float | None, float | None]] = {}   # job id -> (start, end) once ended
         self._lock = threading.Lock()
 
@@ -353,6 +354,10 @@ class LocalExecutor:
         for job_id in os.listdir(self.jobs_dir):
             if run_id and not job_id.startswith(f"{run_id}--"):
                 continue
+            ended = self._ended_records.get(job_id)
+            if ended is not None:      # an ended job's record is final: a listing costs the jobs that changed
+                records.append(ended)
+                continue
             try:
                 status = self.status(job_id)
                 started, finished = self._times(job_id, status)
@@ -372,6 +377,8 @@ class LocalExecutor:
             records.append(JobRecord(job_id, spec["run_id"], spec["role"], status.stage, data["created_at"],
                                      flavor=spec.get("flavor"), bucket=volumes[0].get("bucket") if volumes else None,
                                      started_at=started, finished_at=finished, timed_out=status.timed_out))
+            if status.done and finished is not None:
+                self._ended_records[job_id] = records[-1]
         return sorted(records, key=lambda r: r.created_at, reverse=True)
 
     def _times(self, job_id: str, status: JobStatus) -> tuple[float | None, float | None]:
