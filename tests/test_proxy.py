@@ -310,10 +310,10 @@ def test_a_replica_that_stops_answering_for_a_while_comes_back_without_counting_
     before = stalled()
     os.killpg(pool.procs[0].pid, signal.SIGSTOP)     # a disconnect: the server stands still, holding its adapters
     try:
-        _wait_for(lambda: not stalled()["healthy"], timeout=60)
+        wait_until(lambda: not stalled()["healthy"], 60, 0.2)
     finally:
         os.killpg(pool.procs[0].pid, signal.SIGCONT)
-    _wait_for(lambda: stalled()["healthy"], timeout=120)
+    wait_until(lambda: stalled()["healthy"], 120, 0.2)
     after = stalled()
     assert after["joined"] == before["joined"] + 1, "taken back once"
     assert after["restarted"] == before["restarted"], "the same server: no restart"
