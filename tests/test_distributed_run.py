@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from vllm_replicas import API_KEY, MAX_STALENESS, served_models, shared_pool
+from vllm_replicas import API_KEY, MAX_STALENESS, served_models
 
 from backend.plan.spec import RunSpec
 from backend.runtime.tiny_model import TINY_MODEL
@@ -23,8 +23,8 @@ LAST_VERSION = MAX_STEPS + 1  # one sync before the first step, then one per ste
 
 
 @pytest.fixture(scope="module")
-def run(request, tmp_path_factory):
-    pool = shared_pool(request.config)
+def run(vllm_pool, tmp_path_factory):
+    pool = vllm_pool
     run_dir = tmp_path_factory.mktemp("run")
     spec = RunSpec(
         mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], max_steps=MAX_STEPS,

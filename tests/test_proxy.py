@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from vllm_replicas import API_KEY, free_port, served_models, shared_pool
+from vllm_replicas import API_KEY, free_port, served_models
 
 from backend.runtime.layout import LOADS_WRITER
 from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
@@ -29,8 +29,8 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="module")
-def pool(request):
-    return shared_pool(request.config)
+def pool(vllm_pool):
+    return vllm_pool
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from vllm_replicas import API_KEY, MAX_STALENESS, shared_pool
+from vllm_replicas import API_KEY, MAX_STALENESS
 
 from backend.plan.spec import RunSpec
 from backend.runtime import layout
@@ -22,8 +22,8 @@ CODE = '''def long_enough(completions, solution, **kwargs) -> list[float]:
 '''
 
 
-def test_reward_code_runs_in_the_async_rollout_worker_with_its_weight(request, tmp_path):
-    pool = shared_pool(request.config)
+def test_reward_code_runs_in_the_async_rollout_worker_with_its_weight(vllm_pool, tmp_path):
+    pool = vllm_pool
     data = tmp_path / "math.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "solution": str(i + 1)}) + "\n"
                             for i in range(16)))

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole suite as CI runs it (README: "Run the tests"), on 2 pytest-xdist workers (the 2-core CI machine):
+#   1. lint and the unit tier, stopping at the first failure (a few minutes at most, before anything long starts);
+#   2. the integration and browser tiers, the longest work first, tests that share a set-up on one worker
+#      (tests/conftest.py: "scheduling"), the 25 slowest tests listed at the end.
+# Extra arguments go to both pytest runs (e.g. -k, --timeout). WORKERS=1 runs each stage without xdist.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WORKERS=${WORKERS:-2}
+parallel=()
+if [[ "$WORKERS" != 1 ]]; then
+  parallel=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)
+fi
+"$PY" -m pytest -q -x --timeout 900 "${parallel[@]}" -m unit "$@" tests
+"$PY" -m pytest -v --timeout 900 --durations 25 "${parallel[@]}" -m "not unit" "$@" tests
