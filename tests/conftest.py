@@ -75,6 +75,7 @@ def tier_of(path) -> str:
     return "integration" if name in INTEGRATION_FILES else "unit"
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks to group the tests
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(tier_of(item.path))
