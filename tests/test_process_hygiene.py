@@ -2,9 +2,11 @@
 
 import os
 import subprocess
+import sys
+import uuid
 
 import psutil
-from conftest import kill_processes, session_processes
+from conftest import ROOT, kill_processes, session_processes
 
 
 def _orphan_sleep(cwd) -> int:
@@ -38,3 +40,26 @@ def test_the_checker_finds_and_kills_a_leaked_child_and_an_orphan_under_the_sess
             except psutil.NoSuchProcess:
                 pass
         child.wait(timeout=5)
+
+
+def test_a_process_left_by_a_test_on_an_xdist_worker_fails_the_run_and_is_named(tmp_path):
+    """scripts/test.sh runs the suite on xdist workers: a worker's finding must reach the controller's exit status."""
+    mark = f"leak{uuid.uuid4().hex[:8]}"
+    (tmp_path / "test_leaks.py").write_text(
+        "import subprocess, sys\n\n\ndef test_leaves_one():\n"
+        f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)  # {mark}'], "
+        "start_new_session=True)\n\n\n"
+        "def test_leaves_none():\n    pass\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "1", "-p", "tests.conftest", "-c", os.devnull,
+                          "--rootdir", str(tmp_path), "-p", "no:cacheprovider", str(tmp_path / "test_leaks.py")],
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
+                         timeout=120)
+    try:
+        assert "2 passed" in run.stdout and run.returncode == 1, run.stdout + run.stderr
+        assert "1 process(es) this test session started were still running at its end; killed:" in run.stdout
+        assert "[gw0] " in run.stdout.split("killed:")[1] and f"time.sleep(300)  # {mark}" in run.stdout, run.stdout
+        assert not [p for p in psutil.process_iter(["cmdline"]) if mark in " ".join(p.info["cmdline"] or [])]
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):
+            if mark in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
