@@ -92,14 +92,15 @@ def pytest_collection_modifyitems(config, items):
 SESSION_SETUPS = ("vllm_pool",)
 # The longest work units first (from CI's --durations), so that no core is left with a long one at the end while
 # the other idles. A unit is an xdist group (below) or one test; matched as its group's name or a node id's start.
+# The two local distributed runs (2 vLLM servers and a trainer each) share a group, so run one after the other: side
+# by side on 2 loaded cores their servers took 5 minutes to start and the browser's run missed its 7 minutes.
 LONGEST_FIRST = (
-    "tests/test_faults.py::test_a_distributed_run_takes_back_a_restarted_replica",   # ~370-470 s
-    "browser-distributed",          # test_browser.py's distributed run from the browser, ~180-430 s
+    "local-distributed-runs",       # test_faults.py's takes-back run ~370-720 s, then test_browser.py's ~180-450 s
     "tests/test_ray_browser.py",    # a Ray cluster and three runs on it, ~350 s
-    "vllm_pool",                    # the session's vLLM pair and what uses it: a distributed run, the proxy, ~250 s
     "tests/test_browser_compare.py",   # two local runs, ~164 s
-    "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~128 s
-    "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~108 s
+    "vllm_pool",                    # the session's vLLM pair and what uses it: a distributed run, the proxy, ~250 s
+    "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~117-128 s
+    "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~108-114 s
 )
 TIER_ORDER = ("unit", "browser", "integration")   # lint and the unit tier first (fail fast), then the long tiers
 
