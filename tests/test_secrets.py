@@ -10,6 +10,7 @@ from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec
 from backend.runtime import layout, records
 from backend.runtime.redact import REDACTED, looks_like_token, redact_record, redact_tokens, remember_secret
+from tests.fakehub import TOKEN_SHAPES
 
 USER = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 OAUTH = "hf_oauth_" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDc"
@@ -32,7 +33,37 @@ def test_every_token_shape_the_hub_issues_is_masked(text, token):
     assert looks_like_token(text)
 
 
-@pytest.mark.parametrize("text", ["pip install hf_transfer hf_xet", "HF_HUB_ENABLE_HF_TRANSFER=1",
+@pytest.mark.parametrize("token", TOKEN_SHAPES)
+@pytest.mark.parametrize("around", ["{}", "MYVAR_{}", "{}_x", "Authorization: Bearer {}", "'{}'", "key={}\n"])
+def test_every_shape_is_masked_wherever_it_stands_and_refused_when_typed(token, around):
+    text = around.format(token)
+    masked = redact_tokens(text)
+    assert token not in masked and REDACTED in masked, masked
+    assert looks_like_token(text)
+
+
+@pytest.mark.parametrize("token", TOKEN_SHAPES)
+def test_a_record_is_masked_in_its_keys_as_well_as_its_values(token):
+    record = {token: 1.0, "nested": [{f"rewards/{token}": token}], "step": 3}
+    masked = json.dumps(redact_record(record))
+    assert token not in masked and masked.count(REDACTED) == 3, masked
+
+
+@pytest.mark.parametrize("token", TOKEN_SHAPES)
+def test_a_token_typed_into_any_field_of_the_form_is_refused_naming_the_field(token):
+    from backend.plan.spec import RunSpec
+
+    for field, value in [("name", f"run {token}"), ("dataset", token), ("rewards", ["format", token]),
+                         ("reward_weights", {token: 1.0})]:
+        errors = RunSpec.from_dict({field: value}).validate()
+        refused = [e for e in errors if e.field == field and "looks like a Hugging Face token" in e.message]
+        assert refused, (field, errors)
+        assert token not in repr(errors)
+
+
+@pytest.mark.parametrize("text", ["pip install hf_transfer hf_xet", "python -m vllm.entrypoints.openai.api_server",
+                                  "--api-key none --api-server-count 1", "openai_api_key", "fastapi_app",
+                                  "HF_HUB_ENABLE_HF_TRANSFER=1",
                                   "import huggingface_hub.hf_api", "cached in hf_datasets"])
 def test_identifiers_stay_readable(text):
     assert redact_tokens(text) == text and not looks_like_token(text)

@@ -441,13 +441,22 @@ def _without_tokens(spec: RunSpec) -> list[FieldError]:
     """A token typed into a field would be stored in spec.json, shown in previews and job names: refuse it."""
     errs = []
     for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        texts = value if isinstance(value, list) else [value]
-        if any(isinstance(t, str) and looks_like_token(t) for t in texts):
+        if any(looks_like_token(t) for t in _texts(getattr(spec, f.name))):
             errs.append(FieldError(f.name, "this looks like a Hugging Face token; never type a token into the form. "
                                            "Sign in (on a Space) or set HF_TOKEN: the panel passes it to jobs as a "
                                            "secret only"))
     return errs
+
+
+def _texts(value) -> list[str]:
+    """Every string in a field's value: a list's items, a dict's keys and values (reward weights by name)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _texts(item)]
+    return []
 
 
 def _check_model(model: str, executor: str) -> list[FieldError]:

@@ -2,9 +2,9 @@
 
 Two nets, both always applied:
 - every token *shape* the Hub issues: user and org access tokens (`hf_...`), OAuth access tokens
-  (`hf_oauth_...`), legacy org API tokens (`api_org_...`), matched without word boundaries, so a token glued
-  to a variable name (`MYVAR_hf_...`) or followed by `_x` is caught too, and values after `Authorization:
-  Bearer` or `HF_TOKEN=`;
+  (`hf_oauth_...`), legacy API tokens (`api_...`, `api-...`) and legacy org API tokens (`api_org_...`,
+  `api-org-...`), matched without word boundaries, so a token glued to a variable name (`MYVAR_hf_...`) or
+  followed by `_x` is caught too, and values after `Authorization: Bearer` or `HF_TOKEN=`;
 - every token value this process has been told about (`remember_secret`): the panel registers each visitor's
   token as it sees it, a job registers the token in its environment, so even a token of an unusual shape is
   masked wherever it appears.
@@ -20,7 +20,9 @@ REDACTED = "hf_***"
 # The token body: 8+ letters and digits with a digit or a capital among them, or 20+ of any kind; identifiers
 # such as `hf_transfer` or `hf_datasets` in a log stay readable while a random token body never escapes.
 _BODY = r"(?:(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{8,}|[A-Za-z0-9]{20,})"
-_SHAPES = re.compile(rf"(?:hf_oauth_|hf_|api_org_){_BODY}")
+# Every prefix the Hub has issued tokens under (the legacy `api` ones with `_` or `-`).
+_PREFIXES = r"(?:hf_oauth_|hf_|api[_-]org[_-]|api[_-])"
+_SHAPES = re.compile(rf"{_PREFIXES}{_BODY}")
 # Each with a word it cannot match without (lower case): a long text without it skips that scan (a 1 GB log
 # download masks a chunk at a time).
 _LABELLED = [
@@ -60,7 +62,7 @@ def is_secret_env_name(name: str) -> bool:
 # A whole token, for refusing one typed into the form (or pasted into reward code): a user or org access token is
 # `hf_` and 34 letters, OAuth and legacy org tokens are as long. Masking (above) takes shorter bodies too, so a cut
 # token never shows; refusing them would refuse code that names `hf_Tokenizer2`.
-_WHOLE = re.compile(r"(?:hf_oauth_|api_org_)[A-Za-z0-9]{20,}|hf_(?!oauth_)[A-Za-z0-9]{30,}")
+_WHOLE = re.compile(r"(?:hf_oauth_|api[_-]org[_-]|api[_-](?!org[_-]))[A-Za-z0-9]{20,}|hf_(?!oauth_)[A-Za-z0-9]{30,}")
 
 
 def looks_like_token(text: str) -> bool:
@@ -77,7 +79,7 @@ def redact_tokens(text: str, known: tuple[str, ...] | list[str] = ()) -> str:
     # Longest first: one secret may contain another.
     for value in sorted((v for v in secrets if v and len(v) >= MIN_SECRET_LEN), key=len, reverse=True):
         text = text.replace(value, REDACTED)
-    if "hf_" in text or "api_org_" in text:
+    if "hf_" in text or "api_" in text or "api-" in text:
         text = _SHAPES.sub(REDACTED, text)
     lower = text.lower()
     for word, pattern in _LABELLED:
@@ -87,11 +89,12 @@ def redact_tokens(text: str, known: tuple[str, ...] | list[str] = ()) -> str:
 
 
 def redact_record(value):
-    """A JSON-like value (dict, list, str, number) with every string in it redacted."""
+    """A JSON-like value (dict, list, str, number) with every string in it redacted, a dict's keys included (a
+    metric or column named after a token is shown too)."""
     if isinstance(value, str):
         return redact_tokens(value)
     if isinstance(value, dict):
-        return {k: redact_record(v) for k, v in value.items()}
+        return {redact_record(k): redact_record(v) for k, v in value.items()}
     if isinstance(value, list):
         return [redact_record(v) for v in value]
     return value

@@ -61,14 +61,40 @@ The package, by concern: `server` (the HTTP server, authentication, routing, SSE
 """
 
 from tests.fakehub.buckets import FakeBucket, FakeObject, install_remote_bucket_transfers
-from tests.fakehub.common import DEFAULT_TOKEN, FakeUser, RecordedRequest, Reply, utc_stamp, wait_until
+from tests.fakehub.common import (
+    DEFAULT_TOKEN,
+    TOKEN_SHAPES,
+    FakeUser,
+    RecordedRequest,
+    Reply,
+    utc_stamp,
+    wait_until,
+)
 from tests.fakehub.datasets import DEEPMATH_STAND_IN, FakeDataset
 from tests.fakehub.jobs import HARDWARE, TERMINAL, FakeJob
 from tests.fakehub.repos import LFS_SUFFIXES, FakeRepo, install_remote_repo_transfers
 from tests.fakehub.server import FakeHub
 from tests.helpers import panel_factory  # where it was before the split; tests/helpers.py is its home
 
-__all__ = ["DEEPMATH_STAND_IN", "DEFAULT_TOKEN", "HARDWARE", "LFS_SUFFIXES", "TERMINAL", "FakeBucket", "FakeDataset",
-           "FakeHub", "FakeJob", "FakeObject", "FakeRepo", "FakeUser", "RecordedRequest", "Reply",
-           "install_remote_bucket_transfers", "install_remote_repo_transfers", "panel_factory", "utc_stamp",
-           "wait_until"]
+__all__ = [
+    "DEEPMATH_STAND_IN",
+    "DEFAULT_TOKEN",
+    "HARDWARE",
+    "LFS_SUFFIXES",
+    "TERMINAL",
+    "TOKEN_SHAPES",
+    "FakeBucket",
+    "FakeDataset",
+    "FakeHub",
+    "FakeJob",
+    "FakeObject",
+    "FakeRepo",
+    "FakeUser",
+    "RecordedRequest",
+    "Reply",
+    "install_remote_bucket_transfers",
+    "install_remote_repo_transfers",
+    "panel_factory",
+    "utc_stamp",
+    "wait_until",
+]

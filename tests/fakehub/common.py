@@ -10,6 +10,11 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_TOKEN = "hf_" + "fakeHubTokenOfAliceForTestsOnly0"
+# One token of every shape the Hub has issued (user/org, OAuth, legacy API and org API with '_' or '-'): a test of a
+# place that shows text plants all of them.
+TOKEN_SHAPES = ("hf_" + "ShApEuSeRtOkEn0123456789abcdefghij", "hf_oauth_" + "ShApEoAuThToKeN0123456789ab",
+                "api_" + "ShApElEgAcYaPiToKeN012345678", "api-" + "ShApElEgAcYdAsHtOkEn01234567",
+                "api_org_" + "ShApEoRgApIuNdErScOrE0123456", "api-org-" + "ShApEoRgApIdAsHeS0123456789a")
 
 
 def utc_stamp(at: float | None = None) -> str:
