@@ -11,19 +11,30 @@ machine's token), GRPO_PANEL_BUCKET_MOUNT=namespace/name:/path (a bucket mounted
 GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datasets-server.huggingface.co),
 GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 0: never),
 GRPO_PANEL_ALLOW_UNSANDBOXED=1 (run *Check task* and *Try it* code without a sandbox where bubblewrap cannot make
-one; by default they run none).
+one; by default they run none),
+GRPO_PANEL_MAX_UPLOAD_MB (the largest file a visitor may upload, default 100).
 MCP tools for agents: http://127.0.0.1:7860/gradio_api/mcp/ (docs/mcp.md).
 """
+
+import os
+
+# Nothing leaves the panel but what it is asked to send: Gradio's usage analytics and huggingface_hub's telemetry
+# (both posted to HF_ENDPOINT or Gradio's servers) are off. Set before either library is imported: huggingface_hub
+# reads its setting once, at import; `telemetry_off()` covers an earlier import too.
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 
 import atexit
 import ctypes
 import faulthandler
 import logging
-import os
 import signal
 import sys
 import threading
 import time
+
+from huggingface_hub import constants as hub_constants
+from starlette.middleware import Middleware
 
 from backend.executors.local import LocalExecutor
 from backend.runs.access import Deployment
@@ -31,6 +42,7 @@ from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
 from panel.mcp_tools import mcp_lifespan
 from panel.ui import CSS, KEEP_CLEARED_CHOICES, build_ui
+from panel.uploads import SignedInUploadsOnly, max_upload_bytes
 
 log = logging.getLogger("grpo-panel")
 PR_SET_DUMPABLE = 4
@@ -39,6 +51,7 @@ EXIT_GRACE_S = 20.0     # after the server closed, the most the process waits fo
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    telemetry_off()
     faulthandler.register(signal.SIGUSR1, all_threads=True)    # `kill -USR1 <pid>`: every thread's stack to stderr
     remember_env_secrets()    # the host's own token is masked in everything the panel shows
     unreadable_by_children()
@@ -61,9 +74,12 @@ def main() -> None:
         # Gradio keeps each call's inputs in the browser's local storage by default: a webhook URL or reward code
         # typed into the form would stay there. Off, which also deletes what an earlier version left there.
         run_history=False,
+        # Uploads (datasets) are bounded; on a Space only signed-in visitors upload at all (panel/uploads.py).
+        max_file_size=max_upload_bytes(deployment.max_upload_mb),
         # The panel's actions as MCP tools for agents, at /gradio_api/mcp/ (panel/mcp_tools.py says why not
         # Gradio's own mcp_server=True).
-        app_kwargs={"lifespan": mcp_lifespan(panel)})
+        app_kwargs={"lifespan": mcp_lifespan(panel),
+                    "middleware": [Middleware(SignedInUploadsOnly)] if deployment.on_space else []})
     # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
     # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
     # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),
@@ -74,6 +90,14 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def telemetry_off() -> None:
+    """Gradio's analytics and huggingface_hub's telemetry off, also where huggingface_hub was imported before
+    this module set its environment variable (a wrapper script that imported it first)."""
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    hub_constants.HF_HUB_DISABLE_TELEMETRY = True
 
 
 def unreadable_by_children() -> None:

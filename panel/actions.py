@@ -135,11 +135,13 @@ class Panel:
         bucket goes to the visitor's own `<name>/grpo-runs`."""
         return self.operations.build_spec(values, run_id, as_visitor(visitor) if visitor else None)
 
-    def preview(self, values: dict, visitor: Visitor | str | None = None, run_id: str | None = None) -> Preview:
-        """The problems to fix, or the jobs as they will be submitted with an estimated cost and a fingerprint."""
+    def preview(self, values: dict, visitor: Visitor | str | None = None, run_id: str | None = None,
+                webhook: str = "") -> Preview:
+        """The problems to fix (the alert webhook's too, if given), or the jobs as they will be submitted with an
+        estimated cost and a fingerprint."""
         visitor = as_visitor(visitor)
         try:
-            shown = self.operations.preview(values, visitor, run_id)
+            shown = self.operations.preview(values, visitor, run_id, webhook)
         except SpecError as exc:
             missing = self.operations.missing_token(values.get("executor"), visitor)
             hint = f"\n\n{missing}" if missing else ""
@@ -184,7 +186,7 @@ class Panel:
             return LaunchResult(redact_tokens(f"**Not launched.** {exc}"))
         if isinstance(answer, ReviewNeeded):
             spec = answer.spec
-            preview = self.preview(values, visitor, run_id=spec.run_id)
+            preview = self.preview(values, visitor, run_id=spec.run_id, webhook=webhook)
             why = ("the form changed since the reviewed preview" if answer.reviewed_another else
                    "it has not been reviewed")
             return LaunchResult(

@@ -9,6 +9,7 @@ import gradio as gr
 
 from backend.plan.engines import engine, known_engine
 from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, HELD_OUT_FIELDS, LORA, STORAGE, RunSpec, form_fields
+from backend.runs.operations import WEBHOOK_FIELD
 from backend.view import diagnose
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
@@ -20,6 +21,8 @@ ROW = 4     # fields a row of a form section
 # Each section of the form (an accordion) and the RunSpec fields it holds, opened when one of them is refused.
 SECTIONS = {title: {f.name for f in form_fields(title)} for title in (LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE)}
 SECTIONS[HELD_OUT_TITLE] = set(HELD_OUT_FIELDS)
+ALERTS = "Alerts"
+SECTIONS[ALERTS] = {WEBHOOK_FIELD}     # the alert webhook, beside the form: a refusal opens and marks it too
 
 
 def _field(name: str, initial: dict, flavors: list | None = None):
@@ -124,11 +127,14 @@ def build(page, panel: Panel) -> None:
         preset_info = gr.Markdown(preset_note(first_preset), elem_id="preset-note")
         form, task, sections = _form(panel, initial, executors)
         panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
-        with gr.Accordion("Alerts", open=False):
+        with gr.Accordion(ALERTS, open=False) as sections[ALERTS]:
             webhook = gr.Textbox("", label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
                                  info="Slack or Discord webhook: the run's alerts (ratio drift, stall, a replica not "
                                       "serving its adapter, ...) are posted there. Kept encrypted by this panel; "
-                                      "never shown again or written to the bucket.")
+                                      "never shown again or written to the bucket."
+                                      + (" This panel serves others: https to a public address only."
+                                         if panel.settings.serves_others else ""))
+        panel.field_labels[WEBHOOK_FIELD] = webhook.label
         with gr.Row():
             preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
             confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
@@ -154,7 +160,7 @@ def wire(page) -> None:
     form["mode"].change(on_mode, form["mode"], [sections[COLOCATED], sections[DISTRIBUTED]],
                         show_progress="hidden")
     refused = ["launch_msg", "reviewed", "confirm", "marks", "sections", "form"]
-    page.on(page["preview_btn"].click, on_preview, ["form", "marks"], refused)
+    page.on(page["preview_btn"].click, on_preview, ["form", "marks", "webhook"], [*refused, "webhook"])
     page.on(page["launch_btn"].click, on_launch, ["form", "marks", "confirm", "reviewed", "webhook"],
             [*refused, "tabs", "run_pick", "webhook"])
     filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
@@ -190,10 +196,15 @@ def _seen(preview) -> dict:
     return {"fingerprint": preview.fingerprint, "run_id": preview.run_id}
 
 
-def on_preview(panel, visitor, values: dict, marked: list[str]) -> dict:
-    shown = panel.preview(values, visitor)
+def on_preview(panel, visitor, values: dict, marked: list[str], webhook: str = "") -> dict:
+    shown = panel.preview(values, visitor, webhook=webhook)
     return {"launch_msg": shown.markdown, "reviewed": _seen(shown) if shown.fingerprint else None, "confirm": False,
-            **show_fields(shown.fields, marked, values)}
+            **show_fields(shown.fields, marked, values), "webhook": _webhook_mark(shown.fields)}
+
+
+def _webhook_mark(bad) -> dict:
+    """The alert webhook marked as refused, or unmarked (it is not one of the form's fields)."""
+    return gr.update(elem_classes=["field-error"] if WEBHOOK_FIELD in bad else [])
 
 
 def on_launch(panel, visitor, values: dict, marked: list[str], confirm: bool, reviewed: dict | None,
@@ -204,10 +215,10 @@ def on_launch(panel, visitor, values: dict, marked: list[str], confirm: bool, re
     if result.run_id is None:
         fresh = result.preview
         return {"launch_msg": result.message, "reviewed": _seen(fresh) if fresh else reviewed, "confirm": False,
-                **show_fields(result.fields, marked, values)}
+                **show_fields(result.fields, marked, values), "webhook": _webhook_mark(result.fields)}
     # The reviewed preview is spent: a second launch needs its own preview (and its own run id).
     return {"launch_msg": result.message, "reviewed": None, "confirm": False, "tabs": gr.Tabs(selected="runs"),
-            **show_fields((), marked, values), "webhook": "",
+            **show_fields((), marked, values), "webhook": gr.update(value="", elem_classes=[]),
             "run_pick": gr.update(choices=run_choices(panel, visitor), value=result.run_id)}
 
 

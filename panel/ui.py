@@ -10,6 +10,8 @@ from panel.actions import Panel
 from panel.page import Page, visitor_of
 
 TICK_S = 2.0
+CACHE_SWEEP_S = 1800          # how often Gradio's cache (uploads, served copies of downloads) is swept
+UPLOADS_KEPT_S = 2 * 3600     # how old a file there may get: an upload is gone within hours, not days
 # A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).
 CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }"
 # Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
@@ -24,8 +26,10 @@ KEEP_CLEARED_CHOICES = """() => { document.addEventListener('keydown', (e) => {
 def build_ui(panel: Panel) -> gr.Blocks:
     cheap_skips.install()       # a tick's unchanged outputs cost every session nothing (see the module)
     page = Page(panel)
-    # Gradio keeps a copy of every file it serves (downloads); delete_cache drops copies older than a day, hourly.
-    with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(3600, 86400)) as demo:
+    # Gradio keeps a copy of every file it serves (downloads) and every file a visitor uploads: delete_cache drops
+    # those older than UPLOADS_KEPT_S every CACHE_SWEEP_S. No usage analytics (app.py turns them off for the process).
+    with gr.Blocks(title="GRPO + LoRA control panel", delete_cache=(CACHE_SWEEP_S, UPLOADS_KEPT_S),
+                   analytics_enabled=False) as demo:
         with gr.Row():
             gr.Markdown("# GRPO + LoRA control panel\nLaunch GRPO runs with LoRA, colocated or distributed, "
                         "locally or on Hugging Face Jobs, and watch them live.")

@@ -23,6 +23,7 @@ from backend.runtime.redact import remember_secret
 
 LOOPBACK_NAMES = ("localhost", "")
 LOCAL_RUNS_CHOICES = ("on", "off", "owner")
+DEFAULT_MAX_UPLOAD_MB = 100.0
 
 
 class Refused(Exception):
@@ -73,6 +74,9 @@ class Deployment:
     task_check_timeout_s: float = 15.0   # per reward function, on the sample completions
     # How often this process checks the budget caps of the runs it can reach (0: never; tests call it directly).
     budget_check_s: float = field(default_factory=lambda: float(os.environ.get("GRPO_PANEL_BUDGET_CHECK_S") or 30.0))
+    # The largest file a visitor may upload (a dataset), in MB; Gradio refuses a larger one with 413.
+    max_upload_mb: float = field(default_factory=lambda: _positive(os.environ.get("GRPO_PANEL_MAX_UPLOAD_MB"),
+                                                                   DEFAULT_MAX_UPLOAD_MB))
 
     def __post_init__(self):
         self.host = self.host or _default_host(self.on_space)
@@ -116,6 +120,15 @@ class Deployment:
             notes.append(f"Listening on {self.host}: every visitor acts with this machine's Hugging Face token"
                          + (" after the panel login." if self.auth else " (GRPO_PANEL_ALLOW_HOST_TOKEN=1)."))
         return notes
+
+
+def _positive(value: str | None, default: float) -> float:
+    """A positive number from the environment, or `default` (unset, not a number, or not above 0)."""
+    try:
+        number = float(value) if value else default
+    except ValueError:
+        return default
+    return number if number > 0 else default
 
 
 def _hub_constants():

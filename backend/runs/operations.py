@@ -1,6 +1,6 @@
 """Launch, resume and cancel, with their policy: who may, with which token, after which review.
 
-`Operations` runs the steps of each in order (the alert webhook, the token, the spec, the right to act on the
+`Operations` runs the steps of each in order (the token, the spec with the alert webhook, the right to act on the
 namespace, the token's lifetime, the review fingerprint, the task check, the registry, the job secrets) and answers
 with what happened: a `LaunchPreview`, a `ReviewNeeded`, a `LaunchedRun`, or an exception (`Refused`, `SpecError`,
 `LaunchError`). The panel turns clicks into these calls and the answers into messages. Which executor does what is
@@ -42,8 +42,9 @@ from backend.runs.resume import ResumePlan
 from backend.runtime.task import is_local_file
 from backend.task.check import TaskReport, check_task, task_field_errors
 from backend.task.check_job import CHECK_FLAVOR, check_in_job
-from backend.view.alerts import webhook_problem
+from backend.view.webhook import webhook_problem
 
+WEBHOOK_FIELD = "webhook"  # the alert webhook's name among the fields a refusal names
 CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
 CHECKS_KEPT = 256
 CHECK_EXECUTOR = HfJobsExecutor.name   # a panel that serves others checks a task in the visitor's own HF Jobs account
@@ -256,9 +257,28 @@ class Operations:
             raise SpecError(problems)
         return spec
 
-    def preview(self, values: dict, visitor: Visitor, run_id: str | None = None) -> LaunchPreview:
-        """The jobs as they will be submitted, with what they can cost; raises SpecError with what to fix."""
-        spec = self.build_spec(values, run_id, visitor)
+    def checked_spec(self, values: dict, run_id: str | None, visitor: Visitor | None, webhook: str = "") -> RunSpec:
+        """`build_spec`, with the alert webhook checked beside the form's fields: one SpecError names them all."""
+        hook = self.webhook_errors(webhook)
+        try:
+            spec = self.build_spec(values, run_id, visitor)
+        except SpecError as exc:
+            raise SpecError([*exc.errors, *hook]) from None
+        if hook:
+            raise SpecError(hook)
+        return spec
+
+    def webhook_errors(self, webhook: str) -> list[FieldError]:
+        """Why the alert webhook cannot be used (empty: it can, or none was given). A panel that serves others
+        sends only over https to public addresses; the URL is resolved and checked here, never requested."""
+        webhook = (webhook or "").strip()
+        problem = webhook and webhook_problem(webhook, self.deployment.serves_others)
+        return [FieldError(WEBHOOK_FIELD, problem)] if problem else []
+
+    def preview(self, values: dict, visitor: Visitor, run_id: str | None = None, webhook: str = "") -> LaunchPreview:
+        """The jobs as they will be submitted, with what they can cost; raises SpecError with what to fix (the
+        alert webhook among the fields)."""
+        spec = self.checked_spec(values, run_id, visitor, webhook)
         where = spec.engine
         jobs = preview_jobs(spec)
         return LaunchPreview(
@@ -275,12 +295,10 @@ class Operations:
         that fingerprint is still the form's (else ReviewNeeded). `webhook`, if given, receives the run's alerts;
         it is kept encrypted, never shown or written to the bucket."""
         webhook = (webhook or "").strip()
-        if webhook and webhook_problem(webhook):
-            raise Refused(f"Alert webhook: {webhook_problem(webhook)}.")
         missing = self.missing_token(values.get("executor"), visitor)
         if missing:
             raise Refused(missing)
-        spec = self.build_spec(values, run_id, visitor)
+        spec = self.checked_spec(values, run_id, visitor, webhook)
         where = spec.engine
         token = self.control_token(where, spec.bucket_namespace, visitor)
         self._check_token_lifetime(where, visitor, spec)

@@ -61,7 +61,9 @@ class RunWatch:
         folder and sent to its webhook, if it has one."""
         book = self._alert_books.get(view.run_id)
         if book is None:
-            book = self._alert_books[view.run_id] = AlertBook(view.store, view.run_id, self.webhooks.get(view.run_id))
+            # A panel that serves others posts to public addresses only (backend/view/webhook.py says why).
+            book = self._alert_books[view.run_id] = AlertBook(view.store, view.run_id, self.webhooks.get(view.run_id),
+                                                              public_only=self.runs.deployment.serves_others)
         if getattr(book, "seen_version", None) == view.version:
             return []
         book.seen_version = view.version

@@ -18,21 +18,19 @@ import os
 import secrets
 import threading
 import time
-import urllib.parse
-import urllib.request
 
 from cryptography.fernet import Fernet
 
 from backend.runtime import layout, records
-from backend.runtime.redact import redact_record, redact_tokens
+from backend.runtime.redact import redact_tokens
 from backend.storage.store import BucketStore
 from backend.view import diagnose
 from backend.view.runview import reading
+from backend.view.webhook import post_webhook
 
 log = logging.getLogger(__name__)
 
 WRITER = f"{layout.PANEL_WRITER}-alerts"
-WEBHOOK_TIMEOUT_S = 10.0
 
 
 def current_alerts(view, now: float | None = None) -> list[diagnose.Alert]:
@@ -70,9 +68,12 @@ def _trainer_start(view) -> tuple[bool, float | None]:
 class AlertBook:
     """The open alerts of one run, kept in step with its events folder."""
 
-    def __init__(self, store: BucketStore, run_id: str, webhook: str | None = None, send=None):
+    def __init__(self, store: BucketStore, run_id: str, webhook: str | None = None, send=None,
+                 public_only: bool = True):
+        """`send(url, text, alert)` posts an alert (default: `post_webhook`, to public addresses only unless
+        `public_only` is False: a panel only its own user reaches)."""
         self.store, self.run_id, self.webhook = store, run_id, webhook
-        self.send = send or post_webhook
+        self.send = send or (lambda url, text, alert: post_webhook(url, text, alert, public_only))
         self.open: dict[str, dict] = {}
         self._newest: dict[str, dict] = {}     # alert key -> its newest alert or alert_cleared event, read or written
         # A writer name of this book's own: two panels (or a restarted one) never write the same fragment name.
@@ -151,23 +152,6 @@ class AlertBook:
 def _time(event: dict) -> float:
     when = event.get("time")
     return float(when) if isinstance(when, (int, float)) and not isinstance(when, bool) else 0.0
-
-
-def post_webhook(url: str, text: str, alert: diagnose.Alert) -> None:
-    """A Slack- and Discord-compatible JSON POST: Slack reads `text`, Discord reads `content`."""
-    body = json.dumps(redact_record({"text": text, "content": text, "alert": {
-        "kind": alert.kind, "key": alert.key, "message": alert.message}})).encode()
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:
-        response.read()
-
-
-def webhook_problem(url: str) -> str | None:
-    """Why `url` cannot be an alert webhook (None when it can): an http(s) URL with a host, no spaces."""
-    parsed = urllib.parse.urlsplit(url.strip())
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or any(c.isspace() for c in url.strip()):
-        return "must be an http(s) URL such as https://hooks.slack.com/services/… or a Discord webhook URL"
-    return None
 
 
 class WebhookStore:
