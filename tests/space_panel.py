@@ -18,6 +18,7 @@ ALICE = "hf_oauth_aliceSpaceVisitor00000000000"
 BOB = "hf_oauth_bobSpaceVisitor0000000000000"
 CAROL = "hf_oauth_carolSpaceVisitor000000000000"
 PLANTED = "hf_" + "PlAnTeDiNaLoGlInEpLaNtEdInAlOgLiN"
+UPLOAD_MB = 1       # the Space's GRPO_PANEL_MAX_UPLOAD_MB
 OAUTH_MINUTES = int(re.search(r"^hf_oauth_expiration_minutes: (\d+)$",
                               open(os.path.join(ROOT, "README.md")).read(), re.MULTILINE).group(1))
 
@@ -37,6 +38,9 @@ def space(hub, tmp_path_factory):
     env = {"SPACE_ID": "alice/grpo-panel", "SYSTEM": "spaces", "SPACE_AUTHOR_NAME": "alice",
            "OAUTH_CLIENT_ID": "fake-client", "OAUTH_CLIENT_SECRET": CLIENT_SECRET,
            "OAUTH_SCOPES": "openid profile jobs", "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url,
-           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url, "GRPO_PANEL_BUDGET_CHECK_S": "2"}
+           "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url, "GRPO_PANEL_BUDGET_CHECK_S": "2",
+           "GRPO_PANEL_MAX_UPLOAD_MB": str(UPLOAD_MB), "GRADIO_TEMP_DIR": str(home / "gradio-cache"),
+           # As on a real Space, where nobody sets it: the app itself must turn Gradio's analytics off.
+           "GRADIO_ANALYTICS_ENABLED": "True"}
     with running_panel("tests/space_app.py", env, home, unset=("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
         yield url, home

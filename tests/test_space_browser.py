@@ -24,7 +24,7 @@ from tests.browser_helpers import (
     wait_for_text,
 )
 from tests.fakehub import wait_until
-from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, OAUTH_MINUTES, PLANTED
+from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, OAUTH_MINUTES, PLANTED, UPLOAD_MB
 
 pytestmark = pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
@@ -282,3 +282,73 @@ def test_nothing_a_visitor_types_stays_in_their_browser_storage(visit, hub):
     }""")
     assert hook not in stored and "typedWebhookSecret" not in stored, stored[:2000]
     assert marker not in stored, stored[:2000]
+
+
+# ---- what a visitor can make the Space do beyond its own runs: outbound requests, uploads, markup
+
+def test_a_visitors_webhook_at_this_machine_or_a_private_network_is_refused_at_preview_and_never_requested(visit,
+                                                                                                          space):
+    """Webhook URLs at loopback (the Space's own port among them), written as v4, v6, a decimal number or a name,
+    and at private ranges: each refused when the visitor previews, with the field named and marked, and nothing
+    ever reaches the loopback servers."""
+    from tests.test_webhook import loopback_name, recording
+
+    url, _ = space
+    own_port = int(url.rsplit(":", 1)[1].split("/")[0])
+    page = visit(ALICE, "alice")
+    page.get_by_text("Alerts", exact=True).click()
+    hook = page.locator("#f-webhook input, #f-webhook textarea").first
+    with recording() as server, recording("::1") as server6:
+        for aimed in (f"http://127.0.0.1:{own_port}/gradio_api/upload", f"https://127.0.0.1:{server.port}/hook",
+                      f"https://[::1]:{server6.port}/hook", f"https://2130706433:{server.port}/hook",
+                      f"https://localhost:{server.port}/hook", f"https://{loopback_name()}:{server.port}/hook",
+                      "https://10.0.0.7/hook", "https://192.168.0.1/hook", "https://169.254.169.254/latest"):
+            hook.fill(aimed)
+            before = text_of(page, "launch-msg")
+            page.locator("#preview-btn").click()
+            page.wait_for_function("(before) => document.getElementById('launch-msg').innerText !== before",
+                                   arg=before, timeout=60000)
+            shown = wait_for_text(page, "launch-msg", "fix these fields")
+            assert "Alert webhook URL" in shown, (aimed, shown)
+            assert "public addresses" in shown or "https URL" in shown, (aimed, shown)
+            assert "field-error" in (page.locator("#f-webhook").get_attribute("class") or ""), aimed
+            assert "review code" not in shown.lower(), shown
+        page.locator("#launch-btn").click()
+        assert "Alert webhook URL" in wait_for_text(page, "launch-msg", "fix these fields|not launched")
+        assert server.seen == [] and server6.seen == [], "a refused webhook was requested"
+
+
+def _upload(url: str, size: int, cookie: str | None = None, name: str = "data.jsonl"):
+    import httpx
+
+    cookies = {"session": cookie} if cookie else None
+    return httpx.post(f"{url}/gradio_api/upload", files={"files": (name, b"x" * size, "application/json")},
+                      cookies=cookies, timeout=60)
+
+
+def test_uploads_are_for_signed_in_visitors_and_bounded_in_size(space):
+    """A real multipart POST to Gradio's upload route: anonymous (or with an expired sign-in) 401 and nothing
+    stored; signed in, a file under GRPO_PANEL_MAX_UPLOAD_MB is taken and one over it refused with 413."""
+    url, home = space
+    cache = home / "gradio-cache"
+    signed_in = space_session_cookie(CLIENT_SECRET, ALICE, "alice", time.time() + 600)
+    expired = space_session_cookie(CLIENT_SECRET, ALICE, "alice", time.time() - 60)
+    for cookie in (None, expired):
+        refused = _upload(url, 1000, cookie, name="anonymous-upload.jsonl")
+        assert refused.status_code == 401 and "Sign in" in refused.text, refused.text
+    assert not [p for p in cache.rglob("anonymous-upload*")], "an anonymous upload was stored"
+    taken = _upload(url, 1000, signed_in, name="small-upload.jsonl")
+    assert taken.status_code == 200 and taken.json()[0].endswith("small-upload.jsonl"), taken.text
+    too_big = _upload(url, UPLOAD_MB * 2**20 + 1, signed_in, name="big-upload.jsonl")
+    assert too_big.status_code == 413, (too_big.status_code, too_big.text)
+    assert not [p for p in cache.rglob("big-upload*") if p.stat().st_size > UPLOAD_MB * 2**20]
+
+
+def test_the_space_sends_no_analytics_or_telemetry(space, hub):
+    """Gradio's analytics and huggingface_hub's telemetry would post to HF_ENDPOINT (the fake Hub here)."""
+    url, _ = space
+    import httpx
+
+    assert httpx.get(url, timeout=30).status_code == 200
+    time.sleep(1)
+    assert not [r.path for r in hub.requests if "telemetry" in r.path], "telemetry reached the Hub"

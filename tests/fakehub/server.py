@@ -172,6 +172,16 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._dispatch("POST")
 
+    def do_HEAD(self) -> None:
+        """huggingface_hub's telemetry pings (`HEAD /api/telemetry/<topic>`, which Gradio's analytics use too),
+        answered 200 as the Hub does; recorded like every request, so a test can tell that none was sent."""
+        path = unquote(urlsplit(self.path).path)
+        headers = {k.lower(): v for k, v in self.headers.items() if k.lower() != "authorization"}
+        self.hub._record(RecordedRequest("HEAD", path, {}, None, headers, None))
+        self.send_response(200 if path.startswith("/api/telemetry/") else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def _dispatch(self, method: str) -> None:
         parts = urlsplit(self.path)
         query = parse_qs(parts.query)
