@@ -37,7 +37,7 @@ from backend.storage.store import FolderStore
 from backend.task.check import TaskReport
 from backend.task.sandbox import isolation_state
 from backend.view.runview import RunView
-from panel.markdown import plain
+from panel.markdown import code_span, fenced, masked, plain
 from panel.presets import TINY_DEMO, preset_values
 from panel.runs_list import RUN_FILTERS, progress_bar, run_badge
 from panel.spend_view import budget_line, cost_cell
@@ -160,7 +160,7 @@ class Panel:
         if spec.trackio:
             lines.append(trackio_line(spec))
         for job, command in zip(jobs, shown.commands):
-            lines.append(f"```bash\n# {job.role}\n{command}\n```")
+            lines.append(fenced(f"# {job.role}\n{command}", "bash"))
         return Preview(redact_tokens("\n\n".join(lines)), spec.fingerprint(), spec.run_id)
 
     def flavors(self, visitor: Visitor | str | None = None, executor: str | None = None) -> list[Flavor]:
@@ -181,9 +181,9 @@ class Panel:
         except SpecError as exc:
             return LaunchResult(_errors_markdown(exc, self.field_labels), fields=_fields(exc))
         except TokenTooShort as exc:
-            return LaunchResult(redact_tokens(f"Not launched: {exc}"))
+            return LaunchResult(f"Not launched: {masked(exc)}")
         except (Refused, LaunchError) as exc:
-            return LaunchResult(redact_tokens(f"**Not launched.** {exc}"))
+            return LaunchResult(f"**Not launched.** {masked(exc)}")
         if isinstance(answer, ReviewNeeded):
             spec = answer.spec
             preview = self.preview(values, visitor, run_id=spec.run_id, webhook=webhook)
@@ -291,7 +291,7 @@ class Panel:
         except (Refused, KeyError) as exc:
             return f"**Not cancelled.** {_reason(exc)}"
         except Exception as exc:   # the Hub refusing or failing: say so, the jobs may still bill
-            return f"**Not cancelled:** {redact_tokens(str(exc))}. Try again, or cancel the jobs on the Hub."
+            return f"**Not cancelled:** {masked(exc)}. Try again, or cancel the jobs on the Hub."
         if not stopped:
             return f"Run {run_id} has no running job to cancel."
         return f"Cancel requested for {len(stopped)} job(s) of run {run_id}: {', '.join(stopped)}."
@@ -453,8 +453,8 @@ def _engine(spec: RunSpec) -> str:
 
 
 def _reason(exc: Exception) -> str:
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    return redact_tokens(str(text))
+    """A refusal's own words for a Markdown message: masked and escaped."""
+    return masked(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
 
 
 def _fields(exc: SpecError) -> tuple[str, ...]:
@@ -464,8 +464,8 @@ def _fields(exc: SpecError) -> tuple[str, ...]:
 def _errors_markdown(exc: SpecError, labels: dict[str, str] | None = None) -> str:
     """Each bad field by its form label (its spec name beside it, as the preview and spec.json call it)."""
     labels = labels or {}
-    items = "\n".join(f"- **{plain(labels[e.field])}** (`{e.field}`): {plain(redact_tokens(e.message))}"
-                      if e.field in labels else f"- **{plain(e.field)}**: {plain(redact_tokens(e.message))}"
+    items = "\n".join(f"- **{plain(labels[e.field])}** ({code_span(e.field)}): {masked(e.message)}"
+                      if e.field in labels else f"- **{masked(e.field)}**: {masked(e.message)}"
                       for e in exc.errors)
     return f"**Fix these fields before launching (nothing was launched):**\n{items}"
 

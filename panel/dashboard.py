@@ -23,6 +23,7 @@ from backend.view.diagnose import ratio_alert
 from backend.view.runview import reading
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from panel import charts
+from panel.markdown import code_span, fenced, masked
 
 LOG_TAIL = 400
 TRACEBACK_LINES = 30
@@ -130,14 +131,15 @@ def status_markdown(view) -> str:
     spec = view.spec
     last = view.latest
     degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
-    parts = [f"### Run `{view.run_id}` — **{view.stage}**{degraded}"]
+    parts = [f"### Run {code_span(view.run_id)} — **{view.stage}**{degraded}"]
     retries = getattr(view, "retries", None)    # a RunView's; a summary-only view has none
     if retries:
         parts.append("🔁 " + " · ".join(retries))
     cause = failure_cause(view)
     if cause:
         parts.append(cause)
-    jobs = " · ".join(f"{role}: {job.status.stage}" + (f" ({job.status.message})" if job.status.message else "")
+    jobs = " · ".join(f"{masked(role)}: {masked(job.status.stage)}"
+                      + (f" ({masked(job.status.message)})" if job.status.message else "")
                       for role, job in sorted(view.jobs.items()))
     parts.append(jobs)
     engine = view.engine
@@ -145,7 +147,8 @@ def status_markdown(view) -> str:
         parts.append(f"Generation engine: **{engine}**")
     if spec:
         step = last.get("step", 0)
-        parts.append(f"{spec.get('mode')} · model `{spec.get('model')}` · step {step}/{spec.get('max_steps')}"
+        parts.append(f"{masked(spec.get('mode'))} · model {code_span(spec.get('model'))} · step {masked(step)}/"
+                     f"{masked(spec.get('max_steps'))}"
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
                      + f" · {len(view.adapters)} adapter version(s)" + best_line(view)
                      + (" · **final adapter ready**" if view.final_files else ""))
@@ -158,7 +161,7 @@ def status_markdown(view) -> str:
     live = {} if view.done else view.open_alerts     # an ended run has no live alert left, whatever was recorded
     for alert in sorted(live.values(), key=lambda a: a.get("time", 0)):
         when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))
-        parts.append(f"🔔 **{alert.get('kind', 'alert')}** since {when}: {redact_tokens(str(alert.get('message')))}")
+        parts.append(f"🔔 **{masked(alert.get('kind', 'alert'))}** since {when}: {masked(alert.get('message'))}")
     # What the metrics themselves show, recorded by no panel yet or left by a run that ended: say it anyway.
     shown = {alert.get("kind") for alert in live.values()}
     rows = view.table.rows(last=diagnose.NO_SIGNAL_STEPS)
@@ -171,7 +174,7 @@ def status_markdown(view) -> str:
     unreadable = view.unreadable
     if unreadable:
         total = sum(unreadable.values())
-        files = ", ".join(f"`{path}`: {n}" for path, n in sorted(unreadable.items()))
+        files = ", ".join(f"{code_span(path)}: {n}" for path, n in sorted(unreadable.items()))
         parts.append(f"⚠️ {total} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     parts += end_lines(view)
     return "\n\n".join(parts)
@@ -187,22 +190,35 @@ def best_line(view) -> str:
 
 
 def failure_cause(view) -> str:
-    """Why the run failed, in one line for the top of the header: the trainer's own error when it recorded one,
-    else the job status of the first failing job with the line of its log that says why (`cause_line`, masked)."""
+    """Why the run failed, in one line of Markdown for the top of the header (`failure_parts`), or ''."""
+    found = failure_parts(view)
+    if found is None:
+        return ""
+    what, line = found
+    return f"❌ **{masked(what)}**" + (f" — {code_span(line)}" if line else "")
+
+
+def failure_text(view) -> str:
+    """Why the run failed, as plain text (for an agent), or ''."""
+    found = failure_parts(view)
+    return "" if found is None else found[0] + (f" — {found[1]}" if found[1] else "")
+
+
+def failure_parts(view) -> tuple[str, str] | None:
+    """(why the run failed, the log line that says more or ''), masked, or None: the trainer's own error when it
+    recorded one, else the job status of the first failing job with the line of its log that says why."""
     last = view.trainer_end
     if last.get("event") == records.FAILED:
-        return f"❌ **{redact_tokens(str(last.get('error', 'the trainer failed')))}**"
+        return redact_tokens(str(last.get("error", "the trainer failed"))), ""
     failing = sorted((role != "trainer", role, job) for role, job in view.current_jobs.items()
                      if job.status.stage == "ERROR")
     if not failing or (last.get("event") == records.FINISHED and failing[0][1] == "trainer"):
-        return ""
+        return None
     _, role, job = failing[0]
     status = redact_tokens(job.status.message or "the job failed")
     line = cause_line(job.logs)
-    cause = f"❌ **{role}: {status}**"
-    if line and line not in status:
-        cause += f" — `{redact_tokens(line)[:MAX_CAUSE].replace('`', chr(39))}`"
-    return cause
+    shown = redact_tokens(line)[:MAX_CAUSE] if line and line not in status else ""
+    return f"{role}: {status}", shown
 
 
 def end_lines(view) -> list[str]:
@@ -214,14 +230,13 @@ def end_lines(view) -> list[str]:
             return [traceback_block(last.get("code_traceback") or last["traceback"])]
         return []
     if last.get("event") == records.CANCELED:
-        return [f"⏹ {redact_tokens(str(last.get('error', 'the trainer was stopped')))}"]
+        return [f"⏹ {masked(last.get('error', 'the trainer was stopped'))}"]
     return []
 
 
 def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
     """The end of a failed trainer's traceback (a failing reward's own frames come last), masked, in a code block."""
-    tail = "\n".join(redact_tokens(str(text)).rstrip().splitlines()[-lines:])
-    return "```text\n" + tail.replace("```", "'''") + "\n```"
+    return fenced("\n".join(redact_tokens(str(text)).rstrip().splitlines()[-lines:]))
 
 
 def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:

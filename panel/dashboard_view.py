@@ -12,6 +12,7 @@ from backend.outcome.try_it import BASE
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
 from panel import dashboard, live, publish_view, try_view
+from panel.markdown import masked
 
 PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
@@ -198,7 +199,7 @@ def on_version(panel, visitor, run_id, choice) -> dict:
     except (KeyError, ChoiceError) as exc:
         why = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return {"version_file": gr.update(value=None, interactive=False),
-                "version_msg": f"**No download.** {redact_tokens(str(why))}"}
+                "version_msg": f"**No download.** {masked(why)}"}
     return {"version_file": gr.update(value=path, interactive=True), "version_msg": redact_tokens(chosen.why)}
 
 

@@ -240,9 +240,9 @@ def _view(panel: Panel, visitor: Visitor, run_id: str):
 
 
 def _failure(view) -> str:
-    from panel.dashboard import failure_cause  # noqa: PLC0415 the dashboard's module loads plotly
+    from panel.dashboard import failure_text  # noqa: PLC0415 the dashboard's module loads plotly
 
-    return failure_cause(view).replace("❌ ", "").replace("**", "")
+    return failure_text(view)
 
 
 def mcp_lifespan(panel: Panel):

@@ -10,8 +10,8 @@ from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose
 from backend.outcome.publish import PublishError, default_repo_id, model_card, push_adapter, repo_id_problem, run_facts
 from backend.runs.access import Visitor, acting_token, no_token_reason
 from backend.runs.hub_auth import can_control, whoami_name, writable_namespaces
-from backend.runtime.redact import redact_tokens
 from backend.storage.observers import final_adapter_files, shipped
+from panel.markdown import masked
 
 
 def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
@@ -71,11 +71,11 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
         url = push_adapter(view.store, run_id, chosen.files, repo_id, model_card(view.spec, facts, repo_id, chosen),
                            token, private=bool(private), what=what)
     except KeyError as exc:
-        return f"**Not pushed.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"
+        return f"**Not pushed.** {masked(exc.args[0] if exc.args else exc)}"
     except (PublishError, ChoiceError) as exc:
-        return f"**Not pushed.** {redact_tokens(str(exc))}"
+        return f"**Not pushed.** {masked(exc)}"
     except Exception as exc:   # the Hub refusing or failing: its own words, masked
-        return f"**Not pushed:** {redact_tokens(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
+        return f"**Not pushed:** {masked(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
     files = len(shipped(chosen.files))
     return (f"Pushed {what} of run {run_id} to [{repo_id}]({url}) "
             f"({'private' if private else 'public'}): {files} file(s) and a model card (README.md).")

@@ -10,6 +10,7 @@ from backend.runs.orphans import cancel_orphans, find_orphans
 from backend.runtime.records import BUDGET_CAP
 from backend.runtime.redact import redact_tokens
 from panel import dashboard
+from panel.markdown import masked
 
 ORPHAN_HEADERS = ["job", "run", "role", "stage", "flavor", "$/h", "why"]
 
@@ -61,7 +62,7 @@ def cost_markdown(cost: RunCost, budget: float, events: list[dict], rule: str = 
         last = stops[-1]
         when = time.strftime("%H:%M:%S", time.localtime(float(last.get("time") or 0)))
         lines.append(f"⛔ **Budget cap reached:** the panel cancelled {len(last.get('cancelled') or [])} job(s) "
-                     f"at {when}: {redact_tokens(str(last.get('reason', '')))}.")
+                     f"at {when}: {masked(last.get('reason', ''))}.")
     return "\n\n".join(lines)
 
 
@@ -116,7 +117,7 @@ def orphan_rows(panel, visitor: Visitor) -> tuple[list[list], str]:
         try:
             orphans = find_orphans(registry)
         except Exception as exc:   # say so: an unlisted namespace may hold billing jobs
-            problems.append(f"{_where(registry)}: {redact_tokens(str(exc))}")
+            problems.append(f"{_where(registry)}: {masked(exc)}")
             continue
         prices = _prices(panel, registry)
         for o in orphans:
@@ -142,7 +143,7 @@ def cancel_all_orphans(panel, visitor: Visitor) -> str:
             panel.control_token(registry, visitor)
         except Refused as exc:
             if find_orphans(registry):
-                refused.append(f"{_where(registry)}: {exc}")
+                refused.append(f"{_where(registry)}: {masked(exc)}")
             continue
         cancelled, failed = cancel_orphans(registry)
         done += cancelled

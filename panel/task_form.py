@@ -17,7 +17,8 @@ import pandas as pd
 
 from backend.plan.spec import HELD_OUT_SETTINGS, RunSpec
 from backend.plan.spec_fields import limits_text
-from panel.markdown import plain
+from backend.runtime.redact import redact_tokens
+from panel.markdown import code_span, fenced, masked, plain
 
 REQUIRED_CHOICE = "required-choice"     # a dropdown that must not be left empty (see ui.KEEP_CLEARED_CHOICES)
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
@@ -153,23 +154,23 @@ def preview_outputs(report) -> tuple[str, pd.DataFrame, str, pd.DataFrame]:
 def summary_markdown(report) -> str:
     parts = []
     if report.errors:
-        items = "\n".join(f"- **{plain(e.field)}**: {plain(e.message)}" for e in report.errors)
+        items = "\n".join(f"- **{plain(e.field)}**: {masked(e.message)}" for e in report.errors)
         parts.append(f"**Fix these fields before launching:**\n{items}")
-        parts += [f"`{name}`:\n```text\n{tb}\n```" for name, tb in report.tracebacks.items()]
+        parts += [f"{code_span(name)}:\n{fenced(redact_tokens(tb))}" for name, tb in report.tracebacks.items()]
     elif report.scores or report.preview:
         parts.append(f"**Task checked.** {_rows_line(report)}")
         if report.held_out_rows:
             parts.append(f"Held-out set: {report.held_out_rows} rows checked: no prompt of theirs is among the "
                          "training rows checked, and they have every column the prompt and the rewards read.")
-    parts += [f"⚠️ {w}" for w in report.warnings]
+    parts += [f"⚠️ {masked(w)}" for w in report.warnings]
     if report.output:
-        parts.append(f"Your code printed:\n```text\n{report.output[-2000:]}\n```")
+        parts.append(f"Your code printed:\n{fenced(redact_tokens(report.output[-2000:]))}")
     return "\n\n".join(parts)
 
 
 def _rows_line(report) -> str:
     size = f"{report.num_rows:,} rows" if report.num_rows is not None else "rows"
-    line = f"{size}, columns {', '.join(report.columns)}."
+    line = f"{size}, columns {', '.join(code_span(c) for c in report.columns)}."
     if report.prompt_tokens is not None:
         line += (f" The first prompt has {report.prompt_tokens} tokens; of {report.checked_rows} rows checked, "
                  f"{report.long_rows} ({report.long_rows / max(report.checked_rows, 1):.0%}) are over the limit.")

@@ -6,7 +6,7 @@ import gradio as gr
 import pandas as pd
 
 from backend.outcome.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused, try_choices
-from backend.runtime.redact import redact_tokens
+from panel.markdown import masked
 
 
 def build(page, panel) -> None:
@@ -60,6 +60,6 @@ def on_try(panel, visitor, run_id, prompt, picks, tokens):
             line = ("✅ " if state.done else "⏳ ") + state.progress
             yield {"try_msg": line, "try_answers": answers_table(state, picks)}
     except TryRefused as exc:
-        yield {"try_msg": f"**Not tried.** {redact_tokens(str(exc))}"}
+        yield {"try_msg": f"**Not tried.** {masked(exc)}"}
     except KeyError as exc:
-        yield {"try_msg": f"**Not tried.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"}
+        yield {"try_msg": f"**Not tried.** {masked(exc.args[0] if exc.args else exc)}"}
