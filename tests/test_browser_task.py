@@ -1,6 +1,7 @@
 """Your own task in a real browser: write a reward in the editor, preview its sample scores, launch, and see
 its series on the dashboard. The same real `python app.py` process and Debian chromium as test_browser.py."""
 
+import json
 import os
 
 import pytest
@@ -84,3 +85,34 @@ def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
     message = _task_message(page)
     assert "Task checked." in message and "2 rows, columns q, a" in message, message
     assert "Name a prime." in inner_text(page, "task-rows")
+
+
+def test_column_names_and_printed_output_with_markup_show_as_text(page, tmp_path):
+    """A dataset's column names and what reward code prints are a visitor's: an image, an HTML tag, a link and a
+    line of backticks in them show as the characters they are; nothing is loaded from the host they name."""
+    from tests.test_webhook import recording
+
+    with recording() as host:
+        at = f"http://127.0.0.1:{host.port}"
+        columns = [f"![pixel]({at}/column.png)", f"[Sign in again]({at}/login)", f"<img src={at}/tag.png>"]
+        rows = [{"q": "Name a prime.", **{c: "x" for c in columns}}, {"q": "Name an even number.",
+                                                                     **{c: "y" for c in columns}}]
+        data = tmp_path / "markup.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        printed = f"```\\n**bold** ![leak]({at}/printed.png) <img src={at}/printed-tag.png>\\n````"
+        _write_code(page, f'def loud(completions, **kwargs):\n    print("{printed}")\n'
+                          "    return [0.0] * len(completions)\n")
+        page.locator("#dataset-upload").locator("xpath=..").locator("input[type=file]").set_input_files(str(data))
+        page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('markup.jsonl')",
+                               timeout=30000)
+        page.locator("#f-prompt_column input, #f-prompt_column textarea").first.fill("q")
+        page.locator("#f-reward_weights input, #f-reward_weights textarea").first.fill("")
+        page.locator("#check-task-btn").click()
+        message = _task_message(page)
+        assert "Task checked." in message, message
+        for column in columns:
+            assert column in message, (column, message)
+        assert "**bold**" in message and f"![leak]({at}/printed.png)" in message and "````" in message, message
+        assert page.locator("#task-msg img, #task-msg a, #task-rows img, #task-rows a").count() == 0
+        page.wait_for_timeout(500)
+        assert host.seen == [], "the page loaded something from a host named in the data or the output"
