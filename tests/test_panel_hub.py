@@ -15,7 +15,7 @@ from backend.runs.access import Visitor
 from backend.view.alerts import AlertBook
 from panel import dashboard
 from panel.runs_list import RUNS_HEADERS
-from tests.fakehub import FakeUser, wait_until
+from tests.fakehub import TOKEN_SHAPES, FakeUser, wait_until
 from tests.helpers import launch_reviewed
 
 PLANTED = "hf_" + "PlAnTeDtOkEnPlAnTeDtOkEnPlAnTeDtOk"
@@ -397,3 +397,39 @@ def test_the_hubs_job_status_message_is_masked_in_the_header_the_alert_events_an
     assert "exit code 1" in events + repr(sent)
     for where in (events, repr(sent)):
         assert PLANTED not in where and "Q" * 30 not in where
+
+
+def test_every_token_shape_is_masked_in_the_job_status_the_full_log_the_events_and_the_webhook(hub, make_panel):
+    """Tokens of every shape the Hub has issued (hf_, hf_oauth_, api_, api-, api_org_, api-org-) in a job's status
+    message, its log, and an event a job wrote raw into the bucket (in its keys too): none reaches the header, the
+    full-log download, the alert events or the webhook."""
+    from backend.runtime import layout
+
+    panel = make_panel()
+    result, _ = launch_reviewed(panel, FORM)
+    run_id = result.run_id
+    view = panel.view(run_id)
+    job_id = view.jobs["trainer"].job_id
+    every = " ".join(TOKEN_SHAPES)
+    hub.append_logs(job_id, f"step 1/500 printed {every}", *[f"MYVAR_{t}_x leaked" for t in TOKEN_SHAPES])
+    hub.put_file("alice/grpo-runs", f"runs/{run_id}/{layout.EVENTS_DIR}/trainer-000000.jsonl", (json.dumps(
+        {"time": 1.0, "event": "alert", "kind": "stall", "key": "stall", "message": f"stuck {every}",
+         TOKEN_SHAPES[2]: TOKEN_SHAPES[3]}) + "\n").encode())
+    hub.set_stage(job_id, "ERROR", message=f"Job failed: exit code 1 ({every})")
+    wait_until(lambda: (view.refresh() or True) and view.jobs["trainer"].status.stage == "ERROR"
+               and len(view.jobs["trainer"].logs) >= 1 + len(TOKEN_SHAPES), timeout=15)
+    sent = []
+    book = AlertBook(view.store, run_id, "http://127.0.0.1:9/hook", send=lambda url, text, alert:
+                     sent.append((text, alert.message)))
+    assert book.update(view), "a failed job raises an alert"
+    wait_until(lambda: sent, timeout=5)
+    frame = dashboard.build_frame(view)
+    events = b"".join(f.data for p, f in hub.buckets["alice/grpo-runs"].files.items()
+                      if p.startswith(f"runs/{run_id}/{layout.EVENTS_DIR}/panel")).decode()
+    full_log = open(panel.full_log_file(run_id, "trainer")).read()
+    sinks = {"job status": frame.status, "log pane": dashboard.log_text(view, "trainer"), "full log": full_log,
+             "events read": json.dumps(view.events), "alert events written": events, "webhook": repr(sent)}
+    assert "exit code 1" in frame.status and "step 1/500" in full_log and events and sent
+    for where, text in sinks.items():
+        for token in TOKEN_SHAPES:
+            assert token not in text, (where, token)
