@@ -56,6 +56,11 @@ def main() -> None:
     remember_env_secrets()    # the host's own token is masked in everything the panel shows
     unreadable_by_children()
     deployment = Deployment()
+    problems = deployment.startup_problems()
+    for problem in problems:
+        log.error(problem)
+    if problems:
+        sys.exit(2)     # fail closed: nothing is served with a setting the panel cannot honour
     panel = Panel(deployment, LocalExecutor(deployment.home))
     atexit.register(panel.shutdown)
     for note in deployment.startup_notes():

@@ -177,3 +177,47 @@ def test_mcp_callers_are_visitors_by_the_uis_rules_and_a_panel_login_guards_the_
     for wrong in ("", "Basic " + base64.b64encode(b"ops:guess").decode(), "Bearer hf_x", "Basic !!!"):
         with pytest.raises(Refused, match="login"):
             caller({"authorization": wrong}, guarded)
+
+
+REFUSED_SETTINGS = [
+    ({"GRPO_PANEL_MAX_UPLOAD_MB": "lots"}, "GRPO_PANEL_MAX_UPLOAD_MB='lots' is not a positive number"),
+    ({"GRPO_PANEL_MAX_UPLOAD_MB": "-5"}, "GRPO_PANEL_MAX_UPLOAD_MB='-5' is not a positive number"),
+    ({"GRPO_PANEL_ALLOW_UNSANDBOXED": "1", "GRADIO_SERVER_NAME": "0.0.0.0"},
+     "GRPO_PANEL_ALLOW_UNSANDBOXED=1 is refused on a panel listening on 0.0.0.0"),
+    ({"GRPO_PANEL_ALLOW_UNSANDBOXED": "1", "SPACE_ID": "acme/panel"},
+     "GRPO_PANEL_ALLOW_UNSANDBOXED=1 is refused on a Space"),
+]
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_PANEL_", "SPACE_", "GRADIO_SERVER"))}
+
+
+@pytest.mark.parametrize("env, words", REFUSED_SETTINGS)
+def test_a_limit_or_protection_the_panel_cannot_honour_is_a_startup_problem(tmp_path, monkeypatch, env, words):
+    for name in [k for k in os.environ if k.startswith(("GRPO_PANEL_", "SPACE_", "GRADIO_SERVER"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert [p for p in Deployment(home=str(tmp_path)).startup_problems() if words in p]
+
+
+@pytest.mark.parametrize("env, words", [REFUSED_SETTINGS[0], REFUSED_SETTINGS[3]])
+def test_the_panel_refuses_to_start_with_a_limit_or_protection_it_cannot_honour(tmp_path, free_port, env, words):
+    """Fail closed at start-up: `python app.py` with an unreadable upload limit, or with the unsandboxed opt-in on a
+    panel that serves others, exits 2 with the fix and serves nothing (no port opened, no home written)."""
+    home = tmp_path / "home"
+    done = subprocess.run([sys.executable, "app.py"], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          env={**_clean_env(), "GRPO_PANEL_HOME": str(home), "GRADIO_SERVER_PORT": str(free_port),
+                               **env})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert words in done.stderr, done.stderr[-3000:]
+    assert "Running on" not in done.stdout + done.stderr
+    assert not home.exists() or not any(home.iterdir())
+
+
+def test_a_positive_upload_limit_and_the_opt_in_on_a_loopback_panel_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_PANEL_MAX_UPLOAD_MB", "2.5")
+    monkeypatch.setenv("GRPO_PANEL_ALLOW_UNSANDBOXED", "1")
+    deployment = Deployment(home=str(tmp_path), on_space=False, host="127.0.0.1")
+    assert deployment.startup_problems() == [] and deployment.max_upload_mb == 2.5

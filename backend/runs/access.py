@@ -20,10 +20,12 @@ from huggingface_hub import constants, get_token
 
 from backend.runs.hub_auth import can_control
 from backend.runtime.redact import remember_secret
+from backend.task.sandbox import ALLOW_UNSANDBOXED_ENV, unsandboxed_allowed
 
 LOOPBACK_NAMES = ("localhost", "")
 LOCAL_RUNS_CHOICES = ("on", "off", "owner")
 DEFAULT_MAX_UPLOAD_MB = 100.0
+MAX_UPLOAD_ENV = "GRPO_PANEL_MAX_UPLOAD_MB"
 
 
 class Refused(Exception):
@@ -75,7 +77,7 @@ class Deployment:
     # How often this process checks the budget caps of the runs it can reach (0: never; tests call it directly).
     budget_check_s: float = field(default_factory=lambda: float(os.environ.get("GRPO_PANEL_BUDGET_CHECK_S") or 30.0))
     # The largest file a visitor may upload (a dataset), in MB; Gradio refuses a larger one with 413.
-    max_upload_mb: float = field(default_factory=lambda: _positive(os.environ.get("GRPO_PANEL_MAX_UPLOAD_MB"),
+    max_upload_mb: float = field(default_factory=lambda: _positive(os.environ.get(MAX_UPLOAD_ENV),
                                                                    DEFAULT_MAX_UPLOAD_MB))
 
     def __post_init__(self):
@@ -105,6 +107,21 @@ class Deployment:
         if self.on_space:
             return False
         return not self.exposed or self.auth is not None or self.allow_host_token
+
+    def startup_problems(self) -> list[str]:
+        """Settings the panel refuses to start with (fail closed: a limit or a protection it cannot honour), each
+        with its fix."""
+        problems = []
+        raw = os.environ.get(MAX_UPLOAD_ENV, "").strip()
+        if raw and _positive(raw, -1.0) <= 0:
+            problems.append(f"{MAX_UPLOAD_ENV}={raw!r} is not a positive number of megabytes: set it to one "
+                            f"(e.g. {MAX_UPLOAD_ENV}={DEFAULT_MAX_UPLOAD_MB:g}) or unset it for "
+                            f"{DEFAULT_MAX_UPLOAD_MB:g} MB.")
+        if self.serves_others and unsandboxed_allowed():
+            where = "a Space" if self.on_space else f"a panel listening on {self.host}"
+            problems.append(f"{ALLOW_UNSANDBOXED_ENV}=1 is refused on {where}: visitors' code would run on this "
+                            f"machine unconfined. Unset it (and install bubblewrap), or listen on 127.0.0.1 only.")
+        return problems
 
     def startup_notes(self) -> list[str]:
         """What an operator should know at start-up about who can do what."""
