@@ -17,6 +17,7 @@ from backend.plan.engines import engines
 from backend.plan.engines.base import Engine
 from backend.runs.access import Deployment, Visitor, acting_token, local_runs_problem
 from backend.runs.hub_auth import whoami_namespaces
+from backend.runs.journal import LaunchJournal
 from backend.runs.registry import RunRegistry
 from backend.runtime.redact import redact_tokens
 from backend.storage.hub_store import open_store
@@ -30,6 +31,9 @@ class RunDirectory:
         self.deployment = deployment
         self.local = local
         self.cache_dir = cache_dir
+        # Every registry records its launches in the home: the next panel rolls back one left half done.
+        self.journal = local.journal or LaunchJournal(deployment.home)
+        local.journal = self.journal
         self._hub: dict[str, RunRegistry] = {}
         self._shared: dict[str, RunRegistry] = {}   # engine name -> the registry of its cluster's runs
         self._used: dict[str, float] = {}      # registry key -> monotonic time of its last use
@@ -45,7 +49,8 @@ class RunDirectory:
                 executor = HfJobsExecutor(token, namespace)
                 mount, cache = self.deployment.bucket_mount, self.cache_dir
                 self._hub[key] = RunRegistry(
-                    executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache), list_every_s=15.0)
+                    executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache), list_every_s=15.0,
+                    journal=self.journal)
             return self._hub[key]
 
     def shared_registry(self, where: Engine) -> RunRegistry | None:
@@ -56,7 +61,8 @@ class RunDirectory:
                 executor = shared_executor(where.name, self.deployment.home)
                 if executor is not None:
                     self._shared[where.name] = RunRegistry(
-                        executor, lambda bucket: FolderStore(executor.bucket_root(bucket)), list_every_s=5.0)
+                        executor, lambda bucket: FolderStore(executor.bucket_root(bucket)), list_every_s=5.0,
+                        journal=self.journal)
             return self._shared.get(where.name) if not where.runtime_problem() else None
 
     def registry_for(self, where: Engine, token: str | None, namespace: str) -> RunRegistry:

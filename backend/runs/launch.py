@@ -4,8 +4,11 @@ Nothing is submitted before the whole RunSpec validates, and a launch that fails
 job it already submitted, so no orphan keeps running (or billing).
 """
 
+import errno
 import json
 import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from secrets import token_urlsafe
 
@@ -14,6 +17,7 @@ from backend.plan import recipe
 from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
 from backend.plan.spec import RunSpec
+from backend.runs.journal import FAILED, LAUNCHED, RUN, Launch, LaunchJournal
 from backend.runtime import RUNTIME_DIR, layout, records
 from backend.runtime.task import is_local_file, local_copy_path
 from backend.storage.store import BucketStore
@@ -45,8 +49,9 @@ class LaunchedRun:
 
 
 def submit_jobs(executor: Executor, jobs: list[JobSpec], secrets: dict[str, str],
-                already: list[str] | None = None) -> list[str]:
-    """Submit `jobs` in order. If one fails, cancel every job of the run (and `already`), then raise.
+                already: list[str] | None = None, created: Callable[[str, str], None] | None = None) -> list[str]:
+    """Submit `jobs` in order, handing each (role, job id) to `created` as it exists. If one fails, cancel every job
+    of the run (and `already`), then raise.
 
     A failed answer does not prove that nothing was created (the Hub may create a job and then time out), so
     after a failure the run's label is swept as well and whatever it finds is cancelled too."""
@@ -54,6 +59,8 @@ def submit_jobs(executor: Executor, jobs: list[JobSpec], secrets: dict[str, str]
     for job in jobs:
         try:
             submitted.append(executor.submit(job, secrets))
+            if created is not None:
+                created(job.role, submitted[-1])
         except Exception as exc:
             started = [*(already or []), *submitted]
             cancel_errors = _cancel_all(executor, started)
@@ -92,19 +99,61 @@ def _sweep_run_label(executor: Executor, run_id: str, known: list[str]) -> tuple
 
 def write_run_files(spec: RunSpec, store: BucketStore) -> None:
     """spec.json, the runtime code, the run's own reward code and dataset file, so the run can always be
-    explained, relaunched and resumed, and a job on another machine finds everything in the bucket."""
+    explained, relaunched and resumed, and a job on another machine finds everything in the bucket. All or nothing:
+    a write that fails (a full disk) removes what was written, and the launch is refused in one sentence."""
     prefix = layout.run_prefix(spec.run_id)
-    store.ensure_bucket()
-    if any(f.path == f"{prefix}/{layout.SPEC_FILE}" for f in store.list_files(prefix)):
-        raise RunIdTaken(f"run id {spec.run_id} is already used in bucket {spec.bucket}")
-    store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
-    if spec.reward_code.strip():
-        store.write_bytes(f"{prefix}/{layout.CODE_DIR}/{layout.USER_REWARDS_MODULE}.py", spec.reward_code.encode())
-    if is_local_file(spec.dataset):
-        _upload_dataset(spec, store, prefix)
-    if spec.eval_source == "file":
-        _upload_dataset(spec, store, prefix, held_out=True)
-    store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
+    try:
+        store.ensure_bucket()
+        if any(f.path == f"{prefix}/{layout.SPEC_FILE}" for f in store.list_files(prefix)):
+            raise RunIdTaken(f"run id {spec.run_id} is already used in bucket {spec.bucket}: preview the run again "
+                             "for a new id. No job was submitted.")
+    except RunIdTaken:
+        raise
+    except Exception as exc:
+        raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
+                          "No job was submitted.") from exc
+    try:
+        store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
+        if spec.reward_code.strip():
+            store.write_bytes(f"{prefix}/{layout.CODE_DIR}/{layout.USER_REWARDS_MODULE}.py",
+                              spec.reward_code.encode())
+        if is_local_file(spec.dataset):
+            _upload_dataset(spec, store, prefix)
+        if spec.eval_source == "file":
+            _upload_dataset(spec, store, prefix, held_out=True)
+        store.write_bytes(f"{prefix}/{layout.SPEC_FILE}", spec.to_json().encode())
+    except Exception as exc:
+        left = _remove_quietly(store, prefix)
+        raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
+                          f"No job was submitted{left}.") from exc
+
+
+def _remove_quietly(store: BucketStore, prefix: str) -> str:
+    """Remove a half-written run folder; '' when it is gone, else what is left and where."""
+    try:
+        store.delete_folder(prefix)
+        return ", and nothing was left in the bucket"
+    except Exception as exc:
+        return f"; its half-written folder {prefix} could not be removed ({exc})"
+
+
+def _space_or(exc: BaseException, otherwise: str) -> str:
+    """'the disk is full (...)' when `exc` (or, for a copy of many files, any of its errors) says the disk is
+    full, else `otherwise`: a full disk is said in one sentence, not as the copy's list of failed files."""
+    if _no_space(exc):
+        where = getattr(exc, "filename", None)
+        return ("the disk is full (No space left on device" + (f" writing {where}" if isinstance(where, str) else "")
+                + "): free some space and launch again")
+    return otherwise
+
+
+def _no_space(exc: BaseException) -> bool:
+    if getattr(exc, "errno", None) == errno.ENOSPC:
+        return True
+    if isinstance(exc, shutil.Error):       # copytree: a list of (source, destination, why)
+        return any("No space left on device" in str(item) for item in (exc.args[0] if exc.args else []))
+    cause = exc.__cause__ or exc.__context__
+    return cause is not None and cause is not exc and _no_space(cause)
 
 
 def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str, held_out: bool = False) -> None:
@@ -128,9 +177,14 @@ def preview_jobs(spec: RunSpec) -> list[JobSpec]:
 
 
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
-               secrets: dict[str, str] | None = None, resume: bool = False) -> LaunchedRun:
+               secrets: dict[str, str] | None = None, resume: bool = False,
+               journal: LaunchJournal | None = None) -> LaunchedRun:
     """Submit a run's jobs. A new run writes spec.json and the runtime code first; a resumed one runs again on
     the files it was launched with (the code that ran is the code archived beside its results).
+
+    Before the first submission the launch is recorded in `journal` (and the run's `launch.json`) with the roles it
+    will create, then each job id as it is created (`backend/runs/journal.py`): a panel that stops part way leaves a
+    record the next one rolls back.
 
     A submission that fails is remembered in the run's folder (a `launch_failed` event): the Hub's job list can lag
     a job it created behind an error answer, so the sweep right after the failure may not see it; the orphan finder
@@ -141,17 +195,20 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     if where.replicas_need_key and spec.mode == "distributed":
         # A key of this launch's own (a resume's jobs get a new one): its replicas answer only its trainer.
         secrets = {**secrets, recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}
+    if not resume:
+        write_run_files(spec, store)
+    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False))
     try:
-        if not resume:
-            write_run_files(spec, store)
-    except RunIdTaken as exc:
-        raise LaunchError(f"{exc}: preview the run again for a new id. No job was submitted.") from exc
+        record = _begin(journal, spec, executor, store, jobs)
     except Exception as exc:
-        raise LaunchError(f"could not write the run's files into bucket {spec.bucket}: {exc}. "
-                          "No job was submitted.") from exc
+        left = "" if resume else _remove_quietly(store, layout.run_prefix(spec.run_id))
+        raise LaunchError(f"{_space_or(exc, f'could not record the launch before submitting it: {exc}')}. "
+                          f"No job was submitted{left}.") from exc
     try:
-        return _submit_run(recipe.RunJobs(spec, where.placement(spec, preview=False)), executor, secrets)
+        launched = _submit_run(jobs, executor, secrets, record.created if record else None)
     except SubmitFailed as exc:
+        if record:
+            record.finish(FAILED, str(exc))
         try:
             remember_failed_launch(store, spec.run_id, str(exc), exc.canceled)
         except Exception:  # a failing bucket: the sweep right after the failure is all there is
@@ -161,6 +218,25 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         raise SubmitFailed(f"{exc} The Hub's job list can lag behind a job it created anyway: the panel keeps looking "
                           "for one with the run's label for a few minutes and cancels it (the orphan finder lists it "
                           "too).", canceled=exc.canceled) from exc
+    except BaseException as exc:
+        # Anything else left the launch half done: the record stays `launching`, its lock goes, and the panel's
+        # next background pass rolls it back (cancels what was created, marks the run failed).
+        if record:
+            record.abandon(f"the launch stopped part way: {type(exc).__name__}: {exc}")
+        raise
+    if record:
+        record.finish(LAUNCHED)
+    return launched
+
+
+def _begin(journal: LaunchJournal | None, spec: RunSpec, executor: Executor, store: BucketStore,
+           jobs: recipe.RunJobs) -> Launch | None:
+    """The launch's record, before anything is submitted; a launch that cannot be recorded submits nothing."""
+    if journal is None:
+        return None
+    planned = [job.role for job in jobs.first()] + (["trainer"] if spec.mode == "distributed" else [])
+    return journal.begin(RUN, spec.run_id, run_id=spec.run_id, executor=executor.name, namespace=executor.namespace,
+                         bucket=spec.bucket, folder=layout.run_prefix(spec.run_id), planned=planned, store=store)
 
 
 def remember_failed_launch(store: BucketStore, run_id: str, message: str, known: list[str]) -> None:
@@ -171,12 +247,13 @@ def remember_failed_launch(store: BucketStore, run_id: str, message: str, known:
     store.write_bytes(f"{folder}/{layout.fragment_name(LAUNCH_WRITER, seq)}", (json.dumps(record) + "\n").encode())
 
 
-def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str]) -> LaunchedRun:
+def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str],
+                created: Callable[[str, str], None] | None) -> LaunchedRun:
     first = jobs.first()
-    ids = submit_jobs(executor, first, secrets)
+    ids = submit_jobs(executor, first, secrets, created=created)
     roles = {j.role: i for j, i in zip(first, ids)}
     if jobs.spec.mode == "colocated":
         return LaunchedRun(jobs.spec.run_id, roles)
     urls = recipe.server_urls(first, lambda i, job, port: executor.exposed_url(ids[i], port))
-    trainer_id = submit_jobs(executor, [jobs.trainer(urls)], secrets, already=ids)[0]
+    trainer_id = submit_jobs(executor, [jobs.trainer(urls)], secrets, already=ids, created=created)[0]
     return LaunchedRun(jobs.spec.run_id, {**roles, "trainer": trainer_id})

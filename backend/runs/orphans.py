@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass
 
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
-from backend.runs.launch import LAUNCH_WRITER
+from backend.runs.journal import CHECK, ROLLED_BACK, STOPPED_DURING_LAUNCH, Launch
+from backend.runs.launch import LAUNCH_WRITER, remember_failed_launch
+from backend.runs.registry import cancel_jobs
 from backend.runtime import layout
 from backend.runtime.records import LAUNCH_FAILED
 
@@ -72,6 +74,35 @@ def sweep_failed_launch(registry, run_id: str, failed_at: float) -> list[str]:
     if strays:
         registry.forget_listing()
     return strays
+
+
+def roll_back(registry, launch: Launch, now: float | None = None) -> list[str]:
+    """Undo a launch its panel left half done (`LaunchJournal.abandoned`): cancel every job it recorded and any
+    other live job with the run's label (a submission in flight when the panel stopped), mark the run failed (a
+    `launch_failed` event saying why), remove a task check's staged folder; the ids cancelled. The registry keeps
+    sweeping the run's label for jobs the Hub lists late. Raises, leaving the launch to the next pass, when a job
+    could not be cancelled."""
+    now = time.time() if now is None else now
+    record = launch.record
+    recorded = list(launch.jobs.values())
+    errors = cancel_jobs(registry.executor, recorded)
+    strays = [] if record.get("kind") == CHECK else sweep_failed_launch(registry, record["run_id"], now)
+    if errors:
+        raise RuntimeError("could not cancel " + "; ".join(errors))
+    why = str(record.get("why") or STOPPED_DURING_LAUNCH)
+    store = registry.store_for(record["bucket"])
+    if record.get("kind") == CHECK:
+        store.delete_folder(record["folder"])
+    else:
+        registry.failed_launches[record["run_id"]] = now
+        cancelled = [*recorded, *strays]
+        message = (f"{why}: the launch was rolled back"
+                   + (f", its job(s) cancelled: {', '.join(cancelled)}" if cancelled else ", no job had been created")
+                   + f" (planned: {', '.join(record.get('planned') or []) or 'none'}).")
+        remember_failed_launch(store, record["run_id"], message, cancelled)
+    launch.finish(ROLLED_BACK, why)
+    registry.forget_listing()
+    return [*recorded, *strays]
 
 
 def _why_from_failed_launch(record: JobRecord, failed: list[float]) -> str | None:

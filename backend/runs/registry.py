@@ -19,6 +19,7 @@ from backend.outcome.best_version import ChosenAdapter, choose
 from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
 from backend.plan.spec import RunSpec
+from backend.runs.journal import RUN, LaunchJournal
 from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
 from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
@@ -44,8 +45,10 @@ class RunSummary:
 
 
 class RunRegistry:
-    def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0):
+    def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0,
+                 journal: LaunchJournal | None = None):
         self.executor = executor
+        self.journal = journal      # the panel home's record of launches (`backend/runs/journal.py`)
         self.engine = engine(executor.name)     # what the executor answers before it runs, resolved once
         self.namespace = executor.namespace
         self.store_for = store_for
@@ -60,7 +63,7 @@ class RunRegistry:
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
         try:
-            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets)
+            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets, journal=self.journal)
         except SubmitFailed:
             self.failed_launches[spec.run_id] = time.time()
             raise
@@ -119,7 +122,17 @@ class RunRegistry:
         return list(self._records.get(run_id, []))
 
     def has_run(self, run_id: str, fresh: bool = False) -> bool:
-        return run_id in self._views or any(r.run_id == run_id for r in self.list_runs(fresh=fresh))
+        return (run_id in self._views or self.recorded_launch(run_id) is not None
+                or any(r.run_id == run_id for r in self.list_runs(fresh=fresh)))
+
+    def recorded_launch(self, run_id: str) -> dict | None:
+        """The home's record of the run's newest launch through this registry's executor and namespace, if any:
+        its bucket and job ids, known at once, whatever the executor's job list shows yet."""
+        record = self.journal.get(run_id) if self.journal is not None else None
+        if record is None or record.get("kind") != RUN or record.get("executor") != self.executor.name \
+                or record.get("namespace") != self.namespace:
+            return None
+        return record
 
     def view(self, run_id: str) -> RunView:
         """The run's one view in this registry, shared by every browser session that watches it."""
@@ -136,7 +149,12 @@ class RunRegistry:
                            f"{', '.join(summary.jobs[r] for r in sorted(summary.unreadable))} cannot be read, "
                            "so its bucket is unknown.")
         if summary is None or summary.bucket is None:
-            raise KeyError(f"no run {run_id!r}")
+            recorded = self.recorded_launch(run_id)
+            if recorded is None or not recorded.get("bucket"):
+                raise KeyError(f"no run {run_id!r}")
+            # Launched a moment ago (the job list lags): its record says where it is and what it runs.
+            return RunView(run_id, self.store_for(recorded["bucket"]), self.executor, dict(recorded["jobs"]),
+                           bounded=bounded)
         return RunView(run_id, self.store_for(summary.bucket), self.executor, summary.jobs, earlier=summary.earlier,
                        bounded=bounded)
 
@@ -186,7 +204,7 @@ class RunRegistry:
             raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
         view = self.view(run_id)
         try:
-            launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True)
+            launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True, journal=self.journal)
         except SubmitFailed:
             self.failed_launches[run_id] = time.time()
             raise
@@ -199,13 +217,20 @@ class RunRegistry:
         cancelled before its replicas go; return the job ids asked to stop.
 
         The jobs are found by the run's label through the executor, not through the run's bucket: a run whose
-        spec.json cannot be read (a restarted panel, a failing bucket) is still cancelled while it bills."""
-        live = [r for r in self.executor.list_jobs(run_id=run_id) if r.stage not in TERMINAL_STAGES]
+        spec.json cannot be read (a restarted panel, a failing bucket) is still cancelled while it bills. The job
+        ids its launch recorded (the home's journal) and those an open view knows are cancelled too: the Hub's list
+        can lag a job created seconds ago, also across a panel restart."""
+        listed = self.executor.list_jobs(run_id=run_id)
+        live = [r for r in listed if r.stage not in TERMINAL_STAGES]
+        known = {r.job_id for r in listed}
         view = self._views.get(run_id)
         if view is not None:        # jobs the listing may not show yet (one just submitted)
-            known = {r.job_id for r in live}
             live += [_Live(j.job_id, role) for role, j in view.current_jobs.items()
                      if j.job_id not in known and not j.status.done]
+            known |= {j.job_id for j in view.current_jobs.values()}
+        recorded = self.recorded_launch(run_id) or {}
+        live += [_Live(job_id, role) for role, job_id in recorded.get("jobs", {}).items()
+                 if job_id not in known and not self._over(job_id)]
         ids = [r.job_id for r in sorted(live, key=lambda r: r.role != "trainer")]
         errors = cancel_jobs(self.executor, ids)
         self.forget_listing()
@@ -245,6 +270,15 @@ def _write_zip(view, files: list, folder: str, what: str) -> str:
     path = os.path.join(folder, f"{name}-{view.run_id}-{what}-adapter.zip")
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+    def _over(self, job_id: str) -> bool:
+        """Whether a job the listing does not show is over (asked by id, which the Hub answers at once); one that
+        cannot be asked is cancelled anyway."""
+        try:
+            return self.executor.status(job_id).done
+        except Exception:
+            return False
 
 
 @dataclass(frozen=True)

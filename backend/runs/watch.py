@@ -4,13 +4,14 @@ through a bounded summary of it (`RunRegistry.summary_view`), never its whole vi
 grow with its runs' length."""
 
 import logging
+import threading
 import time
 
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs.access import ANONYMOUS
 from backend.runs.budget import BudgetEnforcer, BudgetStop, SpendWatch
 from backend.runs.directory import RunDirectory
-from backend.runs.orphans import sweep_failed_launch
+from backend.runs.orphans import roll_back, sweep_failed_launch
 from backend.runtime.redact import redact_tokens
 from backend.view.alerts import AlertBook, WebhookStore
 from backend.view.runview import RunView
@@ -26,14 +27,46 @@ class RunWatch:
         self.runs, self.spend = runs, spend
         self.webhooks = WebhookStore(home)     # each run's alert webhook, kept encrypted in the panel's home
         self._alert_books: dict[str, AlertBook] = {}
+        self._recovering = threading.Lock()
+        # A launch an earlier panel on this home left half done is rolled back now, whatever the check interval.
+        self._startup = threading.Thread(target=self.recover_launches, name="launch-recovery", daemon=True)
+        self._startup.start()
         self._enforcer = BudgetEnforcer(self.check, interval_s).start()
 
     def check(self) -> list[BudgetStop]:
-        """Budget caps first, then the alerts of live runs, then jobs of failed launches the Hub listed late."""
+        """Launches left half done first (they bill and nothing else stops them), then budget caps, the alerts of
+        live runs, and jobs of failed launches the Hub listed late."""
+        self.recover_launches()
         stops = self.enforce_budgets()
         self.watch_live_alerts()
         self.sweep_failed_launches()
         return stops
+
+    def recover_launches(self) -> list[str]:
+        """Roll back every launch of this home whose panel stopped part way (`LaunchJournal.abandoned`), through
+        the registry of its executor and namespace; one whose registry is not held now (a visitor's namespace on
+        a Space) waits for a later pass. The ids cancelled."""
+        cancelled = []
+        with self._recovering:       # the start-up pass and the timer's never roll back the same launch twice
+            for launch in self.runs.journal.abandoned():
+                registry = self._registry_of(launch.record)
+                if registry is None:
+                    launch.close()
+                    continue
+                try:
+                    found = roll_back(registry, launch)
+                except Exception as exc:   # the next pass tries again
+                    launch.close()
+                    log.warning("could not roll back the launch of %s: %s", launch.id, redact_tokens(str(exc)))
+                    continue
+                log.warning("%s %s: the panel that launched it stopped part way; rolled back, cancelled %s",
+                            launch.record.get("kind"), launch.id, ", ".join(found) or "no job")
+                cancelled += found
+        return cancelled
+
+    def _registry_of(self, record: dict):
+        return next((r for r in self._registries() if r.executor.name == record.get("executor")
+                     and r.namespace == record.get("namespace")), None)
 
     def sweep_failed_launches(self, now: float | None = None) -> list[str]:
         """Cancel the jobs that launches which failed here in the last SWEEP_FAILED_FOR_S created anyway (the Hub
@@ -105,3 +138,4 @@ class RunWatch:
 
     def stop(self) -> None:
         self._enforcer.stop()
+        self._startup.join(5.0)
