@@ -205,8 +205,12 @@ def failure_text(view) -> str:
 
 
 def failure_parts(view) -> tuple[str, str] | None:
-    """(why the run failed, the log line that says more or ''), masked, or None: the trainer's own error when it
-    recorded one, else the job status of the first failing job with the line of its log that says why."""
+    """(why the run failed, the log line that says more or ''), masked, or None: a failed launch's cause (what it
+    had started was cancelled), the trainer's own error when it recorded one, else the job status of the first
+    failing job with the line of its log that says why."""
+    launch = getattr(view, "launch_failure", None)     # a RunView's; a stand-in view may have none
+    if launch is not None:
+        return "the launch failed: " + redact_tokens(str(launch.get("message") or "no reason recorded")), ""
     last = view.trainer_end
     if last.get("event") == records.FAILED:
         return redact_tokens(str(last.get("error", "the trainer failed"))), ""

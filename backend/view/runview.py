@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from backend.executors.base import Executor, ResourceSample
 from backend.outcome.best_version import HeldOut
-from backend.plan.jobspec import TERMINAL_STAGES, JobStatus, run_stage
+from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobStatus, run_stage
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
 from backend.storage.observers import (
@@ -189,8 +189,19 @@ class RunView:
 
     @property
     def stage(self) -> str:
-        """The run's stage from its current attempt's jobs (`jobspec.run_stage`, the runs list's rule too)."""
-        return run_stage({role: job.status.stage for role, job in self.current_jobs.items()})
+        """The run's stage from its current attempt's jobs (`jobspec.run_stage`, the runs list's rule too); ERROR
+        for a run whose launch failed before its trainer was submitted (what it had started was cancelled)."""
+        stages = {role: job.status.stage for role, job in self.current_jobs.items()}
+        if "trainer" not in stages and self.launch_failure is not None:
+            return ERROR
+        return run_stage(stages)
+
+    @property
+    def launch_failure(self) -> dict | None:
+        """The `launch_failed` event of a launch that never reached its trainer (none among the current jobs)."""
+        if any(role == "trainer" for role in self.current_jobs):
+            return None
+        return next((e for e in reversed(self.events) if e.get("event") == records.LAUNCH_FAILED), None)
 
     @property
     def replicas_up(self) -> tuple[int, int] | None:

@@ -43,6 +43,7 @@ Task-check jobs (label `grpo-panel-role=task-check`) run as Jobs would run them,
 drive. Test controls: `set_stage`, `append_logs`, `append_metrics`, `drop_log_streams` (cut every open log
 stream of a job mid-way, optionally refusing the next reconnects), `fail_nth_post`,
 `fail_nth_job_submission`, `create_then_fail_nth_job_submission` (the job exists, the answer is a 504),
+`hold_nth_job_submission` (the creation waits for the test's go: a panel can be killed while it waits),
 `bucket_read_error` (bucket listings fail), `list_lag_s` (a new job shows in job listings only that many seconds
 after its creation), `expose_url_format`, `hardware_error`, `page_size` (Link-header
 pagination), `requests` (every call, Authorization header removed), `clock` (the Hub's time: job timestamps and

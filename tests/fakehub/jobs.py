@@ -3,6 +3,7 @@ hardware; the platform's retries (`attempts`), private networks and resource gro
 a job's stages."""
 
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,7 @@ class JobsMixin:
         self._job_post_count = 0
         self._job_post_failures: dict[int, int] = {}
         self._job_post_created_failures: dict[int, int] = {}
+        self._job_post_holds: dict[int, tuple[threading.Event, threading.Event]] = {}
         # The job list is an index that catches up with new jobs: a job is in listings this many (real) seconds
         # after its creation, though inspecting it by id works at once.
         self.list_lag_s = 0.0
@@ -151,6 +153,13 @@ class JobsMixin:
         the Hub accepted the job: the client never learns the job's id."""
         self._job_post_created_failures[n] = status
 
+    def hold_nth_job_submission(self, n: int) -> tuple[threading.Event, threading.Event]:
+        """Hold the n-th job creation (1-based) before the Hub acts on it: (arrived, release). `arrived` is set when
+        the request is in; once `release` is set the job is created as asked and answered, as the Hub finishes a
+        request whose client may have gone away meanwhile."""
+        hold = self._job_post_holds[n] = (threading.Event(), threading.Event())
+        return hold
+
     def network_members(self, ns: str, group: str, resource_group: str | None = None) -> dict[str, list[str]]:
         """The live jobs of network group `group` as the Hub places them: one namespace and one resource group (jobs
         elsewhere sharing the name are in another group), by the alias they claim ("" for members without one)."""
@@ -192,6 +201,11 @@ class JobsMixin:
         return Reply(200, self.hardware)
 
     def _create_job(self, user: FakeUser, ns: str, body: Any, **_: Any) -> Reply:
+        with self._cond:
+            hold = self._job_post_holds.pop(self._job_post_count, None)
+        if hold is not None:
+            hold[0].set()
+            hold[1].wait(120)
         if not self._may_write(user, ns):
             return Reply(403, {"error": f"You cannot run jobs in namespace {ns}"})
         problem = _job_spec_problem(body, {h["name"] for h in self.hardware})

@@ -1,0 +1,160 @@
+"""Launches a panel never finished, cancel by the record, failures said with nobody watching: real panel processes
+(killed with SIGKILL part way), the real huggingface_hub against the loopback fake Hub, real local jobs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from backend.runs.journal import LAUNCH_FILE, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, LaunchJournal
+from backend.runtime import records
+from panel import dashboard
+from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALICE = "hf_oauth_aliceToken000000000000"
+FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
+        "bucket": "alice/grpo-runs", "flavor": "a10g-small", "use_vllm": True, "rewards": ["format"],
+        "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1"}
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    hub = FakeHub(users={ALICE: FakeUser("alice")}).start()
+    with hub.serving(monkeypatch, ALICE):
+        yield hub
+
+
+@pytest.fixture
+def make_panel(tmp_path):
+    with panel_factory(str(tmp_path / "home"), budget_check_s=0) as make:
+        yield make
+
+
+# A panel process of its own on the fake Hub (the real client; bucket bytes through the fake's test routes): it
+# previews and launches FORM, printing the run id first.
+PANEL_PROCESS = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, os.getcwd())
+    from tests.fakehub import install_remote_bucket_transfers
+    install_remote_bucket_transfers(os.environ["HF_ENDPOINT"])
+    from panel.actions import Panel, Settings
+    panel = Panel(Settings(home=sys.argv[1], on_space=False, host="127.0.0.1", budget_check_s=0))
+    form = json.loads(sys.argv[2])
+    shown = panel.preview(form)
+    print("RUN", shown.run_id, flush=True)
+    print(panel.launch(form, confirmed=shown.fingerprint, run_id=shown.run_id).message, flush=True)
+""")
+
+
+def _start_panel_process(hub: FakeHub, home: str, form: dict) -> subprocess.Popen:
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": ALICE, "GRPO_PANEL_HOME": home,
+           "GRPO_PANEL_DATASETS_SERVER": hub.url}
+    env.pop("SPACE_ID", None)
+    return subprocess.Popen([sys.executable, "-c", PANEL_PROCESS, home, json.dumps(form)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _run_jobs(hub: FakeHub, run_id: str) -> dict[str, str]:
+    """role -> stage of every job the fake Hub holds for the run."""
+    return {job.spec["labels"]["grpo-panel-role"]: job.stage for job in hub.jobs.values()
+            if job.spec["labels"].get("grpo-panel-run") == run_id}
+
+
+def test_a_panel_killed_between_submissions_leaves_nothing_billing_after_a_restart(hub, make_panel, tmp_path):
+    home = str(tmp_path / "home")
+    arrived, release = hub.hold_nth_job_submission(2)      # the trainer's: the replica exists by then
+    proc = _start_panel_process(hub, home, FORM)
+    try:
+        wait_until(lambda: arrived.is_set() or proc.poll() is not None, 240, what="the trainer's submission")
+        assert arrived.is_set(), proc.communicate(timeout=5)[0]
+        os.killpg(proc.pid, signal.SIGKILL)          # the panel dies with the trainer's submission in flight
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    run_id = next(line.split()[1] for line in proc.stdout.read().splitlines() if line.startswith("RUN "))
+    [record] = LaunchJournal(home).records()
+    assert record["state"] == LAUNCHING and record["planned"] == ["vllm-0", "trainer"]
+    assert list(record["jobs"]) == ["vllm-0"], "the replica's id was recorded as it was created"
+    bucket_copy = json.loads(hub.buckets["alice/grpo-runs"].files[f"runs/{run_id}/{LAUNCH_FILE}"].data)
+    assert bucket_copy["jobs"] == record["jobs"] and bucket_copy["state"] == LAUNCHING
+    release.set()               # the Hub finishes the request anyway: a trainer nobody recorded
+    wait_until(lambda: len(_run_jobs(hub, run_id)) == 2, 30, what="the held submission created its job")
+    assert set(_run_jobs(hub, run_id).values()) == {"SCHEDULING"}, "both bill until someone cancels them"
+
+    panel = make_panel()        # the next panel on the home: rolls the launch back as it starts
+    wait_until(lambda: set(_run_jobs(hub, run_id).values()) == {"CANCELED"}, 60,
+               what=f"every job of the half-launched run cancelled: {_run_jobs(hub, run_id)}")
+    wait_until(lambda: LaunchJournal(home).get(run_id)["state"] == ROLLED_BACK, 30, what="the record closed")
+    view = panel.view(run_id)
+    wait_until(lambda: view.refresh() or any(e.get("event") == records.LAUNCH_FAILED for e in view.events), 30,
+               what="the launch_failed event")
+    [failed] = [e for e in view.events if e.get("event") == records.LAUNCH_FAILED]
+    assert STOPPED_DURING_LAUNCH in failed["message"] and record["jobs"]["vllm-0"] in failed["known"]
+    frame = dashboard.build_frame(view)
+    assert view.stage == "ERROR" and STOPPED_DURING_LAUNCH in frame.status, frame.status
+    assert panel.watch.recover_launches() == [], "rolled back once"
+
+
+def test_cancel_at_once_after_a_restart_with_a_lagging_listing_cancels_every_job_on_the_first_press(hub, make_panel):
+    first = make_panel()
+    shown = first.preview(FORM)
+    launched = first.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
+    assert launched.run_id, launched.message
+    first.shutdown()
+    hub.list_lag_s = 3600.0        # the Hub's job list has not caught up with the run's jobs (an hour, to be sure)
+    for job in hub.jobs.values():
+        job.listed_from = float("inf")
+    restarted = make_panel()
+    message = restarted.cancel(launched.run_id)
+    assert "no run" not in message, message
+    assert set(_run_jobs(hub, launched.run_id).values()) == {"CANCELED"}, (message, _run_jobs(hub, launched.run_id))
+
+
+def _alert_events(store, run_id: str) -> list[dict]:
+    from backend.runtime import layout
+
+    found = []
+    for f in store.list_files(f"runs/{run_id}/events"):
+        events, _ = layout.fragment_records(store.read_bytes(f.path))
+        found += [e for e in events if e and e.get("event") == records.ALERT]
+    return found
+
+
+def test_a_colocated_run_whose_trainer_is_killed_alerts_once_with_no_dashboard_open(tmp_path):
+    from panel.actions import Panel, Settings
+    from tests.test_alerts import Webhook
+
+    home, hook = str(tmp_path / "home"), Webhook()
+    panels = [Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1))]
+    try:
+        result = panels[0].launch({"max_steps": 5000, "adapter_every": 1000, "checkpoint_every": 1000},
+                                  webhook=hook.url)
+        assert result.run_id, result.message
+        run_id, local = result.run_id, panels[0].local
+        [job] = local.list_jobs(run_id=run_id)
+        wait_until(lambda: any("step 3/" in line for line in local.read_logs(job.job_id, 0)[0]), 180,
+                   what="the trainer training")
+        os.killpg(os.getpgid(local.main_pid(job.job_id)), signal.SIGKILL)
+        assert local.wait(job.job_id, 60).stage == "ERROR"
+        wait_until(lambda: hook.bodies, 60, what="the failed run's webhook post")
+        assert panels[0].runs.local.open_view(run_id) is None, "no dashboard had the run open"
+        panels[0].shutdown()
+        panels.append(Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1)))   # a restart
+        store = panels[1].runs.local.store_for("local/grpo-runs")
+        before = panels[1].watch._last_look
+        wait_until(lambda: panels[1].watch._last_look > before + 2, 60, what="two looks of the restarted panel")
+        [body] = hook.bodies
+        assert body["alert"]["key"] == "job-error-trainer" and run_id in body["text"], body
+        [event] = _alert_events(store, run_id)
+        assert event["key"] == "job-error-trainer", event
+    finally:
+        for panel in panels:
+            panel.shutdown()
+        hook.stop()
