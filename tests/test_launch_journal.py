@@ -132,24 +132,31 @@ def test_a_colocated_run_whose_trainer_is_killed_alerts_once_with_no_dashboard_o
     from tests.test_alerts import Webhook
 
     home, hook = str(tmp_path / "home"), Webhook()
-    panels = [Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1))]
+
+    def start_panel() -> Panel:
+        panels.append(Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1)))
+        return panels[-1]
+
+    panels: list[Panel] = []
     try:
-        result = panels[0].launch({"max_steps": 5000, "adapter_every": 1000, "checkpoint_every": 1000},
-                                  webhook=hook.url)
+        result = start_panel().launch({"max_steps": 5000, "adapter_every": 1000, "checkpoint_every": 1000},
+                                      webhook=hook.url)
         assert result.run_id, result.message
-        run_id, local = result.run_id, panels[0].local
+        panels[0].shutdown()          # the panel that launched it (and holds its view) goes: nobody watches the run
+        watching = start_panel()
+        run_id, local = result.run_id, watching.local
         [job] = local.list_jobs(run_id=run_id)
         wait_until(lambda: any("step 3/" in line for line in local.read_logs(job.job_id, 0)[0]), 180,
                    what="the trainer training")
         os.killpg(os.getpgid(local.main_pid(job.job_id)), signal.SIGKILL)
         assert local.wait(job.job_id, 60).stage == "ERROR"
         wait_until(lambda: hook.bodies, 60, what="the failed run's webhook post")
-        assert panels[0].runs.local.open_view(run_id) is None, "no dashboard had the run open"
-        panels[0].shutdown()
-        panels.append(Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1)))   # a restart
-        store = panels[1].runs.local.store_for("local/grpo-runs")
-        before = panels[1].watch._last_look
-        wait_until(lambda: panels[1].watch._last_look > before + 2, 60, what="two looks of the restarted panel")
+        assert watching.runs.local.open_view(run_id) is None, "no dashboard had the run open"
+        watching.shutdown()
+        restarted = start_panel()
+        store = restarted.runs.local.store_for("local/grpo-runs")
+        before = restarted.watch._last_look
+        wait_until(lambda: restarted.watch._last_look > before + 2, 60, what="two looks of the restarted panel")
         [body] = hook.bodies
         assert body["alert"]["key"] == "job-error-trainer" and run_id in body["text"], body
         [event] = _alert_events(store, run_id)

@@ -59,10 +59,11 @@ class Executor(Protocol):
     def exposed_url(self, job_id: str, port: int) -> str:
         """Where another job reaches this job's exposed `port` (a distributed run's trainer -> replicas)."""
 
-    def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
+    def list_jobs(self, run_id: str | None = None, checks: bool = False) -> list[JobRecord]:
         """Every job this executor launched (found by labels), or only those of `run_id`, newest first. A job whose
         record cannot be read is listed as far as it can be (`unreadable`, and counted by `unreadable_records`), so
-        one bad record neither empties the list nor hides its run."""
+        one bad record neither empties the list nor hides its run. `checks`: the task-check jobs instead (their
+        check id as the run id; none where no check runs as a job)."""
 
     def unreadable_records(self, run_id: str) -> dict[str, int]:
         """Records of the run's jobs that were skipped as unreadable, per file."""

@@ -22,6 +22,7 @@ from backend.plan.engines.hf_jobs import ENGINE
 from backend.plan.hardware import list_flavors
 from backend.plan.jobspec import (
     APP_LABEL_VALUE,
+    CHECK_APP_LABEL,
     DELETED,
     ERROR,
     LABEL_APP,
@@ -122,10 +123,10 @@ class HfJobsExecutor:
             if _http_status(err) != 404:   # a job that is gone needs no cancelling
                 raise
 
-    def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
-        """Every job of this app in the namespace (or of one run), found by label, so a restarted panel finds
-        them, newest first."""
-        labels = {LABEL_APP: APP_LABEL_VALUE, **({LABEL_RUN: run_id} if run_id else {})}
+    def list_jobs(self, run_id: str | None = None, checks: bool = False) -> list[JobRecord]:
+        """Every job of this app in the namespace (or of one run; with `checks`, the task-check jobs instead, their
+        check id as the run id), found by label, so a restarted panel finds them, newest first."""
+        labels = {LABEL_APP: CHECK_APP_LABEL if checks else APP_LABEL_VALUE, **({LABEL_RUN: run_id} if run_id else {})}
         infos = self._api.list_jobs(labels=labels, namespace=self.namespace)
         listed_at = time.time()
         return sorted((_record(info, listed_at) for info in infos), key=lambda r: r.created_at, reverse=True)

@@ -359,9 +359,12 @@ class LocalExecutor:
             time.sleep(0.2)
         return self.status(job_id)
 
-    def list_jobs(self, run_id: str | None = None) -> list[JobRecord]:
+    def list_jobs(self, run_id: str | None = None, checks: bool = False) -> list[JobRecord]:
         """Every local job, newest first. A job whose job.json cannot be read is still listed (marked unreadable,
-        its run and role read from its folder's name), so its run does not vanish from the runs list."""
+        its run and role read from its folder's name), so its run does not vanish from the runs list. (No task
+        check runs as a local job: `checks` lists none.)"""
+        if checks:
+            return []
         records = []
         for job_id in os.listdir(self.jobs_dir):
             if run_id and not job_id.startswith(f"{run_id}--"):

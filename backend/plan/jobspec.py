@@ -24,6 +24,7 @@ LABEL_APP = "grpo-panel"
 LABEL_RUN = "grpo-panel-run"
 LABEL_ROLE = "grpo-panel-role"
 APP_LABEL_VALUE = "1"   # the value under LABEL_APP on every job this panel launches; list_jobs filters on it
+CHECK_APP_LABEL = "task-check"      # a task-check job's: the runs list never shows one (`list_jobs(checks=True)`)
 
 
 @dataclass(frozen=True)

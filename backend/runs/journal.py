@@ -155,6 +155,20 @@ class LaunchJournal:
     def get(self, launch_id: str) -> dict | None:
         return _read(self.path(launch_id))
 
+    def under_way(self, launch_id: str) -> bool:
+        """Whether a live process holds the launch's lock (its launch, or its check, is still going)."""
+        try:
+            fd = os.open(os.path.join(self.folder, f"{launch_id}.lock"), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
     def abandoned(self) -> list[Launch]:
         """Launches still `launching` whose process is gone (their lock is free), each now locked by the caller,
         who must `finish` or `close` it."""

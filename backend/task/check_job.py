@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from backend.executors.base import Executor
 from backend.plan import recipe
-from backend.plan.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.plan.jobspec import CHECK_APP_LABEL, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.plan.spec import FieldError, RunSpec
 from backend.runtime import RUNTIME_DIR
 from backend.runtime.check_protocol import NONCE_ENV
@@ -37,7 +37,6 @@ from backend.task.check import (
 
 CHECK_FLAVOR = "cpu-basic"
 CHECK_ROLE = "task-check"
-CHECK_APP_LABEL = "task-check"      # not the runs' label value: the runs list never shows a check job
 logger = logging.getLogger(__name__)
 CHECKS_DIR = "checks"
 START_TIMEOUT_S = 15 * 60           # the image pulled, what the trainer installs installed, the job started

@@ -190,18 +190,20 @@ class RunView:
     @property
     def stage(self) -> str:
         """The run's stage from its current attempt's jobs (`jobspec.run_stage`, the runs list's rule too); ERROR
-        for a run whose launch failed before its trainer was submitted (what it had started was cancelled)."""
-        stages = {role: job.status.stage for role, job in self.current_jobs.items()}
-        if "trainer" not in stages and self.launch_failure is not None:
+        for a run whose current launch failed (what it had started was cancelled)."""
+        if self.launch_failure is not None:
             return ERROR
-        return run_stage(stages)
+        return run_stage({role: job.status.stage for role, job in self.current_jobs.items()})
 
     @property
     def launch_failure(self) -> dict | None:
-        """The `launch_failed` event of a launch that never reached its trainer (none among the current jobs)."""
-        if any(role == "trainer" for role in self.current_jobs):
+        """The newest `launch_failed` event when the current jobs are that failed launch's (each one among the ids
+        it cancelled, or none at all), else None."""
+        failed = next((e for e in reversed(self.events) if e.get("event") == records.LAUNCH_FAILED), None)
+        known = failed.get("known") if failed is not None else None
+        if not isinstance(known, list):
             return None
-        return next((e for e in reversed(self.events) if e.get("event") == records.LAUNCH_FAILED), None)
+        return failed if all(job.job_id in known for job in self.current_jobs.values()) else None
 
     @property
     def replicas_up(self) -> tuple[int, int] | None:
