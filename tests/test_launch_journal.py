@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from backend.runs.journal import LAUNCH_FILE, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, LaunchJournal
 from backend.runtime import records
+from backend.storage.journal import LAUNCH_FILE, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, LaunchJournal
 from panel import dashboard
 from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
 

@@ -17,10 +17,10 @@ from backend.plan.engines import engines
 from backend.plan.engines.base import Engine
 from backend.runs.access import Deployment, Visitor, acting_token, local_runs_problem
 from backend.runs.hub_auth import whoami_namespaces
-from backend.runs.journal import LaunchJournal
 from backend.runs.registry import RunRegistry
 from backend.runtime.redact import redact_tokens
 from backend.storage.hub_store import open_store
+from backend.storage.journal import LaunchJournal
 from backend.storage.store import FolderStore
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from backend.plan import recipe
 from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
 from backend.plan.spec import RunSpec
-from backend.runs.journal import FAILED, LAUNCHED, RUN, Launch, LaunchJournal
 from backend.runtime import RUNTIME_DIR, layout, records
 from backend.runtime.task import is_local_file, local_copy_path
+from backend.storage.journal import FAILED, LAUNCHED, RUN, Launch, LaunchJournal
 from backend.storage.store import BucketStore
 
 LAUNCH_WRITER = f"{layout.PANEL_WRITER}-launch"
@@ -183,7 +183,7 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     the files it was launched with (the code that ran is the code archived beside its results).
 
     Before the first submission the launch is recorded in `journal` (and the run's `launch.json`) with the roles it
-    will create, then each job id as it is created (`backend/runs/journal.py`): a panel that stops part way leaves a
+    will create, then each job id as it is created (`backend/storage/journal.py`): a panel that stops part way leaves a
     record the next one rolls back.
 
     A submission that fails is remembered in the run's folder (a `launch_failed` event): the Hub's job list can lag

@@ -229,7 +229,8 @@ class Operations:
         price = next((f.price_per_hour_usd for f in self.flavors(visitor, registry.executor.name)
                       if f.name == CHECK_FLAVOR), None)
         report = check_in_job(spec, token, self.deployment.datasets_server, registry.executor,
-                              registry.store_for(spec.bucket), price, self.deployment.task_check_timeout_s, progress)
+                              registry.store_for(spec.bucket), price, self.deployment.task_check_timeout_s, progress,
+                              journal=self.runs.journal)
         with self._checks_lock:
             self._checks[key] = (time.time(), report)
             while len(self._checks) > CHECKS_KEPT:

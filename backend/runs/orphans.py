@@ -4,7 +4,7 @@ A job is an orphan when it is not over and
 - its run's folder is gone from the bucket (no file left under `runs/<run_id>/`, or no bucket at all), or
 - it was created by a launch that failed (the run's folder holds a `launch_failed` event from after its creation):
   the Hub may create a job behind an error answer and list it only later, after the launch's own sweep, or
-- its run's launch never completed: its `launch.json` (`backend/runs/journal.py`) still says `launching` and has
+- its run's launch never completed: its `launch.json` (`backend/storage/journal.py`) still says `launching` and has
   not changed for LAUNCH_STALE_S (its panel stopped between two submissions), or
 - it is a trainer, and a newer launch of the run (a resume) has a trainer of its own, or
 - it serves a trainer (a vLLM replica) whose trainer, the first one submitted after it, is over, or for which no
@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
-from backend.runs.journal import CHECK, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, Launch, bucket_copy_path
 from backend.runs.launch import LAUNCH_WRITER, remember_failed_launch
 from backend.runs.registry import cancel_jobs
 from backend.runtime import layout
 from backend.runtime.records import LAUNCH_FAILED
+from backend.storage.journal import CHECK, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, Launch, bucket_copy_path
 from backend.task.check_job import CHECKS_DIR
 
 # A job the Hub created behind a failed answer was created before the panel recorded the failure; this much later

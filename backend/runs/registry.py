@@ -19,11 +19,11 @@ from backend.outcome.best_version import ChosenAdapter, choose
 from backend.plan.engines import engine
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
 from backend.plan.spec import RunSpec
-from backend.runs.journal import RUN, LaunchJournal
 from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
 from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
+from backend.storage.journal import RUN, LaunchJournal
 from backend.storage.observers import final_adapter_files, shipped
 from backend.storage.store import BucketStore
 from backend.view.runview import RunView
@@ -48,7 +48,7 @@ class RunRegistry:
     def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0,
                  journal: LaunchJournal | None = None):
         self.executor = executor
-        self.journal = journal      # the panel home's record of launches (`backend/runs/journal.py`)
+        self.journal = journal      # the panel home's record of launches (`backend/storage/journal.py`)
         self.engine = engine(executor.name)     # what the executor answers before it runs, resolved once
         self.namespace = executor.namespace
         self.store_for = store_for

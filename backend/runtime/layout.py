@@ -1,6 +1,7 @@
 """The bucket layout of a run: the one contract between jobs that write and the panel that reads.
 
     runs/<run_id>/spec.json                     the RunSpec, as launched (no secrets)
+    runs/<run_id>/launch.json                   the panel's record of the newest launch (backend/storage/journal.py)
     runs/<run_id>/code/runtime/...              the runtime code that ran
     runs/<run_id>/code/user_rewards.py          the run's own reward functions, if it has any
     runs/<run_id>/data/<file>                   the run's own dataset file (.jsonl or .parquet), if it has one

@@ -26,6 +26,7 @@ from backend.runtime import RUNTIME_DIR
 from backend.runtime.check_protocol import NONCE_ENV
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import BUILTIN_MODELS
+from backend.storage.journal import CHECK, LAUNCHED, Launch, LaunchJournal
 from backend.storage.store import BucketStore
 from backend.task.check import (
     SETUP_TIMEOUT_S,
@@ -79,8 +80,11 @@ def stage_check(spec: RunSpec, request: dict, store: BucketStore, check_id: str)
 
 def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Executor, store: BucketStore,
                  price_per_hour: float | None, timeout_s: float = 15.0,
-                 progress: Callable[[str], None] | None = None) -> TaskReport:
-    """Check `spec`'s task in a job of the visitor's own (`token`), reporting progress lines as it goes."""
+                 progress: Callable[[str], None] | None = None, journal: LaunchJournal | None = None) -> TaskReport:
+    """Check `spec`'s task in a job of the visitor's own (`token`), reporting progress lines as it goes. With
+    `journal` (the panel home's `LaunchJournal`), the check is recorded before its folder is staged and its job id as
+    it is created: a panel that stops mid-check leaves a record the next one acts on (its job cancelled, its
+    folder removed)."""
     say = progress or (lambda _line: None)
     report = TaskReport()
     request = check_request(spec, token, datasets_server, report)
@@ -92,10 +96,19 @@ def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Exec
     check_id = f"check-{uuid.uuid4().hex[:12]}"
     say("Staging the check in your bucket ...")
     try:
+        record = None if journal is None else journal.begin(
+            CHECK, check_id, run_id=check_id, executor=executor.name, namespace=executor.namespace,
+            bucket=spec.bucket, folder=f"{CHECKS_DIR}/{check_id}", planned=[CHECK_ROLE])
+    except Exception as exc:
+        report.errors.append(FieldError("bucket", redact_tokens(f"could not record the check before staging it: "
+                                                                f"{exc}", (token,))))
+        return report
+    try:
         stage_check(spec, request, store, check_id)
     except Exception as exc:
         report.errors.append(FieldError("bucket", redact_tokens(f"could not write the check's files into bucket "
                                                                 f"{spec.bucket}: {exc}", (token,))))
+        _end_record(record, _remove_staged(store, check_id, token))
         return report
     # The nonce is no secret from the visitor (it is their own job): it keeps the report apart from what else the
     # log holds. As a job secret it would be masked in the log, like every secret.
@@ -108,21 +121,37 @@ def check_in_job(spec: RunSpec, token: str, datasets_server: str, executor: Exec
             report.errors.append(FieldError("bucket", redact_tokens(f"could not start the check job: {exc}",
                                                                     (token,))))
             return report
+        if record is not None:
+            record.created(CHECK_ROLE, job_id)
         report.check_job = job_id
         _follow(executor, job_id, job.timeout_s, nonce, report, price_per_hour, say)
     finally:
-        _remove_staged(store, check_id, token)
+        _end_record(record, _remove_staged(store, check_id, token))
     return report
 
 
-def _remove_staged(store: BucketStore, check_id: str, token: str) -> None:
+def _end_record(record: Launch | None, removed: bool) -> None:
+    """The check's record closed once its folder is gone; otherwise left for the panel's next pass, which cancels
+    the job (if it still runs) and removes the folder."""
+    if record is None:
+        return
+    if removed:
+        record.finish(LAUNCHED)
+    else:
+        record.abandon("the check's folder could not be removed")
+
+
+def _remove_staged(store: BucketStore, check_id: str, token: str) -> bool:
     """The check's copy of the runtime, the code and the data, out of the visitor's bucket once it is done (each
-    check would leave one behind otherwise). A failure to delete leaves them there, said in the panel's log."""
+    check would leave one behind otherwise); whether it is gone. A failure to delete leaves them there, said in the
+    panel's log (and the panel's next pass tries again)."""
     try:
         store.delete_folder(f"{CHECKS_DIR}/{check_id}")
+        return True
     except Exception as exc:
         logger.warning("could not remove the check's files %s/%s: %s", CHECKS_DIR, check_id,
                        redact_tokens(str(exc), (token,)))
+        return False
 
 
 def _follow(executor: Executor, job_id: str, timeout_s: int, nonce: str, report: TaskReport,
