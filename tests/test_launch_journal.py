@@ -165,3 +165,58 @@ def test_a_colocated_run_whose_trainer_is_killed_alerts_once_with_no_dashboard_o
         for panel in panels:
             panel.shutdown()
         hook.stop()
+
+
+# A task check on a panel that serves others, whose reward code takes its time: the check job runs until stopped.
+CHECK_PROCESS = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, os.getcwd())
+    from tests.fakehub import install_remote_bucket_transfers
+    install_remote_bucket_transfers(os.environ["HF_ENDPOINT"])
+    from panel.actions import Panel, Settings
+    panel = Panel(Settings(home=sys.argv[1], on_space=False, host="0.0.0.0", allow_host_token=True,
+                           budget_check_s=0))
+    print(panel.check_task(json.loads(sys.argv[2])).errors, flush=True)
+""")
+SLOW_CHECK = {"executor": "hf_jobs", "model": "builtin:tiny-qwen2", "dataset": "builtin:count-to-ten",
+              "rewards": [], "bucket": "alice/grpo-runs", "flavor": "cpu-basic",
+              "reward_code": "def slow(completions, **kwargs):\n    import time\n    time.sleep(900)\n"
+                             "    return [0.0] * len(completions)\n"}
+
+
+def _check_jobs(hub: FakeHub) -> dict[str, str]:
+    return {job.id: job.stage for job in hub.jobs.values()
+            if job.spec["labels"].get("grpo-panel-role") == "task-check"}
+
+
+def _staged(hub: FakeHub) -> list[str]:
+    return [p for p in hub.buckets.get("alice/grpo-runs").files if p.startswith("checks/")] \
+        if "alice/grpo-runs" in hub.buckets else []
+
+
+def test_a_killed_panels_check_job_is_cancelled_and_its_folder_removed_at_the_next_start(hub, tmp_path):
+    from panel.actions import Panel, Settings
+
+    home = str(tmp_path / "home")
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": ALICE, "GRPO_PANEL_DATASETS_SERVER": hub.url}
+    env.pop("SPACE_ID", None)
+    proc = subprocess.Popen([sys.executable, "-c", CHECK_PROCESS, home, json.dumps(SLOW_CHECK)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_until(lambda: "RUNNING" in _check_jobs(hub).values() or proc.poll() is not None, 240,
+                   what="the check job running")
+        assert proc.poll() is None, proc.communicate(timeout=5)[0]
+        os.killpg(proc.pid, signal.SIGKILL)          # the panel dies mid-check
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    [job_id] = _check_jobs(hub)
+    assert _check_jobs(hub)[job_id] == "RUNNING" and _staged(hub), "the check bills on, its folder stays"
+    panel = Panel(Settings(home=home, on_space=False, host="0.0.0.0", allow_host_token=True, budget_check_s=0))
+    try:
+        wait_until(lambda: _check_jobs(hub)[job_id] == "CANCELED" and not _staged(hub), 60,
+                   what=f"the check job cancelled and its folder removed: {_check_jobs(hub)}, {_staged(hub)[:3]}")
+    finally:
+        panel.shutdown()

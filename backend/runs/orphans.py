@@ -79,9 +79,10 @@ def cancel_orphans(registry) -> tuple[list[str], list[str]]:
     return cancelled, errors
 
 
-def sweep_failed_launch(registry, run_id: str, failed_at: float) -> list[str]:
-    """Cancel the live jobs of `run_id` created by its launch that failed at `failed_at` (epoch seconds); the ids."""
-    strays = [r.job_id for r in registry.executor.list_jobs(run_id=run_id)
+def sweep_failed_launch(registry, run_id: str, failed_at: float, checks: bool = False) -> list[str]:
+    """Cancel the live jobs of `run_id` (a task check's, with `checks`) created by its launch that failed at
+    `failed_at` (epoch seconds); the ids."""
+    strays = [r.job_id for r in registry.executor.list_jobs(run_id=run_id, checks=checks)
               if r.stage not in TERMINAL_STAGES and r.created_at <= failed_at + CLOCK_SLACK_S]
     for job_id in strays:
         registry.executor.cancel(job_id)
@@ -100,7 +101,7 @@ def roll_back(registry, launch: Launch, now: float | None = None) -> list[str]:
     record = launch.record
     recorded = list(launch.jobs.values())
     errors = cancel_jobs(registry.executor, recorded)
-    strays = [] if record.get("kind") == CHECK else sweep_failed_launch(registry, record["run_id"], now)
+    strays = sweep_failed_launch(registry, record["run_id"], now, checks=record.get("kind") == CHECK)
     if errors:
         raise RuntimeError("could not cancel " + "; ".join(errors))
     why = str(record.get("why") or STOPPED_DURING_LAUNCH)
