@@ -220,3 +220,74 @@ def test_a_killed_panels_check_job_is_cancelled_and_its_folder_removed_at_the_ne
                    what=f"the check job cancelled and its folder removed: {_check_jobs(hub)}, {_staged(hub)[:3]}")
     finally:
         panel.shutdown()
+
+
+# ---- a full disk in the panel's home
+
+@pytest.fixture
+def small_home(tmp_path):
+    """The panel's home on a 32 MiB tmpfs of its own (root ignores file modes, not a full disk)."""
+    home = str(tmp_path / "home")
+    os.makedirs(home)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", home], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield home
+    finally:
+        from backend.executors.local import LocalExecutor
+
+        executor = LocalExecutor(home)
+        for job in executor.list_jobs():
+            executor.cancel(job.job_id)
+        subprocess.run(["umount", "-l", home], check=False)
+
+
+def _fill(folder: str, leave: int = 0) -> str:
+    """Fill the disk holding `folder`, leaving about `leave` bytes free; the filler's path."""
+    path = os.path.join(folder, "filler")
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+    if leave:
+        os.truncate(path, max(0, os.path.getsize(path) - leave))
+    return path
+
+
+def test_a_launch_without_room_says_so_in_one_sentence_and_leaves_nothing_behind(small_home):
+    from panel.actions import Panel, Settings
+
+    panel = Panel(Settings(home=small_home, on_space=False, host="127.0.0.1", budget_check_s=0))
+    try:
+        panel.local_runs.store_for("local/grpo-runs").ensure_bucket()
+        _fill(small_home, leave=200_000)      # room for a few files of the runtime, not for all of them
+        result = panel.launch({"max_steps": 20})
+        assert result.run_id is None, result.message
+        assert "the disk is full (No space left on device" in result.message, result.message
+        assert "No job was submitted, and nothing was left in the bucket." in result.message, result.message
+        assert "Errno" not in result.message and "[(" not in result.message, "one sentence, not the copy's list"
+        bucket = panel.local.bucket_root("local/grpo-runs")
+        assert os.listdir(os.path.join(bucket, "runs")) == [], "no half-copied run folder"
+        assert panel.local.list_jobs() == []
+    finally:
+        panel.shutdown()
+
+
+def test_a_job_that_fills_the_disk_says_so_as_the_cause(small_home):
+    from backend.executors.local import LocalExecutor
+    from backend.plan.jobspec import JobSpec, VolumeSpec
+    from backend.runtime.job_wrapper import DISK_FULL
+
+    executor = LocalExecutor(small_home)
+    fill = ("import os, sys\nf = open(os.path.join(sys.argv[1], 'filler'), 'wb', buffering=0)\n"
+            "try:\n    [f.write(bytes(65536)) for _ in iter(int, 1)]\n"
+            "except OSError as e:\n    print('disk full:', e, flush=True)\nsys.exit(1)\n")
+    job = JobSpec(run_id="full", role="trainer", image="local", command=[sys.executable, "-c", fill, small_home],
+                  flavor="local", timeout_s=120, volumes=(VolumeSpec("local/b", "/bucket"),))
+    job_id = executor.submit(job)
+    status = executor.wait(job_id, 60)
+    assert status.stage == "ERROR" and status.message.startswith(DISK_FULL), status
+    assert "was the machine restarted" not in status.message
