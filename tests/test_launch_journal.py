@@ -291,3 +291,39 @@ def test_a_job_that_fills_the_disk_says_so_as_the_cause(small_home):
     status = executor.wait(job_id, 60)
     assert status.stage == "ERROR" and status.message.startswith(DISK_FULL), status
     assert "was the machine restarted" not in status.message
+
+
+def test_the_orphan_finder_lists_half_launched_runs_replicas_without_a_trainer_and_check_jobs_left_over(
+        hub, make_panel):
+    import time
+
+    from backend.plan.jobspec import CHECK_APP_LABEL, LABEL_APP, JobSpec, VolumeSpec
+    from backend.runs.orphans import find_orphans
+
+    registry = make_panel().runs.hub_registry(ALICE, "alice")
+    hub.check_runner.stop()           # the check job below stays as the test makes it (it runs nothing)
+    registry.store_for("alice/grpo-runs").ensure_bucket()
+
+    def submit(run_id: str, role: str, **labels) -> str:
+        job = JobSpec(run_id=run_id, role=role, image="img", command=["sleep", "1"], flavor="cpu-basic",
+                      timeout_s=3600, volumes=(VolumeSpec("alice/grpo-runs", "/bucket"),), labels=labels)
+        return registry.executor.submit(job)
+
+    hub.clock = lambda: time.time() - 600           # created ten minutes ago
+    lonely = submit("r-lonely", "vllm-0")
+    served = submit("r-served", "vllm-0")
+    check = submit("check-0123456789ab", "task-check", **{LABEL_APP: CHECK_APP_LABEL})
+    hub.clock = time.time
+    trainer = submit("r-served", "trainer")
+    stalled = submit("r-stalled", "vllm-0")
+    for run_id in ("r-lonely", "r-served", "r-stalled"):
+        hub.put_file("alice/grpo-runs", f"runs/{run_id}/spec.json", b"{}")
+    hub.put_file("alice/grpo-runs", f"runs/r-stalled/{LAUNCH_FILE}", json.dumps(
+        {"id": "r-stalled", "state": LAUNCHING, "planned": ["vllm-0", "trainer"], "jobs": {"vllm-0": stalled},
+         "updated": time.time() - 600}).encode())
+    found = {o.record.job_id: o.why for o in find_orphans(registry)}
+    assert set(found) == {lonely, stalled, check}, found
+    assert "no trainer was submitted for it" in found[lonely]
+    assert "launch never completed" in found[stalled] and f"vllm-0 {stalled}" in found[stalled]
+    assert "checks/check-0123456789ab is gone" in found[check]
+    assert served not in found and trainer not in found
