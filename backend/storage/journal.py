@@ -68,7 +68,7 @@ class Launch:
 
     def finish(self, state: str, why: str = "") -> None:
         """The launch is over (`launched`, `failed`, `rolled_back`): recorded, then the lock released."""
-        self.record.update(state=state, **({"why": why} if why else {}))
+        self.record.update(state=state, **({"why": redact_tokens(why)} if why else {}))
         try:
             self._save(quiet=True)
         finally:
@@ -76,7 +76,7 @@ class Launch:
 
     def abandon(self, why: str) -> None:
         """Leave the launch `launching` with why it stopped, and release the lock: the next pass rolls it back."""
-        self.record["why"] = why
+        self.record["why"] = redact_tokens(why)     # an error's text can quote a token
         try:
             self._save(quiet=True)
         finally:
