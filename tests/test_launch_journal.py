@@ -327,3 +327,15 @@ def test_the_orphan_finder_lists_half_launched_runs_replicas_without_a_trainer_a
     assert "launch never completed" in found[stalled] and f"vllm-0 {stalled}" in found[stalled]
     assert "checks/check-0123456789ab is gone" in found[check]
     assert served not in found and trainer not in found
+
+
+def test_a_replica_that_never_hears_a_trainer_gives_up_within_minutes(monkeypatch):
+    from backend.runtime.heartbeat import HeartbeatWatch
+
+    monkeypatch.delenv("GRPO_TRAINER_FIRST_BEAT_S", raising=False)
+    now = [0.0]
+    watch = HeartbeatWatch("/nonexistent", clock=lambda: now[0])
+    now[0] = 9 * 60.0
+    assert watch.gone() is None, "a trainer still installing has its minutes"
+    now[0] = 10 * 60.0 + 1
+    assert watch.gone() == "no trainer heartbeat within 600 s", "not half an hour"
