@@ -271,7 +271,6 @@ def _write_zip(view, files: list, folder: str, what: str) -> str:
     atomic_write_bytes(path, buf.getvalue())
     return path
 
-
     def _over(self, job_id: str) -> bool:
         """Whether a job the listing does not show is over (asked by id, which the Hub answers at once); one that
         cannot be asked is cancelled anyway."""
