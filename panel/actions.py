@@ -20,7 +20,7 @@ from backend.outcome.best_version import ChosenAdapter
 from backend.outcome.try_it import try_it
 from backend.plan import recipe
 from backend.plan.hardware import Flavor
-from backend.plan.jobspec import TERMINAL_STAGES, JobSpec, run_stage
+from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
 from backend.plan.spec import RunSpec, SpecError
 from backend.plan.task_spec import held_out_summary
 from backend.runs.access import ANONYMOUS, Deployment, Refused, Visitor, acting_token, no_token_reason
@@ -213,7 +213,7 @@ class Panel:
         q = (query or "").strip().lower()
         rows = []
         for run, registry in runs:
-            stage = run_stage(run.stages)
+            stage = run.stage
             if wanted and stage not in wanted:
                 continue
             name, row = self._run_row(run, registry, with_cost)

@@ -1,7 +1,5 @@
 """The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward)."""
 
-from backend.plan.jobspec import run_stage
-
 RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "time · cost", "mode", "executor", "created"]
 BADGES = {"RUNNING": "🟢", "SCHEDULING": "🟡", "COMPLETED": "✅", "ERROR": "❌", "CANCELED": "⏹", "DELETED": "⏹"}
 # The status filter's choices: label -> the run stages it keeps (none: every run).
@@ -19,7 +17,7 @@ def status_badge(stage: str, timed_out: bool = False, unreadable: bool = False) 
 
 def run_badge(run) -> str:
     """`status_badge` of a RunSummary: timed out when the job its stage comes from timed out."""
-    stage = run_stage(run.stages)
+    stage = run.stage
     deciding = ["trainer"] if "trainer" in run.stages else [r for r, s in run.stages.items() if s == stage]
     return status_badge(stage, any(r in run.timed_out for r in deciding), bool(run.unreadable))
 

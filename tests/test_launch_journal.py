@@ -99,6 +99,8 @@ def test_a_panel_killed_between_submissions_leaves_nothing_billing_after_a_resta
     assert STOPPED_DURING_LAUNCH in failed["message"] and record["jobs"]["vllm-0"] in failed["known"]
     frame = dashboard.build_frame(view)
     assert view.stage == "ERROR" and STOPPED_DURING_LAUNCH in frame.status, frame.status
+    [row] = [row for row in panel.runs_table() if row[0] == run_id]
+    assert "error" in row[2], row
     assert panel.watch.recover_launches() == [], "rolled back once"
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, replace
 from backend.executors.base import Executor
 from backend.outcome.best_version import ChosenAdapter, choose
 from backend.plan.engines import engine
-from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
+from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobRecord, run_stage
 from backend.plan.spec import RunSpec
 from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
 from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
-from backend.storage.journal import RUN, LaunchJournal
+from backend.storage.journal import FAILED, LAUNCHING, ROLLED_BACK, RUN, LaunchJournal
 from backend.storage.observers import final_adapter_files, shipped
 from backend.storage.store import BucketStore
 from backend.view.runview import RunView
@@ -42,6 +42,13 @@ class RunSummary:
     earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
     timed_out: frozenset[str] = frozenset()    # roles whose newest job ended because it ran past its timeout
     unreadable: frozenset[str] = frozenset()   # roles whose newest job's record could not be read
+    launch_failed: bool = False    # its newest launch failed or was rolled back (this home's journal says so)
+
+    @property
+    def stage(self) -> str:
+        """`jobspec.run_stage` of its newest jobs; ERROR where its newest launch failed (what it had started was
+        cancelled)."""
+        return ERROR if self.launch_failed else run_stage(self.stages)
 
 
 class RunRegistry:
@@ -58,6 +65,7 @@ class RunRegistry:
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
         self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
+        self._launch_states: dict[tuple, bool] = {}       # (run id, its ended jobs) -> whether its launch failed
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
         self._list_lock = threading.Lock()
 
@@ -109,6 +117,9 @@ class RunRegistry:
         for run_id, roles in older.items():
             runs[run_id]["earlier"] = {f"{role}#{n}": job_id for role, ids in roles.items()
                                        for n, job_id in enumerate(reversed(ids), start=1)}
+        for run_id, run in runs.items():
+            if all(stage in TERMINAL_STAGES for stage in run["stages"].values()):
+                run["launch_failed"] = self._launch_failed(run_id, tuple(sorted(run["jobs"].values())))
         summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
                            key=lambda r: r.created_at, reverse=True)
         self._listed, self._records = (time.time(), summaries), records
@@ -124,6 +135,17 @@ class RunRegistry:
     def has_run(self, run_id: str, fresh: bool = False) -> bool:
         return (run_id in self._views or self.recorded_launch(run_id) is not None
                 or any(r.run_id == run_id for r in self.list_runs(fresh=fresh)))
+
+    def _launch_failed(self, run_id: str, jobs: tuple[str, ...]) -> bool:
+        """Whether the home's journal says the launch of these (ended) jobs failed or was rolled back; read once
+        per run and set of jobs (a resume's new jobs are asked again), so a listing reads no file twice."""
+        key = (run_id, jobs)
+        if key not in self._launch_states:
+            record = self.recorded_launch(run_id) or {}
+            if record.get("state") == LAUNCHING:
+                return False        # being rolled back right now: asked again next time
+            self._launch_states[key] = record.get("state") in (FAILED, ROLLED_BACK)
+        return self._launch_states[key]
 
     def recorded_launch(self, run_id: str) -> dict | None:
         """The home's record of the run's newest launch through this registry's executor and namespace, if any:
