@@ -13,7 +13,7 @@ import pytest
 from backend.runtime import records
 from backend.storage.journal import LAUNCH_FILE, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, LaunchJournal
 from panel import dashboard
-from tests.fakehub import FakeHub, FakeUser, panel_factory, wait_until
+from tests.fakehub import FakeHub, FakeUser, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALICE = "hf_oauth_aliceToken000000000000"
@@ -21,18 +21,7 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
         "bucket": "alice/grpo-runs", "flavor": "a10g-small", "use_vllm": True, "rewards": ["format"],
         "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1"}
 
-
-@pytest.fixture
-def hub(monkeypatch):
-    hub = FakeHub(users={ALICE: FakeUser("alice")}).start()
-    with hub.serving(monkeypatch, ALICE):
-        yield hub
-
-
-@pytest.fixture
-def make_panel(tmp_path):
-    with panel_factory(str(tmp_path / "home"), budget_check_s=0) as make:
-        yield make
+pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice")}), pytest.mark.panel_settings(budget_check_s=0)]
 
 
 # A panel process of its own on the fake Hub (the real client; bucket bytes through the fake's test routes): it
