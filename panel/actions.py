@@ -228,7 +228,7 @@ class Panel:
         """(the run's name, its row). An ended run's row is kept for ENDED_ROW_S (its last steps and cost may still
         be read meanwhile): a tick builds the rows of live runs, not the same rows of every ended one again."""
         key = (id(registry), run.run_id, with_cost)
-        signature = (tuple(sorted(run.stages.items())), run.timed_out, run.unreadable)
+        signature = (tuple(sorted(run.stages.items())), run.timed_out, run.unreadable, run.launch_failed)
         kept = self._rows.get(key)
         if kept and kept[0] == signature and time.monotonic() < kept[1]:
             return kept[2]
