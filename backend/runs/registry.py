@@ -280,6 +280,14 @@ class RunRegistry:
         chosen = choose(view, choice)
         return _write_zip(view, chosen.files, folder, chosen.choice), chosen
 
+    def _over(self, job_id: str) -> bool:
+        """Whether a job the listing does not show is over (asked by id, which the Hub answers at once); one that
+        cannot be asked is cancelled anyway."""
+        try:
+            return self.executor.status(job_id).done
+        except Exception:
+            return False
+
 
 def _write_zip(view, files: list, folder: str, what: str) -> str:
     """A zip of the adapter's own files (`shipped`: never anything else its folder holds) in `folder`, one file
@@ -292,14 +300,6 @@ def _write_zip(view, files: list, folder: str, what: str) -> str:
     path = os.path.join(folder, f"{name}-{view.run_id}-{what}-adapter.zip")
     atomic_write_bytes(path, buf.getvalue())
     return path
-
-    def _over(self, job_id: str) -> bool:
-        """Whether a job the listing does not show is over (asked by id, which the Hub answers at once); one that
-        cannot be asked is cancelled anyway."""
-        try:
-            return self.executor.status(job_id).done
-        except Exception:
-            return False
 
 
 @dataclass(frozen=True)
