@@ -54,7 +54,8 @@ class TaskSection:
     def build(cls, initial: dict) -> "TaskSection":
         """The section's components, showing `initial` (the form's starting preset)."""
         start = SimpleNamespace(**{**initial, "reward_columns": _columns_text(initial["reward_columns"]),
-                                   "reward_weights": format_weights(initial["reward_weights"])})
+                                   "reward_weights": format_weights(initial["reward_weights"]),
+                                   "best_by": format_weights(initial.get("best_by") or {})})
         f = {}
         with gr.Accordion("Your task: dataset, prompt and rewards", open=True, elem_id="task-section"):
             with gr.Row():
@@ -79,7 +80,9 @@ class TaskSection:
                 with gr.Row():
                     for name in ("eval_source", "eval_split", "eval_file", "eval_rows"):
                         f[name] = task_widget(name, start)
-                f["monitor_rewards"] = task_widget("monitor_rewards", start)
+                with gr.Row():
+                    f["monitor_rewards"] = task_widget("monitor_rewards", start, scale=3)
+                    f["best_by"] = task_widget("best_by", start, scale=2)
                 with gr.Row():
                     for name in HELD_OUT_SETTINGS:
                         f[name] = task_widget(name, start)

@@ -40,7 +40,8 @@ def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
     text = panel.preview(form).markdown
     assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
     assert ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, greedy, at every "
-            "published adapter version, at most 3 requests in flight.") in text
+            "published adapter version, at most 3 requests in flight; the base model first, as version 0; the best "
+            "version by the trained rewards' weighted score (ties: the earliest), if it beats version 0.") in text
     assert "-- vllm serve " in text and "trackio" not in text
     assert token not in text
     tracked = panel.preview({"trackio": True, "name": "tracked"}).markdown

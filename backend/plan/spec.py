@@ -32,6 +32,7 @@ from backend.plan.spec_fields import (
     declared_problems,
 )
 from backend.plan.task_spec import BUILTIN_DATASETS, EVAL_SOURCES, HUB_ID, REWARD_CHOICES, task_errors
+from backend.runtime.best_rule import parse_best_by
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
 from backend.runtime.user_code import reward_function_names
@@ -138,6 +139,12 @@ class RunSpec:
         "label": "Monitor-only rewards", "section": TASK, "group": HELD_OUT_SET, "choices": REWARD_CHOICES,
         "help": "rewards scored on the held-out set with weight 0, never trained on: e.g. accuracy_reward while "
                 "training on a format reward (a run's reward weighted 0 is monitor-only too)"})
+    best_by: dict[str, float] = field(default_factory=dict, metadata={
+        "label": "Best version by", "section": TASK, "group": HELD_OUT_SET,
+        "help": "which held-out score decides the best version: a held-out reward (trained or monitor-only), e.g. "
+                "right_answer, or a weighting, e.g. right_answer=1, varied=0.5; empty: the trained rewards' "
+                "weighted score. Ties go to the earliest version; the best must beat the base model (version 0). "
+                "Changeable on the run later"})
     eval_every: int = field(default=0, metadata={
         "label": "Evaluate every K steps", "section": TASK, "group": HELD_OUT_EVALUATION, "limits": (0, None),
         "help": "0: every published adapter version; K: the first version published K or more steps after the "
@@ -563,12 +570,9 @@ def _coerce(value, tp):
 
 
 def _weights(value) -> dict[str, float]:
-    """Reward weights from a form ("accuracy_reward=1, think_format_reward=0.2") or spec.json (a mapping)."""
+    """Reward weights or best_by from a form ("accuracy_reward=1, varied=0.2") or spec.json (a mapping)."""
     if isinstance(value, str):
-        pairs = [p.split("=", 1) for p in value.replace("\n", ",").split(",") if p.strip()]
-        if any(len(p) != 2 for p in pairs):
-            raise ValueError(value)
-        value = {k.strip(): v.strip() for k, v in pairs}
+        return parse_best_by(value)     # "name=w, ..."; a bare name weighs 1
     if not isinstance(value, dict):
         raise TypeError(value)
     return {str(k): float(v) for k, v in value.items()}

@@ -10,6 +10,7 @@ import re
 from backend.plan.engines import reaches_hub
 from backend.plan.spec_fields import FieldError
 from backend.runtime import rewards as runtime_rewards
+from backend.runtime.best_rule import best_by_problem, rule_text
 from backend.runtime.prompts import EVAL_SPLIT
 from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
 from backend.runtime.user_code import code_problems, reward_function_names
@@ -60,6 +61,14 @@ def held_out_errors(spec, columns: set[str]) -> list[FieldError]:
     if spec.monitor_rewards and spec.eval_source == "none":
         errs.append(FieldError("monitor_rewards", "monitor-only rewards are scored on the held-out set: choose a "
                                                   "held-out set (eval_source), or clear them"))
+    if spec.best_by and spec.eval_source == "none":
+        errs.append(FieldError("best_by", "the best version is chosen by held-out scores: choose a held-out set "
+                                          "(eval_source), or clear it"))
+    else:
+        problem = best_by_problem(spec.best_by, [*spec.rewards, *reward_function_names(spec.reward_code),
+                                                 *spec.monitor_rewards])
+        if problem:
+            errs.append(FieldError("best_by", problem))
     if spec.eval_source == "split":
         split = (spec.eval_split or "").strip()
         if spec.dataset.startswith("builtin:"):
@@ -97,6 +106,8 @@ def held_out_summary(spec) -> str:
     when = ("every published adapter version" if not spec.eval_every else
             f"a version at least every {spec.eval_every} steps")
     watched = f"; monitor-only: {', '.join(spec.monitor_rewards)}" if spec.monitor_rewards else ""
+    watched += (f"; the base model first, as version 0; the best version by {rule_text(spec.best_by)} (ties: the "
+                "earliest), if it beats version 0")
     inflight = f", at most {spec.eval_max_inflight} requests in flight" if spec.mode == "distributed" else ""
     return (f"Held-out evaluation: {source}, up to {spec.eval_max_prompts} prompts, {how}, at {when}{inflight}"
             f"{watched}.")

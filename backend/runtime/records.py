@@ -45,6 +45,7 @@ ALERT_CLEARED = "alert_cleared"
 BUDGET_CAP = "budget_cap"
 LAUNCH_FAILED = "launch_failed"
 REPLICA_ENDED = "replica_ended"
+BEST_BY_CHANGED = "best_by_changed"
 
 # What an adapter version's `version.json` holds; an event about a version carries it too.
 VERSION_FIELDS = ("version", "step", "size_bytes")
@@ -90,6 +91,11 @@ EVENTS: dict[str, EventShape] = {
         REPLICA_WRITER, ("role", "code", "attempt", "attempts", "last"), (),
         "a replica job's vLLM server exited on its own (not stopped with the trainer); `last`: no attempt of the "
         "job is left, the replica has ended for good"),
+    BEST_BY_CHANGED: EventShape(
+        PANEL_WRITER, ("best_by", "previous", "version"), ("rule",),
+        "the user changed which held-out score decides the best version (`best_by`: {reward: weight}, {} for the "
+        "trained rewards' weighted score; `version`: the best under it, None when none beats the base model; "
+        "best/ was republished)"),
 }
 
 # A trainer attempt's start and ends: the newest of them says where the trainer stands.

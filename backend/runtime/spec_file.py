@@ -47,6 +47,7 @@ class SpecFile(TypedDict):
     eval_rows: int
     eval_max_prompts: int
     monitor_rewards: list[str]
+    best_by: dict[str, float]
     eval_every: int
     eval_greedy: bool
     eval_samples_per_prompt: int
