@@ -1,6 +1,7 @@
 """Held-out evaluation: each published adapter version answers the run's held-out prompts, scored by the run's
 rewards and its monitor-only ones (weight 0), written as `evals/trainer-NNNNNN.jsonl` fragments, one record per
-evaluated version; the best-scoring version's adapter is kept in `best/`.
+evaluated version; the best version's adapter is kept in `best/` (best_rule.py says which is best). Version 0 is
+the base model, evaluated once before training starts (its record has step 0): the baseline every version must beat.
 
 A record:
     {"time", "step", "policy_version", "n_prompts", "samples_per_prompt", "greedy",
@@ -11,9 +12,11 @@ A record:
      "samples":   [{"prompt_index", "prompt", "completion", "rewards"}]  (the first prompts, the same each time)}
 
 Who answers: the colocated trainer generates with the model it trains (`LocalGenerator`), the distributed one asks
-the replicas through the proxy for `trl-policy-vN` (`ReplicaGenerator`), a bounded number of requests at a time.
+the replicas through the proxy for `trl-policy-vN` (`ReplicaGenerator`), a bounded number of requests at a time;
+version 0 with the adapter off, or from the replicas' base model.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -26,6 +29,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from .best_rule import TIE_RULE, newest_best_by, pick_best, rule_score, rule_text
 from .layout import (
     ADAPTER_FILES,
     ADAPTER_META_FILE,
@@ -128,26 +132,40 @@ def score_metric(weights: dict[str, float]) -> str:
 
 
 class BestVersion:
-    """`best/`: the adapter of the best-scoring version so far and `best.json`, republished when a version beats
-    it (the first of equal scores stays). Kept apart from the serving copies TRL prunes. A resumed run reads the
-    best it had."""
+    """`best/`: the adapter of the best version so far under the rule in force (`best_rule`: the user's `best_by`,
+    changed on the run or as launched; ties go to the earliest version; it must beat the base model, version 0) and
+    `best.json` saying why. Republished when a newly evaluated version becomes the best. Kept apart from the serving
+    copies TRL prunes. A resumed run reads back the records and the best it had."""
 
-    def __init__(self, run_dir: str, metric: str):
+    def __init__(self, run_dir: str, metric: str, best_by: dict | None = None):
+        self.run_dir = run_dir
         self.folder = os.path.join(run_dir, BEST_DIR)
-        self.metric = metric
-        self.evaluated = _records_in(os.path.join(run_dir, EVALS_DIR))
+        self.metric, self.launch_rule = metric, dict(best_by or {})
+        self.records = {r["policy_version"]: _ranked(r) for r in _records_in(os.path.join(run_dir, EVALS_DIR))}
         try:
             with open(os.path.join(self.folder, BEST_FILE)) as f:
                 self.best = json.load(f)
         except (OSError, ValueError):
             self.best = None
 
-    def offer(self, record: dict, adapter_dir: str) -> bool:
-        """Count an evaluated version; publish it as best/ if it beats the best so far. Whether it did."""
-        self.evaluated += 1
-        beats = self.best is None or record["score"] > self.best["score"]
-        if beats:
-            self.best = {"policy_version": record["policy_version"], "step": record["step"], "score": record["score"]}
+    @property
+    def evaluated(self) -> int:
+        return sum(1 for v in self.records if v >= 1)
+
+    def rule(self) -> dict[str, float]:
+        """The rule in force: the user's newest change on the run, else the launch spec's best_by."""
+        changed = newest_best_by(self.run_dir)
+        return self.launch_rule if changed is None else changed
+
+    def offer(self, record: dict, adapter_dir: str | None) -> bool:
+        """Count an evaluated version (version 0: the base model, the baseline); publish it as best/ if it is now
+        the best under the rule in force. Whether it was published."""
+        self.records[record["policy_version"]] = _ranked(record)
+        rule = self.rule()
+        best, baseline = pick_best(self.records, rule)
+        current = (self.best or {}).get("policy_version")
+        publish = adapter_dir is not None and best == record["policy_version"] and best != current
+        if publish:
             with publish_folder(self.folder) as tmp:
                 for name in (*ADAPTER_FILES, ADAPTER_META_FILE):
                     if os.path.isfile(os.path.join(adapter_dir, name)):
@@ -156,24 +174,48 @@ class BestVersion:
                     with open(os.path.join(tmp, ADAPTER_META_FILE), "w") as f:
                         json.dump({"version": record["policy_version"], "name": adapter_name(record["policy_version"]),
                                    "step": record["step"]}, f)
-                self._write_why(tmp)
-        elif os.path.isdir(self.folder):
-            self._write_why(self.folder)      # the count of evaluated versions moves on
-        return beats
+                self._write_why(tmp, best, rule, baseline)
+        elif best is not None and best == current and os.path.isdir(self.folder):
+            self._write_why(self.folder, best, rule, baseline)      # the count of evaluated versions moves on
+        return publish
 
-    def _write_why(self, folder: str) -> None:
-        why = f"highest held-out score ({self.metric}) of {self.evaluated} evaluated versions"
-        self.best = {**self.best, "why": why}
+    def _write_why(self, folder: str, best: int, rule: dict, baseline: float | None) -> None:
+        self.best = best_json(self.records[best], rule, baseline, self.evaluated, self.metric)
         atomic_write_bytes(os.path.join(folder, BEST_FILE), json.dumps(self.best).encode())
 
 
-def _records_in(folder: str) -> int:
-    count = 0
-    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+def best_json(record: dict, rule: dict, baseline: float | None, evaluated: int, metric: str) -> dict:
+    """best.json: which version, its score under the rule, the rule, the base model's score, and why in words."""
+    return {"policy_version": record["policy_version"], "step": record["step"], "score": rule_score(record, rule),
+            "best_by": rule, "baseline": baseline, "why": why_text(rule, evaluated, baseline, metric)}
+
+
+def why_text(rule: dict, evaluated: int, baseline: float | None, metric: str) -> str:
+    """'highest held-out right_answer of 6 evaluated versions (equal scores: the earliest version wins), above the
+    base model's 0.125'."""
+    label = rule_text(rule) if rule else f"held-out score ({metric})"
+    why = f"highest {label} of {evaluated} evaluated versions ({TIE_RULE})"
+    return why + (f", above the base model's {baseline:.3f}" if baseline is not None else "")
+
+
+def _ranked(record: dict) -> dict:
+    """What ranking needs of a record: its version, step, score and reward means (not its samples)."""
+    return {k: record.get(k) for k in ("policy_version", "step", "score", "rewards")}
+
+
+def _records_in(folder: str) -> list[dict]:
+    out = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if FRAGMENT_RE.match(name):
             with open(os.path.join(folder, name), "rb") as f:
-                count += sum(1 for line in f if line.strip())
-    return count
+                for line in f:
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(record, dict) and type(record.get("policy_version")) is int:
+                        out.append(record)
+    return out
 
 
 class HeldOutEvaluation:
@@ -186,16 +228,22 @@ class HeldOutEvaluation:
         self.greedy = bool(spec.get("eval_greedy", True))
         self.every = int(spec.get("eval_every") or 0)
         self.fragments = FragmentWriter(os.path.join(run_dir, EVALS_DIR), TRAINER_WRITER)
-        self.best = BestVersion(run_dir, score_metric(self.weights))
+        self.best = BestVersion(run_dir, score_metric(self.weights), spec.get("best_by") or {})
         self.last_step: int | None = None
+
+    def base_due(self) -> bool:
+        """Whether the base model (version 0) still needs its evaluation: once per run, before training moves it."""
+        return 0 not in self.best.records
 
     def due(self, step: int, last: bool = False) -> bool:
         """Whether the version published at `step` is evaluated (every one, or K steps after the last one)."""
         return last or not self.every or self.last_step is None or step - self.last_step >= self.every
 
-    def evaluate(self, version: int, step: int, adapter_dir: str) -> dict:
-        """Evaluate version `version` (published at `step`, its files in `adapter_dir`); return its record."""
-        self.last_step = step
+    def evaluate(self, version: int, step: int, adapter_dir: str | None) -> dict:
+        """Evaluate version `version` (published at `step`, its files in `adapter_dir`; version 0: the base model,
+        no adapter); return its record."""
+        if version:
+            self.last_step = step
         answers = self.generate([row["prompt"] for row in self.rows], version)
         scores = score_answers(self.rewards, self.rows, answers, self.tokenizer, self.extra())
         record = eval_record(step, version, self.rows, answers, scores, self.weights, self.greedy)
@@ -205,8 +253,19 @@ class HeldOutEvaluation:
 
 
 def progress_line(record: dict) -> str:
-    return (f"held-out v{record['policy_version']} (step {record['step']}): score {record['score']:.3f} "
+    what = "the base model" if record["policy_version"] == 0 else f"step {record['step']}"
+    return (f"held-out v{record['policy_version']} ({what}): score {record['score']:.3f} "
             f"over {record['n_prompts']} prompts")
+
+
+def evaluate_base(evaluation: "HeldOutEvaluation") -> None:
+    """The base model as version 0, before training: the baseline every version must beat (never stops training)."""
+    if not evaluation.base_due():
+        return
+    try:
+        print(progress_line(evaluation.evaluate(0, 0, None)), flush=True)
+    except Exception as error:   # a held-out score must never stop training
+        print(f"held-out v0 (the base model) not evaluated: {type(error).__name__}: {error}", flush=True)
 
 
 class LocalGenerator:
@@ -232,7 +291,9 @@ class LocalGenerator:
                 batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
                 batch = {k: v.to(model.device) for k, v in batch.items()}
                 sampling = {} if self.greedy else {"temperature": self.temperature, "top_k": 0, "top_p": 1.0}
-                with torch.no_grad():
+                # Version 0 is the base model: the adapter off (a fresh LoRA adds nothing, a resumed one does).
+                base = model.disable_adapter() if version == 0 and hasattr(model, "disable_adapter") else None
+                with torch.no_grad(), base or contextlib.nullcontext():
                     out = model.generate(**batch, max_new_tokens=self.max_tokens, do_sample=not self.greedy,
                                          num_return_sequences=self.n, pad_token_id=tokenizer.pad_token_id,
                                          **sampling)
@@ -255,10 +316,20 @@ class ReplicaGenerator:
         self.temperature, self.max_tokens = spec["temperature"], spec["max_completion_length"]
         self.pool = ThreadPoolExecutor(max_workers=int(spec.get("eval_max_inflight") or 4),
                                        thread_name_prefix="held-out")
+        self._base: str | None = None
+
+    def base_model(self) -> str:
+        """The name the replicas serve the base model under (version 0): the model of /v1/models with no parent."""
+        if self._base is None:
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=REQUEST_TIMEOUT_S) as response:
+                models = json.load(response).get("data") or []
+            self._base = next(m["id"] for m in models if not m.get("parent"))
+        return self._base
 
     def _ask(self, prompt, version: int) -> list[str]:
         ids = self.tokenizer(render_prompt(self.tokenizer, prompt), add_special_tokens=False)["input_ids"]
-        body = {"model": adapter_name(version), "prompt": ids, "max_tokens": self.max_tokens, "n": self.n,
+        model = adapter_name(version) if version else self.base_model()
+        body = {"model": model, "prompt": ids, "max_tokens": self.max_tokens, "n": self.n,
                 "temperature": 0.0 if self.greedy else self.temperature, "skip_special_tokens": True}
         request = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
@@ -301,6 +372,11 @@ class BackgroundEvaluation:
         self.thread = threading.Thread(target=self._work, name="held-out-evaluation", daemon=True)
         self.thread.start()
 
+    def base(self) -> None:
+        """Queue the base model (version 0) first, when the run has not evaluated it yet."""
+        if self.evaluation.base_due():
+            self.pending.put((0, 0, None))
+
     def published(self, version: int, step: int, adapter_dir: str, last: bool = False) -> None:
         if self.evaluation.due(step, last):
             self.evaluation.last_step = step
@@ -317,7 +393,8 @@ class BackgroundEvaluation:
             except Exception as error:   # evaluation must never stop training
                 print(f"held-out v{version} (step {step}) not evaluated: {type(error).__name__}: {error}", flush=True)
             finally:
-                shutil.rmtree(copy, ignore_errors=True)
+                if copy:
+                    shutil.rmtree(copy, ignore_errors=True)
                 self.pending.task_done()
 
     def finish(self, timeout_s: float = 120.0) -> None:

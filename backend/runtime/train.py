@@ -105,6 +105,9 @@ def build_trainer(spec: SpecFile, run_dir: str, callback: RunFolderCallback):
     callback.trainer = trainer                # the callback reads a few completions per step from it
     if spec.get("eval_source", "none") != "none" and process_rank() == 0:
         callback.evaluation = held_out_evaluation(spec, run_dir, model, trainer)
+        from .evaluate import evaluate_base  # noqa: PLC0415 only with a held-out set
+
+        evaluate_base(callback.evaluation)     # the base model, version 0: the baseline, before any step
     return trainer
 
 

@@ -279,6 +279,7 @@ def build_trainer(spec: SpecFile, run_dir: str, proxy_url: str, callback: AsyncR
     install_async_samples(callback.samples, spec["max_completion_length"], lambda: trainer.state.global_step)
     if spec.get("eval_source", "none") != "none":
         trainer.held_out = held_out_evaluation(spec, run_dir, model, trainer, proxy_url)
+        trainer.held_out.base()     # the base model, version 0, first: the replicas serve it from the start
     return trainer
 
 
