@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from backend.outcome.best_version import score_text, version_choices
 from backend.outcome.try_it import try_choices
 from backend.runtime import layout, records
+from backend.runtime.best_rule import rule_text
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
 from backend.view import diagnose
 from backend.view.axes import run_start
 from backend.view.diagnose import ratio_alert
+from backend.view.hacking import hacking_alert
 from backend.view.runview import reading
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from panel import charts
@@ -79,7 +81,7 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     options = options or charts.ChartOptions(t0=run_start(view))
     with reading(view):     # a refresh or a history join meanwhile would change the tables being drawn
         values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
-        values.update(status=status_markdown(view), adapters=adapter_rows(view), replicas=replica_rows(view),
+        values.update(status=status_markdown(view), adapters=adapter_table(view), replicas=replica_rows(view),
                       change=diagnose.view_verdict(view).change,
                       sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
                       version_pick=version_choices(view), try_picks=try_choices(view), roles=sorted(view.jobs))
@@ -165,7 +167,7 @@ def status_markdown(view) -> str:
     # What the metrics themselves show, recorded by no panel yet or left by a run that ended: say it anyway.
     shown = {alert.get("kind") for alert in live.values()}
     rows = view.table.rows(last=diagnose.NO_SIGNAL_STEPS)
-    for finding in (ratio_alert(rows[-5:]), diagnose.no_signal_alert(rows, view.spec)):
+    for finding in (hacking_alert(view), ratio_alert(rows[-5:]), diagnose.no_signal_alert(rows, view.spec)):
         if finding and finding.kind not in shown:
             parts.append(f"⚠️ **{finding.message}**")
     verdict = diagnose.view_verdict(view)
@@ -181,12 +183,22 @@ def status_markdown(view) -> str:
 
 
 def best_line(view) -> str:
-    """' · best trl-policy-v7 (held-out 0.412 ± 0.050)' once a version was evaluated, else ''."""
+    """' · best trl-policy-v7 (held-out 0.412 ± 0.050) by <the rule>, base model 0.100' once a version was
+    evaluated; ' · no version beats the base model ...' when none does; else ''."""
     held = getattr(view, "held_out", None)
-    best = held.best_version if held is not None else None
+    if held is None or not held.scores:
+        return ""
+    rule = rule_text(held.rule)
+    base = f", base model (v0) {held.baseline:.3f}" if held.baseline is not None else ""
+    if held.none_beats_base:
+        return f" · **no version beats the base model** by {rule}{base}: none is starred"
+    best = held.best_version
     if best is None:
         return ""
-    return f" · best **{layout.adapter_name(best)}** (held-out {score_text(held.scores.get(best))})"
+    score = score_text(held.scores.get(best))
+    if held.rule:
+        score = f"{held.rule_score(best):.3f}"
+    return f" · best **{layout.adapter_name(best)}** (held-out {score}) by {rule}{base}"
 
 
 def failure_cause(view) -> str:
@@ -243,23 +255,70 @@ def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
     return fenced("\n".join(redact_tokens(str(text)).rstrip().splitlines()[-lines:]))
 
 
+ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note", "held-out score"]
+DECIDES = " ◆"      # marks the held-out column(s) that decide the best version
+
+
+def held_out_names(view) -> list[str]:
+    """Every reward scored on the held-out set, trained ones first, as the newest record lists them."""
+    held = getattr(view, "held_out", None)
+    if held is None or not held.scores:
+        return []
+    newest = held.scores[max(held.scores)]
+    return sorted(newest.rewards, key=lambda n: (newest.rewards[n].get("weight") == 0, list(newest.rewards).index(n)))
+
+
+def adapter_headers(view) -> list[str]:
+    """The adapters table's columns: a version's facts, its held-out score, then each held-out reward (trained
+    ×weight, or monitor-only); the column(s) that decide the best version marked ◆."""
+    held = getattr(view, "held_out", None)
+    rule = held.rule if held is not None else {}
+    heads = ADAPTER_HEADERS[:-1] + [ADAPTER_HEADERS[-1] + ("" if rule else DECIDES)]
+    newest = held.scores[max(held.scores)].rewards if held is not None and held.scores else {}
+    for name in held_out_names(view):
+        weight = newest[name].get("weight")
+        kind = "monitor" if weight == 0 else f"×{weight:g}" if isinstance(weight, (int, float)) else "trained"
+        heads.append(f"{name} ({kind})" + (DECIDES if name in rule else ""))
+    return heads
+
+
+def adapter_table(view, page: int = ADAPTER_PAGE) -> dict:
+    """The adapters table as Gradio's Dataframe takes it: its headers (they name the run's rewards) and rows."""
+    return {"headers": adapter_headers(view), "data": adapter_rows(view, page)}
+
+
 def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
     """The newest `page` versions: version, step, published at, size (MB), registered on replicas, note
-    (superseded by a resume)."""
+    (superseded by a resume), held-out score (★ on the best), each held-out reward's mean; last, the base model
+    (version 0) where it was evaluated: the baseline."""
     registered = _registered_adapters(view)
     first_step = view.first_step
     held = getattr(view, "held_out", None)
     scores, best = (held.scores, held.best_version) if held is not None else ({}, None)
+    names = held_out_names(view)
     rows = []
     for v in view.newest_adapters(page):
-        on = ", ".join(r for r, names in registered.items() if v.name in names) or "-"
+        on = ", ".join(r for r, names_on in registered.items() if v.name in names_on) or "-"
         step = v.step if v.step is not None else first_step.get(v.version, "-")
         note = (f"superseded: the run resumed from step {view.superseded[v.name]}"
                 if v.name in view.superseded else "")
         score = score_text(scores.get(v.version)) + (" ★ best" if v.version == best else "")
         rows.append([v.name, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
-                     round(v.size_bytes / 1e6, 3), on, note, score])
+                     round(v.size_bytes / 1e6, 3), on, note, score, *_reward_cells(scores.get(v.version), names)])
+    if 0 in scores:
+        note = "the base model: the baseline" + (", no version beats it" if held.none_beats_base else "")
+        rows.append(["base model (v0)", 0, "-", "-", "-", note, score_text(scores[0]),
+                     *_reward_cells(scores[0], names)])
     return rows
+
+
+def _reward_cells(score, names: list[str]) -> list:
+    out = []
+    for name in names:
+        stat = score.rewards.get(name) if score is not None else None
+        mean = stat.get("mean") if isinstance(stat, dict) else None
+        out.append(round(float(mean), 3) if isinstance(mean, (int, float)) else "-")
+    return out
 
 
 def _replicas(view) -> list[tuple[str, dict, str | None]]:

@@ -21,7 +21,7 @@ SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textare
 DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
                 "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
                 "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
-ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note", "held-out score"]
+ADAPTER_HEADERS = dashboard.ADAPTER_HEADERS
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
                    "generated tok/s", "API CPU (cores)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).

@@ -163,8 +163,8 @@ def test_a_long_runs_tick_sends_a_bounded_payload_and_the_adapters_table_pages(t
     update = live.dashboard_update(panel, run.spec.run_id, {})
     plots = sum(len(update.values[name]) for name in dashboard.PLOTS)
     assert plots < 300_000, f"{plots} bytes of figures"
-    assert len(update.values["adapters"]) == dashboard.ADAPTER_PAGE
-    assert update.values["adapters"][0][0] == "trl-policy-v1000", "newest first"
+    assert len(update.values["adapters"]["data"]) == dashboard.ADAPTER_PAGE
+    assert update.values["adapters"]["data"][0][0] == "trl-policy-v1000", "newest first"
 
 
 def test_a_first_look_at_a_long_log_starts_at_its_tail(tmp_path):

@@ -158,10 +158,10 @@ def test_the_held_out_defaults_validate_and_the_preview_line_says_what_is_evalua
     from backend.plan.task_spec import held_out_summary
 
     spec = RunSpec(eval_source="split", monitor_rewards=["format"]).check()
-    assert held_out_summary(spec) == ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, "
-                                      "greedy, at every published adapter version; monitor-only: format; the base model "
-                                      "first, as version 0; the best version by the trained rewards' weighted score "
-                                      "(ties: the earliest), if it beats version 0.")
+    assert held_out_summary(spec) == (
+        "Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, greedy, at every published "
+        "adapter version; monitor-only: format; the base model first, as version 0; the best version by the trained "
+        "rewards' weighted score (ties: the earliest), if it beats version 0.")
     sampled = RunSpec(mode="distributed", eval_source="rows", eval_greedy=False, eval_samples_per_prompt=4,
                       eval_every=10, dataset="examples/tiny-math.jsonl", prompt_column="question").check()
     assert "sampled at temperature 1, 4 per prompt, at a version at least every 10 steps, at most 4 requests" in (

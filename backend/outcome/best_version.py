@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from backend.runtime import layout, records
+from backend.runtime.best_rule import pick_best, rule_score, why_text
 from backend.runtime.redact import redact_record
 from backend.storage.observers import FragmentReader, adapter_folder_files
 from backend.storage.store import BucketStore, StoredFile
@@ -60,8 +61,10 @@ class HeldOut:
         self.records: dict[int, dict] = {}       # version -> its record without samples (what the chart draws)
         self.samples: OrderedDict[int, list[dict]] = OrderedDict()     # version -> its held-out samples
         self.best_json: dict = {}
-        self.best_files: list[StoredFile] = []
+        self._best_files: list[StoredFile] = []
         self._best_read_at = float("-inf")
+        self.rule: dict[str, float] = {}        # best_by in force ({}: the trained rewards' weighted score)
+        self._ranked: tuple = (None, None)      # (best version, version 0's score) under the rule, or None: stale
 
     @property
     def unreadable(self) -> dict[str, int]:
@@ -70,6 +73,8 @@ class HeldOut:
     def refresh(self, full: bool = False) -> bool:
         """Read new evaluation records; look at best/ again when there were any. Whether anything changed."""
         new = self._reader.read(full)
+        if new:
+            self._ranked = None
         if new:     # a new mapping, not one changed in place: a frame being drawn holds the old one
             self.records = {**self.records, **{r["policy_version"]: redact_record(_chart_record(r)) for _w, r in new}}
         for _writer, record in new:
@@ -87,15 +92,46 @@ class HeldOut:
                 self.samples.popitem(last=False)
         # best/ is republished just after the record of the version that beat it: while best.json names another
         # version than the highest score read, look again now and then.
-        stale = bool(self.scores) and self.best_json.get("policy_version") != self._top()
+        stale = self.best_version is not None and self.best_json.get("policy_version") != self.best_version
         due = stale and time.monotonic() - self._best_read_at >= BEST_RECHECK_S
         if not new and not (full and self.scores) and not due:
             return False
         self._best_read_at = time.monotonic()
         return self._read_best() or bool(new)
 
-    def _top(self) -> int | None:
-        return max(self.scores.values(), key=lambda s: (s.score, -s.version)).version if self.scores else None
+    def set_rule(self, rule: dict[str, float]) -> bool:
+        """The rule the run's best version is chosen by now (the launch spec's best_by, or the user's newest change).
+        Whether it changed."""
+        rule = dict(rule or {})
+        if rule == self.rule:
+            return False
+        self.rule, self._ranked = rule, None
+        return True
+
+    def _rank(self) -> tuple[int | None, float | None]:
+        if self._ranked is None:
+            self._ranked = pick_best({v: {"score": s.score, "rewards": s.rewards} for v, s in self.scores.items()},
+                                     self.rule)
+        return self._ranked
+
+    def rule_score(self, version: int) -> float | None:
+        """A version's held-out score under the rule in force (None: not evaluated, or a named reward missing)."""
+        score = self.scores.get(version)
+        return None if score is None else rule_score({"score": score.score, "rewards": score.rewards}, self.rule)
+
+    @property
+    def baseline(self) -> float | None:
+        """The base model's (version 0's) score under the rule; None when it was not evaluated."""
+        return self._rank()[1]
+
+    @property
+    def none_beats_base(self) -> bool:
+        """Versions were evaluated, and none of them beats the base model under the rule."""
+        return self.baseline is not None and self.best_version is None and any(v >= 1 for v in self.scores)
+
+    @property
+    def evaluated(self) -> int:
+        return sum(1 for v in self.scores if v >= 1)
 
     def _read_best(self) -> bool:
         files = adapter_folder_files(self.store, f"{self.prefix}/{layout.BEST_DIR}")
@@ -107,22 +143,25 @@ class HeldOut:
         except (OSError, ValueError, KeyError):
             best = {}
         best = redact_record(best) if isinstance(best, dict) and type(best.get("policy_version")) is int else {}
-        changed = best != self.best_json or [f.path for f in files] != [f.path for f in self.best_files]
-        self.best_json, self.best_files = best, files
+        changed = best != self.best_json or [f.path for f in files] != [f.path for f in self._best_files]
+        self.best_json, self._best_files = best, files
         return changed
 
     @property
     def best_version(self) -> int | None:
-        """The version best.json names, else the highest score read (the earliest of equal ones); None before any."""
-        if self.best_json:
-            return self.best_json["policy_version"]
-        return self._top()
+        """The best version under the rule in force (`best_rule.pick_best`: ties to the earliest, above version 0);
+        None before any evaluation, or when no version beats the base model."""
+        return self._rank()[0]
+
+    @property
+    def best_files(self) -> list[StoredFile]:
+        """best/'s files, when best/ holds the best version under the rule in force (else [])."""
+        best = self.best_version
+        return self._best_files if best is not None and self.best_json.get("policy_version") == best else []
 
     def why(self, metric: str) -> str:
-        """Why the best version is the best, in the trainer's words when it gave them."""
-        if isinstance(self.best_json.get("why"), str):
-            return self.best_json["why"]
-        return f"highest held-out score ({metric}) of {len(self.scores)} evaluated versions"
+        """Why the best version is the best: the rule, how many versions it ranked, the tie rule, the baseline."""
+        return why_text(self.rule, self.evaluated, self.baseline, metric)
 
 
 def _chart_record(record: dict) -> dict:

@@ -130,3 +130,11 @@ def newest_best_by(run_dir: str) -> dict[str, float] | None:
                 newest, rule = event["time"], {str(k): float(v) for k, v in event["best_by"].items()
                                                if isinstance(v, (int, float))}
     return rule
+
+
+def why_text(rule: dict, evaluated: int, baseline: float | None, metric: str) -> str:
+    """'highest held-out right_answer of 6 evaluated versions (equal scores: the earliest version wins), above the
+    base model's 0.125'."""
+    label = rule_text(rule) if rule else f"held-out score ({metric})"
+    why = f"highest {label} of {evaluated} evaluated versions ({TIE_RULE})"
+    return why + (f", above the base model's {baseline:.3f}" if baseline is not None else "")

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from .best_rule import TIE_RULE, newest_best_by, pick_best, rule_score, rule_text
+from .best_rule import newest_best_by, pick_best, rule_score, why_text
 from .layout import (
     ADAPTER_FILES,
     ADAPTER_META_FILE,
@@ -188,14 +188,6 @@ def best_json(record: dict, rule: dict, baseline: float | None, evaluated: int, 
     """best.json: which version, its score under the rule, the rule, the base model's score, and why in words."""
     return {"policy_version": record["policy_version"], "step": record["step"], "score": rule_score(record, rule),
             "best_by": rule, "baseline": baseline, "why": why_text(rule, evaluated, baseline, metric)}
-
-
-def why_text(rule: dict, evaluated: int, baseline: float | None, metric: str) -> str:
-    """'highest held-out right_answer of 6 evaluated versions (equal scores: the earliest version wins), above the
-    base model's 0.125'."""
-    label = rule_text(rule) if rule else f"held-out score ({metric})"
-    why = f"highest {label} of {evaluated} evaluated versions ({TIE_RULE})"
-    return why + (f", above the base model's {baseline:.3f}" if baseline is not None else "")
 
 
 def _ranked(record: dict) -> dict:

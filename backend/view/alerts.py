@@ -26,6 +26,7 @@ from backend.runtime.redact import redact_tokens
 from backend.storage.store import BucketStore
 from backend.view import diagnose
 from backend.view.runview import reading
+from backend.view.hacking import HACKING_KIND, hacking_alert
 from backend.view.webhook import post_webhook
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,13 @@ WRITER = f"{layout.PANEL_WRITER}-alerts"
 
 def current_alerts(view, now: float | None = None) -> list[diagnose.Alert]:
     """Every rule of `backend.view.diagnose` over the run as `view` shows it now. An ended run has no live trouble left:
-    only a failed job's alert (its failure, sent once), so the others clear."""
+    only a failed job's alert (its failure, sent once) and reward hacking (its records stay), so the others clear."""
     now = now or time.time()
     found = diagnose.job_alerts({role: job.status.stage for role, job in view.current_jobs.items()},
                                 {role: job.status.message for role, job in view.current_jobs.items()})
+    found.append(hacking_alert(view))     # from the held-out records: it holds once the run has ended too
     if view.done:
-        return found
+        return [a for a in found if a is not None]
     with reading(view):
         rows = view.table.rows(last=diagnose.WINDOW + 1)
     starting, started_at = _trainer_start(view)
@@ -92,7 +94,9 @@ class AlertBook:
             self._learn(view.events)
             alerts = {a.key: a for a in current_alerts(view, now)}
             fired = [a for key, a in alerts.items() if key not in self.open]
-            cleared = [key for key in self.open if key not in alerts]
+            # A summary view reads no held-out records: it can neither raise nor clear what only they show.
+            unknown = {HACKING_KIND} if getattr(view, "bounded", False) else set()
+            cleared = [key for key in self.open if key not in alerts and key not in unknown]
             written = [records.event_record(records.ALERT, kind=a.kind, key=a.key, message=a.message) for a in fired]
             written += [records.event_record(records.ALERT_CLEARED, key=key) for key in cleared]
             if written:

@@ -161,6 +161,7 @@ class RunView:
         self.held_out = HeldOut(store, run_id)    # held-out scores per version, their samples, the best version
         self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
         self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
+        self.best_by_change: dict = {}       # the newest best_by_changed event: the user's rule, over the spec's
         self._engine: str | None = None
         self.trainer_end: dict = {}          # the trainer's newest started/finished/failed/canceled event
         self._versions: list[int] = []       # adapter version numbers, ascending
@@ -573,7 +574,16 @@ class RunView:
             if record is not None:
                 self.events.append(record)
                 self._note_event(record)
+        if not self.bounded:
+            changed |= self.held_out.set_rule(self.best_by)
         return changed or bool(new_events)
+
+    @property
+    def best_by(self) -> dict[str, float]:
+        """The rule the best version is chosen by: the user's newest change on the run, else the launch spec's."""
+        rule = self.best_by_change.get("best_by") if self.best_by_change else self.spec.get("best_by")
+        return {str(k): float(v) for k, v in rule.items() if isinstance(v, (int, float))} if isinstance(
+            rule, dict) else {}
 
     def _event_record(self, writer: str, record: dict) -> dict | None:
         """An event as the view keeps it (None: one a bounded view does not keep). Masked on the way in too: a
@@ -588,6 +598,9 @@ class RunView:
             self._engine = record.get("engine")
         if record["writer"] == layout.TRAINER_WRITER and record["event"] in records.TRAINER_STAGES:
             self.trainer_end = record
+        if record["event"] == records.BEST_BY_CHANGED and isinstance(record.get("best_by"), dict) and (
+                _event_time(record) >= _event_time(self.best_by_change or {"time": float("-inf")})):
+            self.best_by_change = record
         if record["event"] == records.ALERT and isinstance(record.get("key"), str):
             self.open_alerts[record["key"]] = record
         elif record["event"] == records.ALERT_CLEARED:
