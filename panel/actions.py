@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from backend.executors.local import LocalExecutor
-from backend.outcome.best_version import ChosenAdapter
+from backend.outcome.best_version import ChosenAdapter, change_best_by
 from backend.outcome.try_it import try_it
 from backend.plan import recipe
 from backend.plan.hardware import Flavor
@@ -340,6 +340,11 @@ class Panel:
         exists, else final/) as a zip, and what it is; raises ChoiceError (or KeyError: not this visitor's run)."""
         registry = self.runs.find(run_id, as_visitor(visitor))
         return registry.adapter_zip(run_id, choice, private_folder(self.downloads))
+
+    def set_best_by(self, run_id: str, text: str, visitor: Visitor | str | None = None) -> str:
+        """Change which held-out score decides the run's best version (`best_version.change_best_by`): only on a
+        run this visitor may see (KeyError otherwise); BestByRefused / ChoiceError say why it cannot."""
+        return change_best_by(self.view(run_id, as_visitor(visitor)), text)
 
     def try_it(self, run_id: str, visitor: Visitor | str | None, prompt: str, picks: list[str], max_tokens):
         """"Try it" on the run (a generator of `TryAnswers` as they come): only for a visitor who may see the run

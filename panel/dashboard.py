@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend.outcome.best_version import score_text, version_choices
+from backend.outcome.best_version import default_choice, score_text, version_choices
 from backend.outcome.try_it import try_choices
 from backend.runtime import layout, records
 from backend.runtime.best_rule import rule_text
@@ -84,7 +84,8 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
         values.update(status=status_markdown(view), adapters=adapter_table(view), replicas=replica_rows(view),
                       change=diagnose.view_verdict(view).change,
                       sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
-                      version_pick=version_choices(view), try_picks=try_choices(view), roles=sorted(view.jobs))
+                      version_pick={"choices": version_choices(view), "value": default_choice(view)},
+                      try_picks=try_choices(view), roles=sorted(view.jobs))
         if view.spec:       # before spec.json is read, the config shown stays as it was
             values["config"] = view.spec
     return Frame(values, {k: digest(v) for k, v in values.items()})

@@ -13,6 +13,7 @@ from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
 from panel import dashboard, live, publish_view, try_view
 from panel.markdown import masked
+from panel.task_form import format_weights
 
 PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
@@ -51,6 +52,13 @@ def build(page, panel) -> None:
     adapters = gr.Dataframe(headers=ADAPTER_HEADERS, interactive=False, label="Adapter versions in the bucket",
                             elem_id="adapters-table")
     with gr.Row():
+        best_by = gr.Textbox(label="Best version by", elem_id="best-by", scale=3,
+                             info="a held-out reward (trained or monitor-only) or a weighting, e.g. right_answer or "
+                                  "right_answer=1, varied=0.5; empty: the trained rewards' weighted score. Ranked "
+                                  "again from the evaluations, best/ republished, the change recorded")
+        best_by_btn = gr.Button("Choose the best by this", elem_id="best-by-btn", scale=1)
+    best_by_msg = gr.Markdown(elem_id="best-by-msg")
+    with gr.Row():
         # Custom values reach the backend, which refuses a version the run never published (a tick may also send
         # new choices just after a pick).
         version_pick = gr.Dropdown([], label="Adapter version (download, push)", elem_id="version-pick", scale=3,
@@ -81,7 +89,8 @@ def build(page, panel) -> None:
     log = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
     drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
     page.add(**plots, status=status, cost=cost, change=change, clone=clone, x_axis=x_axis, smoothing=smoothing,
-             adapters=adapters, version_pick=version_pick, version_file=version_file, version_msg=version_msg,
+             adapters=adapters, best_by=best_by, best_by_btn=best_by_btn, best_by_msg=best_by_msg,
+             version_pick=version_pick, version_file=version_file, version_msg=version_msg,
              sample_steps=sample_steps, sample_prompt=sample_prompt, samples=samples, replicas=replicas, final=final,
              config=config, push=push, roles=roles, log_query=log_query, log_btn=log_btn, log_file=log_file,
              **{live.LOG_KEY: log}, drawn=drawn)
@@ -96,6 +105,8 @@ def wire(page) -> None:
     page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private", "version_pick"],
             ["push.message"])
     page.on(page["version_pick"].change, on_version, ["run_pick", "version_pick"], ["version_file", "version_msg"])
+    page.on([page["best_by_btn"].click, page["best_by"].submit], on_best_by, ["run_pick", "best_by"],
+            ["best_by_msg", "status", "adapters", "version_pick"])
     page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
     try_view.wire(page)
     page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
@@ -118,7 +129,9 @@ def present(values: dict, role: str) -> dict:
             value = gr.update(choices=["latest", *value])
         elif name == "sample_prompt":
             value = gr.update(choices=[ALL_OF_THE_STEP, *value])
-        elif name in ("version_pick", "try_picks"):
+        elif name == "version_pick":
+            value = gr.update(choices=value["choices"], value=value["value"])
+        elif name == "try_picks":
             value = gr.update(choices=value)
         elif name == "final":
             value = gr.update(value=value, interactive=value is not None)
@@ -153,10 +166,12 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
                 "sample_steps": gr.update(choices=["latest", *steps], value="latest"),
                 "sample_prompt": gr.update(choices=[ALL_OF_THE_STEP, *update.values.get("sample_prompt", [])],
                                            value=""),
-                "version_pick": gr.update(choices=update.values.get("version_pick", []), value=default),
+                "version_pick": gr.update(choices=update.values.get("version_pick", {}).get("choices", []),
+                                          value=default),
                 "try_picks": gr.update(choices=update.values.get("try_picks", []),
                                        value=[BASE, default] if default else [BASE]),
-                "push.repo": publish_view.suggested_repo_id(panel, run_id, visitor)}
+                "push.repo": publish_view.suggested_repo_id(panel, run_id, visitor),
+                "best_by": format_weights(view.best_by), "best_by_msg": ""}
     except KeyError as exc:
         return {**untick, "status": exc.args[0], "drawn": None, "cost": ""}
 
@@ -201,6 +216,21 @@ def on_version(panel, visitor, run_id, choice) -> dict:
         return {"version_file": gr.update(value=None, interactive=False),
                 "version_msg": f"**No download.** {masked(why)}"}
     return {"version_file": gr.update(value=path, interactive=True), "version_msg": redact_tokens(chosen.why)}
+
+
+def on_best_by(panel, visitor, run_id, text) -> dict:
+    """Change which held-out score decides the run's best version; the header, the table and the picker follow."""
+    if not run_id:
+        return {"best_by_msg": "Pick a run first."}
+    try:
+        message = panel.set_best_by(run_id, text or "", visitor)
+        view = panel.view(run_id, visitor)
+    except KeyError as exc:
+        return {"best_by_msg": f"**Not changed.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"}
+    except (ValueError, ChoiceError) as exc:
+        return {"best_by_msg": f"**Not changed.** {redact_tokens(str(exc))}"}
+    return {"best_by_msg": message, "status": dashboard.status_markdown(view),
+            "adapters": dashboard.adapter_table(view), "version_pick": gr.update(choices=version_choices(view), value=default_choice(view))}
 
 
 def on_push(panel, visitor, run_id, repo_id, private, version) -> dict:

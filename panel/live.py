@@ -67,6 +67,12 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     drawn = state.setdefault("drawn", {})
     parts = {name: (drawn[name] if name in ON_REQUEST and name in drawn else frame.digests[name], value)
              for name, value in frame.values.items()}
+    # The version picker follows the run's default as it moves (final/ written, a first version evaluated): its
+    # choices are sent again, with the default picked, only then.
+    default = frame.values["version_pick"]["value"]
+    key = parts["version_pick"][0]
+    parts["version_pick"] = (key if isinstance(key, tuple) and key[1] == default
+                             else (frame.digests["version_pick"], default), frame.values["version_pick"])
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
     rows = dashboard.shared_value(view, ("samples", pick, follow), lambda: _with_digest(
         dashboard.sample_rows(view, pick, follow)))

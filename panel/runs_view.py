@@ -48,7 +48,8 @@ def wire(page) -> None:
     page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status"],
             [*LISTED, "runs_hint", *dashboard_view.DRAWN], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
-            [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo"])
+            [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
+             "best_by_msg"])
     # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])

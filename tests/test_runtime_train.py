@@ -262,17 +262,22 @@ def test_each_published_version_is_scored_on_the_held_out_split_and_the_best_is_
     run_dir, out, _ = trained_run
     folder = run_dir / layout.EVALS_DIR
     records = [json.loads(line) for n in sorted(os.listdir(folder)) for line in (folder / n).read_text().splitlines()]
-    assert [(r["policy_version"], r["step"]) for r in records] == [(1, 2), (2, 4), (3, 6)]
+    assert [(r["policy_version"], r["step"]) for r in records] == [(0, 0), (1, 2), (2, 4), (3, 6)], (
+        "the base model first, as version 0")
     for record in records:
         assert (record["n_prompts"], record["samples_per_prompt"], record["greedy"]) == (8, 1, True)
         assert record["rewards"]["format"]["weight"] == 0.0 and record["rewards"]["digits"]["weight"] == 1.0
         assert record["score"] == record["rewards"]["digits"]["mean"], "a monitor-only reward adds nothing"
         assert record["samples"][0]["prompt"].endswith("[user] Count from 5 to 15."), "the held-out questions"
-    assert "held-out v3 (step 6): score" in out
+    assert "held-out v0 (the base model): score" in out and "held-out v3 (step 6): score" in out
+    top = max(records[1:], key=lambda r: (r["score"], -r["policy_version"]))
+    if top["score"] <= records[0]["score"]:
+        assert not (run_dir / layout.BEST_DIR).exists(), "no version beats the base model: none is published"
+        return
     best = json.loads((run_dir / layout.BEST_DIR / layout.BEST_FILE).read_text())
-    top = max(records, key=lambda r: (r["score"], -r["policy_version"]))
     assert (best["policy_version"], best["score"]) == (top["policy_version"], top["score"])
-    assert best["why"] == "highest held-out score (digits) of 3 evaluated versions"
+    assert best["why"] == ("highest held-out score (digits) of 3 evaluated versions (equal scores: the earliest "
+                           f"version wins), above the base model's {records[0]['score']:.3f}")
     kept = run_dir / layout.BEST_DIR
     source = run_dir / layout.ADAPTERS_DIR / f"trl-policy-v{best['policy_version']}"
     assert (kept / "adapter_model.safetensors").read_bytes() == (source / "adapter_model.safetensors").read_bytes()
@@ -290,8 +295,9 @@ def test_the_best_version_is_replaced_only_by_a_higher_score_and_every_k_steps_s
     assert [best.offer({"policy_version": v, "step": v, "score": s}, str(adapter))
             for v, s in ((1, 0.5), (2, 0.5), (3, 0.7), (4, 0.1))] == [True, False, True, False]
     kept = json.loads((tmp_path / layout.BEST_DIR / layout.BEST_FILE).read_text())
-    assert kept == {"policy_version": 3, "step": 3, "score": 0.7,
-                    "why": "highest held-out score (digits) of 4 evaluated versions"}
+    assert kept == {"policy_version": 3, "step": 3, "score": 0.7, "best_by": {}, "baseline": None,
+                    "why": "highest held-out score (digits) of 4 evaluated versions (equal scores: the earliest "
+                           "version wins)"}
     every = HeldOutEvaluation.__new__(HeldOutEvaluation)
     every.every, every.last_step = 10, None
     due = []

@@ -9,14 +9,28 @@ that adapter and a sentence saying which version it is and why; a name the run n
 
 import json
 import math
+import os
 import posixpath
+import secrets
+import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from backend.runtime import layout, records
-from backend.runtime.best_rule import pick_best, rule_score, why_text
+from backend.runtime.best_rule import (
+    BEST_BY_WRITER,
+    TIE_RULE,
+    best_by_problem,
+    best_json,
+    parse_best_by,
+    pick_best,
+    rule_score,
+    rule_text,
+    why_text,
+)
 from backend.runtime.redact import redact_record
+from backend.runtime.user_code import reward_function_names
 from backend.storage.observers import FragmentReader, adapter_folder_files
 from backend.storage.store import BucketStore, StoredFile
 
@@ -310,3 +324,73 @@ def _version_files(view, version: int) -> list[StoredFile]:
         return held.best_files
     raise ChoiceError(f"{layout.adapter_name(version)}'s files are gone from the bucket (TRL keeps only the newest "
                       "serving copies): pick best or final/, which are kept")
+
+
+class BestByRefused(ValueError):
+    """A "best by" the run cannot rank by; the message names the field and says what it can be."""
+
+
+def held_out_reward_names(view) -> list[str]:
+    """Every reward the run scores on its held-out set: its records' (the newest), else its spec's."""
+    held = view.held_out
+    if held.scores:
+        return list(held.scores[max(held.scores)].rewards)
+    spec = view.spec
+    return [*(spec.get("rewards") or []), *reward_function_names(spec.get("reward_code") or ""),
+            *(spec.get("monitor_rewards") or [])]
+
+
+def change_best_by(view, text: str) -> str:
+    """Change which held-out score decides the run's best version, on a running or finished run: ranked again
+    from the evaluation records (no re-run), best/ republished with the new best version's adapter (removed when
+    none beats the base model), the change recorded as a best_by_changed event (which a running trainer reads back
+    before its next evaluation). Returns what it did, in words; BestByRefused or ChoiceError when it cannot."""
+    view.refresh()
+    if view.spec.get("eval_source", "none") == "none" and not view.held_out.scores:
+        raise BestByRefused("best_by: this run has no held-out set, so no best version to choose")
+    try:
+        rule = parse_best_by(text)
+    except ValueError as error:
+        raise BestByRefused(f"best_by: {error}") from None
+    problem = best_by_problem(rule, held_out_reward_names(view))
+    if problem:
+        raise BestByRefused(f"best_by: {problem}")
+    held, previous = view.held_out, dict(view.held_out.rule)
+    ranked = {v: {"score": s.score, "rewards": s.rewards} for v, s in held.scores.items()}
+    best, baseline = pick_best(ranked, rule)
+    prefix = f"{held.prefix}/{layout.BEST_DIR}"
+    if best is not None:
+        files = _version_files(view, best)      # ChoiceError when its files are gone: nothing written
+        _republish(view.store, prefix, files, best_json(
+            {"policy_version": best, "step": held.scores[best].step, **ranked[best]}, rule, baseline,
+            held.evaluated, metric_name(view.spec)))
+    elif held.best_json or held._best_files:
+        view.store.delete_folder(prefix)        # none beats the base model: no best/ to download or push
+    writer = f"{BEST_BY_WRITER}.{secrets.token_hex(4)}"
+    event = records.event_record(records.BEST_BY_CHANGED, best_by=rule, previous=previous, version=best,
+                                 rule=rule_text(rule))
+    view.store.write_bytes(f"{held.prefix}/{layout.EVENTS_DIR}/{layout.fragment_name(writer, 0)}",
+                           (json.dumps(event) + "\n").encode())
+    if hasattr(view, "expect_event_writer"):
+        view.expect_event_writer(writer)
+    view.refresh(full=True)
+    if best is None:
+        what = ("no version beats the base model" if baseline is not None and held.evaluated
+                else "no version is evaluated yet")
+        return f"Best version now by {rule_text(rule)} ({TIE_RULE}): {what}; best/ holds none."
+    return (f"Best version now by {rule_text(rule)} ({TIE_RULE}): **{layout.adapter_name(best)}** "
+            f"({rule_score(ranked[best], rule):.3f}"
+            + (f", base model {baseline:.3f}" if baseline is not None else "") + "); best/ republished.")
+
+
+def _republish(store, prefix: str, files: list[StoredFile], best: dict) -> None:
+    """best/ replaced by `files` (a version's adapter), best.json written last: a reader that finds best.json naming
+    the version finds its files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in files:
+            name = posixpath.basename(f.path)
+            if name in (*layout.ADAPTER_FILES, layout.ADAPTER_META_FILE):
+                with open(os.path.join(tmp, name), "wb") as out:
+                    out.write(store.read_bytes(f.path))
+        store.upload_folder(tmp, prefix)
+    store.write_bytes(f"{prefix}/{layout.BEST_FILE}", json.dumps(best).encode())

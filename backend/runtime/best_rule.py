@@ -24,7 +24,7 @@ import re
 from .layout import EVENTS_DIR, FRAGMENT_RE, PANEL_WRITER
 from .records import BEST_BY_CHANGED
 
-BEST_BY_WRITER = f"{PANEL_WRITER}-best-by"     # the panel's writer of best_by_changed events
+BEST_BY_WRITER = f"{PANEL_WRITER}-best-by"     # the panel's writers of best_by_changed events: BEST_BY_WRITER.<hex>
 EPSILON = 1e-9                                  # scores closer than this are equal (a tie)
 TIE_RULE = "equal scores: the earliest version wins"
 DEFAULT_RULE = "the trained rewards' weighted score"
@@ -110,7 +110,8 @@ def newest_best_by(run_dir: str) -> dict[str, float] | None:
     folder = os.path.join(run_dir, EVENTS_DIR)
     newest, rule = -math.inf, None
     try:
-        names = [n for n in os.listdir(folder) if (m := FRAGMENT_RE.match(n)) and m["writer"] == BEST_BY_WRITER]
+        names = [n for n in os.listdir(folder)
+                 if (m := FRAGMENT_RE.match(n)) and m["writer"].startswith(BEST_BY_WRITER + ".")]
     except OSError:
         return None
     for name in names:
@@ -138,3 +139,9 @@ def why_text(rule: dict, evaluated: int, baseline: float | None, metric: str) ->
     label = rule_text(rule) if rule else f"held-out score ({metric})"
     why = f"highest {label} of {evaluated} evaluated versions ({TIE_RULE})"
     return why + (f", above the base model's {baseline:.3f}" if baseline is not None else "")
+
+
+def best_json(record: dict, rule: dict, baseline: float | None, evaluated: int, metric: str) -> dict:
+    """best.json: which version, its score under the rule, the rule, the base model's score, and why in words."""
+    return {"policy_version": record["policy_version"], "step": record["step"], "score": rule_score(record, rule),
+            "best_by": rule, "baseline": baseline, "why": why_text(rule, evaluated, baseline, metric)}

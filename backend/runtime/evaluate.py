@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from .best_rule import newest_best_by, pick_best, rule_score, why_text
+from .best_rule import best_json, newest_best_by, pick_best
 from .layout import (
     ADAPTER_FILES,
     ADAPTER_META_FILE,
@@ -142,11 +142,16 @@ class BestVersion:
         self.folder = os.path.join(run_dir, BEST_DIR)
         self.metric, self.launch_rule = metric, dict(best_by or {})
         self.records = {r["policy_version"]: _ranked(r) for r in _records_in(os.path.join(run_dir, EVALS_DIR))}
+        self.best = self._read()
+
+    def _read(self) -> dict | None:
+        """best.json as it stands (the panel republishes best/ when the user changes the rule)."""
         try:
             with open(os.path.join(self.folder, BEST_FILE)) as f:
-                self.best = json.load(f)
+                best = json.load(f)
         except (OSError, ValueError):
-            self.best = None
+            return None
+        return best if isinstance(best, dict) else None
 
     @property
     def evaluated(self) -> int:
@@ -163,6 +168,7 @@ class BestVersion:
         self.records[record["policy_version"]] = _ranked(record)
         rule = self.rule()
         best, baseline = pick_best(self.records, rule)
+        self.best = self._read()
         current = (self.best or {}).get("policy_version")
         publish = adapter_dir is not None and best == record["policy_version"] and best != current
         if publish:
@@ -182,12 +188,6 @@ class BestVersion:
     def _write_why(self, folder: str, best: int, rule: dict, baseline: float | None) -> None:
         self.best = best_json(self.records[best], rule, baseline, self.evaluated, self.metric)
         atomic_write_bytes(os.path.join(folder, BEST_FILE), json.dumps(self.best).encode())
-
-
-def best_json(record: dict, rule: dict, baseline: float | None, evaluated: int, metric: str) -> dict:
-    """best.json: which version, its score under the rule, the rule, the base model's score, and why in words."""
-    return {"policy_version": record["policy_version"], "step": record["step"], "score": rule_score(record, rule),
-            "best_by": rule, "baseline": baseline, "why": why_text(rule, evaluated, baseline, metric)}
 
 
 def _ranked(record: dict) -> dict:
