@@ -230,7 +230,8 @@ def on_best_by(panel, visitor, run_id, text) -> dict:
     except (ValueError, ChoiceError) as exc:
         return {"best_by_msg": f"**Not changed.** {redact_tokens(str(exc))}"}
     return {"best_by_msg": message, "status": dashboard.status_markdown(view),
-            "adapters": dashboard.adapter_table(view), "version_pick": gr.update(choices=version_choices(view), value=default_choice(view))}
+            "adapters": dashboard.adapter_table(view),
+            "version_pick": gr.update(choices=version_choices(view), value=default_choice(view))}
 
 
 def on_push(panel, visitor, run_id, repo_id, private, version) -> dict:
