@@ -20,11 +20,15 @@ NO_TASK = dict(dataset_config="", dataset_split="train", prompt_column="prompt",
                max_prompt_tokens=512, reward_weights="", reward_code="", overlong_max_tokens=0,
                overlong_cache_tokens=0, repetition_ngram_size=3, repetition_max_penalty=-1.0,
                eval_source="none", eval_split="test", eval_file="", eval_rows=16, eval_max_prompts=64,
-               monitor_rewards=[], eval_every=0, eval_greedy=True, eval_samples_per_prompt=1, eval_max_inflight=4)
+               monitor_rewards=[], best_by="", eval_every=0, eval_greedy=True, eval_samples_per_prompt=1,
+               eval_max_inflight=4)
 # The tiny demos evaluate on their builtin set's held-out prompts (its 'test' split) at every version, and watch
-# `format` (plain printable text) beside the `digits` they train on: a policy that learns to write digits as byte
-# soup shows it there.
-TINY_HELD_OUT = dict(eval_source="split", eval_split="test", monitor_rewards=["format"])
+# `format` (plain printable text) and `distinct_chars` beside the `digits` they train on: a policy that learns to
+# write digits as byte soup shows it in the first, one that writes "8888888888" (the usual hack of `digits`) in the
+# second, which raises the reward-hacking alert. The best version is the one that writes digits *and* varies them,
+# so the demo never stars "8888888888".
+TINY_HELD_OUT = dict(eval_source="split", eval_split="test", monitor_rewards=["format", "distinct_chars"],
+                     best_by="digits=1, distinct_chars=1")
 
 # The example of a task of your own: a JSONL file shipped with the panel and two reward functions in the editor.
 TINY_TASK_CODE = '''import re
@@ -52,6 +56,7 @@ TINY_TASK_FIELDS = dict(
     rewards=[], reward_code=TINY_TASK_CODE,
     reward_weights="mostly_digits=1, right_answer=2",   # a right answer is worth more than looking numeric
     eval_source="rows", eval_rows=8,     # 8 of the 48 questions never trained on: does right_answer generalise?
+    monitor_rewards=["distinct_chars"],  # "6666666666" scores mostly_digits 1: watched, it raises the alert
 )
 
 # A real task for HF Jobs: DeepMath-103K's math problems (a conversational `prompt` and a `solution` column, as in

@@ -61,7 +61,21 @@ def format(completions, **kwargs) -> list[float]:
     return [_fraction(completion_text(c), PLAIN_TEXT) for c in completions]
 
 
-BUILTIN_REWARDS = {"digits": digits, "length_target": length_target, "format": format}
+DISTINCT_SPAN = 10      # distinct_chars asks for this many distinct characters (fewer in a shorter answer)
+
+
+def distinct_chars(completions, **kwargs) -> list[float]:
+    """Distinct characters over min(length, 10), at most 1: a varied answer scores 1 ("5 6 7 8 9 10", "42"), one
+    character repeated scores 0.1 ("8888888888"). A monitor that a degenerate policy fails (reward hacking)."""
+    scores = []
+    for c in completions:
+        text = completion_text(c).strip()
+        scores.append(min(1.0, len(set(text)) / min(len(text), DISTINCT_SPAN)) if text else 0.0)
+    return scores
+
+
+BUILTIN_REWARDS = {"digits": digits, "length_target": length_target, "format": format,
+                   "distinct_chars": distinct_chars}
 
 
 def _trl_rewards():
