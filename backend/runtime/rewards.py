@@ -65,8 +65,8 @@ DISTINCT_SPAN = 10      # distinct_chars asks for this many distinct characters 
 
 
 def distinct_chars(completions, **kwargs) -> list[float]:
-    """Distinct characters over min(length, 10), at most 1: a varied answer scores 1 ("5 6 7 8 9 10", "42"), one
-    character repeated scores 0.1 ("8888888888"). A monitor that a degenerate policy fails (reward hacking)."""
+    """Distinct characters over min(length, 10), at most 1: a varied answer scores high ("42": 1, "5 6 7 8 9 10":
+    0.8), one character repeated low ("8888888888": 0.1). A monitor that a degenerate policy fails (reward hacking)."""
     scores = []
     for c in completions:
         text = completion_text(c).strip()
