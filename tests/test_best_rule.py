@@ -17,8 +17,8 @@ from backend.view.hacking import hacking_sign
 
 
 def record(version: int, score: float, **means) -> dict:
-    return {"policy_version": version, "step": 3 * version, "score": score,
-            "rewards": {name: {"mean": mean, "weight": 1.0 if name == "digits" else 0.0} for name, mean in means.items()}}
+    rewards = {name: {"mean": mean, "weight": 1.0 if name == "digits" else 0.0} for name, mean in means.items()}
+    return {"policy_version": version, "step": 3 * version, "score": score, "rewards": rewards}
 
 
 def test_best_by_is_a_reward_name_or_a_weighting_and_anything_else_is_refused_with_the_field_named():
