@@ -147,6 +147,11 @@ class HeldOut:
     def evaluated(self) -> int:
         return sum(1 for v in self.scores if v >= 1)
 
+    def reread_best(self) -> bool:
+        """Look at best/ now (the panel has just republished it)."""
+        self._best_read_at = time.monotonic()
+        return self._read_best()
+
     def _read_best(self) -> bool:
         files = adapter_folder_files(self.store, f"{self.prefix}/{layout.BEST_DIR}")
         names = {posixpath.basename(f.path) for f in files}
@@ -373,7 +378,8 @@ def change_best_by(view, text: str) -> str:
                            (json.dumps(event) + "\n").encode())
     if hasattr(view, "expect_event_writer"):
         view.expect_event_writer(writer)
-    view.refresh(full=True)
+    view.refresh()          # the event: the view's rule is the new one
+    held.reread_best()      # and best/ as republished
     if best is None:
         what = ("no version beats the base model" if baseline is not None and held.evaluated
                 else "no version is evaluated yet")

@@ -306,6 +306,8 @@ class RunView:
     def expect_event_writer(self, writer: str) -> None:
         """The panel writes events of its own into the run's folder (alerts, a budget stop): read them at once."""
         self._events.expect(writer)
+        with self._lock:
+            self._settled = False       # a finished run's folder is read again: the panel has just written to it
 
     def expire(self) -> None:
         """Forget when the view last refreshed: the next `refresh_if_due` reads (a timer period has passed)."""
