@@ -1,4 +1,4 @@
-"""An outcome you can trust (issue 32), on a task whose training reward can be gamed, trained for real on the tiny model.
+"""An outcome you can trust (issue 32): a task whose training reward can be gamed, trained for real on the tiny model.
 
 The run: the *Tiny task* preset with three rewards of the user's own, `mostly_digits` (weight 1: "6666666666" scores
 1), `right_answer` (weight 0: what the user wants) and `varied` (weight 0: share of distinct characters), a high
@@ -140,8 +140,8 @@ def test_a_best_by_naming_no_held_out_reward_or_weighing_all_zero_is_refused_and
     before = (len(events(run_dir)), best_bytes(run_dir))
     client = Client(url, verbose=False)
     try:
-        for text, why in (("accuracy", "no held-out reward named accuracy; the held-out rewards are mostly_digits, "
-                                       "right_answer, varied"),
+        for text, why in (("accuracy", ("no held-out reward named accuracy; the held-out rewards are mostly_digits, "
+                                        "right_answer, varied")),
                           ("right_answer=0, varied=0", "the weights are all zero"),
                           ("right_answer=much", "the weight of right_answer is not a number")):
             message = client.predict(run_id, text, api_name="/on_best_by")[0]
