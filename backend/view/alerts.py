@@ -25,8 +25,8 @@ from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
 from backend.storage.store import BucketStore
 from backend.view import diagnose
-from backend.view.runview import reading
 from backend.view.hacking import HACKING_KIND, hacking_alert
+from backend.view.runview import reading
 from backend.view.webhook import post_webhook
 
 log = logging.getLogger(__name__)
