@@ -346,14 +346,17 @@ class Panel:
         run this visitor may see (KeyError otherwise); BestByRefused / ChoiceError say why it cannot."""
         return change_best_by(self.view(run_id, as_visitor(visitor)), text)
 
-    def try_it(self, run_id: str, visitor: Visitor | str | None, prompt: str, picks: list[str], max_tokens):
+    def try_it(self, run_id: str, visitor: Visitor | str | None, prompt: str, picks: list[str], max_tokens,
+               session: str | None = None):
         """"Try it" on the run (a generator of `TryAnswers` as they come): only for a visitor who may see the run
-        (KeyError otherwise), the request checked first (TryRefused names the field)."""
+        (KeyError otherwise), the request checked first (TryRefused names the field). The CPU line knows the visitor
+        by their username where they signed in (all their tabs are one visitor), else by the page's `session`."""
         visitor = as_visitor(visitor)
         registry = self.runs.find(run_id, visitor)
         view = registry.view(run_id)
+        who = f"user:{visitor.username}" if visitor.username else (f"session:{session}" if session else None)
         return try_it(view, registry.engine, acting_token(visitor, self.settings), prompt, picks,
-                      max_tokens)
+                      max_tokens, who)
 
     def full_log_file(self, run_id: str, role: str, visitor: Visitor | str | None = None) -> str | None:
         """The whole log of one job (masked, like everything shown) as a file to download."""

@@ -86,7 +86,11 @@ class Page:
             def answer(visitor: Visitor, head: tuple, values: tuple) -> dict:
                 return page.updates(handler(page.panel, visitor, *head, *page.arguments(inputs, values)))
 
-        if inspect.isgeneratorfunction(handler):     # Gradio streams a generator's answers only from a generator
+        if inspect.isgeneratorfunction(handler) and request:    # Gradio streams answers only from a generator
+            def event(request: gr.Request, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None,
+                      *values):
+                yield from answer(visitor_of(oauth_token, profile), (request,), values)
+        elif inspect.isgeneratorfunction(handler):
             def event(oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None, *values):
                 yield from answer(visitor_of(oauth_token, profile), (), values)
         elif request:

@@ -5,7 +5,7 @@ view's rule (`Panel.try_it`). Handlers are plain functions (see `panel.page`).""
 import gradio as gr
 import pandas as pd
 
-from backend.outcome.try_it import BASE, MAX_NEW_TOKENS, TryAnswers, TryRefused, try_choices
+from backend.outcome.try_it import BASE, MAX_NEW_TOKENS, TRIES_WAITING, TryAnswers, TryRefused, try_choices
 from panel.markdown import masked
 
 
@@ -26,8 +26,10 @@ def build(page, panel) -> None:
 
 
 def wire(page) -> None:
+    # Tries wait in the panel's own line (`TryLine`), where each visitor sees their place; Gradio's queue must let
+    # them all reach it (the one running, those waiting, and one more to be told the line is full).
     page.on(page["try_btn"].click, on_try, ["run_pick", "try_prompt", "try_picks", "try_tokens"],
-            ["try_msg", "try_answers"])
+            ["try_msg", "try_answers"], request=True, concurrency_limit=TRIES_WAITING + 2)
     page.on(page["try_picks"].focus, on_picks, ["run_pick"], ["try_picks"], show_progress="hidden")
 
 
@@ -50,13 +52,13 @@ def answers_table(state: TryAnswers, picks: list[str]) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
-def on_try(panel, visitor, run_id, prompt, picks, tokens):
+def on_try(panel, visitor, request, run_id, prompt, picks, tokens):
     if not run_id:
         yield {"try_msg": "Pick a run first."}
         return
     picks = list(picks or []) if isinstance(picks, (list, tuple)) else []
     try:
-        for state in panel.try_it(run_id, visitor, prompt, picks, tokens):
+        for state in panel.try_it(run_id, visitor, prompt, picks, tokens, getattr(request, "session_hash", None)):
             line = ("✅ " if state.done else "⏳ ") + state.progress
             yield {"try_msg": line, "try_answers": answers_table(state, picks)}
     except TryRefused as exc:

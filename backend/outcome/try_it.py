@@ -9,8 +9,10 @@ Where an answer comes from:
 - Any other version, of a run whose base model is on this machine (a builtin model in the run's folder, a local
   folder, a Hub model in this machine's cache) and small enough, is answered on CPU with PEFT
   (`runtime.try_adapter`) in the sandbox the task check uses, never in the panel's process: an adapter is a
-  visitor's data. Greedy, bounded tokens, bounded time and memory, one at a time per panel. Where this machine
-  cannot make the sandbox, nothing is tried here (unless the operator opted in: `Sandbox.refusal`).
+  visitor's data. Greedy, bounded tokens, bounded time and memory. One CPU try runs at a time per panel: the others
+  wait in a line and see their place (`TryLine`: one place per visitor, a bounded line, each try stopped at
+  `TRY_TIMEOUT_S`). Where this machine cannot make the sandbox, nothing is tried here (unless the operator opted
+  in: `Sandbox.refusal`), and no one waits for it.
 - Otherwise the answer says what it would need.
 """
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from huggingface_hub import snapshot_download
 
 from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose, published, version_choices
+from backend.outcome.try_line import LineRefused, TryLine
 from backend.plan.recipe import PROXY_PORT
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
@@ -46,13 +49,14 @@ MAX_PROMPT_CHARS = 4000
 MAX_NEW_TOKENS = 256
 MAX_PICKS = 4                          # versions besides the base model, per try
 TRY_TIMEOUT_S = 240.0                  # the whole CPU try: loading the base model and every answer
+TRIES_WAITING = 4                      # CPU tries in line behind the running one: a wait of at most 4 x 240 s
 THROUGH_PROXY = "live replicas (through the proxy)"
 LIVE_TIMEOUT_S = 60.0                  # one answer through the proxy
 MAX_BASE_BYTES = 2 * 2**30             # a base model's weights that "fit this machine" for a CPU try
 BASE_FILES = (".json", ".safetensors", ".jinja", ".txt", ".model")   # what of a model folder a try copies
 MAX_ADAPTER_BYTES = 512 * 2**20
 LOCAL_PROXY = re.compile(r"^http://127\.0\.0\.1:\d{2,5}$")
-_one_at_a_time = threading.BoundedSemaphore(1)
+_line = TryLine(waiting=TRIES_WAITING, cap_s=TRY_TIMEOUT_S)
 
 
 class TryRefused(ValueError):
@@ -96,9 +100,10 @@ def try_choices(view) -> list[tuple[str, str]]:
     return [("base model", BASE), *version_choices(view)]
 
 
-def try_it(view, engine, token: str | None, prompt, picks, max_tokens) -> Iterator[TryAnswers]:
-    """Answer `prompt` with each pick ("base", "best", "final", "trl-policy-v<N>"), yielding progress as it goes.
-    Raises TryRefused before anything starts when the request is bad."""
+def try_it(view, engine, token: str | None, prompt, picks, max_tokens, who: str | None = None) -> Iterator[TryAnswers]:
+    """Answer `prompt` with each pick ("base", "best", "final", "trl-policy-v<N>"), yielding progress as it goes
+    (a place in the CPU line among it). `who` is the visitor the line knows (one try at a time each; None: a caller
+    of its own). Raises TryRefused before anything starts when the request is bad."""
     prompt, picks, tokens = checked_request(prompt, picks, max_tokens)
     view.refresh()
     if hasattr(view, "wait_for_events"):    # where the run serves is in its engine event, among its first
@@ -135,7 +140,7 @@ def try_it(view, engine, token: str | None, prompt, picks, max_tokens) -> Iterat
             for pick in local:
                 state.answers[pick], state.routes[pick] = f"(not here: {why})", "-"
         else:
-            yield from _cpu_try(view, base, local, prompt, tokens, state)
+            yield from _cpu_try(view, base, local, prompt, tokens, state, who or secrets.token_hex(8))
     state.progress, state.done = "Done.", True
     yield state
 
@@ -269,18 +274,23 @@ def _fits(folder: str) -> tuple[str | None, str]:
     return folder, ""
 
 
-def _cpu_try(view, base: str, local: dict, prompt: str, tokens: int, state: TryAnswers) -> Iterator[TryAnswers]:
+def _cpu_try(view, base: str, local: dict, prompt: str, tokens: int, state: TryAnswers,
+             who: str) -> Iterator[TryAnswers]:
     refusal = local_sandbox().refusal()
     if refusal:     # fail closed: no sandbox, nothing loaded here (unless the operator opted in)
-        for pick in local:
-            state.answers[pick], state.routes[pick] = f"(not tried: {refusal})", "-"
+        _not_tried(state, local, refusal)
         return
-    if not _one_at_a_time.acquire(blocking=False):
-        for pick in local:
-            state.answers[pick], state.routes[pick] = "(another try is running on this panel: try again shortly)", "-"
-        return
-    scratch = tempfile.mkdtemp(prefix="grpo-try-")
     try:
+        ticket = _line.join(who)
+    except LineRefused as exc:
+        _not_tried(state, local, str(exc))
+        return
+    scratch = None
+    try:        # leaving (the visitor cancelled or went: Gradio closes this generator) gives the place up
+        for where in _line.wait(ticket):
+            state.progress = where
+            yield state
+        scratch = tempfile.mkdtemp(prefix="grpo-try-")
         box = local_sandbox()
         adapters = {}
         for pick, chosen in local.items():
@@ -291,10 +301,18 @@ def _cpu_try(view, base: str, local: dict, prompt: str, tokens: int, state: TryA
         yield state
         inside_base = _stage_base(base, os.path.join(scratch, "base"), box)
         yield from _run_worker(box, scratch, inside_base, adapters, BASE in local, _messages(view, prompt), tokens,
-                               state)
+                               state, _line.left_s(ticket))
+    except LineRefused as exc:
+        _not_tried(state, local, str(exc))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        _one_at_a_time.release()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+        _line.leave(ticket)
+
+
+def _not_tried(state: TryAnswers, local: dict, why: str) -> None:
+    for pick in local:
+        state.answers[pick], state.routes[pick] = f"(not tried: {why})", "-"
 
 
 def _stage_adapter(view, chosen, folder: str, box: Sandbox) -> str:
@@ -321,7 +339,8 @@ def _stage_base(folder: str, target: str, box: Sandbox) -> str:
 
 
 def _run_worker(box: Sandbox, scratch: str, base: str, adapters: dict, with_base: bool, messages: list[dict],
-                tokens: int, state: TryAnswers) -> Iterator[TryAnswers]:
+                tokens: int, state: TryAnswers, budget_s: float) -> Iterator[TryAnswers]:
+    """Run the worker, stopped after `budget_s` (what is left of the try's turn of `TRY_TIMEOUT_S`)."""
     nonce = secrets.token_hex(16)
     request = {"nonce": nonce, "base": base, "adapters": adapters, "with_base": with_base,
                "prompt": messages[-1]["content"], "system_prompt": messages[0]["content"] if len(messages) > 1 else "",
@@ -334,7 +353,7 @@ def _run_worker(box: Sandbox, scratch: str, base: str, adapters: dict, with_base
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, text=True)
     began = time.monotonic()
-    timer = threading.Timer(TRY_TIMEOUT_S, lambda: _kill(proc))
+    timer = threading.Timer(budget_s, lambda: _kill(proc))
     timer.start()
     try:
         proc.stdin.write(json.dumps(request))
@@ -360,7 +379,7 @@ def _run_worker(box: Sandbox, scratch: str, base: str, adapters: dict, with_base
         stderr = proc.stderr.read()[-2000:] if proc.stderr else ""
     missing = [label for label in state.routes if label not in state.answers and state.routes[label] != "-"]
     if missing:
-        out_of_time = time.monotonic() - began >= TRY_TIMEOUT_S - 1
+        out_of_time = time.monotonic() - began >= budget_s - 1
         why = (f"the CPU try ran past {TRY_TIMEOUT_S:.0f} s" if out_of_time else
                f"the CPU try stopped (exit {proc.returncode}): {_last_line(stderr)}")
         for label in missing:
