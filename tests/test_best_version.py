@@ -14,6 +14,8 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
 import urllib.request
 import zipfile
 
@@ -236,3 +238,66 @@ def test_before_best_is_republished_the_highest_score_read_is_the_best_and_best_
     assert held.refresh(), "best/ arrived after the record that made it the best"
     assert held.best_json["policy_version"] == 7
     assert {os.path.basename(f.path) for f in held.best_files} == set(layout.ADAPTER_FILES), "not best.json"
+
+
+def _outputs_until(job, seen, timeout_s: float = 120.0):
+    """The job's newest message once `seen(message)` holds (a deadline against a hang, not a timing goal)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        messages = [out[0] for out in job.outputs() if isinstance(out, (list, tuple)) and out]
+        if messages and seen(messages[-1]):
+            return messages[-1]
+        time.sleep(0.2)
+    pytest.fail(f"never seen; last messages: {[out[0] for out in job.outputs()][-3:]}")
+
+
+def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(panel, run, monkeypatch):
+    """Three visitors (three page sessions) click "Try it" through Gradio's queue while one CPU try runs: a second
+    try by the one running is refused, the others see their place as it moves, one who cancels gives it up, and
+    the next gets an answer once the running try ends."""
+    from gradio_client import Client
+
+    from backend.outcome import try_it
+
+    release, ran = threading.Event(), []
+
+    def worker(box, scratch, base, adapters, with_base, messages, tokens, state, budget_s=None):
+        prompt = messages[-1]["content"]
+        ran.append(prompt)
+        if prompt == "first":
+            assert release.wait(120), "the test never released the first try"
+        for label in state.routes:
+            state.answers[label] = f"answer to {prompt}"
+        yield state
+
+    monkeypatch.setattr(try_it, "_run_worker", worker)
+    base = os.path.join(run.run_dir, layout.BASE_MODEL_DIR)
+    os.makedirs(base)
+    for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights")):
+        with open(os.path.join(base, name), "wb") as f:
+            f.write(data)
+    run_id = run.spec.run_id
+    with served(panel) as alice:
+        bob, carol = (Client(alice.url, verbose=False) for _ in range(2))
+        try:
+            first = alice.submit(run_id, "first", ["base"], 8, api_name="/on_try")
+            _outputs_until(first, lambda m: "Loading the base model" in m)
+            _message, table = alice.predict(run_id, "again", ["base"], 8, api_name="/on_try")
+            assert "one try at a time per visitor" in table["data"][0][1], table
+            second = bob.submit(run_id, "second", ["base"], 8, api_name="/on_try")
+            assert _outputs_until(second, lambda m: "in line" in m).startswith("⏳ 1st in line for this panel's CPU")
+            third = carol.submit(run_id, "third", ["base"], 8, api_name="/on_try")
+            assert _outputs_until(third, lambda m: "in line" in m).startswith("⏳ 2nd in line")
+            second.cancel()        # bob leaves: carol moves up
+            _outputs_until(third, lambda m: m.startswith("⏳ 1st in line"))
+            release.set()
+            message, table = third.result(timeout=120)
+            assert message.startswith("✅"), message
+            assert dict(zip(table["headers"], zip(*table["data"])))["base model"][0] == "answer to third"
+            message, table = first.result(timeout=120)
+            assert dict(zip(table["headers"], zip(*table["data"])))["base model"][0] == "answer to first"
+            assert ran == ["first", "third"], "bob's try, given up in line, never ran; alice's second was refused"
+        finally:
+            release.set()
+            bob.close()
+            carol.close()
