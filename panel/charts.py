@@ -198,9 +198,11 @@ def reward_figure(table, options: ChartOptions) -> dict:
     return finish(fig, options)
 
 
-def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None = None) -> dict:
-    """The held-out score of each evaluated adapter version (± its spread over prompts), the best one starred,
-    each reward's held-out mean (monitor-only ones dashed), and the training reward faint behind them."""
+def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None = None,
+                   best: int | None = None) -> dict:
+    """The held-out score of each evaluated version from the base model (v0) on (± its spread over prompts), the
+    best version under the run's rule starred (`best`: none where no version beats the base model), each reward's
+    held-out mean (monitor-only ones dashed), and the training reward faint behind them."""
     fig = figure("Held-out reward by version", "reward", options)
     records = sorted(evals.values(), key=lambda r: r["policy_version"])
     if records:
@@ -226,10 +228,10 @@ def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None 
                 add_line(fig, [p[0] for p in pts], [_round(p[1]["mean"]) for p in pts],
                          f"{name} (monitor-only)" if monitor else name, PALETTE[i % len(PALETTE)], options,
                          dash="dash" if monitor else "dot")
-        best = max(records, key=lambda r: (r["score"], -r["policy_version"]))
-        fig["data"].append({"type": "scatter", "mode": "markers", "x": [xs[records.index(best)]],
-                            "y": [_round(best["score"])], "name": f"best: v{best['policy_version']}",
-                            "marker": {"symbol": "star", "size": 14, "color": "#d62728"}})
+        starred = [i for i, r in enumerate(records) if best is not None and r["policy_version"] == best]
+        for i in starred:
+            fig["data"].append({"type": "scatter", "mode": "markers", "x": [xs[i]], "y": [_round(records[i]["score"])],
+                                "name": f"best: v{best}", "marker": {"symbol": "star", "size": 14, "color": "#d62728"}})
     none = (spec or {}).get("eval_source", "none") == "none"
     return finish(fig, options, "no held-out set in this run" if none else "waiting for the first evaluated version")
 

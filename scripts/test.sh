@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WORKERS=${WORKERS:-2}
+WORKERS=${WORKERS:-1}
 parallel=()
 if [[ "$WORKERS" != 1 ]]; then
   parallel=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)

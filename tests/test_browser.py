@@ -252,11 +252,12 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
                            "document.getElementById('runs-table').innerText)", timeout=30000)
     adapters = inner_text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
-    # Held-out reward by version, beside the training reward: each of the 10 versions scored on the held-out split,
-    # the best starred, the monitor-only format reward dashed; it rises as the training reward does.
+    # Held-out reward by version, beside the training reward: the base model (v0) and each of the 10 versions scored
+    # on the held-out split, the best starred, the monitor-only format reward dashed; it rises as the training
+    # reward does.
     page.wait_for_function("() => { const el = document.querySelector('#heldout-plot .js-plotly-plot');"
                            " const t = el && el.data && el.data.find(d => d.name === 'held-out score');"
-                           " return t && t.x.length === 10; }", timeout=30000)
+                           " return t && t.x.length === 11 && t.text[0] === 'v0'; }", timeout=30000)
     held_out = page.evaluate("""() => Object.fromEntries(document.querySelector('#heldout-plot .js-plotly-plot')
         .data.map(d => [d.name, d.y]))""")
     assert {"training reward", "held-out score", "digits", "format (monitor-only)"} <= set(held_out), held_out

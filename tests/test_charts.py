@@ -206,11 +206,15 @@ def test_held_out_reward_by_version_is_read_from_eval_fragments_and_drawn_beside
     assert view.evals[2]["rewards"]["accuracy_reward"] == {"mean": 1 / 3, "std": view.evals[2]["rewards"][
         "accuracy_reward"]["std"], "weight": 0.0, "solved": 1 / 3}
     table = table_of([{"step": s, "time": float(s), "reward": s / 40} for s in range(1, 31)])
-    fig = charts.heldout_figure(view.evals, table, STEP, {"eval_source": "split"})
+    assert view.held_out.best_version == 2
+    fig = charts.heldout_figure(view.evals, table, STEP, {"eval_source": "split"}, view.held_out.best_version)
     assert names(fig) == ["training reward", "held-out score", "digits", "accuracy_reward (monitor-only)",
                           "best: v2"]
     score = fig["data"][1]
     assert score["x"] == [10, 20, 30] and score["y"] == [0.2, 0.9, 0.6] and score["text"] == ["v1", "v2", "v3"]
     assert fig["data"][3]["line"]["dash"] == "dash" and fig["data"][4]["x"] == [20]
+    # The star is the rule's, not the top score's: none where no version beats the base model.
+    assert "best: v2" not in names(charts.heldout_figure(view.evals, table, STEP, {"eval_source": "split"}, None))
+    assert "best: v3" in names(charts.heldout_figure(view.evals, table, STEP, {"eval_source": "split"}, 3))
     empty = charts.heldout_figure({}, table, STEP, {"eval_source": "none"})
     assert empty["data"] == [] and empty["layout"]["annotations"][0]["text"] == "no held-out set in this run"
