@@ -340,11 +340,11 @@ def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_t
     assert plot_points(page, "staleness-plot", "mean") == 4
     assert plot_points(page, "ratio-plot", "ratio") == 4
     assert plot_points(page, "reward-plot", "mean reward") == 4
-    # The preset evaluates every 5 steps and the last version: v1 (before the first step) and v5 (after step 4)
-    # answered the held-out split on the replicas.
+    # The preset evaluates the base model first (v0, asked of the replicas' base model), then every 5 steps and the
+    # last version: v1 (before the first step) and v5 (after step 4) answered the held-out split on the replicas.
     page.wait_for_function("() => { const el = document.querySelector('#heldout-plot .js-plotly-plot');"
                            " const t = el && el.data && el.data.find(d => d.name === 'held-out score');"
-                           " return t && t.text.join() === 'v1,v5'; }", timeout=60000)
+                           " return t && t.text.join() === 'v0,v1,v5'; }", timeout=60000)
     assert plot_points(page, "util-plot", "vllm-0 CPU") > 0
     _screenshot(page, "distributed.png")
     # The replicas stop by themselves once the trainer has finished: nothing keeps running (or billing).
