@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The whole suite as CI runs it (README: "Run the tests"), on 2 pytest-xdist workers (the 2-core CI machine):
+# The whole suite as CI runs it (README: "Run the tests"); WORKERS=2 runs it on 2 pytest-xdist workers:
 #   1. lint and the unit tier, stopping at the first failure (a few minutes at most, before anything long starts);
 #   2. the integration and browser tiers, the longest work first, tests that share a set-up on one worker
-#      (tests/conftest.py: "scheduling"), the 25 slowest tests listed at the end.
-# Extra arguments go to both pytest runs (e.g. -k, --timeout). WORKERS=1 runs each stage without xdist.
+#      (tests/conftest.py: "scheduling") with WORKERS=2, the 25 slowest tests listed at the end.
+# Extra arguments go to both pytest runs (e.g. -k, --timeout). WORKERS=1 (the default) runs without xdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -89,7 +89,8 @@ def test_the_final_adapter_checkpoints_and_events_are_in_the_run_folder(run):
 def test_every_synced_version_is_scored_on_the_held_out_set_by_the_replicas_and_the_best_is_kept(run):
     _, run_dir, output = run
     records = _records(run_dir, "evals", "trainer")
-    assert [r["policy_version"] for r in records] == list(range(1, LAST_VERSION + 1)), output[-3000:]
+    # The base model first (version 0, asked of the replicas' base model), then every synced version.
+    assert [r["policy_version"] for r in records] == list(range(LAST_VERSION + 1)), output[-3000:]
     # The replicas stop when they read `finished`: it is written only once the last version has been scored.
     finished = [e for e in _records(run_dir, "events", "trainer") if e["event"] == "finished"]
     assert finished and finished[0]["time"] >= records[-1]["time"], (finished, records[-1]["time"])
@@ -102,10 +103,13 @@ def test_every_synced_version_is_scored_on_the_held_out_set_by_the_replicas_and_
         assert [s["prompt_index"] for s in record["samples"]] == [0, 1, 2, 3]
         assert "Count from 5 to 15." in record["samples"][0]["prompt"], "the held-out split, not a training prompt"
     best = json.loads(open(os.path.join(run_dir, "best", "best.json")).read())
-    top = max(records, key=lambda r: r["score"])
+    base, versions = records[0], records[1:]
+    top = max(versions, key=lambda r: r["score"])
+    assert top["score"] > base["score"], "the run's best version beats the base model (else best/ stays empty)"
     assert best["score"] == top["score"] and best["policy_version"] == min(
-        r["policy_version"] for r in records if r["score"] == top["score"])
-    assert best["why"].endswith(f"of {LAST_VERSION} evaluated versions")
+        r["policy_version"] for r in versions if r["score"] == top["score"])
+    assert best["baseline"] == base["score"]
+    assert f"of {LAST_VERSION} evaluated versions" in best["why"] and "above the base model's" in best["why"]
     assert {"adapter_config.json", "adapter_model.safetensors", "version.json"} <= set(
         os.listdir(os.path.join(run_dir, "best")))
 
