@@ -275,7 +275,7 @@ class Panel:
             raise KeyError(f"Run {run_id} has no spec.json yet.")
         values = preset_values(TINY_DEMO)
         if "eval_source" not in view.spec:    # a run from before held-out evaluation had none: not the demo's
-            values.update(eval_source="none", monitor_rewards=[])
+            values.update(eval_source="none", monitor_rewards=[], best_by="")
         values.update({k: v for k, v in view.spec.items() if k in values})
         changed = {k: v for k, v in (change or {}).items() if k in values}
         line = f"Filled from run `{run_id}`"

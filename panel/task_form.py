@@ -95,7 +95,8 @@ class TaskSection:
                                     interactive=False, elem_id="task-prompt")
                 rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows",
                                     wrap=True)
-        upload.upload(_on_upload, [upload, f["eval_source"]], [f["dataset"], f["eval_source"], f["monitor_rewards"]])
+        upload.upload(_on_upload, [upload, f["eval_source"]],
+                      [f["dataset"], f["eval_source"], f["monitor_rewards"], f["best_by"]])
         return cls(f, check_btn, message, prompt, scores, rows, held_out)
 
     def wire(self, panel, names: list[str], inputs: list) -> None:
@@ -205,8 +206,8 @@ def scores_table(report) -> pd.DataFrame:
 
 def _on_upload(path, eval_source):
     """An uploaded file becomes the dataset; a held-out split (the builtin set's) goes with the set it replaced, as a
-    file has no splits: the held-out evaluation (and its monitor-only rewards) is switched off until one is chosen
-    for the file."""
+    file has no splits: the held-out evaluation (and its monitor-only rewards and best-by rule) is switched off until
+    one is chosen for the file."""
     if eval_source != "split":
-        return gr.update(value=path), gr.skip(), gr.skip()
-    return gr.update(value=path), "none", []
+        return gr.update(value=path), gr.skip(), gr.skip(), gr.skip()
+    return gr.update(value=path), "none", [], ""

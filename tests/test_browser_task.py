@@ -51,7 +51,8 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     page.wait_for_function("() => document.querySelector('#task-msg').innerText.includes('Task checked')",
                            timeout=60000)
     message = inner_text(page, "task-msg")
-    assert "48 rows, columns question, solution" in message and "1 reward function(s) scored 12" in message
+    # The user's function and the preset's monitor-only `distinct_chars` (scored on the held-out set).
+    assert "48 rows, columns question, solution" in message and "2 reward function(s) scored 12" in message, message
     assert "Answer with the number only." in page.locator("#task-prompt textarea").input_value()
     scores = inner_text(page, "task-scores")
     assert "short_answer" in scores and "bare answer" in scores and "1.000" in scores and "0.000" in scores
