@@ -74,7 +74,7 @@ def test_an_alert_is_recorded_and_sent_once_and_cleared_when_the_trouble_ends(tm
     store = FolderStore(str(tmp_path))
     drifting = [{"step": i, "time": 100.0 + i, "ratio": 1.05} for i in range(1, 11)]
     view = _view(drifting, stages={"trainer": "RUNNING"})
-    book = AlertBook(store, "r1", webhook.url)
+    book = AlertBook(store, "r1", webhook.url, public_only=False)    # a local panel: its loopback webhook is allowed
     [fired] = book.update(view, now=111.0)
     assert fired.kind == "ratio"
     assert book.update(view, now=111.5) == [], "still firing: not recorded or sent again"
@@ -85,7 +85,7 @@ def test_an_alert_is_recorded_and_sent_once_and_cleared_when_the_trouble_ends(tm
     assert "ratio" in body["text"] and body["text"] == body["content"] and body["alert"]["key"] == "ratio"
 
     # A panel restarted over the same bucket reads the open alert back and sends nothing again.
-    again = AlertBook(store, "r1", webhook.url)
+    again = AlertBook(store, "r1", webhook.url, public_only=False)
     view.events = _events(store)
     assert again.update(view, now=112.0) == []
     healthy = _view([*drifting, *({"step": 10 + i, "time": 110.0 + i, "ratio": 1.0} for i in range(1, 6))],
@@ -273,7 +273,7 @@ def test_no_learning_signal_raises_an_alert_that_says_what_to_change(tmp_path, w
     """Every group's completions scored alike (all 0) for a while: every advantage is 0, nothing is learned."""
     spec = {"mode": "colocated", "num_generations": 8, "temperature": 1.0}
     store = FolderStore(str(tmp_path))
-    book = AlertBook(store, "r1", webhook.url)
+    book = AlertBook(store, "r1", webhook.url, public_only=False)
     flat = _colocated_records(diagnose.NO_SIGNAL_STEPS)
     assert book.update(_view(flat[:-1], stages={"trainer": "RUNNING"}, spec=spec), now=1000.0 + len(flat)) == []
     [alert] = book.update(_view(flat, stages={"trainer": "RUNNING"}, spec=spec), now=1000.0 + len(flat))
