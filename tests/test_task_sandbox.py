@@ -262,12 +262,14 @@ def survivors() -> list[psutil.Process]:
 
 
 def check_once(client, code: str) -> str:
-    """*Check task* with this reward code and no built-in reward; the whole answer as text."""
+    """*Check task* with this reward code and no built-in reward (nor the demo's best-by rule, which names one); the
+    whole answer as text."""
     params = client.view_api(print_info=False, return_format="dict")["named_endpoints"]["/on_check"]["parameters"]
     def param(label: str) -> str:
         return next(f"param_{i}" for i, p in enumerate(params) if p["label"].startswith(label))
 
-    values = {param("Your reward functions"): code, param("Rewards"): [], param("Reward weights"): ""}
+    values = {param("Your reward functions"): code, param("Rewards"): [], param("Reward weights"): "",
+              param("Best version by"): ""}
     result = client.predict(**values, api_name="/on_check")
     return repr(result)
 
