@@ -86,7 +86,7 @@ def test_a_local_jsonl_is_previewed_with_its_columns_rows_and_the_templated_prom
     specials = 3 * (len("<|im_start|>") - 1) + 2 * (len("<|im_end|>") - 1)
     assert report.prompt_tokens == len(expected.encode()) - specials == 64
     message, rows, prompt, scores = preview_outputs(report)
-    assert "**Task checked.** 20 rows, columns question, answer, level." in message
+    assert "**Task checked.** 20 rows, columns `question`, `answer`, `level`." in message, "names shown as text"
     assert f"The first prompt has {report.prompt_tokens} tokens; of 20 rows checked, 0 (0%) are over" in message
     assert list(rows.columns) == ["question", "answer", "level"] and len(rows) == 5
     assert rows.iloc[0]["question"] == "What is 1 + 1?"
@@ -216,7 +216,7 @@ def test_on_a_space_only_an_uploaded_file_is_read(tmp_path, monkeypatch):
 
 
 def test_a_resumed_run_keeps_the_dataset_copy_it_was_launched_with(tmp_path):
-    from backend.runs.launch import launch_run, write_run_files
+    from backend.runs.launch import LaunchError, launch_run, write_run_files
     from backend.storage.store import FolderStore
     from tests.test_engines import Submissions
 
@@ -232,7 +232,7 @@ def test_a_resumed_run_keeps_the_dataset_copy_it_was_launched_with(tmp_path):
     launch_run(spec, executor, store, resume=True)
     assert [job.role for job in executor.jobs] == ["trainer"]
     assert store.read_bytes(copy).count(b"\n") == len(ROWS), "the copy the run was launched with stays"
-    with pytest.raises(FileNotFoundError, match="is gone"):
+    with pytest.raises(LaunchError, match="is gone. No job was submitted, and nothing was left in the bucket"):
         write_run_files(RunSpec(dataset=str(path), prompt_column="question"), store)
 
 # ---- the held-out set: refused before launch when it is empty, lacks a column, or overlaps the training rows
