@@ -42,3 +42,22 @@ def panel_factory(home: str, **defaults):
     finally:
         for panel in made:
             panel.shutdown()
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: str, size: str):
+    """`folder` (made here) on a tmpfs of `size` of its own, unmounted on the way out: a full disk for a test (root
+    ignores file modes, not a full disk). Skips the test where this machine cannot mount one."""
+    import subprocess
+
+    import pytest
+
+    os.makedirs(folder)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", folder], capture_output=True,
+                            text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", folder], check=False)

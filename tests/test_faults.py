@@ -316,16 +316,13 @@ def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_
 @pytest.fixture
 def small_bucket(executor):
     """The local bucket on a 16 MiB tmpfs of its own (root ignores file modes, not a full disk)."""
-    root = executor.bucket_root("local/grpo-runs")
-    os.makedirs(root)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", root], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        yield root
-    finally:
-        _stop_everything(executor.home)
-        subprocess.run(["umount", "-l", root], check=False)
+    from tests.helpers import small_tmpfs
+
+    with small_tmpfs(executor.bucket_root("local/grpo-runs"), "16m") as root:
+        try:
+            yield root
+        finally:
+            _stop_everything(executor.home)
 
 
 def _fill(folder: str) -> None:

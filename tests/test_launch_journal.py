@@ -218,20 +218,17 @@ def test_a_killed_panels_check_job_is_cancelled_and_its_folder_removed_at_the_ne
 @pytest.fixture
 def small_home(tmp_path):
     """The panel's home on a 32 MiB tmpfs of its own (root ignores file modes, not a full disk)."""
-    home = str(tmp_path / "home")
-    os.makedirs(home)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs", home], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        yield home
-    finally:
-        from backend.executors.local import LocalExecutor
+    from tests.helpers import small_tmpfs
 
-        executor = LocalExecutor(home)
-        for job in executor.list_jobs():
-            executor.cancel(job.job_id)
-        subprocess.run(["umount", "-l", home], check=False)
+    with small_tmpfs(str(tmp_path / "home"), "32m") as home:
+        try:
+            yield home
+        finally:
+            from backend.executors.local import LocalExecutor
+
+            executor = LocalExecutor(home)
+            for job in executor.list_jobs():
+                executor.cancel(job.job_id)
 
 
 def _fill(folder: str, leave: int = 0) -> str:
