@@ -99,7 +99,7 @@ def build(page, panel) -> None:
 def wire(page) -> None:
     """The open run's events (picking a run is the runs list's: `runs_view`)."""
     page.on([page["x_axis"].change, page["smoothing"].release, page["sample_steps"].change], on_options,
-            [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
+            [*VIEW_INPUTS, "drawn", "version_pick"], DRAWN, show_progress="hidden")
     page.on(page["sample_steps"].focus, on_steps, ["run_pick"], ["sample_steps"], show_progress="hidden")
     page.on(page["version_pick"].focus, on_versions, ["run_pick"], ["version_pick"], show_progress="hidden")
     page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private", "version_pick"],
@@ -107,7 +107,8 @@ def wire(page) -> None:
     page.on(page["version_pick"].change, on_version, ["run_pick", "version_pick"], ["version_file", "version_msg"])
     page.on([page["best_by_btn"].click, page["best_by"].submit], on_best_by, ["run_pick", "best_by"],
             ["best_by_msg", "status", "adapters", "version_pick"])
-    page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn"], DRAWN, show_progress="hidden")
+    page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn", "version_pick"], DRAWN,
+            show_progress="hidden")
     try_view.wire(page)
     page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["roles"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
@@ -141,14 +142,14 @@ def present(values: dict, role: str) -> dict:
     return out
 
 
-def draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session) -> dict:
+def draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, shown=None) -> dict:
     """The dashboard components this session has not drawn yet (only what changed). What it has drawn is kept in
     `session`, its state, updated in place (Gradio rebuilds a state's config each time one is sent, so a tick
-    sends none); a session without one yet is sent a new one."""
+    sends none); a session without one yet is sent a new one. `shown`: the version its picker shows."""
     fresh = not isinstance(session, dict)
     session = {} if fresh else session
     update = live.run_update(panel, run_id, session, visitor, role, query, x=x, smoothing=smooth, pick=pick,
-                             follow=follow)
+                             follow=follow, shown=shown)
     return {**present(update.values, role), **({"drawn": session} if fresh else {})}
 
 
@@ -196,11 +197,12 @@ def _view_or_none(panel, visitor, run_id):
         return None
 
 
-def on_options(panel, visitor, run_id, role, query, x, smooth, pick, follow, session) -> dict:
+def on_options(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, shown=None) -> dict:
     if not run_id:
         return {"drawn": gr.skip()}     # Gradio wants at least one output named
     try:
-        return {"drawn": gr.skip(), **draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session)}
+        return {"drawn": gr.skip(),
+                **draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, shown)}
     except KeyError:
         return {"drawn": gr.skip()}     # Gradio wants at least one output named
 

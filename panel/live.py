@@ -46,12 +46,14 @@ def send_changed(drawn: dict, parts: dict[str, tuple]) -> dict:
 
 def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
                      x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None, pick="latest",
-                     extra: Callable[[object], dict] | None = None, follow: str | None = None) -> DashboardUpdate:
+                     extra: Callable[[object], dict] | None = None, follow: str | None = None,
+                     shown: str | None = None) -> DashboardUpdate:
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
     session's own: the run it drew and the key of each component it has. `x` is "step", "time" or "dollars";
     `dollars` the run's spend corners (None for a run that costs nothing: wall time then); `pick` the step whose
     samples are shown, or `follow` the prompt followed across steps and versions (`dashboard.sample_prompts`);
-    `extra(view)` more parts (name -> (key, value)) that the view alone does not give."""
+    `extra(view)` more parts (name -> (key, value)) that the view alone does not give; `shown` the version the
+    session's picker shows now (None: not known)."""
     view = panel.view(run_id, visitor)
     if view.refresh_if_due() and hasattr(panel, "watch"):
         panel.watch.alerts(view)
@@ -68,10 +70,12 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     parts = {name: (drawn[name] if name in ON_REQUEST and name in drawn else frame.digests[name], value)
              for name, value in frame.values.items()}
     # The version picker follows the run's default as it moves (final/ written, a first version evaluated): its
-    # choices are sent again, with the default picked, only then.
+    # choices are sent again, with the default picked, only then, and not over a version the visitor picked by hand
+    # (the picker shows another than the default it was sent last).
     default = frame.values["version_pick"]["value"]
     key = parts["version_pick"][0]
-    parts["version_pick"] = (key if isinstance(key, tuple) and key[1] == default
+    by_hand = isinstance(key, tuple) and bool(shown) and shown != key[1]
+    parts["version_pick"] = (key if isinstance(key, tuple) and (key[1] == default or by_hand)
                              else (frame.digests["version_pick"], default), frame.values["version_pick"])
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
     rows = dashboard.shared_value(view, ("samples", pick, follow), lambda: _with_digest(
@@ -82,7 +86,8 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
 
 
 def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
-               x: str = "step", smoothing: float = 0.0, pick="latest", follow: str | None = None) -> DashboardUpdate:
+               x: str = "step", smoothing: float = 0.0, pick="latest", follow: str | None = None,
+               shown: str | None = None) -> DashboardUpdate:
     """`dashboard_update` as the Runs tab draws it: `x` as its radio says it ("wall time" for time), the dollars
     axis's spend corners, and the run's cost line and final adapter, which change without new records."""
     axis = {"wall time": "time"}.get(x, x)
@@ -94,7 +99,7 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
         return {"cost": (cost, cost), "final": (final, final)}
 
     return dashboard_update(panel, run_id, state, visitor, role, query, x=axis, smoothing=smoothing,
-                            dollars=corners, pick=pick, extra=extra, follow=follow)
+                            dollars=corners, pick=pick, extra=extra, follow=follow, shown=shown)
 
 
 def _with_digest(value) -> tuple:

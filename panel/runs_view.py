@@ -45,7 +45,7 @@ def build(page, panel: Panel) -> None:
 def wire(page) -> None:
     """The runs list's events, and the timer's tick (the list and the open run)."""
     view_inputs = dashboard_view.VIEW_INPUTS
-    page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status"],
+    page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick"],
             [*LISTED, "runs_hint", *dashboard_view.DRAWN], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
@@ -82,11 +82,13 @@ def list_update(panel, visitor, find: str, state: str, listed) -> dict:
     return out
 
 
-def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, last_rows, find, state) -> dict:
+def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, last_rows, find, state,
+            shown=None) -> dict:
     out = {"runs_hint": panel.runs_hint(visitor)}
     if run_id:
         try:       # first: drawing refreshes the open run's view, which the runs list then reads
-            out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session))
+            out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session,
+                                           shown))
         except KeyError:
             out["drawn"] = None     # signed out, or not this visitor's run
     return {**out, **list_update(panel, visitor, find, state, last_rows)}

@@ -510,3 +510,22 @@ def test_ten_sessions_ticking_one_run_build_its_summary_samples_and_components_o
         assert 0 < built["plots"] <= len(dashboard.PLOTS), f"each changed chart once, not once a session: {built}"
     finally:
         panel.shutdown()
+
+
+def test_the_version_picker_follows_the_runs_default_but_not_over_a_version_picked_by_hand(tmp_path, monkeypatch):
+    """A tick sends the picker again when the run's default moves (its first best version, final/ written), unless
+    the visitor's picker shows another version than the default it was sent: a pick by hand stands."""
+    run = SyntheticRun(str(tmp_path), 300)
+    panel = OneRun(_view(str(tmp_path), run))
+    default = ["trl-policy-v10"]
+    monkeypatch.setattr(dashboard, "default_choice", lambda view: default[0])
+    following, picking = {}, {}
+    for session in (following, picking):
+        assert live.dashboard_update(panel, run.spec.run_id, session).values["version_pick"]["value"] == default[0]
+    default[0] = "trl-policy-v20"
+    run.grow(10)
+    panel.view(run.spec.run_id).expire()
+    moved = live.dashboard_update(panel, run.spec.run_id, following, shown="trl-policy-v10").values
+    assert moved["version_pick"]["value"] == "trl-policy-v20", "a picker left on the default follows it"
+    kept = live.dashboard_update(panel, run.spec.run_id, picking, shown="trl-policy-v5").values
+    assert "reward" in kept and "version_pick" not in kept, "a version picked by hand is not taken away"
