@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The whole suite as CI runs it (README: "Run the tests"); WORKERS=2 runs it on 2 pytest-xdist workers:
+# The whole suite as CI runs it (README: "Run the tests"), on WORKERS pytest-xdist workers (default 2, one a core):
 #   1. lint and the unit tier, stopping at the first failure (a few minutes at most, before anything long starts);
-#   2. the integration and browser tiers, the longest work first, tests that share a set-up on one worker
-#      (tests/conftest.py: "scheduling") with WORKERS=2, the 25 slowest tests listed at the end.
-# Extra arguments go to both pytest runs (e.g. -k, --timeout). WORKERS=1 (the default) runs without xdist.
+#   2. the integration and browser tiers, the longest work first, tests that share a set-up on one worker and the
+#      tests that start vLLM servers or a Ray cluster one at a time on one worker (tests/conftest.py: "scheduling"),
+#      the 25 slowest tests listed at the end.
+# Extra arguments go to both pytest runs (e.g. -k, --timeout). WORKERS=1 runs without xdist.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WORKERS=${WORKERS:-1}
+WORKERS=${WORKERS:-2}
 parallel=()
 if [[ "$WORKERS" != 1 ]]; then
   parallel=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)

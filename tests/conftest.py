@@ -79,37 +79,64 @@ def tier_of(path) -> str:
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks to group the tests
 def pytest_collection_modifyitems(config, items):
+    order = {item.nodeid: run_order(item) for item in items}   # before the marks below (a test's own mark wins)
     for item in items:
         item.add_marker(tier_of(item.path))
-        group = xdist_group_of(item)
-        if group and not item.get_closest_marker("xdist_group"):
+        group, mark = xdist_group_of(item), item.get_closest_marker("xdist_group")
+        if mark and group != _own_group(item):   # xdist would join both names into a group of its own
+            raise pytest.UsageError(f"{item.nodeid} starts vLLM servers or a Ray cluster: mark it "
+                                    f"xdist_group({VLLM_SERVERS!r}) or none")
+        if group and not mark:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=run_order)   # stable: a file's tests keep their order
+    items.sort(key=lambda item: order[item.nodeid])   # stable: a file's tests keep their order
 
 
 # ---- scheduling: what runs together, and what first (scripts/test.sh runs the suite on 2 workers, --dist loadgroup)
 
 # Session-wide set-ups (conftest fixtures): the tests that use one run on the worker that made it: it is made once.
 SESSION_SETUPS = ("vllm_pool",)
+# The work that starts vLLM servers or a Ray cluster, as one group: on 2 workers it runs on one worker, one test at a
+# time, while the other worker takes the lighter tests. Two of them side by side on 2 cores starved each other (the
+# two local distributed runs: their servers took 5 minutes to start and the browser's run missed its 7 minutes).
+# Matched as a group's name or a node id's start; an explicit `xdist_group("vllm-servers")` joins it too.
+VLLM_SERVERS = "vllm-servers"
+# In the order they run: first the tests marked xdist_group("vllm-servers") (test_faults.py's and test_browser.py's
+# local distributed runs, the longest), the session's vLLM pair last (it runs until the session ends).
+VLLM_UNITS = (
+    "tests/test_ray_browser.py",         # a Ray cluster and the runs on it
+    "tests/test_replica_hygiene.py",     # a real vLLM replica under the job wrapper
+    "vllm_pool",                         # the session's vLLM pair: a distributed run, the proxy, a task's run
+)
 # The longest work units first (from CI's --durations), so that no core is left with a long one at the end while
 # the other idles. A unit is an xdist group (below) or one test; matched as its group's name or a node id's start.
-# The two local distributed runs (2 vLLM servers and a trainer each) share a group, so run one after the other: side
-# by side on 2 loaded cores their servers took 5 minutes to start and the browser's run missed its 7 minutes.
 LONGEST_FIRST = (
-    "local-distributed-runs",       # test_faults.py's takes-back run ~370-720 s, then test_browser.py's ~180-450 s
-    "tests/test_ray_browser.py",    # a Ray cluster and three runs on it, ~350 s
-    "tests/test_browser_compare.py",   # two local runs, ~164 s
-    "vllm_pool",                    # the session's vLLM pair and what uses it: a distributed run, the proxy, ~250 s
-    "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~117-128 s
-    "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~108-114 s
+    VLLM_SERVERS,                   # ~850 s on one worker: test_faults.py's takes-back run ~240 s, test_browser.py's
+                                    # distributed run ~210 s, the Ray file ~200 s, the vLLM pair's users ~150 s
+    "tests/test_browser_compare.py",   # two local runs, ~50-160 s
+    "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~25-120 s
+    "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~35-110 s
 )
 TIER_ORDER = ("unit", "browser", "integration")   # lint and the unit tier first (fail fast), then the long tiers
 
 
 def xdist_group_of(item) -> str | None:
-    """The tests that must share one worker: users of a session set-up (by its name), and the tests of a file that
-    share a module-scoped fixture of that file (by the file: the fixture is made once, and tests that read what an
-    earlier one left keep their order). A test's own `xdist_group` mark wins. None: the test can run anywhere."""
+    """The tests that must share one worker: the work that starts vLLM servers or a Ray cluster (`VLLM_SERVERS`),
+    users of a session set-up (by its name), and the tests of a file that share a module-scoped fixture of that file
+    (by the file: the fixture is made once, and tests that read what an earlier one left keep their order). A test's
+    own `xdist_group` mark wins. None: the test can run anywhere."""
+    group = _own_group(item)
+    return VLLM_SERVERS if _vllm_rank(item, group) is not None else group
+
+
+def _vllm_rank(item, group: str | None) -> int | None:
+    """Where the test runs within `VLLM_SERVERS` (None: not of it)."""
+    if group == VLLM_SERVERS:
+        return 0
+    return next((rank for rank, unit in enumerate(VLLM_UNITS, 1) if group == unit or item.nodeid.startswith(unit)),
+                None)
+
+
+def _own_group(item) -> str | None:
     mark = item.get_closest_marker("xdist_group")
     if mark:
         return mark.args[0] if mark.args else mark.kwargs.get("name")
@@ -129,7 +156,7 @@ def run_order(item) -> tuple[int, int]:
     group = xdist_group_of(item) or ""
     for rank, unit in enumerate(LONGEST_FIRST):
         if group == unit or item.nodeid.startswith(unit) or (group and group.startswith(unit)):
-            return (rank, 0)
+            return (rank, _vllm_rank(item, _own_group(item)) or 0)
     tier = tier_of(item.path)
     return (len(LONGEST_FIRST), TIER_ORDER.index(tier) if item.path.name != "test_lint.py" else -1)
 

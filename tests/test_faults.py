@@ -426,7 +426,7 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.mark.xdist_group("local-distributed-runs")   # never beside test_browser.py's (conftest: LONGEST_FIRST)
+@pytest.mark.xdist_group("vllm-servers")   # one vLLM test at a time (conftest: VLLM_SERVERS)
 def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survives_a_panel_restart_and_a_resume(
         executor, monkeypatch):
     from backend.plan.spec import RunSpec
