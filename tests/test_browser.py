@@ -181,6 +181,9 @@ def _a_version_downloads_and_tries_beside_the_base_model(page, app_home) -> None
     model, final/, an early version and a tampered one, on CPU with PEFT, side by side."""
     run_dir = _run_dir(page, app_home)
     _pick(page, "version-pick", "trl-policy-v5 · step 100")
+    # The button was already enabled for the version shown before the pick: wait for the pick's own answer.
+    page.wait_for_function("() => (document.getElementById('version-msg') || {}).innerText"
+                           "?.includes('picked by hand')", timeout=30000)
     page.wait_for_function("() => { const b = document.querySelector('#version-btn'); "
                            "return b && !b.disabled && !b.querySelector('[disabled]'); }", timeout=30000)
     assert "trl-policy-v5 at step 100, picked by hand" in inner_text(page, "version-msg")
