@@ -20,6 +20,8 @@ Plain helpers (free_port, files_under, launch_reviewed, panel_factory) are in te
 tests/browser_helpers.py; every test gets its tier's marker from this file (below).
 """
 
+import contextlib
+import fcntl
 import os
 import re
 import sys
@@ -159,6 +161,36 @@ def run_order(item) -> tuple[int, int]:
             return (rank, _vllm_rank(item, _own_group(item)) or 0)
     tier = tier_of(item.path)
     return (len(LONGEST_FIRST), TIER_ORDER.index(tier) if item.path.name != "test_lint.py" else -1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """On xdist workers, a test marked `runs_alone` runs while no other worker runs a test (set-up and tear-down
+    included); the others wait for it, and it waits for theirs to end."""
+    with run_slot(item):
+        return (yield)
+
+
+@contextlib.contextmanager
+def run_slot(item):
+    """A readers-writer lock in the folder every worker of this session shares: a test takes it shared, one marked
+    `runs_alone` exclusively. The writer holds a turnstile while it waits, so a stream of shared takers cannot
+    starve it. Without xdist there is nothing to wait for."""
+    if not on_xdist_worker(item.config):
+        yield
+        return
+    folder = item.config._tmp_path_factory.getbasetemp().parent    # a worker's own basetemp is popen-gw<N>/ in it
+    alone = item.get_closest_marker("runs_alone") is not None
+    with open(folder / "runs-alone.turnstile", "a") as turnstile, open(folder / "runs-alone.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def pytest_ignore_collect(collection_path, config):

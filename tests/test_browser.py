@@ -305,6 +305,9 @@ def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a
 
 
 @pytest.mark.xdist_group("vllm-servers")   # one vLLM test at a time (conftest: VLLM_SERVERS)
+# and no other test beside it: its two servers and trainer share 2 cores; beside a training test on the other worker
+# (and other load) its run missed its 7 minutes
+@pytest.mark.runs_alone
 def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_the_browser(page, app_home):
     """The tiny distributed preset as one replica job running 2 vLLM servers (servers_per_gpu 2, the cost of its two
     replica jobs): each server is a replica to the proxy, and the canary proves each serves the newest version."""
