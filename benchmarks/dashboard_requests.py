@@ -54,7 +54,8 @@ class Browser:
         return await self.call("on_select", [self.run_id, "trainer", "", "step", 0, "latest", ""])
 
     async def tick(self) -> int:
-        return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "", "all"])
+        return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "", "all",
+                                           None])
 
 
 def forget(panel, run_id: str) -> None:
