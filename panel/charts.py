@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from backend.runtime.layout import ADAPTER_NAME_RE, reward_function_keys
+from backend.runtime.layout import adapter_version, reward_function_keys
 from backend.view.axes import wall_minutes
 from backend.view.diagnose import RATIO_BAND
 
@@ -352,9 +352,9 @@ def replica_load_points(loads, first_step: dict[int, int], options: ChartOptions
     trained with that version (a version no step has used yet is not placed), else at the load's time."""
     out: dict[int, tuple[list, list]] = {}
     for load in loads:
-        match = ADAPTER_NAME_RE.match(str(load.get("version")))
+        version = adapter_version(load.get("version"))
         if options.x == "step":
-            x = first_step.get(int(match.group(1))) if match else None
+            x = first_step.get(version) if version is not None else None
         else:
             x = options.at(load["time"]) if _num(load.get("time")) else None
         if x is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from backend.outcome.best_version import default_choice, score_text, version_choices
 from backend.outcome.try_it import try_choices
-from backend.runtime import layout, records
+from backend.runtime import records
 from backend.runtime.best_rule import rule_text
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
@@ -200,7 +200,7 @@ def best_line(view) -> str:
     score = score_text(held.scores.get(best))
     if held.rule:
         score = f"{held.rule_score(best):.3f}"
-    return f" · best **{layout.adapter_name(best)}** (held-out {score}) by {rule}{base}"
+    return f" · best **{held.adapter_name(best)}** (held-out {score}) by {rule}{base}"
 
 
 def failure_cause(view) -> str:

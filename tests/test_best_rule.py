@@ -94,6 +94,8 @@ def test_the_trainer_keeps_best_under_the_rule_in_force_read_back_from_the_users
 
 
 class Held:
+    member = ""     # a lone run: its versions are trl-policy-v<N>
+
     def __init__(self, rows: dict[int, dict], answers: dict[int, list[str]]):
         self.scores = {v: HeldOutScore(v, 3 * v, r["score"], None, 8, r["rewards"]) for v, r in rows.items()}
         self.samples = {v: [{"prompt_index": i, "completion": t} for i, t in enumerate(texts)]

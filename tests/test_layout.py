@@ -22,7 +22,29 @@ def test_names_on_their_way_to_a_final_name_are_not_fragments(name):
 
 @pytest.mark.parametrize("name,version", [("trl-policy-v1", 1), ("trl-policy-v120", 120)])
 def test_adapter_folders_are_named_by_version(name, version):
-    assert int(ADAPTER_NAME_RE.match(name).group(1)) == version == int(layout.adapter_name(version)[12:])
+    assert layout.adapter_name(version) == name, "a lone run keeps TRL's own names"
+    assert layout.adapter_version(name) == layout.adapter_version(name, "") == version
+    assert layout.adapter_member(name) == ""
+
+
+@pytest.mark.parametrize("member,version,name", [("m0", 3, "trl-policy-m0-v3"), ("lr1e4", 12, "trl-policy-lr1e4-v12"),
+                                                 ("v2", 5, "trl-policy-v2-v5")])
+def test_a_sweep_members_versions_carry_its_tag_and_no_other_member_reads_them_as_its_own(member, version, name):
+    assert layout.adapter_name(version, member) == name
+    assert layout.adapter_base(member) + f"-v{version}" == name, "TRL names `<its _lora_name>-v<N>`"
+    assert layout.adapter_version(name, member) == version
+    assert layout.adapter_member(name) == member
+    assert layout.adapter_version(name, "") is None, "a lone run does not take a member's version as its own"
+    assert layout.adapter_version(name, "other") is None
+    assert layout.adapter_version(layout.adapter_name(version), member) is None
+
+
+@pytest.mark.parametrize("member", ["M0", "a-b", "a_b", "", "x" * 13, "../x"])
+def test_a_tag_that_cannot_be_part_of_a_name_is_refused(member):
+    if member:
+        with pytest.raises(ValueError, match="1-12 lowercase letters or digits"):
+            layout.adapter_name(1, member)
+    assert not layout.MEMBER_RE.match(member)
 
 
 @pytest.mark.parametrize("name", ["_tmp-trl-policy-v3", ".trl-policy-v3", "_tmpx", "trl-policy-v3.tmp"])

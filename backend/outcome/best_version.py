@@ -78,6 +78,7 @@ class HeldOut:
         self._best_files: list[StoredFile] = []
         self._best_read_at = float("-inf")
         self.rule: dict[str, float] = {}        # best_by in force ({}: the trained rewards' weighted score)
+        self.member = ""                        # the run's sweep member tag, once its spec is read (RunView)
         self._ranked: tuple = (None, None)      # (best version, version 0's score) under the rule, or None: stale
 
     @property
@@ -112,6 +113,10 @@ class HeldOut:
             return False
         self._best_read_at = time.monotonic()
         return self._read_best() or bool(new)
+
+    def adapter_name(self, version: int) -> str:
+        """Version `version`'s name in this run (`layout.adapter_name` with the run's sweep member tag)."""
+        return layout.adapter_name(version, self.member)
 
     def set_rule(self, rule: dict[str, float]) -> bool:
         """The rule the run's best version is chosen by now (the launch spec's best_by, or the user's newest change).
@@ -264,10 +269,10 @@ def version_choices(view, shown: int = CHOICES_SHOWN) -> list[tuple[str, str]]:
     held, out = view.held_out, []
     best = held.best_version
     if best is not None and (held.best_files or best in view.adapters):
-        out.append((f"best: {layout.adapter_name(best)} (held-out {score_text(held.scores.get(best))})", BEST))
+        out.append((f"best: {_name(view, best)} (held-out {score_text(held.scores.get(best))})", BEST))
     if view.final_files:
         version = _final_version(view)
-        out.append((f"final/ ({layout.adapter_name(version)})" if version is not None else "final/", FINAL))
+        out.append((f"final/ ({_name(view, version)})" if version is not None else "final/", FINAL))
     for v in view.newest_adapters(shown):
         score = held.scores.get(v.version)
         label = v.name + (f" · step {v.step}" if v.step is not None else "")
@@ -289,7 +294,7 @@ def choose(view, choice: str | None) -> ChosenAdapter:
         why = "final/: the last adapter, written when training ended" + (f" at step {step}" if step else "")
         if score is not None:
             why += f" (held-out score {score_text(score)}, {metric})"
-        name = layout.adapter_name(version) if version is not None else FINAL
+        name = _name(view, version) if version is not None else FINAL
         return ChosenAdapter(FINAL, name, version, step, view.final_files, why + ".", score, metric)
     if choice == BEST:
         if best is None:
@@ -297,26 +302,30 @@ def choose(view, choice: str | None) -> ChosenAdapter:
                               "or a version")
         chosen = _version_files(view, best)
         score = held.scores.get(best)
-        why = (f"the best version, {layout.adapter_name(best)} at step {_version_step(view, best)}: {held.why(metric)}"
+        why = (f"the best version, {_name(view, best)} at step {_version_step(view, best)}: {held.why(metric)}"
                + (f", held-out score {score_text(score)}" if score else "") + ".")
-        return ChosenAdapter(BEST, layout.adapter_name(best), best, _version_step(view, best), chosen, why, score,
+        return ChosenAdapter(BEST, _name(view, best), best, _version_step(view, best), chosen, why, score,
                              metric)
-    match = layout.ADAPTER_NAME_RE.match(choice)
-    if not match or published(view, int(match.group(1))) is None:
+    version = layout.adapter_version(choice, layout.spec_member(view.spec))
+    if version is None or published(view, version) is None:
         raise ChoiceError(f"version: run {view.run_id} published no adapter {choice[:80]!r}; pick best, final/ or one "
                           "of the versions listed in the adapters table")
-    version = int(match.group(1))
     files = _version_files(view, version)
     score = held.scores.get(version)
     why = f"{choice} at step {_version_step(view, version)}, picked by hand"
     if score is not None:
         why += f": held-out score {score_text(score)} ({metric})"
         if best is not None and best != version:
-            why += f"; the best is {layout.adapter_name(best)} ({score_text(held.scores.get(best))})"
+            why += f"; the best is {_name(view, best)} ({score_text(held.scores.get(best))})"
         elif best == version:
             why += f"; it is the best version ({held.why(metric)})"
     return ChosenAdapter(choice, choice, version, _version_step(view, version), files, why + ".", score, metric)
 
+
+
+def _name(view, version: int) -> str:
+    """Version `version`'s name in the view's run (a sweep member's carries its tag)."""
+    return layout.run_adapter_name(view.spec, version)
 
 def _version_files(view, version: int) -> list[StoredFile]:
     """A version's own folder, or best/ when that is this version and its serving copy was pruned."""
@@ -327,7 +336,7 @@ def _version_files(view, version: int) -> list[StoredFile]:
     held = view.held_out
     if held.best_version == version and held.best_files:
         return held.best_files
-    raise ChoiceError(f"{layout.adapter_name(version)}'s files are gone from the bucket (TRL keeps only the newest "
+    raise ChoiceError(f"{_name(view, version)}'s files are gone from the bucket (TRL keeps only the newest "
                       "serving copies): pick best or final/, which are kept")
 
 
@@ -384,7 +393,7 @@ def change_best_by(view, text: str) -> str:
         what = ("no version beats the base model" if baseline is not None and held.evaluated
                 else "no version is evaluated yet")
         return f"Best version now by {rule_text(rule)} ({TIE_RULE}): {what}; best/ holds none."
-    return (f"Best version now by {rule_text(rule)} ({TIE_RULE}): **{layout.adapter_name(best)}** "
+    return (f"Best version now by {rule_text(rule)} ({TIE_RULE}): **{_name(view, best)}** "
             f"({rule_score(ranked[best], rule):.3f}"
             + (f", base model {baseline:.3f}" if baseline is not None else "") + "); best/ republished.")
 

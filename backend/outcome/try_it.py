@@ -153,12 +153,12 @@ def _model_name(view, pick: str) -> str | None:
         best = view.held_out.best_version
         if best is None:
             raise ChoiceError("no held-out evaluation yet, so no best version")
-        return layout.adapter_name(best)
+        return layout.run_adapter_name(view.spec, best)
     if pick == FINAL:
         version = view.trainer_end.get("version")
-        return layout.adapter_name(version) if type(version) is int else FINAL
-    match = layout.ADAPTER_NAME_RE.match(pick)
-    if not match or published(view, int(match.group(1))) is None:
+        return layout.run_adapter_name(view.spec, version) if type(version) is int else FINAL
+    version = layout.adapter_version(pick, layout.spec_member(view.spec))
+    if version is None or published(view, version) is None:
         raise ChoiceError(f"run {view.run_id} published no adapter {pick[:80]!r}")
     return pick
 

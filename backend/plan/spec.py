@@ -32,6 +32,7 @@ from backend.plan.spec_fields import (
     declared_problems,
 )
 from backend.plan.task_spec import BUILTIN_DATASETS, EVAL_SOURCES, HUB_ID, REWARD_CHOICES, task_errors
+from backend.runtime import layout
 from backend.runtime.best_rule import parse_best_by
 from backend.runtime.redact import looks_like_token, redact_tokens
 from backend.runtime.tiny_model import BENCHMARK_MODELS, BUILTIN_MODELS, TINY_MODEL
@@ -295,6 +296,12 @@ class RunSpec:
     image: str = field(default="vllm/vllm-openai:v0.31.0", metadata={
         "help": "container image of HF Jobs runs; pinned with TRL 1.16, which supports vLLM 0.22-0.31"})
     run_id: str = field(default="", metadata={"help": "the run's id, <UTC time>-<6 hex>; empty: made on creation"})
+    # A sweep (backend/plan/sweep.py): its members are ordinary runs tied by the sweep's id, each with a tag that is
+    # part of its adapter versions' names, so members sharing one replica fleet never serve each other's adapter.
+    sweep_id: str = field(default="", metadata={"help": "the sweep this run is a member of; empty: a lone run"})
+    sweep_member: str = field(default="", metadata={
+        "help": "this member's tag in its sweep (1-12 lowercase letters or digits), in its versions' names "
+                "(trl-policy-<tag>-v<N>); empty: a lone run (trl-policy-v<N>)"})
     created_at: float = field(default=0.0, metadata={
         "help": "when the spec was created (Unix seconds); the charts' wall-time axis starts here"})
 
@@ -384,6 +391,7 @@ class RunSpec:
              "distributed mode")
         unsized = unsized_problem(self)
         need(unsized is None, "servers_per_gpu", unsized or "")
+        errs += _sweep_problems(self)
         if self.mode == "distributed":
             whole = sorted(set(self.lora_target_modules) & WHOLE_MODEL_TARGETS)
             need(not whole, "lora_target_modules",
@@ -463,6 +471,20 @@ def _texts(value) -> list[str]:
         return [t for k, v in value.items() for t in (*_texts(k), *_texts(v))]
     if isinstance(value, (list, tuple)):
         return [t for item in value for t in _texts(item)]
+    return []
+
+
+def _sweep_problems(spec: "RunSpec") -> list[FieldError]:
+    """A sweep member's tie to its sweep: both or neither, a tag that can be part of an adapter's name, and the
+    distributed mode (only replicas are shared by several runs)."""
+    if not spec.sweep_id and not spec.sweep_member:
+        return []
+    if not spec.sweep_member or not layout.MEMBER_RE.match(spec.sweep_member):
+        return [FieldError("sweep_member", "a sweep member's tag is 1-12 lowercase letters or digits, e.g. m0")]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", spec.sweep_id):
+        return [FieldError("sweep_id", "a sweep member names its sweep: 1-64 letters, digits, '-', '_' or '.'")]
+    if spec.mode != "distributed":
+        return [FieldError("mode", "a sweep's members share one replica fleet: choose the distributed mode")]
     return []
 
 

@@ -104,7 +104,7 @@ def resume_plan(view) -> ResumePlan:
     discarded = _discarded_by(view, step)
     superseded = tuple(v.name for v in sorted(versions.values(), key=lambda v: v.version)
                        if discarded(v) and v.name not in view.superseded)
-    continue_at = f"adapter versions continue at {layout.adapter_name(next_version)}"
+    continue_at = f"adapter versions continue at {layout.run_adapter_name(view.spec, next_version)}"
     discards = (f"; {len(superseded)} version(s) published after step {after} ({', '.join(superseded)}) will be "
                 "marked superseded" if superseded else "")
     if step is None:

@@ -42,6 +42,7 @@ from .layout import (
     adapter_name,
     atomic_write_bytes,
     publish_folder,
+    spec_member,
 )
 from .redact import redact_record
 from .rewards import checked_scores, reward_functions, run_rewards
@@ -137,8 +138,8 @@ class BestVersion:
     `best.json` saying why. Republished when a newly evaluated version becomes the best. Kept apart from the serving
     copies TRL prunes. A resumed run reads back the records and the best it had."""
 
-    def __init__(self, run_dir: str, metric: str, best_by: dict | None = None):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: str, metric: str, best_by: dict | None = None, member: str = ""):
+        self.run_dir, self.member = run_dir, member
         self.folder = os.path.join(run_dir, BEST_DIR)
         self.metric, self.launch_rule = metric, dict(best_by or {})
         self.records = {r["policy_version"]: _ranked(r) for r in _records_in(os.path.join(run_dir, EVALS_DIR))}
@@ -178,7 +179,8 @@ class BestVersion:
                         shutil.copyfile(os.path.join(adapter_dir, name), os.path.join(tmp, name))
                 if not os.path.isfile(os.path.join(tmp, ADAPTER_META_FILE)):
                     with open(os.path.join(tmp, ADAPTER_META_FILE), "w") as f:
-                        json.dump({"version": record["policy_version"], "name": adapter_name(record["policy_version"]),
+                        json.dump({"version": record["policy_version"],
+                                   "name": adapter_name(record["policy_version"], self.member),
                                    "step": record["step"]}, f)
                 self._write_why(tmp, best, rule, baseline)
         elif best is not None and best == current and os.path.isdir(self.folder):
@@ -220,7 +222,7 @@ class HeldOutEvaluation:
         self.greedy = bool(spec.get("eval_greedy", True))
         self.every = int(spec.get("eval_every") or 0)
         self.fragments = FragmentWriter(os.path.join(run_dir, EVALS_DIR), TRAINER_WRITER)
-        self.best = BestVersion(run_dir, score_metric(self.weights), spec.get("best_by") or {})
+        self.best = BestVersion(run_dir, score_metric(self.weights), spec.get("best_by") or {}, spec_member(spec))
         self.last_step: int | None = None
 
     def base_due(self) -> bool:
@@ -298,8 +300,9 @@ class LocalGenerator:
 
 
 class ReplicaGenerator:
-    """Answers with version `trl-policy-vN` on the replicas, through the proxy (the distributed trainer), with at
-    most `eval_max_inflight` requests open at once so the rollouts keep the replicas."""
+    """Answers with version `trl-policy-vN` (a sweep member's `trl-policy-<member>-vN`) on the replicas, through the
+    proxy (the distributed trainer), with at most `eval_max_inflight` requests open at once so the rollouts keep the
+    replicas."""
 
     def __init__(self, proxy_url: str, tokenizer, spec: SpecFile):
         self.url, self.tokenizer = proxy_url.rstrip("/"), tokenizer
@@ -309,6 +312,7 @@ class ReplicaGenerator:
         self.pool = ThreadPoolExecutor(max_workers=int(spec.get("eval_max_inflight") or 4),
                                        thread_name_prefix="held-out")
         self._base: str | None = None
+        self.member = spec_member(spec)
 
     def base_model(self) -> str:
         """The name the replicas serve the base model under (version 0): the model of /v1/models with no parent."""
@@ -320,7 +324,7 @@ class ReplicaGenerator:
 
     def _ask(self, prompt, version: int) -> list[str]:
         ids = self.tokenizer(render_prompt(self.tokenizer, prompt), add_special_tokens=False)["input_ids"]
-        model = adapter_name(version) if version else self.base_model()
+        model = adapter_name(version, self.member) if version else self.base_model()
         body = {"model": model, "prompt": ids, "max_tokens": self.max_tokens, "n": self.n,
                 "temperature": 0.0 if self.greedy else self.temperature, "skip_special_tokens": True}
         request = urllib.request.Request(f"{self.url}/v1/completions", data=json.dumps(body).encode(),

@@ -8,6 +8,7 @@
     runs/<run_id>/metrics/<writer>-<seq>.jsonl  write-once metric fragments, one record per logging step
     runs/<run_id>/adapters/trl-policy-v<N>/     LoRA adapter versions, published by atomic rename
     runs/<run_id>/.vllm_lora/trl-policy-v<N>/   (distributed runs) versions TRL's async trainer syncs to vLLM
+                                                (a sweep member's: trl-policy-<member>-v<N>, `adapter_name`)
     runs/<run_id>/checkpoints/                  trainer checkpoints, for resume
     runs/<run_id>/final/                        the last adapter, written when training ends
     runs/<run_id>/samples/<writer>-<seq>.jsonl  write-once fragments of a few completions per step, one fragment
@@ -68,9 +69,12 @@ LOADS_WRITER = "adapter-loads"  # the proxy's seconds per replica for each adapt
 PANEL_WRITER = "panel"          # prefix of the panel's own event writers (`panel-budget`, ...)
 REPLICA_WRITER = "replica"      # prefix of a replica job's event writer (`replica-vllm-0`)
 
-ADAPTER_PREFIX = "trl-policy-v"
+ADAPTER_BASE = "trl-policy"   # TRL's async trainer names each synced version `<its _lora_name>-v<N>`: this is TRL's own
+# A sweep member's tag (RunSpec `sweep_member`): its versions are `trl-policy-<member>-v<N>`, so N runs on one replica
+# fleet never share a name (vLLM serves an adapter by name: a shared one would give a run its neighbour's policy).
+MEMBER_RE = re.compile(r"^[a-z0-9]{1,12}$")
 # Neither pattern takes a name starting with "." or "_tmp": a file or folder on its way to its final name.
-ADAPTER_NAME_RE = re.compile(r"^trl-policy-v(\d+)$")
+ADAPTER_NAME_RE = re.compile(r"^trl-policy(?:-(?P<member>[a-z0-9]{1,12}))?-v(?P<version>\d+)$")
 FRAGMENT_RE = re.compile(r"^(?!\.|_tmp)(?P<writer>[A-Za-z0-9_.-]+)-(?P<seq>\d{6})\.jsonl$")
 
 
@@ -79,8 +83,44 @@ def run_prefix(run_id: str) -> str:
     return f"{RUNS_DIR}/{run_id}"
 
 
-def adapter_name(version: int) -> str:
-    return f"{ADAPTER_PREFIX}{version}"
+def adapter_base(member: str = "") -> str:
+    """The name TRL's trainer numbers versions under: `trl-policy` for a lone run, `trl-policy-<member>` for a sweep
+    member. The one place a version's name is made: the trainer's sync, the proxy, the readers and the bucket's
+    version folders all go through it (or `adapter_name`)."""
+    if member and not MEMBER_RE.match(member):
+        raise ValueError(f"a sweep member's tag is 1-12 lowercase letters or digits, not {member!r}")
+    return f"{ADAPTER_BASE}-{member}" if member else ADAPTER_BASE
+
+
+def adapter_name(version: int, member: str = "") -> str:
+    """Version `version`'s name (and folder name): `trl-policy-v7`, or `trl-policy-<member>-v7` in a sweep."""
+    return f"{adapter_base(member)}-v{version}"
+
+
+def adapter_version(name: str, member: str | None = None) -> int | None:
+    """The version number in an adapter version's name; None for any other name, and, where `member` is given
+    ("" for a lone run), for another member's version."""
+    match = ADAPTER_NAME_RE.match(name) if isinstance(name, str) else None
+    if not match or (member is not None and (match.group("member") or "") != member):
+        return None
+    return int(match.group("version"))
+
+
+def adapter_member(name: str) -> str | None:
+    """The sweep member an adapter version's name belongs to ("" for a lone run's), None for any other name."""
+    match = ADAPTER_NAME_RE.match(name) if isinstance(name, str) else None
+    return (match.group("member") or "") if match else None
+
+
+def spec_member(spec: dict) -> str:
+    """A run's sweep member tag from its spec (RunSpec `sweep_member`; "" for a lone run or an older spec)."""
+    member = spec.get("sweep_member") if isinstance(spec, dict) else None
+    return member if isinstance(member, str) else ""
+
+
+def run_adapter_name(spec: dict, version: int) -> str:
+    """Version `version`'s name in the run whose spec (spec.json, or a RunView's `spec`) is `spec`."""
+    return adapter_name(version, spec_member(spec))
 
 
 def fragment_name(writer: str, seq: int) -> str:

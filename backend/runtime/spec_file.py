@@ -85,6 +85,9 @@ class SpecFile(TypedDict):
     trackio: bool
     trackio_project: str
     trackio_space: str
+    # a sweep member (layout.spec_member): its tag names its adapter versions
+    sweep_id: str
+    sweep_member: str
 
 
 def read_spec(run_dir: str) -> SpecFile:

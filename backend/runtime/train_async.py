@@ -5,9 +5,9 @@
 Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy runs as a child process
 (its event loop free of the trainer's GIL) on a free local port, writing per-replica stats into
 <run_dir>/metrics as `proxy-*` fragments. Each weight sync publishes the adapter as
-<run_dir>/.vllm_lora/trl-policy-v<N> (the bucket every replica mounts) and loads it on every replica. Metrics
-go to <run_dir>/metrics as `trainer-*` fragments, checkpoints to <run_dir>/checkpoints (a preempted run
-started again resumes from them), the last adapter to <run_dir>/final.
+<run_dir>/.vllm_lora/trl-policy-v<N> (a sweep member's trl-policy-<member>-v<N>; the bucket every replica
+mounts) and loads it on every replica. Metrics go to <run_dir>/metrics as `trainer-*` fragments, checkpoints to
+<run_dir>/checkpoints (a preempted run started again resumes from them), the last adapter to <run_dir>/final.
 """
 
 import argparse
@@ -40,8 +40,10 @@ from .layout import (
     ROLLOUT_STATE_FILE,
     TRAINER_WRITER,
     VLLM_LORA_DIR,
+    adapter_base,
     adapter_name,
     rollout_state_version,
+    spec_member,
 )
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import raise_open_files_limit, start_proxy_process
@@ -87,7 +89,8 @@ class AsyncRunFolderCallback(RunFolderCallback):
         self.flush()
         version = self.trainer.model_version
         self.final = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
-                                     {"version": version, "name": adapter_name(version), "step": state.global_step})
+                                     {"version": version, "name": adapter_name(version, self.trainer.member),
+                                      "step": state.global_step})
         self.drain_rollouts()
 
     def finished(self) -> None:
@@ -208,15 +211,22 @@ def async_config(spec: SpecFile, run_dir: str, proxy_url: str):
     )
 
 
-def trainer_class():
+def trainer_class(member: str = ""):
+    """TRL's async trainer for a run whose sweep member tag is `member` ("" for a lone run)."""
     from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: PLC0415 heavy: after the run's own inputs are read
 
     class BucketAsyncGRPOTrainer(AsyncGRPOTrainer):
         """Checkpoints in <run_dir>/checkpoints (the bucket layout) while output_dir stays the run folder; version
-        numbers past every version ever published; an `adapter_published` event per sync."""
+        numbers past every version ever published; an `adapter_published` event per sync; versions named by
+        `layout.adapter_name` (a sweep member's carry its tag, so members sharing replicas never share a name)."""
 
         version_floor = 0   # the highest version ever published in the run folder before this attempt
         held_out = None     # a BackgroundEvaluation (runtime/evaluate.py) when the run has a held-out set
+
+        # TRL 1.16 assigns `self._lora_name = "trl-policy"` in __init__ and hands it to its rollout worker before
+        # __init__ returns, then names every sync, load, unload and folder `f"{_lora_name}-v{N}"`: a property whose
+        # setter ignores TRL's assignment is the one way to put the run's own name in all of them.
+        _lora_name = property(lambda self: adapter_base(self.member), lambda self, _value: None)
 
         def _get_output_dir(self, trial):
             return os.path.join(self.args.output_dir, CHECKPOINTS_DIR)
@@ -227,7 +237,7 @@ def trainer_class():
             self.model_version = max(self.model_version, self.version_floor)
             marks = super()._sync_weight_lora(t0)
             if self.accelerator.is_main_process:
-                name = adapter_name(self.model_version)
+                name = adapter_name(self.model_version, self.member)
                 write_event(self.args.output_dir, TRAINER_WRITER, ADAPTER_PUBLISHED, name=name,
                             version=self.model_version, step=self.state.global_step, path=f"{VLLM_LORA_DIR}/{name}",
                             size_bytes=folder_size(os.path.join(self._lora_dir, name)))
@@ -237,6 +247,7 @@ def trainer_class():
                                             last=self.state.global_step >= self.state.max_steps)
             return marks
 
+    BucketAsyncGRPOTrainer.member = member
     return BucketAsyncGRPOTrainer
 
 
@@ -249,8 +260,9 @@ def checkpoint_version(checkpoint: str | None) -> int:
         return 0
 
 
-def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
-    """Number this attempt's versions past every version published before, and mark the discarded ones."""
+def continue_numbering(trainer, run_dir: str, checkpoint: str | None, member: str = "") -> None:
+    """Number this attempt's versions past every version published before, and mark the discarded ones (`member`:
+    the run's sweep member tag, part of the versions' names)."""
     trainer.version_floor = highest_published(run_dir)
     resumed = checkpoint_version(checkpoint)
     later = [v for v in published_versions(run_dir) if v > resumed]
@@ -258,7 +270,7 @@ def continue_numbering(trainer, run_dir: str, checkpoint: str | None) -> None:
     if names:
         print(f"superseded (published after the checkpoint, now discarded): {', '.join(names)}", flush=True)
     if trainer.version_floor:
-        print(f"adapter versions continue at {adapter_name(trainer.version_floor + 1)}", flush=True)
+        print(f"adapter versions continue at {adapter_name(trainer.version_floor + 1, member)}", flush=True)
 
 
 def build_trainer(spec: SpecFile, run_dir: str, proxy_url: str, callback: AsyncRunFolderCallback):
@@ -266,7 +278,7 @@ def build_trainer(spec: SpecFile, run_dir: str, proxy_url: str, callback: AsyncR
 
     rewards, weights = run_rewards(spec)
     model = resolve_model(spec, run_dir)
-    trainer = trainer_class()(
+    trainer = trainer_class(spec_member(spec))(
         model=model,
         reward_funcs=[r if w == 1.0 else Weighted(r, w) for r, w in zip(rewards, weights)],
         args=async_config(spec, run_dir, proxy_url),
@@ -324,7 +336,7 @@ def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
-        continue_numbering(trainer, run_dir, checkpoint)
+        continue_numbering(trainer, run_dir, checkpoint, spec_member(spec))
         trainer.train(resume_from_checkpoint=checkpoint)
         if trainer.held_out is not None:
             trainer.held_out.finish()      # the last versions, while the proxy and the replicas are still up

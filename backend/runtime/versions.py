@@ -1,8 +1,8 @@
 """Adapter version numbers across attempts: a version name is published once, also across resumes.
 
-vLLM keys its prefix cache, and TRL its staleness, by the name `trl-policy-v{N}`: republishing a name with other
-weights serves the wrong policy. So a resumed trainer numbers past the highest version *ever* published, which is
-the highest of
+vLLM keys its prefix cache, and TRL its staleness, by the name `trl-policy-v{N}` (`layout.adapter_name`):
+republishing a name with other weights serves the wrong policy. So a resumed trainer numbers past the highest
+version *ever* published, which is the highest of
 - the `adapter_published` events the trainers record (they stay when TRL deletes old serving copies), and
 - the complete version folders (both adapter files) in `adapters/` and `.vllm_lora/`; a half-written folder (a
   copy cut off, only its config) counts for nothing.
@@ -16,12 +16,12 @@ import os
 from .layout import (
     ADAPTER_FILES,
     ADAPTER_META_FILE,
-    ADAPTER_NAME_RE,
     ADAPTERS_DIR,
     EVENTS_DIR,
     FRAGMENT_RE,
     TRAINER_WRITER,
     VLLM_LORA_DIR,
+    adapter_version,
     fragment_records,
 )
 from .records import ADAPTER_PUBLISHED, ADAPTERS_SUPERSEDED, write_event
@@ -47,14 +47,14 @@ def published_versions(run_dir: str) -> dict[int, dict]:
     for sub in (ADAPTERS_DIR, VLLM_LORA_DIR):
         folder = os.path.join(run_dir, sub)
         for name in os.listdir(folder) if os.path.isdir(folder) else []:
-            match = ADAPTER_NAME_RE.match(name)
-            if match and all(os.path.isfile(os.path.join(folder, name, f)) for f in ADAPTER_FILES):
-                found[int(match.group(1))] = {"name": name, "step": _meta_step(os.path.join(folder, name))}
+            version = adapter_version(name)
+            if version is not None and all(os.path.isfile(os.path.join(folder, name, f)) for f in ADAPTER_FILES):
+                found[version] = {"name": name, "step": _meta_step(os.path.join(folder, name))}
     for event in trainer_events(run_dir):
-        match = ADAPTER_NAME_RE.match(str(event.get("name", ""))) if event["event"] == ADAPTER_PUBLISHED else None
-        if match:
+        version = adapter_version(event.get("name")) if event["event"] == ADAPTER_PUBLISHED else None
+        if version is not None:
             step = event.get("step") if isinstance(event.get("step"), int) else None
-            found.setdefault(int(match.group(1)), {"name": event["name"], "step": step})
+            found.setdefault(version, {"name": event["name"], "step": step})
     return found
 
 

@@ -356,21 +356,20 @@ def list_adapter_versions(store: BucketStore, run_id: str,
     prefix = layout.run_prefix(run_id)
     for sub in (layout.ADAPTERS_DIR, layout.VLLM_LORA_DIR):
         for folder, files in _group_by_folder(store.list_files(f"{prefix}/{sub}")).items():
-            match = layout.ADAPTER_NAME_RE.match(posixpath.basename(folder))
+            version = layout.adapter_version(posixpath.basename(folder))
             names = {posixpath.basename(f.path) for f in files}
-            if not match or not all(n in names for n in layout.ADAPTER_FILES):
+            if version is None or not all(n in names for n in layout.ADAPTER_FILES):
                 continue  # a temporary or half-written folder
-            version = int(match.group(1))
             if version in found or version in known:
                 continue
             found[version] = _adapter_version(store, folder, version, files)
     return found
 
 
-def find_adapter_version(store: BucketStore, run_id: str, version: int) -> AdapterVersion | None:
+def find_adapter_version(store: BucketStore, run_id: str, version: int, member: str = "") -> AdapterVersion | None:
     """Version `version` from its own folder in `adapters/` or `.vllm_lora/` (None unless both adapter files are
-    there): a `sizes` call, and a listing of that one small folder once they are."""
-    prefix, name = layout.run_prefix(run_id), layout.adapter_name(version)
+    there): a `sizes` call, and a listing of that one small folder once they are. `member`: the run's sweep tag."""
+    prefix, name = layout.run_prefix(run_id), layout.adapter_name(version, member)
     for sub in (layout.ADAPTERS_DIR, layout.VLLM_LORA_DIR):
         folder = f"{prefix}/{sub}/{name}"
         if len(store.sizes([f"{folder}/{n}" for n in layout.ADAPTER_FILES])) == len(layout.ADAPTER_FILES):
@@ -386,7 +385,7 @@ def _adapter_version(store: BucketStore, folder: str, version: int, files: list[
         except (OSError, ValueError):
             meta = {}
     size = sum(f.size for f in files if posixpath.basename(f.path) in layout.ADAPTER_FILES)
-    return AdapterVersion(version=version, name=layout.adapter_name(version), path=folder, step=meta.get("step"),
+    return AdapterVersion(version=version, name=posixpath.basename(folder), path=folder, step=meta.get("step"),
                           time=meta.get("time") or max(f.mtime for f in files), size_bytes=size)
 
 

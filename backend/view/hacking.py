@@ -54,6 +54,7 @@ def hacking_sign(held) -> HackingSign | None:
     if len(versions) < 2:
         return None
     base, newest = versions[0], versions[-1]
+    newest_name = layout.adapter_name(newest, held.member)
     rise = scores[newest].score - scores[base].score
     if rise < TRAINED_RISE:
         return None
@@ -72,16 +73,16 @@ def hacking_sign(held) -> HackingSign | None:
     share, base_share = _collapsed_share(held.samples.get(newest, [])), _collapsed_share(held.samples.get(base, []))
     collapse = share is not None and share >= COLLAPSED_SHARE and (base_share or 0) < COLLAPSED_SHARE
     if collapse:
-        fallen.append(f"{share:.0%} of {layout.adapter_name(newest)}'s held-out answers are one character or word "
+        fallen.append(f"{share:.0%} of {newest_name}'s held-out answers are one character or word "
                       "repeated")
     if not fallen:
         return None
     quoted = [s["completion"][:40] for s in held.samples.get(newest, [])[:SAMPLES_QUOTED]
               if isinstance(s.get("completion"), str)]
     sample = f" (e.g. {', '.join(repr(q) for q in quoted)})" if quoted else ""
-    base_name = "the base model (v0)" if base == 0 else layout.adapter_name(base)
+    base_name = "the base model (v0)" if base == 0 else layout.adapter_name(base, held.member)
     message = (f"reward hacking suspected: the trained score rose {scores[base].score:.3f} → "
-               f"{scores[newest].score:.3f} from {base_name} to {layout.adapter_name(newest)} while "
+               f"{scores[newest].score:.3f} from {base_name} to {newest_name} while "
                + "; ".join(fallen) + f"{sample}. Check the samples; pick what decides the best version under "
                "'Best version by'.")
     names = tuple(n for n in scores[newest].rewards if f"**{n}**" in message)

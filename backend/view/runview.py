@@ -263,13 +263,18 @@ class RunView:
     def engine(self) -> str | None:
         return self._engine
 
+    @property
+    def member(self) -> str:
+        """The run's sweep member tag ("" for a lone run): part of its versions' names."""
+        return layout.spec_member(self.spec)
+
     def find_adapter(self, version: int) -> AdapterVersion | None:
         """Version `version` if the run published it: from its events, or from its folder while the older events
         are still being read (a version picked by hand before its event is read is no less published)."""
         known = self.adapters.get(version)
         if known is not None or not self.events_loading:
             return known
-        return find_adapter_version(self.store, self.run_id, version)
+        return find_adapter_version(self.store, self.run_id, version, self.member)
 
     def newest_adapters(self, count: int) -> list[AdapterVersion]:
         """The `count` highest versions, newest first (without sorting thousands of versions each time)."""
@@ -536,6 +541,7 @@ class RunView:
         except (OSError, ValueError, KeyError):
             return False
         self.spec = redact_record(spec) if isinstance(spec, dict) else {}
+        self.held_out.member = self.member
         return bool(self.spec)
 
     def _refresh_fragments(self, full: bool = False) -> bool:
@@ -613,11 +619,11 @@ class RunView:
         if event["event"] == records.ADAPTERS_SUPERSEDED and isinstance(event.get("names"), list):
             for name in event["names"]:
                 self.superseded[str(name)] = event.get("resumed_from_step")
-        match = layout.ADAPTER_NAME_RE.match(str(event.get("name", "")))
-        if event["event"] != records.ADAPTER_PUBLISHED or not match or int(match.group(1)) in self.adapters:
+        version = layout.adapter_version(event.get("name"))
+        if event["event"] != records.ADAPTER_PUBLISHED or version is None or version in self.adapters:
             return
         self._versions_from_events = True
-        version, name = int(match.group(1)), event["name"]
+        name = event["name"]
         path = event.get("path") if isinstance(event.get("path"), str) else f"{layout.ADAPTERS_DIR}/{name}"
         step, size, when = event.get("step"), event.get("size_bytes"), event.get("time")
         bisect.insort(self._versions, version)

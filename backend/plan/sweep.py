@@ -1,0 +1,199 @@
+"""A sweep: N distributed LoRA runs that differ in one to three settings, trained on one replica fleet.
+
+    sweep = SweepSpec(base, {"learning_rate": [1e-4, 5e-4], "lora_r": [8, 16]}, grid=True)
+    members = sweep.members()        # 4 RunSpecs, tied by sweep.sweep_id, tagged m0..m3
+    fleet = fleet_size(members)      # --max-loras 12, --max-lora-rank 16, and a note on padding
+
+Members are ordinary runs (their own spec, bucket folder, checkpoints, resume); what ties them is `sweep_id`, and what
+keeps them apart on the shared replicas is `sweep_member`, part of every adapter version's name
+(`layout.adapter_name`). A sweep varies only what one trainer decides (its LoRA, its GRPO settings, its share of the
+fleet's traffic): the fleet itself (the model, the mode, the replicas, their hardware) is one for every member.
+Bad input is refused with the field named, before anything is launched. No I/O beyond `RunSpec.validate`'s.
+"""
+
+import dataclasses
+import itertools
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from backend.plan.spec import RunSpec, SpecError, _coerce
+from backend.plan.spec_fields import GRPO, LORA, FieldError
+from backend.plan.vllm_args import max_loras, round_lora_rank
+
+MAX_SWEPT_FIELDS = 3
+# Adapter slots one replica may be asked to hold for a whole sweep. vLLM reserves, on each replica and for each slot,
+# the weights of an adapter of --max-lora-rank on every target module, and batches at most --max-loras adapters per
+# step: past this the reserve crowds out the KV cache of a small GPU. A sweep that needs more runs fewer members.
+MAX_FLEET_LORA_SLOTS = 32
+
+# The trainer-side fields of the distributed section: each member's own, not the fleet's.
+DISTRIBUTED_MEMBER_FIELDS = ("max_staleness", "max_tokens_per_batch", "max_inflight_tasks", "queue_maxsize",
+                             "gradient_checkpointing")
+TASK_MEMBER_FIELDS = ("reward_weights",)
+
+# Fields that cannot vary between members, and why (the message the refusal gives).
+FLEET_FIELDS = {
+    "model": "the fleet serves one base model to every member",
+    "mode": "a sweep's members are distributed runs sharing one replica fleet",
+    "executor": "the fleet runs in one place",
+    "replicas": "the fleet's size is one for every member",
+    "servers_per_gpu": "the fleet's size is one for every member",
+    "vllm_flavor": "the fleet's hardware is one for every member",
+    "replica_max_model_len": "the fleet's replicas are started once, with one context length",
+    "replica_gpu_memory_utilization": "the fleet's replicas are started once, with one memory share",
+    "network": "the fleet has one network",
+}
+
+
+def sweepable_fields() -> tuple[str, ...]:
+    """What a member may set apart from the others: the LoRA and GRPO sections, the trainer-side distributed
+    fields and the reward weights."""
+    sections = (LORA, GRPO)
+    own = [f.name for f in dataclasses.fields(RunSpec) if f.metadata.get("section") in sections]
+    return (*own, *DISTRIBUTED_MEMBER_FIELDS, *TASK_MEMBER_FIELDS)
+
+
+def _key(value) -> str:
+    """A value's identity for the duplicate check: 1e-4 and 0.0001 are one value, [a, b] one list."""
+    return json.dumps(value, sort_keys=True)
+
+
+@dataclass
+class SweepSpec:
+    """The base settings, and the swept fields with their values. `grid`: every combination of the values (a grid);
+    otherwise the value lists are read side by side (all of one length), member i taking each field's i-th value."""
+
+    base: RunSpec
+    swept: dict[str, list]
+    grid: bool = True
+    sweep_id: str = field(default="")
+
+    def __post_init__(self):
+        if not self.sweep_id:
+            self.sweep_id = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+
+    def problems(self) -> list[FieldError]:
+        """Why this sweep cannot launch, each naming the field at fault; [] when it can."""
+        errs = self._field_problems()
+        if errs:
+            return errs
+        if self.base.mode != "distributed":
+            return [FieldError("mode", "a sweep's members share one replica fleet: choose the distributed mode")]
+        if not self.grid and len({len(v) for v in self.swept.values()}) > 1:
+            lengths = ", ".join(f"{name} {len(v)}" for name, v in self.swept.items())
+            return [FieldError(next(iter(self.swept)), f"side-by-side lists must be of one length ({lengths}): "
+                                                      "give each the same number of values, or sweep a grid")]
+        if len(self._combinations()) < 2:
+            return [FieldError(next(iter(self.swept)), "a sweep needs at least 2 members: give more values")]
+        base_errs = self.base.validate()
+        if base_errs:
+            return base_errs
+        members = self._members()
+        errs = [FieldError(e.field, f"member {m.sweep_member} ({_settings_text(self.member_settings(m))}): "
+                                    f"{e.message}") for m in members for e in m.validate()]
+        return errs or _slot_problems(members, self.swept)
+
+    def _field_problems(self) -> list[FieldError]:
+        if not self.swept:
+            return [FieldError("sweep", "name one to three fields to sweep, each with its values")]
+        if len(self.swept) > MAX_SWEPT_FIELDS:
+            return [FieldError("sweep", f"a sweep varies at most {MAX_SWEPT_FIELDS} fields, not {len(self.swept)} "
+                                        f"({', '.join(self.swept)})")]
+        known, allowed, errs = {f.name: f for f in dataclasses.fields(RunSpec)}, sweepable_fields(), []
+        for name, values in self.swept.items():
+            if name not in known:
+                errs.append(FieldError(name, "is not a RunSpec field"))
+            elif name not in allowed:
+                why = FLEET_FIELDS.get(name, "it is not a trainer's own setting")
+                errs.append(FieldError(name, f"cannot be swept: {why}; sweep one of {', '.join(allowed)}"))
+            elif not isinstance(values, list) or not values:
+                errs.append(FieldError(name, "give a list of one or more values to sweep"))
+            else:
+                errs += _value_problems(name, values, known[name].type)
+        return errs
+
+    def _combinations(self) -> list[dict]:
+        names = list(self.swept)
+        if self.grid:
+            rows = itertools.product(*(self.swept[n] for n in names))
+        else:
+            rows = zip(*(self.swept[n] for n in names))
+        return [dict(zip(names, row)) for row in rows]
+
+    def _members(self) -> list[RunSpec]:
+        base = {k: v for k, v in self.base.to_dict().items() if k not in ("run_id", "created_at")}
+        out = []
+        for i, settings in enumerate(self._combinations()):
+            tag = f"m{i}"
+            out.append(RunSpec.from_dict({**base, **settings, "name": f"{self.base.name[:60]}-{tag}",
+                                          "sweep_id": self.sweep_id, "sweep_member": tag}))
+        return out
+
+    def members(self) -> list[RunSpec]:
+        """The member runs, each a whole RunSpec with its own run id; SpecError when the sweep has problems."""
+        errs = self.problems()
+        if errs:
+            raise SpecError(errs)
+        return self._members()
+
+    def member_settings(self, member: RunSpec) -> dict:
+        """What sets `member` apart: its value of each swept field."""
+        return {name: getattr(member, name) for name in self.swept}
+
+
+def _value_problems(name: str, values: list, tp) -> list[FieldError]:
+    try:
+        coerced = [_coerce(v, tp) for v in values]
+    except (TypeError, ValueError):
+        return [FieldError(name, f"every value must be of the field's type ({tp}): {values!r:.200}")]
+    seen, dupes = set(), []
+    for value in coerced:
+        key = _key(value)
+        if key in seen:
+            dupes.append(value)
+        seen.add(key)
+    if dupes:
+        return [FieldError(name, f"{dupes[0]!r} is given twice: each value makes one member, give each once")]
+    return []
+
+
+def _slot_problems(members: list[RunSpec], swept: dict) -> list[FieldError]:
+    slots = sum(max_loras(m.max_staleness) for m in members)
+    if slots <= MAX_FLEET_LORA_SLOTS:
+        return []
+    at = "max_staleness" if "max_staleness" in swept else next(iter(swept))
+    return [FieldError(at, f"{len(members)} members need {slots} LoRA slots on each replica (max_staleness + 2 "
+                           f"each), more than a fleet holds ({MAX_FLEET_LORA_SLOTS}): sweep fewer values, or lower "
+                           "max_staleness")]
+
+
+def _settings_text(settings: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+@dataclass(frozen=True)
+class FleetSize:
+    """What the one fleet's replicas are started with for a sweep, and what the preview says about it."""
+
+    max_loras: int          # --max-loras and --max-cpu-loras: every member's (max_staleness + 2) at once
+    max_lora_rank: int      # --max-lora-rank: the largest member's rank, rounded to one vLLM accepts
+    notes: tuple[str, ...]  # what the preview says (a rank sweep pads its small members)
+
+
+def fleet_size(members: list[RunSpec]) -> FleetSize:
+    """The adapter slots and rank a fleet needs to serve every member at once: each member keeps up to
+    max_staleness + 1 versions in use and loads its next before unloading its oldest (TRL's own need, summed)."""
+    slots = sum(max_loras(m.max_staleness) for m in members)
+    ranks = sorted({m.lora_r for m in members})
+    rank = round_lora_rank(ranks[-1])
+    notes = []
+    if len(ranks) > 1 or ranks[0] != rank:
+        small = [m.sweep_member for m in members if round_lora_rank(m.lora_r) < rank]
+        if small:
+            notes.append(f"vLLM pads every adapter to --max-lora-rank {rank}: member(s) {', '.join(small)} "
+                         f"(rank {', '.join(str(r) for r in ranks if round_lora_rank(r) < rank)}) are served at rank "
+                         f"{rank}'s cost, so a sweep over the rank slows its small members")
+    return FleetSize(slots, rank, tuple(notes))
+

@@ -1,0 +1,99 @@
+"""A sweep (backend/plan/sweep.py): base settings and swept fields -> member runs on one fleet, or refusals that
+name the field."""
+
+import pytest
+
+from backend.plan.spec import RunSpec, SpecError
+from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, SweepSpec, fleet_size
+from backend.runtime import layout
+
+
+def base(**changes) -> RunSpec:
+    return RunSpec(**{"name": "lr-sweep", "mode": "distributed", "max_steps": 4, "replicas": 2, **changes})
+
+
+def refusal(sweep: SweepSpec) -> tuple[str, str]:
+    problems = sweep.problems()
+    assert problems, "the sweep was accepted"
+    with pytest.raises(SpecError):
+        sweep.members()
+    return problems[0].field, problems[0].message
+
+
+def test_a_grid_makes_every_combination_each_an_ordinary_valid_run_tied_by_the_sweep_id():
+    sweep = SweepSpec(base(), {"learning_rate": [1e-4, "5e-4"], "lora_r": [8, 16]})
+    members = sweep.members()
+    assert [(m.learning_rate, m.lora_r) for m in members] == [(1e-4, 8), (1e-4, 16), (5e-4, 8), (5e-4, 16)]
+    assert [m.sweep_member for m in members] == ["m0", "m1", "m2", "m3"]
+    assert {m.sweep_id for m in members} == {sweep.sweep_id}
+    assert len({m.run_id for m in members}) == 4, "each member is a run of its own (own folder, own resume)"
+    assert all(m.validate() == [] for m in members)
+    assert all(m.model == members[0].model and m.replicas == 2 and m.max_steps == 4 for m in members)
+    names = {layout.adapter_name(3, m.sweep_member) for m in members}
+    assert len(names) == 4 and layout.adapter_name(3) not in names, "no member's versions share a name"
+    assert sweep.member_settings(members[2]) == {"learning_rate": 5e-4, "lora_r": 8}
+
+
+def test_side_by_side_lists_pair_their_values_and_must_be_of_one_length():
+    members = SweepSpec(base(), {"beta": [0.0, 0.04], "temperature": [1.0, 0.7]}, grid=False).members()
+    assert [(m.beta, m.temperature) for m in members] == [(0.0, 1.0), (0.04, 0.7)]
+    field, message = refusal(SweepSpec(base(), {"beta": [0.0, 0.04], "temperature": [1.0]}, grid=False))
+    assert field == "beta" and "one length (beta 2, temperature 1)" in message
+
+
+@pytest.mark.parametrize("name,why", [("model", "one base model"), ("mode", "sharing one replica fleet"),
+                                      ("replicas", "fleet's size"), ("servers_per_gpu", "fleet's size"),
+                                      ("vllm_flavor", "fleet's hardware"), ("name", "not a trainer's own setting")])
+def test_a_field_the_fleet_shares_cannot_be_swept(name, why):
+    field, message = refusal(SweepSpec(base(), {name: ["a", "b"]}))
+    assert field == name and "cannot be swept" in message and why in message
+
+
+@pytest.mark.parametrize("values,says", [([], "one or more values"), ("1e-4", "a list"),
+                                         ([1e-4, 0.0001], "given twice"), ([1e-4, "x"], "of the field's type")])
+def test_an_empty_duplicate_or_mistyped_value_list_is_refused_with_its_field(values, says):
+    field, message = refusal(SweepSpec(base(), {"learning_rate": values}))
+    assert field == "learning_rate" and says in message
+
+
+def test_a_sweep_of_one_member_nothing_or_too_many_fields_is_refused():
+    assert refusal(SweepSpec(base(), {"learning_rate": [1e-4]}))[0] == "learning_rate"
+    assert refusal(SweepSpec(base(), {}))[0] == "sweep"
+    many = {"learning_rate": [1e-4, 2e-4], "beta": [0.0, 0.1], "lora_r": [8, 16], "temperature": [1.0, 0.9]}
+    field, message = refusal(SweepSpec(base(), many))
+    assert field == "sweep" and "at most 3 fields" in message
+    assert refusal(SweepSpec(base(), {"no_such_field": [1, 2]}))[0] == "no_such_field"
+
+
+def test_a_colocated_base_and_a_member_that_does_not_validate_are_refused():
+    assert refusal(SweepSpec(base(mode="colocated"), {"learning_rate": [1e-4, 2e-4]}))[0] == "mode"
+    field, message = refusal(SweepSpec(base(), {"learning_rate": [1e-4, 2.0]}))
+    assert field == "learning_rate" and message.startswith("member m1 (learning_rate=2.0): must be > 0 and < 1")
+
+
+def test_more_members_than_the_fleets_lora_slots_hold_is_refused_at_the_slots_field():
+    fits = MAX_FLEET_LORA_SLOTS // 3           # max_staleness 1: 3 slots each
+    assert len(SweepSpec(base(), {"seed": list(range(fits))}).members()) == fits
+    field, message = refusal(SweepSpec(base(), {"seed": list(range(fits + 1))}))
+    assert field == "seed" and f"{fits + 1} members need {3 * (fits + 1)} LoRA slots" in message
+    field, _ = refusal(SweepSpec(base(), {"max_staleness": [15, 16], "seed": [0, 1]}))
+    assert field == "max_staleness"
+
+
+def test_the_fleet_holds_every_members_versions_at_once_at_the_largest_rank():
+    members = SweepSpec(base(), {"max_staleness": [0, 2], "lora_r": [4, 16]}, grid=False).members()
+    fleet = fleet_size(members)
+    assert (fleet.max_loras, fleet.max_lora_rank) == ((0 + 2) + (2 + 2), 16)
+    assert len(fleet.notes) == 1 and "pads every adapter to --max-lora-rank 16" in fleet.notes[0]
+    assert "m0 (rank 4)" in fleet.notes[0]
+    same = fleet_size(SweepSpec(base(), {"learning_rate": [1e-4, 2e-4]}).members())
+    assert (same.max_loras, same.max_lora_rank, same.notes) == (6, 8, ())
+
+
+def test_a_lone_run_stays_untagged_and_a_tag_needs_its_sweep_and_the_distributed_mode():
+    assert RunSpec().validate() == [] and RunSpec().sweep_member == ""
+    tagged = {"mode": "distributed", "sweep_id": "s1", "sweep_member": "m0"}
+    assert RunSpec(**tagged).validate() == []
+    assert [e.field for e in RunSpec(**{**tagged, "sweep_member": "M-0"}).validate()] == ["sweep_member"]
+    assert [e.field for e in RunSpec(**{**tagged, "sweep_id": ""}).validate()] == ["sweep_id"]
+    assert [e.field for e in RunSpec(**{**tagged, "mode": "colocated"}).validate()] == ["mode"]
