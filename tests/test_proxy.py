@@ -19,7 +19,8 @@ import requests
 from vllm_replicas import API_KEY, free_port, served_models
 
 from backend.runtime.layout import LOADS_WRITER
-from backend.runtime.proxy import SERVED_BY, Proxy, affinity_key, start_proxy
+from backend.runtime.proxy import SERVED_BY, Proxy, start_proxy
+from backend.runtime.replicas import affinity_key
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until

@@ -97,3 +97,29 @@ def test_a_lone_run_stays_untagged_and_a_tag_needs_its_sweep_and_the_distributed
     assert [e.field for e in RunSpec(**{**tagged, "sweep_member": "M-0"}).validate()] == ["sweep_member"]
     assert [e.field for e in RunSpec(**{**tagged, "sweep_id": ""}).validate()] == ["sweep_id"]
     assert [e.field for e in RunSpec(**{**tagged, "mode": "colocated"}).validate()] == ["mode"]
+
+
+@pytest.mark.parametrize("member", ["", "m1"])
+def test_the_async_trainer_syncs_loads_and_unloads_under_the_runs_own_names(member):
+    """TRL 1.16 assigns its `_lora_name` in __init__ and names every sync `f"{_lora_name}-v{N}"`: the run's trainer
+    keeps its own name whatever TRL assigns (a lone run's is TRL's own)."""
+    import inspect
+
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+
+    from backend.runtime.train_async import trainer_class
+
+    assert 'self._lora_name = "trl-policy"' in inspect.getsource(AsyncGRPOTrainer.__init__)
+    assert 'f"{self._lora_name}-v{version}"' in inspect.getsource(AsyncGRPOTrainer._sync_weight_lora)
+    cls = trainer_class(member)
+    trainer = cls.__new__(cls)
+    trainer._lora_name = "trl-policy"          # what TRL's __init__ does
+    assert f"{trainer._lora_name}-v{7}" == layout.adapter_name(7, member)
+
+
+def test_a_members_trainer_starts_its_proxy_as_that_member_capped_at_its_own_concurrency():
+    from backend.runtime.train_async import member_proxy
+
+    spec = {"max_inflight_tasks": 8, "eval_max_inflight": 4}
+    assert member_proxy({**spec, "sweep_member": ""}) == {}, "a lone run's proxy is started as before"
+    assert member_proxy({**spec, "sweep_member": "m2"}) == {"member": "m2", "member_cap": 12}

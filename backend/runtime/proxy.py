@@ -2,6 +2,9 @@
 
     python -m runtime.proxy --port 8000 --replica http://r1:8000 --replica http://r2:8000 [--stats-dir DIR]
 
+- A sweep member's proxy (`--member TAG`) shares its replicas with the other members' proxies: it loads, unloads,
+  reconciles and serves only its member's versions, holds its own generations on /pause, caps them in flight and
+  counts their tokens (proxy_members.py). Without `--member` (a lone run) what follows holds unchanged.
 - Adapter loads, unloads, /pause, /resume and /reset_prefix_cache go to every live replica. A load is
   all-or-nothing: where it failed on one replica it is unloaded where it succeeded, and the error returned.
   A load whose path is not yet visible on a replica's bucket mount (vLLM answers 404) is retried until
@@ -49,12 +52,22 @@ from aiohttp import web
 
 from .canary import ServingProof
 from .proxy_env import replica_token
+from .proxy_members import MAX_COUNTED_BODY, Members
 from .proxy_stats import LoadRecorder, StatsRecorder
-from .replicas import Replica, ReplicaUnreachable, Reply, affinity_key, load_rates, parse_load, pick
+from .replicas import (
+    Replica,
+    ReplicaUnreachable,
+    Reply,
+    load_rates,
+    parse_load,
+    pick,
+    request_route,
+)
 
 log = logging.getLogger("runtime.proxy")
 
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
+GENERATION_PATHS = (*COMPLETION_PATHS, "/tokenize", "/detokenize")
 FORWARDED_HEADERS = ("Content-Type", "Accept")
 LOAD_INTERVAL_ENV = "GRPO_PROXY_LOAD_INTERVAL_S"   # how often each server's /metrics is read (default 10 s)
 SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
@@ -65,7 +78,7 @@ class Proxy:
     def __init__(self, replica_urls: list[str], *, spill_threshold: int = 8, load_deadline_s: float = 60.0,
                  health_interval_s: float = 1.0, stats_dir: str | None = None, stats_interval_s: float = 2.0,
                  stats_flush_s: float = 30.0, token: str | None = None, canary_interval_s: float = 30.0,
-                 load_interval_s: float = 10.0):
+                 load_interval_s: float = 10.0, member: str | None = None, member_cap: int = 0):
         if not replica_urls:
             raise ValueError("the proxy needs at least one --replica URL")
         self.replicas = [Replica(u.rstrip("/")) for u in replica_urls]
@@ -83,6 +96,9 @@ class Proxy:
         self.load_interval_s = load_interval_s
         self._readings: dict[str, tuple[float, dict]] = {}   # server url -> its last /metrics reading
         self.forwarded = 0                    # generations relayed: with the process's CPU time, its cost per request
+        # A sweep member's proxy (`member` its tag) shares the replicas with the other members' proxies: see
+        # proxy_members.py. None: a lone run's, whose replicas are its own.
+        self.members = Members(member, member_cap)
         self._session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -121,7 +137,7 @@ class Proxy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._stats:
-            self._stats.sample(self.replicas, force=True)
+            self._stats.sample(self.replicas, force=True, members=self._member_stats())
         await self._session.close()
 
     # ---- replica calls
@@ -173,7 +189,11 @@ class Proxy:
     def _record(self) -> None:
         """Sample the stats now: a change of health or adapters must not fall between two periodic samples."""
         if self._stats:
-            self._stats.sample(self.replicas)
+            self._stats.sample(self.replicas, members=self._member_stats())
+
+    def _member_stats(self) -> dict | None:
+        """A sweep member's traffic, for its stats records (a lone run's records stay as they were)."""
+        return self.members.snapshot() if self.members.shared else None
 
     # ---- adapter broadcasts
     async def _load_on(self, replica: Replica, name: str, path: str) -> Reply:
@@ -202,6 +222,9 @@ class Proxy:
         name, path = body.get("lora_name"), body.get("lora_path")
         if not name or not path:
             return _error(400, "both 'lora_name' and 'lora_path' must be given")
+        if not self.members.owns(name):
+            return _error(403, f"this proxy loads only sweep member {self.members.own!r}'s adapter versions, not "
+                               f"{name!r}")
         async with self._lock:
             live = [r for r in self.replicas if r.healthy]
             timed = await asyncio.gather(*(self._timed_load(r, name, path) for r in live), return_exceptions=True)
@@ -238,6 +261,9 @@ class Proxy:
     async def unload_adapter(self, request: web.Request) -> web.Response:
         body = await request.json()
         name = body.get("lora_name")
+        if not self.members.owns(str(name)):
+            return _error(403, f"this proxy unloads only sweep member {self.members.own!r}'s adapter versions, not "
+                               f"{name!r}: another member's stay loaded")
         async with self._lock:
             replies = await self._broadcast("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
             self.adapters.pop(name, None)
@@ -252,6 +278,11 @@ class Proxy:
 
     # ---- engine control broadcasts
     async def pause(self, request: web.Request) -> web.Response:
+        if self.members.shared:
+            # The engines serve every member: pausing them would stall the others' rollouts. This member's new
+            # generations wait here instead (its adapter versions have names of their own, so none is overwritten).
+            self.members.pause()
+            return web.json_response({"status": "paused", "member": self.members.own})
         replies = await self._broadcast("POST", "/pause", params=dict(request.query))
         paused = [r for r, rep in replies.items() if rep.status == 200]
         if len(paused) < len(replies):
@@ -260,6 +291,9 @@ class Proxy:
         return _combined(replies, {"status": "paused"})
 
     async def resume(self, request: web.Request) -> web.Response:
+        if self.members.shared:
+            self.members.resume()
+            return web.json_response({"status": "resumed", "member": self.members.own})
         replies = await self._broadcast("POST", "/resume", params=dict(request.query))
         return _combined(replies, {"status": "resumed"})
 
@@ -275,17 +309,29 @@ class Proxy:
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        key = affinity_key(body)
+        model, key = request_route(body)
+        if not self.members.shared:
+            return await self._route(request, body, key)
+        foreign = self.members.foreign(model)
+        if foreign:
+            return _error(403, foreign)
+        async with self.members.slot(self.members.member_of(model)) as traffic:
+            return await self._route(request, body, key, traffic)
+
+    async def _route(self, request: web.Request, body: bytes, key: str, traffic=None) -> web.StreamResponse:
+        """Forward to the replica the key picks, then to the others as each proves unreachable. `traffic`: a sweep
+        member's counts (proxy_members.py), None for a lone run."""
         tried: set[str] = set()
         while (replica := self.pick(key, tried)) is not None:
             tried.add(replica.url)
             try:
-                return await self._forward(request, replica, body)
+                return await self._forward(request, replica, body, traffic)
             except ReplicaUnreachable as error:
                 self._mark_down(replica, str(error))
         return _error(503, "no healthy vLLM replica")
 
-    async def _forward(self, request: web.Request, replica: Replica, body: bytes) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, replica: Replica, body: bytes,
+                       traffic=None) -> web.StreamResponse:
         headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers} | self._auth
         replica.in_flight += 1
         try:
@@ -295,14 +341,15 @@ class Proxy:
             except (TimeoutError, aiohttp.ClientError, OSError) as error:
                 raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
             try:
-                return await self._relay(request, replica, upstream)
+                return await self._relay(request, replica, upstream, traffic)
             finally:
                 upstream.release()  # closes the connection, aborting the request in vLLM, if unread data is left
         finally:
             replica.in_flight -= 1
 
-    async def _relay(self, request: web.Request, replica: Replica, upstream) -> web.StreamResponse:
-        """Copy the replica's answer chunk by chunk, so streamed completions stream through the proxy."""
+    async def _relay(self, request: web.Request, replica: Replica, upstream, traffic=None) -> web.StreamResponse:
+        """Copy the replica's answer chunk by chunk, so streamed completions stream through the proxy; a completion's
+        JSON answer is kept too, for the tokens it generated (`traffic`: its member's counts)."""
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
         response = web.StreamResponse(status=upstream.status, headers=headers | {SERVED_BY: replica.url})
         if upstream.content_length is not None:
@@ -311,6 +358,8 @@ class Proxy:
             await response.prepare(request)
         except ConnectionResetError:
             return response  # the caller went away while the replica answered
+        counted = [] if traffic is not None and _counts_tokens(request, upstream) else None
+        size = 0
         while True:
             try:
                 chunk = await upstream.content.readany()
@@ -319,6 +368,8 @@ class Proxy:
                 return response
             if not chunk:
                 break
+            if counted is not None and (size := size + len(chunk)) <= MAX_COUNTED_BODY:
+                counted.append(chunk)
             try:
                 await response.write(chunk)
             except ConnectionResetError:
@@ -327,6 +378,8 @@ class Proxy:
         self.forwarded += 1
         if upstream.status < 400:
             replica.served += 1
+            if counted is not None:
+                Members.count(traffic, b"".join(counted) if size <= MAX_COUNTED_BODY else None)
         else:
             replica.errors += 1
         return response
@@ -357,7 +410,8 @@ class Proxy:
 
     def snapshot(self) -> dict:
         return {"time": time.time(), "replicas": [r.snapshot() for r in self.replicas], "adapters": dict(self.adapters),
-                "proxy": {"cpu_s": round(time.process_time(), 3), "forwarded": self.forwarded}}
+                "proxy": {"cpu_s": round(time.process_time(), 3), "forwarded": self.forwarded},
+                **({"member": self.members.own, "members": self.members.snapshot()} if self.members.shared else {})}
 
     # ---- background loops
     async def _health_loop(self) -> None:
@@ -388,7 +442,8 @@ class Proxy:
         async with self._lock:
             try:
                 models = json.loads((await self._call(replica, "GET", "/v1/models", timeout=30)).text)
-                held = {m["id"] for m in models["data"] if m.get("parent")}
+                # In a sweep the replica also holds the other members' versions: they are not this proxy's to touch.
+                held = {m["id"] for m in models["data"] if m.get("parent") and self.members.owns(m["id"])}
                 # A server that comes back holding none of the adapters it held is a new one (its job ran again);
                 # one still holding some only stopped answering for a while (a disconnect, a stall, a missed check).
                 restarted = replica.joined >= 1 and replica.held_when_down and not held
@@ -446,8 +501,13 @@ class Proxy:
 
     async def _stats_loop(self) -> None:
         while True:
-            self._stats.sample(self.replicas)
+            self._stats.sample(self.replicas, members=self._member_stats())
             await asyncio.sleep(self._stats.interval_s)
+
+
+def _counts_tokens(request: web.Request, upstream) -> bool:
+    """A completion answered as one JSON body (not a stream, a tokenization): it says the tokens it generated."""
+    return request.path in COMPLETION_PATHS and upstream.content_type == "application/json"
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -540,9 +600,11 @@ class ProxyProcess:
 
 
 def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None, token: str | None = None,
-                        port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 60.0) -> ProxyProcess:
+                        port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 60.0,
+                        member: str | None = None, member_cap: int = 0) -> ProxyProcess:
     """Start `python -m runtime.proxy` as a child that dies with its parent; returns once it answers /health.
-    `host` 0.0.0.0 serves it on every interface too (a private-network trainer exposes it to the panel)."""
+    `host` 0.0.0.0 serves it on every interface too (a private-network trainer exposes it to the panel). `member`: a
+    sweep member's tag (its replicas are shared), with at most `member_cap` generations in flight (0: no cap)."""
     if not port:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -554,6 +616,8 @@ def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None
         command += ["--replica", url]
     if stats_dir:
         command += ["--stats-dir", stats_dir]
+    if member:
+        command += ["--member", member, "--member-cap", str(member_cap)]
     env = {**os.environ, **({"HF_TOKEN": token} if token else {})}
     proc = subprocess.Popen(command, env=env)
     handle = ProxyProcess(proc, f"http://127.0.0.1:{port}")
@@ -604,13 +668,16 @@ def main() -> None:
                         help="requests in flight beyond the least-loaded replica's before a prompt leaves its own")
     parser.add_argument("--load-deadline", type=float, default=60.0, help="seconds to wait for an adapter path")
     parser.add_argument("--parent-pid", type=int, help="stop when this process (the trainer) is gone")
+    parser.add_argument("--member", help="a sweep member's tag: the replicas are shared with other members' proxies")
+    parser.add_argument("--member-cap", type=int, default=0, help="the member's generations in flight at most (0: any)")
     args = parser.parse_args()
     if args.parent_pid:
         die_with_parent(args.parent_pid)
     raise_open_files_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
-                  stats_dir=args.stats_dir, load_interval_s=float(os.environ.get(LOAD_INTERVAL_ENV) or 10.0))
+                  stats_dir=args.stats_dir, load_interval_s=float(os.environ.get(LOAD_INTERVAL_ENV) or 10.0),
+                  member=args.member or None, member_cap=args.member_cap)
     # On SIGTERM the trainer wants none of the generations in flight: aiohttp would wait 60 s for them by default,
     # past a cancelled job's grace period.
     web.run_app(proxy.build_app(), host=args.host, port=args.port, access_log=None, print=None, shutdown_timeout=2.0)

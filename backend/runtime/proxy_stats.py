@@ -19,14 +19,17 @@ class StatsRecorder:
         self.flush_s = flush_s
         self.pending: list[dict] = []
         self.last: list[dict] | None = None
+        self.last_members: dict | None = None
         self.last_flush = time.monotonic()
 
-    def sample(self, replicas: list[Replica], force: bool = False) -> None:
+    def sample(self, replicas: list[Replica], force: bool = False, members: dict | None = None) -> None:
+        """`members`: a sweep member's proxy's traffic by member (proxy_members.py), recorded beside the replicas."""
         snapshot = [r.snapshot() for r in replicas]
-        if snapshot != self.last:
+        if snapshot != self.last or (members and members != self.last_members):
             structural = self.last is None or _structure(snapshot) != _structure(self.last)
-            self.pending.append({"time": time.time(), "replicas": snapshot})
-            self.last = snapshot
+            record = {"time": time.time(), "replicas": snapshot}
+            self.pending.append({**record, "members": members} if members else record)
+            self.last, self.last_members = snapshot, members
             force = force or structural
         if self.pending and (force or time.monotonic() - self.last_flush >= self.flush_s):
             self.writer.write(self.pending)

@@ -82,14 +82,20 @@ class Reply:
 def affinity_key(body: bytes) -> str:
     """Adapter name plus the start of the prompt as JSON. Requests sharing both can reuse one replica's prefix
     cache: a GRPO group's generations (one prompt), and the turns of a conversation (a growing prompt)."""
+    return request_route(body)[1]
+
+
+def request_route(body: bytes) -> tuple[object, str]:
+    """A generation request's model (the adapter version it names, or the base model; None if it names none) and
+    its affinity key, from one parse of its body."""
     try:
         payload = json.loads(body)
     except ValueError:
-        return ""
+        return None, ""
     if not isinstance(payload, dict):
-        return ""
+        return None, ""
     prompt = payload.get("messages", payload.get("prompt", ""))
-    return f"{payload.get('model')}|{json.dumps(prompt)[:PREFIX_CHARS]}"
+    return payload.get("model"), f"{payload.get('model')}|{json.dumps(prompt)[:PREFIX_CHARS]}"
 
 
 def rendezvous_score(key: str, url: str) -> int:

