@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 
 from backend.executors.local import LocalExecutor
-from backend.outcome.best_version import ChosenAdapter, change_best_by
+from backend.outcome.best_version import ChoiceError, ChosenAdapter, change_best_by
+from backend.outcome.publish import PublishError
 from backend.outcome.try_it import try_it
 from backend.plan import recipe
 from backend.plan.hardware import Flavor
@@ -39,6 +40,7 @@ from backend.task.sandbox import isolation_state
 from backend.view.runview import RunView
 from panel.markdown import code_span, fenced, masked, plain
 from panel.presets import TINY_DEMO, preset_values
+from panel.publish_view import suggested_repo_id
 from panel.runs_list import RUN_FILTERS, progress_bar, run_badge
 from panel.spend_view import budget_line, cost_cell
 
@@ -328,7 +330,11 @@ class Panel:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
         registry = self.runs.find(run_id, as_visitor(visitor))
         if run_id not in self._final_zips:
-            path = registry.final_adapter_zip(run_id, private_folder(self.downloads))
+            try:
+                path = registry.final_adapter_zip(run_id, private_folder(self.downloads),
+                                                  suggested_repo_id(self, run_id, as_visitor(visitor)))
+            except (ChoiceError, PublishError):     # final/ incomplete: nothing to download yet
+                path = None
             if path is None:
                 return None
             self._final_zips[run_id] = path
@@ -337,9 +343,12 @@ class Panel:
     def adapter_version_zip(self, run_id: str, choice: str | None,
                             visitor: Visitor | str | None = None) -> tuple[str, ChosenAdapter]:
         """The adapter version `choice` names ("best", "final", "trl-policy-v<N>"; None: the best where an evaluation
-        exists, else final/) as a zip, and what it is; raises ChoiceError (or KeyError: not this visitor's run)."""
-        registry = self.runs.find(run_id, as_visitor(visitor))
-        return registry.adapter_zip(run_id, choice, private_folder(self.downloads))
+        exists, else final/) as a zip with the card a push to the visitor's suggested repo writes, and what it is;
+        raises ChoiceError or PublishError (or KeyError: not this visitor's run)."""
+        visitor = as_visitor(visitor)
+        registry = self.runs.find(run_id, visitor)
+        return registry.adapter_zip(run_id, choice, private_folder(self.downloads),
+                                    suggested_repo_id(self, run_id, visitor))
 
     def set_best_by(self, run_id: str, text: str, visitor: Visitor | str | None = None) -> str:
         """Change which held-out score decides the run's best version (`best_version.change_best_by`): only on a

@@ -8,6 +8,7 @@ import gradio as gr
 from gradio.components.plot import PlotData
 
 from backend.outcome.best_version import ChoiceError, default_choice, version_choices
+from backend.outcome.publish import PublishError
 from backend.outcome.try_it import BASE
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
@@ -213,7 +214,7 @@ def on_version(panel, visitor, run_id, choice) -> dict:
         return {"version_file": gr.update(value=None, interactive=False), "version_msg": ""}
     try:
         path, chosen = panel.adapter_version_zip(run_id, choice, visitor)
-    except (KeyError, ChoiceError) as exc:
+    except (KeyError, ChoiceError, PublishError) as exc:
         why = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return {"version_file": gr.update(value=None, interactive=False),
                 "version_msg": f"**No download.** {masked(why)}"}

@@ -2,15 +2,13 @@
 logic as plain functions, and the few components it needs. Who may push where is the Hub's rule: a signed-in
 visitor, into a namespace they may write to."""
 
-import os
-
 import gradio as gr
 
 from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose
-from backend.outcome.publish import PublishError, default_repo_id, model_card, push_adapter, repo_id_problem, run_facts
+from backend.outcome.publish import PublishError, default_repo_id, push_adapter, repo_id_problem, shipped_adapter
 from backend.runs.access import Visitor, acting_token, no_token_reason
 from backend.runs.hub_auth import can_control, whoami_name, writable_namespaces
-from backend.storage.observers import final_adapter_files, shipped
+from backend.storage.observers import final_adapter_files
 from panel.markdown import masked
 
 
@@ -61,24 +59,17 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
         if not view.final_files:
             view.final_files = final_adapter_files(view.store, run_id)
         chosen = choose(view, version)
-        records = registry.job_records(run_id)
-        trainer = next((r for r in records if r.role == "trainer" and r.url), None)
-        space = os.environ.get("SPACE_ID")
-        facts = run_facts(view, next((r.bucket for r in records if r.bucket), view.spec.get("bucket", "")),
-                          registry.engine, trainer.url if trainer else None,
-                          f"https://huggingface.co/spaces/{space}" if space else None)
         what = pushed_name(chosen)
-        url = push_adapter(view.store, run_id, chosen.files, repo_id, model_card(view.spec, facts, repo_id, chosen),
-                           token, private=bool(private), what=what)
+        files = shipped_adapter(registry, view, chosen, repo_id)
+        url = push_adapter(run_id, files, repo_id, token, private=bool(private), what=what)
     except KeyError as exc:
         return f"**Not pushed.** {masked(exc.args[0] if exc.args else exc)}"
     except (PublishError, ChoiceError) as exc:
         return f"**Not pushed.** {masked(exc)}"
     except Exception as exc:   # the Hub refusing or failing: its own words, masked
         return f"**Not pushed:** {masked(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
-    files = len(shipped(chosen.files))
     return (f"Pushed {what} of run {run_id} to [{repo_id}]({url}) "
-            f"({'private' if private else 'public'}): {files} file(s) and a model card (README.md).")
+            f"({'private' if private else 'public'}): {len(files) - 1} file(s) and a model card (README.md).")
 
 
 def pushed_name(chosen) -> str:

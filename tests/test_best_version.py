@@ -133,7 +133,10 @@ def test_any_version_downloads_through_the_page_and_a_version_the_run_never_publ
         v3 = f.read()
     with served(panel) as client:
         button, message = client.predict(run_id, "trl-policy-v3", api_name="/on_version")
-        assert downloaded(client, button).read("adapter_model.safetensors") == v3
+        zipped = downloaded(client, button)
+        assert zipped.read("adapter_model.safetensors") == v3
+        card = zipped.read("README.md").decode()      # the card a push writes, naming no path of this machine
+        assert "| version | trl-policy-v3 |" in card and panel.settings.home not in card, card
         assert message.startswith("trl-policy-v3 at step 60, picked by hand: held-out score 0.310 ± 0.050")
         assert "the best is trl-policy-v7 (0.520 ± 0.050)" in message
         button, message = client.predict(run_id, "best", api_name="/on_version")

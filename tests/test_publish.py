@@ -3,6 +3,7 @@ Hub through the real huggingface_hub client (create_repo, validate-yaml, preuplo
 
 import json
 import os
+import zipfile
 
 import pytest
 import yaml
@@ -186,6 +187,14 @@ def test_a_local_runs_pushed_adapter_loads_with_peft(hub, make_panel):
     card = repo.files["README.md"].decode()
     assert "builtin:tiny-qwen2" in card and "| steps | 6 of 6 |" in card and "base_model:" not in card
     assert f"`runs/{result.run_id}` in the panel's local bucket `local/grpo-runs`" in card
+    config = json.loads(repo.files["adapter_config.json"])
+    assert config["base_model_name_or_path"] == "builtin:tiny-qwen2", "named as the user named it, not its folder"
+    zip_path, _ = panel.adapter_version_zip(result.run_id, "final")
+    with zipfile.ZipFile(zip_path) as zipped:
+        assert {n: zipped.read(n) for n in zipped.namelist()} == {n: repo.files[n] for n in zipped.namelist()}
+        assert sorted(zipped.namelist()) == sorted(repo.files), "the zip holds what the push committed, card too"
+    for name, data in repo.files.items():
+        assert panel.settings.home.encode() not in data and b"/tmp/" not in data, f"{name} names a local path"
 
     pushed = os.path.join(panel.settings.home, "pushed")
     os.makedirs(pushed)

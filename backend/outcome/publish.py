@@ -6,8 +6,15 @@ its config, weights and version record, never anything else its folder holds, re
 follows no link) are read from the run's bucket store (the Hub bucket, or the local folder of a local run) and
 uploaded in one commit with the card
 (`create_repo` + `create_commit`). The repo is private unless the visitor asks otherwise.
+
+What is shipped, pushed or downloaded as a zip alike, is built once, by `shipped_adapter`: the adapter's files with
+`adapter_config.json` naming the base model as the user named it (PEFT writes the path the trainer loaded it from:
+for the builtin tiny model a folder of the run's machine), and the card as README.md. No file names a path of the
+machine the panel or the trainer ran on.
 """
 
+import json
+import os
 import posixpath
 import re
 from dataclasses import dataclass
@@ -69,10 +76,67 @@ def run_facts(view, bucket: str, where: Engine, trainer_url: str | None = None,
                     sum(rewards) / len(rewards) if rewards else None, parts, path, trainer_url, panel_url)
 
 
+def base_model_name(spec: dict) -> str:
+    """The base model as a shipped file names it: its Hub id or builtin name as the user gave it, or for a local
+    folder its folder's name alone (its path is the panel machine's, meaningless elsewhere)."""
+    model = str(spec.get("model") or "")
+    if HUB_ID.match(model) or model.startswith("builtin:"):
+        return model
+    return posixpath.basename(model.replace("\\", "/").rstrip("/")) or "base-model"
+
+
+def portable_config(data: bytes, spec: dict) -> bytes:
+    """`adapter_config.json` with `base_model_name_or_path` naming the base model as `base_model_name` does, in
+    place of the path the trainer loaded it from; the bytes unchanged where it already does (or names none)."""
+    try:
+        config = json.loads(data)
+    except ValueError as exc:
+        raise PublishError(f"the adapter's adapter_config.json is not JSON ({exc}); it cannot be shipped") from None
+    if not isinstance(config, dict):
+        raise PublishError("the adapter's adapter_config.json is not a JSON object; it cannot be shipped")
+    name = base_model_name(spec)
+    if "base_model_name_or_path" not in config or config["base_model_name_or_path"] == name:
+        return data
+    return (json.dumps({**config, "base_model_name_or_path": name}, indent=2, sort_keys=True) + "\n").encode()
+
+
+def run_card(registry, view, chosen, repo_id: str) -> str:
+    """The card of adapter `chosen` of `view`'s run as it would be pushed to `repo_id`: the run's facts from its
+    registry (where its files are, its trainer job, the Space it was launched from)."""
+    records = registry.job_records(view.run_id)
+    trainer = next((r for r in records if r.role == "trainer" and r.url), None)
+    space = os.environ.get("SPACE_ID")
+    facts = run_facts(view, next((r.bucket for r in records if r.bucket), view.spec.get("bucket", "")),
+                      registry.engine, trainer.url if trainer else None,
+                      f"https://huggingface.co/spaces/{space}" if space else None)
+    return model_card(view.spec, facts, repo_id, chosen)
+
+
+def shipped_adapter(registry, view, chosen, repo_id: str) -> dict[str, bytes]:
+    """Every file the panel ships of adapter `chosen` (a `best_version.ChosenAdapter`), by name: its own files
+    (nothing else its folder holds), `adapter_config.json` naming no path of this machine, and the card as
+    README.md. The zip and the push both ship exactly this; PublishError when the adapter is incomplete."""
+    files = shipped(chosen.files)
+    names = {posixpath.basename(f.path) for f in files}
+    if not all(n in names for n in layout.ADAPTER_FILES):
+        raise PublishError(f"run {view.run_id} has no complete {chosen.name} adapter "
+                           f"(both {' and '.join(layout.ADAPTER_FILES)})")
+    out = {posixpath.basename(f.path): view.store.read_bytes(f.path) for f in files}
+    out["adapter_config.json"] = portable_config(out["adapter_config.json"], view.spec)
+    out["README.md"] = run_card(registry, view, chosen, repo_id).encode()
+    return out
+
+
+def card_repo_id(repo_id: str | None, run_name: str) -> str:
+    """The repo a downloaded zip's card names: the one the push would go to where it is known, else a placeholder
+    namespace the reader replaces with their own."""
+    return repo_id if repo_id and not repo_id_problem(repo_id) else default_repo_id("your-namespace", run_name)
+
+
 def model_card(spec: dict, facts: RunFacts, repo_id: str, chosen=None) -> str:
     """The README.md of the adapter's repo: metadata, which version it is and why (`chosen`, a
     `best_version.ChosenAdapter`), results, every setting that shaped it, how to use it."""
-    base = str(spec.get("model") or "")
+    base = base_model_name(spec)
     hub_base = base if HUB_ID.match(base) else None
     executor = facts.engine.label
     intro = (f"A LoRA adapter for {_code(base)} trained with GRPO (TRL {TRL_VERSION}, PEFT {PEFT_VERSION}) from the "
@@ -127,22 +191,16 @@ def _table(headers: tuple[str, str], rows: list[tuple]) -> list[str]:
     return [f"| {headers[0]} | {headers[1]} |", "| --- | --- |", *(f"| {_cell(k)} | {_cell(v)} |" for k, v in rows)]
 
 
-def push_adapter(store, run_id: str, files: list, repo_id: str, card: str, token: str, private: bool = True,
+def push_adapter(run_id: str, files: dict[str, bytes], repo_id: str, token: str, private: bool = True,
                  what: str = "final") -> str:
-    """Create the repo (private unless asked) and commit the adapter's files (`what`: its name in the commit
-    message) and the card; return its URL."""
+    """Create the repo (private unless asked) and commit `files` (`shipped_adapter`'s: the adapter and its card;
+    `what`: its name in the commit message); return its URL."""
     problem = repo_id_problem(repo_id)
     if problem:
         raise PublishError(f"repo_id: {problem}")
-    files = shipped(files)      # the adapter's own files only: nothing else a run's jobs put in its folder
-    names = {posixpath.basename(f.path) for f in files}
-    if not all(n in names for n in layout.ADAPTER_FILES):
-        raise PublishError(f"run {run_id} has no complete {what} adapter (both {' and '.join(layout.ADAPTER_FILES)})")
     api = HfApi(token=token)
     url = api.create_repo(repo_id, private=private, exist_ok=True)
-    operations = [CommitOperationAdd(path_in_repo=posixpath.basename(f.path), path_or_fileobj=store.read_bytes(f.path))
-                  for f in files]
-    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card.encode()))
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data) for name, data in files.items()]
     api.create_commit(repo_id, operations=operations, commit_message=f"LoRA adapter of GRPO run {run_id}: {what}")
     return str(url)
 
@@ -165,7 +223,7 @@ def _settings(spec: dict) -> list[tuple[str, str]]:
             f"{spec.get('per_device_batch_size')} per device x {spec.get('num_processes')} process(es), "
             f"{spec.get('num_generations')} generations per prompt, max completion {spec.get('max_completion_length')} "
             f"tokens, temperature {spec.get('temperature')}, KL beta {spec.get('beta')}, seed {spec.get('seed')}")
-    rows = [("Base model", spec.get("model")), ("Dataset", dataset)]
+    rows = [("Base model", _base_model_cell(spec)), ("Dataset", dataset)]
     if HUB_ID.match(str(spec.get("dataset") or "")):
         rows.append(("Config / split", f"{spec.get('dataset_config') or '(first)'} / {spec.get('dataset_split')}"))
     rows += [("Prompt column", spec.get("prompt_column")), ("Rewards", ", ".join(rewards)), ("LoRA", lora),
@@ -181,6 +239,11 @@ def _settings(spec: dict) -> list[tuple[str, str]]:
     if where is not None and where.chooses_hardware:
         rows.append(("Hardware", f"trainer on {spec.get('flavor')}"))
     return rows
+
+
+def _base_model_cell(spec: dict) -> str:
+    name = base_model_name(spec)
+    return name if name == spec.get("model") else f"{name} (a local model folder)"
 
 
 def _reward_names(spec: dict) -> list[str]:
@@ -200,8 +263,9 @@ def _usage(spec: dict, repo_id: str, hub_base: str | None) -> list[str]:
                  f"keeps it in `{base}/` of its bucket folder, and `python -m runtime.tiny_model --out {base} "
                  f"--seed {seed}` in the run's `code/` folder builds it again."), ""]
     else:
-        base = str(spec.get("model"))
-        note = [f"The base model was the local folder {_code(base)}.", ""]
+        base = base_model_name(spec)
+        note = [(f"The base model was a local model folder named {_code(base)} on the machine that trained it (not "
+                 f"on the Hub): load it from your own copy of that folder."), ""]
     return [*note, "With PEFT:", "", "```python", "from peft import PeftModel",
             "from transformers import AutoModelForCausalLM", "",
             f'base = AutoModelForCausalLM.from_pretrained("{base}")',

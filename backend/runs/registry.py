@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from backend.executors.base import Executor
-from backend.outcome.best_version import ChosenAdapter, choose
+from backend.outcome.best_version import FINAL, ChosenAdapter, choose
+from backend.outcome.publish import card_repo_id, shipped_adapter
 from backend.plan.engines import engine
 from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobRecord, run_stage
 from backend.plan.spec import RunSpec
@@ -24,7 +25,7 @@ from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
 from backend.storage.journal import FAILED, LAUNCHING, ROLLED_BACK, RUN, LaunchJournal
-from backend.storage.observers import final_adapter_files, shipped
+from backend.storage.observers import final_adapter_files
 from backend.storage.store import BucketStore
 from backend.view.runview import RunView
 
@@ -260,25 +261,28 @@ class RunRegistry:
             raise RuntimeError("could not cancel " + "; ".join(errors))
         return ids
 
-    def final_adapter_zip(self, run_id: str, folder: str) -> str | None:
-        """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none."""
+    def final_adapter_zip(self, run_id: str, folder: str, repo_id: str | None = None) -> str | None:
+        """A zip of the final adapter in `folder` (one file per run, replaced whole), or None while there is none;
+        its card names `repo_id` (`publish.card_repo_id`)."""
         view = self.view(run_id)
         view.refresh()
         if not view.final_files:
             view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
         if not view.final_files:
             return None
-        return _write_zip(view, view.final_files, folder, "final")
+        return write_adapter_zip(self, view, choose(view, FINAL), folder, repo_id)
 
-    def adapter_zip(self, run_id: str, choice: str | None, folder: str) -> tuple[str, ChosenAdapter]:
+    def adapter_zip(self, run_id: str, choice: str | None, folder: str,
+                    repo_id: str | None = None) -> tuple[str, ChosenAdapter]:
         """A zip of the adapter version `choice` names ("best", "final" or "trl-policy-v<N>"; None: the default) in
-        `folder`, one file per run and version, replaced whole; raises ChoiceError when there is no such adapter."""
+        `folder`, one file per run and version, replaced whole, with the card a push to `repo_id` writes; raises
+        ChoiceError when there is no such adapter, PublishError when it is incomplete."""
         view = self.view(run_id)
         view.refresh()
         if not view.final_files:
             view.final_files = final_adapter_files(view.store, run_id)    # asked for: look, whatever the schedule
         chosen = choose(view, choice)
-        return _write_zip(view, chosen.files, folder, chosen.choice), chosen
+        return write_adapter_zip(self, view, chosen, folder, repo_id), chosen
 
     def _over(self, job_id: str) -> bool:
         """Whether a job the listing does not show is over (asked by id, which the Hub answers at once); one that
@@ -289,15 +293,16 @@ class RunRegistry:
             return False
 
 
-def _write_zip(view, files: list, folder: str, what: str) -> str:
-    """A zip of the adapter's own files (`shipped`: never anything else its folder holds) in `folder`, one file
-    per run and version, replaced whole; its path."""
+def write_adapter_zip(registry, view, chosen: ChosenAdapter, folder: str, repo_id: str | None) -> str:
+    """A zip of what a push of `chosen` ships (`shipped_adapter`: the adapter's own files and the card) in
+    `folder`, one file per run and version, replaced whole; its path."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
+    files = shipped_adapter(registry, view, chosen, card_repo_id(repo_id, name))
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for f in shipped(files):
-            zf.writestr(os.path.basename(f.path), view.store.read_bytes(f.path))
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", redact_tokens(str(view.spec.get("name") or "run")))
-    path = os.path.join(folder, f"{name}-{view.run_id}-{what}-adapter.zip")
+        for file_name, data in files.items():
+            zf.writestr(file_name, data)
+    path = os.path.join(folder, f"{name}-{view.run_id}-{chosen.choice}-adapter.zip")
     atomic_write_bytes(path, buf.getvalue())
     return path
 
