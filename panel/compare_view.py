@@ -1,5 +1,7 @@
-"""The Compare tab: two or more runs (local or HF Jobs, any mode) overlaid on one set of charts, and the settings
-that differ between them. Figures are built from down-sampled series (backend.view.compare), so long runs stay cheap."""
+"""The Compare tab: two or more runs (local or HF Jobs, any mode) overlaid on one set of charts, their held-out
+outcome (each version's held-out score under the run's own best-by rule from the base model on, and each run's best
+version), and the settings that differ between them. Figures are built from down-sampled series
+(backend.view.compare), so long runs stay cheap."""
 
 import gradio as gr
 import pandas as pd
@@ -7,17 +9,34 @@ import plotly.graph_objects as go
 
 from backend.runs.access import Visitor
 from backend.view.axes import run_start
-from backend.view.compare import COMPARED, X_AXES, config_diff, first_key, metric_points, on_axis
+from backend.view.compare import (
+    BEST_HEADERS,
+    COMPARED,
+    HELD_OUT_TITLE,
+    X_AXES,
+    best_point,
+    best_row,
+    config_diff,
+    first_key,
+    held_out_points,
+    metric_points,
+    on_axis,
+)
 from panel import spend_view
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 X_TITLES = {"step": "step", "wall time": "wall time (min)", "dollars": "dollars spent (USD)"}
 HISTORY_WAIT_S = 30.0      # how long a comparison waits for a long run's history, read in the background
-NOT_LOGGED = {"ratio": "not logged: only async (distributed) runs log the importance ratio"}
+HELD_OUT = "heldout"        # the held-out figure's name among the compared ones
+NOT_LOGGED = {"ratio": "not logged: only async (distributed) runs log the importance ratio",
+              HELD_OUT: "no held-out evaluation in these runs"}
+PLOTS = (*COMPARED, HELD_OUT)
 
 
-def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[str, go.Figure], pd.DataFrame, str]:
-    """Overlaid figures (one per COMPARED metric), the settings that differ (a column per run), and a note."""
+def compare(panel, run_ids: list[str], x: str,
+            visitor: Visitor) -> tuple[dict[str, go.Figure], pd.DataFrame, str, pd.DataFrame]:
+    """Overlaid figures (one per COMPARED metric, and the held-out score by version), the settings that differ (a
+    column per run), a note, and each evaluated run's best version under its own rule."""
     notes, runs = [], []
     for run_id in dict.fromkeys(run_ids or []):
         try:
@@ -33,6 +52,7 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
     if len(runs) < 2:
         notes.insert(0, "Pick two or more runs to compare.")
     figures = {name: _figure(title, x) for name, (title, _) in COMPARED.items()}
+    figures[HELD_OUT] = _figure(HELD_OUT_TITLE, x)
     for i, (run_id, view, dollars_at) in enumerate(runs):
         label = f"{view.spec.get('name', 'run')} · {run_id}"
         start = run_start(view)
@@ -47,6 +67,7 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
             shown = on_axis(xs, x, start, dollars_at)
             figures[name].add_trace(go.Scatter(x=shown, y=ys, mode="lines", name=label, legendgroup=run_id,
                                                line=dict(color=COLORS[i % len(COLORS)])))
+        _add_held_out(figures[HELD_OUT], view, x, start, dollars_at, label, run_id, COLORS[i % len(COLORS)])
     for name, figure in figures.items():
         if not figure.data:
             _note(figure, NOT_LOGGED.get(name, "not logged by these runs") if runs else "pick runs to compare")
@@ -54,7 +75,25 @@ def compare(panel, run_ids: list[str], x: str, visitor: Visitor) -> tuple[dict[s
     note = "; ".join(notes) if notes else f"{len(runs)} runs; {len(diff)} setting(s) differ."
     table = pd.DataFrame(diff, columns=["setting", *(run_id for run_id, _, _ in runs)] if len(runs) >= 2
                          else ["setting", "run 1", "run 2"])
-    return figures, table, note
+    best = [row for run_id, view, _ in runs if (row := best_row(run_id, view)) is not None]
+    return figures, table, note, pd.DataFrame(best, columns=BEST_HEADERS)
+
+
+def _add_held_out(fig: go.Figure, view, x: str, start: float, dollars_at, label: str, run_id: str,
+                  color: str) -> None:
+    """The run's held-out score by version (v0 first) and a star on its best version, on the chosen x axis."""
+    xs, ys = held_out_points(view, x)
+    shown = on_axis(xs, x, start, dollars_at)
+    if not xs or shown is None:
+        return
+    fig.add_trace(go.Scatter(x=shown, y=ys, mode="lines+markers", name=label, legendgroup=run_id,
+                             line=dict(color=color)))
+    best = best_point(view, x)
+    if best is not None:
+        fig.add_trace(go.Scatter(x=on_axis([best[0]], x, start, dollars_at), y=[best[1]], mode="markers+text",
+                                 text=[f"v{best[2]}"], textposition="top center", name=f"best: v{best[2]}",
+                                 legendgroup=run_id, showlegend=False,
+                                 marker=dict(symbol="star", size=14, color=color)))
 
 
 def _figure(title: str, x: str) -> go.Figure:
@@ -81,19 +120,21 @@ def build(panel, visitor_of) -> dict:
             button = gr.Button("Compare", variant="primary", elem_id="compare-btn", scale=1)
         note = gr.Markdown(elem_id="compare-note")
         plots = {}
-        names = list(COMPARED)
+        names = list(PLOTS)
         for pair in (names[0:2], names[2:4], names[4:]):
             with gr.Row():
                 for name in pair:
                     plots[name] = gr.Plot(elem_id=f"compare-{name.replace('_', '-')}")
+        best = gr.Dataframe(headers=BEST_HEADERS, interactive=False, wrap=True, elem_id="compare-best",
+                            label="Each run's best version (by its own best-by rule; it must beat the base model)")
         diff = gr.Dataframe(headers=["setting", "run 1", "run 2"], interactive=False, wrap=True,
                             label="Settings that differ", elem_id="compare-diff")
 
     def on_compare(run_ids, x, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None):
-        figures, table, message = compare(panel, run_ids or [], x, visitor_of(oauth_token, profile))
-        return [*(figures[n] for n in COMPARED), table, message]
+        figures, table, message, bests = compare(panel, run_ids or [], x, visitor_of(oauth_token, profile))
+        return [*(figures[n] for n in PLOTS), table, message, bests]
 
-    outputs = [*(plots[n] for n in COMPARED), diff, note]
+    outputs = [*(plots[n] for n in PLOTS), diff, note, best]
     button.click(on_compare, [picks, x_axis], outputs)
     x_axis.change(on_compare, [picks, x_axis], outputs)
     return {"picks": picks}

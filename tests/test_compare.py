@@ -57,11 +57,12 @@ def test_long_runs_are_compared_from_bounded_series():
     xs, ys = metric_points(views["long"], "reward")
     assert 100 < len(xs) <= 2 * 200 + 100 and xs[-1] == 100_000 and max(ys) == 0.99, "spikes survive"
     panel, _ = _panel(views)
-    figures, table, note = compare_view.compare(panel, ["long", "short"], "step", None)
+    figures, table, note, best = compare_view.compare(panel, ["long", "short"], "step", None)
     assert [len(t.x) for t in figures["reward"].data] == [len(xs), 50]
     assert all(len(t.x) <= 500 for f in figures.values() for t in f.data)
     assert [t.name.split(" · ")[1] for t in figures["throughput"].data] == ["long", "short"]
     assert table.empty and list(table.columns) == ["setting", "long", "short"] and "0 setting(s) differ" in note
+    assert best.empty and not figures["heldout"].data, "runs without a held-out evaluation list no outcome"
 
 
 def test_wall_time_and_dollars_axes():
@@ -69,9 +70,9 @@ def test_wall_time_and_dollars_axes():
     assert on_axis([T0 + 2], "dollars", T0, None) is None
     assert on_axis([T0 + 10], "dollars", T0, lambda t: (t - T0) / 100) == [0.1]
     panel, _ = _panel({"a": _view("a", 5), "b": _view("b", 5)})
-    figures, _, note = compare_view.compare(panel, ["a", "b"], "dollars", None)
+    figures, _, note, _ = compare_view.compare(panel, ["a", "b"], "dollars", None)
     assert not figures["reward"].data and "a is a local run: it costs nothing" in note
-    figures, _, _ = compare_view.compare(panel, ["a", "b"], "wall time", None)
+    figures, _, _, _ = compare_view.compare(panel, ["a", "b"], "wall time", None)
     assert list(figures["reward"].data[0].x) == [0.033, 0.067, 0.1, 0.133, 0.167], "minutes since the spec's creation"
     assert figures["reward"].layout.xaxis.title.text == "wall time (min)"
 
@@ -99,3 +100,49 @@ def test_the_dashboard_charts_follow_the_chosen_x_axis():
     assert next(t for t in fig["data"] if t["name"] == "mean reward")["x"] == [1, 2, 3, 4]
 
 
+
+
+def _evaluated_run(root, run_id: str, best_by: dict, scores: dict[int, tuple[float, float]], steps: int = 40):
+    """A run's folder with its spec (its best_by rule), metrics and held-out records: version -> (the gameable
+    `digits`, trained, weight 1; the monitor-only `right_answer`); version 0 is the base model."""
+    import json
+
+    from backend.runtime import layout
+    from backend.runtime.evaluate import eval_record
+    from backend.storage.store import FolderStore
+    from backend.view.runview import RunView
+
+    run = root / "runs" / run_id
+    run.mkdir(parents=True)
+    spec = RunSpec(run_id=run_id, created_at=T0, best_by=best_by).to_dict()
+    (run / "spec.json").write_text(json.dumps(spec))
+    layout.FragmentWriter(str(run / "metrics"), layout.TRAINER_WRITER).write(
+        [{"step": s, "time": T0 + s, "reward": s / steps} for s in range(1, steps + 1)])
+    rows = [{"prompt": "q"}]
+    layout.FragmentWriter(str(run / layout.EVALS_DIR), layout.TRAINER_WRITER).write(
+        [{**eval_record(10 * v, v, rows, [["7"]], {"digits": [[d]], "right_answer": [[r]]},
+                        {"digits": 1.0, "right_answer": 0.0}, greedy=True), "time": T0 + 10 * v}
+         for v, (d, r) in scores.items()])
+    return RunView(run_id, FolderStore(str(root)), executor=None, jobs={})
+
+
+def test_runs_are_compared_by_held_out_score_per_version_each_under_its_own_rule_from_the_base_model(tmp_path):
+    hacked = {0: (0.2, 0.3), 1: (0.6, 0.5), 2: (1.0, 0.0), 3: (1.0, 0.0)}       # the gamed reward climbs
+    views = {"by-default": _evaluated_run(tmp_path / "a", "by-default", {}, hacked),
+             "by-answer": _evaluated_run(tmp_path / "b", "by-answer", {"right_answer": 1.0}, hacked),
+             "no-better": _evaluated_run(tmp_path / "c", "no-better", {"right_answer": 1.0},
+                                         {0: (0.2, 0.9), 1: (0.5, 0.4), 2: (0.9, 0.1)})}
+    panel, _ = _panel(views)
+    figures, _, _, best = compare_view.compare(panel, list(views), "step", None)
+    lines = [t for t in figures["heldout"].data if t.mode == "lines+markers"]
+    assert [t.name.split(" · ")[1] for t in lines] == list(views)
+    assert [list(t.x) for t in lines] == [[0, 10, 20, 30]] * 2 + [[0, 10, 20]], "each line starts at v0, the base"
+    assert [list(t.y) for t in lines] == [[0.2, 0.6, 1.0, 1.0], [0.3, 0.5, 0.0, 0.0], [0.9, 0.4, 0.1]]
+    stars = [t for t in figures["heldout"].data if t.mode == "markers+text"]
+    assert [(list(t.x), list(t.text)) for t in stars] == [([20], ["v2"]), ([10], ["v1"])], "ties: the earliest"
+    assert best.values.tolist() == [
+        ["by-default", "the trained rewards' weighted score", "0.200", "v2", "1.000", "3"],
+        ["by-answer", "held-out right_answer", "0.300", "v1", "0.500", "3"],
+        ["no-better", "held-out right_answer", "0.900", "none beats the base model", "-", "2"]]
+    figures, _, _, _ = compare_view.compare(panel, list(views), "wall time", None)
+    assert [list(t.x) for t in figures["heldout"].data][0] == [0.0, 0.167, 0.333, 0.5], "minutes, as its records say"

@@ -93,7 +93,7 @@ def _evaluated(hub: FakeHub, run_id: str) -> None:
     put("events/trainer-000000.jsonl", "".join(json.dumps(e) + "\n" for e in events).encode())
     for v in (1, 3):
         for name, data in ADAPTER.items():
-            put(f"adapters/trl-policy-v{v}/{name}", data + f" v{v}".encode())
+            put(f"adapters/trl-policy-v{v}/{name}", _marked(name, data, f" v{v}"))
     scores = {1: 0.2, 2: 0.6, 3: 0.4}
     records = [{"time": 100.0 + v, "step": v, "policy_version": v, "n_prompts": 16, "samples_per_prompt": 1,
                 "greedy": True, "score": s, "score_std": 0.1,
@@ -102,9 +102,14 @@ def _evaluated(hub: FakeHub, run_id: str) -> None:
                for v, s in scores.items()]
     put("evals/trainer-000000.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
     for name, data in ADAPTER.items():
-        put(f"best/{name}", data + b" best")
+        put(f"best/{name}", _marked(name, data, " best"))
     put("best/best.json", json.dumps({"policy_version": 2, "step": 2, "score": 0.6, "why": (
         "highest held-out score (weighted held-out reward: format x0.5) of 3 evaluated versions")}).encode())
+
+
+def _marked(name: str, data: bytes, mark: str) -> bytes:
+    """A copy's bytes told apart by `mark`: the weights end with it; the config stays JSON (it is shipped parsed)."""
+    return data if name == "adapter_config.json" else data + mark.encode()
 
 
 def test_the_best_version_is_pushed_by_default_from_the_page_with_a_card_saying_which_and_why(hub, make_panel):

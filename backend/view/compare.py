@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 
 from backend.plan.spec import RunSpec
+from backend.runtime.best_rule import rule_text
 from backend.view.axes import wall_minutes
 from backend.view.runview import reading
 from backend.view.series import Sketch
@@ -39,6 +40,59 @@ def metric_points(view, key: str, x: str = "step") -> tuple[list[float], list[fl
         if _number(xv) and _number(yv):
             sketch.append(float(xv), float(yv))
     return sketch.points()
+
+
+HELD_OUT_TITLE = "Held-out score by version (each run's best-by rule; v0: the base model)"
+BEST_HEADERS = ["run", "best by", "base model (v0)", "best version", "its held-out score", "versions evaluated"]
+
+
+def held_out_points(view, x: str = "step") -> tuple[list[float], list[float]]:
+    """Each evaluated version's held-out score under the run's own best-by rule, the base model (v0) first,
+    down-sampled like every compared series: (x, y) with x the version's step, or its record's epoch time for
+    the other axes. Empty for a run that was never evaluated."""
+    held = getattr(view, "held_out", None)
+    if held is None:
+        return [], []
+    sketch = Sketch()
+    with reading(view):
+        for version in sorted(held.scores):
+            score = held.rule_score(version)
+            xv = held.scores[version].step if x == "step" else held.records.get(version, {}).get("time")
+            if score is not None and _number(xv):
+                sketch.append(float(xv), float(score))
+    return sketch.points()
+
+
+def best_row(run_id: str, view) -> list[str] | None:
+    """The run's outcome as the Compare tab lists it: its rule, the base model's score, its best version and
+    score (or that none beats the base model); None for a run that was never evaluated."""
+    held = getattr(view, "held_out", None)
+    if held is None or not held.scores:
+        return None
+    with reading(view):
+        best, baseline = held.best_version, held.baseline
+        rule, evaluated = rule_text(held.rule), held.evaluated
+        best_score = held.rule_score(best) if best is not None else None
+    shown = f"v{best}" if best is not None else ("none beats the base model" if held.none_beats_base else "-")
+    return [run_id, rule, _score(baseline), shown, _score(best_score), str(evaluated)]
+
+
+def best_point(view, x: str = "step") -> tuple[float, float, int] | None:
+    """(x, score, version) of the run's best version under its rule, None where none is chosen."""
+    held = getattr(view, "held_out", None)
+    if held is None:
+        return None
+    with reading(view):
+        best = held.best_version
+        if best is None or best not in held.scores:
+            return None
+        xv = held.scores[best].step if x == "step" else held.records.get(best, {}).get("time")
+        score = held.rule_score(best)
+    return (float(xv), float(score), best) if _number(xv) and score is not None else None
+
+
+def _score(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def first_key(view, keys: tuple[str, ...]) -> str | None:
