@@ -42,8 +42,8 @@ def _usages(view) -> dict:
 # trainer vs generation, queue, sync, resources. Adding a chart is one entry here (and its figure in charts.py).
 CHARTS: dict[str, tuple[str, Callable]] = {
     "reward": ("reward-plot", lambda view, o: charts.reward_figure(view.table, o)),
-    "heldout": ("heldout-plot", lambda view, o: charts.heldout_figure(view.evals, view.table, o, view.spec,
-                                                                         view.held_out.best_version)),
+    "heldout": ("heldout-plot", lambda view, o: charts.heldout_figure(view.held_out.chart_records(), view.table, o,
+                                                                         view.spec, view.held_out.best_version)),
     "kl": ("kl-plot", lambda view, o: charts.kl_figure(view.table, o)),
     "staleness": ("staleness-plot", lambda view, o: charts.staleness_figure(view.table, o, view.spec)),
     "ratio": ("ratio-plot", lambda view, o: charts.ratio_figure(view.table, o)),

@@ -218,3 +218,43 @@ def test_held_out_reward_by_version_is_read_from_eval_fragments_and_drawn_beside
     assert "best: v3" in names(charts.heldout_figure(view.evals, table, STEP, {"eval_source": "split"}, 3))
     empty = charts.heldout_figure({}, table, STEP, {"eval_source": "none"})
     assert empty["data"] == [] and empty["layout"]["annotations"][0]["text"] == "no held-out set in this run"
+
+
+def _evaluated_view(root, versions: int, best_at: int | None = None):
+    """A run whose held-out set was evaluated at `versions` versions (v0 the base model), in fragments of 50
+    records; its scores wander, one version (`best_at`) stands out."""
+    from backend.runtime import layout
+    from backend.runtime.evaluate import eval_record
+    from backend.storage.store import FolderStore
+    from backend.view.runview import RunView
+
+    run = root / "runs" / "r1"
+    writer = layout.FragmentWriter(str(run / layout.EVALS_DIR), layout.TRAINER_WRITER)
+    rows = [{"prompt": "q"}]
+    weights = {"digits": 1.0, "distinct_chars": 0.0}
+    for start in range(0, versions, 50):
+        writer.write([eval_record(10 * v, v, rows, [["7"]], {
+            "digits": [[0.95 if v == best_at else 0.3 + 0.2 * ((v * 7919) % 101) / 101]],
+            "distinct_chars": [[0.5]]}, weights, greedy=True) for v in range(start, min(start + 50, versions))])
+    view = RunView("r1", FolderStore(str(root)), executor=None, jobs={})
+    view.refresh()
+    return view
+
+
+def test_the_held_out_chart_draws_a_bounded_sketch_keeping_the_base_model_the_best_and_the_newest(tmp_path):
+    from backend.outcome.best_version import CHART_GROUPS, CHART_NEWEST
+
+    table = table_of([{"step": s, "time": float(s), "reward": 0.5} for s in range(1, 31)])
+    sizes = {}
+    for versions in (1000, 5000):
+        view = _evaluated_view(tmp_path / str(versions), versions, best_at=777)
+        shown = view.held_out.chart_records()
+        assert len(view.evals) == versions and len(shown) <= 2 * CHART_GROUPS + CHART_NEWEST + 2, len(shown)
+        assert {0, 777} <= set(shown) and set(range(versions - CHART_NEWEST, versions)) <= set(shown)
+        fig = charts.heldout_figure(shown, table, STEP, {"eval_source": "split"}, view.held_out.best_version)
+        assert "best: v777" in names(fig) and fig["data"][1]["text"][0] == "v0"
+        sizes[versions] = len(json.dumps(fig))
+    assert sizes[5000] <= 1.3 * sizes[1000] and sizes[5000] < 60_000, sizes
+
+    small = _evaluated_view(tmp_path / "small", 30)
+    assert sorted(small.held_out.chart_records()) == list(range(30)), "a short run's chart draws every version"

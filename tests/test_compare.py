@@ -145,4 +145,4 @@ def test_runs_are_compared_by_held_out_score_per_version_each_under_its_own_rule
         ["by-answer", "held-out right_answer", "0.300", "v1", "0.500", "3"],
         ["no-better", "held-out right_answer", "0.900", "none beats the base model", "-", "2"]]
     figures, _, _, _ = compare_view.compare(panel, list(views), "wall time", None)
-    assert [list(t.x) for t in figures["heldout"].data][0] == [0.0, 0.167, 0.333, 0.5], "minutes, as its records say"
+    assert list(figures["heldout"].data[0].x) == [0.0, 0.167, 0.333, 0.5], "minutes, as its records say"

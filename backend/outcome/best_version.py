@@ -33,9 +33,13 @@ from backend.runtime.redact import redact_record
 from backend.runtime.user_code import reward_function_names
 from backend.storage.observers import FragmentReader, adapter_folder_files
 from backend.storage.store import BucketStore, StoredFile
+from backend.view.series import Sketch
 
 FINAL, BEST = "final", "best"
 SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (the newest)
+# The held-out chart draws at most this many versions besides the base model and the best: the newest as they are,
+# the rest as the extremes of groups of versions (a `Sketch` of their scores), so a tick costs the same at any length.
+CHART_GROUPS, CHART_NEWEST = 100, 50
 CHOICES_SHOWN = 50              # versions offered in a picker besides best and final (the newest)
 BEST_RECHECK_S = 10.0           # how often best/ is looked at again while it lags behind the scores read
 
@@ -80,6 +84,7 @@ class HeldOut:
         self.rule: dict[str, float] = {}        # best_by in force ({}: the trained rewards' weighted score)
         self.member = ""                        # the run's sweep member tag, once its spec is read (RunView)
         self._ranked: tuple = (None, None)      # (best version, version 0's score) under the rule, or None: stale
+        self._sketch = Sketch(CHART_GROUPS, CHART_NEWEST)    # (version, score) of every version, for the chart
 
     @property
     def unreadable(self) -> dict[str, int]:
@@ -92,6 +97,7 @@ class HeldOut:
             self._ranked = None
         if new:     # a new mapping, not one changed in place: a frame being drawn holds the old one
             self.records = {**self.records, **{r["policy_version"]: redact_record(_chart_record(r)) for _w, r in new}}
+            self._sketch_scores([r for _w, r in new])
         for _writer, record in new:
             version = record["policy_version"]
             std = record.get("score_std")
@@ -117,6 +123,26 @@ class HeldOut:
     def adapter_name(self, version: int) -> str:
         """Version `version`'s name in this run (`layout.adapter_name` with the run's sweep member tag)."""
         return layout.adapter_name(version, self.member)
+
+    def _sketch_scores(self, new: list[dict]) -> None:
+        """Add new records to the chart's sketch: appended in version order as they come, rebuilt from every
+        record when one arrives out of order (a resumed run evaluating a version again)."""
+        last = self._sketch.last[0] if self._sketch.last else -1
+        versions = [r["policy_version"] for r in new]
+        if all(b > a for a, b in zip([last, *versions], versions)):
+            for record in new:
+                self._sketch.append(record["policy_version"], float(record["score"]))
+            return
+        ordered = sorted(self.records)
+        self._sketch = Sketch.build(ordered, [float(self.records[v]["score"]) for v in ordered],
+                                    CHART_GROUPS, CHART_NEWEST)
+
+    def chart_records(self) -> dict[int, dict]:
+        """The records the held-out chart draws, bounded whatever the run's length: the base model (v0), the best
+        version under the rule, the newest versions, and the lowest and highest of each group of the older ones."""
+        xs, _ = self._sketch.points()
+        shown = {int(x) for x in xs} | {0, self.best_version}
+        return {v: self.records[v] for v in sorted(shown - {None}) if v in self.records}
 
     def set_rule(self, rule: dict[str, float]) -> bool:
         """The rule the run's best version is chosen by now (the launch spec's best_by, or the user's newest change).
