@@ -3,13 +3,13 @@
     python benchmarks/dashboard_scale.py [--sizes 1000 10000 100000] [--ticks 7] [--runs-list-only]
 
 Synthesises live distributed runs in the project's real format (metric fragments of 10 rows, one event fragment
-per event, an adapter version every 20 steps, proxy stats every 10 steps, 1 Hz resource samples for three local
-jobs, a trainer log) at each size, then measures what one timer tick costs after 10 new rows: reading what is
-new, building the frame, and Gradio's postprocessing (what goes to the browser). Sizes are measured
-interleaved, tick by tick, so the ratios compare like with like on a noisy machine. Also: the first open of each
-run (its newest rows drawn) and the time until its whole history is drawn (read in the background), the
-panel's RSS with the largest run open (a fresh process each), and a tick served to 10 sessions at once
-against one. Prints figures; asserts nothing.
+per event, an adapter version every 20 steps with its held-out evaluation record in evals/ (the base model's, v0,
+first), proxy stats every 10 steps, 1 Hz resource samples for three local jobs, a trainer log) at each size,
+then measures what one timer tick costs after 10 new rows: reading what is new, building the frame, and Gradio's
+postprocessing (what goes to the browser). Sizes are measured interleaved, tick by tick, so the ratios compare
+like with like on a noisy machine. Also: the first open of each run (its newest rows drawn) and the time until
+its whole history is drawn (read in the background), the panel's RSS with the largest run open (a fresh process
+each), and a tick served to 10 sessions at once against one. Prints figures; asserts nothing.
 """
 
 import argparse
@@ -62,22 +62,24 @@ class SyntheticRun:
         self.samples_mode, self.sample_fragment = samples, 0
         self.samples_dir = None
         self.spec = RunSpec(name=f"scale-{rows}", mode="distributed", max_steps=rows * 10, bucket="local/bench",
-                            run_id=f"scale-{rows}")
+                            run_id=f"scale-{rows}", eval_source="split", monitor_rewards=["distinct_chars"])
         self.run_dir = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(self.spec.run_id))
         self.metrics = os.path.join(self.run_dir, layout.METRICS_DIR)
         self.events = os.path.join(self.run_dir, layout.EVENTS_DIR)
-        for folder in (self.metrics, self.events):
+        self.evals = os.path.join(self.run_dir, layout.EVALS_DIR)
+        for folder in (self.metrics, self.events, self.evals):
             os.makedirs(folder, exist_ok=True)
         if samples:
             self.samples_dir = os.path.join(self.run_dir, layout.SAMPLES_DIR)
             os.makedirs(self.samples_dir, exist_ok=True)
         with open(os.path.join(self.run_dir, layout.SPEC_FILE), "w") as f:
             f.write(self.spec.to_json())
-        self.fragment = self.proxy_fragment = self.event_fragment = 0
+        self.fragment = self.proxy_fragment = self.event_fragment = self.eval_fragment = 0
         self.step = 0
         self.job_ids = {}
         for role in JOBS:
             self.job_ids[role] = self._make_job(role)
+        self._evaluate(0, 0, self.t0)
         self._write_steps(rows, history=True)
 
     def _make_job(self, role: str) -> str:
@@ -162,6 +164,20 @@ class SyntheticRun:
         self._fragment(self.events, "trainer", self.event_fragment,
                        [{"time": t, "event": "adapter_published", "name": layout.adapter_name(version)}])
         self.event_fragment += 1
+        self._evaluate(version, step, t)
+
+    def _evaluate(self, version: int, step: int, t: float) -> None:
+        """The version's held-out record as the trainer writes it (`evaluate.eval_record`): 16 prompts, two
+        rewards (one monitor-only), two samples; a fragment per version."""
+        from backend.runtime.evaluate import eval_record
+
+        rows = [{"prompt": f"held-out question {i}"} for i in range(16)]
+        digits = 0.3 + 0.4 * ((version * 7919) % 101) / 101
+        record = eval_record(step, version, rows, [[f"The answer is {version + i}."] for i in range(16)],
+                             {"digits": [[digits]] * 16, "distinct_chars": [[0.6]] * 16},
+                             {"digits": 1.0, "distinct_chars": 0.0}, greedy=True)
+        self._fragment(self.evals, "trainer", self.eval_fragment, [{**record, "time": t}])
+        self.eval_fragment += 1
 
     def grow(self, rows: int = 10) -> None:
         self._write_steps(rows)
