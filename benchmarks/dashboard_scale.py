@@ -1,15 +1,16 @@
 """How the dashboard's cost grows with a run's length and with the number of people watching it.
 
-    python benchmarks/dashboard_scale.py [--sizes 1000 10000 100000] [--ticks 7] [--runs-list-only]
+    python benchmarks/dashboard_scale.py [--sizes 1000 10000 100000] [--ticks 7] [--no-evals] [--runs-list-only]
 
 Synthesises live distributed runs in the project's real format (metric fragments of 10 rows, one event fragment
 per event, an adapter version every 20 steps with its held-out evaluation record in evals/ (the base model's, v0,
-first), proxy stats every 10 steps, 1 Hz resource samples for three local jobs, a trainer log) at each size,
-then measures what one timer tick costs after 10 new rows: reading what is new, building the frame, and Gradio's
-postprocessing (what goes to the browser). Sizes are measured interleaved, tick by tick, so the ratios compare
-like with like on a noisy machine. Also: the first open of each run (its newest rows drawn) and the time until
-its whole history is drawn (read in the background), the panel's RSS with the largest run open (a fresh process
-each), and a tick served to 10 sessions at once against one. Prints figures; asserts nothing.
+first; not with --no-evals), proxy stats every 10 steps, 1 Hz resource samples for three local jobs, a trainer
+log) at each size, then measures what one timer tick costs after 10 new rows: reading what is new, building the
+frame, and Gradio's postprocessing (what goes to the browser). Sizes are measured interleaved, tick by tick, so
+the ratios compare like with like on a noisy machine. Also: the first open of each run (its newest rows drawn)
+and the time until its whole history is drawn (read in the background), the panel's RSS with the largest run
+open (a fresh process each), and a tick served to 10 sessions at once against one. Prints figures; asserts
+nothing.
 """
 
 import argparse
@@ -52,9 +53,10 @@ def sample_records(step: int, t: float) -> list[dict]:
 class SyntheticRun:
     """A live distributed run of `rows` logged steps in a local panel home; `grow()` adds what a tick brings."""
 
-    def __init__(self, home: str, rows: int, samples: str | None = None):
+    def __init__(self, home: str, rows: int, samples: str | None = None, evals: bool = False):
         """`samples`: None (no samples/ folder), "flush" (a fragment of 4 completions a step per metric fragment,
-        as trainers write them now) or "step" (a fragment per step, as runs written before did)."""
+        as trainers write them now) or "step" (a fragment per step, as runs written before did). `evals`: a
+        held-out record per adapter version in evals/, the base model's (v0) first."""
         from backend.plan.spec import RunSpec
         from backend.runtime import layout
 
@@ -62,12 +64,13 @@ class SyntheticRun:
         self.samples_mode, self.sample_fragment = samples, 0
         self.samples_dir = None
         self.spec = RunSpec(name=f"scale-{rows}", mode="distributed", max_steps=rows * 10, bucket="local/bench",
-                            run_id=f"scale-{rows}", eval_source="split", monitor_rewards=["distinct_chars"])
+                            run_id=f"scale-{rows}", **(dict(eval_source="split", monitor_rewards=["distinct_chars"])
+                                                       if evals else {}))
         self.run_dir = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(self.spec.run_id))
         self.metrics = os.path.join(self.run_dir, layout.METRICS_DIR)
         self.events = os.path.join(self.run_dir, layout.EVENTS_DIR)
-        self.evals = os.path.join(self.run_dir, layout.EVALS_DIR)
-        for folder in (self.metrics, self.events, self.evals):
+        self.evals = os.path.join(self.run_dir, layout.EVALS_DIR) if evals else None
+        for folder in (self.metrics, self.events, *([self.evals] if evals else [])):
             os.makedirs(folder, exist_ok=True)
         if samples:
             self.samples_dir = os.path.join(self.run_dir, layout.SAMPLES_DIR)
@@ -79,7 +82,8 @@ class SyntheticRun:
         self.job_ids = {}
         for role in JOBS:
             self.job_ids[role] = self._make_job(role)
-        self._evaluate(0, 0, self.t0)
+        if evals:
+            self._evaluate(0, 0, self.t0)
         self._write_steps(rows, history=True)
 
     def _make_job(self, role: str) -> str:
@@ -164,7 +168,8 @@ class SyntheticRun:
         self._fragment(self.events, "trainer", self.event_fragment,
                        [{"time": t, "event": "adapter_published", "name": layout.adapter_name(version)}])
         self.event_fragment += 1
-        self._evaluate(version, step, t)
+        if self.evals:
+            self._evaluate(version, step, t)
 
     def _evaluate(self, version: int, step: int, t: float) -> None:
         """The version's held-out record as the trainer writes it (`evaluate.eval_record`): 16 prompts, two
@@ -228,7 +233,7 @@ def measure(args) -> None:
     runs = {}
     for rows in args.sizes:
         began = time.perf_counter()
-        runs[rows] = SyntheticRun(home, rows)
+        runs[rows] = SyntheticRun(home, rows, evals=not args.no_evals)
         print(f"synthesised {rows:>7} rows in {time.perf_counter() - began:5.1f} s")
     panel = Panel(Settings(home=home, on_space=False, host="127.0.0.1"))
     warm = SyntheticRun(home, 10)            # imports and first-use costs (gradio, plotly) out of the way
@@ -358,6 +363,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--ticks", type=int, default=7)
+    parser.add_argument("--no-evals", action="store_true", help="runs without held-out records (evals/)")
     parser.add_argument("--runs-list-only", action="store_true", help="only the runs list: 10 runs against 1,000")
     args = parser.parse_args()
     if not args.runs_list_only:

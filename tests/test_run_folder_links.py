@@ -98,9 +98,9 @@ def linked_run(tmp_path, outside, monkeypatch, hub, make_panel):
     plant(v3, outside)
     final = os.path.join(run.run_dir, layout.FINAL_DIR)
     os.makedirs(final)
-    for name in layout.ADAPTER_FILES:
+    for name in layout.ADAPTER_FILES:      # the config stays JSON: it is shipped parsed (its base model renamed)
         with open(os.path.join(final, name), "wb") as f:
-            f.write(b"final " + name.encode())
+            f.write(b'{"r": 8}' if name == "adapter_config.json" else b"final " + name.encode())
     plant(final, outside)
     plant(os.path.join(run.run_dir, layout.BEST_DIR), outside)
     v5 = os.path.join(adapters, "trl-policy-v5")
@@ -125,10 +125,11 @@ def test_downloads_and_pushes_from_the_page_take_only_the_adapters_own_files(lin
             archive = downloaded(client, button)
             zips[choice] = {n: archive.read(n) for n in archive.namelist()} if archive else None
             if archive:
-                assert_only_the_adapters_own(zips[choice], f"the {choice} zip")
+                assert_only_the_adapters_own(zips[choice], f"the {choice} zip", card=True)
         assert zips["trl-policy-v3"]["adapter_model.safetensors"] == V3_WEIGHTS, "the real files are zipped"
-        assert set(zips["trl-policy-v3"]) == {"adapter_config.json", "adapter_model.safetensors", "version.json"}
-        assert set(zips["final"]) == set(layout.ADAPTER_FILES) and set(zips["best"]) == set(layout.ADAPTER_FILES)
+        assert set(zips["trl-policy-v3"]) == {"adapter_config.json", "adapter_model.safetensors", "version.json",
+                                              "README.md"}, "the adapter's own files and the card a push writes"
+        assert set(zips["final"]) == set(zips["best"]) == {*layout.ADAPTER_FILES, "README.md"}
         assert zips["trl-policy-v5"] is None, "a version folder that is a link is not there"
 
         pushed = {}
@@ -145,7 +146,7 @@ def test_downloads_and_pushes_from_the_page_take_only_the_adapters_own_files(lin
         assert "alice/links-v5" not in hub.repos
     for name in os.listdir(panel.downloads):
         with zipfile.ZipFile(open(os.path.join(panel.downloads, name), "rb")) as archive:
-            assert_only_the_adapters_own({n: archive.read(n) for n in archive.namelist()}, name)
+            assert_only_the_adapters_own({n: archive.read(n) for n in archive.namelist()}, name, card=True)
     assert json.loads(zips["trl-policy-v3"]["version.json"])["version"] == 3
 
 
