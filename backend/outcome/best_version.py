@@ -23,6 +23,7 @@ from backend.runtime.best_rule import (
     TIE_RULE,
     best_by_problem,
     best_json,
+    best_of,
     parse_best_by,
     pick_best,
     rule_score,
@@ -85,6 +86,7 @@ class HeldOut:
         self.member = ""                        # the run's sweep member tag, once its spec is read (RunView)
         self._ranked: tuple = (None, None)      # (best version, version 0's score) under the rule, or None: stale
         self._sketch = Sketch(CHART_GROUPS, CHART_NEWEST)    # (version, score) of every version, for the chart
+        self._scored: dict[int, float | None] = {}     # version -> its score under the rule, kept as records arrive
 
     @property
     def unreadable(self) -> dict[str, int]:
@@ -106,6 +108,7 @@ class HeldOut:
                                                 float(std) if _number(std) else None,
                                                 record.get("n_prompts") if type(record.get("n_prompts")) is int
                                                 else None, redact_record(rewards))
+            self._scored[version] = self._score_of(self.scores[version])
             samples = [redact_record(s) for s in record.get("samples") or [] if _is_sample(s)]
             self.samples.pop(version, None)
             self.samples[version] = samples
@@ -151,18 +154,20 @@ class HeldOut:
         if rule == self.rule:
             return False
         self.rule, self._ranked = rule, None
+        self._scored = {v: self._score_of(s) for v, s in self.scores.items()}
         return True
 
+    def _score_of(self, score: HeldOutScore) -> float | None:
+        return rule_score({"score": score.score, "rewards": score.rewards}, self.rule)
+
     def _rank(self) -> tuple[int | None, float | None]:
-        if self._ranked is None:
-            self._ranked = pick_best({v: {"score": s.score, "rewards": s.rewards} for v, s in self.scores.items()},
-                                     self.rule)
+        if self._ranked is None:        # over scores kept as records arrived: a new record costs no re-scoring
+            self._ranked = best_of(self._scored)
         return self._ranked
 
     def rule_score(self, version: int) -> float | None:
         """A version's held-out score under the rule in force (None: not evaluated, or a named reward missing)."""
-        score = self.scores.get(version)
-        return None if score is None else rule_score({"score": score.score, "rewards": score.rewards}, self.rule)
+        return self._scored.get(version)
 
     @property
     def baseline(self) -> float | None:

@@ -93,7 +93,11 @@ def rule_score(record: dict, best_by: dict[str, float]) -> float | None:
 def pick_best(records: dict[int, dict], best_by: dict[str, float]) -> tuple[int | None, float | None]:
     """(the best version >= 1 under the rule, or None when none beats the base model / none was scored; version
     0's score under the rule, None when the base model was not evaluated). Ties: the earliest version."""
-    scored = {v: rule_score(r, best_by) for v, r in records.items()}
+    return best_of({v: rule_score(r, best_by) for v, r in records.items()})
+
+
+def best_of(scored: dict[int, float | None]) -> tuple[int | None, float | None]:
+    """`pick_best` over versions already scored under the rule (version -> its score, None: not scored)."""
     baseline = scored.get(0)
     candidates = [(s, v) for v, s in scored.items() if v >= 1 and s is not None]
     if not candidates:

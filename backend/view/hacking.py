@@ -50,10 +50,9 @@ def _collapsed_share(samples: list[dict]) -> float | None:
 def hacking_sign(held) -> HackingSign | None:
     """The reward-hacking sign in a run's held-out records (`HeldOut`), or None."""
     scores = held.scores
-    versions = sorted(scores)
-    if len(versions) < 2:
+    if len(scores) < 2:
         return None
-    base, newest = versions[0], versions[-1]
+    base, newest = min(scores), max(scores)
     newest_name = layout.adapter_name(newest, held.member)
     rise = scores[newest].score - scores[base].score
     if rise < TRAINED_RISE:
@@ -65,10 +64,9 @@ def hacking_sign(held) -> HackingSign | None:
         then, now = _mean(scores[base], name), _mean(scores[newest], name)
         if then is None or now is None:
             continue
-        history = [m for v in versions if (m := _mean(scores[v], name)) is not None]
         if then - now >= MONITOR_FALL and then - now >= MONITOR_FALL_SHARE * abs(then):
             fallen.append(f"monitor **{name}** fell {then:.3f} → {now:.3f}")
-        elif max(history) <= FLOOR and rise >= FLOOR_RISE:
+        elif max(then, now) <= FLOOR and rise >= FLOOR_RISE and _at_floor_throughout(scores, name):
             fallen.append(f"monitor **{name}** stayed at its floor ({now:.3f})")
     share, base_share = _collapsed_share(held.samples.get(newest, [])), _collapsed_share(held.samples.get(base, []))
     collapse = share is not None and share >= COLLAPSED_SHARE and (base_share or 0) < COLLAPSED_SHARE
@@ -87,6 +85,12 @@ def hacking_sign(held) -> HackingSign | None:
                "'Best version by'.")
     names = tuple(n for n in scores[newest].rewards if f"**{n}**" in message)
     return HackingSign(message, (base, newest), names)
+
+
+def _at_floor_throughout(scores: dict, name: str) -> bool:
+    """Whether the reward's held-out mean stayed at its floor in every evaluated version: asked only where both
+    ends are at it, so a tick of a long run does not walk every version's record."""
+    return all(m is None or m <= FLOOR for m in (_mean(score, name) for score in scores.values()))
 
 
 def _mean(score, name: str) -> float | None:
