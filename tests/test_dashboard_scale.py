@@ -167,6 +167,17 @@ def test_a_long_runs_tick_sends_a_bounded_payload_and_the_adapters_table_pages(t
     assert update.values["adapters"]["data"][0][0] == "trl-policy-v1000", "newest first"
 
 
+def test_a_long_runs_held_out_chart_is_sent_bounded_with_the_base_model_the_best_and_the_newest(tmp_path):
+    run = SyntheticRun(str(tmp_path), 20_000, evals=True)       # 1,000 evaluated versions and the base model
+    view = _view(str(tmp_path), run)
+    update = live.dashboard_update(OneRun(view), run.spec.run_id, {})
+    held_out = json.loads(update.values["heldout"])
+    score = next(t for t in held_out["data"] if t["name"] == "held-out score")
+    assert len(update.values["heldout"]) < 30_000 and len(score["x"]) <= 260, len(update.values["heldout"])
+    assert score["text"][0] == "v0" and score["text"][-1] == "v1000" and score["x"] == sorted(score["x"])
+    assert f"best: v{view.held_out.best_version}" in [t["name"] for t in held_out["data"]]
+
+
 def test_a_first_look_at_a_long_log_starts_at_its_tail(tmp_path):
     from backend.executors.local import LocalExecutor
 
