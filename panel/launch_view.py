@@ -19,7 +19,10 @@ from panel.task_form import HELD_OUT_TITLE, REQUIRED_CHOICE, TaskSection
 SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 ROW = 4     # fields a row of a form section
 # Each section of the form (an accordion) and the RunSpec fields it holds, opened when one of them is refused.
-SECTIONS = {title: {f.name for f in form_fields(title)} for title in (LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE)}
+# The settings a user changes first, on the first screen with Launch (out of their sections).
+FIRST = ("max_steps", "learning_rate")
+SECTIONS = {title: {f.name for f in form_fields(title)} - set(FIRST)
+            for title in (LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE)}
 SECTIONS[HELD_OUT_TITLE] = set(HELD_OUT_FIELDS)
 ALERTS = "Alerts"
 SECTIONS[ALERTS] = {WEBHOOK_FIELD}     # the alert webhook, beside the form: a refusal opens and marks it too
@@ -70,7 +73,7 @@ def form_flavors(panel: Panel, visitor, executor: str) -> list:
 def _section(f: dict, title: str, initial: dict, flavors: list, **kw):
     """An accordion holding RunSpec's fields of section `title` (in their declaration order, ROW a row; a list of
     checkboxes on a row of its own)."""
-    names = [spec_field.name for spec_field in form_fields(title)]
+    names = [spec_field.name for spec_field in form_fields(title) if spec_field.name not in FIRST]
     with gr.Accordion(title, open=False, **kw) as accordion:
         row: list[str] = []
         for name in [*names, None]:
@@ -87,17 +90,30 @@ def _section(f: dict, title: str, initial: dict, flavors: list, **kw):
     return accordion
 
 
-def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict, TaskSection, dict]:
-    """The form's widgets by field name, its task section, and its accordions by section title."""
+def executor_choices(executors: list[str]) -> list[tuple[str, str]]:
+    """*Run on*'s choices in words ("This machine", "Hugging Face Jobs"); the value stays the executor's name."""
+    return [(engine(name).choice or name, name) for name in executors]
+
+
+def _first_fields(initial: dict, executors: list[str]) -> dict:
+    """The fields of the first screen, beside Launch: name, model, the settings changed first, where and how."""
     f = {}
-    flavors = form_flavors(panel, None, initial["executor"])
     with gr.Row():
-        f["name"] = _field("name", initial)
+        for name in ("name", "model", *FIRST):
+            f[name] = _field(name, initial)
+    with gr.Row():
+        f["executor"] = gr.Radio(executor_choices(executors), value=initial["executor"], label="Run on",
+                                 elem_id="f-executor",
+                                 info=" · ".join(f"{label}: {engine(name).label}"
+                                                 for label, name in executor_choices(executors)))
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
-        f["executor"] = gr.Radio(executors, value=initial["executor"], label="Run on", elem_id="f-executor",
-                                 info=" · ".join(f"{name}: {engine(name).label}" for name in executors))
-    f["model"] = _field("model", initial)
+    return f
+
+
+def _more_fields(panel: Panel, f: dict, initial: dict) -> tuple[TaskSection, dict]:
+    """The rest of the form below Launch, added to `f`: the task section, and the accordions by section title."""
+    flavors = form_flavors(panel, None, initial["executor"])
     task = TaskSection.build(initial)
     f.update(task.fields)
     sections = {title: _section(f, title, initial, flavors) for title in (LORA, GRPO)}
@@ -105,7 +121,7 @@ def _form(panel: Panel, initial: dict, executors: list[str]) -> tuple[dict, Task
     sections[DISTRIBUTED] = _section(f, DISTRIBUTED, initial, flavors, visible=initial["mode"] == "distributed")
     sections[STORAGE] = _section(f, STORAGE, initial, flavors)
     sections[HELD_OUT_TITLE] = task.held_out
-    return f, task, sections
+    return task, sections
 
 
 def presets_for(panel: Panel) -> tuple[list[str], str]:
@@ -123,9 +139,19 @@ def build(page, panel: Panel) -> None:
     initial = preset_values(first_preset, bucket=panel.default_bucket(None, PRESETS[first_preset]["executor"]))
     executors = panel.offered_executors()
     with gr.Tab("Launch", id="launch"):
-        preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset")
-        preset_info = gr.Markdown(preset_note(first_preset), elem_id="preset-note")
-        form, task, sections = _form(panel, initial, executors)
+        # The first screen: a preset, the fields changed first, Preview and Launch; the rest of the form below.
+        with gr.Row(equal_height=False):
+            preset = gr.Dropdown(preset_names, value=first_preset, label="Preset", elem_id="preset", scale=1)
+            with gr.Column(scale=1):
+                preset_info = gr.Markdown(preset_note(first_preset), elem_id="preset-note")
+        form = _first_fields(initial, executors)
+        with gr.Row():
+            preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
+            confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
+                                  elem_id="confirm")
+            launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
+        launch_msg = gr.Markdown(elem_id="launch-msg")
+        task, sections = _more_fields(panel, form, initial)
         panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
         with gr.Accordion(ALERTS, open=False) as sections[ALERTS]:
             webhook = gr.Textbox("", label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
@@ -135,12 +161,6 @@ def build(page, panel: Panel) -> None:
                                       + (" This panel serves others: https to a public address only."
                                          if panel.settings.serves_others else ""))
         panel.field_labels[WEBHOOK_FIELD] = webhook.label
-        with gr.Row():
-            preview_btn = gr.Button("Preview jobs", elem_id="preview-btn")
-            confirm = gr.Checkbox(False, label="I reviewed the jobs and the estimated cost (HF Jobs)",
-                                  elem_id="confirm")
-            launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
-        launch_msg = gr.Markdown(elem_id="launch-msg")
         reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the preview this session last saw
         marks = gr.State([])        # the form fields marked as refused by the last preview or launch
     page.add(preset=preset, preset_info=preset_info, form=form, sections=sections, task=task, webhook=webhook,

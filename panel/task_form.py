@@ -88,13 +88,14 @@ class TaskSection:
                         f[name] = task_widget(name, start)
             check_btn = gr.Button("Check task", elem_id="check-task-btn")
             message = gr.Markdown(elem_id="task-msg")
+            # Shown once a check has filled them: empty, a table shows bare column headers "1 2 3".
             scores = gr.Dataframe(label="Sample completions and their scores", interactive=False,
-                                  elem_id="task-scores", wrap=True)
+                                  elem_id="task-scores", wrap=True, visible=False)
             with gr.Row():
                 prompt = gr.Textbox(label="The first prompt, as the model sees it", lines=8, max_lines=16,
-                                    interactive=False, elem_id="task-prompt")
+                                    interactive=False, elem_id="task-prompt", visible=False)
                 rows = gr.Dataframe(label="First rows of the dataset", interactive=False, elem_id="task-rows",
-                                    wrap=True)
+                                    wrap=True, visible=False)
         upload.upload(_on_upload, [upload, f["eval_source"]],
                       [f["dataset"], f["eval_source"], f["monitor_rewards"], f["best_by"]])
         return cls(f, check_btn, message, prompt, scores, rows, held_out)
@@ -119,11 +120,17 @@ class TaskSection:
                 yield line, gr.update(), gr.update(), gr.update()
             if "report" not in done:
                 raise gr.Error("The task check failed; see the panel's log.")
-            yield preview_outputs(done["report"])
+            message, rows, prompt, scores = preview_outputs(done["report"])
+            yield message, shown(rows, not rows.empty), shown(prompt, bool(prompt)), shown(scores, not scores.empty)
 
         # A check job waits minutes on the Hub, not on this machine: more of them at once than the queue's default.
         self.check_btn.click(on_check, inputs, [self.message, self.rows, self.prompt, self.scores],
                              concurrency_limit=CHECKS_AT_ONCE)
+
+
+def shown(value, filled: bool):
+    """A preview output with its value, visible only where the check gave it something to show."""
+    return gr.update(value=value, visible=filled)
 
 
 def task_widget(name: str, start, **kw):

@@ -32,7 +32,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
                    analytics_enabled=False) as demo:
         with gr.Row():
             gr.Markdown("# GRPO + LoRA control panel\nLaunch GRPO runs with LoRA, colocated or distributed, "
-                        "locally or on Hugging Face Jobs, and watch them live.")
+                        "on this machine or on Hugging Face Jobs, and watch them live.")
             if panel.settings.on_space:
                 gr.LoginButton()
         # Where visitors' code runs, or why it runs nowhere here: said once, for the whole page.

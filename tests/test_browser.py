@@ -102,28 +102,31 @@ def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_lau
     page.get_by_text("LoRA", exact=True).click()
     set_number(page, "f-lora_r", 0)
     page.get_by_text("GRPO training", exact=True).click()
-    set_number(page, "f-max_steps", 0)
+    set_number(page, "f-adam_beta2", 1)
     page.get_by_text("GRPO training", exact=True).click()       # closed again: the refusal opens it
-    page.wait_for_function("() => document.querySelector('#f-max_steps') === null || "
-                           "document.querySelector('#f-max_steps').offsetParent === null", timeout=10000)
+    page.wait_for_function("() => document.querySelector('#f-adam_beta2') === null || "
+                           "document.querySelector('#f-adam_beta2').offsetParent === null", timeout=10000)
+    set_number(page, "f-max_steps", 0)                         # on the first screen, beside Launch
     page.locator("#launch-btn").click()
     message = wait_for_launch_answer(page)
     assert "nothing was launched" in message and "Launched run" not in message, message
     assert "Rank r (lora_r): must be between 1 and 512" in message, message
+    assert "Adam beta2 (adam_beta2): must be between 0 and 1" in message, message
     assert "Steps (max_steps): must be between 1 and 1,000,000" in message, message
-    page.wait_for_function("() => { const e = document.getElementById('f-max_steps'); "
+    page.wait_for_function("() => { const e = document.getElementById('f-adam_beta2'); "
                            "return e && e.offsetParent !== null && e.classList.contains('field-error'); }",
                            timeout=10000)
-    assert _marked(page, "f-lora_r") and not _marked(page, "f-learning_rate")
+    assert _marked(page, "f-lora_r") and _marked(page, "f-max_steps") and not _marked(page, "f-learning_rate")
 
     set_number(page, "f-lora_r", 8)
+    set_number(page, "f-adam_beta2", 0.999)
     set_number(page, "f-max_steps", 5)
     page.locator("#preview-btn").click()
     page.wait_for_function("() => /job\\(s\\) of run/.test(document.getElementById('launch-msg').innerText)",
                            timeout=30000)
     page.wait_for_function("() => !document.getElementById('f-lora_r').classList.contains('field-error')",
                            timeout=10000)
-    assert not _marked(page, "f-max_steps"), "a fixed field is no longer marked"
+    assert not _marked(page, "f-max_steps") and not _marked(page, "f-adam_beta2"), "a fixed field is no longer marked"
 
 
 def test_the_form_shows_the_sections_of_the_chosen_mode(page):

@@ -33,6 +33,7 @@ class Engine:
 
     name: str = ""
     label: str = ""                  # where the jobs run, in a user's words ("Hugging Face Jobs")
+    choice: str = ""                 # the form's *Run on* choice in words ("This machine"); empty: the name
     billed: bool = False             # jobs cost money: launch and resume are reviewed first, a budget cap applies
     needs_token: bool = False        # jobs act with the visitor's Hugging Face token, passed as a job secret
     installs_runtime: bool = False   # a job installs TRL and PEFT before it starts (its image has vLLM only)

@@ -13,6 +13,7 @@ class HfJobsEngine(Engine):
 
     name = "hf_jobs"
     label = "Hugging Face Jobs"
+    choice = "Hugging Face Jobs"
     billed = True
     needs_token = True
     installs_runtime = True

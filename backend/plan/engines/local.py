@@ -31,6 +31,7 @@ class LocalEngine(Engine):
 
     name = "local"
     label = "local processes"
+    choice = "This machine"
     reaches_hub = False
     on_panel_machine = True
     operators_machines = True
