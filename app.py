@@ -41,7 +41,7 @@ from backend.runs.access import Deployment
 from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
 from panel.mcp_tools import mcp_lifespan
-from panel.ui import CSS, KEEP_CLEARED_CHOICES, build_ui
+from panel.ui import CSS, PAGE_JS, build_ui
 from panel.uploads import SignedInUploadsOnly, max_upload_bytes
 
 log = logging.getLogger("grpo-panel")
@@ -74,7 +74,7 @@ def main() -> None:
     demo = build_ui(panel)
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     demo.queue(default_concurrency_limit=4).launch(
-        server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=KEEP_CLEARED_CHOICES,
+        server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=PAGE_JS,
         auth=[deployment.auth] if deployment.auth else None,
         # Gradio keeps each call's inputs in the browser's local storage by default: a webhook URL or reward code
         # typed into the form would stay there. Off, which also deletes what an earlier version left there.

@@ -6,8 +6,10 @@ are `backend.runs.operations`; which registry reaches a run, `backend.runs.direc
 (`panel/launch_view.py`, `runs_view.py`, `dashboard_view.py`) call one method here each.
 """
 
+import csv
 import hashlib
 import heapq
+import io
 import logging
 import os
 import stat
@@ -377,11 +379,34 @@ class Panel:
         write_log(path, view.executor.all_logs(job.job_id))
         return path
 
+    def metrics_csv(self, run_id: str, visitor: Visitor | str | None = None) -> str:
+        """Every step the run logged to its bucket (its metrics) as a CSV file to download: a row a step, a column a
+        metric (step and time first), an empty cell where a step did not log that metric."""
+        view = self.view(run_id, visitor)
+        path = os.path.join(private_folder(self.downloads), f"{run_id}-metrics.csv")
+        atomic_write_chunks(path, csv_lines(view.metrics))
+        return path
+
     def shutdown(self) -> None:
         """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper
         process) and the next panel over the same home finds them, with their true status."""
         self.watch.stop()
         self.runs.shutdown()
+
+
+def csv_lines(rows: list[dict]):
+    """`rows` as CSV, encoded, a line at a time: step and time first, then every other key, sorted."""
+    keys = sorted({key for row in rows for key in row} - {"step", "time"})
+    header = ["step", "time", *keys]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow([row.get(key, "") for key in header])
+        yield out.getvalue().encode()
+        out.seek(0)
+        out.truncate()
+    yield out.getvalue().encode()
 
 
 def write_log(path: str, pieces) -> None:

@@ -10,6 +10,8 @@ from gradio.components.plot import PlotData
 from backend.outcome.best_version import ChoiceError, default_choice, version_choices
 from backend.outcome.publish import PublishError
 from backend.outcome.try_it import BASE
+from backend.plan.jobspec import TERMINAL_STAGES
+from backend.runs import resume
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
 from panel import dashboard, live, publish_view, try_view
@@ -20,9 +22,15 @@ PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
                      "if (t) t.scrollTop = t.scrollHeight; }")
 # One click downloads the full log: the file the click wrote is fetched through its link at once.
-DOWNLOAD_LOG = ("() => { let tries = 0; const go = () => { "
-                "const a = document.querySelector('#log-file a[download], #log-file a[href]'); "
-                "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
+def click_download(elem_id: str) -> str:
+    """JS that clicks the download link of the file component `#elem_id` once the click's answer has put it there."""
+    return ("() => { let tries = 0; const go = () => { "
+            f"const a = document.querySelector('#{elem_id} a[download], #{elem_id} a[href]'); "
+            "if (a) { a.click(); } else if (tries++ < 50) { setTimeout(go, 100); } }; go(); }")
+
+
+DOWNLOAD_LOG = click_download("log-file")
+DOWNLOAD_METRICS = click_download("metrics-file")
 ADAPTER_HEADERS = dashboard.ADAPTER_HEADERS
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
                    "generated tok/s", "API CPU (cores)", "url"]
@@ -31,22 +39,38 @@ VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_
 DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",
          "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
 ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"
+# A run's sections, one click away: (the element a link scrolls to, its name).
+SECTION_LINKS = (("key-charts", "Key charts"), ("chart-options", "All charts"), ("adapters-table", "Adapters"),
+                 ("samples-section", "Samples"), ("replicas-table", "Servers"), ("config-section", "Config"),
+                 ("log-box", "Log"))
+JUMP_BAR = "<nav class='jump-bar'>Jump to: " + " · ".join(
+    f"<a href='#{target}'>{name}</a>" for target, name in SECTION_LINKS) + "</nav>"
 
 
 def build(page, panel) -> None:
     """The open run's components (the rest of the Runs tab), added to `page`."""
-    status = gr.Markdown(elem_id="run-status")
-    cost = gr.Markdown(elem_id="run-cost")
-    with gr.Row():
-        change = gr.Button("New run with this change", visible=False, elem_id="new-run-change", variant="primary")
-        clone = gr.Button("New run from this", elem_id="new-run-from")
-    with gr.Row():
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=5):
+            status = gr.Markdown(elem_id="run-status")
+            cost = gr.Markdown(elem_id="run-cost")
+            gr.HTML(JUMP_BAR, elem_id="jump-bar", padding=False)
+        with gr.Column(scale=1, min_width=200):
+            change = gr.Button("New run with this change", visible=False, elem_id="new-run-change",
+                               variant="primary", size="sm")
+            clone = gr.Button("New run from this", elem_id="new-run-from", size="sm")
+            metrics_btn = gr.Button("Download metrics (.csv)", elem_id="metrics-btn", size="sm")
+            metrics_file = gr.File(label="Metrics", elem_id="metrics-file", interactive=False, visible=False)
+    plots = {}
+    names = list(PLOT_IDS)
+    with gr.Row(elem_id="key-charts"):      # the run's key charts first, on the first screen
+        for name in names[:2]:
+            plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
+    with gr.Row(elem_id="chart-options"):
         x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis", scale=1)
         smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (exponential moving average)",
                               elem_id="smoothing", scale=2)
-    plots = {}
-    names = list(PLOT_IDS)
-    for pair in (names[i:i + 2] for i in range(0, len(names), 2)):
+    rest = names[2:]
+    for pair in (rest[i:i + 2] for i in range(0, len(rest), 2)):
         with gr.Row():
             for name in pair:
                 plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
@@ -79,7 +103,8 @@ def build(page, panel) -> None:
     replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, elem_id="replicas-table",
                             label="vLLM servers (distributed runs: vllm-<job>/<server> where a job runs several)")
     final = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
-    with gr.Accordion("Config (spec.json: everything this run was launched with)", open=False):
+    with gr.Accordion("Config (spec.json: everything this run was launched with)", open=False,
+                      elem_id="config-section"):
         config = gr.JSON(elem_id="config-json")
     push = publish_view.build(panel)
     with gr.Row():
@@ -89,7 +114,8 @@ def build(page, panel) -> None:
     log_file = gr.File(label="Full log", elem_id="log-file", interactive=False, visible=False)
     log = gr.Textbox(label="Log (tail)", lines=16, max_lines=16, autoscroll=True, elem_id="log-box")
     drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
-    page.add(**plots, status=status, cost=cost, change=change, clone=clone, x_axis=x_axis, smoothing=smoothing,
+    page.add(**plots, status=status, cost=cost, change=change, clone=clone, metrics_btn=metrics_btn,
+             metrics_file=metrics_file, x_axis=x_axis, smoothing=smoothing,
              adapters=adapters, best_by=best_by, best_by_btn=best_by_btn, best_by_msg=best_by_msg,
              version_pick=version_pick, version_file=version_file, version_msg=version_msg,
              sample_steps=sample_steps, sample_prompt=sample_prompt, samples=samples, replicas=replicas, final=final,
@@ -115,6 +141,8 @@ def wire(page) -> None:
     page.on(page["roles"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["log_btn"].click, on_full_log, ["run_pick", "roles"], ["log_file"]).then(
         None, None, None, js=DOWNLOAD_LOG)
+    page.on(page["metrics_btn"].click, on_metrics, ["run_pick"], ["metrics_file"]).then(
+        None, None, None, js=DOWNLOAD_METRICS)
     # A tail is read from the bottom; the textbox's own autoscroll does not fire on timer updates here.
     page[live.LOG_KEY].change(None, None, None, js=SCROLL_LOG_TO_END)
 
@@ -164,7 +192,8 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
         steps = update.values.get("sample_steps", [])
         view = panel.view(run_id, visitor)
         default = default_choice(view)
-        return {**untick, **present(update.values, role), "drawn": state,
+        return {**untick, **present(update.values, role), "drawn": state, **run_actions(view),
+                "runs_list": gr.Accordion(open=False),
                 "sample_steps": gr.update(choices=["latest", *steps], value="latest"),
                 "sample_prompt": gr.update(choices=[ALL_OF_THE_STEP, *update.values.get("sample_prompt", [])],
                                            value=""),
@@ -176,6 +205,15 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
                 "best_by": format_weights(view.best_by), "best_by_msg": ""}
     except KeyError as exc:
         return {**untick, "status": exc.args[0], "drawn": None, "cost": ""}
+
+
+def run_actions(view) -> dict:
+    """The run's actions that fit its state: Cancel on a live run; Resume (and its review tick) on one that stopped
+    before it finished."""
+    live = view.stage not in TERMINAL_STAGES
+    stopped = not live and not resume.finished(view)
+    return {"cancel": gr.update(visible=live), "resume": gr.update(visible=stopped),
+            "resume_confirm": gr.update(value=False, visible=stopped)}
 
 
 def on_steps(panel, visitor, run_id) -> dict:
@@ -247,6 +285,14 @@ def on_log_filter(panel, visitor, run_id, role, query) -> dict:
     except KeyError:
         view = None
     return {live.LOG_KEY: dashboard.log_text(view, role, query) if view else ""}
+
+
+def on_metrics(panel, visitor, run_id) -> dict:
+    try:
+        path = panel.metrics_csv(run_id, visitor) if run_id else None
+    except KeyError:
+        path = None
+    return {"metrics_file": gr.update(value=path, visible=path is not None)}
 
 
 def on_full_log(panel, visitor, run_id, role) -> dict:

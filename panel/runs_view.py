@@ -20,26 +20,34 @@ LISTED = ["runs_table", "run_pick", "listed", "compare_picks"]
 
 def build(page, panel: Panel) -> None:
     """The runs list's components (the top of the Runs tab), added to `page`."""
-    runs_hint = gr.Markdown(elem_id="runs-hint")
-    with gr.Row():
+    with gr.Row(equal_height=True):
         # A timer tick that listed the runs just before a launch may send choices without the new run after the
         # launch selected it: a custom value keeps every later event from being refused.
         run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3, allow_custom_value=True)
-        cancel = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1)
+        # Shown where they apply to the picked run (`run_actions`): Cancel on a live run, Resume on a stopped one.
+        cancel = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1, size="sm")
         resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm", scale=1)
-        resume = gr.Button("Resume run", elem_id="resume-btn", scale=1)
-    with gr.Row():
-        runs_query = gr.Textbox(label="Filter by name or id", elem_id="runs-query", scale=3)
-        runs_status = gr.Radio(list(RUN_FILTERS), value="all", label="Status", elem_id="runs-status", scale=2)
-    runs_table = gr.Dataframe(headers=RUNS_HEADERS, interactive=False, elem_id="runs-table",
-                              label="Runs (newest first; click a row to open it)")
-    spend_view.build_orphans(panel, visitor_of)
+        resume = gr.Button("Resume run", elem_id="resume-btn", scale=1, size="sm")
+    # The list folds away once a run is open, so the run's header and key charts fill the first screen.
+    with gr.Accordion("All runs", open=True, elem_id="runs-list") as runs_list:
+        runs_hint = gr.Markdown(elem_id="runs-hint")    # why the list holds no Hub runs, where it does not
+        with gr.Row():
+            runs_query = gr.Textbox(label="Filter by name or id", elem_id="runs-query", scale=3)
+            runs_status = gr.Radio(list(RUN_FILTERS), value="all", label="Status", elem_id="runs-status", scale=2)
+        runs_table = gr.Dataframe(headers=RUNS_HEADERS, interactive=False, elem_id="runs-table",
+                                  label="Runs (newest first; click a row to open it)")
     action_msg = gr.Markdown(elem_id="action-msg")
     listed = gr.State(None)     # the runs table and run choices this browser session last received
     resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
-    page.add(runs_hint=runs_hint, run_pick=run_pick, cancel=cancel, resume_confirm=resume_confirm, resume=resume,
+    page.add(runs_hint=runs_hint, runs_list=runs_list, run_pick=run_pick, cancel=cancel,
+             resume_confirm=resume_confirm, resume=resume,
              runs_query=runs_query, runs_status=runs_status, runs_table=runs_table, action_msg=action_msg,
              listed=listed, resume_reviewed=resume_reviewed)
+
+
+def build_orphans(panel: Panel) -> None:
+    """The orphan jobs' finder, at the foot of the Runs tab (below the open run)."""
+    spend_view.build_orphans(panel, visitor_of)
 
 
 def wire(page) -> None:
@@ -49,7 +57,7 @@ def wire(page) -> None:
             [*LISTED, "runs_hint", *dashboard_view.DRAWN], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
-             "best_by_msg"])
+             "best_by_msg", "runs_list", "cancel", "resume"])
     # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])

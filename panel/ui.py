@@ -13,14 +13,35 @@ TICK_S = 2.0
 CACHE_SWEEP_S = 1800          # how often Gradio's cache (uploads, served copies of downloads) is swept
 UPLOADS_KEPT_S = 2 * 3600     # how old a file there may get: an upload is gone within hours, not days
 # A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).
-CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }"
+CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }" + """
+.jump-bar { font-size: 0.9em; } .jump-bar a { margin: 0 0.2em; }
+"""
+# The charts follow the page's theme: plotly draws its white template with inline colours, which a dark page (Gradio's
+# `.dark`, e.g. `?__theme=dark`) overrides here, on every redraw alike.
+CSS += """
+.dark .js-plotly-plot .main-svg { background: transparent !important; }
+.dark .js-plotly-plot .bg { fill: #111827 !important; }
+.dark .js-plotly-plot .main-svg text { fill: #e5e7eb !important; }
+.dark .js-plotly-plot .gridlayer path, .dark .js-plotly-plot .zerolinelayer path { stroke: #374151 !important; }
+.dark .js-plotly-plot .legend .bg { fill: transparent !important; }
+"""
+# A jump bar's link scrolls to its section in place: followed, '#id' would resolve against the page's base address and
+# reload the page without its `?run=`.
+JUMP_TO_SECTION = """document.addEventListener('click', (e) => {
+    const link = e.target instanceof Element ? e.target.closest('.jump-bar a') : null;
+    const target = link && document.getElementById(link.getAttribute('href').slice(1));
+    if (target) { e.preventDefault(); target.scrollIntoView({block: 'start'}); }
+});
+"""
 # Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
 # must stay empty and be refused by the form's checks, not silently become the first dataset or flavor.
-KEEP_CLEARED_CHOICES = """() => { document.addEventListener('keydown', (e) => {
+KEEP_CLEARED_CHOICES = """document.addEventListener('keydown', (e) => {
     const box = e.target;
     if (e.key === 'Enter' && box instanceof HTMLInputElement && box.closest('.required-choice')
         && box.value.trim() === '') { e.stopImmediatePropagation(); e.preventDefault(); box.blur(); }
-}, true); }"""
+}, true);
+"""
+PAGE_JS = "() => {\n" + KEEP_CLEARED_CHOICES + JUMP_TO_SECTION + "}"     # the page's own script (launch(js=...))
 
 
 def build_ui(panel: Panel) -> gr.Blocks:
@@ -42,6 +63,7 @@ def build_ui(panel: Panel) -> gr.Blocks:
             with gr.Tab("Runs", id="runs"):
                 runs_view.build(page, panel)
                 dashboard_view.build(page, panel)
+                runs_view.build_orphans(panel)
             compare = compare_view.build(panel, visitor_of)
         page.add(demo=demo, tabs=tabs, timer=gr.Timer(TICK_S), compare_picks=compare["picks"])
         for view in (launch_view, runs_view, dashboard_view):

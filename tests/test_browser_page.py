@@ -1,17 +1,22 @@
 """The page at a laptop's size (1440x900) in a real browser: what a newcomer sees first and what a run shows first.
 
 The Launch button is on the first screen, without scrolling; the task check's tables are hidden until a check fills
-them. The run is a synthetic finished run folder in the project's own format (see test_browser_views.py).
+them. An opened run's header and key charts are on the first screen (the runs list folds away), with a jump bar to
+its sections and only the actions its state allows. The run is a synthetic finished run folder in the project's own
+format (see test_browser_views.py).
 """
 
+import csv
+import io
 import json
 import os
+import re
 import time
 
 import pytest
 
 from benchmarks.dashboard_scale import JOBS, SyntheticRun
-from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, running_panel, tail
+from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, pick_run, running_panel, tail, text_of, wait_for_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 
@@ -91,3 +96,74 @@ def test_the_task_checks_tables_show_only_once_a_check_fills_them(screen):
     screen.locator("#check-task-btn").click()
     screen.locator("#task-rows").wait_for(state="visible", timeout=120000)
     assert "prompt" in screen.locator("#task-rows").inner_text(), "the dataset's first rows, with their columns"
+
+
+def test_an_opened_run_shows_its_header_and_key_charts_on_the_first_screen_with_the_actions_it_allows(app, screen):
+    _, _, run = app
+    pick_run(screen, run.spec.run_id)
+    screen.wait_for_function("() => !!document.querySelector('#reward-plot .js-plotly-plot .main-svg')",
+                             timeout=30000)
+    screen.evaluate("() => window.scrollTo(0, 0)")
+    assert "COMPLETED" in text_of(screen, "run-status")
+    for elem_id in ("run-status", "jump-bar", "reward-plot", "heldout-plot"):
+        assert on_first_screen(screen, elem_id), f"#{elem_id} at {box(screen, elem_id)}, below 900 px"
+    assert box(screen, "runs-table") is None, "the runs list folds away once a run is open"
+    assert box(screen, "cancel-btn") is None and box(screen, "resume-btn") is None, "a completed run: no actions"
+    links = screen.locator("#jump-bar a").evaluate_all("(els) => els.map(e => e.getAttribute('href'))")
+    assert all(screen.locator(href).count() == 1 for href in links) and len(links) >= 5, links
+    screen.locator("#jump-bar a", has_text="Log").click()
+    screen.wait_for_function("() => window.scrollY > 900", timeout=10000)
+    screen.locator("#runs-list").get_by_text("All runs").click()
+    wait_for_text(screen, "runs-table", re.escape(run.spec.run_id))
+    assert box(screen, "runs-table") is not None, "the folded list opens again"
+
+
+def _brightness(png: bytes) -> float:
+    """The mean brightness of an image, 0 (black) to 1 (white)."""
+    from PIL import Image, ImageStat
+
+    return ImageStat.Stat(Image.open(io.BytesIO(png)).convert("L")).mean[0] / 255
+
+
+@pytest.mark.parametrize("theme", ["dark", "light"])
+def test_charts_follow_the_pages_theme(app, browser, theme):
+    url, _, run = app
+    page = browser.new_page(viewport=SCREEN)
+    try:
+        page.goto(f"{url}/?__theme={theme}")
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        pick_run(page, run.spec.run_id)
+        page.wait_for_function("() => !!document.querySelector('#reward-plot .js-plotly-plot .main-svg')",
+                               timeout=30000)
+        page.wait_for_timeout(500)      # plotly's last paint
+        shade = _brightness(page.locator("#reward-plot").screenshot())
+        assert (shade < 0.35) if theme == "dark" else (shade > 0.8), f"{theme} page, chart brightness {shade:.2f}"
+    finally:
+        page.close()
+
+
+def _bucket_steps(run: SyntheticRun) -> dict[int, dict]:
+    """The run's logged steps as its trainer wrote them to the bucket, by step."""
+    steps = {}
+    for name in sorted(n for n in os.listdir(run.metrics) if n.startswith("trainer-")):
+        with open(os.path.join(run.metrics, name)) as f:
+            for line in f:
+                row = json.loads(line)
+                if "step" in row:
+                    steps[row["step"]] = row
+    return steps
+
+
+def test_a_runs_metrics_download_as_a_csv_whose_rows_are_the_buckets(app, screen):
+    _, _, run = app
+    pick_run(screen, run.spec.run_id)
+    with screen.expect_download(timeout=30000) as download:
+        screen.locator("#metrics-btn").click()
+    with open(download.value.path(), newline="") as f:
+        rows = list(csv.DictReader(f))
+    wanted = _bucket_steps(run)
+    assert [int(r["step"]) for r in rows] == sorted(wanted) and len(rows) == 30
+    for row in rows:
+        logged = wanted[int(row["step"])]
+        assert {key: float(row[key]) for key in ("reward", "kl", "ratio", "time")} == \
+            pytest.approx({key: logged[key] for key in ("reward", "kl", "ratio", "time")})
