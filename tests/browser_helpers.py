@@ -149,6 +149,14 @@ def pick_run(page, run_id: str, list_timeout_ms: int = 30000) -> None:
     wait_for_text(page, "run-status", re.escape(run_id))
 
 
+def open_runs_list(page) -> None:
+    """Open the runs list (*All runs*) where it folded away when a run was opened."""
+    table = page.locator("#runs-table")
+    if not table.is_visible():
+        page.locator("#runs-list").get_by_text("All runs", exact=True).click()
+        table.wait_for(state="visible", timeout=10000)
+
+
 def launch_message(page) -> str:
     try:
         return page.evaluate("() => document.querySelector('#launch-msg').innerText")

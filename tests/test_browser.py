@@ -18,6 +18,7 @@ from tests.browser_helpers import (
     CHROMIUM_ARGS,
     inner_text,
     launch_message,
+    open_runs_list,
     plot_points,
     running_panel,
     set_number,
@@ -253,7 +254,8 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
 
     page.locator("#run-status").get_by_text("final adapter ready").wait_for(timeout=120000)
     assert "transformers (CPU)" in inner_text(page, "run-status")
-    # The runs list names the run and shows its progress and latest reward.
+    # The runs list (folded away while the run is open) names the run and shows its progress and latest reward.
+    open_runs_list(page)
     page.wait_for_function("() => /tiny-demo[\\s\\S]*200\\/200\\s+\\d\\.\\d{3}/.test("
                            "document.getElementById('runs-table').innerText)", timeout=30000)
     adapters = inner_text(page, "adapters-table")
