@@ -133,7 +133,10 @@ def test_the_roles_picker_keeps_the_picked_job_while_it_exists_and_the_change_bu
 
 def test_opening_a_run_draws_it_all_on_the_latest_samples_and_unticks_the_resume(panel, run):
     opened = dashboard_view.on_select(panel, ANYONE, run.spec.run_id, "trainer", "", "step", 0.0, "3", "")
-    assert opened["resume_confirm"] is False and opened["resume_reviewed"] is None
+    assert opened["resume_confirm"]["value"] is False and opened["resume_reviewed"] is None
+    live = opened["cancel"]["visible"]
+    assert opened["resume"]["visible"] is opened["resume_confirm"]["visible"] and not (live and
+                                                                                      opened["resume"]["visible"])
     assert opened["sample_steps"]["value"] == "latest" and opened["drawn"]["run_id"] == run.spec.run_id
     assert "reward" in opened and opened["push.repo"] == "", "nobody signed in: no repo to suggest"
     assert dashboard_view.on_select(panel, ANYONE, None, *SHOWN) == {
