@@ -20,7 +20,7 @@ LISTED = ["runs_table", "run_pick", "listed", "compare_picks"]
 
 def build(page, panel: Panel) -> None:
     """The runs list's components (the top of the Runs tab), added to `page`."""
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=False):      # the actions keep their own height beside the picker
         # A timer tick that listed the runs just before a launch may send choices without the new run after the
         # launch selected it: a custom value keeps every later event from being refused.
         run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3, allow_custom_value=True)
