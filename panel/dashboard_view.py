@@ -38,6 +38,7 @@ REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapte
 VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
 DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",
          "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
+ACTIONS = ["cancel", "resume", "resume_confirm"]     # a run's actions, shown as fit its state (`run_actions`)
 ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"
 # A run's sections, one click away: (the element a link scrolls to, its name).
 SECTION_LINKS = (("key-charts", "Key charts"), ("chart-options", "All charts"), ("adapters-table", "Adapters"),
@@ -126,7 +127,7 @@ def build(page, panel) -> None:
 def wire(page) -> None:
     """The open run's events (picking a run is the runs list's: `runs_view`)."""
     page.on([page["x_axis"].change, page["smoothing"].release, page["sample_steps"].change], on_options,
-            [*VIEW_INPUTS, "drawn", "version_pick"], DRAWN, show_progress="hidden")
+            [*VIEW_INPUTS, "drawn", "version_pick"], [*DRAWN, *ACTIONS], show_progress="hidden")
     page.on(page["sample_steps"].focus, on_steps, ["run_pick"], ["sample_steps"], show_progress="hidden")
     page.on(page["version_pick"].focus, on_versions, ["run_pick"], ["version_pick"], show_progress="hidden")
     page.on(page["push.button"].click, on_push, ["run_pick", "push.repo", "push.private", "version_pick"],
@@ -134,7 +135,7 @@ def wire(page) -> None:
     page.on(page["version_pick"].change, on_version, ["run_pick", "version_pick"], ["version_file", "version_msg"])
     page.on([page["best_by_btn"].click, page["best_by"].submit], on_best_by, ["run_pick", "best_by"],
             ["best_by_msg", "status", "adapters", "version_pick"])
-    page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn", "version_pick"], DRAWN,
+    page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn", "version_pick"], [*DRAWN, *ACTIONS],
             show_progress="hidden")
     try_view.wire(page)
     page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
@@ -179,7 +180,8 @@ def draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, 
     session = {} if fresh else session
     update = live.run_update(panel, run_id, session, visitor, role, query, x=x, smoothing=smooth, pick=pick,
                              follow=follow, shown=shown)
-    return {**present(update.values, role), **({"drawn": session} if fresh else {})}
+    return {**present(update.values, role), **run_actions(panel.view(run_id, visitor), session),
+            **({"drawn": session} if fresh else {})}
 
 
 def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> dict:
@@ -192,7 +194,7 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
         steps = update.values.get("sample_steps", [])
         view = panel.view(run_id, visitor)
         default = default_choice(view)
-        return {**untick, **present(update.values, role), "drawn": state, **run_actions(view),
+        return {**untick, **present(update.values, role), "drawn": state, **run_actions(view, state),
                 "runs_list": gr.Accordion(open=False),
                 "sample_steps": gr.update(choices=["latest", *steps], value="latest"),
                 "sample_prompt": gr.update(choices=[ALL_OF_THE_STEP, *update.values.get("sample_prompt", [])],
@@ -207,11 +209,16 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
         return {**untick, "status": exc.args[0], "drawn": None, "cost": ""}
 
 
-def run_actions(view) -> dict:
+def run_actions(view, drawn: dict | None = None) -> dict:
     """The run's actions that fit its state: Cancel on a live run; Resume (and its review tick) on one that stopped
-    before it finished."""
+    before it finished. With `drawn`, the session's state: only when they changed since it last drew them (a run
+    that ends, or is resumed, while it is open)."""
     live = view.stage not in TERMINAL_STAGES
     stopped = not live and not resume.finished(view)
+    if drawn is not None:
+        if drawn.get("actions") == (live, stopped):
+            return {}
+        drawn["actions"] = (live, stopped)
     return {"cancel": gr.update(visible=live), "resume": gr.update(visible=stopped),
             "resume_confirm": gr.update(value=False, visible=stopped)}
 

@@ -54,7 +54,7 @@ def wire(page) -> None:
     """The runs list's events, and the timer's tick (the list and the open run)."""
     view_inputs = dashboard_view.VIEW_INPUTS
     page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick"],
-            [*LISTED, "runs_hint", *dashboard_view.DRAWN], show_progress="hidden")
+            [*LISTED, "runs_hint", *dashboard_view.DRAWN, *dashboard_view.ACTIONS], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
              "best_by_msg", "runs_list", "cancel", "resume"])

@@ -237,3 +237,15 @@ def test_a_page_wires_a_plain_handler_under_its_own_name_with_groups_by_member()
     assert dependency["api_name"] == "on_thing" and len(dependency["inputs"]) == 3
     answer = demo.fns[0].fn(None, None, "1", "2", "3")
     assert answer == {page["out"]: "123None", page["group.b"]: "B"}, "a group ignores names it does not show"
+
+
+def test_a_tick_shows_cancel_while_the_run_lives_and_resume_once_it_stopped_unfinished_sending_each_change_once():
+    live_run = SimpleNamespace(stage="RUNNING", current_jobs={}, events=[])
+    drawn: dict = {}
+    opened = dashboard_view.run_actions(live_run, drawn)
+    assert opened["cancel"]["visible"] is True and opened["resume"]["visible"] is False
+    assert dashboard_view.run_actions(live_run, drawn) == {}, "the same actions: nothing sent again"
+    live_run.stage = "ERROR"        # it ended, unfinished, while open
+    stopped = dashboard_view.run_actions(live_run, drawn)
+    assert stopped["cancel"]["visible"] is False and stopped["resume"]["visible"] is True
+    assert stopped["resume_confirm"] == gr.update(value=False, visible=True)
