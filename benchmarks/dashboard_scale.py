@@ -309,9 +309,10 @@ def finished_runs(home: str, count: int) -> None:
 
 def runs_list(args) -> None:
     """The runs list's cost per tick (the table and the pickers' choices, as a session's tick asks them) with 10 and
-    with 1,000 finished runs in the panel's home, interleaved: medians (a tick between listings) and means (the
-    listings every few seconds included)."""
-    from panel.actions import Panel, Settings
+    with 1,000 finished runs in the panel's home, interleaved: min and median (a tick between listings), mean (the
+    listings every second or so included); then a listing alone (a tick that comes after the registry's listing
+    expired), interleaved the same way."""
+    from panel.actions import Panel, Settings, as_visitor
 
     panels = {}
     for count in (10, 1000):
@@ -327,14 +328,28 @@ def runs_list(args) -> None:
             rows = panel.runs_table()
             panel.runs_table(with_cost=False)
             times[count].append(time.perf_counter() - began)
-    small, large = times[10], times[1000]
-    print(f"runs list per tick: 10 runs median {statistics.median(small) * 1e3:.2f} ms mean "
-          f"{statistics.mean(small) * 1e3:.2f} ms; 1,000 runs median {statistics.median(large) * 1e3:.2f} ms mean "
-          f"{statistics.mean(large) * 1e3:.2f} ms ({len(rows)} rows shown, {len(large)} ticks each); ratio median "
-          f"{statistics.median(large) / statistics.median(small):.2f}, mean "
-          f"{statistics.mean(large) / statistics.mean(small):.2f}")
+    print(f"runs list per tick ({len(rows)} rows shown, {len(times[1000])} ticks each): "
+          + _ratios(times[10], times[1000], mean=True))
+    listings = {count: [] for count in panels}
+    for _ in range(max(args.ticks, 10)):
+        for count, panel in panels.items():
+            registries = panel.runs.registries(as_visitor(None))
+            for registry in registries:
+                registry.forget_listing()
+            began = time.perf_counter()
+            panel.runs_table()
+            panel.runs_table(with_cost=False)
+            listings[count].append(time.perf_counter() - began)
+    print(f"runs list tick that lists again ({len(listings[1000])} each): " + _ratios(listings[10], listings[1000]))
     for panel in panels.values():
         panel.shutdown()
+
+
+def _ratios(small: list[float], large: list[float], mean: bool = False) -> str:
+    """10 runs and 1,000 runs: min, median (and mean) in ms, and the 1,000-run figure over the 10-run one."""
+    figures = [("min", min), ("median", statistics.median)] + ([("mean", statistics.mean)] if mean else [])
+    return "; ".join(f"{name} {f(small) * 1e3:.3f} ms vs {f(large) * 1e3:.3f} ms: ratio {f(large) / f(small):.2f}"
+                     for name, f in figures)
 
 
 def rss(home: str, run_id: str) -> None:

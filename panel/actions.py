@@ -52,6 +52,21 @@ Settings = Deployment      # the name the panel's tests and scripts know
 ENDED_ROW_S = 60.0         # an ended run's row in the runs list is built again this often (its last steps may arrive)
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 LOCAL_LIST_EVERY_S = 1.0   # how old a listing of the local jobs may be (sessions ticking together share one)
+KEPT_TABLES = 64           # runs tables (by visitor's registries, filter and query) kept between listings
+
+
+@dataclass(frozen=True)
+class KeptTable:
+    """A runs table as built from its registries' listings: while they are the same lists (a registry lists again
+    every few seconds) and no kept row has expired, a tick rebuilds only the rows of live runs (None here)."""
+
+    listings: tuple
+    rows: list                  # (run, registry, row or None) in the order shown
+    until: float                # time.monotonic() when the first kept row expires
+
+    def serves(self, listings: tuple) -> bool:
+        return (len(listings) == len(self.listings) and all(a is b for a, b in zip(listings, self.listings))
+                and time.monotonic() < self.until)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,7 @@ class Panel:
                                  cache_dir=os.path.join(self.settings.home, "cache", "bucket-files"))
         self.spend = SpendWatch()
         self._rows: dict[tuple, tuple] = {}     # (registry, run id, with cost) -> an ended run's row, for a while
+        self._tables: dict[tuple, KeptTable] = {}   # (registries, with cost, limit, query, status) -> its rows
         # Budget caps and alerts of every live run, checked in the background whether anyone watches or not.
         self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
         # Launch, resume and cancel with their policy; this class turns their answers into messages.
@@ -208,25 +224,50 @@ class Panel:
                    limit: int = RUNS_PAGE, query: str = "", status: str = "all") -> list[list]:
         """The newest `limit` runs (RUNS_HEADERS), optionally only those whose id or name contains `query` and
         whose status is `status` (a RUN_FILTERS key)."""
-        # Each registry lists its runs newest first: merged lazily, a tick reads the runs it shows (and those the
-        # filter skips), not every run ever made.
-        runs = heapq.merge(*(((run, registry) for run in registry.list_runs())
-                             for registry in self.runs.registries(as_visitor(visitor))),
+        registries = self.runs.registries(as_visitor(visitor))
+        listings = tuple(registry.list_runs() for registry in registries)
+        key = (tuple(id(r) for r in registries), with_cost, limit, (query or "").strip().lower(), status)
+        kept = self._tables.get(key)
+        if kept is not None and kept.serves(listings):
+            # The same listings: the same runs are shown, and only the live ones' rows can have changed.
+            return [self._run_row(run, registry, with_cost)[1] if row is None else row
+                    for run, registry, row in kept.rows]
+        shown = self._shown_runs(registries, listings, with_cost, limit, key[3], status)
+        self._tables[key] = KeptTable(listings, shown, self._rows_until(shown, with_cost))
+        while len(self._tables) > KEPT_TABLES:      # visitors' queries must not grow it without end
+            self._tables.pop(next(iter(self._tables)))
+        return [row for _run, _registry, row in shown]
+
+    def _shown_runs(self, registries, listings, with_cost: bool, limit: int, q: str, status: str) -> list[tuple]:
+        """(run, registry, row) of the runs the table shows, newest first."""
+        # Each registry lists its runs newest first: merged lazily, a listing reads the runs it shows (and those
+        # the filter skips), not every run ever made.
+        runs = heapq.merge(*(((run, registry) for run in listing) for registry, listing in zip(registries, listings)),
                            key=lambda pair: -pair[0].created_at)
         wanted = RUN_FILTERS.get(status) or ()
-        q = (query or "").strip().lower()
-        rows = []
+        shown = []
         for run, registry in runs:
-            stage = run.stage
-            if wanted and stage not in wanted:
+            if wanted and run.stage not in wanted:
                 continue
             name, row = self._run_row(run, registry, with_cost)
             if q and q not in run.run_id.lower() and q not in name.lower():
                 continue
-            rows.append(row)
-            if len(rows) == limit:
+            shown.append((run, registry, row))
+            if len(shown) == limit:
                 break
-        return rows
+        return shown
+
+    def _rows_until(self, shown: list[tuple], with_cost: bool) -> float:
+        """Until when a table of `shown` may be served again from its kept rows: the first kept row's expiry (a
+        live run's row is not kept: built at each tick, it is marked None in the table's rows)."""
+        until = time.monotonic() + ENDED_ROW_S
+        for i, (run, registry, _row) in enumerate(shown):
+            kept = self._rows.get((id(registry), run.run_id, with_cost))
+            if kept is None:
+                shown[i] = (run, registry, None)
+            else:
+                until = min(until, kept[1])
+        return until
 
     def _run_row(self, run, registry, with_cost: bool) -> tuple[str, list]:
         """(the run's name, its row). An ended run's row is kept for ENDED_ROW_S (its last steps and cost may still
