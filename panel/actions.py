@@ -233,7 +233,7 @@ class Panel:
             return [self._run_row(run, registry, with_cost)[1] if row is None else row
                     for run, registry, row in kept.rows]
         shown = self._shown_runs(registries, listings, with_cost, limit, key[3], status)
-        self._tables[key] = KeptTable(listings, shown, self._rows_until(shown, with_cost))
+        self._tables[key] = self._kept_table(listings, shown, with_cost)
         while len(self._tables) > KEPT_TABLES:      # visitors' queries must not grow it without end
             self._tables.pop(next(iter(self._tables)))
         return [row for _run, _registry, row in shown]
@@ -257,17 +257,16 @@ class Panel:
                 break
         return shown
 
-    def _rows_until(self, shown: list[tuple], with_cost: bool) -> float:
-        """Until when a table of `shown` may be served again from its kept rows: the first kept row's expiry (a
-        live run's row is not kept: built at each tick, it is marked None in the table's rows)."""
-        until = time.monotonic() + ENDED_ROW_S
-        for i, (run, registry, _row) in enumerate(shown):
+    def _kept_table(self, listings: tuple, shown: list[tuple], with_cost: bool) -> KeptTable:
+        """`shown` kept for the next ticks: an ended run's row as built (until the first one expires), a live run's
+        as None (built at each tick)."""
+        until, rows = time.monotonic() + ENDED_ROW_S, []
+        for run, registry, row in shown:
             kept = self._rows.get((id(registry), run.run_id, with_cost))
-            if kept is None:
-                shown[i] = (run, registry, None)
-            else:
+            rows.append((run, registry, row if kept is not None else None))
+            if kept is not None:
                 until = min(until, kept[1])
-        return until
+        return KeptTable(listings, rows, until)
 
     def _run_row(self, run, registry, with_cost: bool) -> tuple[str, list]:
         """(the run's name, its row). An ended run's row is kept for ENDED_ROW_S (its last steps and cost may still

@@ -540,3 +540,36 @@ def test_the_version_picker_follows_the_runs_default_but_not_over_a_version_pick
     assert moved["version_pick"]["value"] == "trl-policy-v20", "a picker left on the default follows it"
     kept = live.dashboard_update(panel, run.spec.run_id, picking, shown="trl-policy-v5").values
     assert "reward" in kept and "version_pick" not in kept, "a version picked by hand is not taken away"
+
+
+def test_the_runs_list_of_a_home_of_ended_runs_costs_what_changed(tmp_path, monkeypatch):
+    """A home of ended runs is listed once: a tick after the registry's listing expired rebuilds nothing (no job
+    folder read, no row built) until a job folder comes; then the new run shows at the top."""
+    from backend.executors.local import FINAL_LISTING_S, LocalExecutor
+    from dashboard_scale import finished_runs
+    from panel.actions import Panel, Settings, as_visitor
+
+    finished_runs(str(tmp_path), 60)
+    settled = time.time() - FINAL_LISTING_S - 5      # the jobs folder has not changed for a while
+    os.utime(tmp_path / "jobs", (settled, settled))
+    reads, built = [], []
+    listed_jobs, run_row = LocalExecutor._listed_jobs, Panel._run_row
+    monkeypatch.setattr(LocalExecutor, "_listed_jobs", lambda self, *a: reads.append(1) or listed_jobs(self, *a))
+    monkeypatch.setattr(Panel, "_run_row", lambda self, *a: built.append(1) or run_row(self, *a))
+    panel = Panel(Settings(home=str(tmp_path), on_space=False, host="127.0.0.1"))
+    try:
+        first = panel.runs_table()
+        assert len(first) == 50 and first[0][0] == "done-059" and reads == [1]
+
+        def relisted() -> list[list]:
+            for registry in panel.runs.registries(as_visitor(None)):
+                registry.forget_listing()       # as when the listing's few seconds are up
+            return panel.runs_table()
+
+        reads.clear(), built.clear()
+        assert relisted() == first and reads == [] and built == [], "nothing changed: nothing read or built again"
+        finished_runs(str(tmp_path), 61)         # one more run (done-060) comes
+        rows = relisted()
+        assert rows[0][0] == "done-060" and rows[1:] == first[:49] and reads == [1]
+    finally:
+        panel.shutdown()

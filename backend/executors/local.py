@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
 START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
 CANCELED_BY_USER = "canceled by the user"
+FINAL_LISTING_S = 2.0      # a jobs folder unchanged this long before a listing: a later change gives a later mtime
 FULL_DISK_BYTES = 1 << 20   # less free space than this where a job's records are: the disk counts as full
 
 
@@ -72,6 +73,7 @@ class LocalExecutor:
         self._records: dict[str, dict] = {}      # job id -> its job.json once complete (with the wrapper's pid)
         self._ended: dict[str, JobStatus] = {}   # job id -> its final status
         self._ended_records: dict[str, JobRecord] = {}   # job id -> its listing record, once final
+        self._final_listing: tuple[int, list[JobRecord]] | None = None    # (jobs folder's mtime, every job ended)
         self._ended_times: dict[str, tuple[float | None, float | None]] = {}   # job id -> (start, end) once ended
         self._lock = threading.Lock()
 
@@ -365,8 +367,30 @@ class LocalExecutor:
         check runs as a local job: `checks` lists none.)"""
         if checks:
             return []
+        if run_id is None:
+            return self._all_jobs()
+        return self._listed_jobs(run_id)
+
+    def _all_jobs(self) -> list[JobRecord]:
+        """Every job, newest first: the same list as last time while no job folder came or went and every job had
+        ended (the folder's mtime says so once it is older than FINAL_LISTING_S: a change after that has a later
+        one, however coarse the file system's clock), so a listing costs what changed, not every job ever run."""
+        before = time.time()
+        changed = os.stat(self.jobs_dir).st_mtime_ns
+        kept = self._final_listing
+        if kept is not None and kept[0] == changed:
+            return kept[1]
+        names = os.listdir(self.jobs_dir)
+        records = self._listed_jobs(None, names)
+        # Final: every folder is a job that has ended (one still being written, or not a job's, is asked again).
+        final = (before - changed / 1e9 > FINAL_LISTING_S and len(records) == len(names)
+                 and all(self._ended_records.get(r.job_id) is r for r in records))
+        self._final_listing = (changed, records) if final else None
+        return records
+
+    def _listed_jobs(self, run_id: str | None, names: list[str] | None = None) -> list[JobRecord]:
         records = []
-        for job_id in os.listdir(self.jobs_dir):
+        for job_id in os.listdir(self.jobs_dir) if names is None else names:
             if run_id and not job_id.startswith(f"{run_id}--"):
                 continue
             ended = self._ended_records.get(job_id)

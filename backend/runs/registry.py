@@ -65,6 +65,8 @@ class RunRegistry:
         self._summaries: dict[str, RunView] = {}    # bounded views of live runs no dashboard opened (the watch's)
         self._listed: tuple[float, list[RunSummary]] = (0.0, [])
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
+        self._built: dict[str, tuple] = {}    # run id -> (its job records, its summary), as of the last listing
+        self._final: tuple[list | None, list[RunSummary]] = (None, [])     # (the executor's list, its summaries)
         self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
         self._launch_states: dict[tuple, bool] = {}       # (run id, its ended jobs) -> whether its launch failed
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
@@ -97,16 +99,47 @@ class RunRegistry:
             return self._list_runs()
 
     def _list_runs(self) -> list[RunSummary]:
-        runs: dict[str, dict] = {}
+        jobs = self.executor.list_jobs()                # newest first
+        kept_jobs, summaries = self._final
+        if jobs is not kept_jobs:       # not the executor's same final list (local: every job ended, none came)
+            summaries = self._summaries_of(jobs)
+        self._listed = (time.time(), summaries)
+        return summaries
+
+    def _summaries_of(self, jobs: list[JobRecord]) -> list[RunSummary]:
+        """Every run's summary, newest first; a run whose records are the same objects as last time keeps its own."""
         records: dict[str, list[JobRecord]] = {}
-        older: dict[str, dict[str, list[str]]] = {}     # run -> role -> job ids of earlier attempts, newest first
-        for rec in self.executor.list_jobs():           # newest first
+        for rec in jobs:
             records.setdefault(rec.run_id, []).append(rec)
-            run = runs.setdefault(rec.run_id, {"bucket": rec.bucket, "created_at": rec.created_at,
-                                               "jobs": {}, "stages": {}, "earlier": {}, "timed_out": frozenset(),
-                                               "unreadable": frozenset()})
+        summaries, built, all_settled = [], {}, True
+        for run_id, recs in records.items():
+            kept = self._built.get(run_id)
+            # An ended job's record is the executor's same object from listing to listing: a run whose records are
+            # all the same as last time has the same summary (a listing costs the runs that changed).
+            if kept is not None and len(kept[0]) == len(recs) and all(a is b for a, b in zip(kept[0], recs)):
+                summary = kept[1]
+            else:
+                summary, settled = self._summary(run_id, recs)
+                if not settled:     # its launch is being rolled back: asked again at the next listing
+                    all_settled = False
+                    summaries.append(summary)
+                    continue
+            built[run_id] = (recs, summary)
+            summaries.append(summary)
+        summaries.sort(key=lambda r: r.created_at, reverse=True)
+        self._records, self._built = records, built
+        self._final = (jobs, summaries) if all_settled else (None, [])
+        return summaries
+
+    def _summary(self, run_id: str, recs: list[JobRecord]) -> tuple[RunSummary, bool]:
+        """A run's summary from its job records (newest first): each role's newest job, the earlier attempts; and
+        whether it is settled (False while the journal says its launch is being rolled back)."""
+        run = {"bucket": recs[0].bucket, "created_at": recs[0].created_at, "jobs": {}, "stages": {}, "earlier": {},
+               "timed_out": frozenset(), "unreadable": frozenset()}
+        older: dict[str, list[str]] = {}        # role -> job ids of earlier attempts, newest first
+        for rec in recs:
             if rec.role in run["jobs"]:
-                older.setdefault(rec.run_id, {}).setdefault(rec.role, []).append(rec.job_id)
+                older.setdefault(rec.role, []).append(rec.job_id)
             else:
                 for flag in ("timed_out", "unreadable"):
                     if getattr(rec, flag):
@@ -115,16 +148,14 @@ class RunRegistry:
             run["stages"].setdefault(rec.role, rec.stage)
             run["created_at"] = min(run["created_at"], rec.created_at)
             run["bucket"] = run["bucket"] or rec.bucket
-        for run_id, roles in older.items():
-            runs[run_id]["earlier"] = {f"{role}#{n}": job_id for role, ids in roles.items()
-                                       for n, job_id in enumerate(reversed(ids), start=1)}
-        for run_id, run in runs.items():
-            if all(stage in TERMINAL_STAGES for stage in run["stages"].values()):
-                run["launch_failed"] = self._launch_failed(run_id, tuple(sorted(run["jobs"].values())))
-        summaries = sorted((RunSummary(run_id, **data) for run_id, data in runs.items()),
-                           key=lambda r: r.created_at, reverse=True)
-        self._listed, self._records = (time.time(), summaries), records
-        return summaries
+        run["earlier"] = {f"{role}#{n}": job_id for role, ids in older.items()
+                          for n, job_id in enumerate(reversed(ids), start=1)}
+        settled = True
+        if all(stage in TERMINAL_STAGES for stage in run["stages"].values()):
+            jobs = tuple(sorted(run["jobs"].values()))
+            run["launch_failed"] = self._launch_failed(run_id, jobs)
+            settled = (run_id, jobs) in self._launch_states
+        return RunSummary(run_id, **run), settled
 
     def job_records(self, run_id: str) -> list[JobRecord]:
         """Every job of the run (each launch and resume) as a listing at most a few seconds old saw it (the runs
