@@ -545,8 +545,9 @@ def test_the_version_picker_follows_the_runs_default_but_not_over_a_version_pick
 def test_the_runs_list_of_a_home_of_ended_runs_costs_what_changed(tmp_path, monkeypatch):
     """A home of ended runs is listed once: a tick after the registry's listing expired rebuilds nothing (no job
     folder read, no row built) until a job folder comes; then the new run shows at the top."""
-    from backend.executors.local import FINAL_LISTING_S, LocalExecutor
     from dashboard_scale import finished_runs
+
+    from backend.executors.local import FINAL_LISTING_S, LocalExecutor
     from panel.actions import Panel, Settings, as_visitor
 
     finished_runs(str(tmp_path), 60)
