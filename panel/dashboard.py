@@ -16,13 +16,14 @@ from backend.outcome.best_version import default_choice, score_text, version_cho
 from backend.outcome.try_it import try_choices
 from backend.runtime import records
 from backend.runtime.best_rule import rule_text
+from backend.runtime.canary import SERVING_TOLERANCE
 from backend.runtime.cause import cause_line
 from backend.runtime.redact import redact_tokens
 from backend.view import diagnose
 from backend.view.axes import run_start
 from backend.view.diagnose import ratio_alert
 from backend.view.hacking import hacking_alert
-from backend.view.runview import reading
+from backend.view.runview import reading, replica_counts
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from panel import charts
 from panel.markdown import code_span, fenced, masked
@@ -353,7 +354,8 @@ def _registered_adapters(view) -> dict[str, list[str]]:
 def replica_rows(view) -> list[list]:
     """One row per vLLM server: its name, health, load, adapters, the proof that it serves the newest version (the
     proxy's canary: listed and answering for vN, with logprobs that differ from the base model's), its generated
-    tokens a second and its API process's CPU (a core's worth bounds a server), its URL."""
+    tokens a second and its API process's CPU (a core's worth bounds a server), its history over the run
+    (restarts, disconnects, canary misses: each what it is), its URL."""
     proofs = {p.get("url"): p for p in (view.serving or {}).get("replicas", [])}
     version = (view.serving or {}).get("version")
     rows = []
@@ -362,8 +364,16 @@ def replica_rows(view) -> list[list]:
         rows.append([name, "up" if healthy else (down or "DOWN"), r.get("in_flight"), r.get("served"),
                      r.get("errors"), ", ".join(r.get("adapters", [])) if healthy else "",
                      proof_cell(version, proofs.get(r.get("url"))), _rate(r.get("gen_tok_s"), healthy),
-                     _rate(r.get("api_cpu"), healthy), r.get("url")])
+                     _rate(r.get("api_cpu"), healthy), history_cell(r), r.get("url")])
     return rows
+
+
+def history_cell(r: dict) -> str:
+    """'restarted 1x · came back 2x · missed the canary 3x', or '-': each kind of trouble counted as itself."""
+    restarted, reconnected, missed = replica_counts(r)
+    parts = [f"{label} {n}x" for label, n in (("restarted", restarted), ("came back", reconnected),
+                                                ("missed the canary", missed)) if n]
+    return " · ".join(parts) or "-"
 
 
 def _rate(value, healthy: bool):
@@ -377,7 +387,7 @@ def proof_cell(version: str | None, proof: dict | None) -> str:
     if proof.get("error"):
         return f"canary failed: {redact_tokens(str(proof['error']))}"
     serves = proof.get("listed") and proof.get("served") == version
-    differs = (proof.get("delta_base") or 0) > diagnose.SERVING_TOLERANCE
+    differs = (proof.get("delta_base") or 0) > SERVING_TOLERANCE
     return f"serves {version}: {'yes' if serves else 'NO'} · differs from base: {'yes' if differs else 'NO'}"
 
 

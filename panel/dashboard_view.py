@@ -33,7 +33,7 @@ DOWNLOAD_LOG = click_download("log-file")
 DOWNLOAD_METRICS = click_download("metrics-file")
 ADAPTER_HEADERS = dashboard.ADAPTER_HEADERS
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
-                   "generated tok/s", "API CPU (cores)", "url"]
+                   "generated tok/s", "API CPU (cores)", "history (run)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
 VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
 DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",

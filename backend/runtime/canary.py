@@ -13,6 +13,10 @@ from .replicas import Replica, Reply
 
 CANARY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]     # below 256: valid in any vocabulary
 CANARY_TIMEOUT_S = 30.0
+# A replica applying an adapter answers the canary differently from its base model; on the same machine the same
+# request is deterministic, so a distance this small means the adapter is not applied. (A trained adapter's first
+# version moves the logprobs by far more; GPU non-determinism only makes a wrong "differs", never a false alarm.)
+SERVING_TOLERANCE = 1e-4
 
 
 class ServingProof:
@@ -36,6 +40,8 @@ class ServingProof:
                 proof = {"url": replica.url, "error": f"{type(proof).__name__}: {proof}"[:300]}
             record["replicas"].append(proof)
             self.proofs[replica.url] = proof
+        for replica, (problem, missed) in zip(replicas, canary_problems(record)):
+            replica.canary_missed += missed     # its own count: neither a restart nor a disconnect
         if self._writer:
             self._writer.write([{"time": time.time(), "canary": record}])
         return record
@@ -63,6 +69,27 @@ class ServingProof:
 
     async def _canary_logprobs(self, replica: Replica, model: str) -> dict:
         return (await self._canary_answer(replica, model))[1]
+
+
+def canary_problems(record: dict) -> list[tuple[str | None, bool]]:
+    """Per replica of a serving proof: what is wrong (None when nothing), and whether it is a miss (the replica
+    answered, without the version asked for: not listed, another model, or exactly its base model while another
+    replica applies it) rather than no answer at all."""
+    version, replicas = record.get("version"), record.get("replicas") or []
+    differs = [r for r in replicas if (r.get("delta_base") or 0) > SERVING_TOLERANCE]
+    out = []
+    for r in replicas:
+        if r.get("error"):
+            out.append((f"did not answer the canary: {r['error']}", False))
+        elif not r.get("listed"):
+            out.append((f"does not list {version} (/v1/models), though the trainer loaded it", True))
+        elif r.get("served") != version:
+            out.append((f"answered the canary for {version} as {r.get('served')!r}", True))
+        elif differs and r not in differs:
+            out.append((f"answers {version} exactly like its base model, while other replicas apply it", True))
+        else:
+            out.append((None, False))
+    return out
 
 
 def _logprob_distance(a: dict, b: dict) -> float | None:

@@ -53,7 +53,7 @@ from aiohttp import web
 from .canary import ServingProof
 from .proxy_env import replica_token
 from .proxy_members import MAX_COUNTED_BODY, Members
-from .proxy_stats import LoadRecorder, StatsRecorder
+from .proxy_stats import LoadRecorder, StatsRecorder, carry_counts
 from .replicas import (
     Replica,
     ReplicaUnreachable,
@@ -82,6 +82,8 @@ class Proxy:
         if not replica_urls:
             raise ValueError("the proxy needs at least one --replica URL")
         self.replicas = [Replica(u.rstrip("/")) for u in replica_urls]
+        if stats_dir:       # a trainer started again (a retry, a resume): the run's counts go on, not from 0
+            carry_counts(self.replicas, stats_dir)
         self.spill_threshold = spill_threshold
         self.load_deadline_s = load_deadline_s
         self.health_interval_s = health_interval_s
@@ -446,7 +448,8 @@ class Proxy:
                 held = {m["id"] for m in models["data"] if m.get("parent") and self.members.owns(m["id"])}
                 # A server that comes back holding none of the adapters it held is a new one (its job ran again);
                 # one still holding some only stopped answering for a while (a disconnect, a stall, a missed check).
-                restarted = replica.joined >= 1 and replica.held_when_down and not held
+                back = replica.joined >= 1      # its first join under this proxy is no return (nor a proxy's restart)
+                restarted = back and replica.held_when_down and not held
                 # Unknown names may be a previous trainer's: a resumed trainer reuses them with new weights.
                 for name in held - set(self.adapters):
                     await self._call(replica, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
@@ -461,6 +464,7 @@ class Proxy:
             replica.healthy = True
             replica.joined += 1
             replica.restarted += restarted
+            replica.reconnected += back and not restarted
             replica.last_error = ""
             self._record()
             log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))
@@ -496,8 +500,10 @@ class Proxy:
         return self._proof.proofs
 
     async def prove(self, name: str) -> dict:
-        """Prove which replicas serve adapter `name` (see canary.py)."""
-        return await self._proof.prove(self.replicas, name)
+        """Prove which replicas serve adapter `name` (see canary.py); a miss is counted and recorded at once."""
+        record = await self._proof.prove(self.replicas, name)
+        self._record()
+        return record
 
     async def _stats_loop(self) -> None:
         while True:

@@ -3,10 +3,11 @@ adapters) as write-once fragments, flushed at once on a change of health or adap
 adapter load of how long each replica took (the Sync chart).
 """
 
+import os
 import time
 
-from .layout import LOADS_WRITER, PROXY_WRITER, FragmentWriter
-from .replicas import Replica
+from .layout import FRAGMENT_RE, LOADS_WRITER, PROXY_WRITER, FragmentWriter, fragment_name, fragment_records
+from .replicas import RUN_COUNTS, Replica
 
 
 class StatsRecorder:
@@ -56,4 +57,38 @@ class LoadRecorder:
 
 
 def _structure(snapshot: list[dict]) -> list:
-    return [(r["healthy"], r["adapters"]) for r in snapshot]
+    """What the panel must see at once: health, adapters, and the run's counts (a proxy killed before its next
+    flush must not lose a restart or a canary miss: the next proxy carries the counts on from the last snapshot)."""
+    return [(r["healthy"], r["adapters"], *(r.get(count) for count in RUN_COUNTS)) for r in snapshot]
+
+
+def carry_counts(replicas: list[Replica], folder: str) -> None:
+    """Go on from the run's counts in the last snapshot a proxy wrote to `folder` (the trainer ran before: a retry,
+    a resume): each replica by its URL, else by its place when the replicas are as many (a resume's new jobs)."""
+    last = last_snapshot(folder)
+    by_url = {r.get("url"): r for r in last if isinstance(r, dict)}
+    for i, replica in enumerate(replicas):
+        before = by_url.get(replica.url) or (last[i] if len(last) == len(replicas) else None)
+        for count in RUN_COUNTS if isinstance(before, dict) else ():
+            if isinstance(before.get(count), int) and before[count] >= 0:
+                setattr(replica, count, before[count])
+
+
+def last_snapshot(folder: str) -> list:
+    """The replicas of the newest snapshot in the proxy's fragments in `folder` ([] where there is none)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    matches = [m for m in map(FRAGMENT_RE.match, names) if m and m.group("writer") == PROXY_WRITER]
+    seqs = sorted((int(m.group("seq")) for m in matches), reverse=True)
+    for seq in seqs:        # newest first; an unreadable fragment gives way to the one before it
+        try:
+            with open(os.path.join(folder, fragment_name(PROXY_WRITER, seq)), "rb") as f:
+                records, _end = fragment_records(f.read())
+        except OSError:
+            continue
+        for record in reversed(records):
+            if record is not None and isinstance(record.get("replicas"), list):
+                return record["replicas"]
+    return []

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 
 PREFIX_CHARS = 1024  # of a prompt's JSON (~250 token ids) choose its replica
+RUN_COUNTS = ("restarted", "reconnected", "canary_missed")     # per replica, for the whole run (not one proxy)
 
 
 class ReplicaUnreachable(Exception):
@@ -25,15 +26,18 @@ class Replica:
     failed_checks: int = 0
     adapters: set[str] = field(default_factory=set)
     last_error: str = ""
-    joined: int = 0         # times it became healthy: more than once, it was down (restarted, retried) and taken back
-    restarted: int = 0      # of those, the times it came back a new server (its adapters gone: its job ran again)
+    joined: int = 0         # times it became healthy under this proxy: more than once, it was down and taken back
+    # The run's totals (RUN_COUNTS), carried over from the proxy's last snapshot when a trainer starts it again:
+    restarted: int = 0      # times it came back a new server (its adapters gone: its job ran again)
+    reconnected: int = 0    # times it came back the same server (it stopped answering for a while: a disconnect)
+    canary_missed: int = 0  # serving proofs it answered without the adapter asked for (not listed, another, none)
     held_when_down: bool = False    # it held adapters when it went down (a server still holding any did not restart)
     load: dict = field(default_factory=dict)    # what its /metrics said lately (ServerLoad.rates)
 
     def snapshot(self) -> dict:
         return {"url": self.url, "healthy": self.healthy, "in_flight": self.in_flight, "served": self.served,
                 "errors": self.errors, "adapters": sorted(self.adapters), "last_error": self.last_error,
-                "joined": self.joined, "restarted": self.restarted, **self.load}
+                "joined": self.joined, **{count: getattr(self, count) for count in RUN_COUNTS}, **self.load}
 
 
 # A server's /metrics (Prometheus text) -> the counters and gauges its load is read from. process_cpu_seconds_total is

@@ -11,6 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from backend.runtime.canary import canary_problems
 from backend.view.servers import latest_servers, replica_gpu_busy
 
 WINDOW = 20                  # recent logged steps a verdict reads
@@ -284,29 +285,13 @@ def gpu_idle_alert(role: str, samples: list, now: float, running: bool) -> Alert
                              "minutes while the run trains: it pays for hardware it does not use", f"gpu-idle-{role}")
 
 
-# A replica applying an adapter answers the canary differently from its base model; on the same machine the same
-# request is deterministic, so a distance this small means the adapter is not applied. (A trained adapter's first
-# version moves the logprobs by far more; GPU non-determinism only makes a wrong "differs", never a false alarm.)
-SERVING_TOLERANCE = 1e-4
-
-
 def serving_alerts(proof: dict) -> list[Alert]:
     """What the proxy's serving proof of the newest version says is wrong on each replica: it does not list the
-    version, another model answered, or it answers like its base model while another replica does not."""
-    version, replicas = proof.get("version"), proof.get("replicas") or []
-    differs = [r for r in replicas if (r.get("delta_base") or 0) > SERVING_TOLERANCE]
+    version, another model answered, or it answers like its base model while another replica does not (a canary
+    miss, counted per replica by the proxy), or it did not answer."""
     alerts = []
-    for r in replicas:
-        url = r.get("url", "?")
-        if r.get("error"):
-            problem = f"did not answer the canary: {r['error']}"
-        elif not r.get("listed"):
-            problem = f"does not list {version} (/v1/models), though the trainer loaded it"
-        elif r.get("served") != version:
-            problem = f"answered the canary for {version} as {r.get('served')!r}"
-        elif differs and r not in differs:
-            problem = f"answers {version} exactly like its base model, while other replicas apply it"
-        else:
-            continue
-        alerts.append(Alert("serving", f"replica {url} {problem}", f"serving-{url}"))
+    for r, (problem, _missed) in zip(proof.get("replicas") or [], canary_problems(proof)):
+        if problem:
+            url = r.get("url", "?")
+            alerts.append(Alert("serving", f"replica {url} {problem}", f"serving-{url}"))
     return alerts

@@ -237,13 +237,11 @@ class RunView:
         snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
         per_job = servers_per_job(len(snapshot), sum(1 for role in self.current_jobs if role.startswith("vllm-")))
         for i, r in enumerate(snapshot):
-            back = int(r.get("joined") or 0) - 1 if isinstance(r, dict) and _is_number(r.get("joined")) else 0
-            # A proxy that tells restarts apart says how many; one from before never did: its returns are only that.
-            restarted = int(r["restarted"]) if back > 0 and _is_number(r.get("restarted")) else 0
+            restarted, reconnected, _missed = replica_counts(r)
             if restarted:
                 out.append(f"{server_name(i, per_job)} taken back {restarted}x after a restart")
-            if back - restarted > 0:
-                out.append(f"{server_name(i, per_job)} stopped answering and came back {back - restarted}x")
+            if reconnected:
+                out.append(f"{server_name(i, per_job)} stopped answering and came back {reconnected}x")
         return out
 
     @property
@@ -712,6 +710,20 @@ def _with_band(record: dict) -> dict:
 
 def _is_step_record(record: dict) -> bool:
     return not {"replicas", "canary", "adapter_load"} & set(record)
+
+
+def replica_counts(r) -> tuple[int, int, int]:
+    """A proxy snapshot's replica: (restarts, disconnects it came back from, canary misses) over the whole run. A
+    proxy from before the run's counts said only how often it joined (and how many of those were restarts), for the
+    life of that proxy."""
+    if not isinstance(r, dict):
+        return 0, 0, 0
+    counts = [int(r[k]) if _is_number(r.get(k)) else 0 for k in ("restarted", "reconnected", "canary_missed")]
+    if "reconnected" not in r:
+        back = int(r["joined"]) - 1 if _is_number(r.get("joined")) else 0
+        counts[0] = counts[0] if back > 0 else 0
+        counts[1] = max(back - counts[0], 0)
+    return counts[0], counts[1], counts[2]
 
 
 def _is_number(value) -> bool:
