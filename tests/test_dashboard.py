@@ -191,3 +191,39 @@ def _header_view(**kw):
     for key, value in extra.items():
         setattr(view, key, value)
     return view
+
+
+def test_the_replica_table_counts_restarts_disconnects_and_canary_misses_each_as_itself_over_the_run(tmp_path):
+    """The proxy's snapshots carry the run's counts; a proxy started again over the same folder goes on from the
+    last one (by URL, else by place); the table and the header show each kind as itself."""
+    from backend.runtime.layout import PROXY_WRITER, FragmentWriter
+    from backend.runtime.proxy_stats import carry_counts
+    from backend.runtime.replicas import Replica
+    from backend.view.runview import RunView
+
+    counts = {"restarted": 1, "reconnected": 2, "canary_missed": 3}
+    FragmentWriter(str(tmp_path), PROXY_WRITER).write([
+        {"time": 1, "replicas": [{"url": "http://a", "joined": 1, "restarted": 0}]},       # an older snapshot
+        {"time": 2, "replicas": [{"url": "http://a", "joined": 4, **counts},
+                                 {"url": "http://b", "joined": 1, "restarted": 0, "reconnected": 0,
+                                  "canary_missed": 1}]}])
+    (tmp_path / "proxy-000001.jsonl").write_text('{"time": 3, "repl')        # torn: the one before it is read
+    same = [Replica("http://a"), Replica("http://b")]
+    carry_counts(same, str(tmp_path))
+    assert [(r.restarted, r.reconnected, r.canary_missed, r.joined) for r in same] == [(1, 2, 3, 0), (0, 0, 1, 0)]
+    moved = [Replica("http://c"), Replica("http://d")]         # a resume's new replica jobs: by their place
+    carry_counts(moved, str(tmp_path))
+    assert moved[0].snapshot()["canary_missed"] == 3 and moved[1].snapshot()["canary_missed"] == 1
+    fewer = [Replica("http://c")]
+    carry_counts(fewer, str(tmp_path))
+    assert fewer[0].snapshot()["restarted"] == 0, "neither its URL nor its place is known: it starts from 0"
+
+    stats = [{"time": 2, "replicas": [r.snapshot() | {"healthy": True} for r in same]}]
+    rows = dashboard.replica_rows(_view(replica_stats=stats))
+    assert [r[9] for r in rows] == ["restarted 1x · came back 2x · missed the canary 3x", "missed the canary 1x"]
+    view = _view(replica_stats=stats)
+    assert RunView.retries.fget(view) == ["vllm-0 taken back 1x after a restart",
+                                          "vllm-0 stopped answering and came back 2x"], "a miss is not a retry"
+    old = [{"time": 1, "replicas": [{"url": "http://a", "healthy": True, "joined": 3, "restarted": 1}]}]
+    assert dashboard.replica_rows(_view(replica_stats=old))[0][9] == "restarted 1x · came back 1x", \
+        "a proxy from before the run's counts: its returns beyond its restarts were disconnects"

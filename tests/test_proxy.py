@@ -420,3 +420,54 @@ def test_try_it_on_a_live_distributed_run_answers_through_the_proxy_for_the_base
     assert not last.answers["base"].startswith("(") and not last.answers["trl-policy-v2"].startswith("("), last
     assert last.answers["base"] != last.answers["trl-policy-v2"], "the adapter answered, not the base model"
     assert "published no adapter 'trl-policy-v9'" in last.answers["trl-policy-v9"]
+
+
+def test_a_restarted_proxy_goes_on_from_the_runs_counts_of_disconnects_and_canary_misses(pool, adapters, tmp_path,
+                                                                                        monkeypatch):
+    """The proxy a trainer runs is a process: killed with its trainer and started again by the next attempt over
+    the same metrics folder, it carries on the run's counts (the replica table's totals) from its last snapshot, and
+    its own first look at the replicas counts as nothing."""
+    from backend.runtime.proxy import CANARY_INTERVAL_ENV, start_proxy_process
+    from panel.dashboard import history_cell
+
+    monkeypatch.setenv(CANARY_INTERVAL_ENV, "1")
+    first = start_proxy_process(pool.urls, stats_dir=str(tmp_path), token=API_KEY)
+    try:
+        wait_until(lambda: requests.get(f"{first.url}/health", params={"require": "all"}).status_code == 200, 60, 0.2)
+        by_url = lambda handle: {r["url"]: r for r in handle.stats()["replicas"]}
+        os.killpg(pool.procs[0].pid, signal.SIGSTOP)     # a disconnect: the same server, holding its adapters
+        try:
+            wait_until(lambda: not by_url(first)[pool.urls[0]]["healthy"], 60, 0.2)
+        finally:
+            os.killpg(pool.procs[0].pid, signal.SIGCONT)
+        wait_until(lambda: by_url(first)[pool.urls[0]]["healthy"], 120, 0.2)
+        assert _load(first, "counted-v1", adapters["rank8"]).status_code == 200
+        _unload_directly(pool.urls[1], "counted-v1")      # replica 1 loses the version: the canary misses it
+        wait_until(lambda: by_url(first)[pool.urls[1]]["canary_missed"] >= 2, 60, 0.2)
+        _load_directly(pool.urls[1], "counted-v1", adapters["rank8"])      # served again: the misses stop
+        time.sleep(4)       # a few canary rounds with both serving it
+        before = by_url(first)
+        assert before[pool.urls[0]]["reconnected"] == 1 and before[pool.urls[0]]["restarted"] == 0, before
+        assert before[pool.urls[1]]["reconnected"] == 0 and before[pool.urls[1]]["restarted"] == 0, before
+        missed = before[pool.urls[1]]["canary_missed"]
+        assert missed >= 2 and before[pool.urls[0]]["canary_missed"] == 0, "a miss is not a disconnect"
+    finally:
+        first.proc.kill()         # as when its trainer is SIGKILLed: nothing flushed on the way out
+        first.proc.wait(10)
+        _unload_directly(pool.urls[0], "counted-v1")
+        _unload_directly(pool.urls[1], "counted-v1")
+    last = {r["url"]: r for r in _stats_records(str(tmp_path))[-1]["replicas"]}
+    assert (last[pool.urls[0]]["reconnected"], last[pool.urls[1]]["canary_missed"]) == (1, missed), \
+        "each change was in the bucket at once"
+
+    second = start_proxy_process(pool.urls, stats_dir=str(tmp_path), token=API_KEY)
+    try:
+        wait_until(lambda: requests.get(f"{second.url}/health", params={"require": "all"}).status_code == 200, 60, 0.2)
+        after = {r["url"]: r for r in second.stats()["replicas"]}
+        assert [after[u]["joined"] for u in pool.urls] == [1, 1], "this proxy's own first join of each"
+        assert [(after[u]["restarted"], after[u]["reconnected"], after[u]["canary_missed"]) for u in pool.urls] == \
+            [(0, 1, 0), (0, 0, missed)], "the run's counts go on, neither lost nor counted again"
+        shown = {r["url"]: history_cell(r) for r in _stats_records(str(tmp_path))[-1]["replicas"]}
+        assert shown == {pool.urls[0]: "came back 1x", pool.urls[1]: f"missed the canary {missed}x"}
+    finally:
+        second.stop()

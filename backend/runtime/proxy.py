@@ -70,6 +70,7 @@ COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 GENERATION_PATHS = (*COMPLETION_PATHS, "/tokenize", "/detokenize")
 FORWARDED_HEADERS = ("Content-Type", "Accept")
 LOAD_INTERVAL_ENV = "GRPO_PROXY_LOAD_INTERVAL_S"   # how often each server's /metrics is read (default 10 s)
+CANARY_INTERVAL_ENV = "GRPO_PROXY_CANARY_INTERVAL_S"   # how often the newest version is proved again (default 30 s)
 SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 
@@ -683,6 +684,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
                   stats_dir=args.stats_dir, load_interval_s=float(os.environ.get(LOAD_INTERVAL_ENV) or 10.0),
+                  canary_interval_s=float(os.environ.get(CANARY_INTERVAL_ENV) or 30.0),
                   member=args.member or None, member_cap=args.member_cap)
     # On SIGTERM the trainer wants none of the generations in flight: aiohttp would wait 60 s for them by default,
     # past a cancelled job's grace period.
