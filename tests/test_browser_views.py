@@ -71,6 +71,12 @@ def _sync_bound_run(home: str) -> tuple[SyntheticRun, diagnose.Verdict]:
                 {"url": "http://127.0.0.1:8001", "listed": True, "served": version, "delta_base": 0.0}]
     layout.FragmentWriter(run.metrics, "canary").write([{"time": time.time(), "canary": {"version": version,
                                                                                          "replicas": replicas}}])
+    # The proxy's newest snapshot: the run's counts (replica 0 came back once, replica 1 missed the canary twice).
+    counts = ({"restarted": 0, "reconnected": 1, "canary_missed": 0}, {"restarted": 0, "reconnected": 0,
+                                                                      "canary_missed": 2})
+    snapshot = [{"url": r["url"], "healthy": True, "adapters": [version], "joined": 1, **c}
+                for r, c in zip(replicas, counts)]
+    layout.FragmentWriter(run.metrics, layout.PROXY_WRITER).write([{"time": time.time(), "replicas": snapshot}])
     return run, diagnose.verdict(rows, spec)
 
 
@@ -127,6 +133,7 @@ def test_a_sync_bound_run_shows_its_verdict_samples_and_serving_proof_and_one_cl
 
     replicas = wait_for_text(page, "replicas-table", "differs from base: NO")
     assert "differs from base: yes" in replicas and "vllm-0" in replicas and "vllm-1" in replicas, replicas
+    assert "came back 1x" in replicas and "missed the canary 2x" in replicas and "restarted" not in replicas, replicas
 
     samples = wait_for_text(page, "samples-table", "the newest answer")
     assert "an early answer" not in samples and "What is 2+2?" in samples, samples
