@@ -134,6 +134,10 @@ class Panel:
         launch (private); '' when nobody is signed in, so the form asks for one."""
         return self.operations.default_bucket(as_visitor(visitor), executor)
 
+    def default_mount(self, executor: str, make: bool = False) -> str:
+        """The form's mount path for runs on `executor` (`Operations.default_mount`)."""
+        return self.operations.default_mount(executor, make)
+
     def offered_executors(self) -> list[str]:
         """The executors the form offers on this deployment."""
         return self.operations.offered_executors()

@@ -7,7 +7,7 @@ import dataclasses
 
 import gradio as gr
 
-from backend.plan.engines import engine, known_engine
+from backend.plan.engines import engine, engines, known_engine
 from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, HELD_OUT_FIELDS, LORA, STORAGE, RunSpec, form_fields
 from backend.runs.operations import WEBHOOK_FIELD
 from backend.view import diagnose
@@ -186,8 +186,8 @@ def wire(page) -> None:
     filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
     page.on(page["change"].click, on_new_run_with_change, ["run_pick"], filled)
     page.on(page["clone"].click, on_new_run_from, ["run_pick"], filled)
-    page.on(form["executor"].change, on_executor, ["form.executor"], ["form.flavor", "form.vllm_flavor"],
-            show_progress="hidden")
+    page.on(form["executor"].change, on_executor, ["form.executor", "form.mount_path"],
+            ["form.flavor", "form.vllm_flavor", "form.mount_path"], show_progress="hidden")
     page.on(page["demo"].load, on_load, ["form.executor", "form.bucket"],
             ["run_pick", "runs_hint", "form.bucket", "form.flavor", "form.vllm_flavor"])
 
@@ -266,10 +266,15 @@ def on_new_run_from(panel, visitor, run_id: str | None) -> dict:
     return new_run(panel, visitor, run_id, False)
 
 
-def on_executor(panel, visitor, executor: str) -> dict:
-    """Another executor picked: the hardware lists offer its flavors."""
+def on_executor(panel, visitor, executor: str, mount: str = "") -> dict:
+    """Another executor picked: the hardware lists offer its flavors, and a mount path the user left at an
+    executor's default becomes the new executor's (a Ray job's is a folder the cluster shares, not /bucket)."""
     flavors = flavor_choices(form_flavors(panel, visitor, executor))
-    return {"form.flavor": gr.update(choices=flavors), "form.vllm_flavor": gr.update(choices=flavors)}
+    out = {"form.flavor": gr.update(choices=flavors), "form.vllm_flavor": gr.update(choices=flavors)}
+    defaults = {RunSpec.mount_path, ""} | {panel.default_mount(each.name) for each in engines()}
+    if (mount or "") in defaults:
+        out["form.mount_path"] = panel.default_mount(executor, make=True)
+    return out
 
 
 def on_load(panel, visitor, executor: str, bucket: str) -> dict:

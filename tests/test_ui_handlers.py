@@ -249,3 +249,16 @@ def test_a_tick_shows_cancel_while_the_run_lives_and_resume_once_it_stopped_unfi
     stopped = dashboard_view.run_actions(live_run, drawn)
     assert stopped["cancel"]["visible"] is False and stopped["resume"]["visible"] is True
     assert stopped["resume_confirm"] == gr.update(value=False, visible=True)
+
+
+def test_picking_ray_fills_a_mount_path_of_the_panels_home_or_none_and_keeps_one_the_user_typed(panel, monkeypatch):
+    """No executor's default mount path lands outside the panel's own folders: Ray's is a folder of the panel's home
+    for a cluster on this machine, none for a cluster elsewhere; the spec's /bucket stays the other executors'."""
+    from panel.launch_view import on_executor
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    ray = on_executor(panel, ANYONE, "ray", "/bucket")["form.mount_path"]
+    assert ray == os.path.join(panel.settings.home, "ray-bucket") and os.path.isdir(ray)
+    assert on_executor(panel, ANYONE, "local", ray)["form.mount_path"] == "/bucket", "back to the spec's default"
+    assert "form.mount_path" not in on_executor(panel, ANYONE, "ray", "/shared/nfs"), "a typed path is kept"
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.1.2.3:8265")
+    assert on_executor(panel, ANYONE, "ray", "/bucket")["form.mount_path"] == "", "a remote cluster: yours to name"

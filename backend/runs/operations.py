@@ -152,6 +152,17 @@ class Operations:
             return None
         return no_token_reason(self.deployment)
 
+    def default_mount(self, executor: str, make: bool = False) -> str:
+        """The form's mount path for runs on `executor`: its engine's, else the spec's. With `make`, an engine's
+        folder (one of this panel's home) is made, as the form is about to offer it."""
+        where = known_engine(executor)
+        mount = where.default_mount(self.deployment.home) if where is not None else None
+        if mount is None:
+            return RunSpec.mount_path
+        if mount and make:
+            os.makedirs(mount, mode=0o700, exist_ok=True)
+        return mount
+
     def default_bucket(self, visitor: Visitor, executor: str) -> str:
         """The bucket a preset starts with: the visitor's own `<name>/grpo-runs` on the Hub, created on first
         launch (private); '' when nobody is signed in, so the form asks for one."""

@@ -48,6 +48,11 @@ class Engine:
     network_groups: bool = False     # a run's jobs can share a private network (replicas reached at an alias)
     retry_gap_s: int = 0             # how long a retried job may take to run again (rescheduled, reinstalled)
 
+    def default_mount(self, home: str) -> str | None:
+        """The form's mount path for runs on this engine, for a panel whose home is `home`; None: the spec's default
+        (a folder inside every job's own machine)."""
+        return None
+
     @property
     def cost_rule(self) -> str:
         """How a run's cost is reckoned, in words, for the run header's cost line ("" where the prices speak for

@@ -160,6 +160,12 @@ class RayEngine(Engine):
                 "path (a shared filesystem, or a bucket mounted on every node). `FREE_PORT_i` is a port picked at "
                 "launch; a replica is reached at the address of the node Ray runs it on.")
 
+    def default_mount(self, home: str) -> str:
+        """A Ray job sees the bucket at a folder of the cluster's nodes, not of its own: on a cluster whose head is this
+        machine, a folder of the panel's own home (made here); on another, none (the operator names the folder the
+        panel and every node share), so no default lands outside the panel's own folders."""
+        return os.path.join(os.path.abspath(home), "ray-bucket") if on_this_machine(address()) else ""
+
     def spec_problems(self, spec) -> list[FieldError]:
         problems = []
         most = node_gpus(address())
