@@ -432,6 +432,7 @@ def test_a_replica_down_after_it_joined_degrades_the_run_until_the_proxy_takes_i
     snapshot(True, True)                   # healthy again: the proxy took it back
     assert view.degraded is None and view.retries == ["vllm-1 taken back 1x after a restart"]
     snapshot(True, False)                  # it stops answering for a while, and comes back holding its adapters
+    replicas[1].reconnected += 1           # (the proxy counts such a return as a reconnect, not a restart)
     snapshot(True, True)
     assert view.retries == ["vllm-1 taken back 1x after a restart", "vllm-1 stopped answering and came back 1x"]
     stages["v1"] = "ERROR"                 # a job that ended is down whatever the proxy last said
