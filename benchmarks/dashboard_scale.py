@@ -100,6 +100,13 @@ class SyntheticRun:
                        "pid_started_at": process_start_time(os.getpid())}, f)
         return job_id
 
+    def complete(self) -> "SyntheticRun":
+        """Every job of the run ended COMPLETED, as the local executor's wrapper records it (exit.json)."""
+        for job_id in self.job_ids.values():
+            with open(os.path.join(self.home, "jobs", job_id, "exit.json"), "w") as f:
+                json.dump({"stage": "COMPLETED", "code": 0, "message": "", "time": time.time()}, f)
+        return self
+
     def _write_steps(self, count: int, history: bool = False) -> None:
         from backend.runtime import layout
 

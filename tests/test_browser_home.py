@@ -7,15 +7,13 @@ The run is a synthetic finished run folder in the project's own format (see test
 """
 
 import io
-import json
 import os
 import re
-import time
 import zipfile
 
 import pytest
 
-from benchmarks.dashboard_scale import JOBS, SyntheticRun
+from benchmarks.dashboard_scale import SyntheticRun
 from tests.browser_helpers import CHROMIUM, panel_page, running_panel, wait_for_text
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
@@ -31,10 +29,7 @@ def _finished_run(home: str) -> SyntheticRun:
     for name, data in (("adapter_config.json", ADAPTER_CONFIG), ("adapter_model.safetensors", b"w" * 1024)):
         with open(os.path.join(final, name), "wb") as f:
             f.write(data)
-    for role in JOBS:
-        with open(os.path.join(home, "jobs", run.job_ids[role], "exit.json"), "w") as f:
-            json.dump({"stage": "COMPLETED", "code": 0, "message": "", "time": time.time()}, f)
-    return run
+    return run.complete()
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ import io
 import json
 import os
 import re
-import time
 
 import pytest
 
-from benchmarks.dashboard_scale import JOBS, SyntheticRun
+from benchmarks.dashboard_scale import SyntheticRun
 from tests.browser_helpers import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -34,11 +33,7 @@ SCREEN = {"width": 1440, "height": 900}
 
 def _finished_run(home: str) -> SyntheticRun:
     """A run that completed at step 30."""
-    run = SyntheticRun(home, 30)
-    for role in JOBS:
-        with open(os.path.join(home, "jobs", run.job_ids[role], "exit.json"), "w") as f:
-            json.dump({"stage": "COMPLETED", "code": 0, "message": "", "time": time.time()}, f)
-    return run
+    return SyntheticRun(home, 30).complete()
 
 
 @pytest.fixture(scope="module")
