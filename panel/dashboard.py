@@ -27,6 +27,7 @@ from backend.view.runview import reading, replica_counts
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from panel import charts
 from panel.markdown import code_span, fenced, masked
+from panel.marks import mark
 
 LOG_TAIL = 400
 TRACEBACK_LINES = 30
@@ -135,11 +136,11 @@ def shared_value(view, key, make: Callable):
 def status_markdown(view) -> str:
     spec = view.spec
     last = view.latest
-    degraded = f" · ⚠️ {view.degraded}" if view.degraded else ""
+    degraded = " · " + mark("warning", view.degraded) if view.degraded else ""
     parts = [f"### Run {code_span(view.run_id)} — **{view.stage}**{degraded}"]
     retries = getattr(view, "retries", None)    # a RunView's; a summary-only view has none
     if retries:
-        parts.append("🔁 " + " · ".join(retries))
+        parts.append(mark("retried", " · ".join(retries)))
     cause = failure_cause(view)
     if cause:
         parts.append(cause)
@@ -160,19 +161,21 @@ def status_markdown(view) -> str:
     failure = getattr(view, "history_failure", "")
     if view.history_pending:
         first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
-        parts.append(f"⚠️ Could not read the run's earlier history{first} ({redact_tokens(failure)}): trying again;"
-                     " the charts lack those steps meanwhile." if failure else
-                     f"⏳ Reading the run's earlier history{first} in the background: the charts fill in shortly.")
+        parts.append(mark("warning", f"Could not read the run's earlier history{first} ({redact_tokens(failure)}): "
+                          "trying again; the charts lack those steps meanwhile.") if failure else
+                     mark("waiting", f"Reading the run's earlier history{first} in the background: the charts fill in "
+                          "shortly."))
     live = {} if view.done else view.open_alerts     # an ended run has no live alert left, whatever was recorded
     for alert in sorted(live.values(), key=lambda a: a.get("time", 0)):
         when = time.strftime("%H:%M:%S", time.localtime(alert.get("time", 0)))
-        parts.append(f"🔔 **{masked(alert.get('kind', 'alert'))}** since {when}: {masked(alert.get('message'))}")
+        kind = masked(alert.get("kind", "alert"))
+        parts.append(mark("warning", f"Alert: **{kind}** since {when}: {masked(alert.get('message'))}"))
     # What the metrics themselves show, recorded by no panel yet or left by a run that ended: say it anyway.
     shown = {alert.get("kind") for alert in live.values()}
     rows = view.table.rows(last=diagnose.NO_SIGNAL_STEPS)
     for finding in (hacking_alert(view), ratio_alert(rows[-5:]), diagnose.no_signal_alert(rows, view.spec)):
         if finding and finding.kind not in shown:
-            parts.append(f"⚠️ **{finding.message}**")
+            parts.append(f"{mark('warning', 'Warning:')} **{finding.message}**")
     verdict = diagnose.view_verdict(view)
     if verdict.kind not in ("unknown",):
         parts.append(f"**Bottleneck:** {verdict.line}" + (f" {verdict.advice}" if verdict.advice else ""))
@@ -180,7 +183,7 @@ def status_markdown(view) -> str:
     if unreadable:
         total = sum(unreadable.values())
         files = ", ".join(f"{code_span(path)}: {n}" for path, n in sorted(unreadable.items()))
-        parts.append(f"⚠️ {total} unreadable record{'s' if total != 1 else ''} skipped ({files})")
+        parts.append(f"{mark('warning', str(total))} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     parts += end_lines(view)
     return "\n\n".join(parts)
 
@@ -210,7 +213,7 @@ def failure_cause(view) -> str:
     if found is None:
         return ""
     what, line = found
-    return f"❌ **{masked(what)}**" + (f" — {code_span(line)}" if line else "")
+    return f"{mark('failed', 'Failed:')} **{masked(what)}**" + (f" — {code_span(line)}" if line else "")
 
 
 def failure_text(view) -> str:
@@ -249,7 +252,7 @@ def end_lines(view) -> list[str]:
             return [traceback_block(last.get("code_traceback") or last["traceback"])]
         return []
     if last.get("event") == records.CANCELED:
-        return [f"⏹ {masked(last.get('error', 'the trainer was stopped'))}"]
+        return [mark("stopped", f"Stopped: {masked(last.get('error', 'the trainer was stopped'))}")]
     return []
 
 

@@ -1,7 +1,11 @@
 """The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward)."""
 
+from panel.marks import mark
+
 RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "time · cost", "mode", "executor", "created"]
-BADGES = {"RUNNING": "🟢", "SCHEDULING": "🟡", "COMPLETED": "✅", "ERROR": "❌", "CANCELED": "⏹", "DELETED": "⏹"}
+# Each run stage's mark (`panel.marks`): a symbol any font draws, before the stage in words.
+BADGES = {"RUNNING": "running", "SCHEDULING": "scheduling", "COMPLETED": "completed", "ERROR": "failed",
+          "CANCELED": "stopped", "DELETED": "stopped"}
 # The status filter's choices: label -> the run stages it keeps (none: every run).
 RUN_FILTERS = {"all": (), "running": ("RUNNING", "SCHEDULING"), "completed": ("COMPLETED",), "failed": ("ERROR",),
                "canceled": ("CANCELED", "DELETED")}
@@ -11,8 +15,11 @@ BAR_CELLS = 10
 def status_badge(stage: str, timed_out: bool = False, unreadable: bool = False) -> str:
     """The status cell: the run's stage, 'timed out' for a run stopped at its timeout, and a mark on a run with a
     job record that cannot be read."""
-    text = "⏱ timed out" if timed_out and stage == "ERROR" else f"{BADGES.get(stage, '⚪')} {stage.lower()}"
-    return text + (" · ⚠️ job record unreadable" if unreadable else "")
+    if timed_out and stage == "ERROR":
+        text = mark("failed", "timed out")
+    else:
+        text = mark(BADGES.get(stage, "unknown"), stage.lower())
+    return text + (" · " + mark("warning", "job record unreadable") if unreadable else "")
 
 
 def run_badge(run) -> str:

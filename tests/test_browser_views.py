@@ -190,10 +190,10 @@ def test_the_runs_list_shows_name_status_progress_and_reward_and_filters(app, pa
     _, _, live, _, failed = app
     page.get_by_role("tab", name="Runs").click()
     live_row = _row_of(page, live.spec.run_id)
-    assert live_row[1:5] == ["sync-heavy", "🟢 running", f"█░░░░░░░░░ {HISTORY + diagnose.WINDOW}/300",
+    assert live_row[1:5] == ["sync-heavy", "● running", f"█░░░░░░░░░ {HISTORY + diagnose.WINDOW}/300",
                              f"{record(HISTORY + diagnose.WINDOW, 0)['reward']:.3f}"], live_row
     failed_row = _row_of(page, failed.spec.run_id)
-    assert failed_row[1:4] == ["broken-interpreter", "❌ error", f"█░░░░░░░░░ {FAILED_AT}/120"], failed_row
+    assert failed_row[1:4] == ["broken-interpreter", "✗ error", f"█░░░░░░░░░ {FAILED_AT}/120"], failed_row
     assert [r[0] for r in _rows(page)] == [failed.spec.run_id, live.spec.run_id], "newest first"
 
     page.locator("#runs-query input, #runs-query textarea").first.fill("broken")
@@ -219,7 +219,7 @@ def test_a_row_click_opens_a_failed_run_with_its_cause_on_top_and_its_address_re
     _screenshot(page, "runs.png", "runs-query")
     lines = [line for line in status.splitlines() if line.strip()]
     title = next(i for i, line in enumerate(lines) if line.startswith(f"Run {run_id}"))
-    assert lines[title + 1] == f"❌ trainer: exited with code 127; see the log — {CAUSE}", lines[:4]
+    assert lines[title + 1] == f"✗ Failed: trainer: exited with code 127; see the log — {CAUSE}", lines[:4]
     page.wait_for_function("(id) => new URL(window.location.href).searchParams.get('run') === id", arg=run_id,
                            timeout=10000)
 

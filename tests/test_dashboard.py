@@ -106,7 +106,7 @@ def test_a_failed_jobs_cause_is_the_last_error_line_of_its_log_masked():
     jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 127; see the log"), logs=logs),
             "vllm-0": SimpleNamespace(status=JobStatus("RUNNING"), logs=["ERROR not this one"])}
     cause = dashboard.failure_cause(_view(current_jobs=jobs))
-    assert cause == ("❌ **trainer: exited with code 127; see the log** — "
+    assert cause == ("✗ Failed: **trainer: exited with code 127; see the log** — "
                      "`bash: /venv/bin/python: No such file or directory`")
     jobs["trainer"].logs = [*logs, "ValueError: bad token hf_abcdefghijklmnopqrstuvwxyz12"]
     cause = dashboard.failure_cause(_view(current_jobs=jobs))
@@ -118,7 +118,8 @@ def test_the_trainers_own_error_is_the_cause_and_a_healthy_run_has_none():
 
     failed = {"event": "failed", "error": "RewardFunctionError: boom"}
     jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=["ERROR other"])}
-    assert dashboard.failure_cause(_view(current_jobs=jobs, trainer_end=failed)) == "❌ **RewardFunctionError: boom**"
+    cause = dashboard.failure_cause(_view(current_jobs=jobs, trainer_end=failed))
+    assert cause == "✗ Failed: **RewardFunctionError: boom**"
     running = {"trainer": SimpleNamespace(status=JobStatus("RUNNING"), logs=["Error in a warning"])}
     assert dashboard.failure_cause(_view(current_jobs=running)) == ""
 
@@ -157,11 +158,11 @@ def test_a_failed_jobs_cause_is_its_real_error_not_the_noise_after_it():
     replica = SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL (out of memory, or killed from outside)"),
                               logs=KILLED_REPLICA_LOG)
     cause = dashboard.failure_cause(_view(current_jobs={"vllm-1": replica}))
-    assert cause == "❌ **vllm-1: killed by SIGKILL (out of memory, or killed from outside)**", cause
+    assert cause == "✗ Failed: **vllm-1: killed by SIGKILL (out of memory, or killed from outside)**", cause
 
     # Only noise after a kill: the status alone.
     noise = SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL"), logs=KILLED_TRAINER_LOG[-5:])
-    assert dashboard.failure_cause(_view(current_jobs={"trainer": noise})) == "❌ **trainer: killed by SIGKILL**"
+    assert dashboard.failure_cause(_view(current_jobs={"trainer": noise})) == "✗ Failed: **trainer: killed by SIGKILL**"
 
     # The kernel's OOM kill as bash reports it beats an earlier, lesser error line.
     shell = SimpleNamespace(status=JobStatus("ERROR", "exited with code 137"),

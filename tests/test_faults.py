@@ -351,8 +351,8 @@ def test_a_bucket_that_fills_up_is_reported_as_the_cause(executor, small_bucket)
     assert "cannot write to the bucket: No space left on device" in status.message, (status, log_tail)
     view = registry.view(spec.run_id)
     view.refresh()
-    assert "❌ **trainer: exited with code 1: training failed: cannot write to the bucket: No space left on device" \
-        in dashboard.build_frame(view).status
+    assert "✗ Failed: **trainer: exited with code 1: training failed: cannot write to the bucket: No space left on " \
+        "device" in dashboard.build_frame(view).status
 
 
 # ---- the panel's exit

@@ -122,8 +122,8 @@ def test_a_timed_out_run_reads_timed_out_in_the_runs_list(executor, restarted_pa
     executor.wait(timed_out, 20)
     executor.wait(failed, 20)
     panel = restarted_panel()
-    assert _row(panel, "slow")["status"] == "⏱ timed out"
-    assert _row(panel, "broken")["status"] == "❌ error", "a job that failed by itself did not time out"
+    assert _row(panel, "slow")["status"] == "✗ timed out"
+    assert _row(panel, "broken")["status"] == "✗ error", "a job that failed by itself did not time out"
     assert "slow" in [row[0] for row in panel.runs_table(status="failed")], "a timed-out run is one that failed"
 
 
@@ -134,7 +134,7 @@ def test_a_restarted_panel_knows_how_long_a_finished_local_run_took(executor, re
     job_id = executor.submit(_job(["sleep", "3"], run_id="three-seconds"))
     assert executor.wait(job_id, 30).stage == "COMPLETED"
     panel = restarted_panel()
-    assert _row(panel, "three-seconds")["status"] == "✅ completed"
+    assert _row(panel, "three-seconds")["status"] == "✓ completed"
     cost, _spec = panel.spend.cost(panel.local_runs, "three-seconds")     # what the runs list's time cell shows
     assert 3.0 <= cost.elapsed_s < 15.0, cost.elapsed_s
     # The run's header, as the dashboard draws it after a restart (its view has no logged step to date it by).
@@ -153,7 +153,7 @@ def test_a_run_whose_only_job_record_is_broken_is_listed_as_unreadable(executor,
     panel = restarted_panel()
     row = _row(panel, "torn")
     assert "unreadable" in row["status"] and row["executor"] == "local", row
-    assert _row(panel, "fine")["status"] == "✅ completed", "one bad record never breaks another run's row"
+    assert _row(panel, "fine")["status"] == "✓ completed", "one bad record never breaks another run's row"
     with pytest.raises(KeyError, match="cannot be read"):
         panel.view("torn")
     assert panel.view("fine").run_id == "fine"

@@ -211,7 +211,7 @@ def test_a_run_the_hub_stopped_at_its_timeout_reads_timed_out_in_the_runs_list(h
     hub.clock = lambda: time.time() + 31 * 60            # the Hub's time passes the job's 30 minutes
     row = next(r for r in make_panel().runs_table() if r[0] == result.run_id)
     assert (job.stage, job.message) == ("ERROR", "Job timeout"), "the Hub's own words for a timeout"
-    assert row[RUNS_HEADERS.index("status")] == "⏱ timed out", row
+    assert row[RUNS_HEADERS.index("status")] == "✗ timed out", row
 
 
 def test_a_job_created_behind_a_timeout_that_the_list_shows_late_is_found_and_cancelled(hub, make_panel):

@@ -25,5 +25,28 @@ def test_progress_is_a_bar_of_ten_cells_with_the_steps():
 
 
 def test_each_status_has_its_badge():
-    assert status_badge("RUNNING") == "🟢 running" and status_badge("ERROR") == "❌ error"
-    assert status_badge("SOMETHING") == "⚪ something"
+    assert status_badge("RUNNING") == "● running" and status_badge("ERROR") == "✗ error"
+    assert status_badge("SOMETHING") == "○ something"
+
+
+def _is_emoji(char: str) -> bool:
+    """A character a browser draws from an emoji font: the pictographs' planes, the emoji-by-default symbols of the
+    BMP this project used (🕐-style clocks, ⏱, ⏳, ⏹, ⚪), or the emoji presentation selector."""
+    code = ord(char)
+    return code >= 0x1F000 or code == 0xFE0F or 0x23E9 <= code <= 0x23FA or code in (0x26AA, 0x26AB, 0x2705, 0x274C)
+
+
+def test_every_mark_is_words_and_a_symbol_a_plain_text_font_draws():
+    import shutil
+    import subprocess
+
+    from panel.marks import SYMBOLS
+    for kind, symbol in SYMBOLS.items():
+        assert len(symbol) == 1 and not _is_emoji(symbol), kind
+        if shutil.which("fc-list"):     # the fonts of this machine, as Debian's chromium finds them
+            fonts = subprocess.run(["fc-list", f":charset={ord(symbol):x}", "family"], capture_output=True,
+                                   text=True, check=True).stdout
+            assert fonts.strip() and "emoji" not in fonts.lower(), f"{kind} {symbol!r}: drawn by {fonts!r}"
+    for stage in ("RUNNING", "SCHEDULING", "COMPLETED", "ERROR", "CANCELED", "SOMETHING"):
+        badge = status_badge(stage, unreadable=True)
+        assert not any(_is_emoji(c) for c in badge) and stage.lower() in badge and "unreadable" in badge, badge

@@ -99,7 +99,7 @@ def test_a_reward_that_raises_mid_run_fails_the_run_with_its_traceback_on_the_da
         "Traceback (your code, most recent call last):", '  File "user_rewards.py", line 8, in flaky',
         '    raise ValueError(f"boom at call {calls}")', "ValueError: boom at call 3"]
     status = dashboard.status_markdown(view)
-    assert "❌ **RewardFunctionError: reward function 'flaky' raised ValueError: boom at call 3**" in status
+    assert "✗ Failed: **RewardFunctionError: reward function 'flaky' raised ValueError: boom at call 3**" in status
     assert 'File "user_rewards.py", line 8, in flaky' in status
     assert [r["step"] for r in view.metrics] == [1, 2], "the steps before the failure are kept"
 
@@ -131,5 +131,5 @@ def test_a_math_task_no_completion_of_which_is_ever_right_raises_the_no_learning
     recorded = [e for e in view.events if e.get("event") == "alert"]
     assert [e["kind"] for e in recorded] == ["no-signal"] and "num_generations" in recorded[0]["message"]
     status = dashboard.status_markdown(view)
-    assert "nothing is learned" in status and "🔔" not in status, status
+    assert "nothing is learned" in status and "Alert:" not in status, status
     assert len(view.metrics) >= diagnose.NO_SIGNAL_STEPS
