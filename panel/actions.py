@@ -30,6 +30,7 @@ from backend.runs.access import ANONYMOUS, Deployment, Refused, Visitor, acting_
 from backend.runs.budget import SpendWatch
 from backend.runs.directory import RunDirectory
 from backend.runs.launch import LaunchError
+from backend.runs.notes import NotesError, RunNotes
 from backend.runs.operations import CostEstimate, Operations, ReviewNeeded, TokenTooShort
 from backend.runs.registry import RunRegistry
 from backend.runs.watch import RunWatch
@@ -43,7 +44,7 @@ from backend.view.runview import RunView
 from panel.markdown import code_span, fenced, masked, plain
 from panel.presets import TINY_DEMO, preset_values
 from panel.publish_view import suggested_repo_id
-from panel.runs_list import RUN_FILTERS, progress_bar, run_badge
+from panel.runs_list import RUN_FILTERS, name_cell, progress_bar, run_badge
 from panel.spend_view import budget_line, cost_cell
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ class Panel:
             except Exception as exc:   # a failing price list or bucket must not break the runs list
                 log.debug("no cost for run %s: %s", run.run_id, exc)
                 cost = "-"
-        name = str(spec.get("name") or "")
+        name = name_cell(str(spec.get("name") or ""), self._run_notes(registry, run).tags)
         latest = self.spend.latest(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else {}
         reward = latest.get("reward")
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
@@ -301,6 +302,32 @@ class Panel:
         else:
             self._rows.pop(key, None)
         return name, row
+
+    def _run_notes(self, registry, run) -> RunNotes:
+        """The run's notes as kept in its folder (none where its bucket is unknown)."""
+        if not run.bucket:
+            return RunNotes()
+        return self.operations.notes.read(registry.store_for(run.bucket), run.bucket, run.run_id)
+
+    def run_notes(self, run_id: str, visitor: Visitor | str | None = None) -> RunNotes:
+        """The notes and tags of a run this visitor may see."""
+        registry = self.runs.find(run_id, as_visitor(visitor))
+        bucket = registry.run_bucket(run_id)
+        return self.operations.notes.read(registry.store_for(bucket), bucket, run_id)
+
+    def save_notes(self, run_id: str, visitor: Visitor | str | None, text: str, tags: str) -> str:
+        """Save a run's notes and tags (who may cancel the run may write them); a message saying what happened."""
+        try:
+            notes = self.operations.set_notes(run_id, as_visitor(visitor), text, tags)
+        except (Refused, KeyError, NotesError) as exc:
+            return f"**Notes not saved.** {_reason(exc)}"
+        except Exception as exc:   # the bucket refusing or failing
+            return f"**Notes not saved:** {masked(exc)}. Try again."
+        for key in [k for k in self._rows if k[1] == run_id]:
+            self._rows.pop(key, None)       # the runs list shows the new tags at its next tick
+        self._tables.clear()
+        shown = ", ".join(f"`{t}`" for t in notes.tags) or "none"
+        return f"Notes saved in run {run_id}'s folder (tags: {shown})."
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
         """A line above the runs list when the visitor can see no Hub runs, saying why."""

@@ -14,7 +14,7 @@ from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs import resume
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
-from panel import dashboard, live, publish_view, try_view
+from panel import dashboard, live, notes_view, publish_view, try_view
 from panel.markdown import masked
 from panel.task_form import format_weights
 
@@ -42,8 +42,8 @@ ACTIONS = ["cancel", "resume", "resume_confirm"]     # a run's actions, shown as
 ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"
 # A run's sections, one click away: (the element a link scrolls to, its name).
 SECTION_LINKS = (("key-charts", "Key charts"), ("chart-options", "All charts"), ("adapters-table", "Adapters"),
-                 ("samples-section", "Samples"), ("replicas-table", "Servers"), ("config-section", "Config"),
-                 ("log-box", "Log"))
+                 ("notes-section", "Notes"), ("samples-section", "Samples"), ("replicas-table", "Servers"),
+                 ("config-section", "Config"), ("log-box", "Log"))
 JUMP_BAR = "<nav class='jump-bar'>Jump to: " + " · ".join(
     f"<a href='#{target}'>{name}</a>" for target, name in SECTION_LINKS) + "</nav>"
 
@@ -93,6 +93,7 @@ def build(page, panel) -> None:
         version_file = gr.DownloadButton("Download this version (.zip)", interactive=False, elem_id="version-btn",
                                          scale=1)
     version_msg = gr.Markdown(elem_id="version-msg")
+    notes_view.build(page, panel)
     try_view.build(page, panel)
     with gr.Accordion("What the policy writes (samples)", open=True, elem_id="samples-section"):
         with gr.Row():
@@ -138,6 +139,7 @@ def wire(page) -> None:
     page.on(page["sample_prompt"].change, on_options, [*VIEW_INPUTS, "drawn", "version_pick"], [*DRAWN, *ACTIONS],
             show_progress="hidden")
     try_view.wire(page)
+    notes_view.wire(page)
     page.on(page["log_query"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["roles"].change, on_log_filter, ["run_pick", "roles", "log_query"], [live.LOG_KEY])
     page.on(page["log_btn"].click, on_full_log, ["run_pick", "roles"], ["log_file"]).then(

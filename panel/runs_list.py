@@ -29,6 +29,11 @@ def run_badge(run) -> str:
     return status_badge(stage, any(r in run.timed_out for r in deciding), bool(run.unreadable))
 
 
+def name_cell(name: str, tags) -> str:
+    """The run's name and its tags ('grpo-math · #baseline #lr-sweep'): the list's filter matches either."""
+    return " · ".join(part for part in (name, " ".join(f"#{tag}" for tag in tags)) if part)
+
+
 def progress_bar(step, max_steps) -> str:
     """'███░░░░░░░ 30/100', or the step alone when the run's length is unknown."""
     if not isinstance(step, (int, float)):

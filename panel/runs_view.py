@@ -32,7 +32,7 @@ def build(page, panel: Panel) -> None:
     with gr.Accordion("All runs", open=True, elem_id="runs-list") as runs_list:
         runs_hint = gr.Markdown(elem_id="runs-hint")    # why the list holds no Hub runs, where it does not
         with gr.Row():
-            runs_query = gr.Textbox(label="Filter by name or id", elem_id="runs-query", scale=3)
+            runs_query = gr.Textbox(label="Filter by name, id or #tag", elem_id="runs-query", scale=3)
             runs_status = gr.Radio(list(RUN_FILTERS), value="all", label="Status", elem_id="runs-status", scale=2)
         runs_table = gr.Dataframe(headers=RUNS_HEADERS, interactive=False, elem_id="runs-table",
                                   label="Runs (newest first; click a row to open it)")

@@ -121,6 +121,39 @@ def test_an_opened_run_shows_its_header_and_key_charts_on_the_first_screen_with_
     wait_for_text(screen, "runs-table", re.escape(run.spec.run_id))
 
 
+# Characters no font on the machine draws come out as the same empty box (.notdef) as a private-use character.
+UNDRAWN = """([chars, family]) => {
+    const canvas = document.createElement('canvas');
+    canvas.width = 48; canvas.height = 48;
+    const g = canvas.getContext('2d');
+    const draw = (ch) => {
+        g.clearRect(0, 0, 48, 48); g.font = `28px ${family}`; g.fillText(ch, 4, 36);
+        return g.getImageData(0, 0, 48, 48).data.join(',');
+    };
+    const box = draw('\\uE000');
+    return chars.filter((ch) => draw(ch) === box);
+}"""
+
+
+def undrawn(page, elem_id: str) -> list[str]:
+    """The characters of the element's text that the page's fonts cannot draw (empty boxes on the screen)."""
+    chars = sorted({c for c in text_of(page, elem_id) if ord(c) > 0x7F})
+    family = page.evaluate("(id) => getComputedStyle(document.getElementById(id)).fontFamily", elem_id)
+    return page.evaluate(UNDRAWN, [chars, family])
+
+
+def test_status_badges_read_in_words_with_symbols_the_pages_fonts_draw(app, screen):
+    _, _, run = app
+    pick_run(screen, run.spec.run_id)
+    open_runs_list(screen)
+    row = wait_for_text(screen, "runs-table", re.escape(run.spec.run_id))
+    assert "✓ completed" in row, row
+    emoji = ["\U0001F7E2", "\u2705"]
+    assert screen.evaluate(UNDRAWN, [emoji, "sans-serif"]) == emoji, "the check sees an emoji as a box"
+    for elem_id in ("runs-table", "run-status"):
+        assert undrawn(screen, elem_id) == [], f"#{elem_id} draws empty boxes"
+
+
 def _brightness(png: bytes) -> float:
     """The mean brightness of an image, 0 (black) to 1 (white)."""
     from PIL import Image, ImageStat
@@ -170,3 +203,34 @@ def test_a_runs_metrics_download_as_a_csv_whose_rows_are_the_buckets(app, screen
         logged = wanted[int(row["step"])]
         assert {key: float(row[key]) for key in ("reward", "kl", "ratio", "time")} == \
             pytest.approx({key: logged[key] for key in ("reward", "kl", "ratio", "time")})
+
+
+def test_a_tag_set_in_the_page_is_saved_in_the_runs_folder_and_filters_the_list(app, screen):
+    _, _, run = app
+    run_id = run.spec.run_id
+    pick_run(screen, run_id)
+    screen.locator("#jump-bar a", has_text="Notes").click()
+    screen.locator("#notes-section").get_by_text("Notes and tags", exact=True).click()
+    screen.locator("#notes-tags textarea, #notes-tags input").first.fill("baseline, #lr-sweep baseline")
+    screen.locator("#notes-text textarea").fill("reward flat after step 20")
+    screen.locator("#notes-save").click()
+    wait_for_text(screen, "notes-msg", "Notes saved")
+    with open(os.path.join(run.run_dir, "notes.json")) as f:
+        saved = json.load(f)
+    assert saved["tags"] == ["baseline", "lr-sweep"] and saved["text"] == "reward flat after step 20", saved
+    open_runs_list(screen)
+    wait_for_text(screen, "runs-table", "#baseline #lr-sweep")
+    query = screen.locator("#runs-query textarea, #runs-query input").first
+    for typed, listed in (("lr-sweep", True), ("#baseline", True), ("ablation", False)):
+        query.fill(typed)
+        query.press("Enter")
+        if listed:
+            wait_for_text(screen, "runs-table", re.escape(run_id))
+        else:
+            screen.wait_for_function("(id) => !document.getElementById('runs-table').innerText.includes(id)",
+                                     arg=run_id, timeout=30000)
+    screen.reload()     # kept in the run's folder: a new page (the run in its address) shows them
+    wait_for_text(screen, "run-status", re.escape(run_id), 60000)
+    screen.locator("#notes-section").get_by_text("Notes and tags", exact=True).click()
+    screen.wait_for_function("() => document.querySelector('#notes-text textarea').value.includes('flat')",
+                             timeout=30000)

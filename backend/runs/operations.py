@@ -37,6 +37,7 @@ from backend.runs.budget import SpendWatch
 from backend.runs.directory import RunDirectory
 from backend.runs.hub_auth import bucket_problem, can_control, whoami_name
 from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
+from backend.runs.notes import NotesBook, RunNotes, checked_notes
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import ResumePlan
 from backend.runtime.task import is_local_file
@@ -112,6 +113,7 @@ class Operations:
         # Check-job results by (task, visitor): Launch reuses the check the visitor just waited for.
         self._checks: dict[str, tuple[float, TaskReport]] = {}
         self._checks_lock = threading.Lock()
+        self.notes = NotesBook()          # runs' notes and tags, read for the runs list, written by `set_notes`
 
     @property
     def local(self) -> LocalExecutor:
@@ -342,6 +344,15 @@ class Operations:
         stopped = registry.cancel(run_id)
         self.runs.relist(registry.namespace or "")
         return stopped
+
+    def set_notes(self, run_id: str, visitor: Visitor, text: str, tags: str) -> RunNotes:
+        """Save the run's notes and tags in its folder: who may cancel the run may write them (on a Space, the
+        run's owner); raises Refused, KeyError or NotesError (what to change), writing nothing."""
+        registry, _ = self._registry_for_control(run_id, visitor)
+        notes = checked_notes(text, tags)
+        bucket = registry.run_bucket(run_id)
+        self.notes.write(registry.store_for(bucket), bucket, run_id, notes)
+        return notes
 
     def _resume_plan(self, registry: RunRegistry, run_id: str) -> ResumePlan:
         plan = registry.resume_plan(run_id)

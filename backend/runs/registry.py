@@ -188,6 +188,16 @@ class RunRegistry:
             return None
         return record
 
+    def run_bucket(self, run_id: str) -> str:
+        """The bucket that holds the run's folder (its jobs' records, else this home's record of its launch); raises
+        KeyError for a run this registry does not know."""
+        summary = next((r for r in self.list_runs() if r.run_id == run_id), None)
+        bucket = summary.bucket if summary is not None else None
+        bucket = bucket or (self.recorded_launch(run_id) or {}).get("bucket")
+        if not bucket:
+            raise KeyError(f"no run {run_id!r}")
+        return bucket
+
     def view(self, run_id: str) -> RunView:
         """The run's one view in this registry, shared by every browser session that watches it."""
         with self._lock:

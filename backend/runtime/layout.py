@@ -37,6 +37,7 @@ import tempfile
 
 RUNS_DIR = "runs"
 SPEC_FILE = "spec.json"
+NOTES_FILE = "notes.json"      # the run's notes and tags, written by the panel (`backend/runs/notes.py`)
 CODE_DIR = "code"
 USER_REWARDS_MODULE = "user_rewards"    # code/user_rewards.py, imported by the trainer as a module
 DATA_DIR = "data"

@@ -1,0 +1,100 @@
+"""A run's notes and tags: saved in its folder (`runs/<id>/notes.json`) by who may cancel the run, shown and found
+in the runs list; bad input refused with nothing written; a file the panel did not write read with care."""
+
+import json
+import os
+
+import pytest
+
+from backend.runs.access import Visitor
+from backend.runs.notes import MAX_FILE_BYTES, MAX_NOTE_CHARS, MAX_TAGS, NotesBook, notes_path, parse_tags
+from backend.storage.store import FolderStore
+from panel.runs_list import RUNS_HEADERS
+from tests.fakehub import FakeUser
+from tests.helpers import launch_reviewed
+
+ALICE = "hf_oauth_aliceNotesToken000000000"
+DAVE = "hf_oauth_daveReadsAcmeNotes0000000"
+FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
+        "bucket": "acme/grpo-runs", "flavor": "a10g-small", "rewards": ["format"], "max_steps": 100,
+        "name": "math-lr"}
+
+pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
+                                          DAVE: FakeUser("dave", {"acme": "read"})}),
+              pytest.mark.panel_settings(budget_check_s=0)]
+
+
+@pytest.fixture
+def space_run(hub, make_panel):
+    """A Space panel and a run Alice launched in the acme org's bucket."""
+    panel = make_panel(on_space=True)
+    result, _ = launch_reviewed(panel, FORM, Visitor(ALICE, "alice"))
+    assert result.run_id, result.message
+    return panel, result.run_id
+
+
+def stored(hub, run_id: str) -> dict | None:
+    found = hub.buckets["acme/grpo-runs"].files.get(notes_path(run_id))
+    return None if found is None else json.loads(found.data)
+
+
+def listed(panel, visitor, query: str) -> list[tuple[str, str]]:
+    """(run id, name cell) of the runs list's rows for the filter `query`."""
+    return [(row[0], row[RUNS_HEADERS.index("name")]) for row in panel.runs_table(visitor, query=query)]
+
+
+def test_the_runs_owner_saves_notes_and_tags_in_its_folder_and_the_list_finds_them(hub, space_run):
+    panel, run_id = space_run
+    alice = Visitor(ALICE, "alice")
+    message = panel.save_notes(run_id, alice, "lr 5e-3 diverges after step 80", "baseline, #lr-sweep Baseline")
+    assert message.startswith("Notes saved"), message
+    record = stored(hub, run_id)
+    assert record["text"] == "lr 5e-3 diverges after step 80" and record["tags"] == ["baseline", "lr-sweep"]
+    assert panel.run_notes(run_id, alice).tags == ("baseline", "lr-sweep")
+    [(shown, cell)] = listed(panel, alice, "")
+    assert shown == run_id and cell.endswith("#baseline #lr-sweep"), cell
+    assert listed(panel, alice, "lr-sweep") == listed(panel, alice, "#BASELINE") == [(run_id, cell)]
+    assert listed(panel, alice, "ablation") == []
+
+
+def test_a_visitor_who_cannot_cancel_the_run_cannot_write_its_notes(hub, space_run):
+    panel, run_id = space_run
+    assert panel.save_notes(run_id, Visitor(ALICE, "alice"), "mine", "kept").startswith("Notes saved")
+    message = panel.save_notes(run_id, Visitor(DAVE, "dave"), "defaced", "spam")
+    assert message.startswith("**Notes not saved.**") and "read-only" in message, message
+    assert "Notes not saved" in panel.save_notes(run_id, Visitor(), "defaced", "spam")
+    assert stored(hub, run_id)["text"] == "mine"
+
+
+@pytest.mark.parametrize("text, tags, says", [
+    ("fine", "two words, a/b", "Tag 'a/b'"),
+    ("fine", "<script>", "Tag '\\<script\\>'"),
+    ("fine", " ".join(f"t{i}" for i in range(MAX_TAGS + 1)), f"at most {MAX_TAGS}"),
+    ("x" * (MAX_NOTE_CHARS + 1), "", f"keep it to {MAX_NOTE_CHARS:,}"),
+    ("my token is hf_abcdefghijklmnopqrstuvwxyz0123", "", "looks like a token"),
+])
+def test_bad_notes_are_refused_saying_what_to_change_and_nothing_is_written(hub, space_run, text, tags, says):
+    panel, run_id = space_run
+    message = panel.save_notes(run_id, Visitor(ALICE, "alice"), text, tags)
+    assert message.startswith("**Notes not saved.**") and says in message, message
+    assert stored(hub, run_id) is None
+
+
+def test_tags_are_split_on_commas_and_spaces_without_repeats():
+    assert parse_tags(" baseline,#lr-sweep  v1.2:rc+1 BASELINE ,, ") == ("baseline", "lr-sweep", "v1.2:rc+1")
+    assert parse_tags("") == ()
+
+
+def test_a_notes_file_the_panel_did_not_write_gives_only_what_is_well_formed(tmp_path):
+    store, book = FolderStore(str(tmp_path)), NotesBook()
+    os.makedirs(tmp_path / "runs" / "r1")
+    (tmp_path / "runs" / "r1" / "notes.json").write_text(json.dumps(
+        {"text": "x" * (MAX_NOTE_CHARS + 50), "tags": ["ok", "not ok", 7, "<b>", "fine-too"]}))
+    notes = book.read(store, "b", "r1")
+    assert notes.tags == ("ok", "fine-too") and len(notes.text) == MAX_NOTE_CHARS
+    os.makedirs(tmp_path / "runs" / "r2")
+    (tmp_path / "runs" / "r2" / "notes.json").write_text(json.dumps({"text": "x" * MAX_FILE_BYTES, "tags": ["big"]}))
+    (tmp_path / "runs" / "r3").mkdir()
+    (tmp_path / "runs" / "r3" / "notes.json").write_text("[not json")
+    assert book.read(store, "b", "r2").tags == () and book.read(store, "b", "r3").tags == ()
+    assert book.read(store, "b", "absent").tags == ()
