@@ -123,7 +123,8 @@ def figure(title: str, y_title: str, options: ChartOptions, **layout) -> dict:
         "title": {"text": title}, "height": 300, "margin": {"l": 50, "r": 50, "t": 40, "b": 70},
         "xaxis": xaxis, "yaxis": {"title": {"text": y_title}}, "template": "plotly_white",
         "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"}, "showlegend": True,
-        "hovermode": "x unified", **layout}}
+        # The toolbar stands on the right edge, not across the title; tick labels widen the margin they need.
+        "modebar": {"orientation": "v"}, "hovermode": "x unified", **layout}}
 
 
 def add_line(fig: dict, xs: list, ys: list, name: str, color: str | None, options: ChartOptions,
@@ -154,7 +155,24 @@ def finish(fig: dict, options: ChartOptions, note: str = EMPTY) -> dict:
     if options.x == "step":
         top = max((max(t["x"]) for t in fig["data"] if t.get("x")), default=0)
         fig["layout"]["xaxis"].update({"tickformat": "d"}, **({"dtick": 1} if top <= 10 else {}))
+    for axis, ref in (("yaxis", "y"), ("yaxis2", "y2")):
+        if axis in fig["layout"]:
+            fig["layout"][axis].setdefault("automargin", True)
+            flat_axis_range(fig, axis, ref)
     return fig
+
+
+def flat_axis_range(fig: dict, axis: str, ref: str) -> None:
+    """A y axis whose series (and cap lines) are one value (one point, or a constant) spans that value ± half of it
+    (± 1 around 0) instead of plotly's own ± 1e-8 around it, whose labels run to many digits and are clipped."""
+    layout = fig["layout"][axis]
+    if "range" in layout or layout.get("type") == "log":
+        return
+    ys = [y for t in fig["data"] if t.get("yaxis", "y") == ref for y in t.get("y") or () if _num(y)]
+    ys += [s["y0"] for s in fig["layout"].get("shapes", ()) if s.get("yref") == ref and _num(s.get("y0"))]
+    if ys and min(ys) == max(ys):
+        pad = abs(ys[0]) / 2 or 1.0
+        layout["range"] = [ys[0] - pad, ys[0] + pad]
 
 
 def lines_figure(table, keys: dict[str, str], title: str, y_title: str, options: ChartOptions,
@@ -247,6 +265,10 @@ def cap_line(fig: dict, value, name: str, color: str, yaxis: str = "y") -> None:
     if not isinstance(value, (int, float)) or not fig["data"]:
         return
     ref = "y" if yaxis == "y" else "y2"
+    axis = fig["layout"].get("yaxis" if ref == "y" else "yaxis2", {})
+    if "range" in axis:         # a one-value chart's range (`flat_axis_range`) holds its cap too
+        low, high = axis["range"]
+        axis["range"] = [min(low, value), max(high, value)]
     fig["layout"].setdefault("shapes", []).append({
         "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": ref, "y0": value, "y1": value,
         "line": {"color": color, "dash": "dash", "width": 1}})

@@ -258,3 +258,15 @@ def test_the_held_out_chart_draws_a_bounded_sketch_keeping_the_base_model_the_be
 
     small = _evaluated_view(tmp_path / "small", 30)
     assert sorted(small.held_out.chart_records()) == list(range(30)), "a short run's chart draws every version"
+
+
+def test_a_one_point_chart_spans_its_value_not_a_hair_around_it():
+    one = table_of([{"step": 1, "reward": 0.25, "completion_length": 0.0, "staleness_mean": 1.0}])
+    reward = charts.reward_figure(one, STEP)
+    assert reward["layout"]["yaxis"]["range"] == [0.125, 0.375] and reward["layout"]["yaxis"]["automargin"]
+    assert charts.length_figure(one, STEP)["layout"]["yaxis"]["range"] == [-1.0, 1.0], "zero: ± 1"
+    capped = charts.staleness_figure(one, STEP, {"mode": "distributed", "max_staleness": 4})
+    assert capped["layout"]["yaxis"]["range"] == [0.5, 4], "the cap line stays on the chart"
+    two = table_of([{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}])
+    assert "range" not in charts.reward_figure(two, STEP)["layout"]["yaxis"]
+    assert reward["layout"]["modebar"] == {"orientation": "v"}, "the toolbar down the right edge, off the title"
