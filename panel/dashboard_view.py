@@ -54,13 +54,14 @@ def build(page, panel) -> None:
         with gr.Column(scale=5):
             status = gr.Markdown(elem_id="run-status")
             cost = gr.Markdown(elem_id="run-cost")
-            gr.HTML(JUMP_BAR, elem_id="jump-bar", padding=False)
         with gr.Column(scale=1, min_width=200):
             change = gr.Button("New run with this change", visible=False, elem_id="new-run-change",
                                variant="primary", size="sm")
             clone = gr.Button("New run from this", elem_id="new-run-from", size="sm")
             metrics_btn = gr.Button("Download metrics (.csv)", elem_id="metrics-btn", size="sm")
             metrics_file = gr.File(label="Metrics", elem_id="metrics-file", interactive=False, visible=False)
+    # Outside the header's column, so that it stays at the top of the window down the whole run (`ui.CSS`: sticky).
+    gr.HTML(JUMP_BAR, elem_id="jump-bar", padding=False)
     plots = {}
     names = list(PLOT_IDS)
     with gr.Row(elem_id="key-charts"):      # the run's key charts first, on the first screen

@@ -15,7 +15,9 @@ UPLOADS_KEPT_S = 2 * 3600     # how old a file there may get: an upload is gone 
 # A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).
 CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-radius: 6px; }" + """
 .jump-bar { font-size: 0.9em; } .jump-bar a { margin: 0 0.2em; }
-"""
+#jump-bar { background: var(--background-fill-primary); padding: 4px 0; }
+#jump-bar.pinned { position: fixed; top: 0; z-index: 50; box-shadow: 0 1px 4px rgba(0, 0, 0, 0.15); }
+""" + ", ".join(f"#{target}" for target, _ in dashboard_view.SECTION_LINKS) + " { scroll-margin-top: 56px; }\n"
 # The charts follow the page's theme: plotly draws its white template with inline colours, which a dark page (Gradio's
 # `.dark`, e.g. `?__theme=dark`) overrides here, on every redraw alike.
 CSS += """
@@ -33,6 +35,36 @@ JUMP_TO_SECTION = """document.addEventListener('click', (e) => {
     if (target) { e.preventDefault(); target.scrollIntoView({block: 'start'}); }
 });
 """
+# The jump bar stays at the top of the window once the page scrolls past it: pinned (fixed, at its own left and width)
+# with a spacer of its height in its place, unpinned when that spot comes back. (CSS sticky does not hold here: one
+# of Gradio's wrappers around the tab clips it.)
+PIN_JUMP_BAR = """(() => {
+    let spacer = null;
+    const unpin = (bar) => {
+        spacer.remove(); spacer = null;
+        bar.classList.remove('pinned'); bar.style.left = bar.style.width = '';
+    };
+    const place = () => {
+        const bar = document.getElementById('jump-bar');
+        if (!bar) return;
+        if (spacer && (spacer.getBoundingClientRect().top >= 0 || spacer.offsetParent === null)) unpin(bar);
+        if (!spacer && bar.offsetParent !== null && bar.getBoundingClientRect().top < 0) {
+            const r = bar.getBoundingClientRect();
+            spacer = document.createElement('div');
+            spacer.style.height = `${r.height}px`;
+            bar.before(spacer);
+            Object.assign(bar.style, {left: `${r.left}px`, width: `${r.width}px`});
+            bar.classList.add('pinned');
+        }
+    };
+    window.addEventListener('scroll', place, {passive: true});
+    window.addEventListener('resize', () => {
+        const bar = document.getElementById('jump-bar');
+        if (bar && spacer) unpin(bar);
+        place();
+    });
+})();
+"""
 # Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
 # must stay empty and be refused by the form's checks, not silently become the first dataset or flavor.
 KEEP_CLEARED_CHOICES = """document.addEventListener('keydown', (e) => {
@@ -41,7 +73,8 @@ KEEP_CLEARED_CHOICES = """document.addEventListener('keydown', (e) => {
         && box.value.trim() === '') { e.stopImmediatePropagation(); e.preventDefault(); box.blur(); }
 }, true);
 """
-PAGE_JS = "() => {\n" + KEEP_CLEARED_CHOICES + JUMP_TO_SECTION + "}"     # the page's own script (launch(js=...))
+# The page's own script (launch(js=...)).
+PAGE_JS = "() => {\n" + KEEP_CLEARED_CHOICES + JUMP_TO_SECTION + PIN_JUMP_BAR + "}"
 
 
 def build_ui(panel: Panel) -> gr.Blocks:

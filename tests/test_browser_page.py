@@ -117,6 +117,11 @@ def test_an_opened_run_shows_its_header_and_key_charts_on_the_first_screen_with_
     assert all(screen.locator(href).count() == 1 for href in links) and len(links) >= 5, links
     screen.locator("#jump-bar a", has_text="Log").click()
     screen.wait_for_function("() => window.scrollY > 900", timeout=10000)
+    bar = screen.evaluate("() => document.getElementById('jump-bar').getBoundingClientRect().toJSON()")  # fixed: no
+    log_box = box(screen, "log-box")                                                         # offsetParent
+    assert screen.locator("#jump-bar").is_visible() and bar["height"] > 0, bar
+    assert 0 <= bar["top"] and bar["bottom"] <= SCREEN["height"], f"jump bar at {bar}: scrolled off"
+    assert log_box["top"] >= bar["bottom"] - 1, f"the section ({log_box}) starts below the bar ({bar}), not under it"
     open_runs_list(screen)
     wait_for_text(screen, "runs-table", re.escape(run.spec.run_id))
 
@@ -152,6 +157,28 @@ def test_status_badges_read_in_words_with_symbols_the_pages_fonts_draw(app, scre
     assert screen.evaluate(UNDRAWN, [emoji, "sans-serif"]) == emoji, "the check sees an emoji as a box"
     for elem_id in ("runs-table", "run-status"):
         assert undrawn(screen, elem_id) == [], f"#{elem_id} draws empty boxes"
+
+
+def test_a_charts_toolbar_leaves_its_title_readable_on_a_phone(app, browser):
+    url, _, run = app
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        pick_run(page, run.spec.run_id)
+        for elem_id in ("reward-plot", "heldout-plot"):
+            page.wait_for_function("(id) => !!document.querySelector(`#${id} .js-plotly-plot .gtitle`)", arg=elem_id,
+                                   timeout=30000)
+            page.locator(f"#{elem_id} .js-plotly-plot").hover()
+            page.locator(f"#{elem_id} .modebar").wait_for(state="visible", timeout=10000)
+            overlap = page.evaluate("""(id) => {
+                const plot = document.getElementById(id);
+                const [a, b] = ['.modebar', '.gtitle'].map((s) => plot.querySelector(s).getBoundingClientRect());
+                return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+            }""", elem_id)
+            assert not overlap, f"#{elem_id}: the toolbar covers the chart's title"
+    finally:
+        page.close()
 
 
 def _brightness(png: bytes) -> float:
