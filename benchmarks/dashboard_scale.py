@@ -299,8 +299,16 @@ def measure(args) -> None:
 
 
 def finished_runs(home: str, count: int) -> None:
-    """`count` finished runs of three jobs each, as the local executor leaves them."""
+    """`count` finished runs of three jobs each, as the local executor leaves them, each with the best.json its
+    trainer published (the runs list shows each run's best held-out version)."""
+    from backend.runtime import layout
+
     for r in range(count):
+        best = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(f"done-{r:03d}"), layout.BEST_DIR)
+        os.makedirs(best, exist_ok=True)
+        with open(os.path.join(best, layout.BEST_FILE), "w") as f:
+            json.dump({"policy_version": 1 + r % 7, "step": 20 * (1 + r % 7), "score": 0.5, "best_by": {},
+                       "baseline": 0.25}, f)
         for role in JOBS:
             job_id = f"done-{r:03d}--{role}--000000"
             folder = os.path.join(home, "jobs", job_id)

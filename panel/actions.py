@@ -291,11 +291,12 @@ class Panel:
                 log.debug("no cost for run %s: %s", run.run_id, exc)
                 cost = "-"
         name = name_cell(str(spec.get("name") or ""), self._run_notes(registry, run).tags)
-        latest = self.spend.latest(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else {}
+        glance = self.spend.glance(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else None
+        latest, best = (glance.latest, glance.best.text) if glance is not None else ({}, "")
         reward = latest.get("reward")
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created_at))
         row = [run.run_id, name, run_badge(run), progress_bar(latest.get("step"), spec.get("max_steps")),
-               f"{reward:.3f}" if isinstance(reward, (int, float)) else "", cost,
+               f"{reward:.3f}" if isinstance(reward, (int, float)) else "", best, cost,
                str(spec.get("mode") or ""), registry.executor.name, created]
         if run.stages and all(stage in TERMINAL_STAGES for stage in run.stages.values()):
             self._rows[key] = (signature, time.monotonic() + ENDED_ROW_S, (name, row))

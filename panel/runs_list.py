@@ -1,8 +1,11 @@
-"""The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward)."""
+"""The runs list's cells: what a user scans for in a day of runs (name, status, progress, latest reward, best
+held-out version)."""
 
 from panel.marks import mark
 
-RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "time · cost", "mode", "executor", "created"]
+# "best held-out": the best version's held-out score under the run's rule and its version, or "none beats base".
+RUNS_HEADERS = ["run", "name", "status", "progress", "reward", "best held-out", "time · cost", "mode", "executor",
+                "created"]
 # Each run stage's mark (`panel.marks`): a symbol any font draws, before the stage in words.
 BADGES = {"RUNNING": "running", "SCHEDULING": "scheduling", "COMPLETED": "completed", "ERROR": "failed",
           "CANCELED": "stopped", "DELETED": "stopped"}

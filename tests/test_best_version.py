@@ -304,3 +304,44 @@ def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(pa
             release.set()
             bob.close()
             carol.close()
+
+
+def _write_records(run: SyntheticRun, scores: dict[int, float]) -> None:
+    """One evaluation record per fragment, in version order (as the trainer writes them), without best/."""
+    folder = os.path.join(run.run_dir, layout.EVALS_DIR)
+    os.makedirs(folder, exist_ok=True)
+    for seq, (version, score) in enumerate(sorted(scores.items())):
+        with open(os.path.join(folder, layout.fragment_name("trainer", seq)), "w") as f:
+            f.write(json.dumps({"time": run.t0 + version, "step": 20 * version, "policy_version": version,
+                                "score": score, "rewards": {"digits": {"mean": score}}}) + "\n")
+
+
+def test_the_runs_list_shows_each_runs_best_held_out_version_from_its_best_json_not_its_records(panel, run,
+                                                                                                monkeypatch):
+    from backend.outcome.best_version import change_best_by
+    from backend.storage.store import FolderStore
+    from panel.runs_list import RUNS_HEADERS
+
+    hacked, fresh = SyntheticRun(panel.settings.home, 30), SyntheticRun(panel.settings.home, 20)
+    _write_records(hacked, {0: 0.6, 1: 0.3, 2: 0.5})       # no version beats the base model: no best/
+    _write_records(fresh, {0: 0.6})                         # only the base model evaluated so far
+    read = []
+    real_read = FolderStore.read_bytes
+    monkeypatch.setattr(FolderStore, "read_bytes", lambda self, path, start=0: read.append(path) or real_read(
+        self, path, start))
+
+    def cells() -> dict[str, str]:
+        return {row[0]: row[RUNS_HEADERS.index("best held-out")] for row in panel.runs_table()}
+
+    assert cells() == {run.spec.run_id: "0.520 · v7", hacked.spec.run_id: "none beats base",
+                       fresh.spec.run_id: ""}
+    assert sorted(p for p in read if "/evals/" in p) == [
+        f"runs/{r.spec.run_id}/evals/trainer-000000.jsonl" for r in sorted((hacked, fresh), key=lambda r: r.spec.run_id)
+    ], "best.json, and where there is none the first record (the base model's), not every record"
+
+    view = panel.view(run.spec.run_id)      # an open run: its held-out ranking, under the rule in force
+    view.refresh()
+    assert "held-out accuracy" in change_best_by(view, "accuracy")
+    with open(os.path.join(run.run_dir, layout.BEST_DIR, "best.json"), "w") as f:
+        json.dump({"policy_version": 3, "score": 0.0}, f)       # a stale best.json is not what an open run shows
+    assert cells()[run.spec.run_id] == "0.260 · v7"

@@ -14,6 +14,7 @@ from backend.plan.spec import RunSpec
 from backend.runs.access import Visitor
 from panel import spend_view
 from panel.actions import Panel
+from panel.runs_list import RUNS_HEADERS
 from tests.fakehub import FakeHub, FakeUser
 from tests.helpers import launch_reviewed
 
@@ -114,7 +115,7 @@ def test_spend_and_projection_are_exact_with_a_fake_clock_and_the_hubs_prices(hu
     header = spend_view.cost_markdown(from_view, 0.0, view.events)
     assert "$0.460 spent ($0.046/step)" in header and "projected $0.850 at step 100 (ETA 9 min 00 s" in header
     [row] = [r for r in panel.runs_table() if r[0] == run_id]
-    assert row[5] == "$0.460 → $0.850 · ETA 9 min"
+    assert row[RUNS_HEADERS.index("time · cost")] == "$0.460 → $0.850 · ETA 9 min"
     assert row[2:5] == ["● running", "█░░░░░░░░░ 10/100", "0.100"], row
 
     cost_at = spend_curve(registry.job_records(run_id), prices, clock.t)

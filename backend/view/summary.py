@@ -4,7 +4,10 @@
 changes), its job records (one listing serves every run), and its newest logged steps. The steps come from the view
 a dashboard keeps of the run when there is one; otherwise from the trainer's metric fragments through the same
 `FragmentReader` the dashboard uses, read from a cursor at most every `read_every_s` while a job is active, and once
-for a finished run (its newest fragments only).
+for a finished run (its newest fragments only). Its best held-out version comes from the view's held-out scores
+where a dashboard has read them, else from the run's published best.json (`best_version.published_best`: one small
+file, not its evaluation records), read as often as its metrics while a job is active and every `BEST_RECHECK_S` once
+it ended (the user may change the rule of a finished run).
 """
 
 import json
@@ -17,16 +20,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from backend.outcome.best_version import PublishedBest, held_out_best, published_best
 from backend.plan.cost import RATE_POINTS, RunCost, hourly_prices, run_cost, view_points
 from backend.plan.hardware import FlavorCache
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord, run_stage
 from backend.runtime import layout
 from backend.runtime.redact import redact_record
 from backend.storage.observers import FragmentReader
+from backend.view.runview import reading
 
 log = logging.getLogger(__name__)
 
 READ_EVERY_S = 10.0      # a live run's new metric fragments, read at most this often when no dashboard has them
+BEST_RECHECK_S = 60.0    # an ended run's best.json, read again this rarely (a change of its rule republishes it)
 
 
 def _NO_VIEW() -> None:      # a glance made without a view: stands in for a view's weak reference
@@ -44,6 +50,7 @@ class RunGlance:
     step: int | float | None = None      # the newest logged step, and its reward and time (None before the first)
     reward: int | float | None = None
     time: float | None = None
+    best: PublishedBest = field(default_factory=PublishedBest)    # its best held-out version, or none beats v0
 
     @property
     def latest(self) -> dict:
@@ -60,6 +67,8 @@ class _Followed:
     points: deque = field(default_factory=lambda: deque(maxlen=RATE_POINTS + 1))
     read_at: float = float("-inf")
     newest: dict = field(default_factory=dict)     # the newest logged step's record
+    best: PublishedBest = field(default_factory=PublishedBest)     # as published (best.json), when read
+    best_read_at: float = float("-inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -112,7 +121,27 @@ class RunSummaries:
         for record in records:       # newest first: each role's newest job
             stages.setdefault(record.role, record.stage)
         step, reward, t = (newest.get(k) for k in ("step", "reward", "time"))
-        return RunGlance(run_id, spec, run_stage(stages), cost, _number(step), _number(reward), _number(t))
+        held = getattr(view, "held_out", None) if not getattr(view, "bounded", True) else None
+        best = None
+        if held is not None:
+            with reading(view):     # a refresh or a history join may be changing its scores
+                best = held_out_best(held)
+        best = best or self._best(registry, run_id, records, followed)
+        return RunGlance(run_id, spec, run_stage(stages), cost, _number(step), _number(reward), _number(t), best)
+
+    def _best(self, registry, run_id: str, records: list[JobRecord], followed: _Followed) -> PublishedBest:
+        """The run's published best version, read again when due: as often as its metrics while a job is active,
+        every BEST_RECHECK_S once every job ended."""
+        bucket = next((r.bucket for r in records if r.bucket), None)
+        live = any(r.stage not in TERMINAL_STAGES for r in records)
+        with followed.lock:
+            if bucket and time.monotonic() - followed.best_read_at >= (self.read_every_s if live else BEST_RECHECK_S):
+                followed.best_read_at = time.monotonic()
+                try:
+                    followed.best = published_best(registry.store_for(bucket), run_id)
+                except Exception as exc:   # a failing bucket: the last one read stands
+                    log.debug("run %s: best.json unreadable for its summary: %s", run_id, exc)
+            return followed.best
 
     def cost(self, registry, run_id: str, view=None) -> tuple[RunCost, dict]:
         """The run's cost now and its spec (`glance`'s)."""
