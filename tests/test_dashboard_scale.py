@@ -353,6 +353,65 @@ def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_i
     assert [(e["event"], e["key"]) for e in written] == [("alert_cleared", "ratio")] and not sent
 
 
+class ReadCountingStore(FolderStore):
+    """A folder bucket that records each file it reads."""
+
+    def read_bytes(self, path, start=0):
+        self.read = [*getattr(self, "read", []), path]
+        return super().read_bytes(path, start)
+
+
+def _long_evaluated_run(root: str, versions: int, best: int) -> str:
+    """A run folder of `versions` evaluated versions and the base model's (v0), one record per fragment as the trainer
+    writes them, version `best` (far older than a first look reads) the best and published as best/."""
+    prefix = os.path.join(root, layout.run_prefix("long-evals"))
+    folder = os.path.join(prefix, layout.EVALS_DIR)
+    os.makedirs(folder)
+    for v in range(versions + 1):
+        score = 0.95 if v == best else 0.35 if v == 0 else 0.3 + 0.4 * ((v * 7919) % 101) / 101
+        with open(os.path.join(folder, layout.fragment_name("trainer", v)), "w") as f:
+            f.write(json.dumps({"time": 1.0e9 + v, "step": 20 * v, "policy_version": v, "n_prompts": 16,
+                                "score": score, "score_std": 0.01,
+                                "rewards": {"digits": {"mean": score, "weight": 1.0},
+                                            "distinct_chars": {"mean": 0.6 - v / 1e5, "weight": 0.0}},
+                                "samples": [{"prompt_index": 0, "prompt": "q", "completion": f"v{v}"}]}) + "\n")
+    os.makedirs(os.path.join(prefix, layout.BEST_DIR))
+    for name in layout.ADAPTER_FILES:
+        with open(os.path.join(prefix, layout.BEST_DIR, name), "w") as f:
+            f.write("{}")
+    with open(os.path.join(prefix, layout.BEST_DIR, layout.BEST_FILE), "w") as f:
+        json.dump({"policy_version": best, "step": 20 * best, "score": 0.95, "best_by": {}, "baseline": 0.35}, f)
+    return "long-evals"
+
+
+def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_and_joins_the_rest(tmp_path):
+    from backend.outcome.best_version import HeldOut
+    from backend.view.runview import EVALS_TAIL_FRAGMENTS
+
+    run_id = _long_evaluated_run(str(tmp_path), 5000, best=1234)
+    view = RunView(run_id, ReadCountingStore(str(tmp_path)), None, {})
+    view.refresh()
+    held = view.held_out
+    read = [p for p in view.store.read if f"/{layout.EVALS_DIR}/" in p]
+    assert len(read) == EVALS_TAIL_FRAGMENTS + 1, "the newest records and the base model's, not 5,001"
+    assert sorted(held.scores) == [0, *range(5001 - EVALS_TAIL_FRAGMENTS, 5001)]
+    assert held.best_version == 1234 and held.rule_score(1234) == 0.95, "best.json names it before its record is read"
+    assert held.baseline == 0.35 and held.best_files and view.history_pending and held.older_pending
+    chart = held.chart_records()
+    assert {0, 5000} <= set(chart) and len(chart) <= EVALS_TAIL_FRAGMENTS + 2
+
+    assert view.wait_for_history(120) and not held.older_pending
+    full = HeldOut(FolderStore(str(tmp_path)), run_id)      # every record at once
+    full.refresh()
+    assert len(full.scores) == 5001 and held.scores == full.scores and held.records == full.records
+    assert (held.best_version, held.baseline, held.evaluated) == (full.best_version, full.baseline, 5000) == (
+        1234, 0.35, 5000)
+    assert held.chart_records() == full.chart_records()
+    assert all(held.rule_score(v) == full.rule_score(v) for v in full.scores)
+    assert held.set_rule({"distinct_chars": 1.0}) and full.set_rule({"distinct_chars": 1.0})
+    assert held.best_version is None and full.best_version is None, "the monitor falls from v0: none beats it"
+
+
 def test_a_short_run_is_read_at_once(tmp_path):
     run = SyntheticRun(str(tmp_path), HISTORY_TAIL_FRAGMENTS * 10)
     view = _view(str(tmp_path), run)

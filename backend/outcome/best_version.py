@@ -72,10 +72,15 @@ def is_eval_record(record: dict) -> bool:
 class HeldOut:
     """The held-out scores of one run's versions, their samples and the best version, read incrementally."""
 
-    def __init__(self, store: BucketStore, run_id: str):
+    def __init__(self, store: BucketStore, run_id: str, tail: int | None = None):
+        """`tail`: how many of the newest evaluation fragments a first look at a long run reads (with the base
+        model's); the older ones are set aside for `take_older`, `read_older` and `join_older` (a RunView reads them
+        in the background). None: every record is read at once."""
         self.store, self.run_id = store, run_id
         self.prefix = layout.run_prefix(run_id)
-        self._reader = FragmentReader(store, f"{self.prefix}/{layout.EVALS_DIR}", check=is_eval_record)
+        self.reader = FragmentReader(store, f"{self.prefix}/{layout.EVALS_DIR}", check=is_eval_record,
+                                     defer={layout.TRAINER_WRITER: tail} if tail else None)
+        self._joining = False                   # older records taken to be read in the background, not joined yet
         self.scores: dict[int, HeldOutScore] = {}
         self.records: dict[int, dict] = {}       # version -> its record without samples (what the chart draws)
         self.samples: OrderedDict[int, list[dict]] = OrderedDict()     # version -> its held-out samples
@@ -90,30 +95,18 @@ class HeldOut:
 
     @property
     def unreadable(self) -> dict[str, int]:
-        return dict(self._reader.cursor.bad)
+        return dict(self.reader.cursor.bad)
 
     def refresh(self, full: bool = False) -> bool:
-        """Read new evaluation records; look at best/ again when there were any. Whether anything changed."""
-        new = self._reader.read(full)
-        if new:
-            self._ranked = None
-        if new:     # a new mapping, not one changed in place: a frame being drawn holds the old one
-            self.records = {**self.records, **{r["policy_version"]: redact_record(_chart_record(r)) for _w, r in new}}
-            self._sketch_scores([r for _w, r in new])
-        for _writer, record in new:
-            version = record["policy_version"]
-            std = record.get("score_std")
-            rewards = record.get("rewards") if isinstance(record.get("rewards"), dict) else {}
-            self.scores[version] = HeldOutScore(version, record["step"], float(record["score"]),
-                                                float(std) if _number(std) else None,
-                                                record.get("n_prompts") if type(record.get("n_prompts")) is int
-                                                else None, redact_record(rewards))
-            self._scored[version] = self._score_of(self.scores[version])
-            samples = [redact_record(s) for s in record.get("samples") or [] if _is_sample(s)]
-            self.samples.pop(version, None)
-            self.samples[version] = samples
-            while len(self.samples) > SAMPLE_VERSIONS_KEPT:
-                self.samples.popitem(last=False)
+        """Read new evaluation records; look at best/ again when there were any. Whether anything changed. A first
+        look at a long run reads the newest records and the base model's (v0: the baseline) only."""
+        first, pending = self.reader.listed_at == float("-inf"), self.older_pending
+        new = [record for _writer, record in self.reader.read(full)]
+        if first and self.reader.looking_back and 0 not in self.scores:
+            new += self._base_records()
+        self._add(new)
+        if self.older_pending != pending:
+            self._ranked = None         # best.json no longer stands in for the records (or now does)
         # best/ is republished just after the record of the version that beat it: while best.json names another
         # version than the highest score read, look again now and then.
         stale = self.best_version is not None and self.best_json.get("policy_version") != self.best_version
@@ -122,6 +115,79 @@ class HeldOut:
             return False
         self._best_read_at = time.monotonic()
         return self._read_best() or bool(new)
+
+    def _add(self, new: list[dict], samples: bool = True) -> None:
+        """Evaluation records read (newest last), into the scores, the chart's records and the ranking; their
+        samples too unless `samples` is False (older records: the newest versions' samples are the ones kept)."""
+        if not new:
+            return
+        self._ranked = None
+        # A new mapping, not one changed in place: a frame being drawn holds the old one.
+        self.records = {**self.records, **{r["policy_version"]: redact_record(_chart_record(r)) for r in new}}
+        self._sketch_scores(new)
+        for record in new:
+            version = record["policy_version"]
+            std = record.get("score_std")
+            rewards = record.get("rewards") if isinstance(record.get("rewards"), dict) else {}
+            self.scores[version] = HeldOutScore(version, record["step"], float(record["score"]),
+                                                float(std) if _number(std) else None,
+                                                record.get("n_prompts") if type(record.get("n_prompts")) is int
+                                                else None, redact_record(rewards))
+            self._scored[version] = self._score_of(self.scores[version])
+            if not samples:
+                continue
+            kept = [redact_record(s) for s in record.get("samples") or [] if _is_sample(s)]
+            self.samples.pop(version, None)
+            self.samples[version] = kept
+            while len(self.samples) > SAMPLE_VERSIONS_KEPT:
+                self.samples.popitem(last=False)
+
+    def _base_records(self) -> list[dict]:
+        """The base model's record for a first look that read only the newest ones: the trainer evaluates it first,
+        so it is in the first fragment (read again with the older ones, then kept as read here)."""
+        path = f"{self.reader.folder}/{layout.fragment_name(layout.TRAINER_WRITER, 0)}"
+        try:
+            decoded, _end = layout.fragment_records(self.store.read_bytes(path))
+        except (OSError, KeyError):
+            return []
+        return [r for r in decoded if r is not None and is_eval_record(r) and r["policy_version"] == 0]
+
+    # ---- the older records of a long run, read in the background (`RunView._start_history`)
+    @property
+    def older_pending(self) -> bool:
+        """Whether older records a first look left for later are still being found, read or joined: until they are,
+        the best version is ranked over the records read and the version best.json names."""
+        return self.reader.looking_back or bool(self.reader.deferred) or self._joining
+
+    def take_older(self) -> list:
+        """The older fragments to read now (called under the view's lock); `join_older` or `give_back` follows."""
+        fragments, self.reader.deferred = self.reader.deferred, []
+        self._joining = bool(fragments)
+        return fragments
+
+    def read_older(self, fragments: list) -> list[dict]:
+        """The records of `fragments`, oldest first (in a thread of its own: no state of this object changes)."""
+        return [record for batch in self.reader.read_deferred(fragments) for _writer, record in batch]
+
+    def join_older(self, older: list[dict]) -> None:
+        """Older records joined (called under the view's lock): a version read since keeps what was read since (a
+        resumed run evaluating it again)."""
+        self._joining, self._ranked = False, None
+        self._add([r for r in older if r["policy_version"] not in self.scores], samples=False)
+
+    def give_back(self, fragments: list) -> None:
+        """A background read failed: its fragments wait for the next try."""
+        self.reader.deferred = [*fragments, *self.reader.deferred]
+        self._joining, self._ranked = False, None
+
+    def _published(self) -> dict[int, float]:
+        """While older records are still unread: the best version best.json names and the base model's score it
+        quotes, where it was published under the rule in force, as the scores the records would give them."""
+        best = self.best_json
+        if not self.older_pending or not best or (best.get("best_by") or {}) != self.rule:
+            return {}
+        out = {best["policy_version"]: best.get("score"), 0: best.get("baseline")}
+        return {v: float(score) for v, score in out.items() if _number(score)}
 
     def adapter_name(self, version: int) -> str:
         """Version `version`'s name in this run (`layout.adapter_name` with the run's sweep member tag)."""
@@ -162,12 +228,15 @@ class HeldOut:
 
     def _rank(self) -> tuple[int | None, float | None]:
         if self._ranked is None:        # over scores kept as records arrived: a new record costs no re-scoring
-            self._ranked = best_of(self._scored)
+            published = self._published()
+            self._ranked = best_of({**published, **self._scored} if published else self._scored)
         return self._ranked
 
     def rule_score(self, version: int) -> float | None:
-        """A version's held-out score under the rule in force (None: not evaluated, or a named reward missing)."""
-        return self._scored.get(version)
+        """A version's held-out score under the rule in force (None: not evaluated, or a named reward missing; while
+        older records are unread, best.json's score of the version it names)."""
+        score = self._scored.get(version)
+        return self._published().get(version) if score is None and version not in self._scored else score
 
     @property
     def baseline(self) -> float | None:
@@ -199,6 +268,8 @@ class HeldOut:
             best = {}
         best = redact_record(best) if isinstance(best, dict) and type(best.get("policy_version")) is int else {}
         changed = best != self.best_json or [f.path for f in files] != [f.path for f in self._best_files]
+        if best != self.best_json and self.older_pending:
+            self._ranked = None         # the ranking reads best.json until every record is read
         self.best_json, self._best_files = best, files
         return changed
 

@@ -94,8 +94,11 @@ class AlertBook:
             self._learn(view.events)
             alerts = {a.key: a for a in current_alerts(view, now)}
             fired = [a for key, a in alerts.items() if key not in self.open]
-            # A summary view reads no held-out records: it can neither raise nor clear what only they show.
-            unknown = {HACKING_KIND} if getattr(view, "bounded", False) else set()
+            # A summary view reads no held-out records: it can neither raise nor clear what only they show; nor can
+            # a view still reading a long run's older ones.
+            held = getattr(view, "held_out", None)
+            unsure = getattr(view, "bounded", False) or getattr(held, "older_pending", False)
+            unknown = {HACKING_KIND} if unsure else set()
             cleared = [key for key in self.open if key not in alerts and key not in unknown]
             written = [records.event_record(records.ALERT, kind=a.kind, key=a.key, message=a.message) for a in fired]
             written += [records.event_record(records.ALERT_CLEARED, key=key) for key in cleared]

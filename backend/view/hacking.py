@@ -66,7 +66,8 @@ def hacking_sign(held) -> HackingSign | None:
             continue
         if then - now >= MONITOR_FALL and then - now >= MONITOR_FALL_SHARE * abs(then):
             fallen.append(f"monitor **{name}** fell {then:.3f} → {now:.3f}")
-        elif max(then, now) <= FLOOR and rise >= FLOOR_RISE and _at_floor_throughout(scores, name):
+        elif (max(then, now) <= FLOOR and rise >= FLOOR_RISE and not getattr(held, "older_pending", False)
+              and _at_floor_throughout(scores, name)):     # "throughout": once every record is read
             fallen.append(f"monitor **{name}** stayed at its floor ({now:.3f})")
     share, base_share = _collapsed_share(held.samples.get(newest, [])), _collapsed_share(held.samples.get(base, []))
     collapse = share is not None and share >= COLLAPSED_SHARE and (base_share or 0) < COLLAPSED_SHARE

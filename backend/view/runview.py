@@ -54,6 +54,10 @@ HISTORY_TAIL_SAMPLES = 1200
 # from events (versions, open alerts, the trainer's end, its engine) is derived again from all of them. Readers
 # that must see every event wait for them (`wait_for_events`); the alerts wait by themselves (`events_loading`).
 EVENTS_TAIL_FRAGMENTS = 100
+# Of the held-out evaluation records (one fragment per evaluated version), a first look reads the newest ones and the
+# base model's: the best version (best.json names it until its record is read) and the chart appear at once; the
+# older records are joined in the background, after which the ranking is over every record.
+EVALS_TAIL_FRAGMENTS = 100
 CANARY_KEPT = 10            # the proxy's newest serving proofs a first look reads (the view keeps the last)
 # A bounded view (the background watch's summary of a live run nobody watches) keeps only what the alerts and the
 # runs list read: the newest steps, the events but adapter versions, the newest resource samples.
@@ -158,7 +162,8 @@ class RunView:
                                        check=lambda r: isinstance(r.get("completion"), str),
                                        latest_only={layout.TRAINER_WRITER: SAMPLE_STEPS_KEPT})
         self.samples: deque[dict] = deque(maxlen=SAMPLE_STEPS_KEPT * 4)
-        self.held_out = HeldOut(store, run_id)    # held-out scores per version, their samples, the best version
+        # Held-out scores per version, their samples, the best version (a first look reads the newest records).
+        self.held_out = HeldOut(store, run_id, tail=EVALS_TAIL_FRAGMENTS)
         self.serving: dict = {}               # the proxy's newest serving proof (distributed runs)
         self.open_alerts: dict[str, dict] = {}   # alert key -> the event that fired it, until one clears it
         self.best_by_change: dict = {}       # the newest best_by_changed event: the user's rule, over the spec's
@@ -182,6 +187,7 @@ class RunView:
         self._history_retry_at = float("-inf")
         self._history: threading.Thread | None = None    # reads a long run's history in the background
         self._event_history: threading.Thread | None = None     # and its older events
+        self._evals_history: threading.Thread | None = None     # and its older held-out records
 
     # ---- derived
     @property
@@ -330,7 +336,8 @@ class RunView:
                 changed |= self._refresh_job(job)
             # Settled once every job is over and the bucket was read in full after that (once a first look's
             # background listings are read: the full read lists again).
-            if self.done and not self._settled and not (self._metrics.looking_back or self._events.looking_back):
+            if self.done and not self._settled and not (self._metrics.looking_back or self._events.looking_back
+                                                        or self.held_out.reader.looking_back):
                 changed |= self._refresh_fragments(True)
                 changed |= self._refresh_adapters(True)
                 self._settled = True
@@ -343,7 +350,7 @@ class RunView:
     def history_pending(self) -> bool:
         """Whether older rows or events a first look left for later are still being found or read."""
         return (_alive(self._history) or self.events_loading or self._metrics.looking_back
-                or bool(self._metrics.deferred))
+                or bool(self._metrics.deferred) or self.held_out.older_pending)
 
     @property
     def events_loading(self) -> bool:
@@ -353,8 +360,8 @@ class RunView:
 
     def wait_for_history(self, timeout: float | None = None) -> bool:
         """Wait until the history is read (for a one-off drawing such as Compare); True if it is."""
-        return self._wait(lambda: self.history_pending, (self._metrics, self._events),
-                          lambda: (self._history, self._event_history), timeout)
+        return self._wait(lambda: self.history_pending, (self._metrics, self._events, self.held_out.reader),
+                          lambda: (self._history, self._event_history, self._evals_history), timeout)
 
     def wait_for_events(self, timeout: float | None = None) -> bool:
         """Wait until every event is read (for what must see them all: a resume plan, "try it"); True if it is."""
@@ -395,6 +402,11 @@ class RunView:
             self._event_history = threading.Thread(target=self._read_event_history, args=(fragments,),
                                                    name=f"events-{self.run_id}", daemon=True)
             self._event_history.start()
+        if self.held_out.reader.deferred and not self.bounded and not _alive(self._evals_history):
+            older = self.held_out.take_older()
+            self._evals_history = threading.Thread(target=self._read_evals_history, args=(older,),
+                                                   name=f"evals-{self.run_id}", daemon=True)
+            self._evals_history.start()
         if _alive(self._history):
             return
         fragments, self._metrics.deferred = self._metrics.deferred, []
@@ -485,6 +497,19 @@ class RunView:
             with self._lock:
                 self._events.deferred = [*fragments, *self._events.deferred]
                 self._history_failed(e, "older events")
+
+    def _read_evals_history(self, fragments: list) -> None:
+        """The held-out records before what a first look read, joined behind those read since (one pass under the
+        lock): the ranking is then over every record."""
+        try:
+            older = self.held_out.read_older(fragments)
+            with self._lock:
+                self.held_out.join_older(older)
+                self._history_read()
+        except Exception as e:  # the dashboard goes on with the records it has, and reads them again
+            with self._lock:
+                self.held_out.give_back(fragments)
+                self._history_failed(e, "older held-out records")
 
     def _history_read(self) -> None:
         """A background read joined what it read (called under the lock): any earlier failure is over."""
