@@ -385,7 +385,7 @@ def _long_evaluated_run(root: str, versions: int, best: int) -> str:
 
 
 def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_and_joins_the_rest(tmp_path):
-    from backend.outcome.best_version import HeldOut
+    from backend.outcome.best_version import HeldOut, change_best_by
     from backend.view.runview import EVALS_TAIL_FRAGMENTS
 
     run_id = _long_evaluated_run(str(tmp_path), 5000, best=1234)
@@ -410,6 +410,12 @@ def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_an
     assert all(held.rule_score(v) == full.rule_score(v) for v in full.scores)
     assert held.set_rule({"distinct_chars": 1.0}) and full.set_rule({"distinct_chars": 1.0})
     assert held.best_version is None and full.best_version is None, "the monitor falls from v0: none beats it"
+
+    again = RunView(run_id, FolderStore(str(tmp_path)), None, {})     # a change of rule on a first look
+    again.refresh()
+    assert again.held_out.older_pending and again.held_out.best_version == 1234
+    assert "no version beats the base model" in change_best_by(again, "distinct_chars")
+    assert len(again.held_out.scores) == 5001, "ranked over every record, not the first look's"
 
 
 def test_a_short_run_is_read_at_once(tmp_path):

@@ -43,6 +43,7 @@ SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (
 CHART_GROUPS, CHART_NEWEST = 100, 50
 CHOICES_SHOWN = 50              # versions offered in a picker besides best and final (the newest)
 BEST_RECHECK_S = 10.0           # how often best/ is looked at again while it lags behind the scores read
+OLDER_WAIT_S = 30.0             # how long a change of rule waits for a long run's older records (being read)
 
 
 class ChoiceError(ValueError):
@@ -516,6 +517,11 @@ def change_best_by(view, text: str) -> str:
     none beats the base model), the change recorded as a best_by_changed event (which a running trainer reads back
     before its next evaluation). Returns what it did, in words; BestByRefused or ChoiceError when it cannot."""
     view.refresh()
+    if view.held_out.older_pending and hasattr(view, "wait_for_history"):
+        view.wait_for_history(OLDER_WAIT_S)     # ranked over every record, not a first look's newest
+    if view.held_out.older_pending:
+        raise BestByRefused("best_by: this long run's older held-out records are still being read; change it again "
+                            "in a moment (nothing was changed)")
     if view.spec.get("eval_source", "none") == "none" and not view.held_out.scores:
         raise BestByRefused("best_by: this run has no held-out set, so no best version to choose")
     try:
