@@ -201,9 +201,8 @@ def best_line(view) -> str:
     best = held.best_version
     if best is None:
         return ""
-    score = score_text(held.scores.get(best))
-    if held.rule:
-        score = f"{held.rule_score(best):.3f}"
+    score = held.scores.get(best)        # (not read yet on a first look at a long run: best.json's score then)
+    score = f"{held.rule_score(best):.3f}" if held.rule or score is None else score_text(score)
     return f" · best **{held.adapter_name(best)}** (held-out {score}) by {rule}{base}"
 
 

@@ -397,6 +397,7 @@ def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_an
     assert sorted(held.scores) == [0, *range(5001 - EVALS_TAIL_FRAGMENTS, 5001)]
     assert held.best_version == 1234 and held.rule_score(1234) == 0.95, "best.json names it before its record is read"
     assert held.baseline == 0.35 and held.best_files and view.history_pending and held.older_pending
+    assert "best **trl-policy-v1234** (held-out 0.950)" in dashboard.best_line(view)
     chart = held.chart_records()
     assert {0, 5000} <= set(chart) and len(chart) <= EVALS_TAIL_FRAGMENTS + 2
 
