@@ -9,7 +9,16 @@ import re
 
 import pytest
 
-from tests.browser_helpers import CHROMIUM, panel_page, running_panel, set_number, text_of, wait_for_text
+from panel.runs_list import RUNS_HEADERS
+from tests.browser_helpers import (
+    CHROMIUM,
+    open_runs_list,
+    panel_page,
+    running_panel,
+    set_number,
+    text_of,
+    wait_for_text,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 STEPS = 40
@@ -122,3 +131,11 @@ def test_two_local_runs_with_different_learning_rates_are_overlaid_with_their_se
                                " return el && el.layout.xaxis.title.text === t; }", arg=title, timeout=30000)
     mean = next(t for t in _traces(page, "reward-plot") if t["name"] == "mean reward")
     assert mean["x"][0] >= 0 and len(mean["x"]) == STEPS and mean["x"][-1] > mean["x"][0], mean
+
+    # The runs list shows each run's best held-out score and version, as the Compare tab ranks them.
+    open_runs_list(page)
+    column = RUNS_HEADERS.index("best held-out")
+    listed = {r[0]: r for r in _rows(page, "runs-table") if r}
+    for row in best:
+        want = f"{row[4]} · {row[3]}" if row[3].startswith("v") else "none beats base"
+        assert listed[row[0]][column] == want, (row, listed[row[0]])
