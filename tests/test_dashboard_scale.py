@@ -640,3 +640,34 @@ def test_the_runs_list_of_a_home_of_ended_runs_costs_what_changed(tmp_path, monk
         assert rows[0][0] == "done-060" and rows[1:] == first[:49] and reads == [1]
     finally:
         panel.shutdown()
+
+
+def test_a_runs_summary_reads_its_published_best_again_once_its_jobs_have_ended(tmp_path):
+    from types import SimpleNamespace
+
+    from backend.plan.jobspec import JobRecord
+    from backend.view.summary import RunSummaries
+
+    run_id = "ended-best"
+    best = os.path.join(str(tmp_path), layout.run_prefix(run_id), layout.BEST_DIR)
+    os.makedirs(best)
+
+    def publish(version: int, score: float) -> None:
+        with open(os.path.join(best, layout.BEST_FILE), "w") as f:
+            json.dump({"policy_version": version, "score": score, "best_by": {}, "baseline": 0.1}, f)
+
+    records = {"stage": "RUNNING"}
+    registry = SimpleNamespace(
+        job_records=lambda _id: [JobRecord("j", run_id, "trainer", records["stage"], 1.0, bucket="local/b")],
+        store_for=lambda _bucket: FolderStore(str(tmp_path)), engine=SimpleNamespace(billed=False), executor=None)
+    clock = [1000.0]
+    summaries = RunSummaries(clock=lambda: clock[0])
+    publish(3, 0.4)
+    assert summaries.glance(registry, run_id).best.text == "0.400 · v3"
+    publish(9, 0.7)             # the last version's evaluation, then the trainer ends
+    records["stage"] = "COMPLETED"
+    clock[0] += 1
+    assert summaries.glance(registry, run_id).best.text == "0.700 · v9", "read again once it ended"
+    publish(4, 0.5)             # (a change of rule on the ended run shows within BEST_RECHECK_S: not read now)
+    clock[0] += 1
+    assert summaries.glance(registry, run_id).best.text == "0.700 · v9"

@@ -69,6 +69,7 @@ class _Followed:
     newest: dict = field(default_factory=dict)     # the newest logged step's record
     best: PublishedBest = field(default_factory=PublishedBest)     # as published (best.json), when read
     best_read_at: float = float("-inf")
+    best_read_live: bool = False        # whether it was read while a job was active (read again once all ended)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -131,12 +132,15 @@ class RunSummaries:
 
     def _best(self, registry, run_id: str, records: list[JobRecord], followed: _Followed) -> PublishedBest:
         """The run's published best version, read again when due: as often as its metrics while a job is active,
-        every BEST_RECHECK_S once every job ended."""
+        at once when every job has ended (the last version's evaluation may have moved it), then every
+        BEST_RECHECK_S."""
         bucket = next((r.bucket for r in records if r.bucket), None)
         live = any(r.stage not in TERMINAL_STAGES for r in records)
         with followed.lock:
-            if bucket and time.monotonic() - followed.best_read_at >= (self.read_every_s if live else BEST_RECHECK_S):
-                followed.best_read_at = time.monotonic()
+            since = time.monotonic() - followed.best_read_at
+            due = since >= (self.read_every_s if live else BEST_RECHECK_S) or (followed.best_read_live and not live)
+            if bucket and due:
+                followed.best_read_at, followed.best_read_live = time.monotonic(), live
                 try:
                     followed.best = published_best(registry.store_for(bucket), run_id)
                 except Exception as exc:   # a failing bucket: the last one read stands
