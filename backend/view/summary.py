@@ -6,8 +6,8 @@ a dashboard keeps of the run when there is one; otherwise from the trainer's met
 `FragmentReader` the dashboard uses, read from a cursor at most every `read_every_s` while a job is active, and once
 for a finished run (its newest fragments only). Its best held-out version comes from the view's held-out scores
 where a dashboard has read them, else from the run's published best.json (`best_version.published_best`: one small
-file, not its evaluation records), read as often as its metrics while a job is active and every `BEST_RECHECK_S` once
-it ended (the user may change the rule of a finished run).
+file, not its evaluation records), read as often as its metrics while a job is active, again once its jobs ended, then
+every `BEST_REREAD_S` (the user may change the rule of a finished run).
 """
 
 import json
@@ -32,7 +32,7 @@ from backend.view.runview import reading
 log = logging.getLogger(__name__)
 
 READ_EVERY_S = 10.0      # a live run's new metric fragments, read at most this often when no dashboard has them
-BEST_RECHECK_S = 60.0    # an ended run's best.json, read again this rarely (a change of its rule republishes it)
+BEST_REREAD_S = 60.0    # an ended run's best.json, read again this rarely (a change of its rule republishes it)
 
 
 def _NO_VIEW() -> None:      # a glance made without a view: stands in for a view's weak reference
@@ -133,12 +133,12 @@ class RunSummaries:
     def _best(self, registry, run_id: str, records: list[JobRecord], followed: _Followed) -> PublishedBest:
         """The run's published best version, read again when due: as often as its metrics while a job is active,
         at once when every job has ended (the last version's evaluation may have moved it), then every
-        BEST_RECHECK_S."""
+        BEST_REREAD_S."""
         bucket = next((r.bucket for r in records if r.bucket), None)
         live = any(r.stage not in TERMINAL_STAGES for r in records)
         with followed.lock:
             since = time.monotonic() - followed.best_read_at
-            due = since >= (self.read_every_s if live else BEST_RECHECK_S) or (followed.best_read_live and not live)
+            due = since >= (self.read_every_s if live else BEST_REREAD_S) or (followed.best_read_live and not live)
             if bucket and due:
                 followed.best_read_at, followed.best_read_live = time.monotonic(), live
                 try:
