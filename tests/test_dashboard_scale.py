@@ -668,6 +668,6 @@ def test_a_runs_summary_reads_its_published_best_again_once_its_jobs_have_ended(
     records["stage"] = "COMPLETED"
     clock[0] += 1
     assert summaries.glance(registry, run_id).best.text == "0.700 · v9", "read again once it ended"
-    publish(4, 0.5)             # (a change of rule on the ended run shows within BEST_RECHECK_S: not read now)
+    publish(4, 0.5)             # (a change of rule on the ended run shows within BEST_REREAD_S: not read now)
     clock[0] += 1
     assert summaries.glance(registry, run_id).best.text == "0.700 · v9"
