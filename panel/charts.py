@@ -1,7 +1,7 @@
 """Dashboard figures from a run's bounded series. Plain functions returning plotly's JSON as dicts: no plotly
 objects (their validation cost more than the data) and unit-testable without a browser.
 
-Every trace is drawn from a `Sketch` (backend/view/series.py): at most a few hundred points whatever the run's
+Every trace is drawn from a `Sketch` (backend/storage/series.py): at most a few hundred points whatever the run's
 length, extremes kept, the newest points as they are. Charts share one x axis choice (steps, or wall time in
 minutes since the run started, resource charts included), one colour per metric and per job, an optional
 exponential moving average with the raw series kept faint behind it (as TensorBoard and W&B draw it), units on

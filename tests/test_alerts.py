@@ -13,11 +13,11 @@ import pytest
 
 from backend.plan.jobspec import JobStatus
 from backend.runtime import layout
+from backend.storage.series import SeriesTable
 from backend.storage.store import FolderStore
 from backend.view import diagnose
 from backend.view.alerts import AlertBook, WebhookStore, current_alerts
 from backend.view.diagnose import Alert
-from backend.view.series import SeriesTable
 
 
 def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()):

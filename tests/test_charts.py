@@ -3,8 +3,8 @@
 import json
 
 from backend.executors.base import ResourceSample
+from backend.storage.series import SeriesTable
 from backend.view.runview import ResourceUsage
-from backend.view.series import SeriesTable
 from panel import charts
 
 STEP = charts.ChartOptions()

@@ -7,9 +7,9 @@ from backend.plan.cost import spend_knots
 from backend.plan.engines import engine
 from backend.plan.jobspec import JobRecord
 from backend.plan.spec import RunSpec
+from backend.storage.series import SeriesTable
 from backend.view.compare import config_diff, metric_points, on_axis
 from backend.view.runview import ResourceUsage
-from backend.view.series import SeriesTable
 from panel import charts, compare_view
 
 T0 = 1_800_000_000.0

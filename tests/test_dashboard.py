@@ -184,7 +184,7 @@ def test_a_local_jobs_exit_message_quotes_its_real_error_not_its_last_line(tmp_p
 
 
 def _header_view(**kw):
-    from backend.view.series import SeriesTable
+    from backend.storage.series import SeriesTable
 
     view = _view(**kw)
     extra = dict(run_id="r", stage="ERROR", degraded="", latest={}, engine="", history_pending=False,

@@ -9,6 +9,7 @@ import time
 
 from backend.runtime import layout
 from backend.storage.observers import FragmentReader
+from backend.storage.series import SeriesTable
 from backend.storage.store import FolderStore
 from backend.view.runview import (
     FIRST_LOOK_LOG_LINES,
@@ -17,7 +18,6 @@ from backend.view.runview import (
     MAX_LOG_LINES,
     RunView,
 )
-from backend.view.series import SeriesTable
 from panel import dashboard, live
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))

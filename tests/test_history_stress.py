@@ -9,9 +9,9 @@ import time
 from backend.executors.local import LocalExecutor
 from backend.runtime import layout
 from backend.storage.observers import FragmentReader
+from backend.storage.series import SeriesTable
 from backend.storage.store import FolderStore
 from backend.view.runview import RunView, _with_band
-from backend.view.series import SeriesTable
 from panel import charts, dashboard
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))

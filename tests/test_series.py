@@ -3,7 +3,7 @@
 import itertools
 import random
 
-from backend.view.series import SeriesTable, Sketch
+from backend.storage.series import SeriesTable, Sketch
 
 
 def _from_scratch(points, width):

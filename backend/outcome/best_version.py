@@ -33,8 +33,8 @@ from backend.runtime.best_rule import (
 from backend.runtime.redact import redact_record
 from backend.runtime.user_code import reward_function_names
 from backend.storage.observers import FragmentReader, adapter_folder_files
+from backend.storage.series import Sketch
 from backend.storage.store import BucketStore, StoredFile
-from backend.view.series import Sketch
 
 FINAL, BEST = "final", "best"
 SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (the newest)

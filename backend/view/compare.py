@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 from backend.plan.spec import RunSpec
 from backend.runtime.best_rule import rule_text
+from backend.storage.series import Sketch
 from backend.view.axes import wall_minutes
 from backend.view.runview import reading
-from backend.view.series import Sketch
 
 X_AXES = ("step", "wall time", "dollars")
 IDENTITY_FIELDS = ("run_id", "created_at")       # always differ; they name the runs, they are not settings

@@ -29,8 +29,8 @@ from backend.storage.observers import (
     find_adapter_version,
     list_adapter_versions,
 )
+from backend.storage.series import SeriesTable, Sketch
 from backend.storage.store import BucketStore
-from backend.view.series import SeriesTable, Sketch
 from backend.view.servers import server_name, server_role, servers_per_job
 
 log = logging.getLogger(__name__)
