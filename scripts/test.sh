@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The whole suite as CI runs it (README: "Run the tests"), on WORKERS pytest-xdist workers (default 2, one a core):
+# The whole suite as CI runs it (README: "Run the tests"), in one process (WORKERS=N: on N pytest-xdist workers):
 #   1. lint and the unit tier, stopping at the first failure (a few minutes at most, before anything long starts);
 #   2. the integration and browser tiers, the longest work first, tests that share a set-up on one worker and the
 #      tests that start vLLM servers or a Ray cluster one at a time on one worker (tests/conftest.py: "scheduling"),
 #      the 25 slowest tests listed at the end.
-# Extra arguments go to both pytest runs (e.g. -k, --timeout). WORKERS=1 runs without xdist.
+# Extra arguments go to both pytest runs (e.g. -k, --timeout). One worker is the default: on the 2-core machine the
+# suite's CPU-bound tests (vLLM, training) slow each other down side by side, so 2 workers took longer (CI: 38 min
+# against 33 min on one) and pushed waits past their limits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-WORKERS=${WORKERS:-2}
+WORKERS=${WORKERS:-1}
 parallel=()
 if [[ "$WORKERS" != 1 ]]; then
   parallel=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder)

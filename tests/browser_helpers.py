@@ -154,7 +154,7 @@ def open_runs_list(page) -> None:
     table = page.locator("#runs-table")
     if not table.is_visible():
         page.locator("#runs-list").get_by_text("All runs", exact=True).click()
-        table.wait_for(state="visible", timeout=10000)
+        table.wait_for(state="visible", timeout=30000)
 
 
 def launch_message(page) -> str:

@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: order[item.nodeid])   # stable: a file's tests keep their order
 
 
-# ---- scheduling: what runs together, and what first (scripts/test.sh runs the suite on 2 workers, --dist loadgroup)
+# ---- scheduling: what runs together, and what first (WORKERS=2 scripts/test.sh: 2 workers, --dist loadgroup)
 
 # Session-wide set-ups (conftest fixtures): the tests that use one run on the worker that made it: it is made once.
 SESSION_SETUPS = ("vllm_pool",)

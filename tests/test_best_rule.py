@@ -70,6 +70,16 @@ def _adapter(folder, text: str) -> str:
     return str(folder)
 
 
+def test_no_version_is_published_as_best_while_none_beats_the_base_model(tmp_path):
+    best = BestVersion(str(tmp_path), "digits")
+    assert best.offer(record(0, 0.5, digits=0.5), None) is False
+    assert best.offer(record(1, 0.5, digits=0.5), _adapter(tmp_path / "v1", "v1")) is False, "a tie is no win"
+    assert best.offer(record(2, 0.25, digits=0.25), _adapter(tmp_path / "v2", "v2")) is False
+    assert not (tmp_path / layout.BEST_DIR).exists() and best.best is None
+    assert best.offer(record(3, 0.75, digits=0.75), _adapter(tmp_path / "v3", "v3")) is True
+    assert json.loads((tmp_path / layout.BEST_DIR / layout.BEST_FILE).read_text())["policy_version"] == 3
+
+
 def test_the_trainer_keeps_best_under_the_rule_in_force_read_back_from_the_users_change(tmp_path):
     best = BestVersion(str(tmp_path), "digits", {"varied": 1.0})
     assert best.offer(record(0, 0.1, digits=0.1, varied=0.2), None) is False, "the base model is never published"

@@ -106,7 +106,7 @@ def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_lau
     set_number(page, "f-adam_beta2", 1)
     page.get_by_text("GRPO training", exact=True).click()       # closed again: the refusal opens it
     page.wait_for_function("() => document.querySelector('#f-adam_beta2') === null || "
-                           "document.querySelector('#f-adam_beta2').offsetParent === null", timeout=10000)
+                           "document.querySelector('#f-adam_beta2').offsetParent === null", timeout=30000)
     set_number(page, "f-max_steps", 0)                         # on the first screen, beside Launch
     page.locator("#launch-btn").click()
     message = wait_for_launch_answer(page)
@@ -116,7 +116,7 @@ def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_lau
     assert "Steps (max_steps): must be between 1 and 1,000,000" in message, message
     page.wait_for_function("() => { const e = document.getElementById('f-adam_beta2'); "
                            "return e && e.offsetParent !== null && e.classList.contains('field-error'); }",
-                           timeout=10000)
+                           timeout=30000)
     assert _marked(page, "f-lora_r") and _marked(page, "f-max_steps") and not _marked(page, "f-learning_rate")
 
     set_number(page, "f-lora_r", 8)
@@ -126,7 +126,7 @@ def test_bad_input_is_refused_by_its_label_in_its_opened_section_and_nothing_lau
     page.wait_for_function("() => /job\\(s\\) of run/.test(document.getElementById('launch-msg').innerText)",
                            timeout=30000)
     page.wait_for_function("() => !document.getElementById('f-lora_r').classList.contains('field-error')",
-                           timeout=10000)
+                           timeout=30000)
     assert not _marked(page, "f-max_steps") and not _marked(page, "f-adam_beta2"), "a fixed field is no longer marked"
 
 
@@ -139,11 +139,11 @@ def test_the_form_shows_the_sections_of_the_chosen_mode(page):
 
     assert shown() == [True, False], "the tiny demo is colocated"
     page.locator("#f-mode").get_by_text("distributed", exact=True).click()
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
-    page.get_by_text("Distributed (async GRPO)", exact=True).wait_for(state="visible", timeout=10000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=30000)
+    page.get_by_text("Distributed (async GRPO)", exact=True).wait_for(state="visible", timeout=30000)
     assert shown() == [False, True]
     page.locator("#f-mode").get_by_text("colocated", exact=True).click()
-    page.get_by_text("vLLM (colocated)", exact=True).wait_for(state="visible", timeout=10000)
+    page.get_by_text("vLLM (colocated)", exact=True).wait_for(state="visible", timeout=30000)
     assert shown() == [True, False]
 
 
@@ -318,7 +318,7 @@ def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_t
     replica jobs): each server is a replica to the proxy, and the canary proves each serves the newest version."""
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny distributed (CPU, 2 vLLM replicas)").click()
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=10000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=30000)
     page.get_by_text("GRPO training", exact=True).click()
     set_number(page, "f-max_steps", 4)
     page.get_by_text("Distributed (async GRPO)", exact=True).click()

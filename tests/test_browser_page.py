@@ -116,7 +116,7 @@ def test_an_opened_run_shows_its_header_and_key_charts_on_the_first_screen_with_
     links = screen.locator("#jump-bar a").evaluate_all("(els) => els.map(e => e.getAttribute('href'))")
     assert all(screen.locator(href).count() == 1 for href in links) and len(links) >= 5, links
     screen.locator("#jump-bar a", has_text="Log").click()
-    screen.wait_for_function("() => window.scrollY > 900", timeout=10000)
+    screen.wait_for_function("() => window.scrollY > 900", timeout=30000)
     bar = screen.evaluate("() => document.getElementById('jump-bar').getBoundingClientRect().toJSON()")  # fixed: no
     log_box = box(screen, "log-box")                                                         # offsetParent
     assert screen.locator("#jump-bar").is_visible() and bar["height"] > 0, bar
@@ -170,7 +170,7 @@ def test_a_charts_toolbar_leaves_its_title_readable_on_a_phone(app, browser):
             page.wait_for_function("(id) => !!document.querySelector(`#${id} .js-plotly-plot .gtitle`)", arg=elem_id,
                                    timeout=30000)
             page.locator(f"#{elem_id} .js-plotly-plot").hover()
-            page.locator(f"#{elem_id} .modebar").wait_for(state="visible", timeout=10000)
+            page.locator(f"#{elem_id} .modebar").wait_for(state="visible", timeout=30000)
             overlap = page.evaluate("""(id) => {
                 const plot = document.getElementById(id);
                 const [a, b] = ['.modebar', '.gtitle'].map((s) => plot.querySelector(s).getBoundingClientRect());

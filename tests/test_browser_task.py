@@ -37,7 +37,7 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny task: your reward code on a JSONL file (CPU)").click()
     page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('tiny-math.jsonl')",
-                           timeout=10000)
+                           timeout=30000)
 
     # A reward that does not return a list is refused by the check, naming the field.
     _write_code(page, "def broken(completions, **kwargs):\n    return 1.0\n")

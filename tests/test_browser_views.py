@@ -221,7 +221,7 @@ def test_a_row_click_opens_a_failed_run_with_its_cause_on_top_and_its_address_re
     title = next(i for i, line in enumerate(lines) if line.startswith(f"Run {run_id}"))
     assert lines[title + 1] == f"✗ Failed: trainer: exited with code 127; see the log — {CAUSE}", lines[:4]
     page.wait_for_function("(id) => new URL(window.location.href).searchParams.get('run') === id", arg=run_id,
-                           timeout=10000)
+                           timeout=30000)
 
     page.goto(f"{url}/?run={run_id}")
     status = wait_for_text(page, "run-status", re.escape(run_id), 60000)
@@ -279,14 +279,14 @@ def test_new_run_from_this_fills_the_form_and_presets_set_every_field(app, page)
         page.get_by_role("option", name=preset).click()
         if preset == big:   # under the picker: what the preset takes from its published source, and why not the rest
             page.wait_for_function("() => /Follows the async GRPO/.test(document.getElementById('preset-note')"
-                                   ".innerText)", timeout=10000)
+                                   ".innerText)", timeout=30000)
             note = text_of(page, "preset-note")
             assert "flavor = h200 (study: h200x2): h200, not h200x2" in note, note
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]').checked", timeout=10000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]').checked", timeout=30000)
     page.get_by_text("GRPO training", exact=True).click()
     page.get_by_text("LoRA", exact=True).click()
     page.wait_for_function("(ids) => ids.every(id => document.querySelector('#' + id + ' input') !== null)",
-                           arg=[f"f-{f}" for f in fields], timeout=10000)
+                           arg=[f"f-{f}" for f in fields], timeout=30000)
     assert {f: float(_number(page, f"f-{f}")) for f in fields} == wanted
 
 

@@ -102,10 +102,15 @@ def test_every_synced_version_is_scored_on_the_held_out_set_by_the_replicas_and_
         assert record["score"] == pytest.approx(rewards["digits"]["mean"] + rewards["format"]["mean"])
         assert [s["prompt_index"] for s in record["samples"]] == [0, 1, 2, 3]
         assert "Count from 5 to 15." in record["samples"][0]["prompt"], "the held-out split, not a training prompt"
-    best = json.loads(open(os.path.join(run_dir, "best", "best.json")).read())
     base, versions = records[0], records[1:]
     top = max(versions, key=lambda r: r["score"])
-    assert top["score"] > base["score"], "the run's best version beats the base model (else best/ stays empty)"
+    best_dir = os.path.join(run_dir, "best")
+    if top["score"] <= base["score"]:
+        # Three steps on a random tiny model need not beat the base model (rollouts arrive in any order): then no
+        # version is the best and best/ is never published (tests/test_best_version.py covers both ways by hand).
+        assert not os.path.exists(best_dir), os.listdir(best_dir)
+        return
+    best = json.loads(open(os.path.join(best_dir, "best.json")).read())
     assert best["score"] == top["score"] and best["policy_version"] == min(
         r["policy_version"] for r in versions if r["score"] == top["score"])
     assert best["baseline"] == base["score"]

@@ -58,7 +58,7 @@ def _dashboard_jobs(address: str) -> str:
 def _open(page, section: str, field: str) -> None:
     if not field_box(page, field).is_visible():
         page.get_by_text(section, exact=True).click()
-        field_box(page, field).wait_for(state="visible", timeout=10000)
+        field_box(page, field).wait_for(state="visible", timeout=30000)
 
 
 def _http_status(method: str, url: str) -> int:
@@ -74,7 +74,7 @@ def _form(page, preset: str, mount: str, steps: int) -> None:
     page.get_by_role("tab", name="Launch").click()
     page.locator("#preset input").first.click()
     page.get_by_role("option", name=preset).click()
-    page.wait_for_function("(p) => document.querySelector('#preset input').value === p", arg=preset, timeout=10000)
+    page.wait_for_function("(p) => document.querySelector('#preset input').value === p", arg=preset, timeout=30000)
     page.locator("#f-executor").get_by_text("ray", exact=True).click()
     _open(page, "Hardware and storage", "mount_path")
     keep_value(page, field_box(page, "mount_path"), mount, "#f-mount_path")
@@ -173,7 +173,7 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         _open(page, "Distributed (async GRPO)", "vllm_flavor")
         field_box(page, "vllm_flavor").click()
         # With Ray picked, the hardware lists offer the cluster's flavors only (an HF Jobs one would not run here).
-        page.get_by_role("option", name=re.compile(r"^ray-1gpu · ")).wait_for(timeout=10000)
+        page.get_by_role("option", name=re.compile(r"^ray-1gpu · ")).wait_for(timeout=30000)
         expect(page.get_by_role("option", name=re.compile(r"^(a10g-small|cpu-basic) · "))).to_have_count(0)
         page.get_by_role("option", name=re.compile(r"^ray-cpu · ")).click()
         page.wait_for_function("() => document.querySelector('#f-vllm_flavor input').value.startsWith('ray-cpu')")

@@ -80,7 +80,7 @@ def _open_hardware(page) -> None:
     """Open the form's "Hardware and storage" section unless it is open (a click on an open one closes it)."""
     if not page.locator("#f-bucket textarea, #f-bucket input").first.is_visible():
         page.get_by_text("Hardware and storage", exact=True).click()
-        page.locator("#f-bucket textarea, #f-bucket input").first.wait_for(state="visible", timeout=10000)
+        page.locator("#f-bucket textarea, #f-bucket input").first.wait_for(state="visible", timeout=30000)
 
 
 def _launch_reviewed(page) -> tuple[str, str]:
@@ -266,7 +266,7 @@ def test_nothing_a_visitor_types_stays_in_their_browser_storage(visit, hub):
     page.get_by_text("Alerts", exact=True).click()
     page.locator("#f-webhook input, #f-webhook textarea").first.fill(hook)
     editor = page.locator("#f-reward_code .cm-content")
-    editor.wait_for(state="visible", timeout=10000)
+    editor.wait_for(state="visible", timeout=30000)
     editor.click()
     page.keyboard.press("Control+A")
     page.keyboard.press("Delete")
