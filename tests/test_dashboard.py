@@ -8,7 +8,7 @@ from panel import dashboard
 
 def _view(**kw):
     base = dict(adapters={}, first_step={}, replica_stats=[], jobs={}, current_jobs={}, events=[], spec={},
-                final_files=[], superseded={}, trainer_end={}, serving={}, samples=[])
+                final_files=[], superseded={}, trainer_end={}, serving={}, samples=[], trainer_attempts=[])
     view = SimpleNamespace(**{**base, **kw})
     view.newest_adapters = lambda n: sorted(view.adapters.values(), key=lambda a: a.version, reverse=True)[:n]
     return view

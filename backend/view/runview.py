@@ -169,6 +169,9 @@ class RunView:
         self.best_by_change: dict = {}       # the newest best_by_changed event: the user's rule, over the spec's
         self._engine: str | None = None
         self.trainer_end: dict = {}          # the trainer's newest started/finished/failed/canceled event
+        # Kept as events are read, so a tick never scans a long run's thousands of events for them:
+        self.launch_failed: dict | None = None     # the newest launch_failed event
+        self.trainer_attempts: list[dict] = []      # the trainer's attempt events, in order
         self._versions: list[int] = []       # adapter version numbers, ascending
         self._adapters_listed_at = float("-inf")
         self._versions_from_events = False
@@ -206,7 +209,7 @@ class RunView:
     def launch_failure(self) -> dict | None:
         """The newest `launch_failed` event when the current jobs are that failed launch's (each one among the ids
         it cancelled, or none at all), else None."""
-        failed = next((e for e in reversed(self.events) if e.get("event") == records.LAUNCH_FAILED), None)
+        failed = self.launch_failed
         known = failed.get("known") if failed is not None else None
         if not isinstance(known, list):
             return None
@@ -231,8 +234,7 @@ class RunView:
         """Each retry the run has seen, in words: trainer attempts beyond the first of each trainer job (recorded by
         `runtime.attempt`), replicas the proxy took back after a restart (a new server), and the times a replica
         stopped answering for a while and came back (a disconnect, not a restart)."""
-        attempts = [e for e in self.events
-                    if e.get("writer") == layout.TRAINER_WRITER and e.get("event") == records.ATTEMPT]
+        attempts = self.trainer_attempts
         launched = sum(1 for role in self.jobs if role == "trainer" or role.startswith("trainer#"))
         # Where the executor numbers its attempts (local) a retry is one past the first; HF Jobs does not say, so
         # there every trainer job's first attempt is counted off instead.
@@ -490,6 +492,7 @@ class RunView:
             with self._lock:
                 self.events = sorted([*older, *self.events], key=_event_time)
                 self._engine, self.trainer_end, self.open_alerts, self.superseded = None, {}, {}, {}
+                self.launch_failed, self.trainer_attempts = None, []
                 for record in self.events:
                     self._note_event(record)
                 self._history_read()
@@ -629,6 +632,10 @@ class RunView:
             self._engine = record.get("engine")
         if record["writer"] == layout.TRAINER_WRITER and record["event"] in records.TRAINER_STAGES:
             self.trainer_end = record
+        if record["event"] == records.LAUNCH_FAILED:
+            self.launch_failed = record
+        if record["writer"] == layout.TRAINER_WRITER and record["event"] == records.ATTEMPT:
+            self.trainer_attempts.append(record)
         if record["event"] == records.BEST_BY_CHANGED and isinstance(record.get("best_by"), dict) and (
                 _event_time(record) >= _event_time(self.best_by_change or {"time": float("-inf")})):
             self.best_by_change = record
