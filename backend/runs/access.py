@@ -185,16 +185,18 @@ def local_runs_problem(visitor: Visitor, deployment: Deployment) -> str | None:
     if deployment.local_runs == "off":
         if deployment.on_space:
             return ("Local runs are off on this Space (they would run on the Space's own hardware): choose "
-                    "'hf_jobs'. The Space's owner can turn them on with GRPO_PANEL_LOCAL_RUNS=owner.")
-        return "Local runs are off on this panel (GRPO_PANEL_LOCAL_RUNS=off): choose 'hf_jobs'."
+                    "Run on: Hugging Face Jobs (executor 'hf_jobs'). The Space's owner can turn them on with "
+                    "GRPO_PANEL_LOCAL_RUNS=owner.")
+        return ("Local runs are off on this panel (GRPO_PANEL_LOCAL_RUNS=off): choose Run on: Hugging Face Jobs "
+                "(executor 'hf_jobs').")
     if deployment.local_runs == "owner" and deployment.on_space:
         owner = deployment.space_owner or ""
         if not visitor.token:
             return "Sign in with Hugging Face: only this Space's owner may use local runs."
         allowed, _ = can_control(owner, visitor.token, on_space=True)
         if not allowed:
-            return (f"Local runs on this Space belong to its owner ({owner}); choose 'hf_jobs' to run on your own "
-                    "account.")
+            return (f"Local runs on this Space belong to its owner ({owner}); choose Run on: Hugging Face "
+                    "Jobs (executor 'hf_jobs') to run on your own account.")
     return None
 
 

