@@ -221,3 +221,12 @@ def test_a_positive_upload_limit_and_the_opt_in_on_a_loopback_panel_start(tmp_pa
     monkeypatch.setenv("GRPO_PANEL_ALLOW_UNSANDBOXED", "1")
     deployment = Deployment(home=str(tmp_path), on_space=False, host="127.0.0.1")
     assert deployment.startup_problems() == [] and deployment.max_upload_mb == 2.5
+
+
+@pytest.mark.parametrize("value, seconds", [(None, 15.0), ("4", 4.0), ("0", 15.0), ("soon", 15.0)])
+def test_the_task_checks_time_limit_per_reward_call_is_read_from_the_environment(monkeypatch, value, seconds):
+    if value is None:
+        monkeypatch.delenv("GRPO_PANEL_TASK_CHECK_TIMEOUT_S", raising=False)
+    else:
+        monkeypatch.setenv("GRPO_PANEL_TASK_CHECK_TIMEOUT_S", value)
+    assert Deployment().task_check_timeout_s == seconds

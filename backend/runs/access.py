@@ -26,6 +26,8 @@ LOOPBACK_NAMES = ("localhost", "")
 LOCAL_RUNS_CHOICES = ("on", "off", "owner")
 DEFAULT_MAX_UPLOAD_MB = 100.0
 MAX_UPLOAD_ENV = "GRPO_PANEL_MAX_UPLOAD_MB"
+TASK_CHECK_TIMEOUT_ENV = "GRPO_PANEL_TASK_CHECK_TIMEOUT_S"
+DEFAULT_TASK_CHECK_TIMEOUT_S = 15.0
 
 
 class Refused(Exception):
@@ -73,7 +75,10 @@ class Deployment:
     # The Hub's dataset viewer API, which previews Hub datasets (huggingface_hub has its URL only as a constant).
     datasets_server: str = field(default_factory=lambda: os.environ.get("GRPO_PANEL_DATASETS_SERVER")
                                  or _hub_constants().DATASETS_SERVER_ENDPOINT)
-    task_check_timeout_s: float = 15.0   # per reward function, on the sample completions
+    # Per reward function call, on the sample completions (GRPO_PANEL_TASK_CHECK_TIMEOUT_S; the tests that wait
+    # for a looping reward to time out shorten it).
+    task_check_timeout_s: float = field(default_factory=lambda: _positive(
+        os.environ.get(TASK_CHECK_TIMEOUT_ENV), DEFAULT_TASK_CHECK_TIMEOUT_S))
     # How often this process checks the budget caps of the runs it can reach (0: never; tests call it directly).
     budget_check_s: float = field(default_factory=lambda: float(os.environ.get("GRPO_PANEL_BUDGET_CHECK_S") or 30.0))
     # The largest file a visitor may upload (a dataset), in MB; Gradio refuses a larger one with 413.
