@@ -31,7 +31,15 @@ from backend.runs.budget import SpendWatch
 from backend.runs.directory import RunDirectory
 from backend.runs.launch import LaunchError
 from backend.runs.notes import NotesError, RunNotes
-from backend.runs.operations import CostEstimate, Operations, ReviewNeeded, TokenTooShort
+from backend.runs.operations import (
+    CostEstimate,
+    LaunchedSweep,
+    Operations,
+    ReviewNeeded,
+    SweepForm,
+    SweepPreview,
+    TokenTooShort,
+)
 from backend.runs.registry import RunRegistry
 from backend.runs.watch import RunWatch
 from backend.runtime.layout import atomic_write_chunks
@@ -78,6 +86,8 @@ class Preview:
     fingerprint: str | None = None     # of the previewed spec; a launch on HF Jobs must quote it
     run_id: str | None = None          # the id the previewed jobs carry; the launch uses the same one
     fields: tuple[str, ...] = ()       # the form fields to fix (the form opens and marks them)
+    sweep_id: str | None = None        # a sweep's: its id, and its members' run ids (m0 first), kept by the launch
+    run_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class LaunchResult:
     run_id: str | None = None
     preview: Preview | None = None     # when the launch asks for a (new) review instead
     fields: tuple[str, ...] = ()       # the form fields to fix, when the launch was refused for them
+    run_ids: tuple[str, ...] = ()      # a sweep's members, m0 first (`run_id` is m0's)
 
     def __iter__(self):
         """Unpacks as `message, run_id`, the two things a script wants to know."""
@@ -161,10 +172,12 @@ class Panel:
         return self.operations.build_spec(values, run_id, as_visitor(visitor) if visitor else None)
 
     def preview(self, values: dict, visitor: Visitor | str | None = None, run_id: str | None = None,
-                webhook: str = "") -> Preview:
+                webhook: str = "", sweep: SweepForm | None = None) -> Preview:
         """The problems to fix (the alert webhook's too, if given), or the jobs as they will be submitted with an
-        estimated cost and a fingerprint."""
+        estimated cost and a fingerprint; for a form that asks for a `sweep`, its members and their fleet."""
         visitor = as_visitor(visitor)
+        if sweep is not None and sweep.wanted:
+            return self._sweep_preview(values, visitor, webhook, sweep)
         try:
             shown = self.operations.preview(values, visitor, run_id, webhook)
         except SpecError as exc:
@@ -188,21 +201,36 @@ class Panel:
             lines.append(fenced(f"# {job.role}\n{command}", "bash"))
         return Preview(redact_tokens("\n\n".join(lines)), spec.fingerprint(), spec.run_id)
 
+    def _sweep_preview(self, values: dict, visitor: Visitor, webhook: str, sweep: SweepForm) -> Preview:
+        try:
+            shown = self.operations.preview_sweep(values, sweep, visitor, webhook)
+        except SpecError as exc:
+            missing = self.operations.missing_token(values.get("executor"), visitor)
+            hint = f"\n\n{missing}" if missing else ""
+            return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
+        ids = tuple(p.spec.run_id for p in shown.members)
+        return Preview(redact_tokens(sweep_markdown(shown, self.field_labels)), shown.fingerprint, ids[0],
+                       sweep_id=shown.sweep.sweep_id, run_ids=ids)
+
     def flavors(self, visitor: Visitor | str | None = None, executor: str | None = None) -> list[Flavor]:
         """The hardware `executor`'s runs choose from (None: every offered executor's), with prices (the Hub's list
         asked with the visitor's token, or the built-in one), asked at most every 10 minutes."""
         return self.operations.flavors(as_visitor(visitor), executor)
 
     def launch(self, values: dict, visitor: Visitor | str | None = None, confirmed: str | None = None,
-               run_id: str | None = None, webhook: str = "") -> LaunchResult:
-        """Launch the form's run. Nothing is launched unless the spec validates and the visitor may.
+               run_id: str | None = None, webhook: str = "", sweep: SweepForm | None = None) -> LaunchResult:
+        """Launch the form's run, or its `sweep`'s members as one. Nothing is launched unless the spec validates and
+        the visitor may.
 
         A run on HF Jobs costs money: it is launched only when `confirmed` is the fingerprint of the preview the
         visitor reviewed and that fingerprint is still the form's; otherwise the answer carries a fresh preview.
         `webhook`, if given, receives the run's alerts; it is kept encrypted, never shown or written to the bucket."""
         visitor = as_visitor(visitor)
         try:
-            answer = self.operations.launch(values, visitor, confirmed, run_id, webhook)
+            if sweep is not None and sweep.wanted:
+                answer = self.operations.launch_sweep(values, sweep, visitor, confirmed, webhook)
+            else:
+                answer = self.operations.launch(values, visitor, confirmed, run_id, webhook)
         except SpecError as exc:
             return LaunchResult(_errors_markdown(exc, self.field_labels), fields=_fields(exc))
         except TokenTooShort as exc:
@@ -211,13 +239,15 @@ class Panel:
             return LaunchResult(f"**Not launched.** {masked(exc)}")
         if isinstance(answer, ReviewNeeded):
             spec = answer.spec
-            preview = self.preview(values, visitor, run_id=spec.run_id, webhook=webhook)
+            preview = self.preview(values, visitor, run_id=spec.run_id, webhook=webhook, sweep=sweep)
             why = ("the form changed since the reviewed preview" if answer.reviewed_another else
                    "it has not been reviewed")
             return LaunchResult(
                 f"**Not launched yet:** {why}. Check the jobs and the cost below (review code "
-                f"`{spec.fingerprint()}`), tick *I reviewed the jobs and the estimated cost* and press "
+                f"`{preview.fingerprint}`), tick *I reviewed the jobs and the estimated cost* and press "
                 f"Launch again.\n\n{preview.markdown}", None, preview)
+        if isinstance(answer, LaunchedSweep):
+            return _sweep_launched(answer)
         spec = answer.spec
         jobs = ", ".join(f"{role} `{job_id}`" for role, job_id in answer.run.job_ids.items())
         notes = "".join(f"\n\n⚠️ {w}" for w in answer.warnings)
@@ -235,7 +265,7 @@ class Panel:
         kept = self._tables.get(key)
         if kept is not None and kept.serves(listings):
             # The same listings: the same runs are shown, and only the live ones' rows can have changed.
-            return [self._run_row(run, registry, with_cost)[1] if row is None else row
+            return [self._run_row(run, registry, with_cost)[2] if row is None else row
                     for run, registry, row in kept.rows]
         shown = self._shown_runs(registries, listings, with_cost, limit, key[3], status)
         self._tables[key] = self._kept_table(listings, shown, with_cost)
@@ -250,17 +280,18 @@ class Panel:
         runs = heapq.merge(*(((run, registry) for run in listing) for registry, listing in zip(registries, listings)),
                            key=lambda pair: -pair[0].created_at)
         wanted = RUN_FILTERS.get(status) or ()
-        shown = []
+        shown, sweeps = [], []
         for run, registry in runs:
             if wanted and run.stage not in wanted:
                 continue
-            name, row = self._run_row(run, registry, with_cost)
+            name, sweep, row = self._run_row(run, registry, with_cost)
             if q and q not in run.run_id.lower() and q not in name.lower():
                 continue
             shown.append((run, registry, row))
+            sweeps.append(sweep or f"run:{len(shown)}")
             if len(shown) == limit:
                 break
-        return shown
+        return grouped(shown, sweeps)
 
     def _kept_table(self, listings: tuple, shown: list[tuple], with_cost: bool) -> KeptTable:
         """`shown` kept for the next ticks: an ended run's row as built (until the first one expires), a live run's
@@ -273,9 +304,10 @@ class Panel:
                 until = min(until, kept[1])
         return KeptTable(listings, rows, until)
 
-    def _run_row(self, run, registry, with_cost: bool) -> tuple[str, list]:
-        """(the run's name, its row). An ended run's row is kept for ENDED_ROW_S (its last steps and cost may still
-        be read meanwhile): a tick builds the rows of live runs, not the same rows of every ended one again."""
+    def _run_row(self, run, registry, with_cost: bool) -> tuple[str, str, list]:
+        """(the run's name cell, the sweep it is a member of or "", its row). An ended run's row is kept for
+        ENDED_ROW_S (its last steps and cost may still be read meanwhile): a tick builds the rows of live runs, not
+        the same rows of every ended one again."""
         key = (id(registry), run.run_id, with_cost)
         signature = (tuple(sorted(run.stages.items())), run.timed_out, run.unreadable, run.launch_failed)
         kept = self._rows.get(key)
@@ -290,7 +322,8 @@ class Panel:
             except Exception as exc:   # a failing price list or bucket must not break the runs list
                 log.debug("no cost for run %s: %s", run.run_id, exc)
                 cost = "-"
-        name = name_cell(str(spec.get("name") or ""), self._run_notes(registry, run).tags)
+        sweep = str(spec.get("sweep_id") or "")
+        name = name_cell(str(spec.get("name") or ""), self._run_notes(registry, run).tags, sweep)
         glance = self.spend.glance(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else None
         latest, best = (glance.latest, glance.best.text) if glance is not None else ({}, "")
         reward = latest.get("reward")
@@ -299,10 +332,10 @@ class Panel:
                f"{reward:.3f}" if isinstance(reward, (int, float)) else "", best, cost,
                str(spec.get("mode") or ""), registry.executor.name, created]
         if run.stages and all(stage in TERMINAL_STAGES for stage in run.stages.values()):
-            self._rows[key] = (signature, time.monotonic() + ENDED_ROW_S, (name, row))
+            self._rows[key] = (signature, time.monotonic() + ENDED_ROW_S, (name, sweep, row))
         else:
             self._rows.pop(key, None)
-        return name, row
+        return name, sweep, row
 
     def _run_notes(self, registry, run) -> RunNotes:
         """The run's notes as kept in its folder (none where its bucket is unknown)."""
@@ -371,6 +404,18 @@ class Panel:
         if not stopped:
             return f"Run {run_id} has no running job to cancel."
         return f"Cancel requested for {len(stopped)} job(s) of run {run_id}: {', '.join(stopped)}."
+
+    def cancel_sweep(self, run_id: str, visitor: Visitor | str | None = None) -> str:
+        """Cancel every member of the sweep the run `run_id` is a member of (each as Cancel run would)."""
+        try:
+            sweep_id, stopped = self.operations.cancel_sweep(run_id, as_visitor(visitor))
+        except (Refused, KeyError) as exc:
+            return f"**Sweep not cancelled.** {_reason(exc)}"
+        except Exception as exc:   # the Hub refusing or failing: the members may still bill
+            return f"**Sweep not cancelled:** {masked(exc)}. Try again, or cancel its members one by one."
+        jobs = sum(len(ids) for ids in stopped.values())
+        members = ", ".join(f"{member} ({len(ids)} job(s))" for member, ids in stopped.items())
+        return f"Cancel requested for sweep {sweep_id}: {jobs} job(s) of its {len(stopped)} members: {members}."
 
     def resume_preview(self, run_id: str, visitor: Visitor | str | None = None) -> Preview:
         """What Resume would submit, from where the trainer continues, and (on HF Jobs) what it can cost."""
@@ -464,6 +509,15 @@ class Panel:
         process) and the next panel over the same home finds them, with their true status."""
         self.watch.stop()
         self.runs.shutdown()
+
+
+def grouped(shown: list, groups: list[str]) -> list:
+    """`shown` with the members of one sweep together, where its first (newest) member stands; each group's own
+    order kept, and a lone run a group of its own."""
+    order: dict[str, list] = {}
+    for each, group in zip(shown, groups):
+        order.setdefault(group, []).append(each)
+    return [each for members in order.values() for each in members]
 
 
 def csv_lines(rows: list[dict]):
@@ -564,6 +618,56 @@ def _engine(spec: RunSpec) -> str:
     if spec.use_vllm:
         return "vLLM colocated if the machine has a GPU, else transformers"
     return "transformers generate() (no vLLM)"
+
+
+def sweep_markdown(shown: SweepPreview, labels: dict[str, str]) -> str:
+    """A sweep's preview: its members (what sets each apart, its run id), the one fleet they need, what they can cost
+    in all and the review code, then the first member's jobs (the others' differ only in their settings)."""
+    base, sweep, fleet = shown.base, shown.sweep, shown.fleet
+    swept = list(sweep.swept)
+    heads = " | ".join(plain(labels.get(name, name)) + f" ({code_span(name)})" for name in swept)
+    rows = "\n".join(f"| {p.spec.sweep_member} | `{p.spec.run_id}` | "
+                     + " | ".join(masked(str(v)) for v in sweep.member_settings(p.spec).values()) + " |"
+                     for p in shown.members)
+    kind = "a grid of" if sweep.grid else "side by side,"
+    head = (f"**Sweep `{sweep.sweep_id}`: {len(shown.members)} members** ({kind} {', '.join(swept)}), each an "
+            f"ordinary distributed run (own folder, checkpoints, resume) of {len(shown.members[0].jobs)} job(s). "
+            f"Engine: {engine_label(base)}.")
+    table = f"| member | run id | {heads} |\n|---|---|{'---|' * len(swept)}\n{rows}"
+    fleet_line = (f"**Fleet** for all members at once: `--max-loras {fleet.max_loras}` (each member's "
+                  f"max_staleness + 2, summed), `--max-lora-rank {fleet.max_lora_rank}` (the largest member's). "
+                  f"Not shared yet: each member starts its own {base.replicas} replica(s) for now.")
+    lines = [head, table, fleet_line, *(f"⚠️ {note}" for note in fleet.notes)]
+    if shown.cost is not None:
+        lines.append(_sweep_cost_line(shown))
+    first = shown.members[0]
+    if first.expiry:
+        lines.append(f"⚠️ Not launchable as it is: {first.expiry}")
+    if first.note:
+        lines.append(first.note)
+    lines.append(held_out_summary(base))
+    for job, command in zip(first.jobs, first.commands):
+        lines.append(fenced(f"# m0 {job.role}\n{command}", "bash"))
+    return "\n\n".join(line for line in lines if line)
+
+
+def _sweep_cost_line(shown: SweepPreview) -> str:
+    cost, n = shown.cost, len(shown.members)
+    if cost.usd is None:
+        return f"**Cannot estimate the cost:** {cost.problem}"
+    note = " (built-in price list: the Hub could not be asked)" if cost.fallback_prices else ""
+    return (f"Estimated cost of all {n} members at most **${cost.usd:.2f}**{note} (price per hour x timeout for each "
+            f"member's jobs). Review code **`{shown.fingerprint}`**.")
+
+
+def _sweep_launched(answer: LaunchedSweep) -> LaunchResult:
+    members = answer.members
+    said = "; ".join(f"{m.spec.sweep_member} **{m.spec.run_id}** ("
+                     + ", ".join(f"{k}={v}" for k, v in answer.sweep.member_settings(m.spec).items()) + ")"
+                     for m in members)
+    notes = "".join(f"\n\n⚠️ {w}" for w in members[0].warnings)
+    return LaunchResult(f"Launched sweep **{answer.sweep.sweep_id}**: {len(members)} member runs: {said}.{notes}",
+                        members[0].spec.run_id, run_ids=tuple(m.spec.run_id for m in members))
 
 
 def _reason(exc: Exception) -> str:

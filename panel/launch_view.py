@@ -9,7 +9,8 @@ import gradio as gr
 
 from backend.plan.engines import engine, engines, known_engine
 from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, HELD_OUT_FIELDS, LORA, STORAGE, RunSpec, form_fields
-from backend.runs.operations import WEBHOOK_FIELD
+from backend.plan.sweep import MAX_SWEPT_FIELDS, sweepable_fields
+from backend.runs.operations import WEBHOOK_FIELD, SweepForm
 from backend.view import diagnose
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
@@ -26,6 +27,10 @@ SECTIONS = {title: {f.name for f in form_fields(title)} - set(FIRST)
 SECTIONS[HELD_OUT_TITLE] = set(HELD_OUT_FIELDS)
 ALERTS = "Alerts"
 SECTIONS[ALERTS] = {WEBHOOK_FIELD}     # the alert webhook, beside the form: a refusal opens and marks it too
+SWEEP = "Sweep (distributed)"
+SWEEP_FIELD = "sweep"                  # how a refusal names the sweep as a whole (backend/plan/sweep.py)
+SECTIONS[SWEEP] = {SWEEP_FIELD}
+GRID, SIDE_BY_SIDE = "grid", "side by side"
 
 
 def _field(name: str, initial: dict, flavors: list | None = None):
@@ -124,6 +129,36 @@ def _more_fields(panel: Panel, f: dict, initial: dict) -> tuple[TaskSection, dic
     return task, sections
 
 
+def _sweep_section() -> tuple[gr.Accordion, dict]:
+    """The sweep: up to MAX_SWEPT_FIELDS rows of a field and its values, and grid or side by side. Rows left empty
+    launch one run as before; a filled row makes Preview and Launch show and start the sweep's members."""
+    choices = [(f"{SPEC_FIELDS[name].metadata.get('label', name)} ({name})", name) for name in sweepable_fields()]
+    parts = {}
+    with gr.Accordion(SWEEP, open=False, elem_id="sweep") as accordion:
+        gr.Markdown("Launch several runs that differ in one to three settings, each an ordinary distributed run of "
+                    "the form's settings with its own values: pick a field, give its values separated by commas "
+                    "(semicolons where a value holds commas, e.g. reward weights). Leave the rows empty for one run.")
+        for i in range(MAX_SWEPT_FIELDS):
+            with gr.Row():
+                parts[f"field{i}"] = gr.Dropdown([("", ""), *choices], value="", label=f"Swept field {i + 1}",
+                                                 allow_custom_value=True, elem_id=f"sweep-field-{i}", scale=1)
+                parts[f"values{i}"] = gr.Textbox("", label=f"Values {i + 1}", placeholder="1e-4, 5e-4, 1e-3",
+                                                 elem_id=f"sweep-values-{i}", scale=2)
+        parts["grid"] = gr.Radio([GRID, SIDE_BY_SIDE], value=GRID, label="Combine the values", elem_id="sweep-grid",
+                                 info="grid: every combination · side by side: the i-th values of each row together")
+    return accordion, parts
+
+
+def sweep_form(parts: dict, reviewed: dict | None = None) -> SweepForm:
+    """The sweep section's values as the backend reads them, with the sweep id and run ids the reviewed preview
+    showed (the launch keeps them)."""
+    rows = tuple((str(parts.get(f"field{i}") or ""), str(parts.get(f"values{i}") or ""))
+                 for i in range(MAX_SWEPT_FIELDS))
+    seen = reviewed if isinstance(reviewed, dict) else {}
+    return SweepForm(rows, parts.get("grid") != SIDE_BY_SIDE, str(seen.get("sweep_id") or ""),
+                     tuple(str(r) for r in seen.get("run_ids") or ()))
+
+
 def presets_for(panel: Panel) -> tuple[list[str], str]:
     """The presets this deployment can run, and the one the form opens with (an HF Jobs one on a Space, or where
     local runs cannot run)."""
@@ -152,7 +187,9 @@ def build(page, panel: Panel) -> None:
             launch_btn = gr.Button("Launch", variant="primary", elem_id="launch-btn")
         launch_msg = gr.Markdown(elem_id="launch-msg")
         task, sections = _more_fields(panel, form, initial)
+        sections[SWEEP], sweep = _sweep_section()
         panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
+        panel.field_labels[SWEEP_FIELD] = "Sweep"
         with gr.Accordion(ALERTS, open=False) as sections[ALERTS]:
             webhook = gr.Textbox("", label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
                                  info="Slack or Discord webhook: the run's alerts (ratio drift, stall, a replica not "
@@ -161,11 +198,12 @@ def build(page, panel: Panel) -> None:
                                       + (" This panel serves others: https to a public address only."
                                          if panel.settings.serves_others else ""))
         panel.field_labels[WEBHOOK_FIELD] = webhook.label
-        reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the preview this session last saw
+        # {"fingerprint", "run_id"} of the preview this session last saw (a sweep's: "sweep_id", "run_ids" too)
+        reviewed = gr.State(None)
         marks = gr.State([])        # the form fields marked as refused by the last preview or launch
     page.add(preset=preset, preset_info=preset_info, form=form, sections=sections, task=task, webhook=webhook,
              preview_btn=preview_btn, confirm=confirm, launch_btn=launch_btn, launch_msg=launch_msg,
-             reviewed=reviewed, marks=marks)
+             reviewed=reviewed, marks=marks, sweep=sweep)
 
 
 def wire(page) -> None:
@@ -175,13 +213,14 @@ def wire(page) -> None:
     page["task"].wire(page.panel, list(form), inputs)
     page.on(page["preset"].change, on_preset, ["preset"], ["form", "preset_info"])
     # Any change to the form withdraws the tick: the review was of another spec (the server checks it too).
-    gr.on([c.change for c in inputs], lambda: False, None, page["confirm"], show_progress="hidden")
+    gr.on([c.change for c in [*inputs, *page["sweep"].values()]], lambda: False, None, page["confirm"],
+          show_progress="hidden")
     sections = page["sections"]
     form["mode"].change(on_mode, form["mode"], [sections[COLOCATED], sections[DISTRIBUTED]],
                         show_progress="hidden")
     refused = ["launch_msg", "reviewed", "confirm", "marks", "sections", "form"]
-    page.on(page["preview_btn"].click, on_preview, ["form", "marks", "webhook"], [*refused, "webhook"])
-    page.on(page["launch_btn"].click, on_launch, ["form", "marks", "confirm", "reviewed", "webhook"],
+    page.on(page["preview_btn"].click, on_preview, ["form", "marks", "webhook", "sweep"], [*refused, "webhook"])
+    page.on(page["launch_btn"].click, on_launch, ["form", "marks", "confirm", "reviewed", "webhook", "sweep"],
             [*refused, "tabs", "run_pick", "webhook"])
     filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
     page.on(page["change"].click, on_new_run_with_change, ["run_pick"], filled)
@@ -213,11 +252,14 @@ def show_fields(bad, marked: list[str] | None, names) -> dict:
 
 
 def _seen(preview) -> dict:
-    return {"fingerprint": preview.fingerprint, "run_id": preview.run_id}
+    seen = {"fingerprint": preview.fingerprint, "run_id": preview.run_id}
+    if preview.sweep_id:
+        seen.update(sweep_id=preview.sweep_id, run_ids=list(preview.run_ids))
+    return seen
 
 
-def on_preview(panel, visitor, values: dict, marked: list[str], webhook: str = "") -> dict:
-    shown = panel.preview(values, visitor, webhook=webhook)
+def on_preview(panel, visitor, values: dict, marked: list[str], webhook: str = "", sweep: dict | None = None) -> dict:
+    shown = panel.preview(values, visitor, webhook=webhook, sweep=sweep_form(sweep or {}))
     return {"launch_msg": shown.markdown, "reviewed": _seen(shown) if shown.fingerprint else None, "confirm": False,
             **show_fields(shown.fields, marked, values), "webhook": _webhook_mark(shown.fields)}
 
@@ -228,10 +270,10 @@ def _webhook_mark(bad) -> dict:
 
 
 def on_launch(panel, visitor, values: dict, marked: list[str], confirm: bool, reviewed: dict | None,
-              webhook: str) -> dict:
+              webhook: str, sweep: dict | None = None) -> dict:
     seen = reviewed or {}
     result = panel.launch(values, visitor, confirmed=seen.get("fingerprint") if confirm else None,
-                          run_id=seen.get("run_id"), webhook=webhook)
+                          run_id=seen.get("run_id"), webhook=webhook, sweep=sweep_form(sweep or {}, seen))
     if result.run_id is None:
         fresh = result.preview
         return {"launch_msg": result.message, "reviewed": _seen(fresh) if fresh else reviewed, "confirm": False,

@@ -32,9 +32,11 @@ def run_badge(run) -> str:
     return status_badge(stage, any(r in run.timed_out for r in deciding), bool(run.unreadable))
 
 
-def name_cell(name: str, tags) -> str:
-    """The run's name and its tags ('grpo-math · #baseline #lr-sweep'): the list's filter matches either."""
-    return " · ".join(part for part in (name, " ".join(f"#{tag}" for tag in tags)) if part)
+def name_cell(name: str, tags, sweep: str = "") -> str:
+    """The run's name, the sweep it is a member of and its tags ('lr-m0 · sweep sweep-2026... · #baseline'): the
+    list's filter matches any of them (a sweep's id lists its members)."""
+    parts = (name, f"sweep {sweep}" if sweep else "", " ".join(f"#{tag}" for tag in tags))
+    return " · ".join(part for part in parts if part)
 
 
 def progress_bar(step, max_steps) -> str:

@@ -26,6 +26,8 @@ def build(page, panel: Panel) -> None:
         run_pick = gr.Dropdown([], label="Run", elem_id="run-pick", scale=3, allow_custom_value=True)
         # Shown where they apply to the picked run (`run_actions`): Cancel on a live run, Resume on a stopped one.
         cancel = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1, size="sm")
+        cancel_sweep = gr.Button("Cancel sweep", variant="stop", elem_id="cancel-sweep-btn", scale=1, size="sm",
+                                 visible=False)
         resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm", scale=1)
         resume = gr.Button("Resume run", elem_id="resume-btn", scale=1, size="sm")
     # The list folds away once a run is open, so the run's header and key charts fill the first screen.
@@ -39,7 +41,7 @@ def build(page, panel: Panel) -> None:
     action_msg = gr.Markdown(elem_id="action-msg")
     listed = gr.State(None)     # the runs table and run choices this browser session last received
     resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
-    page.add(runs_hint=runs_hint, runs_list=runs_list, run_pick=run_pick, cancel=cancel,
+    page.add(runs_hint=runs_hint, runs_list=runs_list, run_pick=run_pick, cancel=cancel, cancel_sweep=cancel_sweep,
              resume_confirm=resume_confirm, resume=resume,
              runs_query=runs_query, runs_status=runs_status, runs_table=runs_table, action_msg=action_msg,
              listed=listed, resume_reviewed=resume_reviewed)
@@ -57,13 +59,14 @@ def wire(page) -> None:
             [*LISTED, "runs_hint", *dashboard_view.DRAWN, *dashboard_view.ACTIONS], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
-             "best_by_msg", "runs_list", "cancel", "resume"])
+             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "resume"])
     # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])
     page.on([page["runs_query"].submit, page["runs_status"].change], on_filter, ["runs_query", "runs_status"],
             LISTED, show_progress="hidden")
     page.on(page["cancel"].click, on_cancel, ["run_pick"], ["action_msg"])
+    page.on(page["cancel_sweep"].click, on_cancel_sweep, ["run_pick"], ["action_msg"])
     page.on(page["resume"].click, on_resume, ["run_pick", "resume_confirm", "resume_reviewed"],
             ["action_msg", "resume_confirm", "resume_reviewed"])
     page.on(page["demo"].load, on_url, [], ["run_pick", "tabs", "action_msg"], request=True)
@@ -127,6 +130,11 @@ def on_url(panel, visitor, request) -> dict:
 
 def on_cancel(panel, visitor, run_id: str | None) -> dict:
     return {"action_msg": panel.cancel(run_id, visitor) if run_id else "Pick a run first."}
+
+
+def on_cancel_sweep(panel, visitor, run_id: str | None) -> dict:
+    """Every member of the picked run's sweep cancelled."""
+    return {"action_msg": panel.cancel_sweep(run_id, visitor) if run_id else "Pick a run first."}
 
 
 def on_resume(panel, visitor, run_id: str | None, ticked: bool, seen: dict | None) -> dict:

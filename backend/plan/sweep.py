@@ -12,6 +12,7 @@ Bad input is refused with the field named, before anything is launched. No I/O b
 """
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import secrets
@@ -69,6 +70,9 @@ class SweepSpec:
     swept: dict[str, list]
     grid: bool = True
     sweep_id: str = field(default="")
+    # The members' run ids, m0 first, where a reviewed preview gave them (the launch keeps the ids the preview
+    # showed); empty, or not one a member: each member gets a new id.
+    run_ids: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.sweep_id:
@@ -124,11 +128,14 @@ class SweepSpec:
 
     def _members(self) -> list[RunSpec]:
         base = {k: v for k, v in self.base.to_dict().items() if k not in ("run_id", "created_at")}
+        combinations = self._combinations()
+        ids = self.run_ids if len(self.run_ids) == len(combinations) else ("",) * len(combinations)
         out = []
-        for i, settings in enumerate(self._combinations()):
+        for i, (settings, run_id) in enumerate(zip(combinations, ids)):
             tag = f"m{i}"
             out.append(RunSpec.from_dict({**base, **settings, "name": f"{self.base.name[:60]}-{tag}",
-                                          "sweep_id": self.sweep_id, "sweep_member": tag}))
+                                          "sweep_id": self.sweep_id, "sweep_member": tag,
+                                          **({"run_id": run_id} if run_id else {})}))
         return out
 
     def members(self) -> list[RunSpec]:
@@ -141,6 +148,45 @@ class SweepSpec:
     def member_settings(self, member: RunSpec) -> dict:
         """What sets `member` apart: its value of each swept field."""
         return {name: getattr(member, name) for name in self.swept}
+
+    def fingerprint(self, members: list[RunSpec]) -> str:
+        """The review code of the whole sweep: every member's settings (`RunSpec.fingerprint`, which holds the sweep
+        id and the member's tag), so one review covers every member and any change to one needs a new review."""
+        codes = [m.fingerprint() for m in members]
+        return hashlib.sha256(json.dumps(codes).encode()).hexdigest()[:10]
+
+    def record(self, members: list[RunSpec]) -> dict:
+        """What the bucket keeps of the sweep (`layout.sweep_record_path`): its members by tag, so one cancel finds
+        them all, and what was swept."""
+        return {"sweep_id": self.sweep_id, "grid": self.grid, "swept": self.swept,
+                "members": {m.sweep_member: m.run_id for m in members},
+                "settings": {m.sweep_member: self.member_settings(m) for m in members}}
+
+
+def parse_swept(rows: list[tuple[str, str]]) -> dict[str, list]:
+    """The swept fields from the form's rows (a field's name, its values as text); rows without a field are skipped.
+    Values are separated by commas, or by semicolons where a value holds commas itself (reward weights:
+    `digits=1,format=0.5; digits=1`). Raises SpecError naming the field: a field named twice, a value left empty."""
+    swept: dict[str, list] = {}
+    errs = []
+    for name, text in rows:
+        name, text = (name or "").strip(), (text or "").strip()
+        if not name:
+            if text:
+                errs.append(FieldError("sweep", f"values {text[:60]!r} name no field: pick the field they sweep"))
+            continue
+        if name in swept:
+            errs.append(FieldError(name, "is named twice in the sweep: give all its values on one row"))
+            continue
+        parts = [part.strip() for part in text.split(";" if ";" in text else ",")]
+        if not text:
+            errs.append(FieldError(name, "give its values, separated by commas (e.g. 1e-4, 5e-4)"))
+        elif any(not part for part in parts):
+            errs.append(FieldError(name, f"an empty value in {text[:80]!r}: remove the stray separator"))
+        swept[name] = parts
+    if errs:
+        raise SpecError(errs)
+    return swept
 
 
 def _value_problems(name: str, values: list, tp) -> list[FieldError]:

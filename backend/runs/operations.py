@@ -23,6 +23,7 @@ from backend.plan.engines.base import Engine
 from backend.plan.hardware import Flavor, estimate_cost, hardware_problems
 from backend.plan.jobspec import JobSpec
 from backend.plan.spec import TASK_FIELDS, FieldError, RunSpec, SpecError
+from backend.plan.sweep import FleetSize, SweepSpec, fleet_size, parse_swept
 from backend.runs.access import (
     ANONYMOUS,
     Deployment,
@@ -40,6 +41,7 @@ from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
 from backend.runs.notes import NotesBook, RunNotes, checked_notes
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import ResumePlan
+from backend.runtime import layout
 from backend.runtime.task import is_local_file
 from backend.task.check import TaskReport, check_task, task_field_errors
 from backend.task.check_job import CHECK_FLAVOR, check_in_job
@@ -98,6 +100,45 @@ class Launched:
     run: LaunchedRun
     spec: RunSpec
     warnings: tuple[str, ...] = ()     # what the task check noticed without refusing
+
+
+@dataclass(frozen=True)
+class SweepForm:
+    """The launch form's sweep: its rows (a field's name, its values as text; a row without either is unused),
+    grid or side by side, and what the reviewed preview fixed, kept by the launch: the sweep's id and its members'
+    run ids."""
+
+    rows: tuple[tuple[str, str], ...] = ()
+    grid: bool = True
+    sweep_id: str = ""
+    run_ids: tuple[str, ...] = ()
+
+    @property
+    def wanted(self) -> bool:
+        """Whether the form asks for a sweep at all (any row filled): otherwise the form launches one run."""
+        return any(str(name or "").strip() or str(text or "").strip() for name, text in self.rows)
+
+
+@dataclass(frozen=True)
+class SweepPreview:
+    """The sweep a launch would start: its members (each a run's whole preview), the fleet they need, what it can
+    cost in all, and its review code."""
+
+    sweep: SweepSpec
+    members: list[LaunchPreview]
+    fleet: FleetSize
+    fingerprint: str
+    cost: CostEstimate | None          # billed engines: every member's jobs, summed
+
+    @property
+    def base(self) -> RunSpec:
+        return self.sweep.base
+
+
+@dataclass(frozen=True)
+class LaunchedSweep:
+    sweep: SweepSpec
+    members: list[Launched]
 
 
 class Operations:
@@ -292,14 +333,7 @@ class Operations:
     def preview(self, values: dict, visitor: Visitor, run_id: str | None = None, webhook: str = "") -> LaunchPreview:
         """The jobs as they will be submitted, with what they can cost; raises SpecError with what to fix (the
         alert webhook among the fields)."""
-        spec = self.checked_spec(values, run_id, visitor, webhook)
-        where = spec.engine
-        jobs = preview_jobs(spec)
-        return LaunchPreview(
-            spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
-            cost=self.estimate(jobs, visitor) if where.billed else None,
-            expiry=token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None,
-            note=where.preview_note(spec, self.local.bucket_root))
+        return self._preview_of(self.checked_spec(values, run_id, visitor, webhook), visitor)
 
     def launch(self, values: dict, visitor: Visitor, confirmed: str | None = None, run_id: str | None = None,
                webhook: str = "") -> Launched | ReviewNeeded:
@@ -327,6 +361,123 @@ class Operations:
             self.webhooks.put(spec.run_id, webhook)
         self.runs.relist(spec.bucket_namespace)
         return Launched(launched, spec, tuple(task.warnings))
+
+    # ---- sweeps: N runs that differ in one to three fields, launched as one (backend/plan/sweep.py)
+    def preview_sweep(self, values: dict, form: SweepForm, visitor: Visitor, webhook: str = "") -> SweepPreview:
+        """Every member of the sweep the form describes, each checked as a run of its own, and the one fleet they
+        need; raises SpecError naming every field to fix (the form's and the sweep's alike)."""
+        errors, base, swept = [], None, {}
+        try:
+            base = self.checked_spec(values, None, visitor, webhook)
+        except SpecError as exc:
+            errors += exc.errors
+        try:
+            swept = parse_swept(list(form.rows))
+        except SpecError as exc:
+            errors += exc.errors
+        if errors:
+            raise SpecError(errors)
+        sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids)
+        members = [self.build_spec(m.to_dict(), None, visitor) for m in sweep.members()]
+        previews = [self._preview_of(m, visitor) for m in members]
+        cost = None
+        if base.engine.billed:
+            each = [p.cost for p in previews]
+            known = [c.usd for c in each if c is not None and c.usd is not None]
+            problem = next((c.problem for c in each if c is not None and c.usd is None), None)
+            cost = CostEstimate(sum(known) if problem is None else None, problem,
+                                any(c.fallback_prices for c in each if c is not None))
+        return SweepPreview(sweep, previews, fleet_size(members), sweep.fingerprint(members), cost)
+
+    def launch_sweep(self, values: dict, form: SweepForm, visitor: Visitor, confirmed: str | None = None,
+                     webhook: str = "") -> LaunchedSweep | ReviewNeeded:
+        """Launch every member of the form's sweep, or none: one review (a billed sweep goes ahead only when
+        `confirmed` is the review code of the preview the visitor saw, every member's settings in it), one task
+        check, the sweep's record written into the bucket, then each member as an ordinary run. A member that fails
+        to launch cancels the members launched before it."""
+        webhook = (webhook or "").strip()
+        missing = self.missing_token(values.get("executor"), visitor)
+        if missing:
+            raise Refused(missing)
+        shown = self.preview_sweep(values, form, visitor, webhook)
+        base, where = shown.base, shown.base.engine
+        token = self.control_token(where, base.bucket_namespace, visitor)
+        self._check_token_lifetime(where, visitor, base)
+        if where.billed and confirmed != shown.fingerprint:
+            return ReviewNeeded(base, reviewed_another=bool(confirmed))
+        task = self.check_task(values, visitor, base)
+        if task.errors:
+            raise SpecError(task.errors)
+        registry = self.runs.registry_for(where, token, base.bucket_namespace)
+        members = [p.spec for p in shown.members]
+        try:
+            registry.store_for(base.bucket).write_bytes(layout.sweep_record_path(shown.sweep.sweep_id),
+                                                       json.dumps(shown.sweep.record(members)).encode())
+        except Exception as exc:
+            raise LaunchError(f"could not write the sweep's record into bucket {base.bucket}: {exc}. "
+                              "No job was submitted.") from exc
+        launched: list[Launched] = []
+        for spec in members:
+            try:
+                launched.append(Launched(registry.launch(spec, _secrets(token)), spec, tuple(task.warnings)))
+            except Exception as exc:
+                undone = self._undo_members(registry, [each.spec.run_id for each in launched])
+                self.runs.relist(base.bucket_namespace)
+                raise LaunchError(f"member {spec.sweep_member} (run {spec.run_id}) did not launch: {exc}. "
+                                  f"{undone}") from exc
+            if webhook:
+                self.webhooks.put(spec.run_id, webhook)
+        self.runs.relist(base.bucket_namespace)
+        return LaunchedSweep(shown.sweep, launched)
+
+    def _undo_members(self, registry: RunRegistry, run_ids: list[str]) -> str:
+        """Cancel the members a failed sweep launch had started; a sentence saying so."""
+        if not run_ids:
+            return "No member was launched."
+        failed = []
+        for run_id in run_ids:
+            try:
+                registry.cancel(run_id)
+            except Exception as exc:   # keep cancelling the others: each may bill
+                failed.append(f"{run_id} ({exc})")
+        said = f"The member(s) launched before it were cancelled: {', '.join(run_ids)}."
+        return said + (f" Could not cancel {'; '.join(failed)}: cancel them by hand." if failed else "")
+
+    def sweep_members(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, str]]:
+        """The sweep `run_id` is a member of, and its members' run ids by tag, from the sweep's record in the bucket;
+        KeyError where the run is not this visitor's or not a sweep member."""
+        registry = self.runs.find(run_id, visitor)
+        store = registry.store_for(registry.run_bucket(run_id))
+        try:
+            spec = json.loads(store.read_bytes(f"{layout.run_prefix(run_id)}/{layout.SPEC_FILE}"))
+            sweep_id = spec.get("sweep_id") if isinstance(spec, dict) else None
+        except Exception as exc:    # no spec.json yet, or unreadable
+            raise KeyError(f"Run {run_id}'s spec.json cannot be read ({exc}): cancel its jobs with Cancel run.") \
+                from None
+        if not sweep_id:
+            raise KeyError(f"Run {run_id} is not a member of a sweep: Cancel run stops it.")
+        try:
+            record = json.loads(store.read_bytes(layout.sweep_record_path(sweep_id)))
+            members = {str(tag): str(member) for tag, member in record["members"].items()}
+        except Exception as exc:
+            raise KeyError(f"Sweep {sweep_id}'s record cannot be read ({exc}): cancel its members one by one.") \
+                from None
+        return sweep_id, members
+
+    def cancel_sweep(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, list[str]]]:
+        """Cancel every member of the sweep `run_id` belongs to, each as Cancel run would (who may, which jobs):
+        the sweep's id and the job ids stopped by member run id."""
+        sweep_id, members = self.sweep_members(run_id, visitor)
+        return sweep_id, {member: self.cancel(member, visitor) for member in members.values()}
+
+    def _preview_of(self, spec: RunSpec, visitor: Visitor) -> LaunchPreview:
+        where = spec.engine
+        jobs = preview_jobs(spec)
+        return LaunchPreview(
+            spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
+            cost=self.estimate(jobs, visitor) if where.billed else None,
+            expiry=token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None,
+            note=where.preview_note(spec, self.local.bucket_root))
 
     def _check_token_lifetime(self, where: Engine, visitor: Visitor, spec: RunSpec) -> None:
         expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None

@@ -22,6 +22,8 @@
     runs/<run_id>/best/                         the adapter of the best-scoring version so far, with best.json
     runs/<run_id>/trackio/                      (RunSpec `trackio`, no Space named) trackio's own folder: its
                                                 SQLite project database, written by trackio, read by trackio only
+    sweeps/<sweep_id>.json                      a sweep's record: its members' run ids by tag, what was swept
+                                                (`sweep_record_path`; written by the panel before the members launch)
 
 Every file is written once: to a temporary name beside its destination, then renamed. Readers ignore
 names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapter folders without both
@@ -38,6 +40,7 @@ import tempfile
 RUNS_DIR = "runs"
 SPEC_FILE = "spec.json"
 NOTES_FILE = "notes.json"      # the run's notes and tags, written by the panel (`backend/runs/notes.py`)
+SWEEPS_DIR = "sweeps"
 CODE_DIR = "code"
 USER_REWARDS_MODULE = "user_rewards"    # code/user_rewards.py, imported by the trainer as a module
 DATA_DIR = "data"
@@ -82,6 +85,13 @@ FRAGMENT_RE = re.compile(r"^(?!\.|_tmp)(?P<writer>[A-Za-z0-9_.-]+)-(?P<seq>\d{6}
 def run_prefix(run_id: str) -> str:
     """Path of a run's folder relative to the bucket root."""
     return f"{RUNS_DIR}/{run_id}"
+
+
+def sweep_record_path(sweep_id: str) -> str:
+    """Path of a sweep's record relative to the bucket root (`SweepSpec.record`)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", sweep_id or ""):
+        raise ValueError(f"not a sweep id: {sweep_id!r:.80}")
+    return f"{SWEEPS_DIR}/{sweep_id}.json"
 
 
 def adapter_base(member: str = "") -> str:
