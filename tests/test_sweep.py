@@ -4,7 +4,7 @@ name the field."""
 import pytest
 
 from backend.plan.spec import RunSpec, SpecError
-from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, SweepSpec, fleet_size
+from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, SweepSpec, fleet_size, parse_swept
 from backend.runtime import layout
 
 
@@ -63,6 +63,42 @@ def test_a_sweep_of_one_member_nothing_or_too_many_fields_is_refused():
     field, message = refusal(SweepSpec(base(), many))
     assert field == "sweep" and "at most 3 fields" in message
     assert refusal(SweepSpec(base(), {"no_such_field": [1, 2]}))[0] == "no_such_field"
+
+
+def test_the_forms_rows_parse_to_value_lists_and_bad_rows_are_refused_with_their_field():
+    rows = [("learning_rate", " 1e-4, 5e-4 "), ("", ""), ("reward_weights", "digits=1,format=0.5; digits=1")]
+    assert parse_swept(rows) == {"learning_rate": ["1e-4", "5e-4"],
+                                 "reward_weights": ["digits=1,format=0.5", "digits=1"]}
+    assert parse_swept([("", ""), ("", "  ")]) == {}, "no row filled: no sweep"
+    refusals = (([("lora_r", "")], "lora_r", "give its values"),
+                ([("lora_r", "8,,16")], "lora_r", "an empty value"),
+                ([("", "8, 16")], "sweep", "name no field"),
+                ([("beta", "0"), ("beta", "0.1")], "beta", "named twice"))
+    for bad, field, says in refusals:
+        with pytest.raises(SpecError) as refused:
+            parse_swept(bad)
+        assert [(e.field, says in e.message) for e in refused.value.errors] == [(field, True)], bad
+    members = SweepSpec(base(rewards=["digits", "format"]),
+                        parse_swept([("reward_weights", "digits=1,format=0.5; digits=1")])).members()
+    assert [m.reward_weights for m in members] == [{"digits": 1.0, "format": 0.5}, {"digits": 1.0}]
+
+
+def test_a_reviewed_sweep_launches_with_the_ids_its_preview_showed_and_any_change_needs_a_new_review():
+    seen = SweepSpec(base(), {"learning_rate": [1e-4, 5e-4]})
+    shown = seen.members()
+    again = SweepSpec(base(), {"learning_rate": [1e-4, 5e-4]}, True, seen.sweep_id, tuple(m.run_id for m in shown))
+    kept = again.members()
+    assert [m.run_id for m in kept] == [m.run_id for m in shown]
+    assert again.fingerprint(kept) == seen.fingerprint(shown)
+    changed = SweepSpec(base(), {"learning_rate": [1e-4, 6e-4]}, True, seen.sweep_id, again.run_ids)
+    assert changed.fingerprint(changed.members()) != seen.fingerprint(shown), "one member's value changed"
+    other = SweepSpec(base(max_steps=5), {"learning_rate": [1e-4, 5e-4]}, True, seen.sweep_id, again.run_ids)
+    assert other.fingerprint(other.members()) != seen.fingerprint(shown), "the base settings changed"
+    three = SweepSpec(base(), {"learning_rate": [1e-4, 5e-4, 1e-3]}, True, seen.sweep_id, again.run_ids)
+    assert len({m.run_id for m in three.members()} & set(again.run_ids)) == 0, "ids for another member count: new"
+    record = seen.record(shown)
+    assert record["members"] == {"m0": shown[0].run_id, "m1": shown[1].run_id}
+    assert record["settings"]["m1"] == {"learning_rate": 5e-4} and record["sweep_id"] == seen.sweep_id
 
 
 def test_a_colocated_base_and_a_member_that_does_not_validate_are_refused():

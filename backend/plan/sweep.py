@@ -80,7 +80,7 @@ class SweepSpec:
 
     def problems(self) -> list[FieldError]:
         """Why this sweep cannot launch, each naming the field at fault; [] when it can."""
-        errs = self._field_problems()
+        errs = self.field_problems()
         if errs:
             return errs
         if self.base.mode != "distributed":
@@ -99,7 +99,8 @@ class SweepSpec:
                                     f"{e.message}") for m in members for e in m.validate()]
         return errs or _slot_problems(members, self.swept)
 
-    def _field_problems(self) -> list[FieldError]:
+    def field_problems(self) -> list[FieldError]:
+        """What is wrong with the swept fields and their values alone (the base settings aside)."""
         if not self.swept:
             return [FieldError("sweep", "name one to three fields to sweep, each with its values")]
         if len(self.swept) > MAX_SWEPT_FIELDS:

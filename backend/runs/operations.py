@@ -373,6 +373,8 @@ class Operations:
             errors += exc.errors
         try:
             swept = parse_swept(list(form.rows))
+            if errors:      # the base refused: say what is wrong with the swept fields too, at once
+                errors += SweepSpec(RunSpec(), swept, form.grid, "sweep").field_problems()
         except SpecError as exc:
             errors += exc.errors
         if errors:
