@@ -1,0 +1,166 @@
+"""A sweep from the launch form in a real browser: the Sweep section, Preview (members, run ids, the fleet they need,
+refusals by label), one Launch for every member, the runs list grouping them, and Cancel sweep stopping them all.
+
+Starts `python app.py` as a real process on a free port and drives Debian's chromium with Playwright.
+"""
+
+import json
+import os
+import re
+import time
+
+import pytest
+
+from backend.executors.local import LocalExecutor
+from backend.plan.jobspec import TERMINAL_STAGES
+from backend.runtime import layout
+from tests.browser_helpers import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    inner_text,
+    launch_message,
+    running_panel,
+    set_number,
+    tail,
+    text_of,
+    wait_for_launch_answer,
+    wait_for_text,
+)
+
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+TINY_DISTRIBUTED = "Tiny distributed (CPU, 2 vLLM replicas)"
+BUCKET = "local/grpo-runs"      # the preset's
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    home = tmp_path_factory.mktemp("sweep-home")
+    try:
+        with running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+            yield url, home
+    finally:
+        LocalExecutor(str(home)).cancel_all()     # whatever a failed test left running
+
+
+@pytest.fixture(scope="module")
+def browser(app):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, app, request):
+    """A fresh page on the tiny distributed preset with the Sweep section open (a screenshot left on failure)."""
+    url, home = app
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name=TINY_DISTRIBUTED).click()
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=30000)
+    page.locator("#sweep").get_by_text("Sweep (distributed)", exact=True).click()
+    page.locator("#sweep-values-0 textarea, #sweep-values-0 input").first.wait_for(state="visible", timeout=30000)
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        page.screenshot(path=os.path.join(str(home), f"{request.node.name}.png"), full_page=True)
+        print(f"--- launch message: {launch_message(page)!r}\n--- panel log tail:\n{tail(home / 'app.log')}")
+    page.close()
+
+
+def sweep_row(page, i: int, field: str, values: str) -> None:
+    """Row `i` of the Sweep section: the field (typed into its picker, as a visitor may type any name) and values."""
+    picker = page.locator(f"#sweep-field-{i} input").first
+    picker.click()
+    picker.fill(field)
+    picker.press("Enter")
+    box = page.locator(f"#sweep-values-{i} textarea, #sweep-values-{i} input").first
+    box.fill(values)
+    box.press("Tab")
+
+
+def preview(page) -> str:
+    """Press Preview and wait for the server's answer in the launch message (a refusal or the sweep's members): a
+    new one (every sweep preview has a new sweep id)."""
+    before = text_of(page, "launch-msg")
+    page.locator("#preview-btn").click()
+    page.wait_for_function("""(before) => {
+        const t = document.getElementById('launch-msg').innerText;
+        return t !== before && /nothing was launched|Sweep .*members|job\\(s\\) of run/.test(t);
+    }""", arg=before, timeout=60000)
+    return text_of(page, "launch-msg")
+
+
+def jobs_of(home, run_ids) -> list:
+    return [j for j in LocalExecutor(str(home)).list_jobs() if j.run_id in run_ids]
+
+
+def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_label_launching_nothing(page, app):
+    _, home = app
+    sweep_row(page, 0, "learning_rate", "1e-4, 0.0001")
+    sweep_row(page, 1, "model", "a, b")
+    message = preview(page)
+    assert "nothing was launched" in message, message
+    assert "Model (model): cannot be swept: the fleet serves one base model to every member" in message, message
+    assert "Learning rate (learning_rate): 0.0001 is given twice" in message, message
+
+    sweep_row(page, 0, "learning_rate", "1e-4, 5e-4")
+    sweep_row(page, 1, "lora_r", "8, 16")
+    page.locator("#sweep-grid").get_by_text("side by side", exact=True).click()
+    message = preview(page)
+    assert "Sweep" in message and "2 members" in message and "side by side" in message, message
+    members = re.findall(r"^(m\d)\s+(\d{8}-\d{6}-[0-9a-f]{6})\s+(\S+)\s+(\d+)$", inner_text(page, "launch-msg"),
+                         re.M)
+    assert [(m, lr, r) for m, _, lr, r in members] == [("m0", "0.0001", "8"), ("m1", "0.0005", "16")], message
+    assert "--max-loras 6" in message and "--max-lora-rank 16" in message, message
+    assert "pads every adapter to --max-lora-rank 16: member(s) m0" in message, message
+
+    page.locator("#sweep-grid").get_by_text("grid", exact=True).click()
+    message = preview(page)
+    assert "4 members" in message and "--max-loras 12" in message, message
+    assert jobs_of(home, {run_id for _, run_id, _, _ in members}) == [] and LocalExecutor(str(home)).list_jobs() == []
+    assert not os.path.exists(os.path.join(LocalExecutor(str(home)).bucket_root(BUCKET), layout.SWEEPS_DIR)), \
+        "a preview writes nothing"
+
+
+@pytest.mark.xdist_group("vllm-servers")   # its members start vLLM servers, however briefly (conftest: VLLM_SERVERS)
+def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_sweep_stops_them_all(page, app):
+    _, home = app
+    page.get_by_text("Distributed (async GRPO)", exact=True).click()
+    set_number(page, "f-replicas", 1)
+    sweep_row(page, 0, "learning_rate", "1e-4, 5e-4")
+    message = preview(page)
+    previewed = re.findall(r"^m\d\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.M)
+    sweep_id = re.search(r"Sweep (sweep-\S+): 2 members", message).group(1)
+    assert len(previewed) == 2, message
+
+    page.locator("#launch-btn").click()
+    message = wait_for_launch_answer(page, 120000)
+    assert f"Launched sweep {sweep_id}: 2 member runs" in message, message
+    assert all(run_id in message for run_id in previewed), "the members launched are the ones previewed"
+    root = LocalExecutor(str(home)).bucket_root(BUCKET)
+    with open(os.path.join(root, layout.sweep_record_path(sweep_id))) as f:
+        assert json.load(f)["members"] == {"m0": previewed[0], "m1": previewed[1]}
+    for run_id in previewed:
+        with open(os.path.join(root, layout.run_prefix(run_id), layout.SPEC_FILE)) as f:
+            spec = json.load(f)
+        assert spec["sweep_id"] == sweep_id and spec["replicas"] == 1
+    assert {j.run_id for j in jobs_of(home, previewed)} == set(previewed), "every member's jobs were started"
+
+    # The Runs tab opens on m0; the list shows both members together under their sweep's id.
+    table = wait_for_text(page, "runs-table", re.escape(previewed[1]), 60000)
+    rows = [line for line in table.splitlines() if sweep_id in line]
+    assert len(rows) == 2 and previewed[0] in "".join(rows) and previewed[1] in "".join(rows), table
+    page.locator("#cancel-sweep-btn").wait_for(state="visible", timeout=60000)
+    page.locator("#cancel-sweep-btn").click()
+    said = wait_for_text(page, "action-msg", "Cancel requested for sweep|not cancelled", 60000)
+    assert f"Cancel requested for sweep {sweep_id}" in said and "its 2 members" in said, said
+    deadline = time.time() + 120
+    while any(j.stage not in TERMINAL_STAGES for j in jobs_of(home, previewed)) and time.time() < deadline:
+        time.sleep(1)
+    left = [(j.run_id, j.role, j.stage) for j in jobs_of(home, previewed) if j.stage not in TERMINAL_STAGES]
+    assert not left, f"jobs still running after Cancel sweep: {left}"
