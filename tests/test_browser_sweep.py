@@ -114,7 +114,7 @@ def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_labe
     message = preview(page)
     assert "Sweep" in message and "2 members" in message and "side by side" in message, message
     members = re.findall(r"^(m\d)\s+(\d{8}-\d{6}-[0-9a-f]{6})\s+(\S+)\s+(\d+)$", inner_text(page, "launch-msg"),
-                         re.M)
+                         re.MULTILINE)
     assert [(m, lr, r) for m, _, lr, r in members] == [("m0", "0.0001", "8"), ("m1", "0.0005", "16")], message
     assert "--max-loras 6" in message and "--max-lora-rank 16" in message, message
     assert "pads every adapter to --max-lora-rank 16: member(s) m0" in message, message
@@ -134,7 +134,7 @@ def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_swe
     set_number(page, "f-replicas", 1)
     sweep_row(page, 0, "learning_rate", "1e-4, 5e-4")
     message = preview(page)
-    previewed = re.findall(r"^m\d\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.M)
+    previewed = re.findall(r"^m\d\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.MULTILINE)
     sweep_id = re.search(r"Sweep (sweep-\S+): 2 members", message).group(1)
     assert len(previewed) == 2, message
 
