@@ -173,6 +173,12 @@ def wait_for_launch_answer(page, timeout_ms: int = 30000) -> str:
     return launch_message(page)
 
 
+def table_rows(page, table_id: str) -> list[list[str]]:
+    """The rows a Gradio table `#table_id` draws, each a list of its cells' texts."""
+    return page.evaluate("""(id) => Array.from(document.querySelectorAll('#' + id + ' .virtual-row'))
+        .map(r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.textContent.trim()))""", table_id)
+
+
 def plot_points(page, plot_id: str, trace: str) -> int:
     return page.evaluate("""([plotId, trace]) => {
         const el = document.querySelector('#' + plotId + ' .js-plotly-plot');

@@ -16,6 +16,7 @@ from tests.browser_helpers import (
     panel_page,
     running_panel,
     set_number,
+    table_rows,
     text_of,
     wait_for_text,
 )
@@ -71,11 +72,6 @@ def _traces(page, plot_id: str) -> list[dict]:
     }""", plot_id)
 
 
-def _rows(page, table_id: str) -> list[list[str]]:
-    return page.evaluate("""(id) => Array.from(document.querySelectorAll('#' + id + ' .virtual-row'))
-        .map(r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.textContent.trim()))""", table_id)
-
-
 def test_two_local_runs_with_different_learning_rates_are_overlaid_with_their_settings_diff(page):
     fast = _launch(page, "0.005")
     slow = _launch(page, "0.001", before=fast)
@@ -96,14 +92,14 @@ def test_two_local_runs_with_different_learning_rates_are_overlaid_with_their_se
         assert all(len(t["x"]) == STEPS for t in traces), (plot, [len(t["x"]) for t in traces])
     assert all(t["x"][-1] == STEPS for t in _traces(page, "compare-reward"))
 
-    rows = _rows(page, "compare-diff")
+    rows = table_rows(page, "compare-diff")
     assert rows == [["learning_rate", "0.005", "0.001"]], rows
     # The outcome: each run's held-out score by version under its own best-by rule, from the base model (v0) on,
     # and each run's best version listed.
     lines = [t for t in _traces(page, "compare-heldout") if not t["name"].startswith("best: ")]
     assert [t["name"].split(" · ")[1] for t in lines] == [fast, slow], lines
     assert all(t["x"][0] == 0 and t["x"][-1] == STEPS for t in lines), [t["x"] for t in lines]
-    best = _rows(page, "compare-best")
+    best = table_rows(page, "compare-best")
     assert [r[0] for r in best] == [fast, slow], best
     for row in best:
         assert row[1] == "held-out 1 x digits + 1 x distinct_chars" and re.fullmatch(r"\d\.\d{3}", row[2]), row
@@ -135,7 +131,7 @@ def test_two_local_runs_with_different_learning_rates_are_overlaid_with_their_se
     # The runs list shows each run's best held-out score and version, as the Compare tab ranks them.
     open_runs_list(page)
     column = RUNS_HEADERS.index("best held-out")
-    listed = {r[0]: r for r in _rows(page, "runs-table") if r}
+    listed = {r[0]: r for r in table_rows(page, "runs-table") if r}
     for row in best:
         want = f"{row[4]} · {row[3]}" if row[3].startswith("v") else "none beats base"
         assert listed[row[0]][column] == want, (row, listed[row[0]])

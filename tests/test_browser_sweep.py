@@ -19,8 +19,10 @@ from tests.browser_helpers import (
     CHROMIUM_ARGS,
     inner_text,
     launch_message,
+    open_runs_list,
     running_panel,
     set_number,
+    table_rows,
     tail,
     text_of,
     wait_for_launch_answer,
@@ -151,11 +153,19 @@ def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_swe
         assert spec["sweep_id"] == sweep_id and spec["replicas"] == 1
     assert {j.run_id for j in jobs_of(home, previewed)} == set(previewed), "every member's jobs were started"
 
-    # The Runs tab opens on m0; the list shows both members together under their sweep's id.
-    table = wait_for_text(page, "runs-table", re.escape(previewed[1]), 60000)
-    rows = [line for line in table.splitlines() if sweep_id in line]
-    assert len(rows) == 2 and previewed[0] in "".join(rows) and previewed[1] in "".join(rows), table
+    # The Runs tab opens on m0 (offering Cancel sweep, and folding the runs list away); the list shows both members
+    # together, each named with its sweep's id.
     page.locator("#cancel-sweep-btn").wait_for(state="visible", timeout=60000)
+    wait_for_text(page, "run-status", re.escape(previewed[0]), 60000)
+    open_runs_list(page)
+    deadline, rows = time.time() + 60, []
+    while time.time() < deadline:
+        rows = [row for row in table_rows(page, "runs-table") if row and sweep_id in " ".join(row)]
+        if len(rows) == 2:
+            break
+        time.sleep(1)
+    assert sorted(row[0] for row in rows) == sorted(previewed), table_rows(page, "runs-table")
+    assert all(f"sweep {sweep_id}" in row[1] for row in rows), rows
     page.locator("#cancel-sweep-btn").click()
     said = wait_for_text(page, "action-msg", "Cancel requested for sweep|not cancelled", 60000)
     assert f"Cancel requested for sweep {sweep_id}" in said and "its 2 members" in said, said
