@@ -7,11 +7,13 @@ import json
 import os
 import time
 import zipfile
+from dataclasses import replace
 
 import pytest
 
 from backend.plan.jobspec import LABEL_RUN
 from backend.runs.access import Visitor
+from backend.runs.operations import SweepForm
 from backend.view.alerts import AlertBook
 from panel import dashboard
 from panel.runs_list import RUNS_HEADERS
@@ -192,6 +194,33 @@ def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, make_pane
     assert result.run_id is None and "Cancelled the 1 job(s) already submitted" in result.message
     [first] = [r for r in hub.requests if r.method == "POST" and r.path.endswith("/cancel")]
     assert first.path.startswith("/api/jobs/alice/")
+
+
+def test_a_sweep_launches_every_member_after_one_review_and_cancel_sweep_stops_them_all(hub, make_panel):
+    panel = make_panel()
+    form, sweep = {**FORM, "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1"}, SweepForm(
+        (("learning_rate", "1e-4, 5e-4"),))
+    unreviewed = panel.launch(form, sweep=sweep)
+    assert unreviewed.run_id is None and "Not launched yet" in unreviewed.message, unreviewed.message
+    assert "Estimated cost of all 2 members at most" in unreviewed.message and hub.job_posts() == []
+    shown = panel.preview(form, sweep=sweep)
+    reviewed = replace(sweep, sweep_id=shown.sweep_id, run_ids=shown.run_ids)
+    assert f"Review code **`{shown.fingerprint}`**" in shown.markdown and len(shown.run_ids) == 2
+    changed = panel.launch({**form, "max_steps": 7}, confirmed=shown.fingerprint, sweep=reviewed)
+    assert changed.run_id is None and "the form changed" in changed.message and hub.job_posts() == []
+
+    result = panel.launch(form, confirmed=shown.fingerprint, sweep=reviewed)
+    assert result.run_ids == shown.run_ids, result.message
+    posted = [r.json["labels"] for r in hub.job_posts()]
+    assert sorted((labels[LABEL_RUN], labels["grpo-panel-role"]) for labels in posted) == sorted(
+        (run_id, role) for run_id in shown.run_ids for role in ("trainer", "vllm-0")), "each member's own jobs"
+
+    said = panel.cancel_sweep(shown.run_ids[1])
+    assert f"Cancel requested for sweep {shown.sweep_id}: 4 job(s) of its 2 members" in said, said
+    wait_until(lambda: {job.stage for job in hub.jobs.values()} == {"CANCELED"}, what="every member cancelled")
+    lone, _ = launch_reviewed(panel, FORM)
+    assert "is not a member of a sweep" in panel.cancel_sweep(lone.run_id)
+    assert any(job.stage != "CANCELED" for job in hub.jobs.values()), "a lone run is not cancelled as a sweep"
 
 
 def test_a_job_the_hub_created_behind_a_timeout_is_found_by_label_and_cancelled(hub, make_panel):

@@ -413,8 +413,10 @@ class Operations:
         registry = self.runs.registry_for(where, token, base.bucket_namespace)
         members = [p.spec for p in shown.members]
         try:
-            registry.store_for(base.bucket).write_bytes(layout.sweep_record_path(shown.sweep.sweep_id),
-                                                       json.dumps(shown.sweep.record(members)).encode())
+            store = registry.store_for(base.bucket)
+            store.ensure_bucket()       # a first launch creates the bucket (private), as a run's launch does
+            store.write_bytes(layout.sweep_record_path(shown.sweep.sweep_id),
+                              json.dumps(shown.sweep.record(members)).encode())
         except Exception as exc:
             raise LaunchError(f"could not write the sweep's record into bucket {base.bucket}: {exc}. "
                               "No job was submitted.") from exc
