@@ -4,7 +4,7 @@ name the field."""
 import pytest
 
 from backend.plan.spec import RunSpec, SpecError
-from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, SweepSpec, fleet_size, parse_swept
+from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, MAX_MEMBERS, SweepSpec, fleet_size, parse_swept
 from backend.runtime import layout
 
 
@@ -99,6 +99,17 @@ def test_a_reviewed_sweep_launches_with_the_ids_its_preview_showed_and_any_chang
     record = seen.record(shown)
     assert record["members"] == {"m0": shown[0].run_id, "m1": shown[1].run_id}
     assert record["settings"]["m1"] == {"learning_rate": 5e-4} and record["sweep_id"] == seen.sweep_id
+
+
+def test_a_grid_too_large_for_a_fleet_is_refused_before_any_combination_is_built(monkeypatch):
+    built = []
+    monkeypatch.setattr(SweepSpec, "_combinations", lambda self: built.append(1) or [])
+    values = [str(i) for i in range(MAX_MEMBERS)]
+    field, message = refusal(SweepSpec(base(), {"seed": values, "lora_r": [8, 16], "beta": [0.0, 0.1]}))
+    assert field == "seed" and f"{4 * MAX_MEMBERS} members are more than a fleet serves" in message
+    field, message = refusal(SweepSpec(base(), {"seed": [str(i) for i in range(100_000)]}, grid=False))
+    assert field == "seed" and "100000 values make more members" in message
+    assert built == [], "no grid was built"
 
 
 def test_a_colocated_base_and_a_member_that_does_not_validate_are_refused():

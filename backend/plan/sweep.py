@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,9 @@ MAX_SWEPT_FIELDS = 3
 # the weights of an adapter of --max-lora-rank on every target module, and batches at most --max-loras adapters per
 # step: past this the reserve crowds out the KV cache of a small GPU. A sweep that needs more runs fewer members.
 MAX_FLEET_LORA_SLOTS = 32
+# Members a sweep may have: each holds at least 2 slots (max_staleness 0). Checked before any combination is made, so a
+# long value list (a visitor's input) never builds its grid.
+MAX_MEMBERS = MAX_FLEET_LORA_SLOTS // 2
 
 # The trainer-side fields of the distributed section: each member's own, not the fleet's.
 DISTRIBUTED_MEMBER_FIELDS = ("max_staleness", "max_tokens_per_batch", "max_inflight_tasks", "queue_maxsize",
@@ -89,6 +93,10 @@ class SweepSpec:
             lengths = ", ".join(f"{name} {len(v)}" for name, v in self.swept.items())
             return [FieldError(next(iter(self.swept)), f"side-by-side lists must be of one length ({lengths}): "
                                                       "give each the same number of values, or sweep a grid")]
+        count = math.prod(len(v) for v in self.swept.values()) if self.grid else len(next(iter(self.swept.values())))
+        if count > MAX_MEMBERS:
+            return [FieldError(next(iter(self.swept)), f"{count} members are more than a fleet serves at once "
+                                                      f"({MAX_MEMBERS}): sweep fewer values")]
         if len(self._combinations()) < 2:
             return [FieldError(next(iter(self.swept)), "a sweep needs at least 2 members: give more values")]
         base_errs = self.base.validate()
@@ -115,6 +123,9 @@ class SweepSpec:
                 errs.append(FieldError(name, f"cannot be swept: {why}; sweep one of {', '.join(allowed)}"))
             elif not isinstance(values, list) or not values:
                 errs.append(FieldError(name, "give a list of one or more values to sweep"))
+            elif len(values) > MAX_MEMBERS:
+                errs.append(FieldError(name, f"{len(values)} values make more members than a fleet serves at once "
+                                             f"({MAX_MEMBERS}): sweep fewer values"))
             else:
                 errs += _value_problems(name, values, known[name].type)
         return errs
