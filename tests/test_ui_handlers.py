@@ -240,15 +240,18 @@ def test_a_page_wires_a_plain_handler_under_its_own_name_with_groups_by_member()
 
 
 def test_a_tick_shows_cancel_while_the_run_lives_and_resume_once_it_stopped_unfinished_sending_each_change_once():
-    live_run = SimpleNamespace(stage="RUNNING", current_jobs={}, events=[])
+    live_run = SimpleNamespace(stage="RUNNING", current_jobs={}, events=[], spec={})
     drawn: dict = {}
     opened = dashboard_view.run_actions(live_run, drawn)
     assert opened["cancel"]["visible"] is True and opened["resume"]["visible"] is False
+    assert opened["cancel_sweep"]["visible"] is False, "a lone run has no sweep to cancel"
     assert dashboard_view.run_actions(live_run, drawn) == {}, "the same actions: nothing sent again"
     live_run.stage = "ERROR"        # it ended, unfinished, while open
     stopped = dashboard_view.run_actions(live_run, drawn)
     assert stopped["cancel"]["visible"] is False and stopped["resume"]["visible"] is True
     assert stopped["resume_confirm"] == gr.update(value=False, visible=True)
+    member = SimpleNamespace(stage="COMPLETED", current_jobs={}, events=[], spec={"sweep_id": "sweep-1"})
+    assert dashboard_view.run_actions(member)["cancel_sweep"]["visible"] is True, "its neighbours may still run"
 
 
 def test_picking_ray_fills_a_mount_path_of_the_panels_home_or_none_and_keeps_one_the_user_typed(panel, monkeypatch):
