@@ -87,12 +87,13 @@ def sweep_row(page, i: int, field: str, values: str) -> None:
 
 def preview(page) -> str:
     """Press Preview and wait for the server's answer in the launch message (a refusal or the sweep's members): a
-    new one (every sweep preview has a new sweep id)."""
-    before = text_of(page, "launch-msg")
+    new one (every sweep preview has a new sweep id), once Gradio's pending timer ('0.4s') has left the message."""
+    before = text_of(page, "launch-msg").strip()
     page.locator("#preview-btn").click()
     page.wait_for_function("""(before) => {
-        const t = document.getElementById('launch-msg').innerText;
-        return t !== before && /nothing was launched|Sweep .*members|job\\(s\\) of run/.test(t);
+        const t = document.getElementById('launch-msg').innerText.trim();
+        const pending = /^(processing|[\\d.]+\\s*s\\b)/i.test(t);
+        return !pending && t !== before && /nothing was launched|Sweep .*members|job\\(s\\) of run/.test(t);
     }""", arg=before, timeout=60000)
     return text_of(page, "launch-msg")
 
