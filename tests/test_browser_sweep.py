@@ -24,7 +24,6 @@ from tests.browser_helpers import (
     set_number,
     table_rows,
     tail,
-    text_of,
     wait_for_launch_answer,
     wait_for_text,
 )
@@ -85,17 +84,11 @@ def sweep_row(page, i: int, field: str, values: str) -> None:
     box.press("Tab")
 
 
-def preview(page) -> str:
-    """Press Preview and wait for the server's answer in the launch message (a refusal or the sweep's members): a
-    new one (every sweep preview has a new sweep id), once Gradio's pending timer ('0.4s') has left the message."""
-    before = text_of(page, "launch-msg").strip()
+def preview(page, expect: str) -> str:
+    """Press Preview and return the launch message once it reads `expect` (a regular expression): the answer this
+    preview must give (a text merely changed may be the previous answer redrawn)."""
     page.locator("#preview-btn").click()
-    page.wait_for_function("""(before) => {
-        const t = document.getElementById('launch-msg').innerText.trim();
-        const pending = /^(processing|[\\d.]+\\s*s\\b)/i.test(t);
-        return !pending && t !== before && /nothing was launched|Sweep .*members|job\\(s\\) of run/.test(t);
-    }""", arg=before, timeout=60000)
-    return text_of(page, "launch-msg")
+    return wait_for_text(page, "launch-msg", expect, 60000)
 
 
 def jobs_of(home, run_ids) -> list:
@@ -106,7 +99,7 @@ def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_labe
     _, home = app
     sweep_row(page, 0, "learning_rate", "1e-4, 0.0001")
     sweep_row(page, 1, "model", "a, b")
-    message = preview(page)
+    message = preview(page, "nothing was launched")
     assert "nothing was launched" in message, message
     assert "Model (model): cannot be swept: the fleet serves one base model to every member" in message, message
     assert "Learning rate (learning_rate): 0.0001 is given twice" in message, message
@@ -114,7 +107,7 @@ def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_labe
     sweep_row(page, 0, "learning_rate", "1e-4, 5e-4")
     sweep_row(page, 1, "lora_r", "8, 16")
     page.locator("#sweep-grid").get_by_text("side by side", exact=True).click()
-    message = preview(page)
+    message = preview(page, r"Sweep .*: 2 members")
     assert "Sweep" in message and "2 members" in message and "side by side" in message, message
     members = re.findall(r"^(m\d)\s+(\d{8}-\d{6}-[0-9a-f]{6})\s+(\S+)\s+(\d+)$", inner_text(page, "launch-msg"),
                          re.MULTILINE)
@@ -123,11 +116,17 @@ def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_labe
     assert "pads every adapter to --max-lora-rank 16: member(s) m0" in message, message
 
     page.locator("#sweep-grid").get_by_text("grid", exact=True).click()
-    message = preview(page)
-    assert "4 members" in message and "--max-loras 12" in message, message
-    assert jobs_of(home, {run_id for _, run_id, _, _ in members}) == [] and LocalExecutor(str(home)).list_jobs() == []
-    assert not os.path.exists(os.path.join(LocalExecutor(str(home)).bucket_root(BUCKET), layout.SWEEPS_DIR)), \
-        "a preview writes nothing"
+    message = preview(page, r"Sweep .*: 4 members")
+    assert "--max-loras 12" in message, message
+    grid_ids = re.findall(r"^m\d\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.MULTILINE)
+    assert len(grid_ids) == 4, message
+    previewed = {run_id for _, run_id, _, _ in members} | set(grid_ids)
+    assert jobs_of(home, previewed) == [], "a preview launches nothing"
+    root = LocalExecutor(str(home)).bucket_root(BUCKET)
+    for run_id in previewed:
+        assert not os.path.exists(os.path.join(root, layout.run_prefix(run_id))), "a preview writes nothing"
+    sweep_id = re.search(r"Sweep (sweep-\S+): 4 members", message).group(1)
+    assert not os.path.exists(os.path.join(root, layout.sweep_record_path(sweep_id)))
 
 
 @pytest.mark.xdist_group("vllm-servers")   # its members start vLLM servers, however briefly (conftest: VLLM_SERVERS)
@@ -136,7 +135,7 @@ def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_swe
     page.get_by_text("Distributed (async GRPO)", exact=True).click()
     set_number(page, "f-replicas", 1)
     sweep_row(page, 0, "learning_rate", "1e-4, 5e-4")
-    message = preview(page)
+    message = preview(page, r"Sweep .*: 2 members")
     previewed = re.findall(r"^m\d\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.MULTILINE)
     sweep_id = re.search(r"Sweep (sweep-\S+): 2 members", message).group(1)
     assert len(previewed) == 2, message
