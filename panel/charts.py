@@ -117,9 +117,14 @@ def ema(ys: list[float], weight: float) -> list[float]:
 
 
 def figure(title: str, y_title: str, options: ChartOptions, **layout) -> dict:
-    """An empty figure: title, axis titles with units, legend below the plot, hover values for every series."""
+    """An empty figure: title, axis titles with units, legend below the plot, hover values for every series.
+
+    Its x axis kind goes into `meta` (the page's script zooms a run's charts of one kind together: `panel.ui`), and
+    `uirevision` names the run's start and that kind: a redraw with new points keeps a zoom, while another run or
+    another axis draws afresh."""
     xaxis = {"title": {"text": options.x_title}}
     return {"data": [], "layout": {
+        "meta": {"x_axis": options.x}, "uirevision": f"{options.x}@{options.t0}",
         "title": {"text": title}, "height": 300, "margin": {"l": 50, "r": 50, "t": 40, "b": 70},
         "xaxis": xaxis, "yaxis": {"title": {"text": y_title}}, "template": "plotly_white",
         "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"}, "showlegend": True,

@@ -3,6 +3,8 @@
 handlers are plain functions in those modules, over the backend and `panel/actions.py`.
 """
 
+import json
+
 import gradio as gr
 
 from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view
@@ -65,6 +67,44 @@ PIN_JUMP_BAR = """(() => {
     });
 })();
 """
+# A zoom on one of the open run's charts zooms the others on the same kind of x axis (the figure's `meta.x_axis`:
+# steps, wall time, dollars); a reset (double-click, autoscale) on one resets them all, as W&B and TensorBoard do.
+# Gradio draws each chart with Plotly.react, which can start a chart afresh and drop its listeners: each chart's
+# listener is tied to the event emitter it was added to, and added again where that has changed.
+SYNC_X_RANGES = """(() => {
+    const ids = PLOT_IDS;
+    const hooked = new WeakMap();
+    const kind = (gd) => (gd.layout && gd.layout.meta && gd.layout.meta.x_axis) || '';
+    const charts = () => ids.map((id) => document.querySelector(`#${id} .js-plotly-plot`)).filter(Boolean);
+    const follow = (source, change) => {
+        for (const gd of charts()) {
+            if (gd === source || kind(gd) !== kind(source) || !gd.layout.xaxis) continue;
+            const axis = gd.layout.xaxis;
+            if (change.reset ? axis.autorange === true
+                : (axis.autorange === false && axis.range && axis.range[0] === change.range[0]
+                   && axis.range[1] === change.range[1])) continue;     // already there: no echo back
+            window.Plotly.relayout(gd, change.reset ? {'xaxis.autorange': true}
+                                                    : {'xaxis.range': change.range.slice()});
+        }
+    };
+    const onRelayout = (gd) => (event) => {
+        if (!event) return;
+        if (event['xaxis.autorange'] === true) return follow(gd, {reset: true});
+        const range = event['xaxis.range'] || (event['xaxis.range[0]'] !== undefined
+            ? [event['xaxis.range[0]'], event['xaxis.range[1]']] : null);
+        if (range) follow(gd, {range: range});
+    };
+    const hook = () => {
+        for (const gd of charts()) {
+            if (gd._ev && typeof gd.on === 'function' && hooked.get(gd) !== gd._ev) {
+                hooked.set(gd, gd._ev);
+                gd.on('plotly_relayout', onRelayout(gd));
+            }
+        }
+    };
+    setInterval(hook, 500);
+})();
+""".replace("PLOT_IDS", json.dumps(list(dashboard_view.PLOT_IDS.values())))
 # Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
 # must stay empty and be refused by the form's checks, not silently become the first dataset or flavor.
 KEEP_CLEARED_CHOICES = """document.addEventListener('keydown', (e) => {
@@ -74,7 +114,7 @@ KEEP_CLEARED_CHOICES = """document.addEventListener('keydown', (e) => {
 }, true);
 """
 # The page's own script (launch(js=...)).
-PAGE_JS = "() => {\n" + KEEP_CLEARED_CHOICES + JUMP_TO_SECTION + PIN_JUMP_BAR + "}"
+PAGE_JS = "() => {\n" + KEEP_CLEARED_CHOICES + JUMP_TO_SECTION + PIN_JUMP_BAR + SYNC_X_RANGES + "}"
 
 
 def build_ui(panel: Panel) -> gr.Blocks:

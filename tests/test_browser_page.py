@@ -261,3 +261,49 @@ def test_a_tag_set_in_the_page_is_saved_in_the_runs_folder_and_filters_the_list(
     screen.locator("#notes-section").get_by_text("Notes and tags", exact=True).click()
     screen.wait_for_function("() => document.querySelector('#notes-text textarea').value.includes('flat')",
                              timeout=30000)
+
+
+X_AXIS_OF = """(id) => {
+    const gd = document.querySelector(`#${id} .js-plotly-plot`);
+    const axis = gd && gd.layout && gd.layout.xaxis;
+    return axis ? {auto: axis.autorange === true, range: axis.range ? axis.range.slice() : null,
+                   kind: gd.layout.meta && gd.layout.meta.x_axis} : null;
+}"""
+
+
+def x_axis(page, elem_id: str) -> dict | None:
+    """The x axis of the chart `#elem_id` as plotly holds it now: autoranged or not, its range, its kind."""
+    return page.evaluate(X_AXIS_OF, elem_id)
+
+
+def wait_for_x_axis(page, elem_id: str, test: str, timeout_ms: int = 30000) -> dict:
+    """The chart's x axis once the JS expression `test` (over `axis`, as `x_axis` returns it) holds."""
+    page.wait_for_function(f"(id) => {{ const axis = ({X_AXIS_OF})(id); return !!axis && ({test}); }}", arg=elem_id,
+                           timeout=timeout_ms)
+    return x_axis(page, elem_id)
+
+
+def test_a_zoom_on_one_chart_zooms_the_runs_charts_on_that_axis_and_a_reset_on_another_resets_them(app, screen):
+    _, _, run = app
+    pick_run(screen, run.spec.run_id)
+    steps = ("reward-plot", "heldout-plot", "kl-plot", "lr-plot")      # all on the step axis
+    for elem_id in (*steps, "util-plot"):
+        wait_for_x_axis(screen, elem_id, "axis.auto")
+    assert x_axis(screen, "util-plot")["kind"] == "time", "resource charts keep wall time on the step axis"
+    drag = screen.locator("#reward-plot .nsewdrag").first.bounding_box()
+    y = drag["y"] + drag["height"] / 2
+    screen.mouse.move(drag["x"] + drag["width"] * 0.3, y)
+    screen.mouse.down()
+    screen.mouse.move(drag["x"] + drag["width"] * 0.45, y, steps=5)
+    screen.mouse.move(drag["x"] + drag["width"] * 0.6, y, steps=5)
+    screen.mouse.up()
+    zoomed = wait_for_x_axis(screen, "reward-plot", "!axis.auto")["range"]
+    assert 0 < zoomed[0] < zoomed[1] < 30 and zoomed[1] - zoomed[0] < 20, zoomed
+    for elem_id in steps[1:]:
+        got = wait_for_x_axis(screen, elem_id, "!axis.auto")["range"]
+        assert got == pytest.approx(zoomed), f"#{elem_id}'s x range {got}, not the zoomed chart's {zoomed}"
+    assert x_axis(screen, "util-plot")["auto"], "a chart on another kind of x axis keeps its own range"
+    screen.locator("#kl-plot").scroll_into_view_if_needed()
+    screen.locator("#kl-plot .nsewdrag").first.dblclick()
+    for elem_id in steps:
+        wait_for_x_axis(screen, elem_id, "axis.auto")

@@ -270,3 +270,18 @@ def test_a_one_point_chart_spans_its_value_not_a_hair_around_it():
     two = table_of([{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5}])
     assert "range" not in charts.reward_figure(two, STEP)["layout"]["yaxis"]
     assert reward["layout"]["modebar"] == {"orientation": "v"}, "the toolbar down the right edge, off the title"
+
+
+def test_a_runs_charts_name_their_x_axis_kind_and_keep_a_zoom_across_redraws_of_that_run_only():
+    table = table_of([{"step": 1, "time": 1060.0, "reward": 0.5, "kl": 0.1}])
+    usage = ResourceUsage()
+    usage.add([ResourceSample(time=1120.0, cpu_percent=50.0, ram_bytes=2**30)])
+    run = charts.ChartOptions(t0=1000.0)
+    reward, kl = charts.reward_figure(table, run)["layout"], charts.kl_figure(table, run)["layout"]
+    util = charts.utilisation_figure({"trainer": usage}, run)["layout"]
+    assert reward["meta"] == kl["meta"] == {"x_axis": "step"} and util["meta"] == {"x_axis": "time"}
+    again = charts.reward_figure(table_of([{"step": 2, "time": 1070.0, "reward": 0.7}]), run)["layout"]
+    assert again["uirevision"] == reward["uirevision"], "new points keep the chart's zoom (plotly's uirevision)"
+    other_run = charts.reward_figure(table, charts.ChartOptions(t0=2000.0))["layout"]
+    other_axis = charts.reward_figure(table, charts.ChartOptions(x="time", t0=1000.0))["layout"]
+    assert reward["uirevision"] not in (other_run["uirevision"], other_axis["uirevision"])
