@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from backend.outcome.best_version import default_choice, score_text, version_choices
 from backend.outcome.try_it import try_choices
+from backend.plan.cost import format_duration
 from backend.runtime import records
 from backend.runtime.best_rule import rule_text
 from backend.runtime.canary import SERVING_TOLERANCE
@@ -25,6 +26,7 @@ from backend.view.diagnose import ratio_alert
 from backend.view.hacking import hacking_alert
 from backend.view.runview import reading, replica_counts
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
+from backend.view.startup import start_up
 from panel import charts
 from panel.markdown import code_span, fenced, masked
 from panel.marks import mark
@@ -186,6 +188,20 @@ def status_markdown(view) -> str:
         parts.append(f"{mark('warning', str(total))} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     parts += end_lines(view)
     return "\n\n".join(parts)
+
+
+def start_up_line(view, now: float | None = None) -> str:
+    """'◌ Starting: **building the model** for 12 s (41 s since launch)' while the run starts (`startup.start_up`),
+    else ''. Time passes: the live update sends it again each tick, apart from the frame."""
+    with reading(view):     # a refresh meanwhile appends to the events and logs read here
+        stage = start_up(view)
+    if stage is None:
+        return ""
+    now = time.time() if now is None else now
+    took = f" for {format_duration(now - stage.since)}" if stage.since else ""
+    start = run_start(view)
+    since = f" ({format_duration(now - start)} since launch)" if start else ""
+    return mark("waiting", f"Starting: **{stage.stage}**{took}{since}")
 
 
 def best_line(view) -> str:

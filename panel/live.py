@@ -94,7 +94,9 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
     corners = spend_view.spend_corners(panel, run_id, visitor) if axis == "dollars" else None
 
     def extra(view) -> dict:
-        cost = spend_view.cost_line(panel, run_id, visitor, view)       # time passes: spend and ETA change
+        # Time passes: the start-up stage's elapsed time, the spend and the ETA change without new records.
+        cost = "\n\n".join(filter(None, (dashboard.start_up_line(view), spend_view.cost_line(panel, run_id,
+                                                                                          visitor, view))))
         final = panel.final_adapter(run_id, visitor) if view.final_files else None
         return {"cost": (cost, cost), "final": (final, final)}
 

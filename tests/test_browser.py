@@ -81,6 +81,12 @@ def page(browser, app_url, app_home, request):
 
 
 
+# What a starting local demo run's header may say it is doing (`backend/view/startup.py`), in the order it goes.
+STARTING_STAGES = {"starting the trainer job", "building the model", "loading the data and the model",
+                   "importing TRL and building the trainer, then scoring the base model on the held-out set",
+                   "training the first step"}
+
+
 def _reward_points(page) -> int:
     return page.evaluate("""() => {
         const el = document.querySelector('#reward-plot .js-plotly-plot');
@@ -240,17 +246,23 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     page.wait_for_function("() => document.querySelector('#run-status').textContent.includes('trainer:')",
                            timeout=30000)
 
-    # The dashboard fills in across timer ticks: the reward chart gains points while the run trains.
-    counts, shot = [], False
+    # The dashboard fills in across timer ticks: the reward chart gains points while the run trains. Until its first
+    # step the header says what the run is doing to start, with the time it took so far.
+    counts, shot, starting = [], False, []
     deadline = time.time() + 300
     while time.time() < deadline and (not counts or counts[-1] < 200):
         counts.append(_reward_points(page))
+        said = re.search(r"Starting: (.+?) (?:for \d.*)?\(\d.* since launch\)", inner_text(page, "run-cost"))
+        if said and not counts[-1] and said.group(1) not in starting:
+            starting.append(said.group(1))
         if 40 <= counts[-1] <= 170 and not shot:
             _screenshot(page, "dashboard.png")   # mid-run, for the README
             shot = True
         time.sleep(0.5)
     grown = sorted(set(counts))
     assert len(grown) >= 3 and grown[-1] == 200, counts
+    assert starting and set(starting) <= STARTING_STAGES, starting
+    assert "Starting" not in inner_text(page, "run-cost"), "a run that logged its steps says its step, not its start"
 
     page.locator("#run-status").get_by_text("final adapter ready").wait_for(timeout=120000)
     assert "transformers (CPU)" in inner_text(page, "run-status")

@@ -228,3 +228,55 @@ def test_the_replica_table_counts_restarts_disconnects_and_canary_misses_each_as
     old = [{"time": 1, "replicas": [{"url": "http://a", "healthy": True, "joined": 3, "restarted": 1}]}]
     assert dashboard.replica_rows(_view(replica_stats=old))[0][9] == "restarted 1x · came back 1x", \
         "a proxy from before the run's counts: its returns beyond its restarts were disconnects"
+
+
+def test_a_starting_run_says_its_start_up_stage_with_elapsed_time_until_its_first_step():
+    from collections import deque
+
+    from backend.plan.jobspec import JobStatus
+    from backend.storage.series import SeriesTable
+
+    trainer = SimpleNamespace(status=JobStatus("SCHEDULING"), logs=deque())
+    spec = {"model": "builtin:tiny-qwen2", "executor": "local", "eval_source": "split", "created_at": 1000.0}
+    view = _view(current_jobs={"trainer": trainer}, spec=spec, table=SeriesTable(), launch_failure=None)
+
+    def line(now=1041.0):
+        return dashboard.start_up_line(view, now)
+
+    assert line() == "◌ Starting: **waiting for a machine (scheduling)** (41 s since launch)"
+    trainer.status = JobStatus("RUNNING")
+    assert "**starting the trainer job**" in line()
+    view.events.append({"writer": "trainer", "event": "attempt", "role": "trainer", "time": 1010.0})
+    assert line() == "◌ Starting: **building the model** for 31 s (41 s since launch)"
+    trainer.logs.append("builtin:tiny-qwen2 ready at /tmp/m (3.2 s)")
+    assert "**loading the data and the model** for 31 s" in line()
+    view.events.append({"writer": "trainer", "event": "engine", "engine": "transformers", "time": 1030.0})
+    assert "**importing TRL and building the trainer, then scoring the base model on the held-out set** for 11 s" \
+        in line()
+    view.events.append({"writer": "trainer", "event": "started", "step": 0, "max_steps": 200, "time": 1040.0})
+    assert "**training the first step** for 1 s" in line()
+    view.events.append({"writer": "trainer", "event": "attempt", "role": "trainer", "time": 1040.5})
+    assert "**loading the data and the model**" in line(), "a retried attempt starts over"
+    view.table.add({"step": 1, "time": 1041.0, "reward": 0.1})
+    assert line() == "", "a run that logged a step says its step instead"
+
+
+def test_a_distributed_run_waits_for_its_replicas_and_an_hf_jobs_run_installs_first():
+    from collections import deque
+
+    from backend.plan.jobspec import JobStatus
+    from backend.storage.series import SeriesTable
+
+    trainer = SimpleNamespace(status=JobStatus("RUNNING"), logs=deque(["builtin:tiny-qwen2 ready at /m (1 s)"]))
+    jobs = {"trainer": trainer, "vllm-0": SimpleNamespace(status=JobStatus("RUNNING")),
+            "vllm-1": SimpleNamespace(status=JobStatus("SCHEDULING"))}
+    attempt = [{"writer": "trainer", "event": "attempt", "role": "trainer", "time": 5.0}]
+    view = _view(current_jobs=jobs, spec={"model": "builtin:tiny-qwen2"}, table=SeriesTable(), launch_failure=None,
+                 events=attempt)
+    assert "waiting for the vLLM replicas (1/2 replica jobs running)" in dashboard.start_up_line(view, 10.0)
+    hub = _view(current_jobs={"trainer": SimpleNamespace(status=JobStatus("RUNNING"), logs=deque())},
+                spec={"model": "Qwen/Qwen2.5-0.5B", "executor": "hf_jobs"}, table=SeriesTable(),
+                launch_failure=None, events=attempt)
+    assert "**installing the runtime and loading the model**" in dashboard.start_up_line(hub, 10.0)
+    hub.current_jobs["trainer"].status = JobStatus("COMPLETED")
+    assert dashboard.start_up_line(hub, 10.0) == ""
