@@ -63,6 +63,8 @@ CHARTS: dict[str, tuple[str, Callable]] = {
     "learning_rate": ("lr-plot", lambda view, o: charts.learning_rate_figure(view.table, o)),
 }
 PLOTS = tuple(CHARTS)
+# The chart that shows what bounds a distributed run (`diagnose.view_verdict`'s kind), drawn again among the key charts.
+BOTTLENECK_CHARTS = {"sync-bound": "sync", "generation-bound": "queue", "trainer-bound": "timing"}
 
 
 @dataclass
@@ -86,6 +88,7 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
     options = options or charts.ChartOptions(t0=run_start(view))
     with reading(view):     # a refresh or a history join meanwhile would change the tables being drawn
         values = {name: charts.plot_json(figure(view, options)) for name, (_, figure) in CHARTS.items()}
+        values["bottleneck"] = bottleneck_chart(view, options)
         values.update(status=status_markdown(view), adapters=adapter_table(view), replicas=replica_rows(view),
                       change=diagnose.view_verdict(view).change,
                       sample_steps=sample_steps(view)[:SAMPLE_STEPS], sample_prompt=sample_prompts(view),
@@ -94,6 +97,18 @@ def build_frame(view, options: charts.ChartOptions | None = None) -> Frame:
         if view.spec:       # before spec.json is read, the config shown stays as it was
             values["config"] = view.spec
     return Frame(values, {k: digest(v) for k, v in values.items()})
+
+
+def bottleneck_chart(view, options: charts.ChartOptions) -> str | None:
+    """The chart of what bounds the run, titled with the verdict, for the key charts' row; None when nothing does
+    (a colocated run, a healthy one, too few steps): the row then holds the reward and held-out charts alone."""
+    name = BOTTLENECK_CHARTS.get(diagnose.view_verdict(view).kind)
+    if name is None:
+        return None
+    fig = CHARTS[name][1](view, options)
+    title = fig["layout"]["title"]["text"]     # its numbers are in the header's verdict: the chart's name will do
+    fig["layout"]["title"]["text"] = f"Bottleneck: {title.split(' (', 1)[0]}"
+    return charts.plot_json(fig)
 
 
 def digest(value) -> str:

@@ -19,6 +19,8 @@ from panel.markdown import masked
 from panel.task_form import format_weights
 
 PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
+BOTTLENECK_ID = "bottleneck-plot"       # the bottleneck's chart, third among the key charts where there is one
+CHART_IDS = [*PLOT_IDS.values(), BOTTLENECK_ID]     # every chart of the run, on the x axis they share
 SCROLL_LOG_TO_END = ("() => { const t = document.querySelector('#log-box textarea'); "
                      "if (t) t.scrollTop = t.scrollHeight; }")
 # One click downloads the full log: the file the click wrote is fetched through its link at once.
@@ -36,8 +38,8 @@ REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapte
                    "generated tok/s", "API CPU (cores)", "history (run)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
 VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
-DRAWN = [*PLOT_IDS, "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples", "sample_steps",
-         "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
+DRAWN = [*PLOT_IDS, "bottleneck", "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples",
+         "sample_steps", "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
 ACTIONS = ["cancel", "cancel_sweep", "resume", "resume_confirm"]   # a run's actions, shown as fit it (`run_actions`)
 ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"
 # A run's sections, one click away: (the element a link scrolls to, its name).
@@ -67,6 +69,7 @@ def build(page, panel) -> None:
     with gr.Row(elem_id="key-charts"):      # the run's key charts first, on the first screen
         for name in names[:2]:
             plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
+        plots["bottleneck"] = gr.Plot(elem_id=BOTTLENECK_ID, show_label=False, visible=False)
     with gr.Row(elem_id="chart-options"):
         x_axis = gr.Radio(list(X_AXES), value="step", label="Charts' x axis", elem_id="x-axis", scale=1)
         smoothing = gr.Slider(0, 0.99, value=0, step=0.01, label="Smoothing (exponential moving average)",
@@ -157,6 +160,9 @@ def present(values: dict, role: str) -> dict:
     for name, value in values.items():
         if name in PLOT_IDS:
             value = PlotData(type="plotly", plot=value)
+        elif name == "bottleneck":
+            value = gr.update(visible=False) if value is None else gr.update(
+                value=PlotData(type="plotly", plot=value), visible=True)
         elif name == "change":
             value = gr.update(visible=bool(value))
         elif name == "sample_steps":

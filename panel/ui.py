@@ -20,6 +20,18 @@ CSS = ".field-error { outline: 2px solid #dc2626; outline-offset: 2px; border-ra
 #jump-bar { background: var(--background-fill-primary); padding: 4px 0; }
 #jump-bar.pinned { position: fixed; top: 0; z-index: 50; box-shadow: 0 1px 4px rgba(0, 0, 0, 0.15); }
 """ + ", ".join(f"#{target}" for target, _ in dashboard_view.SECTION_LINKS) + " { scroll-margin-top: 56px; }\n"
+# A run's header stays a few short lines whatever it says (engine, alerts, verdict), so that its key charts stay on
+# the first screen at 1440x900: its paragraphs close up as a status block's lines do, not as an article's.
+CSS += """
+#run-status, #run-cost { font-size: 0.92em; }
+#run-status p, #run-cost p { margin: 0.1em 0 !important; line-height: 1.35; }
+#run-status h3 { margin: 0 0 0.25em !important; }
+#run-cost { margin-top: -12px; }
+#action-msg { margin-top: -16px; }
+#key-charts { margin-top: -8px; }
+#jump-bar .html-container { padding: 0 !important; }
+#jump-bar nav { line-height: 1.6; }
+"""
 # The charts follow the page's theme: plotly draws its white template with inline colours, which a dark page (Gradio's
 # `.dark`, e.g. `?__theme=dark`) overrides here, on every redraw alike.
 CSS += """
@@ -104,7 +116,7 @@ SYNC_X_RANGES = """(() => {
     };
     setInterval(hook, 500);
 })();
-""".replace("PLOT_IDS", json.dumps(list(dashboard_view.PLOT_IDS.values())))
+""".replace("PLOT_IDS", json.dumps(dashboard_view.CHART_IDS))
 # Gradio's dropdown takes Enter in an emptied box as "pick the first option": a required choice that was cleared
 # must stay empty and be refused by the form's checks, not silently become the first dataset or flavor.
 KEEP_CLEARED_CHOICES = """document.addEventListener('keydown', (e) => {

@@ -307,3 +307,53 @@ def test_a_zoom_on_one_chart_zooms_the_runs_charts_on_that_axis_and_a_reset_on_a
     screen.locator("#kl-plot .nsewdrag").first.dblclick()
     for elem_id in steps:
         wait_for_x_axis(screen, elem_id, "axis.auto")
+
+
+def _sync_bound_run(home: str, live: bool = False) -> SyntheticRun:
+    """A distributed run whose last 20 steps spend most of their time syncing weights (sync-bound): completed, or
+    `live` (its jobs stand for this test process, as SyntheticRun's do) with its engine line and an importance ratio
+    off 1 (the panel raises its alert)."""
+    run = SyntheticRun(home, 50 if live else 40)
+    sync_s = 0.9 * run.spec.adapter_every
+    rows = [{"step": step, "time": run.t0 + step, "reward": 0.5, "perf/step_s": 1.0, "step_time": 1.0,
+             "perf/rollout_wait_s": 0.1, "perf/weight_sync_s": sync_s, "weight_sync_s": sync_s,
+             **({"ratio": 1.05} if live else {})} for step in range(run.step + 1, run.step + 21)]
+    run._fragment(run.metrics, "trainer", run.fragment, rows)       # the trainer's next fragment
+    if not live:
+        return run.complete()
+    run._fragment(run.events, "trainer", 0, [{"time": run.t0, "event": "engine", "replicas": 2, "healthy": 2,
+                                              "engine": "vLLM replicas behind the LoRA-aware proxy (2/2 healthy at "
+                                                        "start, adapter-only sync)"}])
+    return run
+
+
+def test_a_sync_bound_runs_sync_chart_stands_beside_its_key_charts_on_the_first_screen(app, screen):
+    _, home, finished = app
+    run = _sync_bound_run(str(home))
+    pick_run(screen, run.spec.run_id)
+    wait_for_text(screen, "run-status", "Bottleneck:.*Sync-bound")
+    screen.wait_for_function("() => !!document.querySelector('#bottleneck-plot .js-plotly-plot .gtitle')",
+                             timeout=30000)
+    screen.evaluate("() => window.scrollTo(0, 0)")
+    title = screen.locator("#bottleneck-plot .gtitle").text_content()     # an SVG text
+    assert title.startswith("Bottleneck: Weight sync"), title
+    for elem_id in ("reward-plot", "heldout-plot", "bottleneck-plot"):
+        assert on_first_screen(screen, elem_id), f"#{elem_id} at {box(screen, elem_id)}, below 900 px"
+    rows = {box(screen, elem_id)["top"] for elem_id in ("reward-plot", "heldout-plot", "bottleneck-plot")}
+    assert len(rows) == 1, f"the bottleneck's chart is not in the key charts' row: tops {rows}"
+    pick_run(screen, finished.spec.run_id)      # no verdict (too few timed steps): the key charts alone
+    screen.locator("#bottleneck-plot").wait_for(state="hidden", timeout=30000)
+
+
+def test_a_live_runs_key_charts_stay_on_the_first_screen_below_an_engine_line_an_alert_and_a_verdict(app, screen):
+    _, home, _ = app
+    run = _sync_bound_run(str(home), live=True)
+    pick_run(screen, run.spec.run_id)
+    status = wait_for_text(screen, "run-status", "Alert:.*ratio")
+    assert all(words in status for words in ("RUNNING", "Generation engine:", "Bottleneck:")), status
+    screen.wait_for_function("() => !!document.querySelector('#bottleneck-plot .js-plotly-plot .gtitle')",
+                             timeout=30000)
+    screen.evaluate("() => window.scrollTo(0, 0)")
+    for elem_id in ("run-status", "reward-plot", "heldout-plot", "bottleneck-plot"):
+        assert on_first_screen(screen, elem_id), f"#{elem_id} at {box(screen, elem_id)}, below 900 px"
+    assert box(screen, "cancel-btn") is not None, "a live run can be cancelled"
