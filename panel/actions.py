@@ -26,7 +26,15 @@ from backend.plan.hardware import Flavor
 from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
 from backend.plan.spec import RunSpec, SpecError
 from backend.plan.task_spec import held_out_summary
-from backend.runs.access import ANONYMOUS, Deployment, Refused, Visitor, acting_token, no_token_reason
+from backend.runs.access import (
+    ANONYMOUS,
+    Deployment,
+    Refused,
+    Visitor,
+    acting_token,
+    local_runs_problem,
+    no_token_reason,
+)
 from backend.runs.budget import SpendWatch
 from backend.runs.directory import RunDirectory
 from backend.runs.launch import LaunchError
@@ -364,8 +372,13 @@ class Panel:
         return f"Notes saved in run {run_id}'s folder (tags: {shown})."
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
-        """A line above the runs list when the visitor can see no Hub runs, saying why."""
-        if acting_token(as_visitor(visitor), self.settings):
+        """A line above the runs list when the visitor can see no Hub runs and has nothing else to see, saying why:
+        on a Space (sign in), or on a panel that shows them no local runs. A local user without a Hub token sees
+        their local runs and no notice: a token is needed only for HF Jobs, whose launch and push say so."""
+        visitor = as_visitor(visitor)
+        if acting_token(visitor, self.settings):
+            return ""
+        if not self.settings.on_space and local_runs_problem(visitor, self.settings) is None:
             return ""
         return no_token_reason(self.settings)
 

@@ -40,7 +40,9 @@ def _finished_run(home: str) -> SyntheticRun:
 def app(tmp_path_factory):
     home = tmp_path_factory.mktemp("page-home")
     run = _finished_run(str(home))
-    with running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+    # No Hugging Face login at all (an empty HF_HOME): a local user's panel, as a newcomer has it.
+    with running_panel("app.py", {"HF_HOME": str(home / "hf-home")}, home,
+                       unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
         yield url, home, run
 
 
@@ -357,3 +359,12 @@ def test_a_live_runs_key_charts_stay_on_the_first_screen_below_an_engine_line_an
     for elem_id in ("run-status", "reward-plot", "heldout-plot", "bottleneck-plot"):
         assert on_first_screen(screen, elem_id), f"#{elem_id} at {box(screen, elem_id)}, below 900 px"
     assert box(screen, "cancel-btn") is not None, "a live run can be cancelled"
+
+
+def test_a_local_user_without_a_hub_token_sees_their_runs_and_no_token_notice(app, screen):
+    _, _, run = app
+    screen.get_by_role("tab", name="Runs").click()
+    wait_for_text(screen, "runs-table", re.escape(run.spec.run_id))
+    screen.wait_for_timeout(2500)       # a tick or more: the hint is sent with the list
+    page_text = screen.evaluate("() => document.body.innerText")
+    assert "token" not in page_text.lower(), "a local run needs no Hugging Face token: no notice about one"
