@@ -56,7 +56,7 @@ from backend.runtime.tiny_model import benchmark_note
 from backend.storage.store import FolderStore
 from backend.task.check import TaskReport
 from backend.task.sandbox import isolation_state
-from backend.view.runview import RunView
+from backend.view.runview import RunView, reading
 from panel.markdown import code_span, fenced, masked, plain
 from panel.presets import TINY_DEMO, preset_values
 from panel.publish_view import suggested_repo_id
@@ -69,6 +69,7 @@ Settings = Deployment      # the name the panel's tests and scripts know
 ENDED_ROW_S = 60.0         # an ended run's row in the runs list is built again this often (its last steps may arrive)
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 LOCAL_LIST_EVERY_S = 1.0   # how old a listing of the local jobs may be (sessions ticking together share one)
+HISTORY_WAIT_S = 30.0      # how long a held-out download waits for a long run's older records
 KEPT_TABLES = 64           # runs tables (by visitor's registries, filter and query) kept between listings
 
 
@@ -517,6 +518,28 @@ class Panel:
         atomic_write_chunks(path, csv_lines(view.metrics))
         return path
 
+    def heldout_csv(self, run_id: str, visitor: Visitor | str | None = None) -> str:
+        """The run's held-out evaluations (the adapters table's held-out columns, and more) as a CSV file to
+        download: a row per evaluated version, the base model (version 0) first; its adapter, step, score (under the
+        run's weights), spread over prompts, prompts scored, whether it is the best version, then each held-out
+        reward's mean, std and weight. A long run's older records are waited for (at most HISTORY_WAIT_S)."""
+        view = self.view(run_id, visitor)
+        view.wait_for_history(HISTORY_WAIT_S)
+        held = view.held_out
+        with reading(view):
+            scores = sorted(held.scores.values(), key=lambda s: s.version)
+            best = held.best_version
+        names = list(dict.fromkeys(name for s in scores for name in s.rewards))
+        rows = [{"version": s.version, "adapter": "base model" if s.version == 0 else held.adapter_name(s.version),
+                 "step": s.step, "score": s.score, "score_std": s.score_std, "prompts": s.n_prompts,
+                 "best": "yes" if s.version == best else "",
+                 **{f"{name} {part}": (s.rewards.get(name) or {}).get(part) for name in names
+                    for part in ("mean", "std", "weight")}} for s in scores]
+        path = os.path.join(private_folder(self.downloads), f"{run_id}-held-out.csv")
+        atomic_write_chunks(path, csv_lines(rows, ["version", "adapter", "step", "score", "score_std", "prompts",
+                                                   "best"]))
+        return path
+
     def shutdown(self) -> None:
         """The panel is exiting: stop reading from the Hub. Local runs keep running (each job has its own wrapper
         process) and the next panel over the same home finds them, with their true status."""
@@ -533,10 +556,11 @@ def grouped(shown: list, groups: list[str]) -> list:
     return [each for members in order.values() for each in members]
 
 
-def csv_lines(rows: list[dict]):
-    """`rows` as CSV, encoded, a line at a time: step and time first, then every other key, sorted."""
-    keys = sorted({key for row in rows for key in row} - {"step", "time"})
-    header = ["step", "time", *keys]
+def csv_lines(rows: list[dict], first: list[str] | None = None):
+    """`rows` as CSV, encoded, a line at a time: the `first` columns (step and time by default), then every other
+    key, sorted."""
+    first = first or ["step", "time"]
+    header = [*first, *sorted({key for row in rows for key in row} - set(first))]
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(header)

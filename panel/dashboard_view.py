@@ -33,6 +33,7 @@ def click_download(elem_id: str) -> str:
 
 DOWNLOAD_LOG = click_download("log-file")
 DOWNLOAD_METRICS = click_download("metrics-file")
+DOWNLOAD_HELD_OUT = click_download("heldout-file")
 ADAPTER_HEADERS = dashboard.ADAPTER_HEADERS
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
                    "generated tok/s", "API CPU (cores)", "history (run)", "url"]
@@ -81,6 +82,8 @@ def build(page, panel) -> None:
                 plots[name] = gr.Plot(elem_id=PLOT_IDS[name], show_label=False)
     adapters = gr.Dataframe(headers=ADAPTER_HEADERS, interactive=False, label="Adapter versions in the bucket",
                             elem_id="adapters-table")
+    heldout_btn = gr.Button("Download held-out scores (.csv)", elem_id="heldout-btn", size="sm")
+    heldout_file = gr.File(label="Held-out scores", elem_id="heldout-file", interactive=False, visible=False)
     with gr.Row():
         best_by = gr.Textbox(label="Best version by", elem_id="best-by", scale=3,
                              info="a held-out reward (trained or monitor-only) or a weighting, e.g. right_answer or "
@@ -122,7 +125,8 @@ def build(page, panel) -> None:
     drawn = gr.State(None)      # what this browser session last drew (panel.live keeps it)
     page.add(**plots, status=status, cost=cost, change=change, clone=clone, metrics_btn=metrics_btn,
              metrics_file=metrics_file, x_axis=x_axis, smoothing=smoothing,
-             adapters=adapters, best_by=best_by, best_by_btn=best_by_btn, best_by_msg=best_by_msg,
+             adapters=adapters, heldout_btn=heldout_btn, heldout_file=heldout_file,
+             best_by=best_by, best_by_btn=best_by_btn, best_by_msg=best_by_msg,
              version_pick=version_pick, version_file=version_file, version_msg=version_msg,
              sample_steps=sample_steps, sample_prompt=sample_prompt, samples=samples, replicas=replicas, final=final,
              config=config, push=push, roles=roles, log_query=log_query, log_btn=log_btn, log_file=log_file,
@@ -150,6 +154,8 @@ def wire(page) -> None:
         None, None, None, js=DOWNLOAD_LOG)
     page.on(page["metrics_btn"].click, on_metrics, ["run_pick"], ["metrics_file"]).then(
         None, None, None, js=DOWNLOAD_METRICS)
+    page.on(page["heldout_btn"].click, on_heldout, ["run_pick"], ["heldout_file"]).then(
+        None, None, None, js=DOWNLOAD_HELD_OUT)
     # A tail is read from the bottom; the textbox's own autoscroll does not fire on timer updates here.
     page[live.LOG_KEY].change(None, None, None, js=SCROLL_LOG_TO_END)
 
@@ -306,11 +312,21 @@ def on_log_filter(panel, visitor, run_id, role, query) -> dict:
 
 
 def on_metrics(panel, visitor, run_id) -> dict:
+    return _download(panel.metrics_csv, visitor, run_id, "metrics_file")
+
+
+def on_heldout(panel, visitor, run_id) -> dict:
+    return _download(panel.heldout_csv, visitor, run_id, "heldout_file")
+
+
+def _download(build, visitor, run_id, output: str) -> dict:
+    """The file `build(run_id, visitor)` writes, into the hidden file component `output` (the click's script then
+    fetches it); nothing for a run this visitor does not reach."""
     try:
-        path = panel.metrics_csv(run_id, visitor) if run_id else None
+        path = build(run_id, visitor) if run_id else None
     except KeyError:
         path = None
-    return {"metrics_file": gr.update(value=path, visible=path is not None)}
+    return {output: gr.update(value=path, visible=path is not None)}
 
 
 def on_full_log(panel, visitor, run_id, role) -> dict:

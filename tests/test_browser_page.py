@@ -368,3 +368,26 @@ def test_a_local_user_without_a_hub_token_sees_their_runs_and_no_token_notice(ap
     screen.wait_for_timeout(2500)       # a tick or more: the hint is sent with the list
     page_text = screen.evaluate("() => document.body.innerText")
     assert "token" not in page_text.lower(), "a local run needs no Hugging Face token: no notice about one"
+
+
+def test_a_runs_held_out_scores_download_as_a_csv_whose_rows_are_its_evaluation_records(app, screen):
+    _, home, _ = app
+    run = SyntheticRun(str(home), 60, evals=True).complete()
+    records = []
+    for name in sorted(os.listdir(run.evals)):
+        with open(os.path.join(run.evals, name)) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    pick_run(screen, run.spec.run_id)
+    screen.locator("#jump-bar a", has_text="Adapters").click()
+    with screen.expect_download(timeout=30000) as download:
+        screen.locator("#heldout-btn").click()
+    with open(download.value.path(), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(records) >= 3 and rows[0]["adapter"] == "base model", rows[:2]
+    by_version = {r["policy_version"]: r for r in records}
+    for row in rows:
+        record = by_version[int(row["version"])]
+        assert int(row["step"]) == record["step"] and float(row["score"]) == pytest.approx(record["score"])
+        for name, reward in record["rewards"].items():
+            assert float(row[f"{name} mean"]) == pytest.approx(reward["mean"]), (row, name)
+    assert sum(row["best"] == "yes" for row in rows) <= 1
