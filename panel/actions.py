@@ -58,6 +58,7 @@ from backend.task.check import TaskReport
 from backend.task.sandbox import isolation_state
 from backend.view.runview import RunView, reading
 from panel.markdown import code_span, fenced, masked, plain
+from panel.marks import mark
 from panel.presets import TINY_DEMO, preset_values
 from panel.publish_view import suggested_repo_id
 from panel.runs_list import RUN_FILTERS, name_cell, progress_bar, run_badge
@@ -268,8 +269,9 @@ class Panel:
                    limit: int = RUNS_PAGE, query: str = "", status: str = "all") -> list[list]:
         """The newest `limit` runs (RUNS_HEADERS), optionally only those whose id or name contains `query` and
         whose status is `status` (a RUN_FILTERS key)."""
-        registries = self.runs.registries(as_visitor(visitor))
-        listings = tuple(registry.list_runs() for registry in registries)
+        visitor = as_visitor(visitor)
+        registries = self.runs.registries(visitor)
+        listings = self.runs.listings(visitor, registries)
         key = (tuple(id(r) for r in registries), with_cost, limit, (query or "").strip().lower(), status)
         kept = self._tables.get(key)
         if kept is not None and kept.serves(listings):
@@ -373,12 +375,14 @@ class Panel:
         return f"Notes saved in run {run_id}'s folder (tags: {shown})."
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
-        """A line above the runs list when the visitor can see no Hub runs and has nothing else to see, saying why:
-        on a Space (sign in), or on a panel that shows them no local runs. A local user without a Hub token sees
+        """A line above the runs list when the visitor's Hub runs could not be listed (what failed, what to do), or
+        when they can see no Hub runs and have nothing else to see, saying why: on a Space (sign in), or on a panel
+        that shows them no local runs. A local user without a Hub token sees
         their local runs and no notice: a token is needed only for HF Jobs, whose launch and push say so."""
         visitor = as_visitor(visitor)
         if acting_token(visitor, self.settings):
-            return ""
+            problem = self.runs.listing_problem(visitor)
+            return mark("warning", problem) if problem else ""     # our own words: no visitor's text in it
         if not self.settings.on_space and local_runs_problem(visitor, self.settings) is None:
             return ""
         return no_token_reason(self.settings)

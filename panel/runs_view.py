@@ -15,7 +15,7 @@ from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
               "if (id) { u.searchParams.set('run', id); } else { u.searchParams.delete('run'); } "
               "window.history.replaceState(null, '', u); return []; }")
-LISTED = ["runs_table", "run_pick", "listed", "compare_picks"]
+LISTED = ["runs_table", "run_pick", "listed", "compare_picks", "runs_hint"]
 
 
 def build(page, panel: Panel) -> None:
@@ -56,7 +56,7 @@ def wire(page) -> None:
     """The runs list's events, and the timer's tick (the list and the open run)."""
     view_inputs = dashboard_view.VIEW_INPUTS
     page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick"],
-            [*LISTED, "runs_hint", *dashboard_view.DRAWN, *dashboard_view.ACTIONS], show_progress="hidden")
+            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
              "best_by_msg", "runs_list", "cancel", "cancel_sweep", "resume"])
@@ -79,23 +79,27 @@ def run_choices(panel: Panel, visitor: Visitor) -> list[str]:
 def list_update(panel, visitor, find: str, state: str, listed) -> dict:
     """The runs list, re-sent only when it changed (a re-render resets the table for the visitor), and the run
     pickers' choices only when the runs did (a live run's cells change every tick; its id does not). `listed` is
-    what this session was sent last ({"rows", "choices"}): kept up to date in place, so a tick sets no state."""
+    what this session was sent last ({"rows", "choices", "hint"}): kept up to date in place, so a tick sets no state.
+    The hint above the list is read after the listing, which may have just failed (why it failed is the hint)."""
     rows = panel.runs_table(visitor, query=find, status=state)
     seen = listed if isinstance(listed, dict) else {}
     out = {} if rows == seen.get("rows") else {"runs_table": rows}
     choices = run_choices(panel, visitor)
     if choices != seen.get("choices"):
         out.update(run_pick=gr.update(choices=choices), compare_picks=gr.update(choices=choices))
+    hint = panel.runs_hint(visitor)
+    if hint != seen.get("hint"):
+        out["runs_hint"] = hint
     if out and not isinstance(listed, dict):
-        out["listed"] = {"rows": rows, "choices": choices}
+        out["listed"] = {"rows": rows, "choices": choices, "hint": hint}
     elif out:
-        listed.update(rows=rows, choices=choices)
+        listed.update(rows=rows, choices=choices, hint=hint)
     return out
 
 
 def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, last_rows, find, state,
             shown=None) -> dict:
-    out = {"runs_hint": panel.runs_hint(visitor)}
+    out = {}
     if run_id:
         try:       # first: drawing refreshes the open run's view, which the runs list then reads
             out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session,

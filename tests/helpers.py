@@ -61,3 +61,25 @@ def small_tmpfs(folder: str, size: str):
         yield folder
     finally:
         subprocess.run(["umount", "-l", folder], check=False)
+
+
+@contextlib.contextmanager
+def served(panel):
+    """The panel's page on a real Gradio server in this process, and a client of it; both closed at the end."""
+    from gradio_client import Client
+
+    from panel.ui import build_ui
+
+    demo = build_ui(panel)
+    port = free_port()
+    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                        run_history=False)
+    client = None
+    try:
+        client = Client(f"http://127.0.0.1:{port}", verbose=False)
+        client.url = f"http://127.0.0.1:{port}"
+        yield client
+    finally:
+        if client is not None:
+            client.close()
+        demo.close()

@@ -8,7 +8,6 @@ ten versions (benchmarks/dashboard_scale.py). Clicks go through a real Gradio se
 (gradio_client), in this process.
 """
 
-import contextlib
 import io
 import json
 import os
@@ -32,7 +31,7 @@ from panel.actions import Panel, Settings
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
 
-from tests.helpers import free_port
+from tests.helpers import served
 
 SCORES = {1: 0.10, 2: 0.22, 3: 0.31, 4: 0.35, 5: 0.41, 6: 0.44, 7: 0.52, 8: 0.47, 9: 0.45, 10: 0.49}
 BEST_BYTES = b"the best version's weights, kept in best/"
@@ -72,28 +71,6 @@ def run(panel):
     run = SyntheticRun(panel.settings.home, 200)
     write_evals(run)
     return run
-
-
-@contextlib.contextmanager
-def served(panel):
-    """The panel's page on a real Gradio server in this process, and a client of it; both closed at the end."""
-    from gradio_client import Client
-
-    from panel.ui import build_ui
-
-    demo = build_ui(panel)
-    port = free_port()
-    demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        run_history=False)
-    client = None
-    try:
-        client = Client(f"http://127.0.0.1:{port}", verbose=False)
-        client.url = f"http://127.0.0.1:{port}"
-        yield client
-    finally:
-        if client is not None:
-            client.close()
-        demo.close()
 
 
 def downloaded(client, update) -> zipfile.ZipFile | None:

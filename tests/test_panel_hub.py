@@ -462,3 +462,35 @@ def test_every_token_shape_is_masked_in_the_job_status_the_full_log_the_events_a
     for where, text in sinks.items():
         for token in TOKEN_SHAPES:
             assert token not in text, (where, token)
+
+
+def _hint(client) -> str:
+    """The line above the runs list, as the page's filter (Enter in its box) answers it through Gradio."""
+    answer = client.predict("", "all", api_name="/on_filter")
+    texts = [value for value in answer if isinstance(value, str)]
+    assert len(texts) == 1, answer      # the other outputs: the table and the pickers' choices
+    return texts[0]
+
+
+@pytest.mark.fake_hub(users={CAROL: FakeUser("carol")})     # one namespace: one listing to fail
+def test_a_jobs_listing_the_hub_refuses_or_cannot_answer_says_what_failed_and_what_to_do(hub, make_panel):
+    from huggingface_hub.utils import close_session
+
+    from tests.helpers import served
+
+    hub.list_error = 403
+    with served(make_panel()) as client:
+        hint = _hint(client)        # no error toast: the answer came back
+        assert "Could not list your runs on Hugging Face Jobs: the Hub refused the token (HTTP 403)" in hint
+        assert "Sign in again" in hint and "Runs on this machine are listed as usual" in hint
+        assert "httpx" not in hint.lower() and "Internal Error" not in hint and hub.token not in hint, hint
+        hub.list_error = None       # the Hub answers again: the line goes at the next listing (15 s at most)
+        wait_until(lambda: _hint(client) == "", timeout=60, interval=1, what="the hint to go")
+    hub.stop()      # the Hub down: a new panel's first listing finds nobody there
+    # The stopped fake accepts no connection, but its handler threads would still answer the client's kept-alive
+    # ones, which a Hub that went down would have dropped: the client's pool goes too.
+    close_session()
+    with served(make_panel()) as client:
+        hint = _hint(client)
+        assert "Could not list your runs on Hugging Face Jobs: the Hub did not answer" in hint, hint
+        assert "network connection" in hint and "status.huggingface.co" in hint and hub.token not in hint

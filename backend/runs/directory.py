@@ -38,9 +38,11 @@ class RunDirectory:
         self._shared: dict[str, RunRegistry] = {}   # engine name -> the registry of its cluster's runs
         self._used: dict[str, float] = {}      # registry key -> monotonic time of its last use
         self._lock = threading.Lock()
+        self._problems: dict[str, str] = {}    # a token's digest -> why its Hub runs could not be listed, last time
+        self._retry_at: dict[int, float] = {}  # a Hub registry whose listing failed -> when to ask it again
 
     def hub_registry(self, token: str, namespace: str) -> RunRegistry:
-        key = f"{namespace}:{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+        key = f"{namespace}:{_digest(token)}"
         with self._lock:      # handlers run in threads: one registry (and one set of log readers) per key
             now = time.monotonic()
             self._used[key] = now
@@ -99,8 +101,43 @@ class RunDirectory:
             try:
                 regs += [self.hub_registry(token, ns) for ns in sorted(whoami_namespaces(token))]
             except Exception as exc:  # the Hub unreachable must not take the local runs down with it
-                log.warning("cannot list Hugging Face Jobs runs: %s", redact_tokens(str(exc), (token,)))
+                self._listing_failed(token, exc)
         return regs
+
+    def listings(self, visitor: Visitor, registries: list[RunRegistry]) -> tuple[list, ...]:
+        """Each registry's runs, newest first; a Hub registry that cannot list them (the Hub down, refusing the
+        token) lists none, and is asked again only after its listing interval (a down Hub's requests retry for
+        seconds each), and why is kept for `listing_problem`: the local runs are listed as usual."""
+        token = acting_token(visitor, self.deployment)
+        out, failed = [], False
+        for registry in registries:
+            hub = isinstance(registry.executor, HfJobsExecutor)
+            if hub and time.monotonic() < self._retry_at.get(id(registry), 0.0):
+                out.append([])          # failed a moment ago: a down Hub is not asked again by every tick
+                failed = True
+                continue
+            try:
+                out.append(registry.list_runs())
+            except Exception as exc:
+                if not hub or not token:
+                    raise
+                self._listing_failed(token, exc)
+                self._retry_at[id(registry)] = time.monotonic() + registry.list_every_s
+                out.append([])
+                failed = True
+        if token and not failed and any(isinstance(r.executor, HfJobsExecutor) for r in registries):
+            self._problems.pop(_digest(token), None)
+        return tuple(out)
+
+    def listing_problem(self, visitor: Visitor) -> str | None:
+        """Why this visitor's runs on Hugging Face Jobs were not listed the last time they were asked for, in words
+        that say what to do; None where they were."""
+        token = acting_token(visitor, self.deployment)
+        return self._problems.get(_digest(token)) if token else None
+
+    def _listing_failed(self, token: str, exc: Exception) -> None:
+        log.warning("cannot list Hugging Face Jobs runs: %s", redact_tokens(f"{type(exc).__name__}: {exc}", (token,)))
+        self._problems[_digest(token)] = listing_problem_text(exc)
 
     def held(self) -> list[RunRegistry]:
         """The Hub registries held right now (visitors seen within the idle time, the host's token), without
@@ -121,3 +158,25 @@ class RunDirectory:
         with self._lock:
             for registry in self._hub.values():
                 registry.executor.stop(timeout=0)
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()[:16]
+
+
+def listing_problem_text(exc: Exception) -> str:
+    """What failed and what to do, for a failed listing of a visitor's runs on Hugging Face Jobs: never the raw
+    error (its text may hold a URL with a token, or a stack of httpx names that tell a user nothing)."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    failed = "Could not list your runs on Hugging Face Jobs: "
+    local = " Runs on this machine are listed as usual; the list asks the Hub again every few seconds."
+    if status in (401, 403):
+        return (failed + f"the Hub refused the token (HTTP {status}). Sign in again (`hf auth login`, or the "
+                "Sign in button on a Space) with a token that may read your jobs." + local)
+    if status == 429:
+        return failed + "the Hub is limiting requests (HTTP 429). Wait a minute." + local
+    if isinstance(status, int):
+        return (failed + f"the Hub answered with an error (HTTP {status}). Try again in a few minutes; "
+                "https://status.huggingface.co says whether the Hub is down." + local)
+    return (failed + "the Hub did not answer (" + type(exc).__name__ + "). Check this machine's network connection "
+            "(and HF_ENDPOINT, if you set it); https://status.huggingface.co says whether the Hub is down." + local)

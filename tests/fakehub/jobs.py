@@ -89,6 +89,7 @@ class JobsMixin:
     def _init_jobs(self) -> None:
         self.hardware: list[dict] = [dict(h) for h in HARDWARE]
         self.hardware_error: int | None = None
+        self.list_error: int | None = None     # answer every job listing with this status (the Hub refusing it)
         self.jobs: dict[str, FakeJob] = {}
         self._job_post_count = 0
         self._job_post_failures: dict[int, int] = {}
@@ -229,6 +230,9 @@ class JobsMixin:
     def _list_jobs(self, user: FakeUser, ns: str, query: dict[str, list[str]], **_: Any) -> Reply:
         if not self._may_read(user, ns):
             return Reply(403, {"error": f"You cannot list jobs of namespace {ns}"})
+        if self.list_error is not None:
+            return Reply(self.list_error, {"error": "Internal Error - We're working hard to fix this as soon as "
+                                                    "possible!"})
         wanted = dict(label.split("=", 1) for label in query.get("label", []))
         stages = set(query.get("stage", []))
         with self._cond:
