@@ -182,6 +182,8 @@ def test_mcp_callers_are_visitors_by_the_uis_rules_and_a_panel_login_guards_the_
 REFUSED_SETTINGS = [
     ({"GRPO_PANEL_MAX_UPLOAD_MB": "lots"}, "GRPO_PANEL_MAX_UPLOAD_MB='lots' is not a positive number"),
     ({"GRPO_PANEL_MAX_UPLOAD_MB": "-5"}, "GRPO_PANEL_MAX_UPLOAD_MB='-5' is not a positive number"),
+    ({"GRPO_PANEL_TASK_CHECK_TIMEOUT_S": "0"},
+     "GRPO_PANEL_TASK_CHECK_TIMEOUT_S='0' is not a positive number of seconds"),
     ({"GRPO_PANEL_ALLOW_UNSANDBOXED": "1", "GRADIO_SERVER_NAME": "0.0.0.0"},
      "GRPO_PANEL_ALLOW_UNSANDBOXED=1 is refused on a panel listening on 0.0.0.0"),
     ({"GRPO_PANEL_ALLOW_UNSANDBOXED": "1", "SPACE_ID": "acme/panel"},
@@ -202,7 +204,7 @@ def test_a_limit_or_protection_the_panel_cannot_honour_is_a_startup_problem(tmp_
     assert [p for p in Deployment(home=str(tmp_path)).startup_problems() if words in p]
 
 
-@pytest.mark.parametrize("env, words", [REFUSED_SETTINGS[0], REFUSED_SETTINGS[3]])
+@pytest.mark.parametrize("env, words", [REFUSED_SETTINGS[0], REFUSED_SETTINGS[4]])
 def test_the_panel_refuses_to_start_with_a_limit_or_protection_it_cannot_honour(tmp_path, free_port, env, words):
     """Fail closed at start-up: `python app.py` with an unreadable upload limit, or with the unsandboxed opt-in on a
     panel that serves others, exits 2 with the fix and serves nothing (no port opened, no home written)."""

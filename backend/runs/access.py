@@ -28,6 +28,9 @@ DEFAULT_MAX_UPLOAD_MB = 100.0
 MAX_UPLOAD_ENV = "GRPO_PANEL_MAX_UPLOAD_MB"
 TASK_CHECK_TIMEOUT_ENV = "GRPO_PANEL_TASK_CHECK_TIMEOUT_S"
 DEFAULT_TASK_CHECK_TIMEOUT_S = 15.0
+# Limits read from the environment as positive numbers: the panel refuses to start with any other value.
+POSITIVE_SETTINGS = ((MAX_UPLOAD_ENV, "megabytes", DEFAULT_MAX_UPLOAD_MB),
+                     (TASK_CHECK_TIMEOUT_ENV, "seconds", DEFAULT_TASK_CHECK_TIMEOUT_S))
 
 
 class Refused(Exception):
@@ -117,11 +120,11 @@ class Deployment:
         """Settings the panel refuses to start with (fail closed: a limit or a protection it cannot honour), each
         with its fix."""
         problems = []
-        raw = os.environ.get(MAX_UPLOAD_ENV, "").strip()
-        if raw and _positive(raw, -1.0) <= 0:
-            problems.append(f"{MAX_UPLOAD_ENV}={raw!r} is not a positive number of megabytes: set it to one "
-                            f"(e.g. {MAX_UPLOAD_ENV}={DEFAULT_MAX_UPLOAD_MB:g}) or unset it for "
-                            f"{DEFAULT_MAX_UPLOAD_MB:g} MB.")
+        for name, unit, default in POSITIVE_SETTINGS:
+            raw = os.environ.get(name, "").strip()
+            if raw and _positive(raw, -1.0) <= 0:
+                problems.append(f"{name}={raw!r} is not a positive number of {unit}: set it to one "
+                                f"(e.g. {name}={default:g}) or unset it for {default:g} {unit}.")
         if self.serves_others and unsandboxed_allowed():
             where = "a Space" if self.on_space else f"a panel listening on {self.host}"
             problems.append(f"{ALLOW_UNSANDBOXED_ENV}=1 is refused on {where}: visitors' code would run on this "
