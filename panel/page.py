@@ -77,14 +77,23 @@ class Page:
         """Run `handler(panel, visitor, *inputs)` on each trigger (an event listener, or a list of them); with
         `request`, the Gradio request comes right after the visitor."""
         page = self
+        shown = self.components(outputs)
+
+        def gradio_answer(answer: dict):
+            """Gradio takes an answer by component only when it names one: an empty answer (nothing changed, as
+            most ticks) would be read as one value for all the outputs and fail the event."""
+            if answer or not shown:
+                return answer
+            return gr.skip() if len(shown) == 1 else [gr.skip()] * len(shown)
 
         if inspect.isgeneratorfunction(handler):     # a handler that shows progress yields its answers in turn
             def answer(visitor: Visitor, head: tuple, values: tuple):
                 for each in handler(page.panel, visitor, *head, *page.arguments(inputs, values)):
-                    yield page.updates(each)
+                    yield gradio_answer(page.updates(each))
         else:
-            def answer(visitor: Visitor, head: tuple, values: tuple) -> dict:
-                return page.updates(handler(page.panel, visitor, *head, *page.arguments(inputs, values)))
+            def answer(visitor: Visitor, head: tuple, values: tuple):
+                return gradio_answer(page.updates(handler(page.panel, visitor, *head,
+                                                          *page.arguments(inputs, values))))
 
         if inspect.isgeneratorfunction(handler) and request:    # Gradio streams answers only from a generator
             def event(request: gr.Request, oauth_token: gr.OAuthToken | None, profile: gr.OAuthProfile | None,
@@ -102,5 +111,5 @@ class Page:
                 return answer(visitor_of(oauth_token, profile), (), values)
         event.__name__ = event.__qualname__ = handler.__name__      # Gradio's API name: /on_launch, ...
         listeners = triggers if isinstance(triggers, list) else [triggers]
-        args = (event, self.components(inputs), self.components(outputs))
+        args = (event, self.components(inputs), shown)
         return listeners[0](*args, **kw) if len(listeners) == 1 else gr.on(listeners, *args, **kw)

@@ -265,3 +265,37 @@ def test_picking_ray_fills_a_mount_path_of_the_panels_home_or_none_and_keeps_one
     assert "form.mount_path" not in on_executor(panel, ANYONE, "ray", "/shared/nfs"), "a typed path is kept"
     monkeypatch.setenv("RAY_ADDRESS", "http://10.1.2.3:8265")
     assert on_executor(panel, ANYONE, "ray", "/bucket")["form.mount_path"] == "", "a remote cluster: yours to name"
+
+
+def test_an_answer_that_changes_nothing_reaches_gradio_as_skips_not_as_an_error(free_port):
+    """Most timer ticks change nothing (no run open, the list as sent): through Gradio's real request handling the
+    empty answer must skip every output, for one output, for several, and from a handler that yields."""
+    from gradio_client import Client
+
+    def nothing(panel, visitor, text):
+        return {} if text == "same" else {"a": f"new {text}", "b": 1}
+
+    def steps(panel, visitor, text):
+        yield {}
+        yield {"a": text}
+
+    with gr.Blocks() as demo:
+        page = Page(None)
+        page.add(box=gr.Textbox(), a=gr.Textbox(value="old"), b=gr.Number(value=0), button=gr.Button(),
+                 other=gr.Button())
+        page.on(page["button"].click, nothing, ["box"], ["a", "b"], api_name="many")
+        page.on(page["other"].click, nothing, ["box"], ["a"], api_name="one")
+        page.on(page["box"].submit, steps, ["box"], ["a", "b"], api_name="steps")
+    demo.queue().launch(server_name="127.0.0.1", server_port=free_port, prevent_thread_lock=True, quiet=True)
+    client = None
+    try:
+        client = Client(f"http://127.0.0.1:{free_port}", verbose=False)
+        skip = {"__type__": "update"}      # what Gradio sends for an output left as it is
+        assert client.predict("x", api_name="/many") == ("new x", 1)
+        assert client.predict("same", api_name="/many") == (skip, skip)
+        assert client.predict("same", api_name="/one") == skip
+        assert client.predict("z", api_name="/steps") == ("z", skip), "the last answer: a, and b left as it is"
+    finally:
+        if client is not None:
+            client.close()
+        demo.close()
