@@ -191,9 +191,7 @@ class Panel:
         try:
             shown = self.operations.preview(values, visitor, run_id, webhook)
         except SpecError as exc:
-            missing = self.operations.missing_token(values.get("executor"), visitor)
-            hint = f"\n\n{missing}" if missing else ""
-            return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
+            return self._refused_preview(exc, values, visitor)
         spec, jobs = shown.spec, shown.jobs
         lines = [(f"**{len(jobs)} job(s)** of run `{spec.run_id}`, image `{spec.image}`, TRL {recipe.TRL_VERSION}, "
                   f"PEFT {recipe.PEFT_VERSION}. Engine: {engine_label(spec)}."), held_out_summary(spec)]
@@ -211,13 +209,17 @@ class Panel:
             lines.append(fenced(f"# {job.role}\n{command}", "bash"))
         return Preview(redact_tokens("\n\n".join(lines)), spec.fingerprint(), spec.run_id)
 
+    def _refused_preview(self, exc: SpecError, values: dict, visitor: Visitor) -> Preview:
+        """The fields to fix by their labels, and the token the executor needs if the visitor has none."""
+        missing = self.operations.missing_token(values.get("executor"), visitor)
+        hint = f"\n\n{missing}" if missing else ""
+        return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
+
     def _sweep_preview(self, values: dict, visitor: Visitor, webhook: str, sweep: SweepForm) -> Preview:
         try:
             shown = self.operations.preview_sweep(values, sweep, visitor, webhook)
         except SpecError as exc:
-            missing = self.operations.missing_token(values.get("executor"), visitor)
-            hint = f"\n\n{missing}" if missing else ""
-            return Preview(_errors_markdown(exc, self.field_labels) + hint, fields=_fields(exc))
+            return self._refused_preview(exc, values, visitor)
         ids = tuple(p.spec.run_id for p in shown.members)
         return Preview(redact_tokens(sweep_markdown(shown, self.field_labels)), shown.fingerprint, ids[0],
                        sweep_id=shown.sweep.sweep_id, run_ids=ids)
