@@ -33,6 +33,14 @@ PROXY_EVERY = 10
 JOBS = ("trainer", "vllm-0", "vllm-1")
 
 
+def write_whole(path: str, data: dict | str) -> None:
+    """Written as the executors and the trainer write: whole, then renamed into place, so a panel reading the same
+    home (a browser test's) never reads a half-written file."""
+    from backend.runtime.layout import atomic_write_bytes
+
+    atomic_write_bytes(path, (data if isinstance(data, str) else json.dumps(data)).encode())
+
+
 def record(step: int, t0: float) -> dict:
     x = step / 1000.0
     return {"step": step, "time": t0 + step, "reward": 0.5 + 0.4 * (x % 1), "reward_std": 0.1,
@@ -75,8 +83,7 @@ class SyntheticRun:
         if samples:
             self.samples_dir = os.path.join(self.run_dir, layout.SAMPLES_DIR)
             os.makedirs(self.samples_dir, exist_ok=True)
-        with open(os.path.join(self.run_dir, layout.SPEC_FILE), "w") as f:
-            f.write(self.spec.to_json())
+        write_whole(os.path.join(self.run_dir, layout.SPEC_FILE), self.spec.to_json())
         self.fragment = self.proxy_fragment = self.event_fragment = self.eval_fragment = 0
         self.step = 0
         self.job_ids = {}
@@ -95,16 +102,16 @@ class SyntheticRun:
         from backend.runtime.job_wrapper import process_start_time
 
         # A live job as the local executor records one: its wrapper's pid (this process stands in) and start time.
-        with open(os.path.join(folder, "job.json"), "w") as f:
-            json.dump({"job_id": job_id, "spec": spec, "created_at": self.t0, "pid": os.getpid(),
-                       "pid_started_at": process_start_time(os.getpid())}, f)
+        write_whole(os.path.join(folder, "job.json"), {"job_id": job_id, "spec": spec, "created_at": self.t0,
+                                                       "pid": os.getpid(),
+                                                       "pid_started_at": process_start_time(os.getpid())})
         return job_id
 
     def complete(self) -> "SyntheticRun":
         """Every job of the run ended COMPLETED, as the local executor's wrapper records it (exit.json)."""
         for job_id in self.job_ids.values():
-            with open(os.path.join(self.home, "jobs", job_id, "exit.json"), "w") as f:
-                json.dump({"stage": "COMPLETED", "code": 0, "message": "", "time": time.time()}, f)
+            write_whole(os.path.join(self.home, "jobs", job_id, "exit.json"),
+                        {"stage": "COMPLETED", "code": 0, "message": "", "time": time.time()})
         return self
 
     def _write_steps(self, count: int, history: bool = False) -> None:
