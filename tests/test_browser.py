@@ -145,7 +145,7 @@ def test_the_form_shows_the_sections_of_the_chosen_mode(page):
 
     assert shown() == [True, False], "the tiny demo is colocated"
     page.locator("#f-mode").get_by_text("distributed", exact=True).click()
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=30000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]')?.checked", timeout=30000)
     page.get_by_text("Distributed (async GRPO)", exact=True).wait_for(state="visible", timeout=30000)
     assert shown() == [False, True]
     page.locator("#f-mode").get_by_text("colocated", exact=True).click()
@@ -330,7 +330,7 @@ def test_a_local_distributed_run_of_one_replica_job_with_two_vllm_servers_from_t
     replica jobs): each server is a replica to the proxy, and the canary proves each serves the newest version."""
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny distributed (CPU, 2 vLLM replicas)").click()
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=30000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]')?.checked", timeout=30000)
     page.get_by_text("GRPO training", exact=True).click()
     set_number(page, "f-max_steps", 4)
     page.get_by_text("Distributed (async GRPO)", exact=True).click()

@@ -261,7 +261,7 @@ def test_a_tag_set_in_the_page_is_saved_in_the_runs_folder_and_filters_the_list(
     screen.reload()     # kept in the run's folder: a new page (the run in its address) shows them
     wait_for_text(screen, "run-status", re.escape(run_id), 60000)
     screen.locator("#notes-section").get_by_text("Notes and tags", exact=True).click()
-    screen.wait_for_function("() => document.querySelector('#notes-text textarea').value.includes('flat')",
+    screen.wait_for_function("() => document.querySelector('#notes-text textarea')?.value.includes('flat')",
                              timeout=30000)
 
 

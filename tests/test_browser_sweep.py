@@ -62,7 +62,7 @@ def page(browser, app, request):
     page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
     page.locator("#preset input").first.click()
     page.get_by_role("option", name=TINY_DISTRIBUTED).click()
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]').checked", timeout=30000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=distributed]')?.checked", timeout=30000)
     page.locator("#sweep").get_by_text("Sweep (distributed)", exact=True).click()
     page.locator("#sweep-values-0 textarea, #sweep-values-0 input").first.wait_for(state="visible", timeout=30000)
     yield page

@@ -36,7 +36,7 @@ def _write_code(page, code: str) -> None:
 def test_write_a_reward_preview_its_scores_and_launch(page):
     page.locator("#preset input").first.click()
     page.get_by_role("option", name="Tiny task: your reward code on a JSONL file (CPU)").click()
-    page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('tiny-math.jsonl')",
+    page.wait_for_function("() => document.querySelector('#f-dataset input')?.value.endsWith('tiny-math.jsonl')",
                            timeout=30000)
 
     # A reward that does not return a list is refused by the check, naming the field.
@@ -79,7 +79,7 @@ def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text('{"q": "Name a prime.", "a": "7"}\n{"q": "Name an even number.", "a": "4"}\n')
     page.locator("#dataset-upload").locator("xpath=..").locator("input[type=file]").set_input_files(str(data))
-    page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('qa.jsonl')",
+    page.wait_for_function("() => document.querySelector('#f-dataset input')?.value.endsWith('qa.jsonl')",
                            timeout=30000)
     page.locator("#f-prompt_column input, #f-prompt_column textarea").first.fill("q")
     page.locator("#check-task-btn").click()
@@ -104,7 +104,7 @@ def test_column_names_and_printed_output_with_markup_show_as_text(page, tmp_path
         _write_code(page, f'def loud(completions, **kwargs):\n    print("{printed}")\n'
                           "    return [0.0] * len(completions)\n")
         page.locator("#dataset-upload").locator("xpath=..").locator("input[type=file]").set_input_files(str(data))
-        page.wait_for_function("() => document.querySelector('#f-dataset input').value.endsWith('markup.jsonl')",
+        page.wait_for_function("() => document.querySelector('#f-dataset input')?.value.endsWith('markup.jsonl')",
                                timeout=30000)
         page.locator("#f-prompt_column input, #f-prompt_column textarea").first.fill("q")
         page.locator("#f-reward_weights input, #f-reward_weights textarea").first.fill("")

@@ -282,7 +282,7 @@ def test_new_run_from_this_fills_the_form_and_presets_set_every_field(app, page)
                                    ".innerText)", timeout=30000)
             note = text_of(page, "preset-note")
             assert "flavor = h200 (study: h200x2): h200, not h200x2" in note, note
-    page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]').checked", timeout=30000)
+    page.wait_for_function("() => document.querySelector('#f-mode input[value=colocated]')?.checked", timeout=30000)
     page.get_by_text("GRPO training", exact=True).click()
     page.get_by_text("LoRA", exact=True).click()
     page.wait_for_function("(ids) => ids.every(id => document.querySelector('#' + id + ' input') !== null)",

@@ -176,7 +176,7 @@ def test_a_distributed_run_on_ray_degrades_survives_a_panel_restart_and_is_cance
         page.get_by_role("option", name=re.compile(r"^ray-1gpu · ")).wait_for(timeout=30000)
         expect(page.get_by_role("option", name=re.compile(r"^(a10g-small|cpu-basic) · "))).to_have_count(0)
         page.get_by_role("option", name=re.compile(r"^ray-cpu · ")).click()
-        page.wait_for_function("() => document.querySelector('#f-vllm_flavor input').value.startsWith('ray-cpu')")
+        page.wait_for_function("() => document.querySelector('#f-vllm_flavor input')?.value.startsWith('ray-cpu')")
         distributed = _launch(page)
         pick_run(page, distributed, 60000)
         # Both replicas joined the proxy (the trainer's engine line says so) before one dies.

@@ -136,7 +136,7 @@ def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothi
     bob.locator("#run-pick input").first.click()
     bob.get_by_role("option", name=run_id).click()
     wait_for_text(bob, "run-status", re.escape(run_id))
-    bob.wait_for_function("() => document.querySelector('#log-box textarea').value.includes('step 1/500')",
+    bob.wait_for_function("() => document.querySelector('#log-box textarea')?.value.includes('step 1/500')",
                           timeout=30000)
     log = bob.locator("#log-box textarea").input_value()
     assert ALICE not in log and PLANTED not in log and "hf_***" in log, log
