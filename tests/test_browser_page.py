@@ -17,7 +17,6 @@ import pytest
 from benchmarks.dashboard_scale import SyntheticRun
 from tests.browser_helpers import (
     CHROMIUM,
-    CHROMIUM_ARGS,
     open_runs_list,
     pick_run,
     running_panel,
@@ -45,15 +44,6 @@ def app(tmp_path_factory):
                        unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
         yield url, home, run
 
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runtime import layout
 from tests.browser_helpers import (
     CHROMIUM,
-    CHROMIUM_ARGS,
     inner_text,
     launch_message,
     open_runs_list,
@@ -42,15 +41,6 @@ def app(tmp_path_factory):
     finally:
         LocalExecutor(str(home)).cancel_all()     # whatever a failed test left running
 
-
-@pytest.fixture(scope="module")
-def browser(app):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

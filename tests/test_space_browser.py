@@ -16,7 +16,6 @@ import pytest
 from tests import space_panel
 from tests.browser_helpers import (
     CHROMIUM,
-    CHROMIUM_ARGS,
     field_box,
     space_session_cookie,
     tail,
@@ -29,15 +28,6 @@ from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, OAUTH_MINUTES, P
 pytestmark = pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
 
-
-@pytest.fixture(scope="module")
-def browser(space):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
