@@ -10,7 +10,7 @@ from tests import test_browser as shared
 from tests.browser_helpers import CHROMIUM, inner_text, plot_points, set_number, wait_for_launch_answer
 
 # The same fixtures (this module gets its own panel process): pytest finds them by name in the module.
-app_home, app_url, browser, page = shared.app_home, shared.app_url, shared.browser, shared.page
+app_home, app_url, page = shared.app_home, shared.app_url, shared.page
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 REWARD = '''def short_answer(completions, **kwargs) -> list[float]:
