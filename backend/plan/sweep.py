@@ -32,6 +32,9 @@ MAX_FLEET_LORA_SLOTS = 32
 # Members a sweep may have: each holds at least 2 slots (max_staleness 0). Checked before any combination is made, so a
 # long value list (a visitor's input) never builds its grid.
 MAX_MEMBERS = MAX_FLEET_LORA_SLOTS // 2
+# The early-stop rule's K (successive halving after K held-out versions each): 0 stops members by hand only.
+MAX_EARLY_STOP_AFTER = 1000
+EARLY_STOP_FIELD = "early_stop_after"
 
 # The trainer-side fields of the distributed section: each member's own, not the fleet's.
 DISTRIBUTED_MEMBER_FIELDS = ("max_staleness", "max_tokens_per_batch", "max_inflight_tasks", "queue_maxsize",
@@ -77,6 +80,9 @@ class SweepSpec:
     # The members' run ids, m0 first, where a reviewed preview gave them (the launch keeps the ids the preview
     # showed); empty, or not one a member: each member gets a new id.
     run_ids: tuple[str, ...] = ()
+    # The stated early-stop rule: successive halving on the best held-out score after this many evaluated versions
+    # each (`backend/view/sweep.py`, `Halving`); 0: members are stopped by hand only.
+    early_stop_after: int = 0
 
     def __post_init__(self):
         if not self.sweep_id:
@@ -102,13 +108,21 @@ class SweepSpec:
         base_errs = self.base.validate()
         if base_errs:
             return base_errs
+        if self.early_stop_after and self.base.eval_source == "none":
+            return [FieldError(EARLY_STOP_FIELD, "successive halving ranks the members by held-out score: choose a "
+                                                 "held-out set (Held-out evaluation), or set 0 to stop by hand")]
         members = self._members()
         errs = [FieldError(e.field, f"member {m.sweep_member} ({_settings_text(self.member_settings(m))}): "
                                     f"{e.message}") for m in members for e in m.validate()]
         return errs or _slot_problems(members, self.swept)
 
     def field_problems(self) -> list[FieldError]:
-        """What is wrong with the swept fields and their values alone (the base settings aside)."""
+        """What is wrong with the swept fields and their values, and the early-stop rule, alone (the base settings
+        aside)."""
+        k = self.early_stop_after
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_EARLY_STOP_AFTER:
+            return [FieldError(EARLY_STOP_FIELD, f"a whole number of held-out versions from 0 (stop by hand only) to "
+                                                 f"{MAX_EARLY_STOP_AFTER}, not {k!r:.40}")]
         if not self.swept:
             return [FieldError("sweep", "name one to three fields to sweep, each with its values")]
         if len(self.swept) > MAX_SWEPT_FIELDS:
@@ -165,6 +179,8 @@ class SweepSpec:
         """The review code of the whole sweep: every member's settings (`RunSpec.fingerprint`, which holds the sweep
         id and the member's tag), so one review covers every member and any change to one needs a new review."""
         codes = [m.fingerprint() for m in members]
+        if self.early_stop_after:      # the stated rule is reviewed too (a sweep without one hashes as before)
+            codes.append(f"early_stop_after={self.early_stop_after}")
         return hashlib.sha256(json.dumps(codes).encode()).hexdigest()[:10]
 
     def record(self, members: list[RunSpec]) -> dict:
@@ -172,7 +188,14 @@ class SweepSpec:
         them all, and what was swept."""
         return {"sweep_id": self.sweep_id, "grid": self.grid, "swept": self.swept,
                 "members": {m.sweep_member: m.run_id for m in members},
-                "settings": {m.sweep_member: self.member_settings(m) for m in members}}
+                "settings": {m.sweep_member: self.member_settings(m) for m in members},
+                "early_stop": self.early_stop()}
+
+    def early_stop(self) -> dict:
+        """The stated early-stop rule as the record keeps it: successive halving after K versions, or by hand."""
+        if self.early_stop_after:
+            return {"rule": "successive halving", "after_versions": self.early_stop_after}
+        return {"rule": "by hand"}
 
 
 def parse_swept(rows: list[tuple[str, str]]) -> dict[str, list]:

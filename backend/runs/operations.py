@@ -10,6 +10,7 @@ asked of its engine (`backend.executors.engine`), never of its name.
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
 from backend.runs.notes import NotesBook, RunNotes, checked_notes
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import ResumePlan
-from backend.runtime import layout
+from backend.runtime import layout, records
 from backend.runtime.task import is_local_file
 from backend.task.check import TaskReport, check_task, task_field_errors
 from backend.task.check_job import CHECK_FLAVOR, check_in_job
@@ -50,6 +51,7 @@ from backend.view.webhook import webhook_problem
 WEBHOOK_FIELD = "webhook"  # the alert webhook's name among the fields a refusal names
 CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
 CHECKS_KEPT = 256
+SWEEP_WRITER = f"{layout.PANEL_WRITER}-sweep"   # a sweep stop's event writer: SWEEP_WRITER.<hex>, one per stop
 CHECK_EXECUTOR = HfJobsExecutor.name   # a panel that serves others checks a task in the visitor's own HF Jobs account
 CHECK_SIGN_IN = ("Sign in with Hugging Face (button at the top) to check your task: this panel never runs anyone's "
                  "code on its own machine, so the reward functions run in a short CPU job in your own account.")
@@ -112,6 +114,7 @@ class SweepForm:
     grid: bool = True
     sweep_id: str = ""
     run_ids: tuple[str, ...] = ()
+    early_stop_after: int = 0          # the stated early-stop rule's K (`SweepSpec.early_stop_after`)
 
     @property
     def wanted(self) -> bool:
@@ -374,12 +377,13 @@ class Operations:
         try:
             swept = parse_swept(list(form.rows))
             if errors:      # the base refused: say what is wrong with the swept fields too, at once
-                errors += SweepSpec(RunSpec(), swept, form.grid, "sweep").field_problems()
+                errors += SweepSpec(RunSpec(), swept, form.grid, "sweep",
+                                    early_stop_after=form.early_stop_after).field_problems()
         except SpecError as exc:
             errors += exc.errors
         if errors:
             raise SpecError(errors)
-        sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids)
+        sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids, form.early_stop_after)
         members = [self.build_spec(m.to_dict(), None, visitor) for m in sweep.members()]
         previews = [self._preview_of(m, visitor) for m in members]
         cost = None
@@ -450,6 +454,12 @@ class Operations:
     def sweep_members(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, str]]:
         """The sweep `run_id` is a member of, and its members' run ids by tag, from the sweep's record in the bucket;
         KeyError where the run is not this visitor's or not a sweep member."""
+        record = self.sweep_record(run_id, visitor)
+        return record["sweep_id"], record["members"]
+
+    def sweep_record(self, run_id: str, visitor: Visitor) -> dict:
+        """The record (`SweepSpec.record`) of the sweep `run_id` is a member of, its members as {tag: run id}; read
+        only for a visitor who sees the run (KeyError otherwise, or where the run is not a sweep member)."""
         registry = self.runs.find(run_id, visitor)
         store = registry.store_for(registry.run_bucket(run_id))
         try:
@@ -466,7 +476,32 @@ class Operations:
         except Exception as exc:
             raise KeyError(f"Sweep {sweep_id}'s record cannot be read ({exc}): cancel its members one by one.") \
                 from None
-        return sweep_id, members
+        settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
+        early = record.get("early_stop") if isinstance(record.get("early_stop"), dict) else {}
+        after = early.get("after_versions")
+        return {"sweep_id": str(sweep_id), "members": members,
+                "settings": {tag: s for tag, s in settings.items() if isinstance(s, dict)},
+                "early_stop_after": after if isinstance(after, int) and not isinstance(after, bool) and after > 0
+                else 0}
+
+    def stop_member(self, run_id: str, visitor: Visitor, sweep_id: str, member: str, rule: str, scores: dict,
+                    rung: int | None = None) -> list[str]:
+        """Stop one member of a sweep (Cancel run's check and jobs: on a Space only the run's owner), and record why
+        as its `sweep_stop` event: the rule, and every member's best held-out score that decided it. The job ids
+        stopped. The event is written once the cancel went through (a refused stop writes nothing)."""
+        registry, _ = self._registry_for_control(run_id, visitor)
+        stopped = registry.cancel(run_id)
+        self.runs.relist(registry.namespace or "")
+        writer = f"{SWEEP_WRITER}.{secrets.token_hex(4)}"
+        event = records.event_record(records.SWEEP_STOP, sweep_id=sweep_id, member=member, rule=rule,
+                                     scores=scores, cancelled=stopped, **({"rung": rung} if rung else {}))
+        store = registry.store_for(registry.run_bucket(run_id))
+        store.write_bytes(f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}/{layout.fragment_name(writer, 0)}",
+                          (json.dumps(event) + "\n").encode())
+        view = registry.watched_view(run_id)
+        if view is not None and hasattr(view, "expect_event_writer"):
+            view.expect_event_writer(writer)
+        return stopped
 
     def cancel_sweep(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, list[str]]]:
         """Cancel every member of the sweep `run_id` belongs to, each as Cancel run would (who may, which jobs):

@@ -46,6 +46,7 @@ BUDGET_CAP = "budget_cap"
 LAUNCH_FAILED = "launch_failed"
 REPLICA_ENDED = "replica_ended"
 BEST_BY_CHANGED = "best_by_changed"
+SWEEP_STOP = "sweep_stop"
 
 # What an adapter version's `version.json` holds; an event about a version carries it too.
 VERSION_FIELDS = ("version", "step", "size_bytes")
@@ -96,6 +97,10 @@ EVENTS: dict[str, EventShape] = {
         "the user changed which held-out score decides the best version (`best_by`: {reward: weight}, {} for the "
         "trained rewards' weighted score; `version`: the best under it, None when none beats the base model; "
         "best/ was republished)"),
+    SWEEP_STOP: EventShape(
+        PANEL_WRITER, ("sweep_id", "member", "rule", "scores", "cancelled"), ("rung",),
+        "a sweep's member was stopped early, by hand or by the sweep's stated rule (`rule`: in words; `scores`: "
+        "every member's best held-out score then, by tag; `rung`: the successive halving's step)"),
 }
 
 # A trainer attempt's start and ends: the newest of them says where the trainer stands.
