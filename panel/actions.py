@@ -57,6 +57,7 @@ from backend.storage.store import FolderStore
 from backend.task.check import TaskReport
 from backend.task.sandbox import isolation_state
 from backend.view.runview import RunView, reading
+from backend.view.sweep import Halving
 from panel.markdown import code_span, fenced, masked, plain
 from panel.marks import mark
 from panel.presets import TINY_DEMO, preset_values
@@ -680,7 +681,7 @@ def sweep_markdown(shown: SweepPreview, labels: dict[str, str]) -> str:
     fleet_line = (f"**Fleet** for all members at once: `--max-loras {fleet.max_loras}` (each member's "
                   f"max_staleness + 2, summed), `--max-lora-rank {fleet.max_lora_rank}` (the largest member's). "
                   f"Not shared yet: each member starts its own {base.replicas} replica(s) for now.")
-    lines = [head, table, fleet_line, *(f"⚠️ {note}" for note in fleet.notes)]
+    lines = [head, table, fleet_line, *(f"⚠️ {note}" for note in fleet.notes), early_stop_line(sweep)]
     if shown.cost is not None:
         lines.append(_sweep_cost_line(shown))
     first = shown.members[0]
@@ -692,6 +693,13 @@ def sweep_markdown(shown: SweepPreview, labels: dict[str, str]) -> str:
     for job, command in zip(first.jobs, first.commands):
         lines.append(fenced(f"# m0 {job.role}\n{command}", "bash"))
     return "\n\n".join(line for line in lines if line)
+
+
+def early_stop_line(sweep) -> str:
+    """The sweep's stated early-stop rule, as its record keeps it and the Sweep tab carries it out."""
+    if sweep.early_stop_after:
+        return f"**Early stop:** {Halving(sweep.early_stop_after).text()}; each stop is recorded with the scores."
+    return "**Early stop:** by hand only (the Sweep tab's *Stop this member*)."
 
 
 def _sweep_cost_line(shown: SweepPreview) -> str:

@@ -51,32 +51,42 @@ def compare(panel, run_ids: list[str], x: str,
         runs.append((run_id, view, spend_view.cost_at(panel, registry, run_id) if x == "dollars" else None))
     if len(runs) < 2:
         notes.insert(0, "Pick two or more runs to compare.")
-    figures = {name: _figure(title, x) for name, (title, _) in COMPARED.items()}
-    figures[HELD_OUT] = _figure(HELD_OUT_TITLE, x)
-    for i, (run_id, view, dollars_at) in enumerate(runs):
-        label = f"{view.spec.get('name', 'run')} · {run_id}"
-        start = run_start(view)
-        if x == "dollars" and dollars_at is None:
-            notes.append(f"{run_id} is a local run: it costs nothing, so it is not on the dollars axis")
-            continue
-        for name, (_, keys) in COMPARED.items():
-            key = first_key(view, keys)
-            if key is None:
-                continue
-            xs, ys = metric_points(view, key, x)
-            shown = on_axis(xs, x, start, dollars_at)
-            figures[name].add_trace(go.Scatter(x=shown, y=ys, mode="lines", name=label, legendgroup=run_id,
-                                               line=dict(color=COLORS[i % len(COLORS)])))
-        _add_held_out(figures[HELD_OUT], view, x, start, dollars_at, label, run_id, COLORS[i % len(COLORS)])
-    for name, figure in figures.items():
-        if not figure.data:
-            _note(figure, NOT_LOGGED.get(name, "not logged by these runs") if runs else "pick runs to compare")
+    figures, said = overlay(runs, x)
+    notes += said
     diff = config_diff({run_id: view.spec for run_id, view, _ in runs}) if len(runs) >= 2 else []
     note = "; ".join(notes) if notes else f"{len(runs)} runs; {len(diff)} setting(s) differ."
     table = pd.DataFrame(diff, columns=["setting", *(run_id for run_id, _, _ in runs)] if len(runs) >= 2
                          else ["setting", "run 1", "run 2"])
     best = [row for run_id, view, _ in runs if (row := best_row(run_id, view)) is not None]
     return figures, table, note, pd.DataFrame(best, columns=BEST_HEADERS)
+
+
+def overlay(runs: list[tuple[str, object, object]], x: str, names: tuple[str, ...] = PLOTS,
+            label=lambda run_id, view: f"{view.spec.get('name', 'run')} · {run_id}") -> tuple[dict, list[str]]:
+    """The figures `names` (COMPARED metrics, HELD_OUT) with every run of `runs` ((run id, view, its dollars-at or
+    None)) overlaid on the `x` axis, a colour per run; and notes on runs left off an axis. The Compare tab and the
+    sweep view draw with it."""
+    notes = []
+    figures = {name: _figure(COMPARED[name][0] if name in COMPARED else HELD_OUT_TITLE, x) for name in names}
+    for i, (run_id, view, dollars_at) in enumerate(runs):
+        shown_as, start, color = label(run_id, view), run_start(view), COLORS[i % len(COLORS)]
+        if x == "dollars" and dollars_at is None:
+            notes.append(f"{run_id} is a local run: it costs nothing, so it is not on the dollars axis")
+            continue
+        for name in names:
+            if name == HELD_OUT:
+                _add_held_out(figures[name], view, x, start, dollars_at, shown_as, run_id, color)
+                continue
+            key = first_key(view, COMPARED[name][1])
+            if key is None:
+                continue
+            xs, ys = metric_points(view, key, x)
+            figures[name].add_trace(go.Scatter(x=on_axis(xs, x, start, dollars_at), y=ys, mode="lines",
+                                               name=shown_as, legendgroup=run_id, line=dict(color=color)))
+    for name, figure in figures.items():
+        if not figure.data:
+            _note(figure, NOT_LOGGED.get(name, "not logged by these runs") if runs else "pick runs to compare")
+    return figures, notes
 
 
 def _add_held_out(fig: go.Figure, view, x: str, start: float, dollars_at, label: str, run_id: str,

@@ -41,7 +41,8 @@ REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapte
 VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
 DRAWN = [*PLOT_IDS, "bottleneck", "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples",
          "sample_steps", "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
-ACTIONS = ["cancel", "cancel_sweep", "resume", "resume_confirm"]   # a run's actions, shown as fit it (`run_actions`)
+# A run's actions, shown as fit it (`run_actions`).
+ACTIONS = ["cancel", "cancel_sweep", "open_sweep", "resume", "resume_confirm"]
 ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"
 # A run's sections, one click away: (the element a link scrolls to, its name).
 SECTION_LINKS = (("key-charts", "Key charts"), ("chart-options", "All charts"), ("adapters-table", "Adapters"),
@@ -225,10 +226,10 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
 
 
 def run_actions(view, drawn: dict | None = None) -> dict:
-    """The run's actions that fit its state: Cancel on a live run; Cancel sweep on a sweep's member (its neighbours
-    may be live while it is not); Resume (and its review tick) on one that stopped before it finished. With `drawn`,
-    the session's state: only when they changed since it last drew them (a run that ends, or is resumed, while it
-    is open)."""
+    """The run's actions that fit its state: Cancel on a live run; Cancel sweep and Open sweep view on a sweep's
+    member (its neighbours may be live while it is not); Resume (and its review tick) on one that stopped before it
+    finished. With `drawn`, the session's state: only when they changed since it last drew them (a run that ends,
+    or is resumed, while it is open)."""
     live = view.stage not in TERMINAL_STAGES
     stopped = not live and not resume.finished(view)
     member = bool((view.spec or {}).get("sweep_id"))
@@ -237,6 +238,7 @@ def run_actions(view, drawn: dict | None = None) -> dict:
             return {}
         drawn["actions"] = (live, stopped, member)
     return {"cancel": gr.update(visible=live), "cancel_sweep": gr.update(visible=member),
+            "open_sweep": gr.update(visible=member),
             "resume": gr.update(visible=stopped), "resume_confirm": gr.update(value=False, visible=stopped)}
 
 

@@ -9,7 +9,7 @@ import gradio as gr
 
 from backend.plan.engines import engine, engines, known_engine
 from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, HELD_OUT_FIELDS, LORA, STORAGE, RunSpec, form_fields
-from backend.plan.sweep import MAX_SWEPT_FIELDS, sweepable_fields
+from backend.plan.sweep import EARLY_STOP_FIELD, MAX_EARLY_STOP_AFTER, MAX_SWEPT_FIELDS, sweepable_fields
 from backend.runs.operations import WEBHOOK_FIELD, SweepForm
 from backend.view import diagnose
 from panel.actions import Panel
@@ -29,7 +29,8 @@ ALERTS = "Alerts"
 SECTIONS[ALERTS] = {WEBHOOK_FIELD}     # the alert webhook, beside the form: a refusal opens and marks it too
 SWEEP = "Sweep (distributed)"
 SWEEP_FIELD = "sweep"                  # how a refusal names the sweep as a whole (backend/plan/sweep.py)
-SECTIONS[SWEEP] = {SWEEP_FIELD}
+EARLY_STOP_LABEL = "Stop early after K held-out versions each (0: by hand)"
+SECTIONS[SWEEP] = {SWEEP_FIELD, EARLY_STOP_FIELD}
 GRID, SIDE_BY_SIDE = "grid", "side by side"
 
 
@@ -146,6 +147,11 @@ def _sweep_section() -> tuple[gr.Accordion, dict]:
                                                  elem_id=f"sweep-values-{i}", scale=2)
         parts["grid"] = gr.Radio([GRID, SIDE_BY_SIDE], value=GRID, label="Combine the values", elem_id="sweep-grid",
                                  info="grid: every combination · side by side: the i-th values of each row together")
+        parts["stop_after"] = gr.Number(0, label=EARLY_STOP_LABEL, precision=0, minimum=0,
+                                        maximum=MAX_EARLY_STOP_AFTER, elem_id="sweep-stop-after",
+                                        info="successive halving: once every member still training has K more "
+                                             "held-out versions, the worse half by best held-out score is stopped; "
+                                             "0: stop members by hand only (Sweep tab)")
     return accordion, parts
 
 
@@ -156,7 +162,17 @@ def sweep_form(parts: dict, reviewed: dict | None = None) -> SweepForm:
                  for i in range(MAX_SWEPT_FIELDS))
     seen = reviewed if isinstance(reviewed, dict) else {}
     return SweepForm(rows, parts.get("grid") != SIDE_BY_SIDE, str(seen.get("sweep_id") or ""),
-                     tuple(str(r) for r in seen.get("run_ids") or ()))
+                     tuple(str(r) for r in seen.get("run_ids") or ()), _whole(parts.get("stop_after")))
+
+
+def _whole(value):
+    """A Number field's value as the whole number it stands for (None: 0); anything else as it is, for the backend
+    to refuse by the field's name."""
+    if value is None or value == "":
+        return 0
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def presets_for(panel: Panel) -> tuple[list[str], str]:
@@ -190,6 +206,7 @@ def build(page, panel: Panel) -> None:
         sections[SWEEP], sweep = _sweep_section()
         panel.field_labels = {n: c.label for n, c in form.items() if getattr(c, "label", None)}
         panel.field_labels[SWEEP_FIELD] = "Sweep"
+        panel.field_labels[EARLY_STOP_FIELD] = EARLY_STOP_LABEL
         with gr.Accordion(ALERTS, open=False) as sections[ALERTS]:
             webhook = gr.Textbox("", label="Alert webhook URL (optional)", type="password", elem_id="f-webhook",
                                  info="Slack or Discord webhook: the run's alerts (ratio drift, stall, a replica not "

@@ -15,7 +15,7 @@ from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
               "if (id) { u.searchParams.set('run', id); } else { u.searchParams.delete('run'); } "
               "window.history.replaceState(null, '', u); return []; }")
-LISTED = ["runs_table", "run_pick", "listed", "compare_picks", "runs_hint"]
+LISTED = ["runs_table", "run_pick", "listed", "compare_picks", "sweep_run", "runs_hint"]
 
 
 def build(page, panel: Panel) -> None:
@@ -28,6 +28,7 @@ def build(page, panel: Panel) -> None:
         cancel = gr.Button("Cancel run", variant="stop", elem_id="cancel-btn", scale=1, size="sm")
         cancel_sweep = gr.Button("Cancel sweep", variant="stop", elem_id="cancel-sweep-btn", scale=1, size="sm",
                                  visible=False)
+        open_sweep = gr.Button("Open sweep view", elem_id="open-sweep-btn", scale=1, size="sm", visible=False)
         resume_confirm = gr.Checkbox(False, label="I reviewed the resume", elem_id="resume-confirm", scale=1)
         resume = gr.Button("Resume run", elem_id="resume-btn", scale=1, size="sm")
     # The list folds away once a run is open, so the run's header and key charts fill the first screen.
@@ -42,7 +43,7 @@ def build(page, panel: Panel) -> None:
     listed = gr.State(None)     # the runs table and run choices this browser session last received
     resume_reviewed = gr.State(None)   # {"fingerprint", "run_id"} of the resume preview last shown
     page.add(runs_hint=runs_hint, runs_list=runs_list, run_pick=run_pick, cancel=cancel, cancel_sweep=cancel_sweep,
-             resume_confirm=resume_confirm, resume=resume,
+             resume_confirm=resume_confirm, resume=resume, open_sweep=open_sweep,
              runs_query=runs_query, runs_status=runs_status, runs_table=runs_table, action_msg=action_msg,
              listed=listed, resume_reviewed=resume_reviewed)
 
@@ -59,7 +60,7 @@ def wire(page) -> None:
             [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
-             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "resume"])
+             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "open_sweep", "resume"])
     # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])
@@ -67,6 +68,7 @@ def wire(page) -> None:
             LISTED, show_progress="hidden")
     page.on(page["cancel"].click, on_cancel, ["run_pick"], ["action_msg"])
     page.on(page["cancel_sweep"].click, on_cancel_sweep, ["run_pick"], ["action_msg"])
+    page.on(page["open_sweep"].click, on_open_sweep, ["run_pick"], ["sweep_run", "tabs"])
     page.on(page["resume"].click, on_resume, ["run_pick", "resume_confirm", "resume_reviewed"],
             ["action_msg", "resume_confirm", "resume_reviewed"])
     page.on(page["demo"].load, on_url, [], ["run_pick", "tabs", "action_msg"], request=True)
@@ -86,7 +88,8 @@ def list_update(panel, visitor, find: str, state: str, listed) -> dict:
     out = {} if rows == seen.get("rows") else {"runs_table": rows}
     choices = run_choices(panel, visitor)
     if choices != seen.get("choices"):
-        out.update(run_pick=gr.update(choices=choices), compare_picks=gr.update(choices=choices))
+        out.update(run_pick=gr.update(choices=choices), compare_picks=gr.update(choices=choices),
+                   sweep_run=gr.update(choices=choices))
     hint = panel.runs_hint(visitor)
     if hint != seen.get("hint"):
         out["runs_hint"] = hint
@@ -139,6 +142,11 @@ def on_cancel(panel, visitor, run_id: str | None) -> dict:
 def on_cancel_sweep(panel, visitor, run_id: str | None) -> dict:
     """Every member of the picked run's sweep cancelled."""
     return {"action_msg": panel.cancel_sweep(run_id, visitor) if run_id else "Pick a run first."}
+
+
+def on_open_sweep(panel, visitor, run_id: str | None) -> dict:
+    """The picked member's sweep on the Sweep tab (its pick's change draws it)."""
+    return {"sweep_run": run_id, "tabs": gr.Tabs(selected="sweep")} if run_id else {"tabs": gr.skip()}
 
 
 def on_resume(panel, visitor, run_id: str | None, ticked: bool, seen: dict | None) -> dict:

@@ -1,13 +1,13 @@
 """The Gradio Blocks: the Launch tab (`launch_view`), the Runs tab (`runs_view` and the open run's
-`dashboard_view`) and the Compare tab (`compare_view`), assembled on one page (`panel.page`). Declarative; the
-handlers are plain functions in those modules, over the backend and `panel/actions.py`.
+`dashboard_view`), the Compare tab (`compare_view`) and the Sweep tab (`sweep_view`), assembled on one page
+(`panel.page`). Declarative; the handlers are plain functions in those modules, over the backend and `panel/actions.py`.
 """
 
 import json
 
 import gradio as gr
 
-from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view
+from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view, sweep_view
 from panel.actions import Panel
 from panel.page import Page, visitor_of
 
@@ -150,7 +150,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 dashboard_view.build(page, panel)
                 runs_view.build_orphans(panel)
             compare = compare_view.build(panel, visitor_of)
+            sweep_view.build(page, panel)
         page.add(demo=demo, tabs=tabs, timer=gr.Timer(TICK_S), compare_picks=compare["picks"])
-        for view in (launch_view, runs_view, dashboard_view):
+        for view in (launch_view, runs_view, dashboard_view, sweep_view):
             view.wire(page)
     return demo

@@ -1,0 +1,228 @@
+"""The Sweep tab: every member of a sweep overlaid (training reward, held-out score by version under each member's own
+best-by rule, staleness, importance ratio: the Compare tab's `overlay`), the members ranked by best held-out score
+(`backend.view.sweep`), the sweep's stated early-stop rule carried out, "Stop this member" by hand, and the best
+member's best version one click from download.
+
+Opened from a member's *Open sweep view* (Runs tab) or by picking any member here; refreshed every SWEEP_TICK_S while
+a sweep is picked. Handlers are plain functions (see `panel.page`).
+"""
+
+import gradio as gr
+
+from backend.outcome.best_version import ChoiceError
+from backend.outcome.publish import PublishError
+from backend.runs.access import Refused, Visitor
+from backend.runtime import layout
+from backend.runtime.records import SWEEP_STOP
+from backend.runtime.redact import redact_tokens
+from backend.view.runview import reading
+from backend.view.sweep import (
+    BY_HAND,
+    RANK_HEADERS,
+    Halving,
+    Member,
+    Stop,
+    best_member,
+    done_rungs,
+    member_of,
+    rank,
+    rank_rows,
+    scores_of,
+    worst_live,
+)
+from panel.compare_view import HELD_OUT, overlay
+from panel.markdown import masked
+
+SWEEP_TICK_S = 10.0
+SWEEP_PLOTS = ("reward", HELD_OUT, "staleness", "ratio")
+STOP_CHOICE_SEP = " · "             # a stop pick reads "m2 · <run id>"
+
+
+def build(page, panel) -> None:
+    """The Sweep tab's components, added to `page`."""
+    with gr.Tab("Sweep", id="sweep"):
+        with gr.Row():
+            member = gr.Dropdown([], label="A member of the sweep (any of its runs)", elem_id="sweep-run", scale=4,
+                                 allow_custom_value=True)
+            show = gr.Button("Show sweep", variant="primary", elem_id="sweep-show", scale=1)
+        note = gr.Markdown(elem_id="sweep-note")
+        ranking = gr.Dataframe(headers=RANK_HEADERS, interactive=False, wrap=True, elem_id="sweep-rank",
+                               label="Members ranked by best held-out score (each by its own best-by rule)")
+        with gr.Row():
+            stop_pick = gr.Dropdown([], label="Member to stop (the worst still training by default)",
+                                    elem_id="sweep-stop-pick", scale=3, allow_custom_value=True)
+            stop = gr.Button("Stop this member", variant="stop", elem_id="sweep-stop-btn", scale=1)
+        stop_msg = gr.Markdown(elem_id="sweep-stop-msg")
+        with gr.Row():
+            best_file = gr.DownloadButton("Download the best member's best version (.zip)", interactive=False,
+                                          elem_id="sweep-best-btn", scale=1)
+            best_msg = gr.Markdown(elem_id="sweep-best-msg")
+        plots = {}
+        for pair in (SWEEP_PLOTS[0:2], SWEEP_PLOTS[2:4]):
+            with gr.Row():
+                for name in pair:
+                    plots[name] = gr.Plot(elem_id=f"sweep-{name}")
+        seen = gr.State(None)      # {"best": [run id, choice]} whose zip this session's button holds
+    page.add(sweep_run=member, sweep_show=show, sweep_note=note, sweep_rank=ranking, sweep_stop_pick=stop_pick,
+             sweep_stop=stop, sweep_stop_msg=stop_msg, sweep_best_file=best_file, sweep_best_msg=best_msg,
+             sweep_plots=plots, sweep_seen=seen, sweep_timer=gr.Timer(SWEEP_TICK_S))
+
+
+SHOWN = ["sweep_note", "sweep_rank", "sweep_stop_pick", "sweep_best_file", "sweep_best_msg", "sweep_plots",
+         "sweep_seen"]
+
+
+def wire(page) -> None:
+    page.on([page["sweep_show"].click, page["sweep_run"].change], on_show, ["sweep_run", "sweep_seen"], SHOWN)
+    page.on(page["sweep_timer"].tick, on_tick, ["sweep_run", "sweep_seen"], SHOWN, show_progress="hidden")
+    page.on(page["sweep_stop"].click, on_stop, ["sweep_run", "sweep_stop_pick", "sweep_seen"],
+            [*SHOWN, "sweep_stop_msg"])
+
+
+def members_of(panel, run_id: str, visitor: Visitor) -> tuple[dict, list[tuple[Member, object]]]:
+    """The sweep's record and each member (its ranking state and view) this visitor can see, views refreshed when
+    due; KeyError where `run_id` is not a sweep member this visitor sees."""
+    record = panel.operations.sweep_record(run_id, visitor)
+    out = []
+    for tag, member_id in record["members"].items():
+        try:
+            view = panel.view(member_id, visitor)
+        except KeyError:
+            continue        # a member this visitor cannot see (another namespace's) is not shown
+        view.refresh_if_due()
+        out.append((member_of(tag, member_id, view, record["settings"].get(tag)), view))
+    return record, out
+
+
+def stop_events(views) -> list[dict]:
+    with_events = []
+    for view in views:
+        with reading(view):
+            with_events += [e for e in view.events if e.get("event") == SWEEP_STOP]
+    return with_events
+
+
+def apply_rule(panel, visitor: Visitor, record: dict, members: list[Member], events: list[dict]) -> str:
+    """The sweep's stated successive halving carried out where its next rung is due: the members it stops, each with
+    its event. What it did or waits for, in words ("" for a sweep stopped by hand only)."""
+    after = record["early_stop_after"]
+    if not after:
+        return ""
+    rule, rungs = Halving(after), done_rungs(events)
+    decision = rule.decide(members, rungs)
+    if decision is None:
+        return rule.waiting(members, rungs)
+    said = stop_members(panel, visitor, record, members, decision)
+    return f"Rung {decision.rung} due: " + said
+
+
+def stop_members(panel, visitor: Visitor, record: dict, members: list[Member], decision: Stop) -> str:
+    """Stop the members `decision` names (each as Cancel run would, with its sweep_stop event); what happened."""
+    by_tag = {m.tag: m for m in members}
+    said = []
+    for tag in decision.stopped:
+        member = by_tag[tag]
+        try:
+            jobs = panel.operations.stop_member(member.run_id, visitor, record["sweep_id"], tag, decision.rule,
+                                                decision.scores, decision.rung)
+        except (Refused, KeyError) as exc:
+            said.append(f"{tag} not stopped: {masked(exc.args[0] if exc.args else exc)}")
+            continue
+        except Exception as exc:     # the Hub or the bucket failing: the member may still bill
+            said.append(f"{tag} not stopped: {masked(exc)}. Try again, or Cancel run on it")
+            continue
+        said.append(f"stopped {tag} ({member.run_id}, {len(jobs)} job(s))")
+    return "; ".join(said) + "."
+
+
+def on_show(panel, visitor, run_id, seen) -> dict:
+    return show(panel, visitor, run_id, seen, apply=True)
+
+
+def on_tick(panel, visitor, run_id, seen) -> dict:
+    if not run_id:
+        return {}
+    return show(panel, visitor, run_id, seen, apply=True)
+
+
+def on_stop(panel, visitor, run_id, pick, seen) -> dict:
+    """Stop the picked member (by hand), recorded with every member's score then; the others train on."""
+    if not run_id or not pick:
+        return {"sweep_stop_msg": "Pick a sweep and the member to stop first."}
+    tag = str(pick).split(STOP_CHOICE_SEP, 1)[0].strip()
+    try:
+        record, members = members_of(panel, run_id, visitor)
+    except KeyError as exc:
+        return {"sweep_stop_msg": f"**Not stopped.** {masked(exc.args[0] if exc.args else exc)}"}
+    states = [m for m, _ in members]
+    if tag not in {m.tag for m in states}:
+        return {"sweep_stop_msg": f"**Not stopped.** {masked(tag)} is not a member of sweep {record['sweep_id']}."}
+    message = stop_members(panel, visitor, record, states, Stop(BY_HAND, None, (tag,), scores_of(states)))
+    return {**show(panel, visitor, run_id, seen, apply=False), "sweep_stop_msg": message[0].upper() + message[1:]}
+
+
+def show(panel, visitor, run_id, seen, apply: bool) -> dict:
+    """The sweep of `run_id` drawn: its note (the rule, what it waits for, the stops so far), the ranking, the stop
+    picker, the best member's best version on the download button, and the overlaid charts."""
+    if not run_id:
+        return {"sweep_note": "Pick a member of a sweep (or press *Open sweep view* on one in the Runs tab)."}
+    try:
+        record, members = members_of(panel, run_id, visitor)
+    except KeyError as exc:
+        return {"sweep_note": f"**No sweep to show.** {masked(exc.args[0] if exc.args else exc)}"}
+    states, views = [m for m, _ in members], [v for _, v in members]
+    done = apply_rule(panel, visitor, record, states, stop_events(views)) if apply else ""
+    if done.startswith("Rung"):        # it stopped members: read them again
+        record, members = members_of(panel, run_id, visitor)
+        states, views = [m for m, _ in members], [v for _, v in members]
+    figures, _ = overlay([(m.run_id, v, None) for m, v in members], "step", SWEEP_PLOTS,
+                         label=lambda member_id, view: f"{view.member or 'run'} · {member_id}")
+    worst = worst_live(states)
+    live = [m for m in rank(states) if m.live]
+    choices = [f"{m.tag}{STOP_CHOICE_SEP}{m.run_id}" for m in live]
+    return {"sweep_note": _note(record, states, stop_events(views), done), "sweep_rank": rank_rows(states),
+            "sweep_stop_pick": gr.update(choices=choices, value=(f"{worst.tag}{STOP_CHOICE_SEP}{worst.run_id}"
+                                                                 if worst else None)),
+            "sweep_plots": {name: figures[name] for name in SWEEP_PLOTS},
+            **_best_download(panel, visitor, states, seen)}
+
+
+def _note(record: dict, members: list[Member], events: list[dict], done: str) -> str:
+    after = record["early_stop_after"]
+    rule = Halving(after).text() if after else "by hand only (Stop this member); no automatic rule was stated"
+    head = (f"**Sweep `{record['sweep_id']}`**: {len(members)} member(s), {sum(m.live for m in members)} still "
+            f"training. **Early stop:** {rule}.")
+    lines = [head]
+    if done:
+        lines.append(done)
+    for event in sorted(events, key=lambda e: e.get("time") or 0):
+        scores = event.get("scores") if isinstance(event.get("scores"), dict) else {}
+        shown = ", ".join(f"{tag} {'-' if s is None else f'{s:.3f}'}" for tag, s in scores.items()
+                          if s is None or isinstance(s, (int, float)))
+        lines.append(f"■ *Stopped:* {event.get('member')} ({event.get('rule')}); best held-out scores then: "
+                     f"{shown or 'none yet'}")
+    return redact_tokens("\n\n".join(lines))
+
+
+def _best_download(panel, visitor, members: list[Member], seen) -> dict:
+    """The best member's best version on the download button (its zip built once per (run, version)), and which
+    it is; the member's run is where to push it from."""
+    best = best_member(members)
+    if best is None:
+        return {"sweep_best_file": gr.update(value=None, interactive=False),
+                "sweep_best_msg": "No member has a held-out score yet."}
+    choice = "best" if best.beats_base else layout.adapter_name(best.best_version, best.tag)
+    key = [best.run_id, choice, best.best_version]
+    said = (f"Best: **{best.tag}** (`{best.run_id}`), v{best.best_version}, held-out {best.best_score:.3f} "
+            f"({best.rule})" + ("" if best.beats_base else ", below its base model") +
+            ". To push it, open the run in the Runs tab.")
+    if isinstance(seen, dict) and seen.get("best") == key:
+        return {"sweep_best_msg": said}
+    try:
+        path, _chosen = panel.adapter_version_zip(best.run_id, choice, visitor)
+    except (KeyError, ChoiceError, PublishError) as exc:
+        why = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+        return {"sweep_best_file": gr.update(value=None, interactive=False),
+                "sweep_best_msg": f"{said} **No download.** {masked(why)}"}
+    return {"sweep_best_file": gr.update(value=path, interactive=True), "sweep_best_msg": said,
+            "sweep_seen": {"best": key}}
