@@ -61,19 +61,24 @@ def sample_records(step: int, t: float) -> list[dict]:
 class SyntheticRun:
     """A live distributed run of `rows` logged steps in a local panel home; `grow()` adds what a tick brings."""
 
-    def __init__(self, home: str, rows: int, samples: str | None = None, evals: bool = False):
+    def __init__(self, home: str, rows: int, samples: str | None = None, evals: bool = False,
+                 fields: dict | None = None, score=None):
         """`samples`: None (no samples/ folder), "flush" (a fragment of 4 completions a step per metric fragment,
         as trainers write them now) or "step" (a fragment per step, as runs written before did). `evals`: a
-        held-out record per adapter version in evals/, the base model's (v0) first."""
+        held-out record per adapter version in evals/, the base model's (v0) first. `fields`: RunSpec fields
+        beside the defaults (a sweep member's run_id, name, sweep_id, sweep_member). `score(version)`: each
+        version's held-out score (the trained reward's mean), where a test needs known ones."""
         from backend.plan.spec import RunSpec
         from backend.runtime import layout
 
         self.home, self.rows, self.t0 = home, rows, time.time() - rows
         self.samples_mode, self.sample_fragment = samples, 0
         self.samples_dir = None
-        self.spec = RunSpec(name=f"scale-{rows}", mode="distributed", max_steps=rows * 10, bucket="local/bench",
-                            run_id=f"scale-{rows}", **(dict(eval_source="split", monitor_rewards=["distinct_chars"])
-                                                       if evals else {}))
+        self.score = score
+        self.spec = RunSpec(**{"name": f"scale-{rows}", "mode": "distributed", "max_steps": rows * 10,
+                               "bucket": "local/bench", "run_id": f"scale-{rows}",
+                               **(dict(eval_source="split", monitor_rewards=["distinct_chars"]) if evals else {}),
+                               **(fields or {})})
         self.run_dir = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(self.spec.run_id))
         self.metrics = os.path.join(self.run_dir, layout.METRICS_DIR)
         self.events = os.path.join(self.run_dir, layout.EVENTS_DIR)
@@ -139,7 +144,8 @@ class SyntheticRun:
                         completions = []
                 if step % PROXY_EVERY == 0:
                     replicas = [{"url": f"http://127.0.0.1:{8000 + i}", "healthy": True, "in_flight": 3,
-                                 "served": step * 4, "errors": 0, "adapters": [layout.adapter_name(step // 20)]}
+                                 "served": step * 4, "errors": 0,
+                                 "adapters": [layout.adapter_name(step // 20, self.spec.sweep_member)]}
                                 for i in range(2)]
                     self._fragment(self.metrics, "proxy", self.proxy_fragment, [{"time": t, "replicas": replicas}])
                     self.proxy_fragment += 1
@@ -172,15 +178,16 @@ class SyntheticRun:
     def _adapter(self, version: int, step: int, t: float) -> None:
         from backend.runtime import layout
 
-        folder = os.path.join(self.run_dir, layout.ADAPTERS_DIR, layout.adapter_name(version))
+        name = layout.adapter_name(version, self.spec.sweep_member)
+        folder = os.path.join(self.run_dir, layout.ADAPTERS_DIR, name)
         os.makedirs(folder, exist_ok=True)
-        for name, data in (("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"x" * 4096),
+        for file, data in (("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"x" * 4096),
                            (layout.ADAPTER_META_FILE, json.dumps({"version": version, "step": step,
                                                                    "time": t}).encode())):
-            with open(os.path.join(folder, name), "wb") as f:
+            with open(os.path.join(folder, file), "wb") as f:
                 f.write(data)
         self._fragment(self.events, "trainer", self.event_fragment,
-                       [{"time": t, "event": "adapter_published", "name": layout.adapter_name(version)}])
+                       [{"time": t, "event": "adapter_published", "name": name}])
         self.event_fragment += 1
         if self.evals:
             self._evaluate(version, step, t)
@@ -191,7 +198,7 @@ class SyntheticRun:
         from backend.runtime.evaluate import eval_record
 
         rows = [{"prompt": f"held-out question {i}"} for i in range(16)]
-        digits = 0.3 + 0.4 * ((version * 7919) % 101) / 101
+        digits = self.score(version) if self.score else 0.3 + 0.4 * ((version * 7919) % 101) / 101
         record = eval_record(step, version, rows, [[f"The answer is {version + i}."] for i in range(16)],
                              {"digits": [[digits]] * 16, "distinct_chars": [[0.6]] * 16},
                              {"digits": 1.0, "distinct_chars": 0.0}, greedy=True)

@@ -83,3 +83,64 @@ def served(panel):
         if client is not None:
             client.close()
         demo.close()
+
+
+@contextlib.contextmanager
+def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, failed: tuple[str, ...] = (),
+                    sweep_id: str = "sweep-20260101-000000-abcdef", early_stop_after: int = 0):
+    """A sweep of synthetic live members in a local panel home, written as a launch writes it (the bucket's
+    sweeps/<id>.json record, each member's spec with its sweep id and tag) and as a trainer does (benchmarks'
+    SyntheticRun: metrics, adapter versions `trl-policy-<tag>-vN` every 20 steps, a held-out record each). A member's
+    score is every version's held-out score (None: no held-out set, so no score). Each live member's jobs stand for a
+    `sleep` process of its own (detached, so that once stopped nothing keeps it as a zombie), so a cancel stops that
+    process alone; `failed` members ended in ERROR. Yields {tag: (run id, its sleep's pid or None)}; every process
+    is stopped, by its pid, at the end."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from dashboard_scale import JOBS, SyntheticRun, write_whole
+
+    from backend.runtime import layout
+    from backend.runtime.job_wrapper import process_start_time
+
+    members, pids = {}, []
+    try:
+        for i, (tag, score) in enumerate(scores.items()):
+            run_id = f"20260101-00000{i}-sweep{i}"
+            fields = {"run_id": run_id, "name": f"lr-{tag}", "sweep_id": sweep_id, "sweep_member": tag,
+                      "max_steps": 1000}
+            if score is None:
+                run = SyntheticRun(home, rows, fields=fields)
+            else:
+                run = SyntheticRun(home, rows, evals=True, fields=fields, score=lambda v, s=score: s if v else 0.1)
+            proc = None
+            for role in JOBS:
+                path = os.path.join(home, "jobs", run.job_ids[role], "job.json")
+                with open(path) as f:
+                    job = json.load(f)
+                if tag in failed:
+                    write_whole(os.path.join(home, "jobs", run.job_ids[role], "exit.json"),
+                                {"stage": "ERROR", "code": 1, "message": "failed", "time": 0})
+                    continue
+                if proc is None:
+                    proc = int(subprocess.run(["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], check=True,
+                                              capture_output=True, text=True).stdout)
+                    pids.append((proc, process_start_time(proc)))
+                job.update(pid=proc, pid_started_at=process_start_time(proc))
+                write_whole(path, job)
+            members[tag] = (run_id, proc)
+        record = {"sweep_id": sweep_id, "grid": True, "swept": {"learning_rate": list(range(len(scores)))},
+                  "members": {tag: run_id for tag, (run_id, _) in members.items()},
+                  "settings": {tag: {"learning_rate": i} for i, tag in enumerate(scores)},
+                  "early_stop": ({"rule": "successive halving", "after_versions": early_stop_after}
+                                 if early_stop_after else {"rule": "by hand"})}
+        write_whole(os.path.join(home, "buckets", "local", "bench", layout.sweep_record_path(sweep_id)), record)
+        yield members
+    finally:
+        for pid, started in pids:
+            if process_start_time(pid) == started:      # still that sleep, not a process given its number since
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
