@@ -93,12 +93,14 @@ def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, 
     SyntheticRun: metrics, adapter versions `trl-policy-<tag>-vN` every 20 steps, a held-out record each). A member's
     score is every version's held-out score (None: no held-out set, so no score). Each live member's jobs stand for a
     `sleep` process of its own (detached, so that once stopped nothing keeps it as a zombie), so a cancel stops that
-    process alone; `failed` members ended in ERROR. Yields {tag: (run id, its sleep's pid or None)}; every process
-    is stopped, by its pid, at the end."""
+    process alone; `failed` members ended in ERROR. Yields {tag: member}: its `run_id`, `pid` (its sleep's; None for
+    a failed one) and `run` (its SyntheticRun: `grow()` logs more steps and versions). Every sleep is stopped, by its
+    pid, at the end."""
     import json
     import signal
     import subprocess
     import sys
+    from types import SimpleNamespace
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     from dashboard_scale import JOBS, SyntheticRun, write_whole
@@ -131,9 +133,9 @@ def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, 
                     pids.append((proc, process_start_time(proc)))
                 job.update(pid=proc, pid_started_at=process_start_time(proc))
                 write_whole(path, job)
-            members[tag] = (run_id, proc)
+            members[tag] = SimpleNamespace(run_id=run_id, pid=proc, run=run)
         record = {"sweep_id": sweep_id, "grid": True, "swept": {"learning_rate": list(range(len(scores)))},
-                  "members": {tag: run_id for tag, (run_id, _) in members.items()},
+                  "members": {tag: member.run_id for tag, member in members.items()},
                   "settings": {tag: {"learning_rate": i} for i, tag in enumerate(scores)},
                   "early_stop": ({"rule": "successive halving", "after_versions": early_stop_after}
                                  if early_stop_after else {"rule": "by hand"})}
