@@ -1,0 +1,108 @@
+"""The Sweep tab's handlers on a real Panel over a sweep of synthetic live members (tests/helpers.synthetic_sweep:
+each member's jobs a `sleep` process of its own, so a cancel is seen stopping exactly one): the stated successive
+halving carried out rung by rung and recorded, a stop by hand, and on a Space only the owner's stop goes through."""
+
+import json
+import os
+
+import pytest
+
+from backend.runs.access import Visitor
+from backend.runtime import layout
+from backend.runtime.records import SWEEP_STOP
+from panel import sweep_view
+from tests.fakehub import FakeUser, wait_until
+from tests.helpers import synthetic_sweep
+
+ALICE = "hf_oauth_aliceToken000000000000"
+CAROL = "hf_oauth_carolToken0000000000"
+
+
+def alive(member) -> bool:
+    return member.pid is not None and os.path.exists(f"/proc/{member.pid}") and \
+        "sleep" in open(f"/proc/{member.pid}/cmdline").read()
+
+
+def stop_events(home: str, member) -> list[dict]:
+    folder = os.path.join(home, "buckets", "local", "bench", layout.run_prefix(member.run_id), layout.EVENTS_DIR)
+    found = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name)) as f:
+            found += [r for line in f if (r := json.loads(line)).get("event") == SWEEP_STOP]
+    return found
+
+
+def ranked_tags(out: dict) -> list[str]:
+    return [row[1] for row in out["sweep_rank"]]
+
+
+def test_successive_halving_stops_the_worse_half_rung_by_rung_and_records_why(panel):
+    home = panel.settings.home
+    scores = {"m0": 0.5, "m1": 0.7, "m2": 0.3, "m3": 0.9}
+    # 40 steps: 2 versions each; m3 failed (the best score, but it has ended: it takes no part)
+    with synthetic_sweep(home, scores, rows=40, failed=("m3",), early_stop_after=2) as members:
+        out = sweep_view.on_show(panel, Visitor(), members["m0"].run_id, None)
+        assert ranked_tags(out) == ["m3", "m1", "m0", "m2"]
+        assert "Rung 1 due: stopped m2" in out["sweep_note"], out["sweep_note"]
+        wait_until(lambda: not alive(members["m2"]), timeout=10)
+        assert alive(members["m0"]) and alive(members["m1"]), "only the worse half of those still training"
+        [event] = stop_events(home, members["m2"])
+        assert event["rung"] == 1 and event["member"] == "m2" and "successive halving" in event["rule"]
+        assert event["scores"] == pytest.approx(scores) and len(event["cancelled"]) == 3
+
+        out = sweep_view.on_tick(panel, Visitor(), members["m0"].run_id, None)
+        assert "rung 2 waits for 4 versions each: m0 (2/4), m1 (2/4)" in out["sweep_note"], out["sweep_note"]
+        assert "■ *Stopped:* m2 (successive halving, rung 1" in out["sweep_note"]
+        assert stop_events(home, members["m0"]) == [] and alive(members["m0"]), "nothing more before rung 2"
+
+        for tag in ("m0", "m1"):
+            members[tag].run.grow(40)          # 4 versions each: rung 2 is due
+        for tag in ("m0", "m1"):
+            panel.view(members[tag].run_id).expire()
+        out = sweep_view.on_tick(panel, Visitor(), members["m0"].run_id, None)
+        assert "Rung 2 due: stopped m0" in out["sweep_note"], out["sweep_note"]
+        wait_until(lambda: not alive(members["m0"]), timeout=10)
+        assert alive(members["m1"]), "the last member still training is never stopped"
+        assert stop_events(home, members["m0"])[0]["rung"] == 2
+
+
+def test_stop_this_member_stops_only_it_and_records_the_scores_then(panel):
+    home = panel.settings.home
+    with synthetic_sweep(home, {"m0": 0.5, "m1": 0.7, "m2": 0.3}) as members:
+        out = sweep_view.on_show(panel, Visitor(), members["m1"].run_id, None)
+        assert "by hand only" in out["sweep_note"]
+        pick = out["sweep_stop_pick"]["value"]
+        assert pick.startswith("m2 "), "the worst still training is picked by default"
+        out = sweep_view.on_stop(panel, Visitor(), members["m1"].run_id, pick, None)
+        assert out["sweep_stop_msg"].startswith("Stopped m2"), out["sweep_stop_msg"]
+        wait_until(lambda: not alive(members["m2"]), timeout=10)
+        assert alive(members["m0"]) and alive(members["m1"])
+        [event] = stop_events(home, members["m2"])
+        assert event["rule"] == "by hand" and "rung" not in event and event["scores"]["m1"] == pytest.approx(0.7)
+        out = sweep_view.on_show(panel, Visitor(), members["m1"].run_id, None)
+        assert [c for c in out["sweep_stop_pick"]["choices"] if c.startswith("m2")] == [], "stopped: not offered"
+        assert "Best: **m1**" in out["sweep_best_msg"] and out["sweep_best_file"]["interactive"] is True
+
+
+def test_a_visitor_cannot_stop_a_member_by_naming_another_sweeps_member(panel):
+    with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7}) as members:
+        out = sweep_view.on_stop(panel, Visitor(), members["m0"].run_id, "m7 · whatever", None)
+        assert "not a member of sweep" in out["sweep_stop_msg"]
+        assert alive(members["m0"]) and alive(members["m1"])
+
+
+@pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol", {})})
+def test_on_a_space_only_the_runs_owner_may_stop_its_members(hub, make_panel):
+    panel = make_panel(on_space=True, local_runs="owner", space_owner="acme")
+    with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7}) as members:
+        for visitor in (Visitor(CAROL, "carol"), Visitor()):
+            out = sweep_view.on_stop(panel, visitor, members["m0"].run_id, f"m0 · {members['m0'].run_id}", None)
+            assert out["sweep_stop_msg"].startswith("**Not stopped.**"), out["sweep_stop_msg"]
+            shown = sweep_view.on_show(panel, visitor, members["m0"].run_id, None)
+            assert "No sweep to show" in shown["sweep_note"], "an outsider does not even see the sweep"
+        assert alive(members["m0"]) and stop_events(panel.settings.home, members["m0"]) == []
+        out = sweep_view.on_stop(panel, Visitor(ALICE, "alice"), members["m0"].run_id,
+                                 f"m0 · {members['m0'].run_id}", None)
+        assert out["sweep_stop_msg"].startswith("Stopped m0"), out["sweep_stop_msg"]
+        wait_until(lambda: not alive(members["m0"]), timeout=10)
+        assert alive(members["m1"])
