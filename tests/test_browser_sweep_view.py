@@ -23,9 +23,9 @@ SCORES = {"m0": 0.5, "m1": 0.7, "m2": 0.3}
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
     home = tmp_path_factory.mktemp("sweep-view-home")
-    with synthetic_sweep(str(home), SCORES) as members:
-        with running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
-            yield url, home, members
+    with synthetic_sweep(str(home), SCORES) as members, \
+            running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+        yield url, home, members
 
 
 def alive(member) -> bool:
