@@ -73,9 +73,9 @@ SHOWN = ["sweep_note", "sweep_rank", "sweep_stop_pick", "sweep_best_file", "swee
 
 
 def wire(page) -> None:
-    page.on([page["sweep_show"].click, page["sweep_run"].change], on_show, ["sweep_run", "sweep_seen"], SHOWN)
-    page.on(page["sweep_timer"].tick, on_tick, ["sweep_run", "sweep_seen"], SHOWN, show_progress="hidden")
-    page.on(page["sweep_stop"].click, on_stop, ["sweep_run", "sweep_stop_pick", "sweep_seen"],
+    page.on([page["sweep_show"].click, page["sweep_run"].change], on_sweep_show, ["sweep_run", "sweep_seen"], SHOWN)
+    page.on(page["sweep_timer"].tick, on_sweep_tick, ["sweep_run", "sweep_seen"], SHOWN, show_progress="hidden")
+    page.on(page["sweep_stop"].click, on_sweep_stop, ["sweep_run", "sweep_stop_pick", "sweep_seen"],
             [*SHOWN, "sweep_stop_msg"])
 
 
@@ -135,17 +135,17 @@ def stop_members(panel, visitor: Visitor, record: dict, members: list[Member], d
     return "; ".join(said) + "."
 
 
-def on_show(panel, visitor, run_id, seen) -> dict:
+def on_sweep_show(panel, visitor, run_id, seen) -> dict:
     return show(panel, visitor, run_id, seen, apply=True)
 
 
-def on_tick(panel, visitor, run_id, seen) -> dict:
+def on_sweep_tick(panel, visitor, run_id, seen) -> dict:
     if not run_id:
         return {}
     return show(panel, visitor, run_id, seen, apply=True)
 
 
-def on_stop(panel, visitor, run_id, pick, seen) -> dict:
+def on_sweep_stop(panel, visitor, run_id, pick, seen) -> dict:
     """Stop the picked member (by hand), recorded with every member's score then; the others train on."""
     if not run_id or not pick:
         return {"sweep_stop_msg": "Pick a sweep and the member to stop first."}

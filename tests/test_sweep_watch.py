@@ -41,7 +41,7 @@ def test_successive_halving_stops_the_worse_half_rung_by_rung_and_records_why(pa
     scores = {"m0": 0.5, "m1": 0.7, "m2": 0.3, "m3": 0.9}
     # 40 steps: 2 versions each; m3 failed (the best score, but it has ended: it takes no part)
     with synthetic_sweep(home, scores, rows=40, failed=("m3",), early_stop_after=2) as members:
-        out = sweep_view.on_show(panel, Visitor(), members["m0"].run_id, None)
+        out = sweep_view.on_sweep_show(panel, Visitor(), members["m0"].run_id, None)
         assert ranked_tags(out) == ["m3", "m1", "m0", "m2"]
         assert "Rung 1 due: stopped m2" in out["sweep_note"], out["sweep_note"]
         wait_until(lambda: not alive(members["m2"]), timeout=10)
@@ -50,7 +50,7 @@ def test_successive_halving_stops_the_worse_half_rung_by_rung_and_records_why(pa
         assert event["rung"] == 1 and event["member"] == "m2" and "successive halving" in event["rule"]
         assert event["scores"] == pytest.approx(scores) and len(event["cancelled"]) == 3
 
-        out = sweep_view.on_tick(panel, Visitor(), members["m0"].run_id, None)
+        out = sweep_view.on_sweep_tick(panel, Visitor(), members["m0"].run_id, None)
         assert "rung 2 waits for 4 versions each: m0 (2/4), m1 (2/4)" in out["sweep_note"], out["sweep_note"]
         assert "■ *Stopped:* m2 (successive halving, rung 1" in out["sweep_note"]
         assert stop_events(home, members["m0"]) == [] and alive(members["m0"]), "nothing more before rung 2"
@@ -59,7 +59,7 @@ def test_successive_halving_stops_the_worse_half_rung_by_rung_and_records_why(pa
             members[tag].run.grow(40)          # 4 versions each: rung 2 is due
         for tag in ("m0", "m1"):
             panel.view(members[tag].run_id).expire()
-        out = sweep_view.on_tick(panel, Visitor(), members["m0"].run_id, None)
+        out = sweep_view.on_sweep_tick(panel, Visitor(), members["m0"].run_id, None)
         assert "Rung 2 due: stopped m0" in out["sweep_note"], out["sweep_note"]
         wait_until(lambda: not alive(members["m0"]), timeout=10)
         assert alive(members["m1"]), "the last member still training is never stopped"
@@ -69,24 +69,24 @@ def test_successive_halving_stops_the_worse_half_rung_by_rung_and_records_why(pa
 def test_stop_this_member_stops_only_it_and_records_the_scores_then(panel):
     home = panel.settings.home
     with synthetic_sweep(home, {"m0": 0.5, "m1": 0.7, "m2": 0.3}) as members:
-        out = sweep_view.on_show(panel, Visitor(), members["m1"].run_id, None)
+        out = sweep_view.on_sweep_show(panel, Visitor(), members["m1"].run_id, None)
         assert "by hand only" in out["sweep_note"]
         pick = out["sweep_stop_pick"]["value"]
         assert pick.startswith("m2 "), "the worst still training is picked by default"
-        out = sweep_view.on_stop(panel, Visitor(), members["m1"].run_id, pick, None)
+        out = sweep_view.on_sweep_stop(panel, Visitor(), members["m1"].run_id, pick, None)
         assert out["sweep_stop_msg"].startswith("Stopped m2"), out["sweep_stop_msg"]
         wait_until(lambda: not alive(members["m2"]), timeout=10)
         assert alive(members["m0"]) and alive(members["m1"])
         [event] = stop_events(home, members["m2"])
         assert event["rule"] == "by hand" and "rung" not in event and event["scores"]["m1"] == pytest.approx(0.7)
-        out = sweep_view.on_show(panel, Visitor(), members["m1"].run_id, None)
+        out = sweep_view.on_sweep_show(panel, Visitor(), members["m1"].run_id, None)
         assert [c for c in out["sweep_stop_pick"]["choices"] if c.startswith("m2")] == [], "stopped: not offered"
         assert "Best: **m1**" in out["sweep_best_msg"] and out["sweep_best_file"]["interactive"] is True
 
 
 def test_a_visitor_cannot_stop_a_member_by_naming_another_sweeps_member(panel):
     with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7}) as members:
-        out = sweep_view.on_stop(panel, Visitor(), members["m0"].run_id, "m7 · whatever", None)
+        out = sweep_view.on_sweep_stop(panel, Visitor(), members["m0"].run_id, "m7 · whatever", None)
         assert "not a member of sweep" in out["sweep_stop_msg"]
         assert alive(members["m0"]) and alive(members["m1"])
 
@@ -96,12 +96,12 @@ def test_on_a_space_only_the_runs_owner_may_stop_its_members(hub, make_panel):
     panel = make_panel(on_space=True, local_runs="owner", space_owner="acme")
     with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7}) as members:
         for visitor in (Visitor(CAROL, "carol"), Visitor()):
-            out = sweep_view.on_stop(panel, visitor, members["m0"].run_id, f"m0 · {members['m0'].run_id}", None)
+            out = sweep_view.on_sweep_stop(panel, visitor, members["m0"].run_id, f"m0 · {members['m0'].run_id}", None)
             assert out["sweep_stop_msg"].startswith("**Not stopped.**"), out["sweep_stop_msg"]
-            shown = sweep_view.on_show(panel, visitor, members["m0"].run_id, None)
+            shown = sweep_view.on_sweep_show(panel, visitor, members["m0"].run_id, None)
             assert "No sweep to show" in shown["sweep_note"], "an outsider does not even see the sweep"
         assert alive(members["m0"]) and stop_events(panel.settings.home, members["m0"]) == []
-        out = sweep_view.on_stop(panel, Visitor(ALICE, "alice"), members["m0"].run_id,
+        out = sweep_view.on_sweep_stop(panel, Visitor(ALICE, "alice"), members["m0"].run_id,
                                  f"m0 · {members['m0'].run_id}", None)
         assert out["sweep_stop_msg"].startswith("Stopped m0"), out["sweep_stop_msg"]
         wait_until(lambda: not alive(members["m0"]), timeout=10)
