@@ -41,7 +41,7 @@ def test_the_sweep_view_ranks_the_members_and_stop_the_worst_stops_only_it(app, 
     with panel_page(url, home, request) as page:
         pick_run(page, members["m0"].run_id)
         page.locator("#open-sweep-btn").click()
-        wait_for_text(page, "sweep-note", r"Sweep `sweep-\S+`: 3 member\(s\), 3 still training", 60000)
+        wait_for_text(page, "sweep-note", r"Sweep sweep-\S+: 3 member\(s\), 3 still training", 60000)
         assert "by hand only" in page.locator("#sweep-note").inner_text()
         rows = table_rows(page, "sweep-rank")
         assert [(r[0], r[1], r[7]) for r in rows] == [("1", "m1", "0.700"), ("2", "m0", "0.500"),
