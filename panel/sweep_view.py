@@ -7,6 +7,9 @@ Opened from a member's *Open sweep view* (Runs tab) or by picking any member her
 a sweep is picked. Handlers are plain functions (see `panel.page`).
 """
 
+import threading
+from collections import defaultdict
+
 import gradio as gr
 
 from backend.outcome.best_version import ChoiceError
@@ -36,6 +39,9 @@ from panel.markdown import masked
 SWEEP_TICK_S = 10.0
 SWEEP_PLOTS = ("reward", HELD_OUT, "staleness", "ratio")
 STOP_CHOICE_SEP = " · "             # a stop pick reads "m2 · <run id>"
+# One rung at a time per sweep in this process: two sessions watching one sweep must not both carry out a rung (the
+# second, not yet seeing the first's stop, would halve the members left again).
+_RULE_LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 
 
 def build(page, panel) -> None:
@@ -79,9 +85,10 @@ def wire(page) -> None:
             [*SHOWN, "sweep_stop_msg"])
 
 
-def members_of(panel, run_id: str, visitor: Visitor) -> tuple[dict, list[tuple[Member, object]]]:
+def members_of(panel, run_id: str, visitor: Visitor,
+               fresh: bool = False) -> tuple[dict, list[tuple[Member, object]]]:
     """The sweep's record and each member (its ranking state and view) this visitor can see, views refreshed when
-    due; KeyError where `run_id` is not a sweep member this visitor sees."""
+    due (`fresh`: now); KeyError where `run_id` is not a sweep member this visitor sees."""
     record = panel.operations.sweep_record(run_id, visitor)
     out = []
     for tag, member_id in record["members"].items():
@@ -89,7 +96,10 @@ def members_of(panel, run_id: str, visitor: Visitor) -> tuple[dict, list[tuple[M
             view = panel.view(member_id, visitor)
         except KeyError:
             continue        # a member this visitor cannot see (another namespace's) is not shown
-        view.refresh_if_due()
+        if fresh:
+            view.refresh()
+        else:
+            view.refresh_if_due()
         out.append((member_of(tag, member_id, view, record["settings"].get(tag)), view))
     return record, out
 
@@ -102,18 +112,21 @@ def stop_events(views) -> list[dict]:
     return with_events
 
 
-def apply_rule(panel, visitor: Visitor, record: dict, members: list[Member], events: list[dict]) -> str:
+def apply_rule(panel, visitor: Visitor, run_id: str, record: dict) -> str:
     """The sweep's stated successive halving carried out where its next rung is due: the members it stops, each with
-    its event. What it did or waits for, in words ("" for a sweep stopped by hand only)."""
+    its event. What it did or waits for, in words ("" for a sweep stopped by hand only). Decided on the members and
+    their stop events read afresh, one rung at a time per sweep."""
     after = record["early_stop_after"]
     if not after:
         return ""
-    rule, rungs = Halving(after), done_rungs(events)
-    decision = rule.decide(members, rungs)
-    if decision is None:
-        return rule.waiting(members, rungs)
-    said = stop_members(panel, visitor, record, members, decision)
-    return f"Rung {decision.rung} due: " + said
+    with _RULE_LOCKS[record["sweep_id"]]:
+        record, members = members_of(panel, run_id, visitor, fresh=True)
+        states = [m for m, _ in members]
+        rule, rungs = Halving(after), done_rungs(stop_events(v for _, v in members))
+        decision = rule.decide(states, rungs)
+        if decision is None:
+            return rule.waiting(states, rungs)
+        return f"Rung {decision.rung} due: " + stop_members(panel, visitor, record, states, decision)
 
 
 def stop_members(panel, visitor: Visitor, record: dict, members: list[Member], decision: Stop) -> str:
@@ -170,11 +183,10 @@ def show(panel, visitor, run_id, seen, apply: bool) -> dict:
         record, members = members_of(panel, run_id, visitor)
     except KeyError as exc:
         return {"sweep_note": f"**No sweep to show.** {masked(exc.args[0] if exc.args else exc)}"}
-    states, views = [m for m, _ in members], [v for _, v in members]
-    done = apply_rule(panel, visitor, record, states, stop_events(views)) if apply else ""
+    done = apply_rule(panel, visitor, run_id, record) if apply else ""
     if done.startswith("Rung"):        # it stopped members: read them again
-        record, members = members_of(panel, run_id, visitor)
-        states, views = [m for m, _ in members], [v for _, v in members]
+        record, members = members_of(panel, run_id, visitor, fresh=True)
+    states, views = [m for m, _ in members], [v for _, v in members]
     figures, _ = overlay([(m.run_id, v, None) for m, v in members], "step", SWEEP_PLOTS,
                          label=lambda member_id, view: f"{view.member or 'run'} · {member_id}")
     worst = worst_live(states)
