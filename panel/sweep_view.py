@@ -80,7 +80,8 @@ SHOWN = ["sweep_note", "sweep_rank", "sweep_stop_pick", "sweep_best_file", "swee
 
 def wire(page) -> None:
     page.on([page["sweep_show"].click, page["sweep_run"].change], on_sweep_show, ["sweep_run", "sweep_seen"], SHOWN)
-    page.on(page["sweep_timer"].tick, on_sweep_tick, ["sweep_run", "sweep_seen"], SHOWN, show_progress="hidden")
+    page.on(page["sweep_timer"].tick, on_sweep_tick, ["sweep_run", "sweep_seen", "sweep_stop_pick"], SHOWN,
+            show_progress="hidden")
     page.on(page["sweep_stop"].click, on_sweep_stop, ["sweep_run", "sweep_stop_pick", "sweep_seen"],
             [*SHOWN, "sweep_stop_msg"])
 
@@ -152,10 +153,12 @@ def on_sweep_show(panel, visitor, run_id, seen) -> dict:
     return show(panel, visitor, run_id, seen, apply=True)
 
 
-def on_sweep_tick(panel, visitor, run_id, seen) -> dict:
+def on_sweep_tick(panel, visitor, run_id, seen, pick=None) -> dict:
+    """The picked sweep drawn again (and its rule's next rung carried out where due); the visitor's stop pick kept
+    while that member still trains."""
     if not run_id:
         return {}
-    return show(panel, visitor, run_id, seen, apply=True)
+    return show(panel, visitor, run_id, seen, apply=True, pick=pick)
 
 
 def on_sweep_stop(panel, visitor, run_id, pick, seen) -> dict:
@@ -174,9 +177,10 @@ def on_sweep_stop(panel, visitor, run_id, pick, seen) -> dict:
     return {**show(panel, visitor, run_id, seen, apply=False), "sweep_stop_msg": message[0].upper() + message[1:]}
 
 
-def show(panel, visitor, run_id, seen, apply: bool) -> dict:
+def show(panel, visitor, run_id, seen, apply: bool, pick: str | None = None) -> dict:
     """The sweep of `run_id` drawn: its note (the rule, what it waits for, the stops so far), the ranking, the stop
-    picker, the best member's best version on the download button, and the overlaid charts."""
+    picker (`pick` kept where it names a member still training, else the worst of them: a tick never moves a pick
+    the visitor made), the best member's best version on the download button, and the overlaid charts."""
     if not run_id:
         return {"sweep_note": "Pick a member of a sweep (or press *Open sweep view* on one in the Runs tab)."}
     try:
@@ -190,11 +194,10 @@ def show(panel, visitor, run_id, seen, apply: bool) -> dict:
     figures, _ = overlay([(m.run_id, v, None) for m, v in members], "step", SWEEP_PLOTS,
                          label=lambda member_id, view: f"{view.member or 'run'} · {member_id}")
     worst = worst_live(states)
-    live = [m for m in rank(states) if m.live]
-    choices = [f"{m.tag}{STOP_CHOICE_SEP}{m.run_id}" for m in live]
+    choices = [f"{m.tag}{STOP_CHOICE_SEP}{m.run_id}" for m in rank(states) if m.live]
+    picked = pick if pick in choices else (f"{worst.tag}{STOP_CHOICE_SEP}{worst.run_id}" if worst else None)
     return {"sweep_note": _note(record, states, stop_events(views), done), "sweep_rank": rank_rows(states),
-            "sweep_stop_pick": gr.update(choices=choices, value=(f"{worst.tag}{STOP_CHOICE_SEP}{worst.run_id}"
-                                                                 if worst else None)),
+            "sweep_stop_pick": gr.update(choices=choices, value=picked),
             "sweep_plots": {name: figures[name] for name in SWEEP_PLOTS},
             **_best_download(panel, visitor, states, seen)}
 

@@ -106,3 +106,12 @@ def test_on_a_space_only_the_runs_owner_may_stop_its_members(hub, make_panel):
         assert out["sweep_stop_msg"].startswith("Stopped m0"), out["sweep_stop_msg"]
         wait_until(lambda: not alive(members["m0"]), timeout=10)
         assert alive(members["m1"])
+
+
+def test_a_tick_keeps_the_visitors_stop_pick_while_that_member_trains(panel):
+    with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7, "m2": 0.3}) as members:
+        mine = f"m0 · {members['m0'].run_id}"
+        out = sweep_view.on_sweep_tick(panel, Visitor(), members["m1"].run_id, None, mine)
+        assert out["sweep_stop_pick"]["value"] == mine, "a tick must not move the pick to another member"
+        out = sweep_view.on_sweep_tick(panel, Visitor(), members["m1"].run_id, None, "m9 · gone")
+        assert out["sweep_stop_pick"]["value"].startswith("m2 "), "a pick no longer training: the worst again"
