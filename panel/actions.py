@@ -429,14 +429,16 @@ class Panel:
     def cancel_sweep(self, run_id: str, visitor: Visitor | str | None = None) -> str:
         """Cancel every member of the sweep the run `run_id` is a member of (each as Cancel run would)."""
         try:
-            sweep_id, stopped = self.operations.cancel_sweep(run_id, as_visitor(visitor))
+            sweep_id, stopped, fleet = self.operations.cancel_sweep(run_id, as_visitor(visitor))
         except (Refused, KeyError) as exc:
             return f"**Sweep not cancelled.** {_reason(exc)}"
         except Exception as exc:   # the Hub refusing or failing: the members may still bill
             return f"**Sweep not cancelled:** {masked(exc)}. Try again, or cancel its members one by one."
-        jobs = sum(len(ids) for ids in stopped.values())
+        jobs = sum(len(ids) for ids in stopped.values()) + len(fleet[1] if fleet else ())
         members = ", ".join(f"{member} ({len(ids)} job(s))" for member, ids in stopped.items())
-        return f"Cancel requested for sweep {sweep_id}: {jobs} job(s) of its {len(stopped)} members: {members}."
+        shared = f"; its fleet {fleet[0]} ({len(fleet[1])} job(s))" if fleet else ""
+        return (f"Cancel requested for sweep {sweep_id}: {jobs} job(s) of its {len(stopped)} members: "
+                f"{members}{shared}.")
 
     def resume_preview(self, run_id: str, visitor: Visitor | str | None = None) -> Preview:
         """What Resume would submit, from where the trainer continues, and (on HF Jobs) what it can cost."""
@@ -678,9 +680,15 @@ def sweep_markdown(shown: SweepPreview, labels: dict[str, str]) -> str:
             f"ordinary distributed run (own folder, checkpoints, resume) of {len(shown.members[0].jobs)} job(s). "
             f"Engine: {engine_label(base)}.")
     table = f"| member | run id | {heads} |\n|---|---|{'---|' * len(swept)}\n{rows}"
-    fleet_line = (f"**Fleet** for all members at once: `--max-loras {fleet.max_loras}` (each member's "
-                  f"max_staleness + 2, summed), `--max-lora-rank {fleet.max_lora_rank}` (the largest member's). "
-                  f"Not shared yet: each member starts its own {base.replicas} replica(s) for now.")
+    sizes = (f"`--max-loras {fleet.max_loras}` (each member's max_staleness + 2, summed), `--max-lora-rank "
+             f"{fleet.max_lora_rank}` (the largest member's)")
+    if shown.fleet_jobs:
+        fleet_line = (f"**One fleet** for all members: {len(shown.fleet_jobs)} replica job(s) started once (run id "
+                      f"`{shown.members[0].spec.fleet}`), each server with {sizes}; each member runs only its "
+                      "trainer, whose proxy loads and serves only that member's adapter versions.")
+    else:
+        fleet_line = (f"**Fleet** all members need at once: {sizes}. Not shared on {engine_label(base)}: each "
+                      f"member starts its own {base.replicas} replica(s).")
     lines = [head, table, fleet_line, *(f"⚠️ {note}" for note in fleet.notes), early_stop_line(sweep)]
     if shown.cost is not None:
         lines.append(_sweep_cost_line(shown))
@@ -690,6 +698,8 @@ def sweep_markdown(shown: SweepPreview, labels: dict[str, str]) -> str:
     if first.note:
         lines.append(first.note)
     lines.append(held_out_summary(base))
+    for job, command in zip(shown.fleet_jobs, shown.fleet_commands):
+        lines.append(fenced(f"# fleet {job.role}\n{command}", "bash"))
     for job, command in zip(first.jobs, first.commands):
         lines.append(fenced(f"# m0 {job.role}\n{command}", "bash"))
     return "\n\n".join(line for line in lines if line)
@@ -717,7 +727,10 @@ def _sweep_launched(answer: LaunchedSweep) -> LaunchResult:
                      + ", ".join(f"{k}={v}" for k, v in answer.sweep.member_settings(m.spec).items()) + ")"
                      for m in members)
     notes = "".join(f"\n\n⚠️ {w}" for w in members[0].warnings)
-    return LaunchResult(f"Launched sweep **{answer.sweep.sweep_id}**: {len(members)} member runs: {said}.{notes}",
+    fleet = (f" All on one replica fleet, run **{members[0].spec.fleet}** (its jobs and logs are in the runs list)."
+             if members[0].spec.fleet else "")
+    return LaunchResult(f"Launched sweep **{answer.sweep.sweep_id}**: {len(members)} member runs: "
+                        f"{said}.{fleet}{notes}",
                         members[0].spec.run_id, run_ids=tuple(m.spec.run_id for m in members))
 
 

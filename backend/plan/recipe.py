@@ -18,6 +18,7 @@ from backend.plan.servers import footprint, server_ports, servers_per_job
 from backend.plan.spec import RunSpec
 from backend.plan.vllm_args import vllm_serve_command, vllm_server_args
 from backend.runtime import layout, rewards
+from backend.runtime.layout import FLEET_DIR_ENV
 from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICA_KEY_ENV, REPLICAS_ENV
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
@@ -48,8 +49,14 @@ def reward_packages(spec: RunSpec) -> list[str]:
 
 
 def model_path(spec: RunSpec) -> str:
-    """Where jobs find the base model: a builtin one is built into the run folder on the spot."""
-    return f"{spec.run_path}/{layout.BASE_MODEL_DIR}" if spec.model in BUILTIN_MODELS else spec.model
+    """Where jobs find the base model: a builtin one is built into the run folder on the spot (a member of a sweep
+    on a shared fleet: into the fleet's folder, by the first of its members' trainers, one model for them all)."""
+    return f"{fleet_path(spec)}/{layout.BASE_MODEL_DIR}" if spec.model in BUILTIN_MODELS else spec.model
+
+
+def fleet_path(spec: RunSpec) -> str:
+    """The folder of the replicas a run's trainer uses: a sweep member's shared fleet's, else the run's own."""
+    return f"{spec.mount_path.rstrip('/')}/{layout.RUNS_DIR}/{spec.fleet}" if spec.fleet else spec.run_path
 
 
 def _labels(spec: RunSpec, role: str) -> dict[str, str]:
@@ -161,10 +168,12 @@ def server_count(spec: RunSpec) -> int:
 
 
 def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python",
-                 cpu_binds: list | None = None, gpus: list[str] | None = None) -> list[JobSpec]:
+                 cpu_binds: list | None = None, gpus: list[str] | None = None, slots: int | None = None,
+                 member_dirs: tuple[str, ...] = ()) -> list[JobSpec]:
     """One job per replica, each running `servers_per_job` vLLM servers; `ports` (a port or a list of its servers'
     ports per replica), `cpu_binds` (cores per replica, or per server) and `gpus` (a GPU of its own per replica,
-    from assign_local_gpus) are for local runs only (one machine, N jobs)."""
+    from assign_local_gpus) are for local runs only (one machine, N jobs). A sweep's fleet (`FleetJobs`) gives its
+    adapter `slots` and its members' run folders (`member_dirs`): it stops once every member's trainer has ended."""
     where = spec.engine
     count = server_count(spec) // spec.replicas
     ports = ports or [REPLICA_PORT] * spec.replicas
@@ -176,10 +185,12 @@ def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python
         wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path, "--role", f"vllm-{i}"]
         options, wrapper_args = where.replica_server(spec, gpus)
         wrapper += wrapper_args + _server_args(spec, mine, cpu_binds[i] if cpu_binds else None, gpus, options)
+        wrapper += [arg for member in member_dirs for arg in ("--member-run-dir", member)]
         if spec.model in BUILTIN_MODELS:
             wrapper += ["--wait-for", model_path(spec)]
         serve = vllm_serve_command(vllm_server_args(model_path(spec), mine[0], spec.lora_r, spec.max_staleness,
-                                                    max_model_len=spec.replica_max_model_len or None, **options))
+                                                    max_model_len=spec.replica_max_model_len or None, slots=slots,
+                                                    **options))
         command = shell(spec, [[*wrapper, "--", *serve]], python, install=False)
         env = where.replica_env()
         gap = where.retry_gap_s
@@ -225,10 +236,14 @@ def _server_args(spec: RunSpec, ports: list, binds, gpus: list[str] | None, opti
     return args
 
 
-def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None) -> JobSpec:
-    """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus)."""
+def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None,
+                fleet: bool = False) -> JobSpec:
+    """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus); `fleet`: it
+    uses its sweep's shared fleet, whose replicas record their ends in the fleet's folder."""
     train = [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]
     env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
+    if fleet:
+        env[FLEET_DIR_ENV] = fleet_path(spec)
     if not network_group(spec):
         command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
         return _job(spec, "trainer", command, spec.flavor, env={REPLICAS_ENV: ",".join(replica_urls), **env})
@@ -255,24 +270,65 @@ class RunJobs:
 
     spec: RunSpec
     place: Placement = field(default_factory=Placement)
+    # A sweep member's trainer on its sweep's shared fleet: where it reaches the fleet's servers (it starts no
+    # replicas of its own). None: the run starts its own (a lone run; a member resumed once its fleet is gone).
+    fleet_urls: tuple[str, ...] | None = None
+    on_fleet: bool = False      # a preview of a member launched on its sweep's fleet: its trainer alone
 
     def first(self) -> list[JobSpec]:
         spec, place = self.spec, self.place
+        if self.fleet_urls is not None:
+            return []
         if spec.mode == "colocated":
             return colocated_jobs(spec, python=place.python, master_port=place.master_port)
         return replica_jobs(spec, ports=place.ports, python=place.python, cpu_binds=place.cpu_binds,
                             gpus=place.replica_gpus)
 
     def trainer(self, replica_urls: list[str]) -> JobSpec:
-        """A distributed run's trainer, given where it reaches each replica."""
-        return trainer_job(self.spec, replica_urls, python=self.place.python, gpu=self.place.trainer_gpu)
+        """A distributed run's trainer, given where it reaches each replica (the fleet's, for a member on one)."""
+        urls = list(self.fleet_urls) if self.fleet_urls is not None else replica_urls
+        return trainer_job(self.spec, urls, python=self.place.python, gpu=self.place.trainer_gpu,
+                           fleet=self.fleet_urls is not None)
 
     def preview(self, replica_url: Callable[[int, object], str] = placeholder_url) -> list[JobSpec]:
-        """Every job, each server of replica `i` reached at `replica_url(i, its port)`."""
+        """Every job, each server of replica `i` reached at `replica_url(i, its port)`. A sweep member on a shared
+        fleet: its trainer alone, reaching the fleet's servers (`FleetJobs` previews them once for the sweep)."""
+        if self.on_fleet and self.fleet_urls is None:
+            fleet = FleetJobs((self.spec,), 0, self.spec.lora_r, self.place).jobs()
+            urls = server_urls(fleet, lambda i, job, port: replica_url(i, port))
+            return [RunJobs(self.spec, self.place, tuple(urls)).trainer(urls)]
         first = self.first()
         if self.spec.mode == "colocated":
             return first
         return [*first, self.trainer(server_urls(first, lambda i, job, port: replica_url(i, port)))]
+
+
+@dataclass(frozen=True)
+class FleetJobs:
+    """A sweep's one replica fleet, started once for all its members (an engine with `shared_fleet`): the replica
+    jobs of the members' common settings, as a run of its own whose id is the fleet's (the sweep's id: its jobs'
+    label, its folder runs/<fleet>/), each server with the adapter slots and rank of every member at once
+    (`sweep.fleet_size`), stopping once every member's trainer has ended. `place`: the engine's placement of
+    `spec` (ports, cores, GPUs)."""
+
+    members: tuple[RunSpec, ...]
+    slots: int
+    rank: int
+    place: Placement = field(default_factory=Placement)
+
+    @property
+    def spec(self) -> RunSpec:
+        """The fleet as a run's settings: the first member's (what the fleet serves is one for all), its own id and
+        name, the largest rank; it is no member itself."""
+        first = self.members[0]
+        return dataclasses.replace(first, run_id=first.fleet, name=f"{first.name[:60]}-fleet", lora_r=self.rank,
+                                   sweep_id="", sweep_member="", fleet="")
+
+    def jobs(self) -> list[JobSpec]:
+        place = self.place
+        return replica_jobs(self.spec, ports=place.ports, python=place.python, cpu_binds=place.cpu_binds,
+                            gpus=place.replica_gpus, slots=self.slots or None,
+                            member_dirs=tuple(m.run_path for m in self.members))
 
 
 def server_urls(replicas: list[JobSpec], reach: Callable[[int, JobSpec, object], str]) -> list[str]:

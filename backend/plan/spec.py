@@ -302,6 +302,10 @@ class RunSpec:
     sweep_member: str = field(default="", metadata={
         "help": "this member's tag in its sweep (1-12 lowercase letters or digits), in its versions' names "
                 "(trl-policy-<tag>-v<N>); empty: a lone run (trl-policy-v<N>)"})
+    fleet: str = field(default="", metadata={
+        "help": "the replica fleet a sweep member's trainer uses, shared with the other members (the sweep's id: "
+                "its jobs and its folder runs/<fleet>/ hold the replicas and a builtin base model); empty: the "
+                "run's own replicas"})
     created_at: float = field(default=0.0, metadata={
         "help": "when the spec was created (Unix seconds); the charts' wall-time axis starts here"})
 
@@ -478,13 +482,15 @@ def _sweep_problems(spec: "RunSpec") -> list[FieldError]:
     """A sweep member's tie to its sweep: both or neither, a tag that can be part of an adapter's name, and the
     distributed mode (only replicas are shared by several runs)."""
     if not spec.sweep_id and not spec.sweep_member:
-        return []
+        return [FieldError("fleet", "only a sweep's members share a replica fleet")] if spec.fleet else []
     if not spec.sweep_member or not layout.MEMBER_RE.match(spec.sweep_member):
         return [FieldError("sweep_member", "a sweep member's tag is 1-12 lowercase letters or digits, e.g. m0")]
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", spec.sweep_id):
         return [FieldError("sweep_id", "a sweep member names its sweep: 1-64 letters, digits, '-', '_' or '.'")]
     if spec.mode != "distributed":
         return [FieldError("mode", "a sweep's members share one replica fleet: choose the distributed mode")]
+    if spec.fleet and spec.fleet != spec.sweep_id:
+        return [FieldError("fleet", "a sweep member shares its sweep's fleet, named by the sweep's id")]
     return []
 
 

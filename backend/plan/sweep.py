@@ -155,12 +155,15 @@ class SweepSpec:
     def _members(self) -> list[RunSpec]:
         base = {k: v for k, v in self.base.to_dict().items() if k not in ("run_id", "created_at")}
         combinations = self._combinations()
+        # Where the engine runs one fleet for every member, each member's trainer uses the sweep's (its id names
+        # the fleet); elsewhere each member still starts its own replicas.
+        fleet = self.sweep_id if self.base.engine.shared_fleet else ""
         ids = self.run_ids if len(self.run_ids) == len(combinations) else ("",) * len(combinations)
         out = []
         for i, (settings, run_id) in enumerate(zip(combinations, ids)):
             tag = f"m{i}"
             out.append(RunSpec.from_dict({**base, **settings, "name": f"{self.base.name[:60]}-{tag}",
-                                          "sweep_id": self.sweep_id, "sweep_member": tag,
+                                          "sweep_id": self.sweep_id, "sweep_member": tag, "fleet": fleet,
                                           **({"run_id": run_id} if run_id else {})}))
         return out
 
@@ -187,6 +190,7 @@ class SweepSpec:
         """What the bucket keeps of the sweep (`layout.sweep_record_path`): its members by tag, so one cancel finds
         them all, and what was swept."""
         return {"sweep_id": self.sweep_id, "grid": self.grid, "swept": self.swept,
+                "fleet": members[0].fleet if members else "",
                 "members": {m.sweep_member: m.run_id for m in members},
                 "settings": {m.sweep_member: self.member_settings(m) for m in members},
                 "early_stop": self.early_stop()}

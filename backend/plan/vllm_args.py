@@ -32,13 +32,15 @@ def vllm_server_args(
     max_model_len: int | None = None,
     gpu_memory_utilization: float | None = None,
     extra_args: tuple[str, ...] = (),
+    slots: int | None = None,
 ) -> list[str]:
     """The arguments of `vllm serve` for one replica (`vllm_serve_command` puts them after it): the model, then
     the options.
 
-    The host defaults to all interfaces: an HF Job's exposed port reaches the server from outside.
+    The host defaults to all interfaces: an HF Job's exposed port reaches the server from outside. `slots`: the
+    adapter slots of a sweep's shared fleet (`sweep.fleet_size`), else one run's.
     """
-    slots = max_loras(max_staleness)
+    slots = slots or max_loras(max_staleness)
     args = [
         model_path,
         "--host", host,

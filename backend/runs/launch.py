@@ -4,6 +4,7 @@ Nothing is submitted before the whole RunSpec validates, and a launch that fails
 job it already submitted, so no orphan keeps running (or billing).
 """
 
+import dataclasses
 import errno
 import json
 import os
@@ -39,6 +40,16 @@ class SubmitFailed(LaunchError):
 
 class RunIdTaken(LaunchError):
     """A run with this id already has files in the bucket: launching again would mix two runs."""
+
+
+@dataclass(frozen=True)
+class LaunchedFleet:
+    """A sweep's shared fleet, submitted: its id (the sweep's), its replica jobs by role, and where every member's
+    trainer reaches its servers."""
+
+    fleet_id: str
+    job_ids: dict[str, str]
+    urls: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -168,17 +179,18 @@ def _upload_dataset(spec: RunSpec, store: BucketStore, prefix: str, held_out: bo
         store.write_bytes(f"{prefix}/{layout.DATA_DIR}/{name}", f.read())
 
 
-def preview_jobs(spec: RunSpec) -> list[JobSpec]:
+def preview_jobs(spec: RunSpec, on_fleet: bool = False) -> list[JobSpec]:
     """Every job of the run as it will be submitted, placed as its engine places them (a local run: this interpreter,
     its CPU and GPU split, FREE_PORT_i where the launch picks a free port), each replica reached where the engine
-    says (an HF Jobs replica's URL is a placeholder: it is known once the replica is submitted)."""
+    says (an HF Jobs replica's URL is a placeholder: it is known once the replica is submitted). `on_fleet`: a sweep
+    member launched on its sweep's shared fleet, its trainer alone (`recipe.FleetJobs` previews the fleet)."""
     where = spec.engine
-    return recipe.RunJobs(spec, where.placement(spec, preview=True)).preview(where.replica_url)
+    return recipe.RunJobs(spec, where.placement(spec, preview=True), on_fleet=on_fleet).preview(where.replica_url)
 
 
 def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
                secrets: dict[str, str] | None = None, resume: bool = False,
-               journal: LaunchJournal | None = None) -> LaunchedRun:
+               journal: LaunchJournal | None = None, fleet_urls: tuple[str, ...] | None = None) -> LaunchedRun:
     """Submit a run's jobs. A new run writes spec.json and the runtime code first; a resumed one runs again on
     the files it was launched with (the code that ran is the code archived beside its results).
 
@@ -188,16 +200,19 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
 
     A submission that fails is remembered in the run's folder (a `launch_failed` event): the Hub's job list can lag
     a job it created behind an error answer, so the sweep right after the failure may not see it; the orphan finder
-    and the panel's background sweep look again."""
+    and the panel's background sweep look again.
+
+    `fleet_urls`: a sweep member's trainer uses its sweep's shared fleet there (`launch_fleet`), starting no
+    replicas of its own."""
     spec.check()
     secrets = secrets or {}
     where = engine(executor.name)      # the engine of the executor that runs the jobs
-    if where.replicas_need_key and spec.mode == "distributed":
+    if where.replicas_need_key and spec.mode == "distributed" and recipe.REPLICA_KEY_SECRET not in secrets:
         # A key of this launch's own (a resume's jobs get a new one): its replicas answer only its trainer.
         secrets = {**secrets, recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}
     if not resume:
         write_run_files(spec, store)
-    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False))
+    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False), fleet_urls=fleet_urls)
     try:
         record = _begin(journal, spec, executor, store, jobs)
     except Exception as exc:
@@ -227,6 +242,48 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     if record:
         record.finish(LAUNCHED)
     return launched
+
+
+def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Executor, store: BucketStore,
+                 secrets: dict[str, str] | None = None, journal: LaunchJournal | None = None) -> LaunchedFleet:
+    """Start a sweep's one replica fleet (`recipe.FleetJobs`), before its members' trainers: its runtime code and
+    record into `runs/<fleet>/` (`fleet.json`: the sweep, its members, the slots and rank), then its replica jobs,
+    journaled as a run's launch is. A submission that fails cancels what it started (`submit_jobs`)."""
+    where = engine(executor.name)
+    fleet = recipe.FleetJobs(tuple(members), slots, rank)
+    spec = fleet.spec
+    fleet = dataclasses.replace(fleet, place=where.placement(spec, preview=False))
+    prefix = layout.run_prefix(spec.run_id)
+    record = {"sweep_id": members[0].sweep_id, "members": {m.sweep_member: m.run_id for m in members},
+              "max_loras": slots, "max_lora_rank": rank}
+    try:
+        store.ensure_bucket()
+        store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
+        store.write_bytes(f"{prefix}/{layout.FLEET_FILE}", json.dumps(record).encode())
+    except Exception as exc:
+        left = _remove_quietly(store, prefix)
+        raise LaunchError(f"could not write the sweep's fleet into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
+                          f"No job was submitted{left}.") from exc
+    jobs = fleet.jobs()
+    launch = None
+    if journal is not None:
+        launch = journal.begin(RUN, spec.run_id, run_id=spec.run_id, executor=executor.name,
+                               namespace=executor.namespace, bucket=spec.bucket, folder=prefix,
+                               planned=[job.role for job in jobs], store=store)
+    try:
+        ids = submit_jobs(executor, jobs, secrets or {}, created=launch.created if launch else None)
+    except SubmitFailed as exc:
+        if launch:
+            launch.finish(FAILED, str(exc))
+        raise
+    except BaseException as exc:
+        if launch:
+            launch.abandon(f"the launch stopped part way: {type(exc).__name__}: {exc}")
+        raise
+    if launch:
+        launch.finish(LAUNCHED)
+    urls = recipe.server_urls(jobs, lambda i, job, port: executor.exposed_url(ids[i], port))
+    return LaunchedFleet(spec.run_id, {job.role: job_id for job, job_id in zip(jobs, ids)}, tuple(urls))
 
 
 def _begin(journal: LaunchJournal | None, spec: RunSpec, executor: Executor, store: BucketStore,

@@ -132,6 +132,9 @@ class SweepPreview:
     fleet: FleetSize
     fingerprint: str
     cost: CostEstimate | None          # billed engines: every member's jobs, summed
+    fleet_jobs: list[JobSpec] = ()     # the one fleet's replica jobs, where the engine shares one (else each
+                                       # member's preview holds its own replicas)
+    fleet_commands: list[str] = ()
 
     @property
     def base(self) -> RunSpec:
@@ -385,15 +388,19 @@ class Operations:
             raise SpecError(errors)
         sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids, form.early_stop_after)
         members = [self.build_spec(m.to_dict(), None, visitor) for m in sweep.members()]
-        previews = [self._preview_of(m, visitor) for m in members]
+        previews = [self._preview_of(m, visitor, on_fleet=bool(m.fleet)) for m in members]
+        size = fleet_size(members)
+        fleet = recipe.FleetJobs(tuple(members), size.max_loras, size.max_lora_rank,
+                                 base.engine.placement(members[0], preview=True)).jobs() if members[0].fleet else []
         cost = None
         if base.engine.billed:
-            each = [p.cost for p in previews]
+            each = [p.cost for p in previews] + ([self.estimate(fleet, visitor)] if fleet else [])
             known = [c.usd for c in each if c is not None and c.usd is not None]
             problem = next((c.problem for c in each if c is not None and c.usd is None), None)
             cost = CostEstimate(sum(known) if problem is None else None, problem,
                                 any(c.fallback_prices for c in each if c is not None))
-        return SweepPreview(sweep, previews, fleet_size(members), sweep.fingerprint(members), cost)
+        commands = [base.engine.preview_command(job, self.local.bucket_root) for job in fleet]
+        return SweepPreview(sweep, previews, size, sweep.fingerprint(members), cost, fleet, commands)
 
     def launch_sweep(self, values: dict, form: SweepForm, visitor: Visitor, confirmed: str | None = None,
                      webhook: str = "") -> LaunchedSweep | ReviewNeeded:
@@ -424,12 +431,22 @@ class Operations:
         except Exception as exc:
             raise LaunchError(f"could not write the sweep's record into bucket {base.bucket}: {exc}. "
                               "No job was submitted.") from exc
+        fleet_urls = None
+        if members[0].fleet:    # the one fleet first; each member's trainer then uses its servers
+            try:
+                fleet_urls = registry.launch_fleet(members, shown.fleet.max_loras, shown.fleet.max_lora_rank,
+                                                   _secrets(token)).urls
+            except Exception as exc:
+                self.runs.relist(base.bucket_namespace)
+                raise LaunchError(f"the sweep's fleet did not launch: {exc}. No member was launched.") from exc
         launched: list[Launched] = []
         for spec in members:
             try:
-                launched.append(Launched(registry.launch(spec, _secrets(token)), spec, tuple(task.warnings)))
+                launched.append(Launched(registry.launch(spec, _secrets(token), fleet_urls=fleet_urls), spec,
+                                         tuple(task.warnings)))
             except Exception as exc:
-                undone = self._undo_members(registry, [each.spec.run_id for each in launched])
+                started = [each.spec.run_id for each in launched] + ([members[0].fleet] if fleet_urls else [])
+                undone = self._undo_members(registry, started)
                 self.runs.relist(base.bucket_namespace)
                 raise LaunchError(f"member {spec.sweep_member} (run {spec.run_id}) did not launch: {exc}. "
                                   f"{undone}") from exc
@@ -451,11 +468,12 @@ class Operations:
         said = f"The member(s) launched before it were cancelled: {', '.join(run_ids)}."
         return said + (f" Could not cancel {'; '.join(failed)}: cancel them by hand." if failed else "")
 
-    def sweep_members(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, str]]:
-        """The sweep `run_id` is a member of, and its members' run ids by tag, from the sweep's record in the bucket;
-        KeyError where the run is not this visitor's or not a sweep member."""
+    def sweep_members(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, str], str]:
+        """The sweep `run_id` is a member of, its members' run ids by tag and its shared fleet's id ("" where each
+        member started its own replicas), from the sweep's record in the bucket; KeyError where the run is not this
+        visitor's or not a sweep member."""
         record = self.sweep_record(run_id, visitor)
-        return record["sweep_id"], record["members"]
+        return record["sweep_id"], record["members"], record["fleet"]
 
     def sweep_record(self, run_id: str, visitor: Visitor) -> dict:
         """The record (`SweepSpec.record`) of the sweep `run_id` is a member of, its members as {tag: run id}; read
@@ -480,6 +498,7 @@ class Operations:
         early = record.get("early_stop") if isinstance(record.get("early_stop"), dict) else {}
         after = early.get("after_versions")
         return {"sweep_id": str(sweep_id), "members": members,
+                "fleet": record.get("fleet") if isinstance(record.get("fleet"), str) else "",
                 "settings": {tag: s for tag, s in settings.items() if isinstance(s, dict)},
                 "early_stop_after": after if isinstance(after, int) and not isinstance(after, bool) and after > 0
                 else 0}
@@ -503,15 +522,17 @@ class Operations:
             view.expect_event_writer(writer)
         return stopped
 
-    def cancel_sweep(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, list[str]]]:
-        """Cancel every member of the sweep `run_id` belongs to, each as Cancel run would (who may, which jobs):
-        the sweep's id and the job ids stopped by member run id."""
-        sweep_id, members = self.sweep_members(run_id, visitor)
-        return sweep_id, {member: self.cancel(member, visitor) for member in members.values()}
+    def cancel_sweep(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, list[str]], tuple | None]:
+        """Cancel every member of the sweep `run_id` belongs to, each as Cancel run would (who may, which jobs), then
+        its shared fleet (after its trainers, which record their end first): the sweep's id, the job ids stopped
+        by member run id, and (the fleet's id, its job ids stopped) where the members shared one, else None."""
+        sweep_id, members, fleet = self.sweep_members(run_id, visitor)
+        stopped = {member: self.cancel(member, visitor) for member in members.values()}
+        return sweep_id, stopped, ((fleet, self.cancel(fleet, visitor)) if fleet else None)
 
-    def _preview_of(self, spec: RunSpec, visitor: Visitor) -> LaunchPreview:
+    def _preview_of(self, spec: RunSpec, visitor: Visitor, on_fleet: bool = False) -> LaunchPreview:
         where = spec.engine
-        jobs = preview_jobs(spec)
+        jobs = preview_jobs(spec, on_fleet)
         return LaunchPreview(
             spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
             cost=self.estimate(jobs, visitor) if where.billed else None,

@@ -20,7 +20,7 @@ from backend.outcome.publish import card_repo_id, shipped_adapter
 from backend.plan.engines import engine
 from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobRecord, run_stage
 from backend.plan.spec import RunSpec
-from backend.runs.launch import LaunchedRun, LaunchError, SubmitFailed, launch_run
+from backend.runs.launch import LaunchedFleet, LaunchedRun, LaunchError, SubmitFailed, launch_fleet, launch_run
 from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
@@ -72,14 +72,28 @@ class RunRegistry:
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
         self._list_lock = threading.Lock()
 
-    def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None) -> LaunchedRun:
+    def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None,
+               fleet_urls: tuple[str, ...] | None = None) -> LaunchedRun:
         try:
-            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets, journal=self.journal)
+            launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets, journal=self.journal,
+                                  fleet_urls=fleet_urls)
         except SubmitFailed:
             self.failed_launches[spec.run_id] = time.time()
             raise
         self.forget_listing()
         self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
+        return launched
+
+    def launch_fleet(self, members: list[RunSpec], slots: int, rank: int,
+                     secrets: dict[str, str] | None = None) -> LaunchedFleet:
+        """Start a sweep's shared fleet (`launch.launch_fleet`); it lists as a run of its own (its id the sweep's)."""
+        try:
+            launched = launch_fleet(members, slots, rank, self.executor, self.store_for(members[0].bucket), secrets,
+                                    journal=self.journal)
+        except SubmitFailed:
+            self.failed_launches[members[0].fleet] = time.time()
+            raise
+        self.forget_listing()
         return launched
 
     def forget_listing(self) -> None:

@@ -24,7 +24,10 @@ def resolve_model(spec: SpecFile, run_dir: str) -> str:
     """A model path or Hub id for TRL; a builtin model is built into the run folder first."""
     if spec["model"] not in BUILTIN_MODELS:
         return spec["model"]
-    return ensure_tiny_model(os.path.join(run_dir, BASE_MODEL_DIR), spec["seed"], spec["model"])
+    # A sweep member on its sweep's shared fleet: the fleet's one model, built by whichever member comes first.
+    fleet = spec.get("fleet")
+    folder = os.path.join(os.path.dirname(run_dir), fleet) if isinstance(fleet, str) and fleet else run_dir
+    return ensure_tiny_model(os.path.join(folder, BASE_MODEL_DIR), spec["seed"], spec["model"])
 
 
 VLLM_VERSION_WARNING = "TRL currently supports vLLM versions"

@@ -24,6 +24,10 @@
                                                 SQLite project database, written by trackio, read by trackio only
     sweeps/<sweep_id>.json                      a sweep's record: its members' run ids by tag, what was swept
                                                 (`sweep_record_path`; written by the panel before the members launch)
+    runs/<fleet>/fleet.json                     a sweep's shared fleet (its id is the sweep's; no spec.json): the
+                                                sweep, its members, --max-loras and --max-lora-rank; beside it the
+                                                fleet's code/, events/ (its replicas' ends) and a builtin base-model/
+                                                that every member's trainer and the fleet's replicas use
 
 Every file is written once: to a temporary name beside its destination, then renamed. Readers ignore
 names that start with "." or "_tmp" (except `.vllm_lora`, a TRL name) and adapter folders without both
@@ -39,6 +43,7 @@ import tempfile
 
 RUNS_DIR = "runs"
 SPEC_FILE = "spec.json"
+FLEET_FILE = "fleet.json"      # a sweep's shared fleet's record in its folder runs/<fleet>/ (no spec.json there)
 NOTES_FILE = "notes.json"      # the run's notes and tags, written by the panel (`backend/runs/notes.py`)
 SWEEPS_DIR = "sweeps"
 CODE_DIR = "code"
@@ -63,6 +68,8 @@ SHIPPED_ADAPTER_FILES = (*ADAPTER_FILES, "adapter_model.bin", ADAPTER_META_FILE)
 ROLLOUT_STATE_FILE = "rollout_state.json"   # in an async trainer's checkpoint: TRL's policy version at that step
 
 TRACKIO_DIR = "trackio"                # trackio's folder (TRACKIO_DIR) when a run logs to trackio without a Space
+# A sweep member's trainer on its sweep's shared fleet: the fleet's folder, where the replicas record their ends.
+FLEET_DIR_ENV = "GRPO_FLEET_DIR"
 BASE_MODEL_DIR = "base-model"          # a builtin model, built into the run folder by the first job that needs it
 
 # Writers: the `<writer>` of a fragment's name. Readers pick some out by name.

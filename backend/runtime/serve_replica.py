@@ -1,4 +1,5 @@
-"""Run one vLLM replica of a distributed run, and stop it when the run's trainer ends.
+"""Run one vLLM replica of a distributed run, and stop it when the run's trainer ends (a sweep's shared fleet: when
+every member's trainer has ended, `--member-run-dir` for each).
 
     python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] -- vllm serve MODEL ARGS
 
@@ -89,6 +90,32 @@ class TrainerEndWatch:
                     if event.get("event") in TRAINER_ENDS and event.get("time", 0) >= self.since:
                         return f"the trainer has {event['event']}"
         return None
+
+
+class TrainersEndWatch:
+    """Whether the trainers a replica serves have all ended: its run's one trainer, or every member's trainer of a
+    sweep whose fleet it is (`--member-run-dir`). A member that ends (its end event, or its heartbeat standing still)
+    leaves the fleet serving the others; the fleet stops once the last one has ended."""
+
+    def __init__(self, run_dirs: list[str], since: float):
+        self.watches = {run_dir: (TrainerEndWatch(run_dir, since), HeartbeatWatch(run_dir)) for run_dir in run_dirs}
+        self.ended_why: dict[str, str] = {}
+
+    def ended(self) -> str | None:
+        for run_dir, (events, heartbeat) in self.watches.items():
+            if run_dir in self.ended_why:
+                continue
+            reason = events.ended() or heartbeat.gone()
+            if reason:
+                self.ended_why[run_dir] = reason
+                if len(self.watches) > 1:
+                    print(f"{os.path.basename(run_dir.rstrip('/'))}: {reason}; serving "
+                          f"{len(self.watches) - len(self.ended_why)} member(s) still", flush=True)
+        if len(self.ended_why) < len(self.watches):
+            return None
+        if len(self.watches) == 1:
+            return next(iter(self.ended_why.values()))
+        return f"every member's trainer has ended ({len(self.watches)})"
 
 
 def _attempts(run_dir: str) -> int:
@@ -290,6 +317,9 @@ def main() -> None:
     parser.add_argument("--split-gpu", type=float, help="the share of each GPU its servers split")
     parser.add_argument("--servers-per-gpu", type=int, default=1)
     parser.add_argument("--model-bytes", type=int, default=0, help="one server's weights, for the split")
+    parser.add_argument("--member-run-dir", action="append", default=[],
+                        help="a sweep member's run folder (repeat): this job is the sweep's shared fleet, and stops "
+                             "once every member's trainer has ended")
     parser.add_argument("--role", help="the replica job's role (vllm-0, ...): its own end is recorded as an event")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM server command")
     args = parser.parse_args()
@@ -298,8 +328,9 @@ def main() -> None:
         parser.error("give the vLLM server command after --")
     command = server_command(with_key(with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available)))
     started = time.time()
-    heartbeat = HeartbeatWatch(args.run_dir)
-    if args.wait_for and not wait_for_model(args.wait_for, heartbeat.gone):
+    # Whose trainers this replica serves: its run's, or every member's of the sweep whose shared fleet it is.
+    watch = TrainersEndWatch(args.member_run_dir or [args.run_dir], since=started)
+    if args.wait_for and not wait_for_model(args.wait_for, watch.ended):
         sys.exit(0)
     ports = args.ports or [None]
     memory = gpu_memory_args(args.split_gpu, args.servers_per_gpu, args.model_bytes)
@@ -311,10 +342,9 @@ def main() -> None:
         base = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
         children = [subprocess.Popen(one, env={**base, **own}) for one, own in zip(commands, envs)]
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop_all(children)))
-        watch = TrainerEndWatch(args.run_dir, since=started)
         while (ended := next((c for c in children if c.poll() is not None), None)) is None:
             time.sleep(POLL_S)
-            reason = watch.ended() or heartbeat.gone()
+            reason = watch.ended()
             if reason:
                 print(f"{reason}: stopping this replica", flush=True)
                 stop_all(children)

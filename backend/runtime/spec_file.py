@@ -88,6 +88,7 @@ class SpecFile(TypedDict):
     # a sweep member (layout.spec_member): its tag names its adapter versions
     sweep_id: str
     sweep_member: str
+    fleet: str              # its sweep's shared fleet (runs/<fleet>/ holds a builtin base model), "" for its own
 
 
 def read_spec(run_dir: str) -> SpecFile:

@@ -36,6 +36,7 @@ from .heartbeat import Heartbeat
 from .layout import (
     CHECKPOINTS_DIR,
     FINAL_DIR,
+    FLEET_DIR_ENV,
     METRICS_DIR,
     ROLLOUT_STATE_FILE,
     TRAINER_WRITER,
@@ -170,14 +171,15 @@ def wait_for_replicas(proxy_url: str, timeout_s: float, gone=lambda: None) -> in
         time.sleep(2)
 
 
-def replicas_gone(run_dir: str, jobs: int):
+def replicas_gone(run_dir: str, jobs: int, replica_dir: str | None = None):
     """`wait_for_replicas`' `gone`: why all `jobs` replica jobs of this launch have ended for good, or None. This
-    launch's: ends recorded after the trainer's newest end (a resumed run's earlier replicas ended before it)."""
+    launch's: ends recorded after the trainer's newest end (a resumed run's earlier replicas ended before it).
+    `replica_dir`: where the replicas record their ends (a sweep's shared fleet's folder), else the run's."""
     ends = [e.get("time", 0) for e in trainer_events(run_dir) if e.get("event") in TRAINER_ENDS]
     since = max(ends, default=0.0)
 
     def gone() -> str | None:
-        ended = replicas_ended(run_dir, since)
+        ended = replicas_ended(replica_dir or run_dir, since)
         if not jobs or len(ended) < jobs:
             return None
         return "; ".join(f"{role}: its vLLM server exited with code {e.get('code')} on attempt {e.get('attempt')} "
@@ -326,7 +328,8 @@ def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
         proxy = callback.proxy = start_proxy_process(
             urls, stats_dir=os.path.join(run_dir, METRICS_DIR), host=os.environ.get(PROXY_HOST_ENV, "127.0.0.1"),
             port=int(os.environ.get(PROXY_PORT_ENV) or 0), **member_proxy(spec))
-        healthy = wait_for_replicas(proxy.url, replica_wait_s, replicas_gone(run_dir, spec.get("replicas", 2)))
+        healthy = wait_for_replicas(proxy.url, replica_wait_s, replicas_gone(run_dir, spec.get("replicas", 2),
+                                                                            os.environ.get(FLEET_DIR_ENV)))
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)
         if not trainer._lora_sync:

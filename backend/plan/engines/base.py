@@ -46,6 +46,7 @@ class Engine:
     job_list_lags: bool = False      # the job list can lag behind a job created by a request that failed
     replicas_need_key: bool = False  # replicas listen where others reach them: each run's demand a key of its own
     network_groups: bool = False     # a run's jobs can share a private network (replicas reached at an alias)
+    shared_fleet: bool = False       # a sweep's members share one replica fleet (else each starts its own replicas)
     retry_gap_s: int = 0             # how long a retried job may take to run again (rescheduled, reinstalled)
 
     def default_mount(self, home: str) -> str | None:

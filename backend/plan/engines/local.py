@@ -35,6 +35,7 @@ class LocalEngine(Engine):
     reaches_hub = False
     on_panel_machine = True
     operators_machines = True
+    shared_fleet = True
 
     cost_rule = "local runs cost nothing"
 
