@@ -4,6 +4,7 @@ split between a run's jobs (ports, cores, GPUs)."""
 import dataclasses
 import importlib.util
 import os
+import re
 import socket
 import sys
 
@@ -151,14 +152,16 @@ def _grouped(items: list, size: int) -> list[list]:
 
 
 def as_run(job: JobSpec, bucket_root) -> JobSpec:
-    """The job as a local machine runs it: its run folder, named under its mount path in the recipe, mapped to the
-    local folder that stands for the bucket (`bucket_root(bucket)`). Only that folder is rewritten: a mount path
-    such as /tmp must not rewrite the Python interpreter's own path (/tmp/.../venv/bin/python), or any other path
-    that merely starts the same way."""
+    """The job as a local machine runs it: the run folders it names under its mount path in the recipe (its own,
+    and a sweep's shared fleet's or members' folders) mapped to the local folder that stands for the bucket
+    (`bucket_root(bucket)`). Only run folders are rewritten, each where a path starts: a mount path such as /tmp must
+    not rewrite the Python interpreter's own path (/tmp/.../venv/bin/python), or any other path that merely starts
+    the same way."""
     def mapped(text: str) -> str:
         for vol in job.volumes:
-            run_folder = f"{vol.mount_path.rstrip('/')}/runs/{job.run_id}"
-            text = text.replace(run_folder, f"{bucket_root(vol.bucket)}/runs/{job.run_id}")
+            runs = re.compile(rf"(?<![\w./-]){re.escape(vol.mount_path.rstrip('/'))}/runs/(?=[A-Za-z0-9])")
+            local = f"{bucket_root(vol.bucket)}/runs/"
+            text = runs.sub(lambda _: local, text)
         return text
 
     return dataclasses.replace(job, command=[mapped(arg) for arg in job.command],
