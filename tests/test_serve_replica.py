@@ -3,11 +3,13 @@
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
 
 from backend.runtime.records import write_event
+from tests.fakehub import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
@@ -37,6 +39,38 @@ def test_the_replica_stops_when_the_trainer_finishes(tmp_path):
         assert proc.wait(timeout=20) == 0
         assert "the trainer has finished" in proc.stdout.read()
         assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in server)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def test_a_sweeps_fleet_replica_serves_on_while_a_member_ends_and_stops_once_every_member_has(tmp_path):
+    """A member that dies (its heartbeat stops) or is cancelled leaves the fleet serving the others; the fleet stops
+    after the last member's trainer ends."""
+    fleet, members = tmp_path / "fleet", [tmp_path / "m0", tmp_path / "m1", tmp_path / "m2"]
+    fleet.mkdir()
+    proc = _start(fleet, *(arg for m in members for arg in ("--member-run-dir", str(m))),
+                  env={"GRPO_TRAINER_GONE_AFTER_S": "2"})
+    try:
+        assert proc.stdout.readline().strip() == "serving"
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.extend(iter(proc.stdout.readline, "")), daemon=True)
+        reader.start()
+        write_event(str(members[0]), "trainer", "canceled")
+        heartbeat = members[1] / "heartbeat" / "trainer.json"
+        heartbeat.parent.mkdir(parents=True)
+        heartbeat.write_text('{"beat": 1}')     # m1 beats once, then stands still: killed
+        wait_until(lambda: "m1: no trainer heartbeat" in "".join(said), timeout=60, interval=0.2,
+                   what="m1's trainer counted gone")
+        assert proc.poll() is None, "m2 still trains: the fleet serves on"
+        write_event(str(members[2]), "trainer", "finished")
+        assert proc.wait(timeout=20) == 0
+        reader.join(timeout=10)
+        said = "".join(said)
+        assert "m0: the trainer has canceled; serving 2 member(s) still" in said, said
+        assert "m1: no trainer heartbeat for" in said and "serving 1 member(s) still" in said, said
+        assert "every member's trainer has ended (3): stopping this replica" in said, said
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)

@@ -170,3 +170,42 @@ def test_a_members_trainer_starts_its_proxy_as_that_member_capped_at_its_own_con
     spec = {"max_inflight_tasks": 8, "eval_max_inflight": 4}
     assert member_proxy({**spec, "sweep_member": ""}) == {}, "a lone run's proxy is started as before"
     assert member_proxy({**spec, "sweep_member": "m2"}) == {"member": "m2", "member_cap": 12}
+
+
+def test_a_local_sweeps_members_share_one_fleet_started_once_and_a_sweep_elsewhere_starts_each_members_own():
+    from backend.plan.recipe import FleetJobs, server_urls
+    from backend.runs.launch import preview_jobs
+    from backend.runtime.tiny_model import TINY_MODEL
+
+    sweep = SweepSpec(base(model=TINY_MODEL, max_staleness=1), {"lora_r": [8, 16, 32]})
+    members = sweep.members()
+    assert {m.fleet for m in members} == {sweep.sweep_id} and sweep.record(members)["fleet"] == sweep.sweep_id
+    size = fleet_size(members)
+    jobs = FleetJobs(tuple(members), size.max_loras, size.max_lora_rank).jobs()
+    assert [(j.run_id, j.role) for j in jobs] == [(sweep.sweep_id, "vllm-0"), (sweep.sweep_id, "vllm-1")]
+    command = jobs[0].command[-1]
+    assert "--max-loras 9 --max-cpu-loras 9" in command and "--max-lora-rank 32" in command, command
+    assert all(f"--member-run-dir {m.run_path}" in command for m in members), "it stops once all have ended"
+    fleet_model = f"/bucket/runs/{sweep.sweep_id}/base-model"
+    assert f"--wait-for {fleet_model}" in command and f"vllm serve {fleet_model}" in command
+    [trainer] = preview_jobs(members[1], on_fleet=True)
+    assert trainer.role == "trainer" and trainer.run_id == members[1].run_id
+    assert trainer.env["GRPO_FLEET_DIR"] == f"/bucket/runs/{sweep.sweep_id}"
+    assert trainer.env["VLLM_REPLICA_URLS"].count("http://") == 2
+    assert f"runtime.tiny_model --out {fleet_model}" in trainer.command[-1], "one base model for the fleet and all"
+    assert server_urls(jobs, lambda i, job, port: f"u{i}") == ["u0", "u1"]
+    lone = base(model=TINY_MODEL)
+    assert [j.role for j in preview_jobs(lone)] == ["vllm-0", "vllm-1", "trainer"], "a lone run is unchanged"
+    assert "--max-loras 3 " in preview_jobs(lone)[0].command[-1] and "GRPO_FLEET_DIR" not in preview_jobs(lone)[2].env
+
+    elsewhere = SweepSpec(base(executor="hf_jobs", vllm_flavor="l4x1", flavor="a10g-small"),
+                          {"learning_rate": [1e-4, 5e-4]}).members()
+    assert {m.fleet for m in elsewhere} == {""}, "HF Jobs: each member starts its own replicas"
+    assert [j.role for j in preview_jobs(elsewhere[0])] == ["vllm-0", "vllm-1", "trainer"]
+
+
+def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
+    assert [e.field for e in base(fleet="sweep-x").validate()] == ["fleet"]
+    member = dict(sweep_id="sweep-x", sweep_member="m0")
+    assert base(**member, fleet="sweep-x").validate() == []
+    assert [e.field for e in base(**member, fleet="sweep-y").validate()] == ["fleet"]
