@@ -108,6 +108,8 @@ def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_labe
     page.locator("#sweep-grid").get_by_text("grid", exact=True).click()
     message = preview(page, r"Sweep .*: 4 members")
     assert "--max-loras 12" in message, message
+    assert "One fleet for all members: 2 replica job(s) started once" in message, message
+    assert "# fleet vllm-1" in message and "# m0 trainer" in message and "# m0 vllm-0" not in message, message
     grid_ids = re.findall(r"^m\d\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.MULTILINE)
     assert len(grid_ids) == 4, message
     previewed = {run_id for _, run_id, _, _ in members} | set(grid_ids)
@@ -142,6 +144,8 @@ def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_swe
             spec = json.load(f)
         assert spec["sweep_id"] == sweep_id and spec["replicas"] == 1
     assert {j.run_id for j in jobs_of(home, previewed)} == set(previewed), "every member's jobs were started"
+    assert {j.role for j in jobs_of(home, previewed)} == {"trainer"}, "a member starts no replicas of its own"
+    assert [j.role for j in jobs_of(home, [sweep_id])] == ["vllm-0"], "the sweep's one fleet, started once"
 
     # The Runs tab opens on m0 (offering Cancel sweep, and folding the runs list away); the list shows both members
     # together, each named with its sweep's id.
@@ -150,17 +154,21 @@ def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_swe
     open_runs_list(page)
     deadline, rows = time.time() + 60, []
     while time.time() < deadline:
-        rows = [row for row in table_rows(page, "runs-table") if row and sweep_id in " ".join(row)]
-        if len(rows) == 2:
+        listed = table_rows(page, "runs-table")
+        rows = [row for row in listed if row and row[0] in previewed]
+        if len(rows) == 2 and any(row and row[0] == sweep_id for row in listed):
             break
         time.sleep(1)
     assert sorted(row[0] for row in rows) == sorted(previewed), table_rows(page, "runs-table")
     assert all(f"sweep {sweep_id}" in row[1] for row in rows), rows
+    assert any(row and row[0] == sweep_id for row in listed), ("the fleet is listed as a run of its own", listed)
     page.locator("#cancel-sweep-btn").click()
     said = wait_for_text(page, "action-msg", "Cancel requested for sweep|not cancelled", 60000)
     assert f"Cancel requested for sweep {sweep_id}" in said and "its 2 members" in said, said
+    assert f"its fleet {sweep_id} (1 job(s))" in said, said
+    everything = [*previewed, sweep_id]
     deadline = time.time() + 120
-    while any(j.stage not in TERMINAL_STAGES for j in jobs_of(home, previewed)) and time.time() < deadline:
+    while any(j.stage not in TERMINAL_STAGES for j in jobs_of(home, everything)) and time.time() < deadline:
         time.sleep(1)
-    left = [(j.run_id, j.role, j.stage) for j in jobs_of(home, previewed) if j.stage not in TERMINAL_STAGES]
+    left = [(j.run_id, j.role, j.stage) for j in jobs_of(home, everything) if j.stage not in TERMINAL_STAGES]
     assert not left, f"jobs still running after Cancel sweep: {left}"
