@@ -161,7 +161,7 @@ def as_run(job: JobSpec, bucket_root) -> JobSpec:
         for vol in job.volumes:
             runs = re.compile(rf"(?<![\w./-]){re.escape(vol.mount_path.rstrip('/'))}/runs/(?=[A-Za-z0-9])")
             local = f"{bucket_root(vol.bucket)}/runs/"
-            text = runs.sub(lambda _: local, text)
+            text = runs.sub(lambda _, local=local: local, text)   # as it is: no escapes read in it
         return text
 
     return dataclasses.replace(job, command=[mapped(arg) for arg in job.command],
