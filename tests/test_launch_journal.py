@@ -301,17 +301,25 @@ def test_the_orphan_finder_lists_half_launched_runs_replicas_without_a_trainer_a
     lonely = submit("r-lonely", "vllm-0")
     served = submit("r-served", "vllm-0")
     check = submit("check-0123456789ab", "task-check", **{LABEL_APP: CHECK_APP_LABEL})
+    fleet = submit("sweep-served", "vllm-0")        # a sweep's shared fleet: its trainers are its members'
+    unserved = submit("sweep-unserved", "vllm-0")
     hub.clock = time.time
     trainer = submit("r-served", "trainer")
+    member = submit("r-m1", "trainer")
     stalled = submit("r-stalled", "vllm-0")
-    for run_id in ("r-lonely", "r-served", "r-stalled"):
+    for run_id in ("r-lonely", "r-served", "r-stalled", "r-m1"):
         hub.put_file("alice/grpo-runs", f"runs/{run_id}/spec.json", b"{}")
+    for run_id in ("sweep-served", "sweep-unserved"):
+        hub.put_file("alice/grpo-runs", f"runs/{run_id}/fleet.json", json.dumps(
+            {"sweep_id": run_id, "members": {"m0": "r-m0", "m1": "r-m1"}}).encode())
     hub.put_file("alice/grpo-runs", f"runs/r-stalled/{LAUNCH_FILE}", json.dumps(
         {"id": "r-stalled", "state": LAUNCHING, "planned": ["vllm-0", "trainer"], "jobs": {"vllm-0": stalled},
          "updated": time.time() - 600}).encode())
     found = {o.record.job_id: o.why for o in find_orphans(registry)}
-    assert set(found) == {lonely, stalled, check}, found
+    assert set(found) == {lonely, stalled, check, unserved}, found
     assert "no trainer was submitted for it" in found[lonely]
+    assert "no member's trainer was submitted for it" in found[unserved]
+    assert fleet not in found and member not in found, "a fleet serving a live member's trainer is no orphan"
     assert "launch never completed" in found[stalled] and f"vllm-0 {stalled}" in found[stalled]
     assert "checks/check-0123456789ab is gone" in found[check]
     assert served not in found and trainer not in found

@@ -8,7 +8,8 @@ A job is an orphan when it is not over and
   not changed for LAUNCH_STALE_S (its panel stopped between two submissions), or
 - it is a trainer, and a newer launch of the run (a resume) has a trainer of its own, or
 - it serves a trainer (a vLLM replica) whose trainer, the first one submitted after it, is over, or for which no
-  trainer was submitted within LAUNCH_STALE_S, or
+  trainer was submitted within LAUNCH_STALE_S (a sweep's shared fleet, `fleet.json`: every member's trainer
+  submitted after it is over, or none was), or
 - it is a task-check job whose check is over: its staged `checks/<id>/` folder is gone, or the panel home that ran
   it says the check ended or its panel stopped.
 A run whose bucket cannot be read is not judged on its folder: a failing read never cancels anything.
@@ -54,11 +55,13 @@ def find_orphans(registry, now: float | None = None) -> list[Orphan]:
         if not live:
             continue
         gone, failed, launch = _run_folder(registry, run_id, records)
+        members = _fleet_members(registry, run_id, records) if not gone else None
         trainers = sorted((r for r in records if r.role == "trainer"), key=lambda r: r.created_at)
         for record in live:
             why = (f"its run folder runs/{run_id} is gone from bucket {record.bucket}" if gone
                    else _why_from_failed_launch(record, failed) or _why_unfinished_launch(launch, now)
-                   or _why_left_over(record, trainers, now))
+                   or (_why_fleet_left(record, members, by_run, now) if members is not None
+                       else _why_left_over(record, trainers, now)))
             if why:
                 orphans.append(Orphan(record, why))
     orphans += _check_orphans(registry)
@@ -139,6 +142,32 @@ def _why_left_over(record: JobRecord, trainers: list[JobRecord], now: float) -> 
     if own is None and now - record.created_at > LAUNCH_STALE_S:
         return (f"no trainer was submitted for it in the {(now - record.created_at) / 60:.0f} minutes since it was "
                 "created: its launch never completed")
+    return None
+
+
+def _fleet_members(registry, run_id: str, records: list[JobRecord]) -> list[str] | None:
+    """The member run ids a sweep's shared fleet serves (its `fleet.json`), or None: not a fleet (or unreadable)."""
+    bucket = next((r.bucket for r in records if r.bucket), None)
+    if bucket is None or any(r.role == "trainer" for r in records):
+        return None
+    try:
+        record = json.loads(registry.store_for(bucket).read_bytes(f"{layout.run_prefix(run_id)}/{layout.FLEET_FILE}"))
+        return [str(member) for member in record["members"].values()]
+    except Exception:   # no fleet.json: an ordinary run's replicas
+        return None
+
+
+def _why_fleet_left(record: JobRecord, members: list[str], by_run: dict[str, list[JobRecord]],
+                    now: float) -> str | None:
+    """A sweep's fleet replica serves every member's trainer submitted after it: left over once all are over, or
+    when none was submitted within LAUNCH_STALE_S."""
+    trainers = [r for member in members for r in by_run.get(member, [])
+                if r.role == "trainer" and r.created_at >= record.created_at]
+    if trainers and all(t.stage in TERMINAL_STAGES for t in trainers):
+        return f"every member's trainer of its sweep is over ({len(trainers)})"
+    if not trainers and now - record.created_at > LAUNCH_STALE_S:
+        return (f"no member's trainer was submitted for it in the {(now - record.created_at) / 60:.0f} minutes since "
+                "it was created: its sweep's launch never completed")
     return None
 
 
