@@ -309,9 +309,9 @@ def test_the_orphan_finder_lists_half_launched_runs_replicas_without_a_trainer_a
     stalled = submit("r-stalled", "vllm-0")
     for run_id in ("r-lonely", "r-served", "r-stalled", "r-m1"):
         hub.put_file("alice/grpo-runs", f"runs/{run_id}/spec.json", b"{}")
-    for run_id in ("sweep-served", "sweep-unserved"):
+    for run_id, members in (("sweep-served", ["r-m0", "r-m1"]), ("sweep-unserved", ["r-u0", "r-u1"])):
         hub.put_file("alice/grpo-runs", f"runs/{run_id}/fleet.json", json.dumps(
-            {"sweep_id": run_id, "members": {"m0": "r-m0", "m1": "r-m1"}}).encode())
+            {"sweep_id": run_id, "members": dict(zip(("m0", "m1"), members))}).encode())
     hub.put_file("alice/grpo-runs", f"runs/r-stalled/{LAUNCH_FILE}", json.dumps(
         {"id": "r-stalled", "state": LAUNCHING, "planned": ["vllm-0", "trainer"], "jobs": {"vllm-0": stalled},
          "updated": time.time() - 600}).encode())
