@@ -5,10 +5,10 @@ What would fail if a member were served another member's adapter: its proxy woul
 or hold another member's versions (it refuses them, 403), and its importance ratio (TRL's: the trainer's own
 probability of each sampled token over the one the replicas returned) would leave 1. The members train on-policy
 (max_staleness 0) at learning rates far apart, so their adapters differ plainly. The ratio still moves with a
-member's own learning rate (seen on-policy: within 1e-4 of 1 at 1e-4, 0.018 at 2e-2, 0.077 at 1e-1; at one version of
-staleness 2e-4, 0.01, 0.12): TRL's ratio also holds the member's own update within a step. So the tight bound is held
-to m0, whose own policy barely moves, served from replicas that hold the far-trained adapters of m1 and m2 beside its
-own; m1's and m2's bounds only say that their own drift stays in its range.
+member's own learning rate (seen on-policy, two runs: within 1.3e-4 of 1 at 1e-4, 0.018 at 2e-2, 0.077 at 1e-1;
+at one version of staleness 2e-4, 0.01, 0.12): TRL's ratio also holds the member's own update within a step. So the
+tight bound is held to m0, whose own policy barely moves, served from replicas that hold the far-trained adapters of
+m1 and m2 beside its own; m1's and m2's bounds only say that their own drift stays in its range.
 """
 
 import json
