@@ -40,3 +40,49 @@ def test_a_benchmarking_model_is_labelled_in_the_form_and_the_preview():
     assert spec.validate() == []
     assert "random weights shaped like Qwen2.5-1.5B, for benchmarking" in engine_label(spec)
     assert "random weights" not in engine_label(RunSpec())
+
+
+def _files(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_a_builtin_model_is_built_once_into_the_cache_and_copied_after_byte_for_byte(tmp_path, monkeypatch):
+    from backend.runtime import tiny_model
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(tiny_model.CACHE_ENV, str(cache))
+    first = tiny_model.ensure_tiny_model(str(tmp_path / "run-1" / "base-model"))
+    entry = tiny_model.cache_entry(0, tiny_model.TINY_MODEL)
+    assert entry.startswith(str(cache) + "/builtin-tiny-qwen2-seed0-"), entry
+    assert _files(tmp_path / "run-1" / "base-model") == _files(tmp_path / "cache" / entry.rsplit("/", 1)[1])
+    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("built again though the cache holds it")
+
+    monkeypatch.setattr(tiny_model, "build_model", no_build)
+    second = tiny_model.ensure_tiny_model(str(tmp_path / "run-2" / "base-model"))
+    assert _files(tmp_path / "run-2" / "base-model") == _files(tmp_path / "run-1" / "base-model")
+    assert first != second and not [p for p in cache.iterdir() if p.name.startswith("_tmp")]
+
+    # The copy is what a build without the cache writes (the build is deterministic): the cache changes no weight.
+    monkeypatch.undo()
+    monkeypatch.delenv(tiny_model.CACHE_ENV, raising=False)
+    tiny_model.ensure_tiny_model(str(tmp_path / "uncached" / "base-model"))
+    assert _files(tmp_path / "run-2" / "base-model") == _files(tmp_path / "uncached" / "base-model")
+    # Another seed is another entry; the benchmarking models (1-3 GB) are not kept.
+    monkeypatch.setenv(tiny_model.CACHE_ENV, str(cache))
+    assert tiny_model.cache_entry(1, tiny_model.TINY_MODEL) not in (entry, None)
+    assert tiny_model.cache_entry(0, "builtin:bench-qwen2.5-0.5b") is None
+
+
+def test_a_cache_folder_others_may_write_is_not_used(tmp_path, monkeypatch):
+    from backend.runtime import tiny_model
+
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    cache.chmod(0o777)
+    monkeypatch.setenv(tiny_model.CACHE_ENV, str(cache))
+    assert tiny_model.cache_entry(0, tiny_model.TINY_MODEL) is None
+    tiny_model.ensure_tiny_model(str(tmp_path / "base-model"))
+    assert (tmp_path / "base-model" / "config.json").is_file() and list(cache.iterdir()) == []

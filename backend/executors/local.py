@@ -44,6 +44,7 @@ from backend.runtime import job_wrapper as wrapper
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import is_secret_env_name, redact_tokens, remember_secret
 from backend.runtime.shm import SHM_FILE, remove_left
+from backend.runtime.tiny_model import CACHE_ENV as MODEL_CACHE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,8 @@ class LocalExecutor:
         # The panel's secrets (its token, the OAuth client secret, the webhook key) stay with the panel: a local job
         # gets only the secrets its JobSpec names.
         inherited = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
-        env = {"TORCHINDUCTOR_CACHE_DIR": _shared_compile_cache(), **inherited, **mapped.env, "TMPDIR": job_tmp,
+        env = {"TORCHINDUCTOR_CACHE_DIR": _shared_compile_cache(), MODEL_CACHE_ENV: _shared_model_cache(),
+               **inherited, **mapped.env, "TMPDIR": job_tmp,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:
             remember_secret(secrets[name])
@@ -448,11 +450,21 @@ def _shared_compile_cache() -> str:
     """Where torch.compile keeps what it compiled (vLLM on CPU compiles at every start): torch puts it in TMPDIR by
     default, which is now each job's own and goes with it, so every replica would compile from scratch. The place it
     would be for the panel's own temp dir, shared by every job (torch's `default_cache_dir`)."""
+    return _user_temp_folder("torchinductor_")
+
+
+def _shared_model_cache() -> str:
+    """Where local jobs keep the builtin models they build (deterministic, so a copy serves every later run of the
+    machine: runtime/tiny_model.py), beside the compile cache; the environment may name another folder."""
+    return _user_temp_folder("grpo-builtin-models_")
+
+
+def _user_temp_folder(prefix: str) -> str:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = f"uid_{os.getuid()}"
-    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return os.path.join(tempfile.gettempdir(), prefix + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def _unreadable_record(job_id: str, folder: str, status: JobStatus) -> JobRecord | None:

@@ -9,6 +9,12 @@ real models cost (throughput, memory, weight sync), but their rewards mean nothi
 
 The build is deterministic (fixed seed), so every job of a run that builds it gets the same weights, and
 it is published by atomic rename, so jobs racing to build it never see a half-written folder.
+Being deterministic, the tiny model's build can be kept and copied: where `GRPO_BUILTIN_MODEL_CACHE` names a folder
+(local jobs get one in the machine's temp dir, as torch's compile cache: backend/executors/local.py), its first build
+is kept there under a digest of this file and the torch/transformers/tokenizers versions, and later runs copy it
+(under a second, where importing torch and transformers and drawing the weights took ~8 s of every local run's start
+on 2 cores). The benchmarking models are not kept (1-3 GB each in a temp dir). A cache folder that is not this user's
+own and private to it is not used.
 Head size 64 because vLLM's CPU attention rejects 16; the chat template is Qwen2.5's, which TRL recognises.
 The tiny model's weights start at std 0.15, not transformers' 0.02: the embeddings are tied and the final RMSNorm
 fixes the hidden state's norm, so at 0.02 no LoRA can move a logit by more than a fraction of a unit and GRPO raised
@@ -16,7 +22,10 @@ no reward in 300 steps; at 0.15 the "digits" demo climbs from ~0.05 to ~0.9 in 5
 """
 
 import argparse
+import hashlib
+import importlib.metadata
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -40,6 +49,9 @@ TINY_MODEL = "builtin:tiny-qwen2"
 BENCHMARK_MODELS = {"builtin:bench-qwen2.5-0.5b": ("Qwen2.5-0.5B", BENCH_0_5B_CONFIG),
                     "builtin:bench-qwen2.5-1.5b": ("Qwen2.5-1.5B", BENCH_1_5B_CONFIG)}
 BUILTIN_MODELS = (TINY_MODEL, *BENCHMARK_MODELS)
+CACHE_ENV = "GRPO_BUILTIN_MODEL_CACHE"
+# What a build's bytes depend on besides this file: the libraries that draw the weights and write the tokenizer.
+BUILD_LIBRARIES = ("torch", "transformers", "tokenizers")
 
 
 def model_config(name: str) -> dict:
@@ -111,8 +123,9 @@ def build_model(tokenizer, seed: int = 0, shape: dict = TINY_CONFIG):
 
 
 def ensure_tiny_model(out: str, seed: int = 0, name: str = TINY_MODEL) -> str:
-    """Build the builtin model `name` at `out` unless it is already there; return `out`."""
-    if os.path.isfile(os.path.join(out, "config.json")):
+    """Build the builtin model `name` at `out` unless it is already there (or copy it from the build cache, and
+    keep a new build there); return `out`."""
+    if _is_model(out) or copy_from_cache(out, seed, name):
         return out
     try:
         with publish_folder(out, replace=False, prefix="_tmp-model-") as tmp:
@@ -121,9 +134,67 @@ def ensure_tiny_model(out: str, seed: int = 0, name: str = TINY_MODEL) -> str:
             build_model(tokenizer, seed, shape).save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     except OSError:
-        if not os.path.isfile(os.path.join(out, "config.json")):
+        if not _is_model(out):
             raise  # another job published first otherwise
+    _keep_in_cache(out, seed, name)
     return out
+
+
+def _is_model(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "config.json"))
+
+
+def cache_entry(seed: int, name: str, cache: str | None = None) -> str | None:
+    """Where the build cache keeps `name` built with `seed` by this code and these library versions, or None where
+    there is no cache (GRPO_BUILTIN_MODEL_CACHE unset), it is not this user's private folder, or `name` is not the
+    tiny model."""
+    cache = cache if cache is not None else os.environ.get(CACHE_ENV, "")
+    if not cache or name != TINY_MODEL:
+        return None
+    try:
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+        info = os.stat(cache)
+    except OSError:
+        return None
+    # A folder another user owns or may write could hold anything under a digest's name: build instead.
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        return None
+    digest = hashlib.sha256(Path(__file__).read_bytes() + CHAT_TEMPLATE.encode())
+    for library in BUILD_LIBRARIES:
+        try:
+            digest.update(f"{library}={importlib.metadata.version(library)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{library}=none".encode())
+    return os.path.join(cache, f"{name.replace(':', '-')}-seed{seed}-{digest.hexdigest()[:16]}")
+
+
+def copy_from_cache(out: str, seed: int = 0, name: str = TINY_MODEL) -> bool:
+    """Copy the cached build of `name` to `out` (published whole); False where the cache has none."""
+    entry = cache_entry(seed, name)
+    if not entry or not _is_model(entry):
+        return False
+    try:
+        _copy_whole(entry, out)
+    except OSError:
+        if not _is_model(out):      # another job published first otherwise
+            return False
+    return True
+
+
+def _keep_in_cache(built: str, seed: int, name: str) -> None:
+    """Keep a new build for the next run; a cache that cannot take it costs the next run a build, nothing more."""
+    entry = cache_entry(seed, name)
+    if entry and not _is_model(entry):
+        try:
+            _copy_whole(built, entry)
+        except OSError:
+            pass
+
+
+def _copy_whole(source: str, dest: str) -> None:
+    with publish_folder(dest, replace=False, prefix="_tmp-model-") as tmp:
+        for item in os.listdir(source):
+            shutil.copy(os.path.join(source, item), os.path.join(tmp, item))
 
 
 def no_progress_bars() -> None:
@@ -146,8 +217,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default=TINY_MODEL, choices=BUILTIN_MODELS)
     args = parser.parse_args()
-    no_progress_bars()
     started = time.time()
+    if not (_is_model(args.out) or copy_from_cache(args.out, args.seed, args.name)):
+        no_progress_bars()      # (importing transformers for it takes seconds: not for a copy)
     out = ensure_tiny_model(args.out, args.seed, args.name)
     print(f"{args.name} ready at {out} ({time.time() - started:.1f} s)", flush=True)
     if benchmark_note(args.name):
