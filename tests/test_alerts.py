@@ -1,6 +1,7 @@
 """Alerts that mean something: recorded in the run's bucket folder once, cleared when the trouble ends, never
 sent twice (also after a panel restart), posted to a webhook whose URL is kept encrypted."""
 
+import functools
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from backend.storage.store import FolderStore
 from backend.view import diagnose
 from backend.view.alerts import AlertBook, WebhookStore, current_alerts
 from backend.view.diagnose import Alert
+from backend.view.runview import STARTED_NONE, note_started
 
 
 def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()):
@@ -26,8 +28,10 @@ def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()
     jobs = {role: SimpleNamespace(status=JobStatus(stage), resources=[]) for role, stage in (stages or {}).items()}
     done = all(j.status.done for j in jobs.values()) if jobs else False
     spec = {"mode": "distributed", "name": "demo", **(spec or {})}
+    started = functools.reduce(note_started, events or [], STARTED_NONE)    # as a RunView counts them
     return SimpleNamespace(run_id="r1", table=table, spec=spec, current_jobs=jobs, done=done, serving=serving or {},
-                           events=events or [], jobs={**jobs, **{key: None for key in earlier}})
+                           events=events or [], jobs={**jobs, **{key: None for key in earlier}},
+                           trainer_started=started)
 
 
 def _events(store) -> list[dict]:
@@ -224,6 +228,7 @@ def test_a_pause_the_run_makes_on_purpose_is_no_stall():
     assert _kinds(resumed, rows[44]["time"] + 3600) == []
     # Once it started, the time until its first step is start-up, counted from its start.
     started.append({"event": "started", "time": rows[44]["time"] + 3000})
+    resumed = _view(rows[:45], stages={"trainer": "RUNNING"}, spec=spec, events=started, earlier=["trainer#1"])
     assert _kinds(resumed, rows[44]["time"] + 3000 + limit + 60) == []
     late = rows[44]["time"] + 3000 + limit + diagnose.PAUSE_ALLOWANCE_S["start-up"] + 1
     assert [a.message for a in current_alerts(resumed, late) if "start-up" in a.message]

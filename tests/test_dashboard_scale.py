@@ -332,6 +332,7 @@ def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_i
     assert not {layout.METRICS_DIR, layout.EVENTS_DIR, layout.SAMPLES_DIR} & set(listed), "no folder walked"
     assert view.events_loading and view.history_pending and len(view.events) == EVENTS_TAIL_FRAGMENTS
     assert view.engine is None and not view.open_alerts and len(view.adapters) == EVENTS_TAIL_FRAGMENTS
+    assert view.trainer_started == (0, None), "its 'started' event is among the older ones"
     sent, stalled = [], time.time() + 3600                      # an hour without a step: the stall fires
     book = AlertBook(view.store, run.spec.run_id, "http://hook.invalid", send=lambda *a: sent.append(a))
     assert book.update(view, stalled) == [] and len(os.listdir(run.events)) == 151, "nothing fired meanwhile"
@@ -346,6 +347,7 @@ def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_i
     assert [e["event"] for e in view.events[:2]] == ["started", "engine"]
     assert sorted(view.adapters) == list(range(1, 153)) and view.engine == "vllm"
     assert view.open_alerts.keys() == {"stall", "ratio"} and view.trainer_end["event"] == "started"
+    assert view.trainer_started == (1, run.t0), "counted as the older events joined, not by walking them each tick"
     assert view_engine_event(view)["proxy_url"] == "http://x" and not finished(view)
     assert book.update(view, stalled) == [], "the stall was recorded long ago: not fired again"
     written = [json.loads(line) for name in os.listdir(run.events) if name.startswith(book.writer)

@@ -58,13 +58,12 @@ def current_alerts(view, now: float | None = None) -> list[diagnose.Alert]:
 
 def _trainer_start(view) -> tuple[bool, float | None]:
     """(whether a resumed trainer is still starting: its attempt has not recorded 'started' yet, when its current
-    attempt started training). Each attempt's trainer writes one 'started' event as training begins."""
+    attempt started training), from the 'started' events the view counts as it reads them (`note_started`)."""
     attempts = 1 + sum(1 for key in getattr(view, "jobs", {}) if key.startswith("trainer#"))
-    starts = [e["time"] for e in view.events
-              if e.get("event") == records.STARTED and isinstance(e.get("time"), (int, float))]
-    if attempts > 1 and len(starts) < attempts:
+    starts, newest = view.trainer_started
+    if attempts > 1 and starts < attempts:
         return True, None
-    return False, (max(starts) if starts else None)
+    return False, newest
 
 
 class AlertBook:

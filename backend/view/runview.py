@@ -63,6 +63,19 @@ CANARY_KEPT = 10            # the proxy's newest serving proofs a first look rea
 # runs list read: the newest steps, the events but adapter versions, the newest resource samples.
 SUMMARY_FRAGMENTS = 10
 SUMMARY_ROWS = 200
+STARTED_NONE: tuple[int, float | None] = (0, None)
+
+
+def note_started(known: tuple[int, float | None], event: dict) -> tuple[int, float | None]:
+    """(how many 'started' events, the newest one's time) with `event` counted: each attempt's trainer writes one
+    as training begins (the alerts' start-up allowance). Kept as events are read: a tick never walks them all."""
+    when = event.get("time")
+    if event.get("event") != records.STARTED or not isinstance(when, (int, float)):
+        return known
+    count, newest = known
+    return count + 1, when if newest is None else max(newest, when)
+
+
 SUMMARY_EVENTS_SKIPPED = (records.ADAPTER_PUBLISHED, records.ADAPTERS_SUPERSEDED)
 # A background read of the history that fails (a bucket that did not answer) is tried again, this long after
 # the failure, doubling up to the cap: the rows it did not bring are never silently left out.
@@ -172,6 +185,7 @@ class RunView:
         # Kept as events are read, so a tick never scans a long run's thousands of events for them:
         self.launch_failed: dict | None = None     # the newest launch_failed event
         self.trainer_attempts: list[dict] = []      # the trainer's attempt events, in order
+        self.trainer_started = STARTED_NONE          # (how many 'started' events, the newest one's time)
         self._versions: list[int] = []       # adapter version numbers, ascending
         self._adapters_listed_at = float("-inf")
         self._versions_from_events = False
@@ -493,6 +507,7 @@ class RunView:
                 self.events = sorted([*older, *self.events], key=_event_time)
                 self._engine, self.trainer_end, self.open_alerts, self.superseded = None, {}, {}, {}
                 self.launch_failed, self.trainer_attempts = None, []
+                self.trainer_started = STARTED_NONE
                 for record in self.events:
                     self._note_event(record)
                 self._history_read()
@@ -636,6 +651,7 @@ class RunView:
             self.launch_failed = record
         if record["writer"] == layout.TRAINER_WRITER and record["event"] == records.ATTEMPT:
             self.trainer_attempts.append(record)
+        self.trainer_started = note_started(self.trainer_started, record)
         if record["event"] == records.BEST_BY_CHANGED and isinstance(record.get("best_by"), dict) and (
                 _event_time(record) >= _event_time(self.best_by_change or {"time": float("-inf")})):
             self.best_by_change = record
