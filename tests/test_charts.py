@@ -220,9 +220,9 @@ def test_held_out_reward_by_version_is_read_from_eval_fragments_and_drawn_beside
     assert empty["data"] == [] and empty["layout"]["annotations"][0]["text"] == "no held-out set in this run"
 
 
-def _evaluated_view(root, versions: int, best_at: int | None = None):
+def _evaluated_view(root, versions: int, best_at: int | None = None, monitor_at: int | None = None):
     """A run whose held-out set was evaluated at `versions` versions (v0 the base model), in fragments of 50
-    records; its scores wander, one version (`best_at`) stands out."""
+    records; its scores wander, one version (`best_at`) stands out, and one (`monitor_at`) has the best monitor."""
     from backend.runtime import layout
     from backend.runtime.evaluate import eval_record
     from backend.storage.store import FolderStore
@@ -235,7 +235,7 @@ def _evaluated_view(root, versions: int, best_at: int | None = None):
     for start in range(0, versions, 50):
         writer.write([eval_record(10 * v, v, rows, [["7"]], {
             "digits": [[0.95 if v == best_at else 0.3 + 0.2 * ((v * 7919) % 101) / 101]],
-            "distinct_chars": [[0.5]]}, weights, greedy=True) for v in range(start, min(start + 50, versions))])
+            "distinct_chars": [[0.9 if v == monitor_at else 0.5]]}, weights, greedy=True) for v in range(start, min(start + 50, versions))])
     view = RunView("r1", FolderStore(str(root)), executor=None, jobs={})
     view.refresh()
     return view
@@ -258,6 +258,29 @@ def test_the_held_out_chart_draws_a_bounded_sketch_keeping_the_base_model_the_be
 
     small = _evaluated_view(tmp_path / "small", 30)
     assert sorted(small.held_out.chart_records()) == list(range(30)), "a short run's chart draws every version"
+
+
+def test_the_held_out_chart_draws_the_base_model_the_best_under_the_rule_and_the_newest_exactly_at_any_length(
+        tmp_path):
+    """The best under a rule other than the trained score (here a monitor's peak, no extreme of the scores the
+    sketch keeps), the base model and the newest version are drawn as they are, whatever the run's length; the
+    rest costs about what a 1,000-step run's 50 versions do."""
+    from backend.outcome.best_version import CHART_GROUPS, CHART_NEWEST
+
+    table = table_of([{"step": s, "time": float(s), "reward": 0.5} for s in range(1, 31)])
+    for versions in (60, 700, 5000):
+        view = _evaluated_view(tmp_path / str(versions), versions, monitor_at=versions // 3)
+        held = view.held_out
+        assert held.set_rule({"distinct_chars": 1.0}) and held.best_version == versions // 3
+        shown = held.chart_records()
+        assert len(shown) <= 2 * CHART_GROUPS + CHART_NEWEST + 2 <= 52, len(shown)
+        assert {0, versions // 3, versions - 1} <= set(shown), sorted(shown)
+        assert all(shown[v] == held.records[v] for v in shown), "a drawn version is its record, not a group's mean"
+        fig = charts.heldout_figure(shown, table, STEP, {"eval_source": "split"}, held.best_version)
+        [star] = [t for t in fig["data"] if t["name"] == f"best: v{versions // 3}"]
+        assert star["y"] == [charts._round(held.records[versions // 3]["score"])]
+        line = next(t for t in fig["data"] if t["name"] == "held-out score")
+        assert line["text"][0] == "v0" and line["text"][-1] == f"v{versions - 1}"
 
 
 def test_a_one_point_chart_spans_its_value_not_a_hair_around_it():

@@ -38,9 +38,11 @@ from backend.storage.store import BucketStore, StoredFile
 
 FINAL, BEST = "final", "best"
 SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (the newest)
-# The held-out chart draws at most this many versions besides the base model and the best: the newest as they are,
-# the rest as the extremes of groups of versions (a `Sketch` of their scores), so a tick costs the same at any length.
-CHART_GROUPS, CHART_NEWEST = 100, 50
+# The held-out chart draws at most 2 * CHART_GROUPS + CHART_NEWEST versions besides the base model and the best: the
+# newest as they are, the rest as the lowest and highest of groups of versions (a `Sketch` of their scores). About
+# what a 1,000-step run's 50 versions draw whole, so its tick (this chart is redrawn with the training reward behind
+# it) costs the same at any length.
+CHART_GROUPS, CHART_NEWEST = 20, 10
 CHOICES_SHOWN = 50              # versions offered in a picker besides best and final (the newest)
 BEST_RECHECK_S = 10.0           # how often best/ is looked at again while it lags behind the scores read
 OLDER_WAIT_S = 30.0             # how long a change of rule waits for a long run's older records (being read)
