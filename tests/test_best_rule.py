@@ -62,6 +62,30 @@ def test_ties_go_to_the_earliest_version_and_the_best_must_beat_the_base_model()
     assert rule_text({}) == "the trained rewards' weighted score" and rule_text({"right": 1.0}) == "held-out right"
 
 
+def test_the_ranking_a_tick_reads_names_the_version_best_of_names_as_scores_arrive_and_change():
+    """The panel keeps versions ranked as their records arrive (a tick of a 5,000-version run reads the top, not
+    every score): whatever arrives, replaces or stands in for an unread record, it names what `best_of` names."""
+    import random
+
+    from backend.outcome.best_version import Ranking
+    from backend.runtime.best_rule import EPSILON, best_of
+
+    rng = random.Random(32)
+    for trial in range(300):
+        ranking, scored = Ranking(), {}
+        levels = [0.5, 0.5 + EPSILON / 2, 0.5 + 2 * EPSILON, 1.0, 1.0 - EPSILON / 3, 0.25, None]
+        for _ in range(rng.randint(0, 40)):
+            version = rng.randint(0, 30)            # some arrive again (a resumed run evaluating a version anew)
+            score = rng.choice([*levels, rng.random()])
+            scored[version] = score
+            ranking.put(version, score)
+            extra = {v: rng.choice(levels) for v in rng.sample(range(31, 40), rng.randint(0, 2))}
+            baseline = rng.choice([scored.get(0), None, 0.5])
+            expected = best_of({**{v: s for v, s in scored.items() if v}, **extra, 0: baseline})
+            assert ranking.best_of(extra, baseline) == expected, (trial, scored, extra, baseline)
+        assert Ranking(scored).best_of({}, scored.get(0)) == best_of(scored), "built at once, the same"
+
+
 def _adapter(folder, text: str) -> str:
     os.makedirs(folder, exist_ok=True)
     for name in layout.ADAPTER_FILES:

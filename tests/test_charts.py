@@ -235,7 +235,8 @@ def _evaluated_view(root, versions: int, best_at: int | None = None, monitor_at:
     for start in range(0, versions, 50):
         writer.write([eval_record(10 * v, v, rows, [["7"]], {
             "digits": [[0.95 if v == best_at else 0.3 + 0.2 * ((v * 7919) % 101) / 101]],
-            "distinct_chars": [[0.9 if v == monitor_at else 0.5]]}, weights, greedy=True) for v in range(start, min(start + 50, versions))])
+            "distinct_chars": [[0.9 if v == monitor_at else 0.5]]}, weights, greedy=True)
+            for v in range(start, min(start + 50, versions))])
     view = RunView("r1", FolderStore(str(root)), executor=None, jobs={})
     view.refresh()
     return view

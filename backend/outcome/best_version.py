@@ -7,6 +7,8 @@ cursor, like the metrics. `choose` turns what a visitor picked ("best", "final",
 that adapter and a sentence saying which version it is and why; a name the run never published is refused.
 """
 
+import bisect
+import itertools
 import json
 import math
 import os
@@ -20,10 +22,10 @@ from dataclasses import dataclass
 from backend.runtime import layout, records
 from backend.runtime.best_rule import (
     BEST_BY_WRITER,
+    EPSILON,
     TIE_RULE,
     best_by_problem,
     best_json,
-    best_of,
     parse_best_by,
     pick_best,
     rule_score,
@@ -43,6 +45,7 @@ SAMPLE_VERSIONS_KEPT = 100      # versions whose held-out samples a view keeps (
 # what a 1,000-step run's 50 versions draw whole, so its tick (this chart is redrawn with the training reward behind
 # it) costs the same at any length.
 CHART_GROUPS, CHART_NEWEST = 20, 10
+RANK_ONE_BY_ONE = 64            # more new records than this at once are ranked anew, not inserted one by one
 CHOICES_SHOWN = 50              # versions offered in a picker besides best and final (the newest)
 BEST_RECHECK_S = 10.0           # how often best/ is looked at again while it lags behind the scores read
 OLDER_WAIT_S = 30.0             # how long a change of rule waits for a long run's older records (being read)
@@ -95,6 +98,7 @@ class HeldOut:
         self._ranked: tuple = (None, None)      # (best version, version 0's score) under the rule, or None: stale
         self._sketch = Sketch(CHART_GROUPS, CHART_NEWEST)    # (version, score) of every version, for the chart
         self._scored: dict[int, float | None] = {}     # version -> its score under the rule, kept as records arrive
+        self._ranking = Ranking()                      # the same scores of versions >= 1, highest first
 
     @property
     def unreadable(self) -> dict[str, int]:
@@ -137,6 +141,8 @@ class HeldOut:
                                                 record.get("n_prompts") if type(record.get("n_prompts")) is int
                                                 else None, redact_record(rewards))
             self._scored[version] = self._score_of(self.scores[version])
+            if len(new) <= RANK_ONE_BY_ONE:
+                self._ranking.put(version, self._scored[version])
             if not samples:
                 continue
             kept = [redact_record(s) for s in record.get("samples") or [] if _is_sample(s)]
@@ -144,6 +150,8 @@ class HeldOut:
             self.samples[version] = kept
             while len(self.samples) > SAMPLE_VERSIONS_KEPT:
                 self.samples.popitem(last=False)
+        if len(new) > RANK_ONE_BY_ONE:     # a long run's older records: ranked once, not inserted one by one
+            self._ranking = Ranking(self._scored)
 
     def _base_records(self) -> list[dict]:
         """The base model's record for a first look that read only the newest ones: the trainer evaluates it first,
@@ -224,15 +232,19 @@ class HeldOut:
             return False
         self.rule, self._ranked = rule, None
         self._scored = {v: self._score_of(s) for v, s in self.scores.items()}
+        self._ranking = Ranking(self._scored)
         return True
 
     def _score_of(self, score: HeldOutScore) -> float | None:
         return rule_score({"score": score.score, "rewards": score.rewards}, self.rule)
 
     def _rank(self) -> tuple[int | None, float | None]:
-        if self._ranked is None:        # over scores kept as records arrived: a new record costs no re-scoring
-            published = self._published()
-            self._ranked = best_of({**published, **self._scored} if published else self._scored)
+        """`best_rule.best_of` over the scores kept as records arrived and, while older records are unread, the
+        ones best.json quotes for versions not read yet: a new record costs no re-scoring and no walk of them all."""
+        if self._ranked is None:
+            published = {v: s for v, s in self._published().items() if v not in self._scored}
+            baseline = self._scored[0] if 0 in self._scored else published.get(0)
+            self._ranked = self._ranking.best_of({v: s for v, s in published.items() if v >= 1}, baseline)
         return self._ranked
 
     def rule_score(self, version: int) -> float | None:
@@ -291,6 +303,39 @@ class HeldOut:
     def why(self, metric: str) -> str:
         """Why the best version is the best: the rule, how many versions it ranked, the tie rule, the baseline."""
         return why_text(self.rule, self.evaluated, self.baseline, metric)
+
+
+class Ranking:
+    """The scores of versions >= 1 under a rule, highest first (equal ones earliest first), kept as they arrive: the
+    best version is read off the top whatever the run's length. `best_of` gives what `best_rule.best_of` gives over
+    the same scores."""
+
+    def __init__(self, scored: dict[int, float | None] | None = None):
+        self._score = {v: s for v, s in (scored or {}).items() if v >= 1 and s is not None}
+        self._order = sorted((-s, v) for v, s in self._score.items())     # (-score, version), ascending
+
+    def put(self, version: int, score: float | None) -> None:
+        """A version's score (None: not scored under the rule), in place of any it had."""
+        old = self._score.pop(version, None)
+        if old is not None:
+            del self._order[bisect.bisect_left(self._order, (-old, version))]
+        if version >= 1 and score is not None:
+            self._score[version] = score
+            bisect.insort(self._order, (-score, version))
+
+    def best_of(self, extra: dict[int, float | None], baseline: float | None) -> tuple[int | None, float | None]:
+        """(the best version, `baseline`) over these scores and `extra` (versions >= 1 not among them): the earliest
+        version within EPSILON of the top score, none unless that top beats the baseline by more than EPSILON."""
+        extra = {v: s for v, s in extra.items() if s is not None}
+        tops = [*extra.values(), *([-self._order[0][0]] if self._order else [])]
+        if not tops:
+            return None, baseline
+        top = max(tops)
+        if baseline is not None and top <= baseline + EPSILON:
+            return None, baseline
+        near = top - EPSILON        # the scores at least this high tie the top: the head of the order, mostly short
+        head = itertools.islice(self._order, bisect.bisect_right(self._order, (-near, math.inf)))
+        return min([v for _, v in head] + [v for v, s in extra.items() if s >= near]), baseline
 
 
 @dataclass(frozen=True)
