@@ -300,7 +300,7 @@ def held_out_names(view) -> list[str]:
     held = getattr(view, "held_out", None)
     if held is None or not held.scores:
         return []
-    newest = held.scores[max(held.scores)]
+    newest = held.scores[held.span[1]]
     return sorted(newest.rewards, key=lambda n: (newest.rewards[n].get("weight") == 0, list(newest.rewards).index(n)))
 
 
@@ -310,7 +310,7 @@ def adapter_headers(view) -> list[str]:
     held = getattr(view, "held_out", None)
     rule = held.rule if held is not None else {}
     heads = ADAPTER_HEADERS[:-1] + [ADAPTER_HEADERS[-1] + ("" if rule else DECIDES)]
-    newest = held.scores[max(held.scores)].rewards if held is not None and held.scores else {}
+    newest = held.scores[held.span[1]].rewards if held is not None and held.scores else {}
     for name in held_out_names(view):
         weight = newest[name].get("weight")
         kind = "monitor" if weight == 0 else f"×{weight:g}" if isinstance(weight, (int, float)) else "trained"

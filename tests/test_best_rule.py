@@ -134,6 +134,7 @@ class Held:
         self.scores = {v: HeldOutScore(v, 3 * v, r["score"], None, 8, r["rewards"]) for v, r in rows.items()}
         self.samples = {v: [{"prompt_index": i, "completion": t} for i, t in enumerate(texts)]
                         for v, texts in answers.items()}
+        self.span = (min(rows), max(rows))      # as `HeldOut` keeps it
 
 
 def test_reward_hacking_is_suspected_when_the_trained_score_rises_while_a_monitor_falls_or_answers_collapse():

@@ -396,7 +396,7 @@ def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_an
     held = view.held_out
     read = [p for p in view.store.read if f"/{layout.EVALS_DIR}/" in p]
     assert len(read) == EVALS_TAIL_FRAGMENTS + 1, "the newest records and the base model's, not 5,001"
-    assert sorted(held.scores) == [0, *range(5001 - EVALS_TAIL_FRAGMENTS, 5001)]
+    assert sorted(held.scores) == [0, *range(5001 - EVALS_TAIL_FRAGMENTS, 5001)] and held.span == (0, 5000)
     assert held.best_version == 1234 and held.rule_score(1234) == 0.95, "best.json names it before its record is read"
     assert held.baseline == 0.35 and held.best_files and view.history_pending and held.older_pending
     assert "best **trl-policy-v1234** (held-out 0.950)" in dashboard.best_line(view)
@@ -407,6 +407,7 @@ def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_an
     full = HeldOut(FolderStore(str(tmp_path)), run_id)      # every record at once
     full.refresh()
     assert len(full.scores) == 5001 and held.scores == full.scores and held.records == full.records
+    assert held.span == full.span == (0, 5000)
     assert (held.best_version, held.baseline, held.evaluated) == (full.best_version, full.baseline, 5000) == (
         1234, 0.35, 5000)
     assert held.chart_records() == full.chart_records()

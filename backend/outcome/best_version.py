@@ -99,6 +99,7 @@ class HeldOut:
         self._sketch = Sketch(CHART_GROUPS, CHART_NEWEST)    # (version, score) of every version, for the chart
         self._scored: dict[int, float | None] = {}     # version -> its score under the rule, kept as records arrive
         self._ranking = Ranking()                      # the same scores of versions >= 1, highest first
+        self.span: tuple[int, int] | None = None       # (the first, the newest version evaluated), kept as they arrive
 
     @property
     def unreadable(self) -> dict[str, int]:
@@ -132,6 +133,9 @@ class HeldOut:
         # A new mapping, not one changed in place: a frame being drawn holds the old one.
         self.records = {**self.records, **{r["policy_version"]: redact_record(_chart_record(r)) for r in new}}
         self._sketch_scores(new)
+        versions = [r["policy_version"] for r in new]
+        first, newest = self.span or (min(versions), max(versions))
+        self.span = min(first, *versions), max(newest, *versions)
         for record in new:
             version = record["policy_version"]
             std = record.get("score_std")
@@ -552,7 +556,7 @@ def held_out_reward_names(view) -> list[str]:
     """Every reward the run scores on its held-out set: its records' (the newest), else its spec's."""
     held = view.held_out
     if held.scores:
-        return list(held.scores[max(held.scores)].rewards)
+        return list(held.scores[held.span[1]].rewards)
     spec = view.spec
     return [*(spec.get("rewards") or []), *reward_function_names(spec.get("reward_code") or ""),
             *(spec.get("monitor_rewards") or [])]

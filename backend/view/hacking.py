@@ -52,7 +52,7 @@ def hacking_sign(held) -> HackingSign | None:
     scores = held.scores
     if len(scores) < 2:
         return None
-    base, newest = min(scores), max(scores)
+    base, newest = held.span       # kept as records arrive: a tick does not walk a long run's versions
     newest_name = layout.adapter_name(newest, held.member)
     rise = scores[newest].score - scores[base].score
     if rise < TRAINED_RISE:
