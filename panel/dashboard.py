@@ -291,7 +291,10 @@ def traceback_block(text: str, lines: int = TRACEBACK_LINES) -> str:
     return fenced("\n".join(redact_tokens(str(text)).rstrip().splitlines()[-lines:]))
 
 
-ADAPTER_HEADERS = ["adapter", "step", "published", "size (MB)", "on replicas", "note", "held-out score"]
+# The held-out score (★ on the best) stands next to the version's name: on a phone's width the table shows its first
+# two columns, and the star must be among them.
+ADAPTER_HEADERS = ["adapter", "held-out score", "step", "published", "size (MB)", "on replicas", "note"]
+BEST_MARK = "★ best"
 DECIDES = " ◆"      # marks the held-out column(s) that decide the best version
 
 
@@ -305,11 +308,11 @@ def held_out_names(view) -> list[str]:
 
 
 def adapter_headers(view) -> list[str]:
-    """The adapters table's columns: a version's facts, its held-out score, then each held-out reward (trained
-    ×weight, or monitor-only); the column(s) that decide the best version marked ◆."""
+    """The adapters table's columns: a version's name and held-out score, its facts, then each held-out reward
+    (trained ×weight, or monitor-only); the column(s) that decide the best version marked ◆."""
     held = getattr(view, "held_out", None)
     rule = held.rule if held is not None else {}
-    heads = ADAPTER_HEADERS[:-1] + [ADAPTER_HEADERS[-1] + ("" if rule else DECIDES)]
+    heads = [ADAPTER_HEADERS[0], ADAPTER_HEADERS[1] + ("" if rule else DECIDES), *ADAPTER_HEADERS[2:]]
     newest = held.scores[held.span[1]].rewards if held is not None and held.scores else {}
     for name in held_out_names(view):
         weight = newest[name].get("weight")
@@ -324,9 +327,9 @@ def adapter_table(view, page: int = ADAPTER_PAGE) -> dict:
 
 
 def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
-    """The newest `page` versions: version, step, published at, size (MB), registered on replicas, note
-    (superseded by a resume), held-out score (★ on the best), each held-out reward's mean; last, the base model
-    (version 0) where it was evaluated: the baseline."""
+    """The newest `page` versions: version, held-out score (the best's starred first, so a narrow table shows the
+    star), step, published at, size (MB), registered on replicas, note (superseded by a resume), each held-out
+    reward's mean; last, the base model (version 0) where it was evaluated: the baseline."""
     registered = _registered_adapters(view)
     first_step = view.first_step
     held = getattr(view, "held_out", None)
@@ -338,12 +341,12 @@ def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
         step = v.step if v.step is not None else first_step.get(v.version, "-")
         note = (f"superseded: the run resumed from step {view.superseded[v.name]}"
                 if v.name in view.superseded else "")
-        score = score_text(scores.get(v.version)) + (" ★ best" if v.version == best else "")
-        rows.append([v.name, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
-                     round(v.size_bytes / 1e6, 3), on, note, score, *_reward_cells(scores.get(v.version), names)])
+        score = (f"{BEST_MARK} " if v.version == best else "") + score_text(scores.get(v.version))
+        rows.append([v.name, score, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
+                     round(v.size_bytes / 1e6, 3), on, note, *_reward_cells(scores.get(v.version), names)])
     if 0 in scores:
         note = "the base model: the baseline" + (", no version beats it" if held.none_beats_base else "")
-        rows.append(["base model (v0)", 0, "-", "-", "-", note, score_text(scores[0]),
+        rows.append(["base model (v0)", score_text(scores[0]), 0, "-", "-", "-", note,
                      *_reward_cells(scores[0], names)])
     return rows
 

@@ -8,6 +8,8 @@ import pandas as pd
 from backend.outcome.try_it import BASE, MAX_NEW_TOKENS, TRIES_WAITING, TryAnswers, TryRefused, try_choices
 from panel.markdown import masked
 
+LABEL_PERCENT = 10      # the answers table's first column ("answer", "answered by"), of its width
+
 
 def build(page, panel) -> None:
     """The try-it controls (below the adapters table), added to `page`."""
@@ -52,6 +54,14 @@ def answers_table(state: TryAnswers, picks: list[str]) -> pd.DataFrame:
     return pd.DataFrame(columns)
 
 
+def answers_update(table: pd.DataFrame) -> dict:
+    """The answers table with its columns sharing the section's width: left to themselves, a long answer's column
+    grows to the whole answer's length on one line and pushes the versions after it out of sight."""
+    answers = len(table.columns) - 1
+    share = f"{(100 - LABEL_PERCENT) / max(answers, 1):.2f}%"
+    return gr.update(value=table, column_widths=[f"{LABEL_PERCENT}%", *[share] * answers])
+
+
 def on_try(panel, visitor, request, run_id, prompt, picks, tokens):
     if not run_id:
         yield {"try_msg": "Pick a run first."}
@@ -60,7 +70,7 @@ def on_try(panel, visitor, request, run_id, prompt, picks, tokens):
     try:
         for state in panel.try_it(run_id, visitor, prompt, picks, tokens, getattr(request, "session_hash", None)):
             line = ("✅ " if state.done else "⏳ ") + state.progress
-            yield {"try_msg": line, "try_answers": answers_table(state, picks)}
+            yield {"try_msg": line, "try_answers": answers_update(answers_table(state, picks))}
     except TryRefused as exc:
         yield {"try_msg": f"**Not tried.** {masked(exc)}"}
     except KeyError as exc:

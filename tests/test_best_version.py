@@ -87,9 +87,9 @@ def test_each_version_shows_its_held_out_score_and_the_best_is_marked_and_chosen
     view = panel.view(run.spec.run_id)
     view.refresh()
     rows = {row[0]: row for row in dashboard.adapter_rows(view)}
-    assert rows["trl-policy-v3"][6] == "0.310 ± 0.050"
-    assert rows["trl-policy-v7"][6] == "0.520 ± 0.050 ★ best"
-    assert [name for name, row in rows.items() if "★" in row[6]] == ["trl-policy-v7"]
+    assert rows["trl-policy-v3"][1] == "0.310 ± 0.050"
+    assert rows["trl-policy-v7"][1] == "★ best 0.520 ± 0.050"
+    assert [name for name, row in rows.items() if "★" in row[1]] == ["trl-policy-v7"]
     assert "best **trl-policy-v7** (held-out 0.520 ± 0.050)" in dashboard.status_markdown(view)
     assert view.unreadable[f"runs/{run.spec.run_id}/evals/trainer-000001.jsonl"] == 1, "the torn record is counted"
     assert default_choice(view) == "best"

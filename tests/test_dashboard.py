@@ -23,10 +23,10 @@ def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
         {"url": "http://b", "healthy": True, "adapters": ["trl-policy-v3"]}]}]
     rows = dashboard.adapter_rows(_view(adapters=adapters, first_step=first_step, replica_stats=stats,
                                         superseded={"trl-policy-v1": 4}))
-    assert [(r[0], r[1], r[4]) for r in rows] == [
+    assert [(r[0], r[2], r[5]) for r in rows] == [
         ("trl-policy-v3", 2, "vllm-0, vllm-1"), ("trl-policy-v2", 1, "vllm-0"), ("trl-policy-v1", "-", "-")]
-    assert rows[0][3] == 0.041
-    assert [r[5] for r in rows] == ["", "", "superseded: the run resumed from step 4"]
+    assert rows[0][4] == 0.041
+    assert [r[6] for r in rows] == ["", "", "superseded: the run resumed from step 4"]
 
 
 def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
@@ -41,7 +41,7 @@ def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
     view = _view(replica_stats=stats, current_jobs=jobs, adapters=adapters)
     assert [r[1] for r in dashboard.replica_rows(view)] == ["up", "DOWN (job ERROR)"]
     assert [r[5] for r in dashboard.replica_rows(view)] == ["trl-policy-v3", ""]
-    assert dashboard.adapter_rows(view)[0][4] == "vllm-0"
+    assert dashboard.adapter_rows(view)[0][5] == "vllm-0"
     # One that stopped by itself once the run finished is no fault: stopped, not DOWN, and it serves nothing.
     jobs["vllm-0"] = SimpleNamespace(status=JobStatus("COMPLETED"))
     assert [r[1] for r in dashboard.replica_rows(view)] == ["stopped (job COMPLETED)", "DOWN (job ERROR)"]
