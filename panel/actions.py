@@ -337,7 +337,8 @@ class Panel:
                 log.debug("no cost for run %s: %s", run.run_id, exc)
                 cost = "-"
         sweep = str(spec.get("sweep_id") or "")
-        name = name_cell(str(spec.get("name") or ""), self._run_notes(registry, run).tags, sweep)
+        notes = self._run_notes(registry, run)
+        name = name_cell(notes.name or str(spec.get("name") or ""), notes.tags, sweep)
         glance = self.spend.glance(registry, run.run_id, registry.watched_view(run.run_id)) if with_cost else None
         latest, best = (glance.latest, glance.best.text) if glance is not None else ({}, "")
         reward = latest.get("reward")
@@ -371,11 +372,34 @@ class Panel:
             return f"**Notes not saved.** {_reason(exc)}"
         except Exception as exc:   # the bucket refusing or failing
             return f"**Notes not saved:** {masked(exc)}. Try again."
-        for key in [k for k in self._rows if k[1] == run_id]:
-            self._rows.pop(key, None)       # the runs list shows the new tags at its next tick
-        self._tables.clear()
+        self._forget_rows(run_id)
         shown = ", ".join(f"`{t}`" for t in notes.tags) or "none"
         return f"Notes saved in run {run_id}'s folder (tags: {shown})."
+
+    def rename_run(self, run_id: str, visitor: Visitor | str | None, name: str) -> str:
+        """Give a run a display name (who may cancel the run may rename it; its id stays); a message saying what
+        happened."""
+        try:
+            notes = self.operations.rename(run_id, as_visitor(visitor), name)
+        except (Refused, KeyError, NotesError) as exc:
+            return f"**Not renamed.** {_reason(exc)}"
+        except Exception as exc:   # the bucket refusing or failing
+            return f"**Not renamed:** {masked(exc)}. Try again."
+        self._forget_rows(run_id)
+        if not notes.name:
+            return f"Run {run_id} shows the name it was launched with again (saved in its folder)."
+        return f"Run {run_id} is now called {code_span(notes.name)} (saved in its folder; its id stays {run_id})."
+
+    def run_title(self, run_id: str, visitor: Visitor | str | None, view: RunView | None = None) -> str:
+        """The run's name as its header shows it: its display name, else the name it was launched with."""
+        view = view or self.view(run_id, visitor)
+        return self.run_notes(run_id, visitor).name or str((view.spec or {}).get("name") or "")
+
+    def _forget_rows(self, run_id: str) -> None:
+        """The runs list shows the run's new name and tags at its next tick, not its kept row."""
+        for key in [k for k in self._rows if k[1] == run_id]:
+            self._rows.pop(key, None)
+        self._tables.clear()
 
     def runs_hint(self, visitor: Visitor | str | None = None) -> str:
         """A line above the runs list when the visitor's Hub runs could not be listed (what failed, what to do), or

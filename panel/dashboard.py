@@ -28,7 +28,7 @@ from backend.view.runview import reading, replica_counts
 from backend.view.servers import latest_servers, server_name, server_role, view_servers_per_job
 from backend.view.startup import start_up
 from panel import charts
-from panel.markdown import code_span, fenced, masked
+from panel.markdown import code_span, fenced, masked, plain
 from panel.marks import mark
 
 LOG_TAIL = 400
@@ -203,6 +203,15 @@ def status_markdown(view) -> str:
         parts.append(f"{mark('warning', str(total))} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     parts += end_lines(view)
     return "\n\n".join(parts)
+
+
+def titled(status: str, name: str) -> str:
+    """The header (`status_markdown`) headed by the run's name, as its owner called it: '### math-lr · Run `id` —
+    **RUNNING**'. The name is the visitor's text: shown as itself."""
+    head = "### "
+    if not name or not status.startswith(head):
+        return status
+    return f"{head}{plain(name)} · {status[len(head):]}"
 
 
 def start_up_line(view, now: float | None = None) -> str:

@@ -296,7 +296,8 @@ def on_best_by(panel, visitor, run_id, text) -> dict:
         return {"best_by_msg": f"**Not changed.** {redact_tokens(str(exc.args[0] if exc.args else exc))}"}
     except (ValueError, ChoiceError) as exc:
         return {"best_by_msg": f"**Not changed.** {redact_tokens(str(exc))}"}
-    return {"best_by_msg": message, "status": dashboard.status_markdown(view),
+    return {"best_by_msg": message,
+            "status": dashboard.titled(dashboard.status_markdown(view), panel.run_title(run_id, visitor, view)),
             "adapters": dashboard.adapter_table(view),
             "version_pick": gr.update(choices=version_choices(view), value=default_choice(view))}
 

@@ -47,13 +47,14 @@ def send_changed(drawn: dict, parts: dict[str, tuple]) -> dict:
 def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
                      x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None, pick="latest",
                      extra: Callable[[object], dict] | None = None, follow: str | None = None,
-                     shown: str | None = None) -> DashboardUpdate:
+                     shown: str | None = None, title: Callable[[object], str] | None = None) -> DashboardUpdate:
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
     session's own: the run it drew and the key of each component it has. `x` is "step", "time" or "dollars";
     `dollars` the run's spend corners (None for a run that costs nothing: wall time then); `pick` the step whose
     samples are shown, or `follow` the prompt followed across steps and versions (`dashboard.sample_prompts`);
     `extra(view)` more parts (name -> (key, value)) that the view alone does not give; `shown` the version the
-    session's picker shows now (None: not known)."""
+    session's picker shows now (None: not known); `title(view)` the run's name that heads its header (renamed at any
+    time: read each tick, cheap)."""
     view = panel.view(run_id, visitor)
     if view.refresh_if_due() and hasattr(panel, "watch"):
         panel.watch.alerts(view)
@@ -77,6 +78,9 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     by_hand = isinstance(key, tuple) and bool(shown) and shown != key[1]
     parts["version_pick"] = (key if isinstance(key, tuple) and (key[1] == default or by_hand)
                              else (frame.digests["version_pick"], default), frame.values["version_pick"])
+    if title is not None:
+        name = title(view)
+        parts["status"] = ((parts["status"][0], name), dashboard.titled(frame.values["status"], name))
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
     rows = dashboard.shared_value(view, ("samples", pick, follow), lambda: _with_digest(
         dashboard.sample_rows(view, pick, follow)))
@@ -101,7 +105,8 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
         return {"cost": (cost, cost), "final": (final, final)}
 
     return dashboard_update(panel, run_id, state, visitor, role, query, x=axis, smoothing=smoothing,
-                            dollars=corners, pick=pick, extra=extra, follow=follow, shown=shown)
+                            dollars=corners, pick=pick, extra=extra, follow=follow, shown=shown,
+                            title=lambda view: panel.run_title(run_id, visitor, view))
 
 
 def _with_digest(value) -> tuple:

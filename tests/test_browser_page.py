@@ -15,6 +15,7 @@ import re
 import pytest
 
 from benchmarks.dashboard_scale import SyntheticRun
+from panel import notes_view
 from tests.browser_helpers import (
     CHROMIUM,
     open_runs_list,
@@ -229,7 +230,7 @@ def test_a_tag_set_in_the_page_is_saved_in_the_runs_folder_and_filters_the_list(
     run_id = run.spec.run_id
     pick_run(screen, run_id)
     screen.locator("#jump-bar a", has_text="Notes").click()
-    screen.locator("#notes-section").get_by_text("Notes and tags", exact=True).click()
+    screen.locator("#notes-section").get_by_text(notes_view.SECTION, exact=True).click()
     screen.locator("#notes-tags textarea, #notes-tags input").first.fill("baseline, #lr-sweep baseline")
     screen.locator("#notes-text textarea").fill("reward flat after step 20")
     screen.locator("#notes-save").click()
@@ -250,7 +251,7 @@ def test_a_tag_set_in_the_page_is_saved_in_the_runs_folder_and_filters_the_list(
                                      arg=run_id, timeout=30000)
     screen.reload()     # kept in the run's folder: a new page (the run in its address) shows them
     wait_for_text(screen, "run-status", re.escape(run_id), 60000)
-    screen.locator("#notes-section").get_by_text("Notes and tags", exact=True).click()
+    screen.locator("#notes-section").get_by_text(notes_view.SECTION, exact=True).click()
     screen.wait_for_function("() => document.querySelector('#notes-text textarea')?.value.includes('flat')",
                              timeout=30000)
 

@@ -1,5 +1,6 @@
-"""A run's notes and tags: saved in its folder (`runs/<id>/notes.json`) by who may cancel the run, shown and found
-in the runs list; bad input refused with nothing written; a file the panel did not write read with care."""
+"""A run's display name, notes and tags: saved in its folder (`runs/<id>/notes.json`) by who may cancel the run,
+shown and found in the runs list (the name also heads the run's header); bad input refused with nothing written; a
+file the panel did not write read with care."""
 
 import json
 import os
@@ -7,8 +8,18 @@ import os
 import pytest
 
 from backend.runs.access import Visitor
-from backend.runs.notes import MAX_FILE_BYTES, MAX_NOTE_CHARS, MAX_TAGS, NotesBook, notes_path, parse_tags
+from backend.runs.notes import (
+    MAX_FILE_BYTES,
+    MAX_NAME_CHARS,
+    MAX_NOTE_CHARS,
+    MAX_TAGS,
+    NotesBook,
+    notes_path,
+    parse_notes,
+    parse_tags,
+)
 from backend.storage.store import FolderStore
+from panel import live
 from panel.runs_list import RUNS_HEADERS
 from tests.fakehub import FakeUser
 from tests.helpers import launch_reviewed
@@ -98,3 +109,59 @@ def test_a_notes_file_the_panel_did_not_write_gives_only_what_is_well_formed(tmp
     (tmp_path / "runs" / "r3" / "notes.json").write_text("[not json")
     assert book.read(store, "b", "r2").tags == () and book.read(store, "b", "r3").tags == ()
     assert book.read(store, "b", "absent").tags == ()
+
+
+def test_the_runs_owner_renames_it_the_list_and_header_show_the_name_and_the_id_stays(hub, space_run):
+    panel, run_id = space_run
+    alice = Visitor(ALICE, "alice")
+    assert panel.save_notes(run_id, alice, "lr 5e-3 diverges", "baseline").startswith("Notes saved")
+    message = panel.rename_run(run_id, alice, "  lr 5e-3 · baseline (#2)  ")
+    assert message.startswith(f"Run {run_id} is now called `lr 5e-3 · baseline (#2)`"), message
+    record = stored(hub, run_id)
+    assert record["name"] == "lr 5e-3 · baseline (#2)", record
+    assert record["text"] == "lr 5e-3 diverges" and record["tags"] == ["baseline"], "a rename keeps the notes"
+    [(shown, cell)] = listed(panel, alice, "")
+    assert shown == run_id and cell == "lr 5e-3 · baseline (#2) · #baseline", cell
+    assert listed(panel, alice, "baseline (#2)") == [(run_id, cell)], "the filter finds the new name"
+    header = live.run_update(panel, run_id, {}, alice).values["status"]
+    assert header.startswith(f"### lr 5e-3 · baseline (\\#2) · Run `{run_id}` — **"), header
+    assert panel.save_notes(run_id, alice, "changed", "").startswith("Notes saved")
+    assert stored(hub, run_id)["name"] == "lr 5e-3 · baseline (#2)", "saving notes keeps the name"
+    assert panel.view(run_id, alice).run_id == run_id, "the run is still found by its id"
+    # An empty name goes back to the name the run was launched with.
+    assert "the name it was launched with" in panel.rename_run(run_id, alice, "")
+    assert stored(hub, run_id)["name"] == "" and "(#2)" not in listed(panel, alice, "")[0][1]
+    assert live.run_update(panel, run_id, {}, alice).values["status"].startswith(f"### math-lr · Run `{run_id}`")
+
+
+def test_a_visitor_who_cannot_cancel_the_run_cannot_rename_it(hub, space_run):
+    panel, run_id = space_run
+    assert panel.rename_run(run_id, Visitor(ALICE, "alice"), "mine").startswith(f"Run {run_id} is now called")
+    message = panel.rename_run(run_id, Visitor(DAVE, "dave"), "defaced")
+    assert message.startswith("**Not renamed.**") and "read-only" in message, message
+    assert panel.rename_run(run_id, Visitor(), "defaced").startswith("**Not renamed.**")
+    assert stored(hub, run_id)["name"] == "mine"
+
+
+@pytest.mark.parametrize("name, says", [
+    ("x" * (MAX_NAME_CHARS + 1), f"keep it to {MAX_NAME_CHARS}"),
+    ("two\nlines", "control or invisible character"),
+    ("tab\there", "control or invisible character"),
+    ("zero\u200bwidth", "control or invisible character"),
+    ("evil\u202egnp.exe", "control or invisible character"),
+    ("<img src=x onerror=alert(1)>", "not HTML"),
+    ("a <b>bold</b> name", "not HTML"),
+    ("run of " + "hf_" + "abcdefghijklmnopqrstuvwxyz0123", "looks like a token"),   # made up
+])
+def test_a_bad_name_is_refused_saying_what_to_change_and_nothing_is_written(hub, space_run, name, says):
+    panel, run_id = space_run
+    message = panel.rename_run(run_id, Visitor(ALICE, "alice"), name)
+    assert message.startswith("**Not renamed.**") and says in message, message
+    assert stored(hub, run_id) is None
+
+
+def test_a_name_in_a_file_that_could_not_have_been_saved_is_not_shown():
+    assert parse_notes(json.dumps({"name": "fine name", "tags": ["a"]}).encode()).name == "fine name"
+    for bad in ("<script>x</script>", "a\nb", "x" * (MAX_NAME_CHARS + 1), 7, None):
+        notes = parse_notes(json.dumps({"name": bad, "tags": ["a"]}).encode())
+        assert notes.name == "" and notes.tags == ("a",), bad

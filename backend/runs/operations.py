@@ -39,7 +39,7 @@ from backend.runs.budget import SpendWatch
 from backend.runs.directory import RunDirectory
 from backend.runs.hub_auth import bucket_problem, can_control, whoami_name
 from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
-from backend.runs.notes import NotesBook, RunNotes, checked_notes
+from backend.runs.notes import NotesBook, RunNotes, checked_name, checked_notes
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import ResumePlan
 from backend.runtime import layout, records
@@ -562,8 +562,16 @@ class Operations:
         registry, _ = self._registry_for_control(run_id, visitor)
         notes = checked_notes(text, tags)
         bucket = registry.run_bucket(run_id)
-        self.notes.write(registry.store_for(bucket), bucket, run_id, notes)
-        return notes
+        return self.notes.rewritten(registry.store_for(bucket), bucket, run_id, text=notes.text, tags=notes.tags)
+
+    def rename(self, run_id: str, visitor: Visitor, name: str) -> RunNotes:
+        """Give the run a display name (kept with its notes in its folder; "" goes back to the name it was launched
+        with); its id stays its id. Who may cancel the run may rename it (on a Space, the run's owner); raises
+        Refused, KeyError or NotesError (what to change), writing nothing."""
+        registry, _ = self._registry_for_control(run_id, visitor)
+        name = checked_name(name)
+        bucket = registry.run_bucket(run_id)
+        return self.notes.rewritten(registry.store_for(bucket), bucket, run_id, name=name)
 
     def _resume_plan(self, registry: RunRegistry, run_id: str) -> ResumePlan:
         plan = registry.resume_plan(run_id)
