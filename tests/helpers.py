@@ -65,15 +65,16 @@ def small_tmpfs(folder: str, size: str):
 
 @contextlib.contextmanager
 def served(panel):
-    """The panel's page on a real Gradio server in this process, and a client of it; both closed at the end."""
+    """The panel's page on a real Gradio server in this process (its style and script as app.py serves them), and
+    a client of it; both closed at the end."""
     from gradio_client import Client
 
-    from panel.ui import build_ui
+    from panel.ui import CSS, PAGE_JS, build_ui
 
     demo = build_ui(panel)
     port = free_port()
     demo.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
-                        run_history=False)
+                        run_history=False, css=CSS, js=PAGE_JS)
     client = None
     try:
         client = Client(f"http://127.0.0.1:{port}", verbose=False)

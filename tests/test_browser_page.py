@@ -14,17 +14,22 @@ import re
 
 import pytest
 
+from backend.outcome import try_it
+from backend.runtime import layout
 from benchmarks.dashboard_scale import SyntheticRun
 from panel import notes_view
 from tests.browser_helpers import (
     CHROMIUM,
+    keep_value,
     open_runs_list,
     pick_run,
     running_panel,
+    table_rows,
     tail,
     text_of,
     wait_for_text,
 )
+from tests.helpers import served
 
 pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
 
@@ -382,3 +387,115 @@ def test_a_runs_held_out_scores_download_as_a_csv_whose_rows_are_its_evaluation_
         for name, reward in record["rewards"].items():
             assert float(row[f"{name} mean"]) == pytest.approx(reward["mean"]), (row, name)
     assert sum(row["best"] == "yes" for row in rows) <= 1
+
+
+def _open_section(page, elem_id: str, title: str) -> None:
+    """Open the run's accordion `#elem_id` (its title `title`) unless it is open."""
+    page.locator(f"#{elem_id}").scroll_into_view_if_needed()
+    page.locator(f"#{elem_id}").get_by_text(title, exact=False).first.click()
+
+
+def test_a_run_renamed_in_the_page_keeps_the_name_in_its_folder_and_the_list_and_header_show_it(app, screen):
+    _, home, _ = app
+    run = SyntheticRun(str(home), 30).complete()
+    run_id = run.spec.run_id
+    pick_run(screen, run_id)
+    screen.locator("#jump-bar a", has_text="Notes").click()
+    _open_section(screen, "notes-section", notes_view.SECTION)
+    name = screen.locator("#run-name textarea, #run-name input").first
+    keep_value(screen, name, "<b>bold</b>", "the run's name")
+    screen.locator("#rename-btn").click()
+    wait_for_text(screen, "notes-msg", "Not renamed")
+    assert "not HTML" in text_of(screen, "notes-msg")
+    assert not os.path.exists(os.path.join(run.run_dir, "notes.json")), "a refused name writes nothing"
+    keep_value(screen, name, "lr 3e-4 · warm-up 10", "the run's name")
+    screen.locator("#rename-btn").click()
+    wait_for_text(screen, "notes-msg", "is now called")
+    with open(os.path.join(run.run_dir, "notes.json")) as f:
+        assert json.load(f)["name"] == "lr 3e-4 · warm-up 10"
+    status = wait_for_text(screen, "run-status", re.escape("lr 3e-4 · warm-up 10 · Run " + run_id))
+    assert "<b>" not in status
+    open_runs_list(screen)
+    wait_for_text(screen, "runs-table", re.escape("lr 3e-4 · warm-up 10"))
+    [row] = [r for r in table_rows(screen, "runs-table") if r and r[0] == run_id]
+    assert row[1] == "lr 3e-4 · warm-up 10", row
+    screen.reload()     # kept in the run's folder: a new page (the run in its address) shows it
+    wait_for_text(screen, "run-status", re.escape("lr 3e-4 · warm-up 10 · Run " + run_id), 60000)
+
+
+# The ★ of the best version in the adapters table, where the page draws it: its box, and the right edges of the
+# table and the window it must stand within.
+STAR_BOX = """() => {
+    const table = document.getElementById('adapters-table');
+    const walker = document.createTreeWalker(table, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        const i = n.textContent.indexOf('\u2605');
+        if (i < 0) continue;
+        const range = document.createRange();
+        range.setStart(n, i); range.setEnd(n, i + 1);
+        const r = range.getBoundingClientRect();
+        return {left: r.left, right: r.right, table: table.getBoundingClientRect().right, window: window.innerWidth};
+    }
+    return null;
+}"""
+
+
+def test_the_best_versions_star_is_in_view_in_the_adapters_table_on_a_phone(app, browser):
+    url, home, _ = app
+    run = SyntheticRun(str(home), 60, evals=True).complete()
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        pick_run(page, run.spec.run_id)
+        page.locator("#jump-bar a", has_text="Adapters").click()
+        page.wait_for_function(f"() => ({STAR_BOX})() !== null", timeout=30000)
+        star = page.evaluate(STAR_BOX)
+        assert 0 <= star["left"] and star["right"] <= min(star["table"], star["window"]), \
+            f"the best version's star at {star}: off the table's visible width"
+    finally:
+        page.close()
+
+
+def test_try_its_answers_show_every_picked_version_side_by_side_at_1440(panel, browser, monkeypatch, no_hub_login):
+    """The page on a Gradio server in this process (its Try it answered by a stand-in for the model worker, as in
+    test_best_version): three versions' long answers each get a column within the section's width."""
+    def worker(box, scratch, base, adapters, with_base, messages, tokens, state, budget_s=None):
+        for label in state.routes:
+            state.answers[label] = f"{label}: " + "an answer that goes on about the problem at hand, " * 6
+        yield state
+
+    monkeypatch.setattr(try_it, "_run_worker", worker)
+    run = SyntheticRun(panel.settings.home, 60, evals=True).complete()
+    base = os.path.join(run.run_dir, layout.BASE_MODEL_DIR)
+    os.makedirs(base)
+    for name, data in (("config.json", b"{}"), ("model.safetensors", b"weights")):
+        with open(os.path.join(base, name), "wb") as f:
+            f.write(data)
+    with served(panel) as client:
+        page = browser.new_page(viewport=SCREEN)
+        try:
+            page.goto(f"{client.url}/?run={run.spec.run_id}")
+            wait_for_text(page, "run-status", "COMPLETED", 60000)
+            _open_section(page, "try-section", "Try it: one prompt")
+            page.locator("#try-prompt textarea").fill("What is 2+2?")
+            page.locator("#try-picks input").first.click()
+            page.locator("#try-picks").get_by_text("trl-policy-v1 ·").click()
+            page.keyboard.press("Escape")
+            page.locator("#try-btn").click()
+            wait_for_text(page, "try-msg", "done", 60000)
+            page.locator("#try-answers").scroll_into_view_if_needed()
+            heads = page.evaluate("""() => {
+                const t = document.getElementById('try-answers').getBoundingClientRect();
+                return Array.from(document.querySelectorAll('#try-answers [role=columnheader]')).map((c) => {
+                    const r = c.getBoundingClientRect();
+                    return {text: c.innerText.trim(), left: r.left, right: r.right, table: t.right,
+                            window: window.innerWidth};
+                });
+            }""")
+        finally:
+            page.close()
+    assert [h["text"] for h in heads][1:] == ["base model", "best", "trl-policy-v1"], heads
+    for head in heads:
+        assert 0 <= head["left"] and head["right"] <= min(head["table"], head["window"]) + 1, \
+            f"column {head['text']!r} at {head}: cut off"
