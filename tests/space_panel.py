@@ -17,6 +17,7 @@ CLIENT_SECRET = "fake-oauth-client-secret"
 ALICE = "hf_oauth_aliceSpaceVisitor00000000000"
 BOB = "hf_oauth_bobSpaceVisitor0000000000000"
 CAROL = "hf_oauth_carolSpaceVisitor000000000000"
+DAVE = "hf_oauth_daveSpaceVisitorReadsAcme0000"     # reads the acme org's runs, may change none of them
 PLANTED = "hf_" + "PlAnTeDiNaLoGlInEpLaNtEdInAlOgLiN"
 UPLOAD_MB = 1       # the Space's GRPO_PANEL_MAX_UPLOAD_MB
 OAUTH_MINUTES = int(re.search(r"^hf_oauth_expiration_minutes: (\d+)$",
@@ -27,7 +28,7 @@ OAUTH_MINUTES = int(re.search(r"^hf_oauth_expiration_minutes: (\d+)$",
 def hub():
     """The fake Hub of this file's Space (not pointed at from this process: the Space is another process)."""
     with FakeHub(users={ALICE: FakeUser("alice", {"acme": "write"}), BOB: FakeUser("bob", {"acme": "write"}),
-                        CAROL: FakeUser("carol")}).start() as fake:
+                        CAROL: FakeUser("carol"), DAVE: FakeUser("dave", {"acme": "read"})}).start() as fake:
         yield fake
 
 

@@ -218,7 +218,7 @@ def test_a_row_click_opens_a_failed_run_with_its_cause_on_top_and_its_address_re
     status = wait_for_text(page, "run-status", re.escape(run_id))
     _screenshot(page, "runs.png", "runs-query")
     lines = [line for line in status.splitlines() if line.strip()]
-    title = next(i for i, line in enumerate(lines) if line.startswith(f"Run {run_id}"))
+    title = next(i for i, line in enumerate(lines) if line.startswith(f"broken-interpreter · Run {run_id}"))
     assert lines[title + 1] == f"✗ Failed: trainer: exited with code 127; see the log — {CAUSE}", lines[:4]
     page.wait_for_function("(id) => new URL(window.location.href).searchParams.get('run') === id", arg=run_id,
                            timeout=30000)

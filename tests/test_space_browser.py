@@ -13,17 +13,20 @@ import time
 
 import pytest
 
+from panel import notes_view
 from tests import space_panel
 from tests.browser_helpers import (
     CHROMIUM,
     field_box,
+    keep_value,
+    pick_run,
     space_session_cookie,
     tail,
     text_of,
     wait_for_text,
 )
 from tests.fakehub import wait_until
-from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, OAUTH_MINUTES, PLANTED, UPLOAD_MB
+from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, DAVE, OAUTH_MINUTES, PLANTED, UPLOAD_MB
 
 pytestmark = pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
@@ -148,6 +151,36 @@ def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothi
     wait_for_text(bob, "action-msg", "cancel requested")
     wait_until(lambda: job.stage == "CANCELED", timeout=10)
     assert [r.user for r in hub.requests if r.path.endswith(f"{job.id}/cancel")] == ["bob"]
+
+
+def _rename(page, run_id: str, name: str) -> str:
+    """Open the run, type `name` into its *Name* field and click *Rename*: the message the page answers."""
+    pick_run(page, run_id)
+    page.locator("#jump-bar a", has_text="Notes").click()
+    page.locator("#notes-section").get_by_text(notes_view.SECTION, exact=True).click()
+    keep_value(page, page.locator("#run-name textarea, #run-name input").first, name, "the run's name")
+    page.locator("#rename-btn").click()
+    return wait_for_text(page, "notes-msg", "renamed|is now called")
+
+
+def test_a_visitor_who_may_not_change_a_run_cannot_rename_it_through_the_page(visit, hub):
+    alice = visit(ALICE, "alice")
+    _open_hardware(alice)
+    field_box(alice, "bucket").fill("acme/grpo-runs")
+    field_box(alice, "bucket").press("Tab")
+    run_id = _run_id(_launch_reviewed(alice)[1])
+    notes = f"runs/{run_id}/notes.json"
+    dave = visit(DAVE, "dave")      # sees the acme org's runs, changes none
+    message = _rename(dave, run_id, "defaced")
+    assert message.startswith("Not renamed") and "read-only" in message, message
+    assert notes not in hub.buckets["acme/grpo-runs"].files, "a refused rename writes nothing"
+    assert _rename(alice, run_id, "alice's baseline").startswith(f"Run {run_id} is now called")
+    assert json.loads(hub.buckets["acme/grpo-runs"].files[notes].data)["name"] == "alice's baseline"
+    wait_for_text(alice, "run-status", re.escape(f"alice's baseline · Run {run_id}"))
+    dave.locator("#rename-btn").click()     # again, now that the run has a name: still refused, the name kept
+    dave.wait_for_timeout(2000)
+    assert "read-only" in text_of(dave, "notes-msg")
+    assert json.loads(hub.buckets["acme/grpo-runs"].files[notes].data)["name"] == "alice's baseline"
 
 
 def _finish(hub, run_id: str, bucket: str = "alice/grpo-runs") -> None:
