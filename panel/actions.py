@@ -391,9 +391,11 @@ class Panel:
         return f"Run {run_id} is now called {code_span(notes.name)} (saved in its folder; its id stays {run_id})."
 
     def run_title(self, run_id: str, visitor: Visitor | str | None, view: RunView | None = None) -> str:
-        """The run's name as its header shows it: its display name, else the name it was launched with."""
+        """The run's name as its header shows it: its display name, else the name it was launched with ("" where
+        that is its id, which the header shows anyway)."""
         view = view or self.view(run_id, visitor)
-        return self.run_notes(run_id, visitor).name or str((view.spec or {}).get("name") or "")
+        name = self.run_notes(run_id, visitor).name or str((view.spec or {}).get("name") or "")
+        return "" if name == run_id else name
 
     def _forget_rows(self, run_id: str) -> None:
         """The runs list shows the run's new name and tags at its next tick, not its kept row."""
