@@ -339,6 +339,7 @@ def test_a_sync_bound_runs_sync_chart_stands_beside_its_key_charts_on_the_first_
         assert on_first_screen(screen, elem_id), f"#{elem_id} at {box(screen, elem_id)}, below 900 px"
     rows = {box(screen, elem_id)["top"] for elem_id in ("reward-plot", "heldout-plot", "bottleneck-plot")}
     assert len(rows) == 1, f"the bottleneck's chart is not in the key charts' row: tops {rows}"
+    open_runs_list(screen)                      # folded away once a run opened
     pick_run(screen, finished.spec.run_id)      # no verdict (too few timed steps): the key charts alone
     screen.locator("#bottleneck-plot").wait_for(state="hidden", timeout=30000)
 
