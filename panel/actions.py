@@ -108,6 +108,7 @@ class LaunchResult:
     preview: Preview | None = None     # when the launch asks for a (new) review instead
     fields: tuple[str, ...] = ()       # the form fields to fix, when the launch was refused for them
     run_ids: tuple[str, ...] = ()      # a sweep's members, m0 first (`run_id` is m0's)
+    sweep_id: str | None = None        # the sweep launched
 
     def __iter__(self):
         """Unpacks as `message, run_id`, the two things a script wants to know."""
@@ -757,7 +758,8 @@ def _sweep_launched(answer: LaunchedSweep) -> LaunchResult:
              if members[0].spec.fleet else "")
     return LaunchResult(f"Launched sweep **{answer.sweep.sweep_id}**: {len(members)} member runs: "
                         f"{said}.{fleet}{notes}",
-                        members[0].spec.run_id, run_ids=tuple(m.spec.run_id for m in members))
+                        members[0].spec.run_id, run_ids=tuple(m.spec.run_id for m in members),
+                        sweep_id=answer.sweep.sweep_id)
 
 
 def _reason(exc: Exception) -> str:

@@ -34,7 +34,9 @@ from starlette.routing import Mount
 from backend.plan.spec import FieldError, RunSpec, SpecError
 from backend.runs.access import ANONYMOUS, Refused, Visitor
 from backend.runs.launch import LaunchError
+from backend.runs.operations import SweepForm
 from backend.runtime.redact import redact_record, redact_tokens
+from backend.view.sweep import RANK_HEADERS, rank_rows
 from panel.actions import Panel
 from panel.presets import PRESETS, preset_values
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
@@ -209,12 +211,120 @@ class PanelTools:
         return {"run_id": run_id, "cancelled_jobs": stopped,
                 "message": f"Cancel requested for {len(stopped)} job(s)." if stopped else "No running job to cancel."}
 
+    @tool
+    def preview_sweep(self, ctx: Context, swept: dict, settings: dict | None = None, preset: str = "",
+                      grid: bool = True, early_stop_after: int = 0) -> dict:
+        """What a sweep would launch: its members (each an ordinary distributed run), the fleet they need, the most
+        they can cost in all and, where billed, the review code launch_sweep needs; or the fields to fix. Nothing is
+        launched.
+
+        Args:
+            swept: one to three launch-form fields and their values, e.g. {"learning_rate": [0.0001, 0.0005]}
+            settings: RunSpec fields over the preset (a sweep's base run: distributed), as for preview_run
+            preset: a preset of the launch form; empty: the form's first one
+            grid: every combination of the values (true), or the lists side by side (false: equal lengths)
+            early_stop_after: K > 0 stops the worse half of the members after every K held-out versions each
+                (successive halving, while the panel's Sweep tab shows the sweep); 0: members stopped by hand only
+        """
+        who = self.visitor(ctx)
+        try:
+            values = _guarded(lambda: form_values(self.panel, who, settings or {}, preset), SpecError)
+            form = sweep_form(swept, grid, early_stop_after)
+        except SpecError as exc:
+            return {"ok": False, "preview": redact_tokens(str(exc)), "review_code": None, "sweep_id": None,
+                    "run_ids": [], "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
+        shown = _guarded(lambda: self.panel.preview(values, who, sweep=form))
+        ok = not shown.fields and bool(shown.run_ids)
+        return {"ok": ok, "preview": shown.markdown, "review_code": shown.fingerprint if ok else None,
+                "sweep_id": shown.sweep_id, "run_ids": list(shown.run_ids), "fields_to_fix": list(shown.fields)}
+
+    @tool
+    def launch_sweep(self, ctx: Context, swept: dict, settings: dict | None = None, preset: str = "",
+                     grid: bool = True, early_stop_after: int = 0, review_code: str = "", sweep_id: str = "",
+                     run_ids: list[str] | None = None) -> dict:
+        """Launch a sweep's members as one. On a billed engine it goes ahead only with the review code
+        preview_sweep returned for exactly these arguments; without it, or after a change, nothing is launched and
+        a fresh review code comes back.
+
+        Args:
+            swept: the same swept fields and values as given to preview_sweep
+            settings: the same RunSpec fields as given to preview_sweep
+            preset: the same preset as given to preview_sweep
+            grid: the same as given to preview_sweep
+            early_stop_after: the same as given to preview_sweep
+            review_code: the review code preview_sweep returned
+            sweep_id: the sweep id preview_sweep returned, so the launched sweep is the previewed one
+            run_ids: the members' run ids preview_sweep returned (m0 first)
+        """
+        who = self.visitor(ctx)
+        try:
+            values = _guarded(lambda: form_values(self.panel, who, settings or {}, preset), SpecError)
+            form = sweep_form(swept, grid, early_stop_after, sweep_id, run_ids)
+        except SpecError as exc:
+            return {"launched": False, "sweep_id": None, "run_ids": [],
+                    "message": redact_tokens(f"Not launched: {exc}"),
+                    "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
+        result = _guarded(lambda: self.panel.launch(values, who, confirmed=review_code or None, sweep=form))
+        answer = {"launched": bool(result.run_ids), "sweep_id": result.sweep_id,
+                  "run_ids": list(result.run_ids), "message": result.message, "fields_to_fix": list(result.fields)}
+        if result.preview is not None:
+            answer.update(review_code=result.preview.fingerprint, previewed_sweep_id=result.preview.sweep_id,
+                          previewed_run_ids=list(result.preview.run_ids))
+        return answer
+
+    @tool
+    def sweep_status(self, ctx: Context, run_id: str) -> dict:
+        """The sweep a run is a member of: its members ranked best first by best held-out score (as the Sweep tab
+        ranks them), its shared fleet's id where it has one, and its early-stop rule. Reads only: it stops nothing.
+
+        Args:
+            run_id: the run id of any member of the sweep
+        """
+        from panel.sweep_view import members_of  # noqa: PLC0415 the Sweep tab's module loads plotly
+
+        who = self.visitor(ctx)
+        record, members = _guarded(lambda: members_of(self.panel, run_id, who, fresh=True))
+        rows = rank_rows([member for member, _ in members])
+        return redact_record({"sweep_id": record["sweep_id"], "fleet": record["fleet"] or None,
+                              "early_stop_after": record["early_stop_after"],
+                              "ranking": [dict(zip(RANK_HEADERS, row)) for row in rows]})
+
+    @tool
+    def cancel_sweep(self, ctx: Context, run_id: str) -> dict:
+        """Cancel every member of the sweep a run is a member of (each as cancel_run would), then its shared fleet.
+
+        Args:
+            run_id: the run id of any member of the sweep
+        """
+        who = self.visitor(ctx)
+        sweep_id, stopped, fleet = _guarded(lambda: self.panel.operations.cancel_sweep(run_id, who))
+        return {"sweep_id": sweep_id, "cancelled_jobs": stopped,
+                "fleet": {"run_id": fleet[0], "cancelled_jobs": fleet[1]} if fleet else None}
+
+
+def sweep_form(swept, grid: bool, early_stop_after, sweep_id: str = "", run_ids=None) -> SweepForm:
+    """The launch form's sweep from a tool call's arguments: each swept field's values as the form's text (commas;
+    semicolons where a value holds a comma); refused (SpecError, by field) where the shape is not a sweep's."""
+    if not isinstance(swept, dict) or not swept:
+        raise SpecError([FieldError("swept", 'name one to three fields and their values, e.g. '
+                                             '{"learning_rate": [0.0001, 0.0005]}')])
+    if isinstance(early_stop_after, bool) or not isinstance(early_stop_after, int):
+        raise SpecError([FieldError("early_stop_after", "must be a whole number (0: stop members by hand only)")])
+    if run_ids is not None and (not isinstance(run_ids, list) or not all(isinstance(r, str) for r in run_ids)):
+        raise SpecError([FieldError("run_ids", "must be the list of run ids preview_sweep returned")])
+    rows = []
+    for name, values in swept.items():
+        parts = [str(v) for v in values] if isinstance(values, list) else [str(values)]
+        rows.append((str(name), ("; " if any("," in part for part in parts) else ", ").join(parts)))
+    return SweepForm(tuple(rows), bool(grid), str(sweep_id or ""), tuple(run_ids or ()), early_stop_after)
+
 
 def build_server(panel: Panel) -> MCPServer:
     """The MCP server of `panel`'s tools (TOOLS)."""
     server = MCPServer("grpo-panel", instructions=(
         "GRPO + LoRA runs: list them, read a run's status, metrics and adapters; preview a run (its jobs, cost and "
-        "review code), launch it with that review code, cancel it. " + SIGN_IN))
+        "review code), launch it with that review code, cancel it; the same for a sweep of runs, and its ranking. "
+        + SIGN_IN))
     tools = PanelTools(panel)
     for name in TOOLS:
         server.add_tool(getattr(tools, name))

@@ -119,3 +119,57 @@ def test_every_token_shape_is_masked_in_an_agents_run_status(space, hub):
     assert status["jobs"]["trainer"]["stage"] == "ERROR" and "exit code 1" in shown and "OSError" in shown, shown
     for token in TOKEN_SHAPES:
         assert token not in shown, token
+
+
+def test_an_agent_previews_launches_ranks_and_cancels_a_sweep_over_mcp(space, hub):
+    """A sweep over MCP as on the page: refused shapes name their field and launch nothing, a launch needs the
+    review code of exactly this sweep, sweep_status ranks its members, another visitor neither reads nor cancels it,
+    cancel_sweep stops every member's jobs."""
+    url, _ = space
+    settings = {"mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1", "max_steps": 5, "name": "mcp-sweep"}
+    swept = {"learning_rate": [0.0001, 0.0005]}
+    before = len(hub.job_posts())
+    preview, unreviewed, fleet_field, hidden, shapeless, twice = as_alice(
+        url, ("preview_sweep", {"swept": swept, "settings": settings}),
+        ("launch_sweep", {"swept": swept, "settings": settings}),
+        ("preview_sweep", {"swept": {"replicas": [1, 2]}, "settings": settings}),
+        ("preview_sweep", {"swept": swept, "settings": {**settings, "image": "evil/miner"}}),
+        ("preview_sweep", {"swept": ["learning_rate"], "settings": settings}),
+        ("preview_sweep", {"swept": {"learning_rate": [0.0001, 0.0001]}, "settings": settings}))
+    assert preview["ok"] and preview["review_code"] and len(preview["run_ids"]) == 2, preview
+    assert preview["sweep_id"] in preview["preview"] and all(r in preview["preview"] for r in preview["run_ids"])
+    assert not unreviewed["launched"] and unreviewed["review_code"] and not unreviewed["run_ids"], unreviewed
+    assert not fleet_field["ok"] and "replicas" in fleet_field["fields_to_fix"], fleet_field
+    assert not hidden["ok"] and hidden["fields_to_fix"] == ["image"], hidden
+    assert "swept" in shapeless["error"], shapeless      # the tool's input schema (a dict) refuses it first
+    assert not twice["ok"] and "learning_rate" in twice["fields_to_fix"], twice
+    assert len(hub.job_posts()) == before, "no preview and no unreviewed launch submits a job"
+
+    reviewed = {"swept": swept, "settings": settings, "review_code": preview["review_code"],
+                "sweep_id": preview["sweep_id"], "run_ids": preview["run_ids"]}
+    [changed] = as_alice(url, ("launch_sweep", {**reviewed, "settings": {**settings, "max_steps": 6}}))
+    assert not changed["launched"] and len(hub.job_posts()) == before, changed
+    [launched] = as_alice(url, ("launch_sweep", reviewed))
+    assert launched["launched"] and launched["run_ids"] == preview["run_ids"], launched
+    assert launched["sweep_id"] == preview["sweep_id"]
+    posted = [r.json["labels"] for r in hub.job_posts()[before:]]
+    assert sorted((labels[LABEL_RUN], labels["grpo-panel-role"]) for labels in posted) == sorted(
+        (run_id, role) for run_id in preview["run_ids"] for role in ("trainer", "vllm-0")), posted
+
+    [status] = as_alice(url, ("sweep_status", {"run_id": preview["run_ids"][1]}))
+    assert status["sweep_id"] == preview["sweep_id"] and status["early_stop_after"] == 0, status
+    assert [(row["member"], row["run"]) for row in status["ranking"]] == list(zip(("m0", "m1"), preview["run_ids"]))
+    assert "learning_rate=0.0005" in status["ranking"][1]["settings"], status["ranking"]
+    refused = mcp_session(url, [("sweep_status", {"run_id": preview["run_ids"][0]}),
+                                ("cancel_sweep", {"run_id": preview["run_ids"][0]})],
+                          {"Authorization": f"Bearer {CAROL}"})
+    assert all("error" in answer for answer in refused), refused
+    assert all(job.stage != "CANCELED" for job in hub.run_jobs.values()
+               if job.spec["labels"].get(LABEL_RUN) in preview["run_ids"])
+    [cancelled] = as_alice(url, ("cancel_sweep", {"run_id": preview["run_ids"][0]}))
+    assert cancelled["sweep_id"] == preview["sweep_id"] and cancelled["fleet"] is None, cancelled
+    assert sorted(cancelled["cancelled_jobs"]) == sorted(preview["run_ids"])
+    assert all(len(ids) == 2 for ids in cancelled["cancelled_jobs"].values()), cancelled
+    wait_until(lambda: all(job.stage == "CANCELED" for job in hub.run_jobs.values()
+                           if job.spec["labels"].get(LABEL_RUN) in preview["run_ids"]), what="every member cancelled")
+    assert ALICE not in json.dumps([preview, unreviewed, launched, status, cancelled])
