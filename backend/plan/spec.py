@@ -225,8 +225,10 @@ class RunSpec:
         "label": "vLLM replicas", "section": DISTRIBUTED, "limits": (1, 16),
         "help": "vLLM server jobs generating for the trainer, behind its proxy"})
     max_staleness: int = field(default=1, metadata={
-        "label": "Max staleness", "section": DISTRIBUTED, "limits": (0, 16),
-        "help": "vLLM keeps max_staleness + 2 adapters; 0: rollouts always use the newest policy"})
+        "label": "Max staleness", "section": DISTRIBUTED, "limits": (1, 16),
+        "help": "vLLM keeps max_staleness + 2 adapters; at least 1: TRL's async trainer unloads the previous "
+                "version before its rollout worker moves to the new one, so with 0 a rollout in flight asks for an "
+                "unloaded adapter and the run fails"})
     vllm_flavor: str = field(default="l4x1", metadata={
         "label": "Replica flavor", "section": DISTRIBUTED, "widget": "flavor",
         "help": "HF Jobs hardware of each replica"})

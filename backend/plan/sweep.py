@@ -29,8 +29,9 @@ MAX_SWEPT_FIELDS = 3
 # the weights of an adapter of --max-lora-rank on every target module, and batches at most --max-loras adapters per
 # step: past this the reserve crowds out the KV cache of a small GPU. A sweep that needs more runs fewer members.
 MAX_FLEET_LORA_SLOTS = 32
-# Members a sweep may have: each holds at least 2 slots (max_staleness 0). Checked before any combination is made, so a
-# long value list (a visitor's input) never builds its grid.
+# Members a sweep may have, checked before any combination is made, so a long value list (a visitor's input) never
+# builds its grid: a bound above what the slots allow (each member holds at least 3: max_staleness 1 + 2), which the
+# slots check then refuses with the field named.
 MAX_MEMBERS = MAX_FLEET_LORA_SLOTS // 2
 # The early-stop rule's K (successive halving after K held-out versions each): 0 stops members by hand only.
 MAX_EARLY_STOP_AFTER = 1000
