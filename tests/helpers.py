@@ -17,6 +17,13 @@ def files_under(path) -> list[str]:
     return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]
 
 
+
+def answer_cells(table: dict) -> dict[str, tuple]:
+    """Try it's answer table as a Gradio client receives it (the table itself, or an update that carries it with
+    its column widths), as {column: its cells}."""
+    table = table["value"] if "headers" not in table and isinstance(table.get("value"), dict) else table
+    return dict(zip(table["headers"], zip(*table["data"])))
+
 def launch_reviewed(panel, form: dict, visitor=None):
     """Preview, then launch exactly what was previewed, as a visitor ticking the review box does. Returns (the launch's
     result, the preview shown)."""

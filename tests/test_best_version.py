@@ -31,7 +31,7 @@ from panel.actions import Panel, Settings
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
 
-from tests.helpers import served
+from tests.helpers import answer_cells, served
 
 SCORES = {1: 0.10, 2: 0.22, 3: 0.31, 4: 0.35, 5: 0.41, 6: 0.44, 7: 0.52, 8: 0.47, 9: 0.45, 10: 0.49}
 BEST_BYTES = b"the best version's weights, kept in best/"
@@ -138,7 +138,7 @@ def test_any_version_downloads_through_the_page_and_a_version_the_run_never_publ
         answer = client.predict(run_id, "2+2?", ["trl-policy-v99", "base"], 16, api_name="/on_try")
         assert answer[0].startswith("✅"), answer
         table = answer[1]
-        cells = dict(zip(table["headers"], zip(*table["data"])))
+        cells = answer_cells(table)
         assert "published no adapter 'trl-policy-v99'" in cells["trl-policy-v99"][0]
         assert "base-model/ folder holds no model yet" in cells["base model"][0], cells
 
@@ -263,7 +263,7 @@ def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(pa
             first = alice.submit(run_id, "first", ["base"], 8, api_name="/on_try")
             _outputs_until(first, lambda m: "Loading the base model" in m)
             _message, table = alice.predict(run_id, "again", ["base"], 8, api_name="/on_try")
-            assert "one try at a time per visitor" in table["data"][0][1], table
+            assert "one try at a time per visitor" in answer_cells(table)["base model"][0], table
             second = bob.submit(run_id, "second", ["base"], 8, api_name="/on_try")
             assert _outputs_until(second, lambda m: "in line" in m).startswith("⏳ 1st in line for this panel's CPU")
             third = carol.submit(run_id, "third", ["base"], 8, api_name="/on_try")
@@ -273,9 +273,9 @@ def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(pa
             release.set()
             message, table = third.result(timeout=120)
             assert message.startswith("✅"), message
-            assert dict(zip(table["headers"], zip(*table["data"])))["base model"][0] == "answer to third"
+            assert answer_cells(table)["base model"][0] == "answer to third"
             message, table = first.result(timeout=120)
-            assert dict(zip(table["headers"], zip(*table["data"])))["base model"][0] == "answer to first"
+            assert answer_cells(table)["base model"][0] == "answer to first"
             assert ran == ["first", "third"], "bob's try, given up in line, never ran; alice's second was refused"
         finally:
             release.set()

@@ -16,6 +16,7 @@ import pytest
 from backend.runtime import layout
 from backend.storage.store import FolderStore
 from tests.fakehub import FakeUser
+from tests.helpers import answer_cells
 from tests.test_best_version import SyntheticRun, downloaded, served, write_evals
 
 SECRET = b"planted-outside-secret-" + b"Qx71" * 6
@@ -162,5 +163,5 @@ def test_try_it_never_loads_a_base_model_through_a_link_in_the_run_folder(linked
     os.symlink(str(outside / "secret.txt"), os.path.join(base, "model.safetensors"))
     with served(panel) as client:
         _message, table = client.predict(run.spec.run_id, "2+2?", ["base"], 8, api_name="/on_try")
-    cells = dict(zip(table["headers"], zip(*table["data"])))
+    cells = answer_cells(table)
     assert "base-model/ folder holds links, which a try never follows" in cells["base model"][0], cells

@@ -508,6 +508,7 @@ def test_try_it_without_a_sandbox_loads_nothing_and_says_how_to_fix_it(tmp_path,
     """Through the page (a real Gradio server): a CPU try refused, nothing staged or started."""
     from backend.outcome import try_it
     from backend.task.sandbox import NOT_INSTALLED, no_sandbox
+    from tests.helpers import answer_cells
     from tests.test_best_version import SyntheticRun, served
 
     monkeypatch.setattr(try_it, "local_sandbox", lambda: no_sandbox(NOT_INSTALLED, "bubblewrap is not installed"))
@@ -520,7 +521,7 @@ def test_try_it_without_a_sandbox_loads_nothing_and_says_how_to_fix_it(tmp_path,
             f.write(data)
     with served(panel) as client:
         _message, table = client.predict(run.spec.run_id, "2+2?", ["base", "trl-policy-v3"], 8, api_name="/on_try")
-    cells = dict(zip(table["headers"], zip(*table["data"])))
+    cells = answer_cells(table)
     for pick in ("base model", "trl-policy-v3"):
         assert "No sandbox on this machine: bubblewrap is not installed" in cells[pick][0], cells
         assert "apt-get install bubblewrap" in cells[pick][0] and "GRPO_PANEL_ALLOW_UNSANDBOXED" in cells[pick][0]
