@@ -392,6 +392,7 @@ def pytest_sessionstart(session):
 
 def pytest_sessionfinish(session):
     session.config.stash[BASETEMP] = session_basetemp(session.config)   # gone from the config by cleanup time
+    remove_download_folders(session.config.stash[BASETEMP])
     if on_xdist_worker(session.config):
         # A worker's own processes and tmp folder, checked now: its fixtures are torn down, and what it sends the
         # controller (workeroutput, with the "finished" message after this hook) is the only way to fail the run.
@@ -403,6 +404,26 @@ def pytest_sessionfinish(session):
 def pytest_testnodedown(node, error):
     lines = getattr(node, "workeroutput", {}).get(LEAKED) or []
     node.config.stash.setdefault(WORKER_LEAKS, []).extend(f"[{node.gateway.id}] {line}" for line in lines)
+
+
+def remove_download_folders(basetemp: str | None) -> list[str]:
+    """Remove the download folders (`panel.actions.downloads_folder`: in the system's temp dir, one per panel home)
+    of every panel home under this session's tmp folder: they are outside it, and would pile up run after run.
+    Returns the folders removed."""
+    if not basetemp or not os.path.isdir(basetemp):
+        return []
+    import shutil
+
+    from panel.actions import downloads_folder
+
+    removed = []
+    for folder, subfolders, _ in os.walk(basetemp):
+        downloads = downloads_folder(folder)
+        if os.path.isdir(downloads) and not os.path.islink(downloads):
+            shutil.rmtree(downloads, ignore_errors=True)
+            removed.append(downloads)
+        subfolders[:] = [name for name in subfolders if name not in ("runs", ".vllm_lora", "checkpoints")]
+    return removed
 
 
 def end_of_session_check(config) -> None:
