@@ -247,15 +247,19 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
 def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Executor, store: BucketStore,
                  secrets: dict[str, str] | None = None, journal: LaunchJournal | None = None) -> LaunchedFleet:
     """Start a sweep's one replica fleet (`recipe.FleetJobs`), before its members' trainers: its runtime code and
-    record into `runs/<fleet>/` (`fleet.json`: the sweep, its members, the slots and rank), then its replica jobs,
+    record into `runs/<fleet>/` (`fleet.json`: the sweep, its members, the slots and rank, its name and attempts),
+    then its replica jobs,
     journaled as a run's launch is. A submission that fails cancels what it started (`submit_jobs`)."""
     where = engine(executor.name)
     fleet = recipe.FleetJobs(tuple(members), slots, rank)
     spec = fleet.spec
     fleet = dataclasses.replace(fleet, place=where.placement(spec, preview=False))
     prefix = layout.run_prefix(spec.run_id)
+    # What the fleet's own readers need of a spec (it has no spec.json): its name and mode for the runs list, its
+    # replicas' attempts for their end events (`runtime.serve_replica`).
     record = {"sweep_id": members[0].sweep_id, "members": {m.sweep_member: m.run_id for m in members},
-              "max_loras": slots, "max_lora_rank": rank}
+              "max_loras": slots, "max_lora_rank": rank, "name": spec.name, "mode": spec.mode,
+              "executor": executor.name, "attempts": spec.attempts}
     try:
         store.ensure_bucket()
         store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")

@@ -537,7 +537,8 @@ class Operations:
             spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
             cost=self.estimate(jobs, visitor) if where.billed else None,
             expiry=token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None,
-            note=where.preview_note(spec, self.local.bucket_root))
+            # A member resumed after its fleet ended starts its own replicas: its note is a lone run's.
+            note=where.preview_note(spec if on_fleet else replace(spec, fleet=""), self.local.bucket_root))
 
     def _check_token_lifetime(self, where: Engine, visitor: Visitor, spec: RunSpec) -> None:
         expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None
