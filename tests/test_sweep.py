@@ -1,6 +1,8 @@
 """A sweep (backend/plan/sweep.py): base settings and swept fields -> member runs on one fleet, or refusals that
 name the field."""
 
+import shlex
+
 import pytest
 
 from backend.plan.spec import RunSpec, SpecError
@@ -198,10 +200,55 @@ def test_a_local_sweeps_members_share_one_fleet_started_once_and_a_sweep_elsewhe
     assert [j.role for j in preview_jobs(lone)] == ["vllm-0", "vllm-1", "trainer"], "a lone run is unchanged"
     assert "--max-loras 3 " in preview_jobs(lone)[0].command[-1] and "GRPO_FLEET_DIR" not in preview_jobs(lone)[2].env
 
-    elsewhere = SweepSpec(base(executor="hf_jobs", vllm_flavor="l4x1", flavor="a10g-small"),
-                          {"learning_rate": [1e-4, 5e-4]}).members()
-    assert {m.fleet for m in elsewhere} == {""}, "HF Jobs: each member starts its own replicas"
+    elsewhere = SweepSpec(base(executor="ray"), {"learning_rate": [1e-4, 5e-4]}).members()
+    assert {m.fleet for m in elsewhere} == {""}, "Ray: each member starts its own replicas"
     assert [j.role for j in preview_jobs(elsewhere[0])] == ["vllm-0", "vllm-1", "trainer"]
+
+
+def hub_sweep(**changes) -> list[RunSpec]:
+    return SweepSpec(base(executor="hf_jobs", vllm_flavor="l4x1", flavor="a10g-small", **changes),
+                     {"max_staleness": [1, 3], "lora_r": [8, 32]}).members()
+
+
+def test_on_hf_jobs_the_members_trainers_join_the_fleets_network_group_each_under_its_own_alias():
+    from backend.plan.engines.hf_jobs import ENGINE
+    from backend.plan.recipe import FleetJobs, group_url, network_group
+    from backend.runs.launch import preview_jobs
+
+    members = hub_sweep()
+    sweep_id = members[0].sweep_id
+    assert {m.fleet for m in members} == {sweep_id}, "HF Jobs: one fleet for every member"
+    size = fleet_size(members)
+    fleet = FleetJobs(tuple(members), size.max_loras, size.max_lora_rank).jobs()
+    group = network_group(FleetJobs(tuple(members), 0, 8).spec)
+    assert group == f"grpo-{sweep_id}" and {j.network_group for j in fleet} == {group}
+    assert [(j.run_id, j.role, j.network_aliases, j.expose) for j in fleet] == [
+        (sweep_id, "vllm-0", ("vllm-0",), ()), (sweep_id, "vllm-1", ("vllm-1",), ())]
+    assert "--max-loras 16 --max-cpu-loras 16" in fleet[0].command[-1], "2 members at staleness 1, 2 at 3: 3+3+5+5"
+    assert "--max-lora-rank 32" in fleet[0].command[-1]
+    trainers = [preview_jobs(m, on_fleet=True) for m in members]
+    assert all(len(jobs) == 1 and jobs[0].role == "trainer" for jobs in trainers), "each member: its trainer alone"
+    trainers = [jobs[0] for jobs in trainers]
+    assert {t.network_group for t in trainers} == {group}, "every trainer reaches the fleet on its group"
+    assert [t.network_aliases for t in trainers] == [(f"trainer-m{i}",) for i in range(4)], "told apart"
+    replicas = [arg for arg in shlex.split(trainers[2].command[-1]) if arg.startswith("http")]
+    assert replicas == [group_url("vllm-0", 8000), group_url("vllm-1", 8000)], trainers[2].command[-1]
+    assert all(t.env["GRPO_FLEET_DIR"] == f"/bucket/runs/{sweep_id}" for t in trainers)
+    note = ENGINE.preview_note(members[0], str)
+    assert f"fleet's network group `{group}`" in note and "`trainer-m0`" in note, note
+    lone = preview_jobs(members[0])      # a member resumed once its fleet is gone: its own replicas, its own group
+    assert [j.role for j in lone] == ["vllm-0", "vllm-1", "trainer"]
+    assert {j.network_group for j in lone} == {network_group(members[0])} != {group}
+    assert lone[-1].network_aliases == ("trainer",)
+
+
+def test_on_hf_jobs_exposed_ports_a_members_trainer_reaches_the_fleets_replicas_through_the_jobs_proxy():
+    from backend.runs.launch import preview_jobs
+
+    members = hub_sweep(network="exposed")
+    [trainer] = preview_jobs(members[1], on_fleet=True)
+    assert trainer.network_group is None and trainer.network_aliases == ()
+    assert trainer.env["VLLM_REPLICA_URLS"] == "<vllm-0 url>,<vllm-1 url>", trainer.env
 
 
 def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
