@@ -256,3 +256,36 @@ def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
     member = dict(sweep_id="sweep-x", sweep_member="m0")
     assert base(**member, fleet="sweep-x").validate() == []
     assert [e.field for e in base(**member, fleet="sweep-y").validate()] == ["fleet"]
+
+
+def test_a_fleet_replicas_end_counts_the_members_attempts_from_fleet_json(tmp_path):
+    """A fleet's folder has no spec.json: its replicas' attempts come from fleet.json, so a fleet replica's first
+    failed end is not its last while attempts are left (each member's trainer would stop waiting for it)."""
+    from backend.runtime.serve_replica import record_own_end, replicas_ended
+
+    fleet = tmp_path / "runs" / "sweep-x"
+    fleet.mkdir(parents=True)
+    (fleet / layout.FLEET_FILE).write_text('{"sweep_id": "sweep-x", "attempts": 3}')
+    record_own_end(str(fleet), "vllm-0", 1, env={})
+    assert replicas_ended(str(fleet)) == {}, "attempt 1 of 3: a retry is coming"
+    record_own_end(str(fleet), "vllm-0", 1, env={})
+    record_own_end(str(fleet), "vllm-0", 1, env={})
+    assert replicas_ended(str(fleet))["vllm-0"]["attempt"] == 3, "its third end is its last"
+    alone = tmp_path / "runs" / "no-record"
+    alone.mkdir()
+    record_own_end(str(alone), "vllm-0", 1, env={})
+    assert replicas_ended(str(alone))["vllm-0"]["attempts"] == 1, "with neither file: one attempt"
+
+
+def test_a_fleets_row_reads_its_name_and_sweep_from_fleet_json(tmp_path):
+    """The runs list's row of a fleet (no spec.json) names it from its fleet.json; a run's own spec.json wins."""
+    from backend.storage.store import FolderStore
+    from backend.view.summary import run_record
+
+    store = FolderStore(str(tmp_path))
+    store.write_bytes("runs/sweep-x/fleet.json", b'{"name": "lr-fleet", "sweep_id": "sweep-x", "mode": "distributed"}')
+    assert run_record(store, "sweep-x")["name"] == "lr-fleet"
+    store.write_bytes("runs/r1/spec.json", b'{"name": "lr-m0"}')
+    assert run_record(store, "r1") == {"name": "lr-m0"}
+    with pytest.raises((OSError, KeyError)):
+        run_record(store, "nothing")
