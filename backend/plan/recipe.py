@@ -333,7 +333,8 @@ class FleetJobs:
         """The fleet as a run's settings: the first member's (what the fleet serves is one for all), its own id and
         name, the largest rank; it is no member itself."""
         first = self.members[0]
-        return dataclasses.replace(first, run_id=first.fleet, name=f"{first.name[:60]}-fleet", lora_r=self.rank,
+        sweep_name = first.name.removesuffix(f"-{first.sweep_member}")     # the members' `<sweep name>-m0`
+        return dataclasses.replace(first, run_id=first.fleet, name=f"{sweep_name[:58]}-fleet", lora_r=self.rank,
                                    sweep_id="", sweep_member="", fleet="")
 
     def jobs(self) -> list[JobSpec]:

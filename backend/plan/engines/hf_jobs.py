@@ -58,9 +58,9 @@ class HfJobsEngine(Engine):
                          f"{recipe.REPLICA_PORT}-{recipe.REPLICA_PORT + servers - 1}, each a replica to the proxy.")
         if group and spec.fleet:
             notes.append(f"Private network: each member's trainer joins the sweep's fleet's network group `{group}` "
-                         f"(as `{recipe.trainer_alias(spec, fleet=True)}`, ...) and its proxy reaches each fleet replica "
-                         f"at its alias (`vllm-0`, ...) with no port exposed and no token on rollout requests; only the "
-                         f"proxy's port {recipe.PROXY_PORT} is exposed, for this panel, behind your token.")
+                         f"(as `{recipe.trainer_alias(spec, fleet=True)}`, ...) and its proxy reaches each fleet "
+                         "replica at its alias (`vllm-0`, ...) with no port exposed and no token on rollout requests; "
+                         f"only the proxy's port {recipe.PROXY_PORT} is exposed, for this panel, behind your token.")
         elif group:
             notes.append(f"Private network: the trainer and replicas join network group `{group}`; the trainer's proxy "
                          f"reaches each replica at its alias (`vllm-0`, ...) with no port exposed and no token on "
