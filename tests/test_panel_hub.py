@@ -5,6 +5,8 @@
 
 import json
 import os
+import re
+import shlex
 import time
 import zipfile
 from dataclasses import replace
@@ -196,31 +198,83 @@ def test_a_failed_second_submission_cancels_the_first_and_says_so(hub, make_pane
     assert first.path.startswith("/api/jobs/alice/")
 
 
-def test_a_sweep_launches_every_member_after_one_review_and_cancel_sweep_stops_them_all(hub, make_panel):
+SWEEP_FORM = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"}
+SWEEP = SweepForm((("max_staleness", "1, 2"), ("lora_r", "8, 16")), grid=False)
+
+
+def estimated_usd(markdown: str) -> float:
+    return float(re.search(r"at most \*\*\$([0-9.]+)\*\*", markdown).group(1))
+
+
+def test_a_sweep_launches_one_fleet_and_each_members_trainer_after_one_review_and_cancel_sweep_stops_them_all(
+        hub, make_panel):
+    """On HF Jobs a sweep's members share one fleet: its replica jobs are submitted once (labelled with the sweep's
+    id, sized for every member), each member submits its trainer alone, on the fleet's network group, reaching the
+    fleet's replicas at their aliases; the preview's cost counts the fleet once; Cancel sweep stops the members,
+    then the fleet."""
     panel = make_panel()
-    form, sweep = {**FORM, "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1"}, SweepForm(
-        (("learning_rate", "1e-4, 5e-4"),))
-    unreviewed = panel.launch(form, sweep=sweep)
+    unreviewed = panel.launch(SWEEP_FORM, sweep=SWEEP)
     assert unreviewed.run_id is None and "Not launched yet" in unreviewed.message, unreviewed.message
     assert "Estimated cost of all 2 members at most" in unreviewed.message and hub.job_posts() == []
-    shown = panel.preview(form, sweep=sweep)
-    reviewed = replace(sweep, sweep_id=shown.sweep_id, run_ids=shown.run_ids)
+    shown = panel.preview(SWEEP_FORM, sweep=SWEEP)
+    assert "**One fleet** for all members: 2 replica job(s) started once" in shown.markdown, shown.markdown
+    assert "fleet's network group" in shown.markdown, "the preview says how the trainers reach the fleet"
+    # One fleet, then a trainer per member: a lone distributed run's jobs (its replicas, its trainer) and one more
+    # trainer (a colocated run's one job, on the same flavor and timeout).
+    lone = estimated_usd(panel.preview(SWEEP_FORM).markdown)
+    trainer = estimated_usd(panel.preview({**FORM, "use_vllm": False}).markdown)
+    assert estimated_usd(shown.markdown) == pytest.approx(lone + trainer, abs=0.011), shown.markdown
+    reviewed = replace(SWEEP, sweep_id=shown.sweep_id, run_ids=shown.run_ids)
     assert f"Review code **`{shown.fingerprint}`**" in shown.markdown and len(shown.run_ids) == 2
-    changed = panel.launch({**form, "max_steps": 7}, confirmed=shown.fingerprint, sweep=reviewed)
+    changed = panel.launch({**SWEEP_FORM, "max_steps": 7}, confirmed=shown.fingerprint, sweep=reviewed)
     assert changed.run_id is None and "the form changed" in changed.message and hub.job_posts() == []
 
-    result = panel.launch(form, confirmed=shown.fingerprint, sweep=reviewed)
+    result = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)
     assert result.run_ids == shown.run_ids, result.message
-    posted = [r.json["labels"] for r in hub.job_posts()]
-    assert sorted((labels[LABEL_RUN], labels["grpo-panel-role"]) for labels in posted) == sorted(
-        (run_id, role) for run_id in shown.run_ids for role in ("trainer", "vllm-0")), "each member's own jobs"
+    bodies = [r.json for r in hub.job_posts()]
+    assert [(b["labels"][LABEL_RUN], b["labels"]["grpo-panel-role"]) for b in bodies] == [
+        (shown.sweep_id, "vllm-0"), (shown.sweep_id, "vllm-1"),
+        (shown.run_ids[0], "trainer"), (shown.run_ids[1], "trainer")], "the fleet once, then each member's trainer"
+    group = f"grpo-{shown.sweep_id}"
+    assert [b["network"] for b in bodies] == [{"group": group, "aliases": [alias]} for alias in
+                                             ("vllm-0", "vllm-1", "trainer-m0", "trainer-m1")], bodies
+    assert sorted(hub.network_members("alice", group)) == ["trainer-m0", "trainer-m1", "vllm-0", "vllm-1"]
+    fleet = bodies[0]["command"][-1]
+    assert "--max-loras 7 --max-cpu-loras 7" in fleet and "--max-lora-rank 16" in fleet, "(1+2) + (2+2), the largest"
+    assert all(f"--member-run-dir /bucket/runs/{run_id}" in fleet for run_id in shown.run_ids), fleet
+    for body, run_id in zip(bodies[2:], shown.run_ids):
+        command = shlex.split(body["command"][-1])
+        replicas = [command[i + 1] for i, arg in enumerate(command) if arg == "--replica"]
+        assert replicas == [f"http://${{HF_NETWORK_GROUP_PREFIX}}vllm-{i}:8000" for i in range(2)], command
+        assert f"/bucket/runs/{run_id}" in command and body["environment"]["GRPO_FLEET_DIR"] == \
+            f"/bucket/runs/{shown.sweep_id}"
+    record = json.loads(hub.buckets["alice/grpo-runs"].files[f"runs/{shown.sweep_id}/fleet.json"].data)
+    assert (record["name"], record["attempts"]) == ("tiny-demo-fleet", 1), record
+    rows = {row[0]: row for row in panel.runs_table()}
+    assert rows[shown.sweep_id][1] == f"tiny-demo-fleet · sweep {shown.sweep_id}", "the fleet's row names it"
 
     said = panel.cancel_sweep(shown.run_ids[1])
     assert f"Cancel requested for sweep {shown.sweep_id}: 4 job(s) of its 2 members" in said, said
+    assert f"its fleet {shown.sweep_id} (2 job(s))" in said, said
+    cancels = [r.path.split("/")[-2] for r in hub.requests if r.method == "POST" and r.path.endswith("/cancel")]
+    roles = [hub.jobs[job_id].spec["labels"]["grpo-panel-role"] for job_id in cancels]
+    assert roles[:2] == ["trainer", "trainer"] and sorted(roles[2:]) == ["vllm-0", "vllm-1"], "members, then the fleet"
     wait_until(lambda: {job.stage for job in hub.jobs.values()} == {"CANCELED"}, what="every member cancelled")
-    lone, _ = launch_reviewed(panel, FORM)
-    assert "is not a member of a sweep" in panel.cancel_sweep(lone.run_id)
+    lone_run, _ = launch_reviewed(panel, FORM)
+    assert "is not a member of a sweep" in panel.cancel_sweep(lone_run.run_id)
     assert any(job.stage != "CANCELED" for job in hub.jobs.values()), "a lone run is not cancelled as a sweep"
+
+
+def test_a_sweep_whose_fleet_fails_to_submit_launches_no_member(hub, make_panel):
+    panel = make_panel()
+    shown = panel.preview(SWEEP_FORM, sweep=SWEEP)
+    hub.fail_nth_job_submission(2, status=500)          # the fleet's second replica
+    result = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint,
+                          sweep=replace(SWEEP, sweep_id=shown.sweep_id, run_ids=shown.run_ids))
+    assert result.run_id is None and not result.run_ids, result.message
+    assert "the sweep's fleet did not launch" in result.message and "No member was launched" in result.message
+    assert [r.json["labels"]["grpo-panel-role"] for r in hub.job_posts()] == ["vllm-0", "vllm-1"], "no trainer"
+    wait_until(lambda: {job.stage for job in hub.jobs.values()} == {"CANCELED"}, what="the fleet's replica cancelled")
 
 
 def test_a_job_the_hub_created_behind_a_timeout_is_found_by_label_and_cancelled(hub, make_panel):

@@ -4,6 +4,8 @@ import json
 import shlex
 from dataclasses import replace
 
+import pytest
+
 from backend.plan import recipe
 from backend.plan.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
 from backend.plan.spec import RunSpec
@@ -222,6 +224,63 @@ def test_a_ray_runs_replicas_and_trainer_share_a_key_of_their_own_launch_passed_
     for other in (replace(spec, mode="colocated"), replace(spec, executor="local", bucket="local/grpo-runs")):
         jobs = recipe.RunJobs(other, engine_placement(other)).preview(lambda i, port: f"http://x:{port}")
         assert all(recipe.REPLICA_KEY_SECRET not in job.secrets for job in jobs)
+
+
+class RecordingRay:
+    """A stand-in Ray executor: what was submitted (with its secrets) and cancelled; `unplaced`: the job ids whose
+    node Ray never reports (exposed_url fails)."""
+
+    name, namespace = "ray", None
+
+    def __init__(self, unplaced=()):
+        self.submitted, self.cancelled, self.unplaced = [], [], set(unplaced)
+
+    def submit(self, job, secrets=None):
+        self.submitted.append((job, dict(secrets or {})))
+        return f"{job.run_id}-{job.role}"
+
+    def exposed_url(self, job_id, port):
+        if job_id in self.unplaced:
+            raise RuntimeError(f"job {job_id} was not started on a node of the cluster")
+        return f"http://10.0.0.{len(job_id) % 9}:{port}"
+
+    def cancel(self, job_id):
+        self.cancelled.append(job_id)
+
+    def list_jobs(self, run_id=None, checks=False):
+        return []
+
+
+def test_a_ray_sweeps_members_share_one_fleet_and_its_key_and_a_fleet_never_placed_is_cancelled(tmp_path):
+    """On Ray a sweep's fleet is submitted once; its replicas demand a key of the fleet's own, which every member's
+    trainer gets as a secret (each member's launch would otherwise make its own, and the fleet would refuse it); a
+    fleet whose replica the cluster never places is cancelled, and no member launches."""
+    from backend.plan.sweep import SweepSpec, fleet_size
+    from backend.runs.launch import SubmitFailed, launch_fleet, launch_run
+    from backend.storage.store import FolderStore
+
+    base = RunSpec(executor="ray", mode="distributed", replicas=2, flavor="ray-cpu", vllm_flavor="ray-cpu",
+                   bucket="local/grpo-runs", mount_path=str(tmp_path / "mount"), max_staleness=1)
+    members = SweepSpec(base, {"learning_rate": [1e-4, 5e-4]}).members()
+    assert {m.fleet for m in members} == {members[0].sweep_id}, "Ray: one fleet for every member"
+    store, executor = FolderStore(str(tmp_path / "mount")), RecordingRay()
+    size = fleet_size(members)
+    fleet = launch_fleet(members, size.max_loras, size.max_lora_rank, executor, store, {})
+    for member in members:
+        launch_run(member, executor, store, dict(fleet.secrets), fleet_urls=fleet.urls)
+    assert [(job.run_id, job.role) for job, _ in executor.submitted] == [
+        (fleet.fleet_id, "vllm-0"), (fleet.fleet_id, "vllm-1"), (members[0].run_id, "trainer"),
+        (members[1].run_id, "trainer")], "the fleet once, then each member's trainer alone"
+    [key] = {secrets[recipe.REPLICA_KEY_SECRET] for _, secrets in executor.submitted}
+    assert len(key) >= 40 and key not in repr(fleet), "one key, the fleet's, never shown"
+    assert all(job.env[recipe.REPLICAS_ENV] == ",".join(fleet.urls) for job, _ in executor.submitted[2:])
+    assert "--max-loras 6 " in executor.submitted[0][0].command[-1]
+
+    again = [replace(m, run_id=f"{m.run_id}-2") for m in SweepSpec(base, {"learning_rate": [1e-4, 5e-4]}).members()]
+    unplaced = RecordingRay(unplaced={f"{again[0].fleet}-vllm-1"})
+    with pytest.raises(SubmitFailed, match="could not find where the fleet's replicas answer"):
+        launch_fleet(again, size.max_loras, size.max_lora_rank, unplaced, store, {})
+    assert unplaced.cancelled == [f"{again[0].fleet}-vllm-0", f"{again[0].fleet}-vllm-1"], "nothing left running"
 
 
 def engine_placement(spec):

@@ -124,7 +124,7 @@ def test_every_token_shape_is_masked_in_an_agents_run_status(space, hub):
 def test_an_agent_previews_launches_ranks_and_cancels_a_sweep_over_mcp(space, hub):
     """A sweep over MCP as on the page: refused shapes name their field and launch nothing, a launch needs the
     review code of exactly this sweep, sweep_status ranks its members, another visitor neither reads nor cancels it,
-    cancel_sweep stops every member's jobs."""
+    cancel_sweep stops every member's trainer, then the fleet."""
     url, _ = space
     settings = {"mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1", "max_steps": 5, "name": "mcp-sweep"}
     swept = {"learning_rate": [0.0001, 0.0005]}
@@ -153,8 +153,10 @@ def test_an_agent_previews_launches_ranks_and_cancels_a_sweep_over_mcp(space, hu
     assert launched["launched"] and launched["run_ids"] == preview["run_ids"], launched
     assert launched["sweep_id"] == preview["sweep_id"]
     posted = [r.json["labels"] for r in hub.job_posts()[before:]]
-    assert sorted((labels[LABEL_RUN], labels["grpo-panel-role"]) for labels in posted) == sorted(
-        (run_id, role) for run_id in preview["run_ids"] for role in ("trainer", "vllm-0")), posted
+    assert [(labels[LABEL_RUN], labels["grpo-panel-role"]) for labels in posted] == [
+        (preview["sweep_id"], "vllm-0"), *((run_id, "trainer") for run_id in preview["run_ids"])], \
+        "one fleet, then each member's trainer"
+    swept_runs = {preview["sweep_id"], *preview["run_ids"]}
 
     [status] = as_alice(url, ("sweep_status", {"run_id": preview["run_ids"][1]}))
     assert status["sweep_id"] == preview["sweep_id"] and status["early_stop_after"] == 0, status
@@ -165,11 +167,12 @@ def test_an_agent_previews_launches_ranks_and_cancels_a_sweep_over_mcp(space, hu
                           {"Authorization": f"Bearer {CAROL}"})
     assert all("error" in answer for answer in refused), refused
     assert all(job.stage != "CANCELED" for job in hub.run_jobs.values()
-               if job.spec["labels"].get(LABEL_RUN) in preview["run_ids"])
+               if job.spec["labels"].get(LABEL_RUN) in swept_runs)
     [cancelled] = as_alice(url, ("cancel_sweep", {"run_id": preview["run_ids"][0]}))
-    assert cancelled["sweep_id"] == preview["sweep_id"] and cancelled["fleet"] is None, cancelled
+    assert cancelled["sweep_id"] == preview["sweep_id"] and cancelled["fleet"]["run_id"] == preview["sweep_id"]
     assert sorted(cancelled["cancelled_jobs"]) == sorted(preview["run_ids"])
-    assert all(len(ids) == 2 for ids in cancelled["cancelled_jobs"].values()), cancelled
+    assert all(len(ids) == 1 for ids in cancelled["cancelled_jobs"].values()), cancelled
+    assert len(cancelled["fleet"]["cancelled_jobs"]) == 1, cancelled
     wait_until(lambda: all(job.stage == "CANCELED" for job in hub.run_jobs.values()
-                           if job.spec["labels"].get(LABEL_RUN) in preview["run_ids"]), what="every member cancelled")
+                           if job.spec["labels"].get(LABEL_RUN) in swept_runs), what="every member and the fleet")
     assert ALICE not in json.dumps([preview, unreviewed, launched, status, cancelled])

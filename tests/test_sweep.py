@@ -1,6 +1,8 @@
 """A sweep (backend/plan/sweep.py): base settings and swept fields -> member runs on one fleet, or refusals that
 name the field."""
 
+import shlex
+
 import pytest
 
 from backend.plan.spec import RunSpec, SpecError
@@ -172,7 +174,7 @@ def test_a_members_trainer_starts_its_proxy_as_that_member_capped_at_its_own_con
     assert member_proxy({**spec, "sweep_member": "m2"}) == {"member": "m2", "member_cap": 12}
 
 
-def test_a_local_sweeps_members_share_one_fleet_started_once_and_a_sweep_elsewhere_starts_each_members_own():
+def test_a_local_sweeps_members_share_one_fleet_started_once_and_a_lone_run_is_unchanged():
     from backend.plan.recipe import FleetJobs, server_urls
     from backend.runs.launch import preview_jobs
     from backend.runtime.tiny_model import TINY_MODEL
@@ -198,10 +200,52 @@ def test_a_local_sweeps_members_share_one_fleet_started_once_and_a_sweep_elsewhe
     assert [j.role for j in preview_jobs(lone)] == ["vllm-0", "vllm-1", "trainer"], "a lone run is unchanged"
     assert "--max-loras 3 " in preview_jobs(lone)[0].command[-1] and "GRPO_FLEET_DIR" not in preview_jobs(lone)[2].env
 
-    elsewhere = SweepSpec(base(executor="hf_jobs", vllm_flavor="l4x1", flavor="a10g-small"),
-                          {"learning_rate": [1e-4, 5e-4]}).members()
-    assert {m.fleet for m in elsewhere} == {""}, "HF Jobs: each member starts its own replicas"
-    assert [j.role for j in preview_jobs(elsewhere[0])] == ["vllm-0", "vllm-1", "trainer"]
+
+
+def hub_sweep(**changes) -> list[RunSpec]:
+    return SweepSpec(base(executor="hf_jobs", vllm_flavor="l4x1", flavor="a10g-small", **changes),
+                     {"max_staleness": [1, 3], "lora_r": [8, 32]}).members()
+
+
+def test_on_hf_jobs_the_members_trainers_join_the_fleets_network_group_each_under_its_own_alias():
+    from backend.plan.engines.hf_jobs import ENGINE
+    from backend.plan.recipe import FleetJobs, group_url, network_group
+    from backend.runs.launch import preview_jobs
+
+    members = hub_sweep()
+    sweep_id = members[0].sweep_id
+    assert {m.fleet for m in members} == {sweep_id}, "HF Jobs: one fleet for every member"
+    size = fleet_size(members)
+    fleet = FleetJobs(tuple(members), size.max_loras, size.max_lora_rank).jobs()
+    group = network_group(FleetJobs(tuple(members), 0, 8).spec)
+    assert group == f"grpo-{sweep_id}" and {j.network_group for j in fleet} == {group}
+    assert [(j.run_id, j.role, j.network_aliases, j.expose) for j in fleet] == [
+        (sweep_id, "vllm-0", ("vllm-0",), ()), (sweep_id, "vllm-1", ("vllm-1",), ())]
+    assert "--max-loras 16 --max-cpu-loras 16" in fleet[0].command[-1], "2 members at staleness 1, 2 at 3: 3+3+5+5"
+    assert "--max-lora-rank 32" in fleet[0].command[-1]
+    trainers = [preview_jobs(m, on_fleet=True) for m in members]
+    assert all(len(jobs) == 1 and jobs[0].role == "trainer" for jobs in trainers), "each member: its trainer alone"
+    trainers = [jobs[0] for jobs in trainers]
+    assert {t.network_group for t in trainers} == {group}, "every trainer reaches the fleet on its group"
+    assert [t.network_aliases for t in trainers] == [(f"trainer-m{i}",) for i in range(4)], "told apart"
+    replicas = [arg for arg in shlex.split(trainers[2].command[-1]) if arg.startswith("http")]
+    assert replicas == [group_url("vllm-0", 8000), group_url("vllm-1", 8000)], trainers[2].command[-1]
+    assert all(t.env["GRPO_FLEET_DIR"] == f"/bucket/runs/{sweep_id}" for t in trainers)
+    note = ENGINE.preview_note(members[0], str)
+    assert f"fleet's network group `{group}`" in note and "`trainer-m0`" in note, note
+    lone = preview_jobs(members[0])      # a member resumed once its fleet is gone: its own replicas, its own group
+    assert [j.role for j in lone] == ["vllm-0", "vllm-1", "trainer"]
+    assert {j.network_group for j in lone} == {network_group(members[0])} != {group}
+    assert lone[-1].network_aliases == ("trainer",)
+
+
+def test_on_hf_jobs_exposed_ports_a_members_trainer_reaches_the_fleets_replicas_through_the_jobs_proxy():
+    from backend.runs.launch import preview_jobs
+
+    members = hub_sweep(network="exposed")
+    [trainer] = preview_jobs(members[1], on_fleet=True)
+    assert trainer.network_group is None and trainer.network_aliases == ()
+    assert trainer.env["VLLM_REPLICA_URLS"] == "<vllm-0 url>,<vllm-1 url>", trainer.env
 
 
 def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
@@ -209,3 +253,36 @@ def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
     member = dict(sweep_id="sweep-x", sweep_member="m0")
     assert base(**member, fleet="sweep-x").validate() == []
     assert [e.field for e in base(**member, fleet="sweep-y").validate()] == ["fleet"]
+
+
+def test_a_fleet_replicas_end_counts_the_members_attempts_from_fleet_json(tmp_path):
+    """A fleet's folder has no spec.json: its replicas' attempts come from fleet.json, so a fleet replica's first
+    failed end is not its last while attempts are left (each member's trainer would stop waiting for it)."""
+    from backend.runtime.serve_replica import record_own_end, replicas_ended
+
+    fleet = tmp_path / "runs" / "sweep-x"
+    fleet.mkdir(parents=True)
+    (fleet / layout.FLEET_FILE).write_text('{"sweep_id": "sweep-x", "attempts": 3}')
+    record_own_end(str(fleet), "vllm-0", 1, env={})
+    assert replicas_ended(str(fleet)) == {}, "attempt 1 of 3: a retry is coming"
+    record_own_end(str(fleet), "vllm-0", 1, env={})
+    record_own_end(str(fleet), "vllm-0", 1, env={})
+    assert replicas_ended(str(fleet))["vllm-0"]["attempt"] == 3, "its third end is its last"
+    alone = tmp_path / "runs" / "no-record"
+    alone.mkdir()
+    record_own_end(str(alone), "vllm-0", 1, env={})
+    assert replicas_ended(str(alone))["vllm-0"]["attempts"] == 1, "with neither file: one attempt"
+
+
+def test_a_fleets_row_reads_its_name_and_sweep_from_fleet_json(tmp_path):
+    """The runs list's row of a fleet (no spec.json) names it from its fleet.json; a run's own spec.json wins."""
+    from backend.storage.store import FolderStore
+    from backend.view.summary import run_record
+
+    store = FolderStore(str(tmp_path))
+    store.write_bytes("runs/sweep-x/fleet.json", b'{"name": "lr-fleet", "sweep_id": "sweep-x", "mode": "distributed"}')
+    assert run_record(store, "sweep-x")["name"] == "lr-fleet"
+    store.write_bytes("runs/r1/spec.json", b'{"name": "lr-m0"}')
+    assert run_record(store, "r1") == {"name": "lr-m0"}
+    with pytest.raises((OSError, KeyError)):
+        run_record(store, "nothing")

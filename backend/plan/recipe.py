@@ -64,9 +64,10 @@ def _labels(spec: RunSpec, role: str) -> dict[str, str]:
 
 
 def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only: bool = False,
-         env: dict[str, str] | None = None, expose: tuple[int, ...] = (), alias: str | None = None) -> JobSpec:
+         env: dict[str, str] | None = None, expose: tuple[int, ...] = (), alias: str | None = None,
+         fleet: bool = False) -> JobSpec:
     where = spec.engine
-    group = network_group(spec)
+    group = network_group(spec, fleet)
     return JobSpec(
         run_id=spec.run_id, role=role, command=command, timeout_s=spec.timeout_minutes * 60,
         env={"PYTHONPATH": f"{spec.run_path}/code", "PYTHONUNBUFFERED": "1", **(env or {})},
@@ -78,15 +79,24 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
     )
 
 
-def network_group(spec: RunSpec) -> str | None:
+def network_group(spec: RunSpec, fleet: bool = False) -> str | None:
     """The network group of a distributed run on private networking (where its engine has network groups), named
-    after the run as the Hub wants it (lowercase letters, digits and dashes, at most 46); else None."""
+    after the run as the Hub wants it (lowercase letters, digits and dashes, at most 46); else None. `fleet`: a sweep
+    member's trainer on its sweep's shared fleet joins the fleet's group (named after the fleet's id, as the fleet's
+    own replicas are), where it reaches the fleet's replicas at their aliases."""
     if spec.mode != "distributed" or spec.network != "private" or not spec.engine.network_groups:
         return None
-    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"grpo-{spec.run_id}".lower())).strip("-")
+    run_id = spec.fleet if fleet and spec.fleet else spec.run_id
+    name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"grpo-{run_id}".lower())).strip("-")
     if len(name) > 46:
-        name = f"{name[:37].rstrip('-')}-{hashlib.sha256(spec.run_id.encode()).hexdigest()[:8]}"
+        name = f"{name[:37].rstrip('-')}-{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
     return name
+
+
+def trainer_alias(spec: RunSpec, fleet: bool = False) -> str:
+    """The alias a trainer claims in its network group: a member's trainer on a shared fleet names its member
+    (`trainer-m0`), so the trainers that share the fleet's group are told apart."""
+    return f"{TRAINER_ALIAS}-{spec.sweep_member}" if fleet and spec.sweep_member else TRAINER_ALIAS
 
 
 def replica_alias(i: int) -> str:
@@ -244,16 +254,18 @@ def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", 
     env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
     if fleet:
         env[FLEET_DIR_ENV] = fleet_path(spec)
-    if not network_group(spec):
+    if not network_group(spec, fleet):
         command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
         return _job(spec, "trainer", command, spec.flavor, env={REPLICAS_ENV: ",".join(replica_urls), **env})
     # Private network: the replicas at their aliases (one --replica each: the URLs together outgrow a preview's
     # line), rollout requests without a token; the proxy listens on every interface of the trainer job, and its one
-    # exposed port is what the panel reaches (the proxy, the replicas' stats), with the visitor's token.
+    # exposed port is what the panel reaches (the proxy, the replicas' stats), with the visitor's token. A member on
+    # its sweep's shared fleet joins the fleet's group, under an alias of its own.
     train += [arg for url in replica_urls for arg in ("--replica", url)]
     command = shell(spec, [*_ensure_model_step(spec), train], python, install=True)
     env.update({REPLICA_AUTH_ENV: "none", PROXY_HOST_ENV: "0.0.0.0", PROXY_PORT_ENV: str(PROXY_PORT)})
-    return _job(spec, "trainer", command, spec.flavor, env=env, expose=(PROXY_PORT,), alias=TRAINER_ALIAS)
+    return _job(spec, "trainer", command, spec.flavor, env=env, expose=(PROXY_PORT,),
+                alias=trainer_alias(spec, fleet), fleet=fleet)
 
 
 def placeholder_url(i: int, port) -> str:
@@ -321,7 +333,8 @@ class FleetJobs:
         """The fleet as a run's settings: the first member's (what the fleet serves is one for all), its own id and
         name, the largest rank; it is no member itself."""
         first = self.members[0]
-        return dataclasses.replace(first, run_id=first.fleet, name=f"{first.name[:60]}-fleet", lora_r=self.rank,
+        sweep_name = first.name.removesuffix(f"-{first.sweep_member}")     # the members' `<sweep name>-m0`
+        return dataclasses.replace(first, run_id=first.fleet, name=f"{sweep_name[:58]}-fleet", lora_r=self.rank,
                                    sweep_id="", sweep_member="", fleet="")
 
     def jobs(self) -> list[JobSpec]:

@@ -10,7 +10,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from secrets import token_urlsafe
 
 from backend.executors.base import Executor
@@ -50,6 +50,9 @@ class LaunchedFleet:
     fleet_id: str
     job_ids: dict[str, str]
     urls: tuple[str, ...]
+    # The job secrets its replicas were given beyond the launch's own: where an engine's replicas demand a key
+    # (`replicas_need_key`), the fleet's, which every member's trainer needs too. Never shown.
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)
@@ -247,15 +250,25 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
 def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Executor, store: BucketStore,
                  secrets: dict[str, str] | None = None, journal: LaunchJournal | None = None) -> LaunchedFleet:
     """Start a sweep's one replica fleet (`recipe.FleetJobs`), before its members' trainers: its runtime code and
-    record into `runs/<fleet>/` (`fleet.json`: the sweep, its members, the slots and rank), then its replica jobs,
-    journaled as a run's launch is. A submission that fails cancels what it started (`submit_jobs`)."""
+    record into `runs/<fleet>/` (`fleet.json`: the sweep, its members, the slots and rank, its name and attempts),
+    then its replica jobs, journaled as a run's launch is. A submission that fails, or replicas whose URLs cannot be
+    found, cancel what it started. Where the engine's replicas demand a key, the fleet gets one of its own, which
+    it hands back for its members' trainers."""
     where = engine(executor.name)
+    secrets = secrets or {}
+    own = {}
+    if where.replicas_need_key and recipe.REPLICA_KEY_SECRET not in secrets:
+        own = {recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}
+        secrets = {**secrets, **own}
     fleet = recipe.FleetJobs(tuple(members), slots, rank)
     spec = fleet.spec
     fleet = dataclasses.replace(fleet, place=where.placement(spec, preview=False))
     prefix = layout.run_prefix(spec.run_id)
+    # What the fleet's own readers need of a spec (it has no spec.json): its name and mode for the runs list, its
+    # replicas' attempts for their end events (`runtime.serve_replica`).
     record = {"sweep_id": members[0].sweep_id, "members": {m.sweep_member: m.run_id for m in members},
-              "max_loras": slots, "max_lora_rank": rank}
+              "max_loras": slots, "max_lora_rank": rank, "name": spec.name, "mode": spec.mode,
+              "executor": executor.name, "attempts": spec.attempts}
     try:
         store.ensure_bucket()
         store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
@@ -271,7 +284,8 @@ def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Execut
                                namespace=executor.namespace, bucket=spec.bucket, folder=prefix,
                                planned=[job.role for job in jobs], store=store)
     try:
-        ids = submit_jobs(executor, jobs, secrets or {}, created=launch.created if launch else None)
+        ids = submit_jobs(executor, jobs, secrets, created=launch.created if launch else None)
+        urls = _fleet_urls(executor, jobs, ids)
     except SubmitFailed as exc:
         if launch:
             launch.finish(FAILED, str(exc))
@@ -282,8 +296,19 @@ def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Execut
         raise
     if launch:
         launch.finish(LAUNCHED)
-    urls = recipe.server_urls(jobs, lambda i, job, port: executor.exposed_url(ids[i], port))
-    return LaunchedFleet(spec.run_id, {job.role: job_id for job, job_id in zip(jobs, ids)}, tuple(urls))
+    return LaunchedFleet(spec.run_id, {job.role: job_id for job, job_id in zip(jobs, ids)}, tuple(urls), own)
+
+
+def _fleet_urls(executor: Executor, jobs: list[JobSpec], ids: list[str]) -> list[str]:
+    """Where the members' trainers reach the fleet's servers; where that cannot be found (a Ray replica the cluster
+    never placed), the fleet's jobs are cancelled and the launch fails as a failed submission does."""
+    try:
+        return recipe.server_urls(jobs, lambda i, job, port: executor.exposed_url(ids[i], port))
+    except Exception as exc:
+        errors = _cancel_all(executor, ids)
+        said = f" Could NOT cancel: {'; '.join(errors)} - cancel them by hand." if errors else ""
+        raise SubmitFailed(f"could not find where the fleet's replicas answer: {exc}. Cancelled the {len(ids)} "
+                           f"job(s) submitted ({', '.join(ids)}).{said}", canceled=ids) from exc
 
 
 def _begin(journal: LaunchJournal | None, spec: RunSpec, executor: Executor, store: BucketStore,

@@ -431,19 +431,20 @@ class Operations:
         except Exception as exc:
             raise LaunchError(f"could not write the sweep's record into bucket {base.bucket}: {exc}. "
                               "No job was submitted.") from exc
-        fleet_urls = None
-        if members[0].fleet:    # the one fleet first; each member's trainer then uses its servers
+        fleet_urls, fleet_secrets = None, {}
+        if members[0].fleet:    # the one fleet first; each member's trainer then uses its servers (and its key)
             try:
-                fleet_urls = registry.launch_fleet(members, shown.fleet.max_loras, shown.fleet.max_lora_rank,
-                                                   _secrets(token)).urls
+                fleet = registry.launch_fleet(members, shown.fleet.max_loras, shown.fleet.max_lora_rank,
+                                              _secrets(token))
             except Exception as exc:
                 self.runs.relist(base.bucket_namespace)
                 raise LaunchError(f"the sweep's fleet did not launch: {exc}. No member was launched.") from exc
+            fleet_urls, fleet_secrets = fleet.urls, fleet.secrets
         launched: list[Launched] = []
         for spec in members:
             try:
-                launched.append(Launched(registry.launch(spec, _secrets(token), fleet_urls=fleet_urls), spec,
-                                         tuple(task.warnings)))
+                launched.append(Launched(registry.launch(spec, {**_secrets(token), **fleet_secrets},
+                                                         fleet_urls=fleet_urls), spec, tuple(task.warnings)))
             except Exception as exc:
                 started = [each.spec.run_id for each in launched] + ([members[0].fleet] if fleet_urls else [])
                 undone = self._undo_members(registry, started)
@@ -537,7 +538,8 @@ class Operations:
             spec, jobs, [where.preview_command(job, self.local.bucket_root) for job in jobs],
             cost=self.estimate(jobs, visitor) if where.billed else None,
             expiry=token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None,
-            note=where.preview_note(spec, self.local.bucket_root))
+            # A member resumed after its fleet ended starts its own replicas: its note is a lone run's.
+            note=where.preview_note(spec if on_fleet else replace(spec, fleet=""), self.local.bucket_root))
 
     def _check_token_lifetime(self, where: Engine, visitor: Visitor, spec: RunSpec) -> None:
         expiry = token_lifetime_problem(visitor, spec.timeout_minutes * 60) if where.needs_token else None

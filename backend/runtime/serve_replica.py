@@ -30,7 +30,7 @@ from .layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER
 from .records import ATTEMPT, FAILED, REPLICA_ENDED, TRAINER_ENDS, write_event
 from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
 from .replica_key import REPLICA_KEY_ENV
-from .spec_file import read_spec
+from .spec_file import read_fleet, read_spec
 from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
@@ -119,11 +119,16 @@ class TrainersEndWatch:
 
 
 def _attempts(run_dir: str) -> int:
-    try:
-        attempts = read_spec(run_dir).get("attempts", 1)
-    except (OSError, ValueError):
-        return 1
-    return attempts if isinstance(attempts, int) else 1
+    """The run's attempts per job (its spec.json's); a sweep's shared fleet has no spec.json, and its fleet.json says
+    its replicas' (the members' setting): read as 1, a fleet replica's first failed end would read as its last, and
+    every member would stop waiting for a replica about to be retried. 1 where neither can be read."""
+    for read in (read_spec, read_fleet):
+        try:
+            attempts = read(run_dir).get("attempts", 1)
+        except (OSError, ValueError):
+            continue
+        return attempts if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts > 0 else 1
+    return 1
 
 
 def _event(line: bytes) -> dict:

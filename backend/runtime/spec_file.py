@@ -14,7 +14,7 @@ import json
 import os
 from typing import TypedDict
 
-from .layout import SPEC_FILE
+from .layout import FLEET_FILE, SPEC_FILE
 
 
 class SpecFile(TypedDict):
@@ -98,3 +98,13 @@ def read_spec(run_dir: str) -> SpecFile:
     if not isinstance(spec, dict):
         raise ValueError(f"{SPEC_FILE} in {run_dir} is not a JSON object")  # noqa: TRY004 read as unreadable JSON
     return spec
+
+
+def read_fleet(run_dir: str) -> dict:
+    """A sweep's shared fleet's fleet.json (its folder has no spec.json): the sweep, its members, its replicas'
+    attempts in all, ... (`OSError` or `ValueError` where it is missing or not JSON)."""
+    with open(os.path.join(run_dir, FLEET_FILE)) as f:
+        record = json.load(f)
+    if not isinstance(record, dict):
+        raise ValueError(f"{FLEET_FILE} in {run_dir} is not a JSON object")  # noqa: TRY004 read as unreadable JSON
+    return record

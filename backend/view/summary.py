@@ -163,8 +163,7 @@ class RunSummaries:
         if followed.spec is None and bucket:
             with followed.lock:
                 try:
-                    data = json.loads(registry.store_for(bucket).read_bytes(
-                        f"{layout.run_prefix(run_id)}/{layout.SPEC_FILE}"))
+                    data = run_record(registry.store_for(bucket), run_id)
                     followed.spec = redact_record(data) if isinstance(data, dict) else {}
                 except (OSError, ValueError, KeyError):
                     pass     # not written yet, or the bucket failing: asked again next time
@@ -200,6 +199,17 @@ class RunSummaries:
             followed.points.append((step, t))
             followed.newest = record
         followed.reader.deferred.clear()    # older history: no summary needs it
+
+
+def run_record(store, run_id: str):
+    """What a run's summary reads as its spec: its spec.json, or for a sweep's shared fleet (which has none) its
+    fleet.json, which names it (`<sweep name>-fleet`), its sweep and mode, so its row in the runs list reads like
+    its members'. Raises as `read_bytes` does (or ValueError) where neither can be read."""
+    prefix = layout.run_prefix(run_id)
+    try:
+        return json.loads(store.read_bytes(f"{prefix}/{layout.SPEC_FILE}"))
+    except (OSError, KeyError):
+        return json.loads(store.read_bytes(f"{prefix}/{layout.FLEET_FILE}"))
 
 
 def _number(value) -> int | float | None:

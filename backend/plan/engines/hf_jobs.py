@@ -21,6 +21,7 @@ class HfJobsEngine(Engine):
     chooses_hardware = True
     job_list_lags = True
     network_groups = True
+    shared_fleet = True
     retry_gap_s = 600
 
     def flavors(self, token: str | None) -> list[Flavor]:
@@ -50,18 +51,24 @@ class HfJobsEngine(Engine):
     def preview_note(self, spec: RunSpec, bucket_root) -> str | None:
         """How the jobs reach each other, how often a failed one is retried, and whose spending limits apply."""
         notes = []
-        group = recipe.network_group(spec)
+        group = recipe.network_group(spec, fleet=bool(spec.fleet))
         servers = recipe.server_count(spec) // spec.replicas if spec.mode == "distributed" else 1
         if servers > 1:
             notes.append(f"Each replica job runs {servers} vLLM servers ({spec.servers_per_gpu} a GPU) on ports "
                          f"{recipe.REPLICA_PORT}-{recipe.REPLICA_PORT + servers - 1}, each a replica to the proxy.")
-        if group:
+        if group and spec.fleet:
+            notes.append(f"Private network: each member's trainer joins the sweep's fleet's network group `{group}` "
+                         f"(as `{recipe.trainer_alias(spec, fleet=True)}`, ...) and its proxy reaches each fleet "
+                         "replica at its alias (`vllm-0`, ...) with no port exposed and no token on rollout requests; "
+                         f"only the proxy's port {recipe.PROXY_PORT} is exposed, for this panel, behind your token.")
+        elif group:
             notes.append(f"Private network: the trainer and replicas join network group `{group}`; the trainer's proxy "
                          f"reaches each replica at its alias (`vllm-0`, ...) with no port exposed and no token on "
                          f"rollout requests; only the proxy's port {recipe.PROXY_PORT} is exposed, for this panel, "
                          "behind your token.")
         elif spec.mode == "distributed":
-            notes.append("Exposed ports: each replica's port is reachable through the public Jobs proxy, and every "
+            whose = "each fleet replica's" if spec.fleet else "each replica's"
+            notes.append(f"Exposed ports: {whose} port is reachable through the public Jobs proxy, and every "
                          "rollout request carries your token.")
         if spec.attempts > 1:
             notes.append(f"Retries: a failed job is started again, up to {spec.attempts} attempts in all; a retried "

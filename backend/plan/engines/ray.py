@@ -84,6 +84,7 @@ class RayEngine(Engine):
     chooses_hardware = True
     operators_machines = True
     replicas_need_key = True     # replicas listen on every interface of their node
+    shared_fleet = True          # a sweep's fleet: its own key, handed to every member's trainer
 
     @property
     def label(self) -> str:
