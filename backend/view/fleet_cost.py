@@ -194,7 +194,7 @@ class FleetCosts:
         fleet, sweep_id = spec.get("fleet"), spec.get("sweep_id")
         if not fleet or not sweep_id:
             return None
-        bucket = registry.run_bucket(spec.get("run_id", "")) if spec.get("run_id") else None
+        bucket = next((r.bucket for r in registry.job_records(str(spec.get("run_id") or "")) if r.bucket), None)
         if not bucket:
             return None
         with self._lock:
