@@ -113,10 +113,10 @@ def arm_b(panel, values: dict, rates: list[str], timeout_s: float, started: set[
     run_ids = []
     for i, rate in enumerate(rates):
         result = panel.launch({**values, "name": f"{values['name']}-run{i}", "learning_rate": float(rate)})
-        if not result.run_ids:
+        if not result.run_id:
             raise RuntimeError(f"run {i} did not launch: {result.message}")
-        started.update(result.run_ids)
-        run_ids.append(result.run_ids[0])
+        started.add(result.run_id)
+        run_ids.append(result.run_id)
     waited = wait_settled(panel, set(run_ids), timeout_s)
     members = [member_figures(panel, values["bucket"], run_id, f"m{i}", launched_at)
                for i, run_id in enumerate(run_ids)]

@@ -109,13 +109,14 @@ def test_a_member_that_ended_early_keeps_its_share_up_to_its_end_and_pays_nothin
     assert split.members["m1"].token_share == pytest.approx(1 / 3)
 
 
-def test_spend_before_the_first_token_and_after_the_last_goes_with_the_nearest_window_with_tokens(tmp_path,
-                                                                                                  monkeypatch):
-    # The replicas start for 2 windows (no token), m0 and m1 split a window 1:3, then the fleet idles a window.
-    logs = generate(tmp_path, monkeypatch, {"m0": [(150, 10)], "m1": [(170, 30)]})
-    cost_at = spend_curve(fleet_records(240.0, replicas=1), SECONDS, T0 + 240)
-    shares = split_by_tokens(cost_at, logs, T0, T0 + 240)
-    assert shares == pytest.approx({"m0": 60.0, "m1": 180.0}) and sum(shares.values()) == pytest.approx(240.0)
+def test_the_start_up_goes_by_all_tokens_an_idle_window_with_the_next_and_the_tail_as_the_last(tmp_path, monkeypatch):
+    # One replica for 7 windows: 2 starting (no token), m0 alone, m1 alone, an idle window, both alike, idle again.
+    logs = generate(tmp_path, monkeypatch, {"m0": [(150, 30), (330, 10)], "m1": [(190, 10), (340, 10)]})
+    cost_at = spend_curve(fleet_records(420.0, replicas=1), SECONDS, T0 + 420)
+    shares = split_by_tokens(cost_at, logs, T0, T0 + 420)
+    start_up = {"m0": 120 * 40 / 60, "m1": 120 * 20 / 60}       # by every token each got: 40 and 20
+    expected = {"m0": start_up["m0"] + 60 + 60 + 30, "m1": start_up["m1"] + 60 + 60 + 30}
+    assert shares == pytest.approx(expected) and sum(shares.values()) == pytest.approx(420.0)
 
 
 def test_no_tokens_yet_splits_nothing_and_a_member_without_tokens_gets_no_share(tmp_path, monkeypatch):

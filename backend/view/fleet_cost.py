@@ -10,9 +10,10 @@ member's `metrics/` folder; a restarted proxy counts from 0 again: the log banks
 The fleet's spend (dollars on a billed engine; replica-seconds on one that bills nothing) is split window by window
 (WINDOW_S): what the fleet spent in a window goes to the members in proportion to the tokens each was generated in
 it, so a member that ended early keeps the share it had up to its end and pays nothing of what the fleet spends
-afterwards. Spend in windows where no member got a token (the replicas starting, every trainer between rollouts)
-goes with the next window that has tokens; what is left after the last token goes as that last window went. Before
-any member got a token nothing is split (`None`): no division by zero, and the line says so.
+afterwards. The start-up (the replicas' spend before the first token, which every member's rollouts stand on) goes
+by each member's tokens over the whole split; spend in a later window where no member got a token (every trainer
+between rollouts) goes with the next window that has tokens, and what is left after the last token as that last
+window went. Before any member got a token nothing is split (`None`): no division by zero, and the line says so.
 
 `split_by_tokens` and `TokenLog` are pure; `FleetCosts` reads the members' records (incrementally, as a dashboard
 tick does) and the fleet's and the members' job records through a run registry.
@@ -87,21 +88,24 @@ def split_by_tokens(cost_at: Callable[[float], float], logs: dict[str, TokenLog]
     window_s = next(iter(logs.values())).window_s
     first, last = math.floor(start / window_s), math.floor(end / window_s)
     rows = {tag: log.increments(first, last) for tag, log in logs.items()}
+    grand = sum(sum(row) for row in rows.values())
+    if not grand:
+        return None
     shares = dict.fromkeys(logs, 0.0)
-    pending, weights = 0.0, None
+    pending, weights, start_up = 0.0, None, 0.0
     for i, k in enumerate(range(first, last + 1)):
         lo, hi = max(start, k * window_s), min(end, (k + 1) * window_s)
-        pending += cost_at(hi) - cost_at(lo)
         total = sum(row[i] for row in rows.values())
+        if total > 0 and weights is None:    # before the first token: the start-up every member's rollouts stand on
+            start_up, pending = pending, 0.0
+        pending += cost_at(hi) - cost_at(lo)
         if total > 0:
             weights = {tag: row[i] / total for tag, row in rows.items()}
             for tag, w in weights.items():
                 shares[tag] += pending * w
             pending = 0.0
-    if weights is None:
-        return None
-    for tag, w in weights.items():          # after the last token: as the last window with tokens went
-        shares[tag] += pending * w
+    for tag, row in rows.items():
+        shares[tag] += start_up * sum(row) / grand + pending * weights[tag]   # the tail: as the last window went
     return shares
 
 
