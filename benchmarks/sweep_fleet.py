@@ -140,10 +140,11 @@ def show(label: str, arm: dict) -> None:
           f"{arm['total_s']:.0f}, per completed member "
           f"{_fmt(per_completed(arm))} ({sum(m['completed'] for m in arm['members'])} completed)")
     for m in arm["members"]:
-        share = "" if m["token_share"] is None else f", {100 * m['token_share']:.0f}% of the fleet's tokens"
+        counted = (f"proxy-counted {m['log'].tokens} tokens, {100 * m['token_share']:.0f}% of the fleet's tokens"
+                   if m["token_share"] is not None else "tokens not counted (a lone run's proxy counts none)")
         print(f"  {m['tag']} {m['run_id']}: {m['steps']} steps, {'completed' if m['completed'] else 'NOT completed'}"
-              f", generated {_fmt(m['gen_tok_s'])} tok/s (TRL, median of its steps), proxy-counted "
-              f"{m['log'].tokens} tokens{share}; wall {_fmt(m['wall_s'])} s; cost {m['cost_s']:.0f} job-s "
+              f", generated {_fmt(m['gen_tok_s'])} tok/s (TRL, median of its steps), {counted}; "
+              f"wall {_fmt(m['wall_s'])} s; cost {m['cost_s']:.0f} job-s "
               f"(replicas {m['fleet_share_s'] or 0:.0f} + trainer {m['trainer_s']:.0f})", flush=True)
 
 
@@ -158,6 +159,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=512, help="max_tokens_per_batch")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--first", choices=("A", "B"), default="A", help="the arm of the first round")
     parser.add_argument("--timeout", type=float, default=900, help="seconds an arm may take")
     parser.add_argument("--home", default=None, help="the panel's home (default: a new temporary folder)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RunSpec field")
@@ -179,7 +181,7 @@ def main() -> None:
     ratios = {"tok_s": [], "per_member": [], "wall": []}
     try:
         for round_ in range(args.rounds):
-            order = ("A", "B") if round_ % 2 == 0 else ("B", "A")
+            order = ("A", "B") if (round_ % 2 == 0) == (args.first == "A") else ("B", "A")
             arms = {}
             for arm in order:
                 run = arm_a if arm == "A" else arm_b
