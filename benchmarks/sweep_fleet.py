@@ -188,8 +188,8 @@ def main() -> None:
                 arms[arm] = run(panel, values_a if arm == "A" else values_b, rates, args.timeout, started)
                 show(f"round {round_ + 1} {arm} ({'one fleet' if arm == 'A' else 'a fleet each'})", arms[arm])
             a, b = arms["A"], arms["B"]
-            tok = [m["gen_tok_s"] for m in a["members"]], [m["gen_tok_s"] for m in b["members"]]
-            if all(tok[0]) and all(tok[1]):
+            tok = [[m["gen_tok_s"] for m in arm["members"] if m["gen_tok_s"]] for arm in (a, b)]   # members with steps
+            if tok[0] and tok[1]:
                 ratios["tok_s"].append(statistics.median(tok[0]) / statistics.median(tok[1]))
             if per_completed(a) and per_completed(b):
                 ratios["per_member"].append(per_completed(a) / per_completed(b))
