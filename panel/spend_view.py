@@ -9,6 +9,7 @@ from backend.runs.access import Refused, Visitor
 from backend.runs.orphans import cancel_orphans, find_orphans
 from backend.runtime.records import BUDGET_CAP
 from backend.runtime.redact import redact_tokens
+from backend.view.fleet_cost import FleetSplit
 from panel import dashboard
 from panel.markdown import masked
 
@@ -89,7 +90,48 @@ def cost_line(panel, run_id: str, visitor: Visitor, view) -> str:
         return ""
     stops = dashboard.shared_value(view, "budget events", lambda: [e for e in view.events
                                                                   if e.get("event") == BUDGET_CAP])
-    return cost_markdown(cost, float(spec.get("budget_usd") or 0.0), stops, registry.engine.cost_rule)
+    line = cost_markdown(cost, float(spec.get("budget_usd") or 0.0), stops, registry.engine.cost_rule)
+    if spec.get("fleet"):      # a sweep member on a shared fleet: its share of the fleet, by tokens
+        try:
+            split = panel.spend.fleets.split(registry, spec)
+        except Exception:   # a failing listing or bucket: the member's own line stands
+            split = None
+        line = "\n\n".join(filter(None, (line, fleet_markdown(split, str(spec.get("sweep_member") or "")))))
+    return line
+
+
+def fleet_markdown(split: FleetSplit | None, tag: str) -> str:
+    """A sweep member's share of its shared fleet, split by the tokens the replicas generated for each member
+    (`backend/view/fleet_cost.py`), its own trainer, and the sweep's total (the fleet plus every member's own jobs).
+    On an engine that bills nothing: the token share and the replica-seconds it stands for. '' before the split can be
+    read."""
+    mine = split.members.get(tag) if split is not None else None
+    if mine is None:
+        return ""
+    fleet_cost = format_usd(split.fleet_usd or 0.0) if split.billed else f"{split.fleet_s:,.0f} replica-s"
+    if mine.token_share is None:
+        return (f"**Fleet share ({tag}):** no member has generated tokens on the shared fleet `{split.fleet_id}` yet: "
+                f"its cost so far ({fleet_cost}) is split between the members by their tokens once they do.")
+    total = sum(m.tokens for m in split.members.values())
+    if not mine.tokens:
+        head = (f"**Fleet share ({tag}):** no tokens generated for {tag} yet ({total:,} for the other members): "
+                f"no share of the fleet `{split.fleet_id}` so far")
+    elif split.billed:
+        head = (f"**Fleet share ({tag}):** {format_usd(mine.fleet_usd or 0.0)} of the fleet's {fleet_cost}, by "
+                f"tokens ({100 * mine.token_share:.0f}% of its generated tokens: {mine.tokens:,} of {total:,})")
+    else:
+        head = (f"**Fleet share ({tag}):** {100 * mine.token_share:.0f}% by tokens ({mine.tokens:,} of {total:,} "
+                f"generated): {mine.fleet_s or 0.0:,.0f} of the fleet's {fleet_cost}")
+    if split.billed:
+        own = f"this trainer {format_usd(mine.own_usd or 0.0)}"
+        whole = (f"sweep total {format_usd(split.total_usd or 0.0)} (fleet {fleet_cost} + "
+                 f"{len(split.members)} members' trainers "
+                 f"{format_usd(sum(m.own_usd or 0.0 for m in split.members.values()))})")
+    else:
+        own = f"this trainer {mine.own_s:,.0f} s"
+        whole = (f"sweep total {split.total_s:,.0f} job-s (fleet {fleet_cost} + {len(split.members)} members' "
+                 f"trainers {sum(m.own_s for m in split.members.values()):,.0f} s)")
+    return f"{head} · {own} · {whole}"
 
 
 def cost_at(panel, registry, run_id: str):

@@ -27,6 +27,7 @@ from backend.plan.jobspec import TERMINAL_STAGES, JobRecord, run_stage
 from backend.runtime import layout
 from backend.runtime.redact import redact_record
 from backend.storage.observers import FragmentReader
+from backend.view.fleet_cost import FleetCosts
 from backend.view.runview import reading
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class RunSummaries:
         self.clock = clock
         self.read_every_s = read_every_s
         self.flavor_cache = FlavorCache()
+        # Each sweep's shared fleet split between its members by tokens (a member's cost line), on this clock.
+        self.fleets = FleetCosts(self.prices, lambda: self.clock())
         self._runs: dict[tuple[str, str], _Followed] = {}
         # The newest glance of each run, given again within the same second of `clock` for the same job records and
         # view version: every session's tick asks each run's summary (its list row, its cost line) alike.
