@@ -92,19 +92,27 @@ def sweep(browser, app):
     try:
         started = time.monotonic()
         page.goto(url)
+        seen["phase"] = "launch"
         _launch(page, seen)
         executor = LocalExecutor(str(home))
+        seen["phase"] = f"rank and stop ({time.monotonic() - started:.0f} s)"
         _rank_and_stop_the_worst(page, executor, seen)
+        seen["phase"] = f"wait for the end ({time.monotonic() - started:.0f} s)"
         wait_until(lambda: _settled(executor, seen), timeout=840, interval=5, what="every member and the fleet ended")
         seen["took_s"] = time.monotonic() - started
         seen["jobs"] = executor.list_jobs()
+        seen["phase"] = f"the final ranking ({seen['took_s']:.0f} s)"
         page.locator("#sweep-show").click()
         wait_for_text(page, "sweep-note", r"0 still training", 60000)
         seen["final_rows"] = _rank_rows(page)
         yield seen
     except Exception:
-        page.screenshot(path=os.path.join(str(home), "sweep-fleet.png"), full_page=True)
-        print(f"--- launch message: {launch_message(page)!r}\n--- panel log tail:\n{tail(home / 'app.log')}")
+        try:
+            page.screenshot(path=os.path.join(str(home), "sweep-fleet.png"), full_page=True, timeout=10000)
+        except Exception as exc:     # a page too busy to draw must not hide why the set-up failed
+            print(f"--- no screenshot: {exc}")
+        print(f"--- seen: {seen}\n--- launch message: {launch_message(page)!r}\n"
+              f"--- panel log tail:\n{tail(home / 'app.log')}")
         raise
     finally:
         page.close()
