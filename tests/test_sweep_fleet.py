@@ -158,7 +158,7 @@ def _rank_and_stop_the_worst(page, url: str, executor: LocalExecutor, seen: dict
     this member* on the worst (picked by default), with each trainer's pid before and after."""
     page.goto(url)
     page.locator("#launch-btn").wait_for(state="visible", timeout=120000)
-    page.get_by_role("tab", name="Sweep").click()
+    page.get_by_role("tab", name="Sweep", exact=True).click()
     member = page.locator("#sweep-run input").first
     member.click()
     member.fill(seen["members"]["m0"])
