@@ -55,6 +55,7 @@ MAX_STEPS = 4
 MAX_TOKENS_PER_BATCH = 1024       # ~60 completions a step (the preset's 4096: ~230, ~30 s a step each on 2 cores)
 LEARNING_RATES = {"m0": 1e-5, "m1": 1e-4, "m2": 5e-4}
 RATIO_BOUND = 5e-3                # |ratio - 1| at every step of every member
+STEPS_BEFORE_STOP = 2             # the worst is stopped once every member has trained this far (its ratio seen)
 SENSITIVITY = 4                   # a swapped adapter's per-token ratio is off 1 by at least this many bounds
 
 
@@ -148,6 +149,12 @@ def _launch(page, seen: dict) -> None:
     seen["members"] = dict(seen["previewed"])
 
 
+def _steps(row: list[str]) -> int:
+    """A ranking row's steps done ("2/4"; "-" none yet)."""
+    found = re.match(r"(\d+)", row[5])
+    return int(found.group(1)) if found else 0
+
+
 def _rank_rows(page) -> list[list[str]]:
     return table_rows(page, "sweep-rank")
 
@@ -165,11 +172,13 @@ def _rank_and_stop_the_worst(page, url: str, executor: LocalExecutor, seen: dict
     member.press("Enter")
     wait_for_text(page, "sweep-note", r"3 member\(s\)", 120000)
 
-    def every_member_scored() -> bool:     # the tab draws the sweep again every 10 s
+    def every_member_scored_and_trained() -> bool:     # the tab draws the sweep again every 10 s
         rows = _rank_rows(page)
-        return len(rows) == 3 and all(re.fullmatch(r"-?\d+\.\d+", row[7]) for row in rows)
+        return len(rows) == 3 and all(re.fullmatch(r"-?\d+\.\d+", row[7]) and _steps(row) >= STEPS_BEFORE_STOP
+                                      for row in rows)
 
-    wait_until(every_member_scored, timeout=600, interval=5, what="a held-out score for every member")
+    wait_until(every_member_scored_and_trained, timeout=600, interval=3,
+               what=f"a held-out score and {STEPS_BEFORE_STOP} steps for every member")
     seen["rows"] = _rank_rows(page)
     seen["note"] = inner_text(page, "sweep-note")
     picked = page.locator("#sweep-stop-pick input").first.input_value()
@@ -259,7 +268,7 @@ def test_each_member_published_and_was_served_only_its_own_versions(sweep):
         done = [r["step"] for r in steps]
         published = [e["name"] for e in events if e["event"] == "adapter_published"]
         if tag == sweep["worst"]:
-            assert done == list(range(1, len(done) + 1)) and len(done) < MAX_STEPS, (tag, done)
+            assert done == list(range(1, len(done) + 1)) and STEPS_BEFORE_STOP <= len(done) < MAX_STEPS, (tag, done)
             assert published == [layout.adapter_name(v, tag) for v in range(1, len(published) + 1)], published
         else:
             assert done == list(range(1, MAX_STEPS + 1)), (tag, done)
