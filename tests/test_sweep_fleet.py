@@ -143,7 +143,7 @@ def _launch(page, seen: dict) -> None:
     seen["preview"] = wait_for_text(page, "launch-msg", r"Sweep .*: 3 members", 60000)
     seen["previewed"] = re.findall(r"^(m\d)\s+(\d{8}-\d{6}-[0-9a-f]{6})", inner_text(page, "launch-msg"), re.MULTILINE)
     seen["sweep_id"] = re.search(r"Sweep (sweep-\S+): 3 members", seen["preview"]).group(1)
-    page.locator("#confirm input").check()
+    _tick(page, page.locator("#confirm input").first)
     page.locator("#launch-btn").click()
     seen["launched"] = wait_for_launch_answer(page, 120000)
     assert f"Launched sweep {seen['sweep_id']}" in seen["launched"], seen["launched"]
@@ -154,6 +154,18 @@ def _steps(row: list[str]) -> int:
     """A ranking row's steps done ("2/4"; "-" none yet)."""
     found = re.match(r"(\d+)", row[5])
     return int(found.group(1)) if found else 0
+
+
+def _tick(page, box) -> None:
+    """Tick the review box until it stays ticked (the preview's answer, drawn a moment after its text, can untick a
+    box ticked before it lands; seen once)."""
+    for _ in range(10):
+        if not box.is_checked():
+            box.click()
+        page.wait_for_timeout(1000)
+        if box.is_checked():
+            return
+    raise AssertionError("the review box does not stay ticked")
 
 
 def _rank_rows(page) -> list[list[str]]:
