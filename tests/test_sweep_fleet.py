@@ -204,7 +204,8 @@ def _rank_and_stop_the_worst(page, url: str, executor: LocalExecutor, seen: dict
     worst_pid = seen["trainer_pids"][seen["worst"]]
     wait_until(lambda: not _alive(worst_pid), timeout=60, what="the stopped member's trainer process gone")
     seen["alive_after"] = {tag: _alive(pid) for tag, pid in seen["trainer_pids"].items()}
-    seen["stopped_note"] = wait_for_text(page, "sweep-note", r"2 still training", 120000)
+    # The note lists the stop (the others may have finished meanwhile: "still training" counts vary).
+    seen["stopped_note"] = wait_for_text(page, "sweep-note", rf"Stopped: {seen['worst']} \(by hand\)", 120000)
 
 
 def _settled(executor: LocalExecutor, seen: dict) -> bool:
