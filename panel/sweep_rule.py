@@ -1,0 +1,123 @@
+"""A sweep's stop decisions carried out: its stated early-stop rule (successive halving, `backend.view.sweep`) where
+its next rung is due, and stops by hand, each member stopped as Cancel run would with its `sweep_stop` event.
+
+Two callers: the Sweep tab (`panel/sweep_view.py`), on every draw of a sweep a page shows, and on a local panel the
+background watch (`apply_stated_rules`, every budget check), so a local sweep is halved with no page open. On a Space
+the rule runs only while a page shows the sweep: there the rule's stops are the visitor's own (Cancel run's check
+is the owner's, and the watch holds no visitor's sign-in to act with), so nothing stops a visitor's member behind
+their back. Gradio-free: the watch's thread imports it.
+"""
+
+import logging
+import threading
+from collections import defaultdict
+
+from backend.plan.jobspec import TERMINAL_STAGES
+from backend.runs.access import ANONYMOUS, Refused, Visitor
+from backend.runtime.records import SWEEP_STOP
+from backend.runtime.redact import redact_tokens
+from backend.view.runview import reading
+from backend.view.sweep import Halving, Member, Stop, done_rungs, member_of
+from panel.markdown import masked
+
+log = logging.getLogger(__name__)
+# One rung at a time per sweep in this process: two sessions watching one sweep (or a session and the background
+# watch) must not both carry out a rung (the second, not yet seeing the first's stop, would halve the members left
+# again).
+_RULE_LOCKS: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+
+
+def members_of(panel, run_id: str, visitor: Visitor,
+               fresh: bool = False) -> tuple[dict, list[tuple[Member, object]]]:
+    """The sweep's record and each member (its ranking state and view) this visitor can see, views refreshed when
+    due (`fresh`: now); KeyError where `run_id` is not a sweep member this visitor sees."""
+    record = panel.operations.sweep_record(run_id, visitor)
+    out = []
+    for tag, member_id in record["members"].items():
+        try:
+            view = panel.view(member_id, visitor)
+        except KeyError:
+            continue        # a member this visitor cannot see (another namespace's) is not shown
+        if fresh:
+            view.refresh()
+        else:
+            view.refresh_if_due()
+        out.append((member_of(tag, member_id, view, record["settings"].get(tag)), view))
+    return record, out
+
+
+def stop_events(views) -> list[dict]:
+    with_events = []
+    for view in views:
+        with reading(view):
+            with_events += [e for e in view.events if e.get("event") == SWEEP_STOP]
+    return with_events
+
+
+def apply_rule(panel, visitor: Visitor, run_id: str, record: dict) -> str:
+    """The sweep's stated successive halving carried out where its next rung is due: the members it stops, each with
+    its event. What it did or waits for, in words ("" for a sweep stopped by hand only). Decided on the members and
+    their stop events read afresh, one rung at a time per sweep."""
+    after = record["early_stop_after"]
+    if not after:
+        return ""
+    with _RULE_LOCKS[record["sweep_id"]]:
+        record, members = members_of(panel, run_id, visitor, fresh=True)
+        states = [m for m, _ in members]
+        rule, rungs = Halving(after), done_rungs(stop_events(v for _, v in members))
+        decision = rule.decide(states, rungs)
+        if decision is None:
+            return rule.waiting(states, rungs)
+        return f"Rung {decision.rung} due: " + stop_members(panel, visitor, record, states, decision)
+
+
+def stop_members(panel, visitor: Visitor, record: dict, members: list[Member], decision: Stop) -> str:
+    """Stop the members `decision` names (each as Cancel run would, with its sweep_stop event); what happened."""
+    by_tag = {m.tag: m for m in members}
+    said = []
+    for tag in decision.stopped:
+        member = by_tag[tag]
+        try:
+            jobs = panel.operations.stop_member(member.run_id, visitor, record["sweep_id"], tag, decision.rule,
+                                                decision.scores, decision.rung)
+        except (Refused, KeyError) as exc:
+            said.append(f"{tag} not stopped: {masked(exc.args[0] if exc.args else exc)}")
+            continue
+        except Exception as exc:     # the Hub or the bucket failing: the member may still bill
+            said.append(f"{tag} not stopped: {masked(exc)}. Try again, or Cancel run on it")
+            continue
+        said.append(f"stopped {tag} ({member.run_id}, {len(jobs)} job(s))")
+    return "; ".join(said) + "."
+
+
+def apply_stated_rules(panel) -> list[str]:
+    """The background watch's pass on a local panel: every live sweep with a stated early-stop rule has its next
+    rung carried out where due (`apply_rule`, as the Sweep tab would), as the panel's host. What it did, a line per
+    sweep that stopped members. Each sweep is looked at once a pass, through any of its live members."""
+    visitor = Visitor()
+    looked, said = set(), []
+    for registry in panel.runs.registries(ANONYMOUS):
+        for run in registry.list_runs():
+            if run.run_id in looked or not run.stages or all(s in TERMINAL_STAGES for s in run.stages.values()):
+                continue
+            try:
+                record = panel.operations.sweep_record(run.run_id, visitor)
+            except KeyError:        # not a sweep member (or the fleet: no spec.json)
+                looked.add(run.run_id)
+                continue
+            looked.update(record["members"].values())
+            if not record["early_stop_after"]:
+                continue
+            done = apply_rule(panel, visitor, run.run_id, record)
+            if done.startswith("Rung"):
+                log.info("sweep %s: %s", record["sweep_id"], done)
+                said.append(f"{record['sweep_id']}: {done}")
+    return said
+
+
+def rules_in_background(panel) -> None:
+    """`apply_stated_rules` for the watch's thread: a failure is logged and tried again at the next pass."""
+    try:
+        apply_stated_rules(panel)
+    except Exception as exc:
+        log.warning("sweep early-stop check failed: %s", redact_tokens(str(exc)))
