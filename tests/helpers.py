@@ -12,6 +12,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None = None):
+    """`python -m runtime.serve_replica --run-dir RUN_DIR EXTRA -- SERVER...` as a replica job runs it (the runtime
+    package on its path, vLLM's socket folder its own), its output on a pipe, in a process group of its own."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.path.join(root, "backend"), **(env or {})}
+    env.pop("VLLM_RPC_BASE_PATH", None)
+    return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
+                             "--", *server], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+
 def files_under(path) -> list[str]:
     """Every file below `path`, as paths."""
     return [os.path.join(d, f) for d, _, files in os.walk(path) for f in files]

@@ -1,7 +1,6 @@
 """A replica job stops its server when the run's trainer ends, and ignores end events from before its start."""
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -10,16 +9,13 @@ import psutil
 
 from backend.runtime.records import write_event
 from tests.fakehub import wait_until
+from tests.helpers import serve_replica_process
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
 
 
 def _start(run_dir, *extra, server=SERVER, env=None):
-    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), **(env or {})}
-    env.pop("VLLM_RPC_BASE_PATH", None)
-    return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
-                             "--", *server], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    return serve_replica_process(run_dir, *extra, server=server, env=env)
 
 
 def _children(proc):
@@ -220,3 +216,13 @@ def test_every_server_of_a_job_stops_when_the_trainer_finishes(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+def test_a_fleet_job_finds_its_servers_at_its_ports_or_its_commands_port():
+    from backend.runtime.serve_replica import server_urls
+
+    assert server_urls(["vllm", "serve", "m", "--port", "8001"], ["9000", "9001"]) == [
+        "http://127.0.0.1:9000", "http://127.0.0.1:9001"]
+    assert server_urls(["vllm", "serve", "m", "--host", "0.0.0.0", "--port", "8001"], None) == ["http://127.0.0.1:8001"]
+    assert server_urls(["vllm", "serve", "m", "--port=8002"], None) == ["http://127.0.0.1:8002"]
+    assert server_urls(["vllm", "serve", "m"], None) == ["http://127.0.0.1:8000"], "vLLM's own default"

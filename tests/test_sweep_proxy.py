@@ -6,8 +6,12 @@ Its own module: test_proxy.py's lone-run proxy owns the replicas it fronts (it u
 replica rejoins), which is exactly what a sweep's fleet must not have beside its members' proxies.
 """
 
+import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,10 +20,14 @@ from vllm_replicas import API_KEY, served_models
 
 from backend.runtime import layout
 from backend.runtime.proxy import start_proxy
+from backend.runtime.proxy_env import REPLICA_KEY_ENV
 from backend.runtime.proxy_members import Members, MemberTraffic
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
+from tests.helpers import serve_replica_process
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 M0, M1 = layout.adapter_name(1, "m0"), layout.adapter_name(1, "m1")
 
@@ -136,6 +144,85 @@ def test_a_replica_that_rejoins_gets_each_members_versions_back_and_loses_none(v
         os.killpg(vllm_pool.procs[0].pid, signal.SIGCONT)
     wait_until(lambda: healthy(m0) and healthy(m1), 120, 0.2)
     assert {M0, M1} <= served_models(replica), "neither member's proxy unloaded the other's version"
+
+
+# A member's trainer as its fleet sees it: it beats (runtime.heartbeat) and records `canceled` on SIGTERM
+# (runtime.run_end), as runtime.train_async does.
+TRAINER = """
+import sys, time
+from runtime.heartbeat import Heartbeat
+from runtime.run_end import Terminated, record_end, stop_on_sigterm
+Heartbeat(sys.argv[1], interval_s=0.3).start()
+stop_on_sigterm()
+print("training", flush=True)
+try:
+    time.sleep(300)
+except Terminated as error:
+    record_end(sys.argv[1], "trainer", error)
+"""
+SLEEPING_SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
+
+
+def _replica_call(url: str, path: str, **body) -> requests.Response:
+    return requests.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
+
+
+def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_stopped(vllm_pool, adapter, tmp_path):
+    """m2's trainer is SIGKILLed (no event: its heartbeat stands still) and m3's is stopped (SIGTERM, which Stop this
+    member's cancel sends it: it records `canceled`); neither member's proxy is left to unload its versions. The
+    sweep's fleet replica job (`serve_replica --member-run-dir` for each) unloads them from its servers, and m4,
+    training on, keeps its own. The job's servers are the session's vLLM pair: `--ports` names theirs, and the
+    servers it starts itself are stand-ins that sleep."""
+    tags = ("m2", "m3", "m4")
+    names = {"m2": [layout.adapter_name(1, "m2"), layout.adapter_name(2, "m2")], "m3": [layout.adapter_name(1, "m3")],
+             "m4": [layout.adapter_name(1, "m4")]}
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend")}
+    runs, trainers, replica = {}, {}, None
+    try:
+        for url in vllm_pool.urls:
+            for name in (n for tag in tags for n in names[tag]):
+                assert _replica_call(url, "/v1/load_lora_adapter", lora_name=name, lora_path=adapter).status_code == 200
+        for tag in tags:
+            runs[tag] = tmp_path / tag
+            runs[tag].mkdir()
+            (runs[tag] / "spec.json").write_text(json.dumps({"sweep_member": tag}))
+            trainers[tag] = subprocess.Popen([sys.executable, "-c", TRAINER, str(runs[tag])], env=env,
+                                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+            assert trainers[tag].stdout.readline().strip() == "training"
+        members = [arg for tag in tags for arg in ("--member-run-dir", str(runs[tag]))]
+        replica = serve_replica_process(tmp_path / "fleet", "--ports", *map(str, vllm_pool.ports), *members,
+                                        server=SLEEPING_SERVER,
+                                        env={"GRPO_TRAINER_GONE_AFTER_S": "2", REPLICA_KEY_ENV: API_KEY})
+        said: list[str] = []
+        threading.Thread(target=lambda: said.extend(iter(replica.stdout.readline, "")), daemon=True).start()
+        wait_until(lambda: said.count("serving\n") == 2, 30, 0.2, what="the fleet job's servers started")
+
+        os.killpg(trainers["m2"].pid, signal.SIGKILL)
+        trainers["m3"].send_signal(signal.SIGTERM)
+        assert trainers["m3"].wait(timeout=30) == 0
+
+        def held() -> set[str]:
+            return set.union(*(served_models(url) for url in vllm_pool.urls))
+
+        wait_until(lambda: not held() & {*names["m2"], *names["m3"]}, 90, 0.5,
+                   what="the fleet unloaded the ended members' versions")
+        assert all(set(names["m4"]) <= served_models(url) for url in vllm_pool.urls), "m4 trains on: its stay"
+        assert replica.poll() is None, "m4 trains on: the fleet serves on"
+        text = "".join(said)
+        assert "m2: no trainer heartbeat for" in text and "m3: the trainer has canceled" in text, text
+        for url in vllm_pool.urls:
+            assert f"m2: unloaded {', '.join(names['m2'])} from {url}" in text, text
+
+        os.killpg(trainers["m4"].pid, signal.SIGKILL)
+        assert replica.wait(timeout=60) == 0, "m4 gone too: the fleet stops"
+    finally:
+        for proc in (*trainers.values(), *([replica] if replica else [])):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for url in vllm_pool.urls:
+            for name in (n for tag in tags for n in names[tag]):
+                _replica_call(url, "/v1/unload_lora_adapter", lora_name=name)
 
 
 def test_members_proxies_own_names_by_their_tag_and_a_lone_runs_proxy_owns_every_name():

@@ -1,5 +1,6 @@
 """Run one vLLM replica of a distributed run, and stop it when the run's trainer ends (a sweep's shared fleet: when
-every member's trainer has ended, `--member-run-dir` for each).
+every member's trainer has ended, `--member-run-dir` for each; a member that ends before the others has its adapter
+versions unloaded from the fleet's servers).
 
     python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] -- vllm serve MODEL ARGS
 
@@ -22,11 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 
 from .attempt import ATTEMPT_ENV
 from .gpu_split import SERVER_OVERHEAD_BYTES, gib, server_memory_args
 from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER
+from .layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER, adapter_member, spec_member
 from .records import ATTEMPT, FAILED, REPLICA_ENDED, TRAINER_ENDS, write_event
 from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
 from .replica_key import REPLICA_KEY_ENV
@@ -34,6 +37,7 @@ from .spec_file import read_fleet, read_spec
 from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
+VLLM_PORT = "8000"      # `vllm serve`'s port where its command names none
 GRACE_S = 30.0
 UNIX_PATH_MAX = 107      # bytes a Unix socket's path may have (sun_path, less its closing NUL)
 ZMQ_NAME_LEN = 37        # "/" and a uuid4: the name vLLM gives each socket in VLLM_RPC_BASE_PATH
@@ -95,11 +99,13 @@ class TrainerEndWatch:
 class TrainersEndWatch:
     """Whether the trainers a replica serves have all ended: its run's one trainer, or every member's trainer of a
     sweep whose fleet it is (`--member-run-dir`). A member that ends (its end event, or its heartbeat standing still)
-    leaves the fleet serving the others; the fleet stops once the last one has ended."""
+    leaves the fleet serving the others (`on_member_end(run_dir)` is called for it); the fleet stops once the last
+    one has ended."""
 
-    def __init__(self, run_dirs: list[str], since: float):
+    def __init__(self, run_dirs: list[str], since: float, on_member_end=lambda run_dir: None):
         self.watches = {run_dir: (TrainerEndWatch(run_dir, since), HeartbeatWatch(run_dir)) for run_dir in run_dirs}
         self.ended_why: dict[str, str] = {}
+        self.on_member_end = on_member_end
 
     def ended(self) -> str | None:
         for run_dir, (events, heartbeat) in self.watches.items():
@@ -108,14 +114,98 @@ class TrainersEndWatch:
             reason = events.ended() or heartbeat.gone()
             if reason:
                 self.ended_why[run_dir] = reason
+                serving = len(self.watches) - len(self.ended_why)
                 if len(self.watches) > 1:
-                    print(f"{os.path.basename(run_dir.rstrip('/'))}: {reason}; serving "
-                          f"{len(self.watches) - len(self.ended_why)} member(s) still", flush=True)
+                    print(f"{os.path.basename(run_dir.rstrip('/'))}: {reason}; serving {serving} member(s) still",
+                          flush=True)
+                if len(self.watches) > 1 and serving:      # the last one's versions go with the servers
+                    self.on_member_end(run_dir)
         if len(self.ended_why) < len(self.watches):
             return None
         if len(self.watches) == 1:
             return next(iter(self.ended_why.values()))
         return f"every member's trainer has ended ({len(self.watches)})"
+
+
+class MemberAdapters:
+    """A sweep's fleet unloads a member's adapter versions (`trl-policy-<member>-v<N>`) from its own servers once that
+    member's trainer has ended for good (finished, cancelled, failed with no attempt left, or killed: its heartbeat
+    stands still). Nothing else would: the member's proxy, the one that loads and unloads its names, died with its
+    trainer (and on HF Jobs a cancelled job's container takes it along at once), and every other member's proxy
+    refuses to touch another member's names (proxy_members.py). Left registered, they would hold places of the
+    fleet's `--max-loras`/`--max-cpu-loras`, sized for every member at once, until the fleet stops. A server that
+    did not answer is tried again at the next poll; one that refuses the connection is not up, and holds nothing."""
+
+    def __init__(self, urls: list[str], key: str | None = None, timeout_s: float = 30.0):
+        self.urls = urls
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.timeout_s = timeout_s
+        self.pending: dict[str, set[str]] = {}     # member tag -> the servers still to clear of its versions
+        self.said: set[tuple[str, str]] = set()      # (member, server) whose failure the log has: said once
+
+    def member_ended(self, run_dir: str) -> None:
+        try:
+            tag = spec_member(read_spec(run_dir))
+        except (OSError, ValueError) as error:
+            tag, why = "", f"its spec.json cannot be read ({error})"
+        else:
+            why = "its spec.json names no sweep member"
+        if not tag:
+            print(f"{os.path.basename(run_dir.rstrip('/'))}: {why}: its adapter versions stay loaded", flush=True)
+            return
+        self.pending[tag] = set(self.urls)
+        self.retry()
+
+    def retry(self) -> None:
+        """Clear every ended member's versions from the servers not yet cleared of them."""
+        for tag, urls in list(self.pending.items()):
+            for url in sorted(urls):
+                try:
+                    names = self._unload(url, tag)
+                except (OSError, ValueError, KeyError, TypeError) as error:
+                    refused = isinstance(getattr(error, "reason", None), ConnectionRefusedError)
+                    if not refused:
+                        if (tag, url) not in self.said:
+                            self.said.add((tag, url))
+                            print(f"{tag}: could not unload its adapter versions from {url} ({error}): trying "
+                                  "again at each poll", flush=True)
+                        continue
+                    names = []
+                urls.discard(url)
+                if names:
+                    print(f"{tag}: unloaded {', '.join(names)} from {url}", flush=True)
+            if not urls:
+                del self.pending[tag]
+
+    def _unload(self, url: str, tag: str) -> list[str]:
+        """Unload member `tag`'s versions from the server at `url`; their names (a 404: already gone, as wanted)."""
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/models", headers=self.headers),
+                                    timeout=self.timeout_s) as answer:
+            served = [m["id"] for m in json.load(answer)["data"]]
+        names = sorted(name for name in served if adapter_member(name) == tag)
+        for name in names:
+            request = urllib.request.Request(f"{url}/v1/unload_lora_adapter", method="POST",
+                                             data=json.dumps({"lora_name": name}).encode(),
+                                             headers={**self.headers, "Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(request, timeout=self.timeout_s).close()
+            except urllib.error.HTTPError as error:
+                if error.code != 404:
+                    raise
+        return names
+
+
+def server_urls(command: list[str], ports: list[str] | None) -> list[str]:
+    """Where this job's servers answer on its own machine: each of `--ports`, else the command's `--port` (vLLM's
+    8000 where it names none); a server listens on loopback or on every interface."""
+    if not ports:
+        ports = [VLLM_PORT]
+        for i, arg in enumerate(command):
+            if arg == "--port" and i + 1 < len(command):
+                ports = [command[i + 1]]
+            elif arg.startswith("--port="):
+                ports = [arg.split("=", 1)[1]]
+    return [f"http://127.0.0.1:{port}" for port in ports]
 
 
 def _attempts(run_dir: str) -> int:
@@ -333,8 +423,11 @@ def main() -> None:
         parser.error("give the vLLM server command after --")
     command = server_command(with_key(with_dtype_without_cuda(command, args.dtype_without_cuda, cuda_available)))
     started = time.time()
-    # Whose trainers this replica serves: its run's, or every member's of the sweep whose shared fleet it is.
-    watch = TrainersEndWatch(args.member_run_dir or [args.run_dir], since=started)
+    # Whose trainers this replica serves: its run's, or every member's of the sweep whose shared fleet it is, where
+    # a member that ends has its versions unloaded from this job's servers.
+    adapters = MemberAdapters(server_urls(command, args.ports), os.environ.get(REPLICA_KEY_ENV))
+    watch = TrainersEndWatch(args.member_run_dir or [args.run_dir], since=started,
+                             on_member_end=adapters.member_ended)
     if args.wait_for and not wait_for_model(args.wait_for, watch.ended):
         sys.exit(0)
     ports = args.ports or [None]
@@ -354,6 +447,7 @@ def main() -> None:
                 print(f"{reason}: stopping this replica", flush=True)
                 stop_all(children)
                 sys.exit(0)
+            adapters.retry()
         # One server gone takes the job with it: a retried job starts them all again, and the proxy takes each back.
         if len(children) > 1:
             print(f"the vLLM server on port {ports[children.index(ended)]} exited ({ended.returncode}): stopping "
