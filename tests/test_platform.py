@@ -438,3 +438,32 @@ def test_a_replica_down_after_it_joined_degrades_the_run_until_the_proxy_takes_i
     stages["v1"] = "ERROR"                 # a job that ended is down whatever the proxy last said
     view.refresh()
     assert view.degraded == "degraded (1/2 replicas)"
+
+
+def test_a_fleet_replica_lost_degrades_a_sweep_member_that_has_no_replica_job_of_its_own(tmp_path):
+    """A member's jobs are its trainer alone (the fleet's replica jobs are the fleet's): its proxy's snapshot says
+    the shared fleet lost a replica, and the member, training on, shows degraded until the proxy takes it back."""
+    from backend.runtime.proxy_stats import StatsRecorder
+    from backend.runtime.replicas import Replica
+
+    run_dir = tmp_path / "runs" / "m0"
+    (run_dir / "metrics").mkdir(parents=True)
+    spec = {"mode": "distributed", "sweep_member": "m0", "fleet": "sweep-1", "replicas": 2}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    view = RunView("m0", FolderStore(str(tmp_path)), _Jobs({"t": "RUNNING"}), {"trainer": "t"})
+    view.min_refresh_s = 0
+    recorder = StatsRecorder(str(run_dir / "metrics"), 0, 0)
+    replicas = [Replica("http://a"), Replica("http://b")]
+    for replica in replicas:
+        replica.joined, replica.healthy = 1, True
+    recorder.sample(replicas, force=True)
+    view.refresh()
+    assert view.replicas_up == (2, 2) and view.degraded is None
+    replicas[1].healthy = False            # a fleet replica died: this member's proxy routes around it
+    recorder.sample(replicas, force=True)
+    view.refresh()
+    assert view.degraded == "degraded (1/2 replicas)"
+    replicas[1].healthy = True
+    recorder.sample(replicas, force=True)
+    view.refresh()
+    assert view.degraded is None

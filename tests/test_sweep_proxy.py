@@ -130,20 +130,30 @@ def _recorded_tokens(folder: str) -> int | None:
     return records[-1]["members"]["m0"]["generated_tokens"] if records else None
 
 
-def test_a_replica_that_rejoins_gets_each_members_versions_back_and_loses_none(vllm_pool, members):
+def test_a_replica_lost_degrades_every_member_they_go_on_and_it_rejoins_with_each_members_versions(
+        vllm_pool, members, adapter):
+    """One of the fleet's two replicas stands still: both members' proxies route around it (each member's run
+    shows degraded from its proxy's stats: test_platform.py), both keep generating and syncing on the other, and
+    the replica, back, gets every member's versions, the one loaded while it was away too, and loses none."""
     m0, m1 = members
-    replica = vllm_pool.urls[0]
+    replica, other = vllm_pool.urls
 
     def healthy(proxy) -> bool:
         return next(r for r in proxy.stats()["replicas"] if r["url"] == replica)["healthy"]
 
+    later = layout.adapter_name(2, "m0")
     os.killpg(vllm_pool.procs[0].pid, signal.SIGSTOP)     # it stands still, holding both members' versions
     try:
         wait_until(lambda: not healthy(m0) and not healthy(m1), 60, 0.2)
+        for proxy, name in ((m0, M0), (m1, M1)):
+            answer = _complete(proxy, name)
+            assert answer.status_code == 200 and answer.headers["X-Served-By"] == other, "the member goes on"
+        assert _post(m0, "/v1/load_lora_adapter", lora_name=later, lora_path=adapter).status_code == 200
+        assert later in served_models(other) and _complete(m0, later).status_code == 200, "m0 syncs on"
     finally:
         os.killpg(vllm_pool.procs[0].pid, signal.SIGCONT)
     wait_until(lambda: healthy(m0) and healthy(m1), 120, 0.2)
-    assert {M0, M1} <= served_models(replica), "neither member's proxy unloaded the other's version"
+    assert {M0, M1, later} <= served_models(replica), "neither member's proxy unloaded the other's version"
 
 
 # A member's trainer as its fleet sees it: it beats (runtime.heartbeat) and records `canceled` on SIGTERM

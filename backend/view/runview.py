@@ -233,14 +233,17 @@ class RunView:
     def replicas_up(self) -> tuple[int, int] | None:
         """(replicas up, replica jobs) of the current attempt; None for a run without replicas. A replica is down
         when its job ended, or when the proxy's newest snapshot says it stopped answering after it had joined (its
-        process died and its job is retrying it): it is up again once the proxy has taken it back."""
+        process died and its job is retrying it): it is up again once the proxy has taken it back. A sweep member on
+        its sweep's shared fleet has no replica job of its own: the fleet's (its spec's `replicas`) are counted from
+        its proxy's snapshot alone, so a fleet replica lost degrades every member."""
         replicas = {role: job for role, job in self.current_jobs.items() if role.startswith("vllm-")}
-        if not replicas:
-            return None
         snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
-        per_job = servers_per_job(len(snapshot), len(replicas))
-        lost = {server_role(i, per_job) for i, r in enumerate(snapshot)
-                if isinstance(r, dict) and not r.get("healthy") and _is_number(r.get("joined")) and r["joined"] >= 1}
+        if not replicas:
+            fleet = self.spec.get("replicas") if self.spec.get("fleet") and snapshot else None
+            if type(fleet) is not int or fleet < 1:
+                return None
+            return fleet - len(_lost_roles(snapshot, fleet)), fleet
+        lost = _lost_roles(snapshot, len(replicas))
         return sum(not job.status.done and role not in lost for role, job in replicas.items()), len(replicas)
 
     @property
@@ -772,6 +775,14 @@ def replica_counts(r) -> tuple[int, int, int]:
         counts[0] = counts[0] if back > 0 else 0
         counts[1] = max(back - counts[0], 0)
     return counts[0], counts[1], counts[2]
+
+
+def _lost_roles(snapshot: list, jobs: int) -> set[str]:
+    """The replica jobs (`vllm-i`) of which the proxy's `snapshot` has a server that stopped answering after it had
+    joined (one still starting is not lost)."""
+    per_job = servers_per_job(len(snapshot), jobs)
+    return {server_role(i, per_job) for i, r in enumerate(snapshot)
+            if isinstance(r, dict) and not r.get("healthy") and _is_number(r.get("joined")) and r["joined"] >= 1}
 
 
 def _is_number(value) -> bool:
