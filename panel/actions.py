@@ -397,10 +397,12 @@ class Panel:
         return f"Run {run_id} is now called {code_span(notes.name)} (saved in its folder; its id stays {run_id})."
 
     def run_title(self, run_id: str, visitor: Visitor | str | None, view: RunView | None = None) -> str:
-        """The run's name as its header shows it: its display name, else the name it was launched with ("" where
-        that is its id, which the header shows anyway)."""
+        """The run's name as its header shows it: its display name, else the name it was launched with (a sweep's
+        shared fleet: the one its fleet.json gives it, `<sweep name>-fleet`), "" where that is its id, which the
+        header shows anyway."""
         view = view or self.view(run_id, visitor)
-        name = self.run_notes(run_id, visitor).name or str((view.spec or {}).get("name") or "")
+        launched = view.spec or getattr(view, "fleet", None) or {}
+        name = self.run_notes(run_id, visitor).name or str(launched.get("name") or "")
         return "" if name == run_id else name
 
     def _forget_rows(self, run_id: str) -> None:

@@ -175,6 +175,8 @@ def status_markdown(view) -> str:
                      + (f" · reward {last['reward']:.3f}" if isinstance(last.get("reward"), (int, float)) else "")
                      + f" · {len(view.adapters)} adapter version(s)" + best_line(view)
                      + (" · **final adapter ready**" if view.final_files else ""))
+    elif getattr(view, "fleet", None):
+        parts.append(fleet_line(view.fleet))
     failure = getattr(view, "history_failure", "")
     if view.history_pending:
         first = f" before step {int(view.table.steps[0])}" if len(view.table) else ""
@@ -203,6 +205,19 @@ def status_markdown(view) -> str:
         parts.append(f"{mark('warning', str(total))} unreadable record{'s' if total != 1 else ''} skipped ({files})")
     parts += end_lines(view)
     return "\n\n".join(parts)
+
+
+def fleet_line(fleet: dict) -> str:
+    """What a sweep's shared fleet is (its fleet.json; it has no spec): 'Shared vLLM fleet of sweep `sweep-x` · 3
+    members: m0, m1, m2 · 9 adapter slots (--max-loras) · LoRA rank up to 8'."""
+    members = fleet.get("members") if isinstance(fleet.get("members"), dict) else {}
+    parts = [f"Shared vLLM fleet of sweep {code_span(fleet.get('sweep_id') or '?')}",
+             f"{len(members)} member(s): {', '.join(masked(tag) for tag in sorted(members))}" if members else ""]
+    if isinstance(fleet.get("max_loras"), int):
+        parts.append(f"{fleet['max_loras']} adapter slots (`--max-loras`)")
+    if isinstance(fleet.get("max_lora_rank"), int):
+        parts.append(f"LoRA rank up to {fleet['max_lora_rank']}")
+    return " · ".join(part for part in parts if part)
 
 
 def titled(status: str, name: str) -> str:

@@ -3,8 +3,8 @@
 The records are written the way a member's proxy writes them: its `Members` counts each answer's
 `usage.completion_tokens` and its `StatsRecorder` writes the snapshots as `proxy-*` fragments into the member's
 `metrics/` folder (only their clock is the test's, so the windows are known). Job records are written as the local
-executor's wrapper writes them (job.json, process.json, exit.json), and the member's cost line is read through the
-page's handler that draws the open run (`dashboard_view.draw`).
+executor's wrapper writes them (job.json, process.json, exit.json), and the member's cost line (and the fleet's own
+header) is read through the page's handler that draws the open run (`dashboard_view.draw`).
 """
 
 import json
@@ -209,3 +209,19 @@ def test_a_members_cost_line_on_the_page_shows_its_fleet_share_by_tokens(panel, 
         in m0, m0
     m1 = dashboard_view.draw(panel, Visitor(), members["m1"], *SHOWN, None)["cost"]
     assert "**Fleet share (m1):** 25% by tokens (40 of 160 generated): 150 of the fleet's 600 replica-s" in m1, m1
+
+
+@pytest.mark.usefixtures("no_hub_login")
+def test_the_fleets_own_dashboard_header_names_it_and_says_whose_fleet_it_is(panel):
+    """The fleet's row, opened: it has no spec.json, so its header reads its name and sweep from its fleet.json, as its
+    row in the runs list does."""
+    root = os.path.join(panel.settings.home, "buckets", *BUCKET.split("/"))
+    _write(os.path.join(root, layout.run_prefix(SWEEP), layout.FLEET_FILE),
+           {"sweep_id": SWEEP, "members": {"m0": "r0", "m1": "r1", "m2": "r2"}, "max_loras": 9, "max_lora_rank": 8,
+            "name": "lr-fleet", "mode": "distributed", "executor": "local", "attempts": 1})
+    for role in ("vllm-0", "vllm-1"):
+        _job(panel.settings.home, SWEEP, role, T0, None)
+    status = dashboard_view.draw(panel, Visitor(), SWEEP, *SHOWN, None)["status"]
+    assert status.startswith(f"### lr-fleet · Run `{SWEEP}` — **RUNNING**"), status
+    assert (f"Shared vLLM fleet of sweep `{SWEEP}` · 3 member(s): m0, m1, m2 · 9 adapter slots (`--max-loras`) · "
+            "LoRA rank up to 8") in status, status

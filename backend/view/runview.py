@@ -152,6 +152,8 @@ class RunView:
         self.jobs.update({role: JobView(job_id, role) for role, job_id in jobs.items()})
         self.superseded: dict[str, int] = {}    # adapter name -> the step the run resumed from, discarding it
         self.spec: dict = {}
+        # A sweep's shared fleet has no spec.json: its fleet.json (its name, sweep, members, slots) is read instead.
+        self.fleet: dict = {}
         self.table = SeriesTable()            # the trainer's metrics, one row per logged step, bounded to draw
         self.first_step: dict[int, int] = {}  # policy version -> the first step trained with it (async runs)
         self.events: list[dict] = []
@@ -578,15 +580,24 @@ class RunView:
         return counts
 
     def _refresh_spec(self) -> bool:
-        if self.spec:
+        if self.spec or self.fleet:
             return False
         try:
             spec = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.SPEC_FILE}"))
         except (OSError, ValueError, KeyError):
-            return False
+            return self._refresh_fleet()
         self.spec = redact_record(spec) if isinstance(spec, dict) else {}
         self.held_out.member = self.member
         return bool(self.spec)
+
+    def _refresh_fleet(self) -> bool:
+        """A run folder without spec.json may be a sweep's shared fleet: its fleet.json, once readable."""
+        try:
+            record = json.loads(self.store.read_bytes(f"{layout.run_prefix(self.run_id)}/{layout.FLEET_FILE}"))
+        except (OSError, ValueError, KeyError):
+            return False
+        self.fleet = redact_record(record) if isinstance(record, dict) else {}
+        return bool(self.fleet)
 
     def _refresh_fragments(self, full: bool = False) -> bool:
         changed = False
