@@ -222,10 +222,7 @@ def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_st
         assert "m2: no trainer heartbeat for" in text and "m3: the trainer has canceled" in text, text
         for url in vllm_pool.urls:
             assert f"m2: unloaded {', '.join(names['m2'])} from {url}" in text, text
-
-        os.killpg(trainers["m4"].pid, signal.SIGKILL)
-        assert replica.wait(timeout=60) == 0, "m4 gone too: the fleet stops"
-    finally:
+    finally:        # (that the fleet stops once the last member has ended: test_serve_replica.py)
         for proc in (*trainers.values(), *([replica] if replica else [])):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
