@@ -214,8 +214,11 @@ def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_st
         def held() -> set[str]:
             return set.union(*(served_models(url) for url in vllm_pool.urls))
 
-        wait_until(lambda: not held() & {*names["m2"], *names["m3"]}, 90, 0.5,
-                   what="the fleet unloaded the ended members' versions")
+        try:
+            wait_until(lambda: not held() & {*names["m2"], *names["m3"]}, 90, 0.5,
+                       what="the fleet unloaded the ended members' versions")
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}; held {sorted(held())}; the fleet job said:\n{''.join(said)}") from None
         assert all(set(names["m4"]) <= served_models(url) for url in vllm_pool.urls), "m4 trains on: its stay"
         assert replica.poll() is None, "m4 trains on: the fleet serves on"
         text = "".join(said)

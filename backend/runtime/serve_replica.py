@@ -132,9 +132,11 @@ class MemberAdapters:
     member's trainer has ended for good (finished, cancelled, failed with no attempt left, or killed: its heartbeat
     stands still). Nothing else would: the member's proxy, the one that loads and unloads its names, died with its
     trainer (and on HF Jobs a cancelled job's container takes it along at once), and every other member's proxy
-    refuses to touch another member's names (proxy_members.py). Left registered, they would hold places of the
-    fleet's `--max-loras`/`--max-cpu-loras`, sized for every member at once, until the fleet stops. A server that
-    did not answer is tried again at the next poll; one that refuses the connection is not up, and holds nothing."""
+    refuses to touch another member's names (proxy_members.py). Left registered, a dead member's versions would stay
+    listed and servable until the fleet stops. (vLLM 0.32's unload drops the name from the server's table only: the
+    engine's adapter cache, `--max-loras`/`--max-cpu-loras`, gives an adapter's place to the next one loaded by LRU
+    either way.) A server that did not answer is tried again at the next poll; one that refuses the connection is not
+    up, and holds nothing."""
 
     def __init__(self, urls: list[str], key: str | None = None, timeout_s: float = 30.0):
         self.urls = urls
