@@ -202,10 +202,10 @@ def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_st
         members = [arg for tag in tags for arg in ("--member-run-dir", str(runs[tag]))]
         replica = serve_replica_process(tmp_path / "fleet", "--ports", *map(str, vllm_pool.ports), *members,
                                         server=SLEEPING_SERVER,
-                                        env={"GRPO_TRAINER_GONE_AFTER_S": "2", REPLICA_KEY_ENV: API_KEY})
+                                        env={"GRPO_TRAINER_GONE_AFTER_S": "5", REPLICA_KEY_ENV: API_KEY})
         said: list[str] = []
         threading.Thread(target=lambda: said.extend(iter(replica.stdout.readline, "")), daemon=True).start()
-        wait_until(lambda: said.count("serving\n") == 2, 30, 0.2, what="the fleet job's servers started")
+        wait_until(lambda: said.count("serving\n") == 2, 120, 0.2, what="the fleet job's servers started")
 
         os.killpg(trainers["m2"].pid, signal.SIGKILL)
         trainers["m3"].send_signal(signal.SIGTERM)
@@ -215,7 +215,7 @@ def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_st
             return set.union(*(served_models(url) for url in vllm_pool.urls))
 
         try:
-            wait_until(lambda: not held() & {*names["m2"], *names["m3"]}, 90, 0.5,
+            wait_until(lambda: not held() & {*names["m2"], *names["m3"]}, 120, 0.5,
                        what="the fleet unloaded the ended members' versions")
         except AssertionError as failure:
             raise AssertionError(f"{failure}; held {sorted(held())}; the fleet job said:\n{''.join(said)}") from None
