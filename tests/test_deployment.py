@@ -188,6 +188,7 @@ REFUSED_SETTINGS = [
      "GRPO_PANEL_ALLOW_UNSANDBOXED=1 is refused on a panel listening on 0.0.0.0"),
     ({"GRPO_PANEL_ALLOW_UNSANDBOXED": "1", "SPACE_ID": "acme/panel"},
      "GRPO_PANEL_ALLOW_UNSANDBOXED=1 is refused on a Space"),
+    ({"GRPO_PANEL_HUB_LIST_S": "soon"}, "GRPO_PANEL_HUB_LIST_S='soon' is not a positive number of seconds"),
 ]
 
 

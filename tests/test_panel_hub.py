@@ -3,6 +3,7 @@
 (The same paths through Gradio's own request handling and a real browser are in test_space_browser.py.)
 """
 
+import functools
 import json
 import os
 import re
@@ -527,18 +528,24 @@ def _hint(client) -> str:
 
 
 @pytest.mark.fake_hub(users={CAROL: FakeUser("carol")})     # one namespace: one listing to fail
-def test_a_jobs_listing_the_hub_refuses_or_cannot_answer_says_what_failed_and_what_to_do(hub, make_panel):
-    from huggingface_hub.utils import close_session
+@pytest.mark.panel_settings(hub_list_every_s=1.0)           # asked again after 1 s, not 15: the same path, sooner
+def test_a_jobs_listing_the_hub_refuses_or_cannot_answer_says_what_failed_and_what_to_do(hub, make_panel,
+                                                                                          monkeypatch):
+    from huggingface_hub.utils import _pagination, close_session
 
     from tests.helpers import served
 
+    # The client still retries a dead connection as often as it does for a user (5 times), with short waits between
+    # (1+2+4+8+8 s otherwise): what is checked is the panel's answer once the client gives up, not its patience.
+    monkeypatch.setattr(_pagination, "http_backoff", functools.partial(_pagination.http_backoff,
+                                                                       base_wait_time=0.05, max_wait_time=0.2))
     hub.list_error = 403
     with served(make_panel()) as client:
         hint = _hint(client)        # no error toast: the answer came back
         assert "Could not list your runs on Hugging Face Jobs: the Hub refused the token (HTTP 403)" in hint
         assert "Sign in again" in hint and "Runs on this machine are listed as usual" in hint
         assert "httpx" not in hint.lower() and "Internal Error" not in hint and hub.token not in hint, hint
-        hub.list_error = None       # the Hub answers again: the line goes at the next listing (15 s at most)
+        hub.list_error = None       # the Hub answers again: the line goes at the next listing (1 s here)
         wait_until(lambda: _hint(client) == "", timeout=60, interval=1, what="the hint to go")
     hub.stop()      # the Hub down: a new panel's first listing finds nobody there
     # The stopped fake accepts no connection, but its handler threads would still answer the client's kept-alive

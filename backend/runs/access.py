@@ -28,9 +28,12 @@ DEFAULT_MAX_UPLOAD_MB = 100.0
 MAX_UPLOAD_ENV = "GRPO_PANEL_MAX_UPLOAD_MB"
 TASK_CHECK_TIMEOUT_ENV = "GRPO_PANEL_TASK_CHECK_TIMEOUT_S"
 DEFAULT_TASK_CHECK_TIMEOUT_S = 15.0
+HUB_LIST_ENV = "GRPO_PANEL_HUB_LIST_S"
+DEFAULT_HUB_LIST_S = 15.0
 # Limits read from the environment as positive numbers: the panel refuses to start with any other value.
 POSITIVE_SETTINGS = ((MAX_UPLOAD_ENV, "megabytes", DEFAULT_MAX_UPLOAD_MB),
-                     (TASK_CHECK_TIMEOUT_ENV, "seconds", DEFAULT_TASK_CHECK_TIMEOUT_S))
+                     (TASK_CHECK_TIMEOUT_ENV, "seconds", DEFAULT_TASK_CHECK_TIMEOUT_S),
+                     (HUB_LIST_ENV, "seconds", DEFAULT_HUB_LIST_S))
 
 
 class Refused(Exception):
@@ -82,6 +85,9 @@ class Deployment:
     # for a looping reward to time out shorten it).
     task_check_timeout_s: float = field(default_factory=lambda: _positive(
         os.environ.get(TASK_CHECK_TIMEOUT_ENV), DEFAULT_TASK_CHECK_TIMEOUT_S))
+    # How old a namespace's list of HF Jobs runs may be (GRPO_PANEL_HUB_LIST_S): one Jobs API call serves every
+    # session of the namespace for this long, and a listing the Hub refused or did not answer is asked again after it.
+    hub_list_every_s: float = field(default_factory=lambda: _positive(os.environ.get(HUB_LIST_ENV), DEFAULT_HUB_LIST_S))
     # How often this process checks the budget caps of the runs it can reach (0: never; tests call it directly).
     budget_check_s: float = field(default_factory=lambda: float(os.environ.get("GRPO_PANEL_BUDGET_CHECK_S") or 30.0))
     # The largest file a visitor may upload (a dataset), in MB; Gradio refuses a larger one with 413.

@@ -51,8 +51,8 @@ class RunDirectory:
                 executor = HfJobsExecutor(token, namespace)
                 mount, cache = self.deployment.bucket_mount, self.cache_dir
                 self._hub[key] = RunRegistry(
-                    executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache), list_every_s=15.0,
-                    journal=self.journal)
+                    executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache),
+                    list_every_s=self.deployment.hub_list_every_s, journal=self.journal)
             return self._hub[key]
 
     def shared_registry(self, where: Engine) -> RunRegistry | None:
