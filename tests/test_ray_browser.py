@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chr
 
 HOST_TOKEN = "hf_" + "rayhosttoken" + "A" * 25    # the panel's own token: Ray jobs must never get it
 JOB_SECRET = "hf_" + "rayjobsecret" + "B" * 25
+DEMO_STEPS = 20            # the preset's adapter_every: one version, the final one (40 only trained a second)
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +147,9 @@ def test_the_tiny_demo_runs_on_a_ray_cluster_from_the_browser(cluster, shared, t
                "ray-cpu" in refused, refused
         assert [j for j in _ray_jobs(cluster) if (j.metadata or {}).get("grpo-panel")] == []
 
-        # The tiny demo, 40 steps, on the cluster: previewed as the `ray job submit` it is.
-        _form(page, "Tiny demo (CPU)", shared, 40)
+        # The tiny demo, 20 steps (one version: its final adapter), on the cluster: previewed as the `ray job
+        # submit` it is.
+        _form(page, "Tiny demo (CPU)", shared, DEMO_STEPS)
         page.locator("#preview-btn").click()
         preview = wait_for_text(page, "launch-msg", "job\\(s\\) of run", 60000)
         assert "ray job submit --address " + cluster in preview and "--entrypoint-num-gpus 0" in preview, preview
@@ -156,7 +158,7 @@ def test_the_tiny_demo_runs_on_a_ray_cluster_from_the_browser(cluster, shared, t
         pick_run(page, demo, 60000)
         wait_for_text(page, "run-status", "final adapter ready", 420000)
         wait_for_text(page, "run-status", "trainer: COMPLETED", 120000)    # it exits a moment after writing final/
-        assert "step 40/40" in page.locator("#log-box textarea").input_value()
+        assert f"step {DEMO_STEPS}/{DEMO_STEPS}" in page.locator("#log-box textarea").input_value()
         # Resource samples from the in-job sampler, as on the other executors.
         util = page.evaluate("() => { const el = document.querySelector('#util-plot .js-plotly-plot');"
                              "return el && el.data ? el.data.map(d => d.name + ':' + d.x.length) : []; }")
