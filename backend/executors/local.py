@@ -122,8 +122,8 @@ class LocalExecutor:
         # The panel's secrets (its token, the OAuth client secret, the webhook key) stay with the panel: a local job
         # gets only the secrets its JobSpec names.
         inherited = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
-        env = {"TORCHINDUCTOR_CACHE_DIR": _shared_compile_cache(), MODEL_CACHE_ENV: _shared_model_cache(),
-               **inherited, **mapped.env, "TMPDIR": job_tmp,
+        env = {"TORCHINDUCTOR_CACHE_DIR": _shared_compile_cache(), **NO_PRIVATE_HEADER_BUILD,
+               MODEL_CACHE_ENV: _shared_model_cache(), **inherited, **mapped.env, "TMPDIR": job_tmp,
                **{k: secrets[k] for k in job.secrets}}
         for name in job.secrets:
             remember_secret(secrets[name])
@@ -444,6 +444,14 @@ class LocalExecutor:
         deadline = time.time() + timeout
         for job_id in jobs:
             self.wait(job_id, max(0.0, deadline - time.time()))
+
+
+# torch precompiles a ~150 MB C++ header before its first CPU kernel of a process, even when every kernel is
+# already in the shared compile cache below and nothing is compiled. It puts the header in TMPDIR (no setting moves
+# it), each local job's own: every vLLM server and trainer started (a run, a resume) spent ~15 s of both cores of a
+# 2-core machine building one that was then unused and deleted. Without it a cached kernel costs nothing, and one not
+# yet cached is compiled once for the machine, from the full headers.
+NO_PRIVATE_HEADER_BUILD = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
 
 
 def _shared_compile_cache() -> str:
