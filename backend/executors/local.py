@@ -446,11 +446,11 @@ class LocalExecutor:
             self.wait(job_id, max(0.0, deadline - time.time()))
 
 
-# torch precompiles a ~150 MB C++ header before its first CPU kernel of a process, even when every kernel is
-# already in the shared compile cache below and nothing is compiled. It puts the header in TMPDIR (no setting moves
-# it), each local job's own: every vLLM server and trainer started (a run, a resume) spent ~15 s of both cores of a
-# 2-core machine building one that was then unused and deleted. Without it a cached kernel costs nothing, and one not
-# yet cached is compiled once for the machine, from the full headers.
+# torch precompiles a ~150 MB C++ header before it loads its first CPU kernel in a process, even when every kernel
+# is already in the shared compile cache below and nothing is compiled. It puts the header in TMPDIR (no setting
+# moves it), each local job's own: every replica job started (a run, a resume) spent ~15 s of a core of a 2-core
+# machine building one that went unused and was deleted with the job. Without it a cached kernel costs nothing, and
+# one not yet cached is compiled once for the machine, from the full headers.
 NO_PRIVATE_HEADER_BUILD = {"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
 
 
