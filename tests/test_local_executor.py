@@ -275,3 +275,21 @@ def test_the_mount_path_maps_only_the_runs_own_folder_not_paths_that_start_the_s
     assert record["command"][3] == f"{local_run}/spec.json"
     assert record["command"][4] == "/srv/tools/python", "a path that merely starts with the mount path stays"
     assert executor.read_logs(job_id, 0)[0] == [f"{local_run}/spec.json"]
+
+
+# What a vLLM server on CPU does at its start: load a CPU kernel through torch's compile cache (a trivial one here).
+LOADS_A_CPU_KERNEL = ("import os, tempfile\n"
+                      "from torch._inductor.codecache import CppPythonBindingsCodeCache as cache\n"
+                      "kernel = cache.load_pybinding(['long'], 'extern \"C\" long kernel(long x) { return x + 1; }')\n"
+                      "kernel(41)\n"
+                      "print(sorted(os.listdir(tempfile.gettempdir())), flush=True)\n")
+
+
+def test_a_job_loading_a_cpu_kernel_builds_no_precompiled_header_in_its_temp_dir(executor):
+    """torch would build a ~150 MB header in the job's own temp dir at each start (and lose it with the job), though
+    the kernels it serves are in the shared compile cache: local.py's NO_PRIVATE_HEADER_BUILD."""
+    job_id = executor.submit(_job([sys.executable, "-c", LOADS_A_CPU_KERNEL], timeout_s=120))
+    status = executor.wait(job_id, 150)
+    lines = executor.read_logs(job_id, 0)[0]
+    assert status.stage == "COMPLETED", lines[-20:]
+    assert lines[-1] == "[]", f"left in the job's temp dir: {lines[-1]}"
