@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 
+import httpx
+from gradio import networking
 from huggingface_hub import constants as hub_constants
 from starlette.middleware import Middleware
 
@@ -72,6 +74,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.default_int_handler)
     demo = build_ui(panel)
+    patient_self_check()
     port = int(os.environ.get("PORT") or os.environ.get("GRADIO_SERVER_PORT") or 7860)
     demo.queue(default_concurrency_limit=4).launch(
         server_name=deployment.host, server_port=port, show_error=True, css=CSS, js=PAGE_JS,
@@ -112,6 +115,31 @@ def unreadable_by_children() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
         log.info("could not mark the panel process undumpable on this platform")
+
+
+OWN_PAGE_WAIT_S = 120.0   # how long launch() waits for the panel's own page to answer before it gives up
+
+
+def patient_self_check(wait_s: float = OWN_PAGE_WAIT_S) -> None:
+    """Gradio's launch() asks its own page once it serves (`gradio.networking.url_ok`: 5 HEAD requests of 3 s each,
+    a timeout ends them) and exits with "When localhost is not accessible, a shareable link must be created" when it
+    gets no answer. On a loaded machine the first render of the page takes longer than 3 s (seen: load 13 on 2
+    cores, while local runs trained), and the panel died at start. The same check, patient: each request may take
+    30 s and they go on for `wait_s`; a localhost that refuses connections still fails it, after `wait_s`."""
+    def url_ok(url: str) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                answer = httpx.head(url, timeout=min(30.0, wait_s), verify=False)
+                if answer.status_code in (200, 401, 301, 302, 303, 307, 308):   # Gradio's own list (auth, redirects)
+                    return True
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+
+    networking.url_ok = url_ok
 
 
 def exit_within(seconds: float) -> None:

@@ -156,6 +156,41 @@ def test_a_closed_panel_exits_even_when_a_thread_would_keep_it_alive():
     assert "waiting for threads: stuck-worker" in done.stderr, done.stderr[-2000:]
 
 
+def test_the_panel_waits_for_its_own_slow_page_where_gradios_check_would_give_up(monkeypatch, free_port):
+    """Gradio's launch() exits ("localhost is not accessible") when its own page takes over 3 s to answer, as the
+    first render did on a loaded machine; the panel's check waits, and still fails where nothing answers."""
+    import http.server
+    import threading
+    import time
+
+    from gradio import networking
+
+    import app
+
+    class SlowPage(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            time.sleep(4)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowPage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    monkeypatch.setattr(networking, "url_ok", networking.url_ok)   # restored after the test
+    try:
+        assert not networking.url_ok(url), "Gradio's own check gives up on a page slower than 3 s"
+        app.patient_self_check(wait_s=20)
+        assert networking.url_ok(url)
+        app.patient_self_check(wait_s=1)
+        assert not networking.url_ok(f"http://127.0.0.1:{free_port}/"), "a port nothing listens on still fails"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_mcp_callers_are_visitors_by_the_uis_rules_and_a_panel_login_guards_the_tools(tmp_path):
     from panel.mcp_tools import caller
 
