@@ -4,9 +4,9 @@
 #   2. the integration and browser tiers, the longest work first, tests that share a set-up on one worker and the
 #      tests that start vLLM servers or a Ray cluster one at a time on one worker (tests/conftest.py: "scheduling"),
 #      the 25 slowest tests listed at the end.
-# Extra arguments go to both pytest runs (e.g. -k, --timeout). One worker is the default: on the 2-core machine the
-# suite's CPU-bound tests (vLLM, training) slow each other down side by side, so 2 workers took longer (CI: 38 min
-# against 33 min on one) and pushed waits past their limits.
+# Extra arguments go to both pytest runs (e.g. -k, --timeout). One worker is the default: the suite is CPU-bound on
+# the 2-core machine (2 workers kept both cores 88% busy and took 35 min, against 44 min on one before the latest cuts, but tests beside the
+# vLLM group slowed down several-fold and one panel start timed out; README: "Run the tests").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
