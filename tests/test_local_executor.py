@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from backend.executors.local import LocalExecutor
-from backend.plan.jobspec import JobSpec, VolumeSpec
+from backend.plan.jobspec import COMPLETED, TERMINAL_STAGES, JobSpec, VolumeSpec
 from backend.plan.spec import RunSpec
 from backend.runs.registry import RunRegistry
 from backend.runtime.common import latest_checkpoint
@@ -157,6 +157,36 @@ def test_a_run_whose_only_job_record_is_broken_is_listed_as_unreadable(executor,
     with pytest.raises(KeyError, match="cannot be read"):
         panel.view("torn")
     assert panel.view("fine").run_id == "fine"
+
+
+def test_a_listing_made_while_a_job_is_being_submitted_never_ends_that_job(executor, monkeypatch):
+    """The panel lists jobs while others launch (seen in a sweep: a member's trainer ended as "no readable job.json"
+    17 s after launch, and stayed so while it trained to its end). Listings are made at each step of the submit
+    that touches the disk; none may show the job ended, and the job runs to its real end."""
+    from backend.executors import local
+
+    seen = []
+
+    def listing():
+        seen.extend((r.job_id, r.stage, executor.status(r.job_id).message) for r in executor.list_jobs())
+
+    def listed_after(fn):
+        def call(*args, **kwargs):
+            listing()
+            result = fn(*args, **kwargs)
+            listing()
+            return result
+        return call
+
+    monkeypatch.setattr(local.tempfile, "mkdtemp", listed_after(local.tempfile.mkdtemp))
+    monkeypatch.setattr(local, "_write_json", listed_after(local._write_json))
+    job_id = executor.submit(_job(["true"], run_id="busy"))
+    monkeypatch.undo()
+    assert seen, "the submit was listed while it ran"
+    assert not [s for s in seen if s[1] in TERMINAL_STAGES], seen
+    assert executor.wait(job_id, 20).stage == COMPLETED
+    assert [r.job_id for r in executor.list_jobs()] == [job_id], "nothing half-made is left beside it"
+    assert os.listdir(executor.jobs_dir) == [job_id]
 
 
 # What a vLLM server leaves in its temp dir: a `vllm_dist_<uuid>` file, and (serve_replica's) socket folder.

@@ -112,7 +112,10 @@ class LocalExecutor:
             raise SubmitError(f"job {job.role}: could not start {command[0]!r}: no such program")
         job_id = f"{job.run_id}--{job.role}--{_secrets.token_hex(3)}"
         job_dir = self._dir(job_id)
-        os.makedirs(job_dir)
+        # Made under a hidden name and renamed once its job.json is in: the panel lists jobs all the time, and a
+        # listing that found the folder without its record would end that job as unreadable for good.
+        staging = os.path.join(self.jobs_dir, f".new-{job_id}")
+        os.makedirs(staging)
         # A temp dir of the job's own, removed when it ends however it ends: vLLM leaves a `vllm_dist_<uuid>` file
         # per server and a killed replica its socket folder in TMPDIR. In the system's temp dir, not the job's
         # folder: vLLM's ZMQ socket paths under it must stay within the 107 bytes a Unix socket path may have.
@@ -132,7 +135,13 @@ class LocalExecutor:
             env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
         record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command,
                   "tmpdir": job_tmp}
-        _write_json(os.path.join(job_dir, JOB_FILE), record)
+        try:
+            _write_json(os.path.join(staging, JOB_FILE), record)
+            os.rename(staging, job_dir)
+        except OSError as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(job_tmp, ignore_errors=True)
+            raise SubmitError(f"job {job.role}: could not write its record in {self.jobs_dir}: {exc}") from exc
         wrapped = wrapper.wrapper_command(sys.executable, job_dir, command, timeout_s=job.timeout_s,
                                           attempts=job.attempts, grace_s=self.grace_s, tmpdir=job_tmp)
         with open(self.log_path(job_id), "ab") as log_file:
@@ -382,7 +391,7 @@ class LocalExecutor:
         kept = self._final_listing
         if kept is not None and kept[0] == changed:
             return kept[1]
-        names = os.listdir(self.jobs_dir)
+        names = self._job_names()
         records = self._listed_jobs(None, names)
         # Final: every folder is a job that has ended (one still being written, or not a job's, is asked again).
         final = (before - changed / 1e9 > FINAL_LISTING_S and len(records) == len(names)
@@ -390,9 +399,13 @@ class LocalExecutor:
         self._final_listing = (changed, records) if final else None
         return records
 
+    def _job_names(self) -> list[str]:
+        """The jobs' folders (a hidden one is a job still being submitted)."""
+        return [name for name in os.listdir(self.jobs_dir) if not name.startswith(".")]
+
     def _listed_jobs(self, run_id: str | None, names: list[str] | None = None) -> list[JobRecord]:
         records = []
-        for job_id in os.listdir(self.jobs_dir) if names is None else names:
+        for job_id in self._job_names() if names is None else names:
             if run_id and not job_id.startswith(f"{run_id}--"):
                 continue
             ended = self._ended_records.get(job_id)
