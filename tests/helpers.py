@@ -2,14 +2,14 @@
 
 import contextlib
 import os
-import socket
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 free right now (the OS picks it): a test never assumes a fixed port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 free right now, never an ephemeral one (the product's picker: see there why): a test
+    never assumes a fixed port."""
+    from backend.plan.engines.local import free_port as pick
+
+    return pick()
 
 
 def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None = None):

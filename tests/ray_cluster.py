@@ -7,6 +7,7 @@ found under the `ray start` process as well as its group.
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -28,11 +29,14 @@ OBJECT_STORE_BYTES = 100 * 2**20
 def ray_cluster(num_cpus: int = 4, startup_s: float = 120.0):
     """Yields the cluster's dashboard address (what RAY_ADDRESS names)."""
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")    # Ray's socket paths must stay short
-    low = free_port()      # the workers' 200 ports; Ray refuses a component port inside that range
+    # The workers' 200 ports, in Ray's own worker band (10002-19999), where no free_port() falls: a panel or vLLM
+    # server started on a port picked in that range could find a Ray worker on it (seen: the panel's page answered
+    # by a worker's gRPC). Ray refuses a component port inside that range; free_port() picks above it.
+    low = random.randrange(10002, 19999 - 200)
     ports = {}
     while len(ports) < len(PORT_FLAGS):
         port = free_port()
-        if not low <= port <= low + 200 and port not in ports.values():
+        if port not in ports.values():
             ports[PORT_FLAGS[len(ports)]] = port
     args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
             "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1", "--include-dashboard=true",

@@ -219,3 +219,29 @@ def test_a_ray_job_that_failed_before_its_wrapper_ran_says_the_error_from_its_lo
     assert status.stage == "ERROR"
     assert status.message == ("the Ray job ended without its wrapper's record: "
                               "ModuleNotFoundError: No module named 'psutil'"), status.message
+
+
+def test_a_picked_port_is_free_outside_the_kernels_ephemeral_range_and_not_handed_out_twice(monkeypatch):
+    """A server starts on a picked port seconds later; a process binding port 0 meanwhile (vLLM's internal sockets,
+    Ray's components) gets an ephemeral port, so the picked one must not be ephemeral (seen: the panel's page
+    answered by a Ray worker's gRPC). A port in use is skipped."""
+    import collections
+    import socket
+
+    from backend.plan.engines import local
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    ports = [local.free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports), "one process never gets a port twice in a row of 200"
+    assert all(local.PORT_BAND[0] <= p < min(local.PORT_BAND[1], ephemeral_low) for p in ports), ports
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        spare = local.free_port()
+        monkeypatch.setattr(local, "_handed_out", collections.deque([ports[0]], maxlen=512))
+        tries = iter([taken, ports[0], spare])   # in use, handed out already, free
+        monkeypatch.setattr(local, "PORT_BAND", (1024, 32768))
+        monkeypatch.setattr(local.random, "randrange", lambda low, high: next(tries))
+        assert local.free_port() == spare

@@ -1,9 +1,11 @@
 """The local engine: jobs as processes of the panel's machine, free, no account, no Hub downloads; one machine
 split between a run's jobs (ports, cores, GPUs)."""
 
+import collections
 import dataclasses
 import importlib.util
 import os
+import random
 import re
 import socket
 import sys
@@ -119,10 +121,39 @@ def local_runtime_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "trl", "peft"))
 
 
+PORT_BAND = (20000, 32768)   # above Ray's worker ports (10002-19999), below Linux's ephemeral ones (32768-60999)
+_handed_out: collections.deque = collections.deque(maxlen=512)
+
+
 def free_port() -> int:
+    """A TCP port on loopback, free now and chosen outside the kernel's ephemeral range. A server is started on it
+    seconds later (vLLM imports for ~30 s, the panel ~10 s); meanwhile any process binding port 0 (vLLM's own
+    internal sockets, Ray's components, a test's fake server) is handed an ephemeral port, so it cannot take this
+    one, as it could a port the kernel had picked. A port is not handed out twice by one process in a row of 512.
+    Where the ephemeral range leaves no room below it, the kernel picks."""
+    low, high = PORT_BAND[0], min(PORT_BAND[1], _ephemeral_low())
+    for _ in range(64 if high - low > 1024 else 0):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+        _handed_out.append(port)
+        return port
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return PORT_BAND[1]
 
 
 def local_gpu_ids() -> list[str]:
