@@ -56,7 +56,7 @@ BUCKET = "local/grpo-runs"        # the preset's
 MAX_STEPS = 4
 MAX_TOKENS_PER_BATCH = 1024       # ~60 completions a step (the preset's 4096: ~230, ~30 s a step each on 2 cores)
 LEARNING_RATES = {"m0": 1e-5, "m1": 5e-4, "m2": 1e-4}   # the fastest not last: ties rank the last member worst
-RATIO_BOUND = 3e-3                # |ratio - 1| at every step of every member (seen: 1.9e-3 at most, the 5e-4 member at step 4)
+RATIO_BOUND = 3e-3                # |ratio - 1| at every step of every member (seen: 1.9e-3 at most, at 5e-4, step 4)
 STEPS_BEFORE_STOP = 2             # the worst is stopped once every member has trained this far (its ratio seen;
                                   # after 1 step the fastest member's adapter differed from m0's by 7.4e-3 only)
 SENSITIVITY = 3                   # the most different members' adapters: per token this many bounds apart or more
@@ -316,8 +316,8 @@ def test_the_members_adapters_differ_far_beyond_the_ratio_bound(sweep):
     """What a member served another's adapter would see: the same text scored under two members' newest served
     adapters (the trainer's side and the replica's), per token. The most different pair must differ by more than
     SENSITIVITY bounds; every pair is printed (members whose learning rates are close, or one stopped early, differ
-    less: a swap between m0 and m2 (1e-5, 1e-4) was measured at 3.8e-3 a token, near the bound, so the ratio alone would not
-    show it; their proxies' own-names-only checks do)."""
+    less: a swap between m0 and m2 (1e-5, 1e-4) was measured at 3.8e-3 a token, near the bound, so the ratio alone
+    would not show it; their proxies' own-names-only checks do)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
