@@ -1,8 +1,9 @@
 """LocalExecutor: runs a JobSpec's command as local processes, under a wrapper that outlives the panel.
 
 Volumes are mapped onto local folders (`<home>/buckets/<namespace>/<name>`) by rewriting the mount path in
-the command and env. Each job gets `<home>/jobs/<job_id>/`: `job.json` (the spec, and the wrapper's pid with its
-start time) and `log.txt`, written here; `process.json`, `resources.jsonl` and `exit.json`, written by the job's
+the command and env. Each job gets `<home>/jobs/<job_id>/` (made as `.new-<job_id>` and renamed once its `job.json` is
+in, so a listing never finds a job without its record): `job.json` (the spec, and the wrapper's pid with its start
+time) and `log.txt`, written here; `process.json`, `resources.jsonl` and `exit.json`, written by the job's
 wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout and removes the job's own TMPDIR
 (`<system temp>/grpo-job-<hex>-*`) when the job ends. A job's status is read from these
 files alone, so a restarted panel (or a second one) tells the same story as the panel that launched it. A pid is
