@@ -205,7 +205,11 @@ def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_st
                                         env={"GRPO_TRAINER_GONE_AFTER_S": "5", REPLICA_KEY_ENV: API_KEY})
         said: list[str] = []
         threading.Thread(target=lambda: said.extend(iter(replica.stdout.readline, "")), daemon=True).start()
-        wait_until(lambda: said.count("serving\n") == 2, 120, 0.2, what="the fleet job's servers started")
+        try:
+            wait_until(lambda: said.count("serving\n") == 2, 120, 0.2, what="the fleet job's servers started")
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}; the fleet job (exit code {replica.poll()}) said:\n{''.join(said)}") \
+                from None
 
         os.killpg(trainers["m2"].pid, signal.SIGKILL)
         trainers["m3"].send_signal(signal.SIGTERM)
