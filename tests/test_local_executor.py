@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 from backend.executors.local import LocalExecutor
-from backend.plan.jobspec import COMPLETED, TERMINAL_STAGES, JobSpec, VolumeSpec
+from backend.plan.jobspec import COMPLETED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobSpec, VolumeSpec
 from backend.plan.spec import RunSpec
 from backend.runs.registry import RunRegistry
 from backend.runtime.common import latest_checkpoint
@@ -187,6 +187,30 @@ def test_a_listing_made_while_a_job_is_being_submitted_never_ends_that_job(execu
     assert executor.wait(job_id, 20).stage == COMPLETED
     assert [r.job_id for r in executor.list_jobs()] == [job_id], "nothing half-made is left beside it"
     assert os.listdir(executor.jobs_dir) == [job_id]
+
+
+def test_a_job_folder_whose_record_comes_later_is_starting_then_read_and_an_unreadable_end_is_not_kept(executor):
+    """A folder another writer makes before its job.json (the record is not yet there) is starting, not failed: a
+    panel would otherwise raise "job failed" for a job about to run (seen: a synthetic run's folder, read between its
+    two writes, showed ERROR for good). Older, it is failed as unreadable, and still read again once mended."""
+    import json
+
+    live = executor.submit(_job(["sleep", "30"], run_id="live"))
+    wait_until(lambda: "pid" in json.load(open(os.path.join(executor.jobs_dir, live, "job.json"))), 20)
+    with open(os.path.join(executor.jobs_dir, live, "job.json")) as f:
+        record = json.load(f)
+    for job_id, age in (("later--trainer--aaaaaa", 0), ("mended--trainer--bbbbbb", 120)):
+        folder = os.path.join(executor.jobs_dir, job_id)
+        os.makedirs(folder)
+        os.utime(folder, (time.time() - age, time.time() - age))
+        before = executor.status(job_id)
+        if age:
+            assert before.stage == ERROR and "no readable job.json" in before.message, before
+        else:
+            assert before.stage == SCHEDULING, before
+        with open(os.path.join(folder, "job.json"), "w") as f:
+            json.dump({**record, "job_id": job_id}, f)        # the wrapper of `live` stands for this job's
+        assert executor.status(job_id).stage == RUNNING, job_id
 
 
 # What a vLLM server leaves in its temp dir: a `vllm_dist_<uuid>` file, and (serve_replica's) socket folder.

@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 JOB_FILE, LEGACY_STATUS_FILE = "job.json", "status.json"
 START_WAIT_S = 60.0       # a job without a wrapper pid after this long never started
+RECORD_WAIT_S = 10.0      # a job folder without a readable job.json this young may still be getting it
 CANCELED_BY_USER = "canceled by the user"
 FINAL_LISTING_S = 2.0      # a jobs folder unchanged this long before a listing: a later change gives a later mtime
 FULL_DISK_BYTES = 1 << 20   # less free space than this where a job's records are: the disk counts as full
@@ -237,7 +238,12 @@ class LocalExecutor:
     def status(self, job_id: str) -> JobStatus:
         if job_id in self._ended:
             return self._ended[job_id]
-        status = self._status(job_id)
+        try:
+            status = self._status(job_id)
+        except Unreadable as exc:
+            # Not an end, so not kept: a record still being written (a folder made by another writer, which need not
+            # make it whole, as submit does) or mended later is read again next time.
+            return self._unreadable_status(job_id, exc)
         if status.done:
             self._ended[job_id] = status
             self._remove_tmpdir(job_id)
@@ -264,10 +270,7 @@ class LocalExecutor:
         legacy = self._read_json(job_id, LEGACY_STATUS_FILE)    # jobs launched before the wrapper existed
         if legacy and legacy.get("stage") in TERMINAL_STAGES:
             return JobStatus(legacy["stage"], str(legacy.get("message") or ""))
-        try:
-            record = self._job_record(job_id)
-        except Unreadable as exc:
-            return JobStatus(ERROR, str(exc))
+        record = self._job_record(job_id)
         cancel = self._read_json(job_id, wrapper.CANCEL_FILE)
         if self._wrapper_alive(record):
             attempt = (self._read_json(job_id, wrapper.PROCESS_FILE) or {}).get("attempt")
@@ -279,6 +282,15 @@ class LocalExecutor:
         if "pid" not in record and time.time() - record["created_at"] < START_WAIT_S:
             return JobStatus(SCHEDULING)
         return JobStatus(ERROR, self._unrecorded_end(job_id))
+
+    def _unreadable_status(self, job_id: str, exc: Unreadable) -> JobStatus:
+        """A job whose job.json cannot be read: starting while its folder changed within RECORD_WAIT_S (its record
+        may be on its way), else failed, saying why."""
+        try:
+            age = time.time() - os.stat(self._dir(job_id)).st_mtime
+        except OSError:
+            age = RECORD_WAIT_S
+        return JobStatus(SCHEDULING) if age < RECORD_WAIT_S else JobStatus(ERROR, str(exc))
 
     def _unrecorded_end(self, job_id: str) -> str:
         """Why a job whose wrapper is gone left no exit record: its folder's disk is full, when it is (the cause
