@@ -33,11 +33,7 @@ def ray_cluster(num_cpus: int = 4, startup_s: float = 120.0):
     # server started on a port picked in that range could find a Ray worker on it (seen: the panel's page answered
     # by a worker's gRPC). Ray refuses a component port inside that range; free_port() picks above it.
     low = random.randrange(10002, 19999 - 200)
-    ports = {}
-    while len(ports) < len(PORT_FLAGS):
-        port = free_port()
-        if port not in ports.values():
-            ports[PORT_FLAGS[len(ports)]] = port
+    ports = {flag: free_port() for flag in PORT_FLAGS}     # never the same port twice
     args = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
             "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1", "--include-dashboard=true",
             "--num-cpus", str(num_cpus), "--num-gpus", "0", "--object-store-memory", str(OBJECT_STORE_BYTES),

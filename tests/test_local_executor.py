@@ -195,10 +195,12 @@ def test_a_job_folder_whose_record_comes_later_is_starting_then_read_and_an_unre
     two writes, showed ERROR for good). Older, it is failed as unreadable, and still read again once mended."""
     import json
 
+    def live_record() -> dict:
+        with open(os.path.join(executor.jobs_dir, live, "job.json")) as f:
+            return json.load(f)
+
     live = executor.submit(_job(["sleep", "30"], run_id="live"))
-    wait_until(lambda: "pid" in json.load(open(os.path.join(executor.jobs_dir, live, "job.json"))), 20)
-    with open(os.path.join(executor.jobs_dir, live, "job.json")) as f:
-        record = json.load(f)
+    record = wait_until(lambda: (r := live_record()).get("pid") and r, 20)
     for job_id, age in (("later--trainer--aaaaaa", 0), ("mended--trainer--bbbbbb", 120)):
         folder = os.path.join(executor.jobs_dir, job_id)
         os.makedirs(folder)

@@ -114,10 +114,6 @@ class LocalExecutor:
             raise SubmitError(f"job {job.role}: could not start {command[0]!r}: no such program")
         job_id = f"{job.run_id}--{job.role}--{_secrets.token_hex(3)}"
         job_dir = self._dir(job_id)
-        # Made under a hidden name and renamed once its job.json is in: the panel lists jobs all the time, and a
-        # listing that found the folder without its record would end that job as unreadable for good.
-        staging = os.path.join(self.jobs_dir, f".new-{job_id}")
-        os.makedirs(staging)
         # A temp dir of the job's own, removed when it ends however it ends: vLLM leaves a `vllm_dist_<uuid>` file
         # per server and a killed replica its socket folder in TMPDIR. In the system's temp dir, not the job's
         # folder: vLLM's ZMQ socket paths under it must stay within the 107 bytes a Unix socket path may have.
@@ -137,7 +133,11 @@ class LocalExecutor:
             env["PYTHONPATH"] += os.pathsep + os.environ["PYTHONPATH"]
         record = {"job_id": job_id, "spec": asdict(job), "created_at": time.time(), "command": command,
                   "tmpdir": job_tmp}
+        # The folder is made under a hidden name and renamed once its job.json is in: the panel lists jobs all the
+        # time, and a listing that found the folder without its record would take the job for an unreadable one.
+        staging = os.path.join(self.jobs_dir, f".new-{job_id}")
         try:
+            os.makedirs(staging)
             _write_json(os.path.join(staging, JOB_FILE), record)
             os.rename(staging, job_dir)
         except OSError as exc:
