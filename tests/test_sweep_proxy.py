@@ -19,6 +19,7 @@ import requests
 from vllm_replicas import API_KEY, served_models
 
 from backend.runtime import layout
+from backend.runtime.heartbeat import heartbeat_path
 from backend.runtime.proxy import start_proxy
 from backend.runtime.proxy_env import REPLICA_KEY_ENV
 from backend.runtime.proxy_members import Members, MemberTraffic
@@ -173,6 +174,12 @@ except Terminated as error:
 SLEEPING_SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
 
 
+def _beat(run_dir) -> int:
+    """The number of the trainer's last heartbeat in `run_dir`."""
+    with open(heartbeat_path(str(run_dir))) as f:
+        return json.load(f)["beat"]
+
+
 def _replica_call(url: str, path: str, **body) -> requests.Response:
     return requests.post(f"{url}{path}", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
 
@@ -210,6 +217,10 @@ def test_a_fleet_unloads_the_versions_of_a_member_whose_trainer_was_killed_or_st
         except AssertionError as failure:
             raise AssertionError(f"{failure}; the fleet job (exit code {replica.poll()}) said:\n{''.join(said)}") \
                 from None
+        # The fleet's watch judges a trainer gone once its heartbeat has changed since the watch began, then stood
+        # still (a heartbeat left by an earlier attempt is no beat): m2 must beat once after the fleet started.
+        beat = _beat(runs["m2"])
+        wait_until(lambda: _beat(runs["m2"]) > beat, 60, 0.1, what="m2 beat once after its fleet started")
 
         os.killpg(trainers["m2"].pid, signal.SIGKILL)
         trainers["m3"].send_signal(signal.SIGTERM)
