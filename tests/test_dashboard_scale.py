@@ -69,6 +69,26 @@ def test_between_listings_a_reader_probes_the_next_fragments_and_finds_new_write
     assert store.listings == 2 and reader.read() == []
 
 
+def test_a_named_writer_that_starts_after_the_first_look_is_read_at_the_next_read_not_the_next_listing(tmp_path):
+    """A run's metrics folder holds only the proxy's snapshots when the panel first looks (the trainer is still
+    loading); the trainer's first step must reach the charts at the next tick, not a listing up to a minute later."""
+    store = CountingStore(str(tmp_path))
+    folder = tmp_path / "runs" / "r" / "metrics"
+    clock = [0.0]
+    reader = FragmentReader(store, "runs/r/metrics", clock=lambda: clock[0], latest_only={"proxy": 3},
+                            defer={"trainer": 2})
+    _fragment(folder, "proxy", 0, [{"replicas": []}])
+    assert [w for w, _ in reader.read()] == ["proxy"] and store.listings == 1
+    reader.rescan_s = 60.0                          # a listing that cost 0.3 s: the next one a minute away
+    clock[0] = 1.0
+    assert reader.read() == []
+    for seq in range(3):                            # more steps than the first look's tail
+        _fragment(folder, "trainer", seq, [{"step": seq + 1}])
+    clock[0] = 2.0
+    assert [r["step"] for _, r in reader.read()] == [1, 2, 3], "the trainer's first steps, every one, at once"
+    assert store.listings == 1 and not reader.deferred
+
+
 class SlowListingStore(CountingStore):
     """A bucket whose listing takes a while (a folder of 100,000 fragments; on the Hub, an HTTP walk)."""
 

@@ -64,11 +64,11 @@ class FragmentReader:
     fragments or more) it reads only their newest fragments, found by searching their numbers, and the next read
     starts a listing in the background: the read after that listing sets the older fragments aside (`defer`) or
     skips them (`latest_only`) and reads what the other writers wrote. After that the reader probes each known
-    writer's next fragment numbers (and any fragment left torn), so a refresh with nothing new is one `sizes`
-    call; a re-listing, which finds new writers (and fragments a probe cannot reach), is started at most every
-    `rescan_s`, a time that grows with what a listing costs, in a thread of its own: its fragments are read by the
-    first refresh after it ends, and only those past what the reader knew when it began, so that refresh costs
-    what is new too."""
+    writer's next fragment numbers (a writer it has read, and each one `defer` or `latest_only` names, written yet
+    or not) and any fragment left torn, so a refresh with nothing new is one `sizes` call; a re-listing, which
+    finds new writers (and fragments a probe cannot reach), is started at most every `rescan_s`, a time that grows
+    with what a listing costs, in a thread of its own: its fragments are read by the first refresh after it ends,
+    and only those past what the reader knew when it began, so that refresh costs what is new too."""
 
     def __init__(self, store: BucketStore, folder: str, check: Callable[[dict], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic, latest_only: dict[str, int] | None = None,
@@ -124,6 +124,11 @@ class FragmentReader:
         elif self.clock() - self.listed_at >= self.rescan_s and not self.listing_pending:
             self.listed_at = self.clock()       # due: listed meanwhile, read by a later refresh
             self._start_listing()
+        # The writers this reader was told of (`defer`, `latest_only`: the run's trainer, its proxy) are probed from
+        # their first fragment even before they write: a trainer whose first step comes minutes after the first look
+        # is read at the next read, not at the next listing (up to RESCAN_MAX_S later on a slow bucket).
+        for writer in (*self.defer, *self.latest_only):
+            self.next_seq.setdefault(writer, 0)
         yield from self._probed(size)
 
     def _start_listing(self) -> None:
