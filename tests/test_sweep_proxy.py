@@ -46,8 +46,9 @@ def adapter(vllm_pool, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def members(vllm_pool, tmp_path_factory):
-    """Member m0's proxy (at most 1 generation in flight, stats into a folder) and member m1's (no cap)."""
+def members(vllm_pool, adapter, tmp_path_factory):
+    """Member m0's proxy (at most 1 generation in flight, stats into a folder) and member m1's (no cap), each with
+    its first version loaded through it (M0, M1), so that each test here stands on its own."""
     stats_dir = str(tmp_path_factory.mktemp("m0-stats"))
     m0 = start_proxy(vllm_pool.urls, token=API_KEY, member="m0", member_cap=1, stats_dir=stats_dir,
                      health_interval_s=0.5, stats_interval_s=0.2, stats_flush_s=0.2)
@@ -57,6 +58,9 @@ def members(vllm_pool, tmp_path_factory):
             wait_until(lambda h=handle: requests.get(f"{h.url}/health", params={"require": "all"}).status_code == 200,
                        60, 0.2)
         m0.stats_dir = stats_dir
+        for handle, name in ((m0, M0), (m1, M1)):
+            loaded = _post(handle, "/v1/load_lora_adapter", lora_name=name, lora_path=adapter)
+            assert loaded.status_code == 200, f"a member's proxy loads its own version: {loaded.text}"
         yield m0, m1
     finally:
         m0.stop()
@@ -72,9 +76,7 @@ def _complete(proxy, model: str, prompt: str = "count:", max_tokens: int = 4) ->
 
 
 def test_each_member_loads_its_own_versions_and_can_neither_sample_nor_touch_the_others(vllm_pool, members, adapter):
-    m0, m1 = members
-    assert _post(m0, "/v1/load_lora_adapter", lora_name=M0, lora_path=adapter).status_code == 200
-    assert _post(m1, "/v1/load_lora_adapter", lora_name=M1, lora_path=adapter).status_code == 200
+    m0, m1 = members     # each loaded its own version through its proxy (the fixture)
     assert all({M0, M1} <= served_models(url) for url in vllm_pool.urls), "one fleet serves both members"
 
     assert _complete(m0, M0).status_code == 200 and _complete(m1, M1).status_code == 200
@@ -110,6 +112,7 @@ def test_a_members_pause_holds_only_its_own_generations_and_leaves_the_engines_r
 
 def test_a_members_generations_are_capped_in_flight_and_their_tokens_counted(members):
     m0, m1 = members
+    assert _complete(m1, M1).status_code == 200      # m1's own traffic, 4 tokens
     before = m0.stats()["members"]["m0"]
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda i: _complete(m0, M0, f"prompt {i}:", max_tokens=5), range(4)))
