@@ -5,7 +5,7 @@
 #      tests that start vLLM servers or a Ray cluster one at a time on one worker (tests/conftest.py: "scheduling"),
 #      the 25 slowest tests listed at the end.
 # Extra arguments go to both pytest runs (e.g. -k, --timeout). One worker is the default: the suite is CPU-bound on
-# the 2-core machine (2 workers kept both cores 88% busy and took 35 to 43 min, against 44 to 50 min on one, but tests
+# the 2-core machine (2 workers kept both cores 88% busy and took 35 to 43 min, against 44 to 60 min on one, but tests
 # beside the vLLM group slowed down several-fold and races showed; README: "Run the tests").
 set -euo pipefail
 cd "$(dirname "$0")/.."
