@@ -101,15 +101,19 @@ class SyntheticRun:
     def _make_job(self, role: str) -> str:
         job_id = f"{self.spec.run_id}--{role}--000000"
         folder = os.path.join(self.home, "jobs", job_id)
-        os.makedirs(folder, exist_ok=True)
+        # As the local executor makes one: under a hidden name, renamed once its job.json is in, so a panel listing
+        # the jobs meanwhile never meets a job folder without its record.
+        staging = os.path.join(self.home, "jobs", f".new-{job_id}")
+        os.makedirs(staging)
         spec = {"run_id": self.spec.run_id, "role": role, "flavor": "local",
                 "volumes": [{"bucket": "local/bench", "mount_path": "/bucket", "read_only": False}]}
         from backend.runtime.job_wrapper import process_start_time
 
         # A live job as the local executor records one: its wrapper's pid (this process stands in) and start time.
-        write_whole(os.path.join(folder, "job.json"), {"job_id": job_id, "spec": spec, "created_at": self.t0,
-                                                       "pid": os.getpid(),
-                                                       "pid_started_at": process_start_time(os.getpid())})
+        write_whole(os.path.join(staging, "job.json"), {"job_id": job_id, "spec": spec, "created_at": self.t0,
+                                                        "pid": os.getpid(),
+                                                        "pid_started_at": process_start_time(os.getpid())})
+        os.rename(staging, folder)
         return job_id
 
     def complete(self) -> "SyntheticRun":

