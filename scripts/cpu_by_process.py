@@ -17,7 +17,8 @@ import threading
 import time
 
 HZ = os.sysconf("SC_CLK_TCK")
-# (kind, what its command line holds): the first match names a process.
+# (kind, what its command line holds): the first match names a process. Parts are specific enough not to match the
+# paths a process is given (a test's tmp folder is under /tmp/pytest-of-<user>/, some name Ray).
 KINDS = (
     ("chromium", "chromium"),
     ("spawned python (vLLM engine, worker)", "multiprocessing.spawn"),
@@ -31,9 +32,12 @@ KINDS = (
     ("job wrapper", "runtime.job_wrapper"),
     ("task check", "runtime.check_task"),
     ("panel (app.py)", "app.py"),
-    ("ray", "ray"),
-    ("pytest", "pytest"),
-    ("playwright driver", "playwright"),
+    ("ray", "ray::"),
+    ("ray", "/ray/"),
+    ("ray", "ray start"),
+    ("pytest", "-m pytest"),
+    ("pytest", "bin/pytest"),
+    ("playwright driver", "playwright/driver"),
 )
 
 
