@@ -52,6 +52,7 @@ from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_repl
 from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, TRAINER_ENDS, write_event
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
+from .rollout_watch import stale_after_s, watch_rollout_worker
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
 from .serve_replica import replicas_ended
@@ -106,8 +107,8 @@ class AsyncRunFolderCallback(RunFolderCallback):
         replica's shutdown waiting for the proxy's connections to close)."""
         self.drain_rollouts()
         worker = getattr(self.trainer, "rollout_worker", None)
-        if worker is not None:
-            threading.Thread(target=_stop_rollout_worker, args=(worker,), name="stop-rollouts", daemon=True).start()
+        if worker is not None:     # its stop is the watch's (runtime/rollout_watch.py): safe on a dead child
+            threading.Thread(target=worker.stop, name="stop-rollouts", daemon=True).start()
         if self.proxy is not None:
             threading.Thread(target=self.proxy.stop, name="stop-proxy", daemon=True).start()
 
@@ -116,19 +117,6 @@ class AsyncRunFolderCallback(RunFolderCallback):
         queued are flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later."""
         if self.trainer is not None and getattr(self.trainer, "rollout_queue", None) is not None:
             threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
-
-
-def _stop_rollout_worker(worker, grace_s: float = 3.0) -> None:
-    """TRL 1.16's AsyncRolloutWorker.stop() sets its stop Event, then waits 15 s for the child: a child retrying
-    requests to replicas that are stopping too takes all 15. Setting the Event here first also means the child
-    never sleeps on it again, so terminating it cannot leave TRL's own stop() waiting on a dead sleeper."""
-    event, process = getattr(worker, "_stop_event_mp", None), getattr(worker, "_process", None)
-    if event is None or process is None:
-        return
-    event.set()
-    process.join(grace_s)
-    if process.is_alive():
-        process.terminate()
 
 
 def _drain(rollouts) -> None:
@@ -209,6 +197,8 @@ def async_config(spec: SpecFile, run_dir: str, proxy_url: str):
         max_inflight_tasks=spec["max_inflight_tasks"],
         queue_maxsize=spec["queue_maxsize"],
         token_budget=spec["max_tokens_per_batch"],
+        # A frozen rollout worker ends the run after this long (runtime/rollout_watch.py says why 180 s, not 300).
+        heartbeat_stale_after_s=stale_after_s(),
         **shared_trainer_args(spec),
     )
 
@@ -290,6 +280,7 @@ def build_trainer(spec: SpecFile, run_dir: str, proxy_url: str, callback: AsyncR
     )
     trainer.remove_callback(PrinterCallback)
     callback.trainer = trainer
+    watch_rollout_worker(trainer)   # a dead rollout worker ends the run in seconds, with its cause
     install_async_samples(callback.samples, spec["max_completion_length"], lambda: trainer.state.global_step)
     if spec.get("eval_source", "none") != "none":
         trainer.held_out = held_out_evaluation(spec, run_dir, model, trainer, proxy_url)
