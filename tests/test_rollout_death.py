@@ -130,3 +130,63 @@ def test_a_rollout_worker_killed_mid_run_ends_the_run_with_its_cause(trainer):
     proc, run_dir, log_path = trainer
     child = _kill_rollouts_when(proc, log_path, lambda: _logged_a_step(run_dir))
     _assert_ended_with_the_cause(proc, run_dir, log_path, child)
+
+
+@pytest.mark.xdist_group("vllm-servers")   # its run starts a vLLM server (conftest: VLLM_SERVERS)
+def test_a_local_run_whose_rollout_worker_dies_ends_error_with_the_cause_one_alert_and_one_post(tmp_path):
+    """As a user sees it, with no dashboard open: a local distributed run launched from a panel that then went away,
+    watched by another panel's background check. Seconds from the kill are printed."""
+    from panel.actions import Panel, Settings
+    from tests.fakehub import wait_until
+    from tests.test_alerts import Webhook
+    from tests.test_launch_journal import _alert_events
+
+    home, hook, panels = str(tmp_path / "home"), Webhook(), []
+
+    def start_panel() -> Panel:
+        panels.append(Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1)))
+        return panels[-1]
+
+    try:
+        form = {"mode": "distributed", "replicas": 1, "max_steps": 5000, "adapter_every": 1, "max_staleness": 1,
+                "checkpoint_every": 1000, "per_device_batch_size": 8, "num_generations": 4,
+                "max_completion_length": 16, "max_inflight_tasks": 8, "queue_maxsize": 32,
+                "max_tokens_per_batch": 512, "attempts": 1}
+        result = start_panel().launch(form, webhook=hook.url)
+        assert result.run_id, result.message
+        panels[0].shutdown()
+        watching = start_panel()
+        run_id, local = result.run_id, watching.local
+        [trainer] = [j for j in local.list_jobs(run_id=run_id) if j.role == "trainer"]
+        wait_until(lambda: any("step 1/" in line for line in local.read_logs(trainer.job_id, 0)[0]), 480, 1,
+                   what="the trainer's first step")
+        main = psutil.Process(local.main_pid(trainer.job_id))
+        tree = [main, *main.children(recursive=True)]
+        [trainer_process] = [p for p in tree if "train_async" in " ".join(_cmdline(p))]
+        _rollout_child(trainer_process).send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        status = local.wait(trainer.job_id, ENDED_WITHIN_S)
+        ended = time.monotonic() - killed
+        assert status.stage == "ERROR" and "rollout worker died: killed by SIGKILL" in status.message, status
+        wait_until(lambda: hook.bodies, ENDED_WITHIN_S, what="the failed run's webhook post")
+        posted = time.monotonic() - killed
+        store = watching.runs.local.store_for("local/grpo-runs")
+        wait_until(lambda: not [p for p in psutil.process_iter() if run_id in " ".join(_cmdline(p))], 60, 1,
+                   what="no process of the run left")
+        time.sleep(3)                  # three more looks of the background check: nothing sent or written again
+        [body] = hook.bodies
+        assert body["alert"]["key"] == "job-error-trainer" and "rollout worker died" in body["text"], body
+        [event] = _alert_events(store, run_id)
+        assert event["key"] == "job-error-trainer", event
+        print(f"ERROR {ended:.1f} s after the rollout worker was killed; webhook post after {posted:.1f} s")
+    finally:
+        for panel in panels:
+            panel.shutdown()
+        hook.stop()
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []

@@ -19,10 +19,10 @@ pytestmark = pytest.mark.integration
 
 
 def _worker(**loop_kwargs):
-    from accelerate.state import PartialState  # noqa: PLC0415 heavy
-    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker  # noqa: PLC0415 heavy
+    from accelerate.state import PartialState
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from tests.rollout_standin import StandInLoop  # noqa: PLC0415
+    from tests.rollout_standin import StandInLoop
 
     PartialState()      # TRL's worker logs through accelerate, as it does inside a trainer
     worker = AsyncRolloutWorker(child_ready_timeout=120, **loop_kwargs)
