@@ -25,13 +25,14 @@ from backend.view.runview import STARTED_NONE, note_started
 def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()):
     table = SeriesTable()
     table.extend(rows)
-    jobs = {role: SimpleNamespace(status=JobStatus(stage), resources=[]) for role, stage in (stages or {}).items()}
+    jobs = {role: SimpleNamespace(status=JobStatus(stage), resources=[], logs=[])
+            for role, stage in (stages or {}).items()}
     done = all(j.status.done for j in jobs.values()) if jobs else False
     spec = {"mode": "distributed", "name": "demo", **(spec or {})}
     started = functools.reduce(note_started, events or [], STARTED_NONE)    # as a RunView counts them
     return SimpleNamespace(run_id="r1", table=table, spec=spec, current_jobs=jobs, done=done, serving=serving or {},
                            events=events or [], jobs={**jobs, **{key: None for key in earlier}},
-                           trainer_started=started)
+                           trainer_started=started, launch_failure=None)
 
 
 def _events(store) -> list[dict]:
@@ -195,6 +196,35 @@ def _steps(n: int, step_s: float, start: float = 1000.0, **metrics) -> list[dict
 
 def _kinds(view, now: float) -> list[str]:
     return [a.kind for a in current_alerts(view, now)]
+
+
+def _start(kind: str, at: float) -> dict:
+    return {"event": kind, "writer": "trainer", "time": at}
+
+
+def test_a_run_that_does_not_reach_its_first_step_stalls_at_the_start_up_stage_it_is_in():
+    """Progress, not the job's liveness, decides: a trainer alive but not moving is stalled from step 0 on, each
+    start-up mark with its own allowance (diagnose.START_UP_ALLOWANCE_S), named in the header's words."""
+    for kind, words in (("attempt", "loading the data and the model"),
+                        ("engine", "importing TRL and building the trainer"), ("started", "training the first step")):
+        allowance = diagnose.START_UP_ALLOWANCE_S[kind]
+        view = _view([], stages={"trainer": "RUNNING"}, events=[_start(kind, 1000.0)], spec={"mode": "colocated"})
+        assert _kinds(view, 1000.0 + allowance - 1) == [], kind
+        [stall] = [a for a in current_alerts(view, 1000.0 + allowance + 1) if a.kind == "stall"]
+        assert f"still {words}" in stall.message and f"allowance of {allowance:.0f} s" in stall.message, stall
+    # A machine not given yet, and a job that wrote nothing yet, are no stall of the run's.
+    for stage, events in (("SCHEDULING", []), ("RUNNING", [])):
+        assert _kinds(_view([], stages={"trainer": stage}, events=events), 1e9) == []
+
+
+def test_a_run_with_one_or_two_steps_stalls_past_the_few_steps_limit():
+    """Before a third step there is no step time of the run's own: the first steps get FEW_STEPS_LIMIT_S."""
+    for rows in (_steps(1, 5.0), _steps(2, 5.0)):
+        view = _view(rows, stages={"trainer": "RUNNING"}, spec={"adapter_every": 1000, "checkpoint_every": 1000})
+        last = rows[-1]["time"]
+        assert _kinds(view, last + diagnose.FEW_STEPS_LIMIT_S - 1) == []
+        [stall] = [a for a in current_alerts(view, last + diagnose.FEW_STEPS_LIMIT_S + 1) if a.kind == "stall"]
+        assert f"{len(rows)} logged step(s)" in stall.message, stall
 
 
 def test_a_stall_needs_a_floor_in_seconds_not_only_a_multiple_of_a_fast_step():

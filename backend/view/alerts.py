@@ -27,6 +27,7 @@ from backend.storage.store import BucketStore
 from backend.view import diagnose
 from backend.view.hacking import HACKING_KIND, hacking_alert
 from backend.view.runview import reading
+from backend.view.startup import start_up
 from backend.view.webhook import post_webhook
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ def current_alerts(view, now: float | None = None) -> list[diagnose.Alert]:
     with reading(view):
         rows = view.table.rows(last=diagnose.WINDOW + 1)
     starting, started_at = _trainer_start(view)
+    stage = start_up(view) if not rows else None
     found += [diagnose.ratio_alert(rows), diagnose.no_signal_alert(rows, view.spec),
               None if starting else diagnose.stall_alert(rows, now, True, view.spec, started_at),
+              diagnose.start_up_stall_alert(stage, now),
               diagnose.stale_drop_alert(rows, view.spec)]
     found += [diagnose.gpu_idle_alert(role, list(job.resources), now, True)
               for role, job in view.current_jobs.items()]

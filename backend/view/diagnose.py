@@ -11,6 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from backend.runtime import records
 from backend.runtime.canary import canary_problems
 from backend.view.servers import latest_servers, replica_gpu_busy
 
@@ -32,6 +33,19 @@ STALL_FLOOR_S = 60.0         # ... and at least this long: a 0.1 s-step run that
 # and a resumed trainer starting up (model load, vLLM warm-up, the first generation). The trainers here run no
 # evaluation (GRPOConfig's eval_strategy stays "no"), so there is no evaluation pause to allow for.
 PAUSE_ALLOWANCE_S = {"checkpoint save": 300.0, "adapter publish": 120.0, "start-up": 900.0}
+# Before the third logged step there is no step time of the run's own to judge by: a first or second step that takes
+# this long (on top of the pause due then) is stalled. The first step carries the warm-up (the first generations, a
+# vLLM server's first answers): minutes on a loaded CPU, seconds on a GPU.
+FEW_STEPS_LIMIT_S = 300.0
+# How long a trainer may stay at one start-up mark (backend/view/startup.py) before it is said to be stalled there,
+# by the newest start-up event it wrote (the header's words come from logs a summary view does not read, so the
+# allowance keys on the events): from `attempt` to `engine` it installs the runtime (HF Jobs: minutes), builds a
+# builtin model (seconds to a minute), and a distributed trainer waits for its replicas until its own start deadline
+# (runtime/train_async.py, 900 s by default), failing by itself then; from `engine` to `started` it imports TRL and
+# builds the trainer (and scores the base model on a held-out set); from `started` it trains its first step. On this
+# 2-core machine those took seconds idle and a few minutes at load 40. A machine not yet given (SCHEDULING) and a job
+# that has written nothing yet have no allowance: the platform's queue is not the run's stall.
+START_UP_ALLOWANCE_S = {records.ATTEMPT: 1200.0, records.ENGINE: 600.0, records.STARTED: 600.0}
 METRICS_FLUSH_S = 2.0        # the trainers write logged steps at most this often (RunFolderCallback.flush_every_s)
 NO_SIGNAL_STEPS = 10         # logged steps in a row in which every group's completions scored alike: no signal
 ZERO_STD = 1e-6
@@ -176,25 +190,34 @@ def stall_alert(rows: list[dict], now: float, running: bool, spec: dict | None =
     pause the run makes on purpose right then gets its allowance on top. `started_at`: when the trainer's current
     attempt started training (a resumed run's), if after its newest step: the wait is then counted from it."""
     times = _values(rows, "time")
-    if not running or len(times) < 3:
+    if not running or not times:
         return None
-    recent = times[-WINDOW - 1:]
-    gaps = [b - a for a, b in itertools.pairwise(recent) if b > a]
-    if not gaps:
-        return None
-    typical = statistics.median(gaps)
-    since, pause = times[-1], intended_pause(rows[-1].get("step"), typical, spec or {})
+    gaps = [b - a for a, b in itertools.pairwise(times[-WINDOW - 1:]) if b > a]
+    typical = statistics.median(gaps) if len(times) >= 3 and gaps else None
+    since, pause = times[-1], intended_pause(rows[-1].get("step"), typical or FEW_STEPS_LIMIT_S, spec or {})
     if started_at is not None and started_at > since:
         since, pause = started_at, "start-up"
     idle = now - since
-    limit = max(STALL_FACTOR * typical, STALL_FLOOR_S)
+    limit = max(STALL_FACTOR * typical, STALL_FLOOR_S) if typical else FEW_STEPS_LIMIT_S
     allowance = PAUSE_ALLOWANCE_S.get(pause, 0.0)
     if idle < limit + allowance:
         return None
     why = f" plus {allowance:.0f} s for the {pause} due then" if pause else ""
+    rule = (f"{STALL_FACTOR}x the median step time of {typical:.1f} s, at least {STALL_FLOOR_S:.0f} s" if typical
+            else f"the limit before the run has a step time of its own: {len(times)} logged step(s)")
     return Alert("stall", f"no new step for {idle:.0f} s, past the limit of {limit + allowance:.0f} s "
-                          f"({STALL_FACTOR}x the median step time of {typical:.1f} s, at least {STALL_FLOOR_S:.0f} s"
-                          f"{why}); last step {rows[-1].get('step')}", "stall")
+                          f"({rule}{why}); last step {rows[-1].get('step')}", "stall")
+
+
+def start_up_stall_alert(stage, now: float) -> Alert | None:
+    """A run that has not logged its first step and has stayed at one start-up mark (`stage`: a
+    `backend.view.startup.StartUp`) past its allowance: stalled there. A trainer that died says so through its job;
+    this is one that lives and does not move."""
+    allowance = START_UP_ALLOWANCE_S.get(stage.mark) if stage is not None else None
+    if allowance is None or stage.since is None or now - stage.since < allowance:
+        return None
+    return Alert("stall", f"no progress for {now - stage.since:.0f} s: still {stage.stage}, past the start-up "
+                          f"allowance of {allowance:.0f} s; the trainer's log says what it is doing", "stall")
 
 
 def intended_pause(step, typical_s: float, spec: dict) -> str | None:

@@ -29,6 +29,7 @@ class StartUp:
 
     stage: str
     since: float | None
+    mark: str | None = None     # the trainer's newest start-up event (records.ATTEMPT, ENGINE, STARTED), if any
 
 
 def start_up(view) -> StartUp | None:
@@ -45,12 +46,12 @@ def start_up(view) -> StartUp | None:
     since = newest.get("time") if isinstance(newest.get("time"), (int, float)) else None
     kind = newest["event"]
     if kind == records.STARTED:
-        return StartUp("training the first step", since)
+        return StartUp("training the first step", since, kind)
     if kind == records.ENGINE:
         held_out = (view.spec or {}).get("eval_source", "none") != "none"
         return StartUp("importing TRL and building the trainer" + (
-            ", then scoring the base model on the held-out set" if held_out else ""), since)
-    return StartUp(_before_engine(view, trainer), since)
+            ", then scoring the base model on the held-out set" if held_out else ""), since, kind)
+    return StartUp(_before_engine(view, trainer), since, kind)
 
 
 def _before_engine(view, trainer) -> str:

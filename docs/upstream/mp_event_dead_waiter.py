@@ -42,7 +42,7 @@ def main() -> int:
     process.join()
     print(f"child ended with exit code {process.exitcode}", flush=True)
     fresh = timed_set(ctx.Event())
-    print(f"set() on a fresh Event: {'returned in %.3f s' % fresh if fresh is not None else 'HUNG'}", flush=True)
+    print("set() on a fresh Event: " + (f"returned in {fresh:.3f} s" if fresh is not None else "HUNG"), flush=True)
     took = timed_set(event)
     if took is None:
         print(f"set() on the Event the dead child waited on: HUNG (no return within {WAIT_S:.0f} s)", flush=True)
