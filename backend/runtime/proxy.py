@@ -63,6 +63,8 @@ from .replicas import (
     pick,
     request_route,
 )
+from .server_info import ANSWER_TIMEOUT_S, ServerInfoCache
+from .server_info import PATH as SERVER_INFO
 
 log = logging.getLogger("runtime.proxy")
 
@@ -71,6 +73,7 @@ GENERATION_PATHS = (*COMPLETION_PATHS, "/tokenize", "/detokenize")
 FORWARDED_HEADERS = ("Content-Type", "Accept")
 LOAD_INTERVAL_ENV = "GRPO_PROXY_LOAD_INTERVAL_S"   # how often each server's /metrics is read (default 10 s)
 CANARY_INTERVAL_ENV = "GRPO_PROXY_CANARY_INTERVAL_S"   # how often the newest version is proved again (default 30 s)
+HEALTH_MISSES = 3          # failed health checks in a row that mark a replica down
 SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 
@@ -102,6 +105,7 @@ class Proxy:
         # A sweep member's proxy (`member` its tag) shares the replicas with the other members' proxies: see
         # proxy_members.py. None: a lone run's, whose replicas are its own.
         self.members = Members(member, member_cap)
+        self._server_info = ServerInfoCache()     # each server's /server_info, asked once (runtime/server_info.py)
         self._session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -183,6 +187,7 @@ class Proxy:
         if replica.healthy:
             replica.held_when_down = bool(replica.adapters)
         replica.healthy = False
+        self._server_info.forget(replica.url)
         replica.last_error = reason
         replica.errors += 1
         # A replica that is down serves none of its adapters (a restarted one holds none); rejoining reloads them.
@@ -389,6 +394,8 @@ class Proxy:
 
     # ---- pass-through and status
     async def pass_through(self, request: web.Request) -> web.Response:
+        if request.path == SERVER_INFO:
+            return await self.server_info(request)
         for replica in [r for r in self.replicas if r.healthy]:
             try:
                 reply = await self._call(replica, "GET", request.path, params=dict(request.query), timeout=30)
@@ -397,6 +404,23 @@ class Proxy:
                 continue
             return web.Response(status=reply.status, text=reply.text, content_type=_content_type(reply.text))
         return _error(503, "no healthy vLLM replica")
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        """TRL's first question, answered from one request per server however many callers ask at once; a slow
+        answer marks no server down (runtime/server_info.py says why)."""
+        last = "no healthy vLLM replica yet"
+        for replica in [r for r in self.replicas if r.healthy]:
+            def ask(replica=replica):
+                return self._call(replica, "GET", SERVER_INFO, params=dict(request.query), timeout=ANSWER_TIMEOUT_S)
+            try:
+                reply = await self._server_info.get(replica.url, request.query_string, ask)
+            except ReplicaUnreachable as error:
+                last = f"{replica.url}: {error}"
+                continue
+            if reply.status == 200:
+                return web.Response(status=200, text=reply.text, content_type=_content_type(reply.text))
+            last = f"{replica.url} answered {reply.status}: {reply.text[:200]}"
+        return _error(503, f"{SERVER_INFO}: {last}")
 
     async def refuse(self, request: web.Request) -> web.Response:
         return _error(404, f"the proxy does not forward POST {request.path}: it is neither a generation route nor "
@@ -430,8 +454,10 @@ class Proxy:
             ok, reason = False, str(error)
         if not ok:
             replica.failed_checks += 1
-            # Two misses in a row, so one slow answer on a busy CPU does not take a replica out of rotation.
-            if replica.healthy and replica.failed_checks >= 2:
+            # Three misses in a row (a dead server refuses at once: ~3 s; a hung one times out: ~18 s), so one or
+            # two slow answers on a busy CPU (a fresh server collecting its environment for /server_info) do not
+            # take a replica out of rotation.
+            if replica.healthy and replica.failed_checks >= HEALTH_MISSES:
                 self._mark_down(replica, reason)
             elif not replica.healthy:
                 replica.last_error = reason

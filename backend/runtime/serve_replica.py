@@ -22,10 +22,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 
+from . import server_info
 from .attempt import ATTEMPT_ENV
 from .gpu_split import SERVER_OVERHEAD_BYTES, gib, server_memory_args
 from .heartbeat import HeartbeatWatch
@@ -441,6 +443,8 @@ def main() -> None:
     try:
         base = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
         children = [subprocess.Popen(one, env={**base, **own}) for one, own in zip(commands, envs)]
+        for url in adapters.urls:       # each server's /server_info asked once, before the trainers ask
+            threading.Thread(target=server_info.warm, args=(url, adapters.headers), daemon=True).start()
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop_all(children)))
         while (ended := next((c for c in children if c.poll() is not None), None)) is None:
             time.sleep(POLL_S)

@@ -56,6 +56,7 @@ from .rollout_watch import stale_after_s, watch_rollout_worker
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
 from .serve_replica import replicas_ended
+from .server_info import await_server_info
 from .spec_file import SpecFile, read_spec
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
@@ -315,12 +316,15 @@ def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
           callback: AsyncRunFolderCallback) -> str | None:
     """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
     proxy = None
+    deadline = time.monotonic() + replica_wait_s      # the start deadline: every first contact retries until it
     try:
         proxy = callback.proxy = start_proxy_process(
             urls, stats_dir=os.path.join(run_dir, METRICS_DIR), host=os.environ.get(PROXY_HOST_ENV, "127.0.0.1"),
             port=int(os.environ.get(PROXY_PORT_ENV) or 0), **member_proxy(spec))
         healthy = wait_for_replicas(proxy.url, replica_wait_s, replicas_gone(run_dir, spec.get("replicas", 2),
                                                                             os.environ.get(FLEET_DIR_ENV)))
+        # TRL asks /server_info once, with no retry: asked here first, until the deadline, its answer is the proxy's.
+        print(f"/server_info answered in {await_server_info(proxy.url, deadline):.1f} s", flush=True)
         patched = install_cpu_fallbacks()
         trainer = build_trainer(spec, run_dir, proxy.url, callback)
         if not trainer._lora_sync:
@@ -358,7 +362,8 @@ def main() -> None:
     parser.add_argument("--run-dir", required=True, help="the run's folder: holds spec.json, receives everything else")
     parser.add_argument("--replica", action="append", help=f"a vLLM replica's base URL (repeat; or {REPLICAS_ENV})")
     parser.add_argument("--replica-wait", type=float, default=900.0,
-                        help="seconds to wait for every replica before starting with those that are up")
+                        help="the start deadline: seconds to wait for every replica (then starting with those that "
+                             "are up) and for their first answers (/server_info), retrying with backoff until then")
     args = parser.parse_args()
     run_dir = os.path.abspath(args.run_dir)
     spec = read_spec(run_dir)
