@@ -284,13 +284,29 @@ def _cancels(hub) -> list[str]:
 
 
 def test_a_sweep_launched_twice_with_the_same_review_code_answers_the_first_and_changes_nothing(hub, make_panel):
-    """An agent retrying a launch whose answer it lost: the second launch finds the sweep (its record in the bucket,
-    the same id and review code) and answers with it; its fleet and members keep running, nothing is submitted or
-    cancelled. The same sweep id with other settings (their own review code) is refused, changing nothing."""
+    """An agent retrying a launch whose answer it lost: while the first request still submits the fleet, the retry
+    answers that the sweep is being launched (the sweep's lock is held); afterwards it finds the sweep (its record
+    in the bucket, the same id and review code) and answers with it; its fleet and members keep running, nothing is
+    submitted or cancelled. The same sweep id with other settings (their own review code) is refused, changing nothing."""
+    import threading
+
     panel = make_panel()
     shown = panel.preview(SWEEP_FORM, sweep=SWEEP)
     reviewed = replace(SWEEP, sweep_id=shown.sweep_id, run_ids=shown.run_ids)
-    first = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)
+    arrived, release = hub.hold_nth_job_submission(1)      # the fleet's first replica: the first launch is under way
+    launches = []
+    thread = threading.Thread(target=lambda: launches.append(
+        panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)))
+    thread.start()
+    try:
+        wait_until(arrived.is_set, 120, what="the first launch submitting the fleet")
+        during = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)
+    finally:
+        release.set()
+        thread.join(120)
+    assert during.already and during.run_ids == shown.run_ids, during.message
+    assert "is being launched by an earlier request" in during.message, during.message
+    [first] = launches
     assert first.run_ids == shown.run_ids and not first.already, first.message
     jobs = {job.id: job.spec["labels"][LABEL_RUN] for job in hub.jobs.values()}
     assert sorted(jobs.values()) == sorted([shown.sweep_id] * 2 + list(shown.run_ids)), jobs
