@@ -287,7 +287,8 @@ def test_a_sweep_launched_twice_with_the_same_review_code_answers_the_first_and_
     """An agent retrying a launch whose answer it lost: while the first request still submits the fleet, the retry
     answers that the sweep is being launched (the sweep's lock is held); afterwards it finds the sweep (its record
     in the bucket, the same id and review code) and answers with it; its fleet and members keep running, nothing is
-    submitted or cancelled. The same sweep id with other settings (their own review code) is refused, changing nothing."""
+    submitted or cancelled. The same sweep id with other settings (their own review code) is refused, changing
+    nothing."""
     import threading
 
     panel = make_panel()
