@@ -255,6 +255,7 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     if where.replicas_need_key and spec.mode == "distributed" and recipe.REPLICA_KEY_SECRET not in secrets:
         # A key of this launch's own (a resume's jobs get a new one): its replicas answer only its trainer.
         secrets = {**secrets, recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}
+    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False), fleet_urls=fleet_urls)
     claim = _claim(journal, spec.run_id)
     try:
         if not resume:
@@ -270,7 +271,6 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
         if claim is not None:
             claim.close()
         raise
-    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False), fleet_urls=fleet_urls)
     try:
         record = _begin(journal, spec, executor, store, jobs, claim)
     except Exception as exc:
@@ -329,30 +329,14 @@ def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Execut
     record = {"sweep_id": members[0].sweep_id, "members": {m.sweep_member: m.run_id for m in members},
               "max_loras": slots, "max_lora_rank": rank, "name": spec.name, "mode": spec.mode,
               "executor": executor.name, "attempts": spec.attempts}
+    jobs = fleet.jobs()
     claim = _claim(journal, spec.run_id)
     try:
-        store.ensure_bucket()
-        taken = f"{prefix}/{layout.FLEET_FILE}" in store.sizes([f"{prefix}/{layout.FLEET_FILE}"])
-    except Exception as exc:
+        _write_fleet_files(spec, store, record)
+    except BaseException:
         if claim is not None:
             claim.close()
-        raise LaunchError(f"could not write the sweep's fleet into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
-                          "No job was submitted.") from exc
-    if taken:
-        if claim is not None:
-            claim.close()
-        raise RunIdTaken(f"the sweep's fleet {spec.run_id} was launched already (bucket {spec.bucket}): nothing was "
-                         "submitted. Preview the sweep again for a new sweep id.")
-    try:
-        store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
-        store.write_bytes(f"{prefix}/{layout.FLEET_FILE}", json.dumps(record).encode())
-    except Exception as exc:
-        if claim is not None:
-            claim.close()
-        left = _remove_quietly(store, prefix)
-        raise LaunchError(f"could not write the sweep's fleet into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
-                          f"No job was submitted{left}.") from exc
-    jobs = fleet.jobs()
+        raise
     launch = None
     if journal is not None:
         launch = journal.begin(RUN, spec.run_id, run_id=spec.run_id, executor=executor.name,
@@ -372,6 +356,28 @@ def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Execut
     if launch:
         launch.finish(LAUNCHED)
     return LaunchedFleet(spec.run_id, {job.role: job_id for job, job_id in zip(jobs, ids)}, tuple(urls), own)
+
+
+def _write_fleet_files(spec: RunSpec, store: BucketStore, record: dict) -> None:
+    """Under the fleet's lock: its runtime code and `fleet.json`, unless a fleet of that id is there already
+    (RunIdTaken, nothing written); a write that fails removes what was written."""
+    prefix = layout.run_prefix(spec.run_id)
+    try:
+        store.ensure_bucket()
+        taken = f"{prefix}/{layout.FLEET_FILE}" in store.sizes([f"{prefix}/{layout.FLEET_FILE}"])
+    except Exception as exc:
+        raise LaunchError(f"could not write the sweep's fleet into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
+                          "No job was submitted.") from exc
+    if taken:
+        raise RunIdTaken(f"the sweep's fleet {spec.run_id} was launched already (bucket {spec.bucket}): nothing was "
+                         "submitted. Preview the sweep again for a new sweep id.")
+    try:
+        store.upload_folder(RUNTIME_DIR, f"{prefix}/{layout.CODE_DIR}/runtime")
+        store.write_bytes(f"{prefix}/{layout.FLEET_FILE}", json.dumps(record).encode())
+    except Exception as exc:
+        left = _remove_quietly(store, prefix)
+        raise LaunchError(f"could not write the sweep's fleet into bucket {spec.bucket}: {_space_or(exc, str(exc))}. "
+                          f"No job was submitted{left}.") from exc
 
 
 def _fleet_urls(executor: Executor, jobs: list[JobSpec], ids: list[str]) -> list[str]:
