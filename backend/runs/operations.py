@@ -462,7 +462,6 @@ class Operations:
         record = {**shown.sweep.record(members), "review_code": shown.fingerprint, "state": LAUNCHING}
         path = layout.sweep_record_path(shown.sweep.sweep_id)
         try:
-            store.ensure_bucket()       # a first launch creates the bucket (private), as a run's launch does
             store.write_bytes(path, json.dumps(record).encode())
         except Exception as exc:
             raise LaunchError(f"could not write the sweep's record into bucket {base.bucket}: {exc}. "
@@ -663,16 +662,19 @@ def _check_key(spec: RunSpec, token: str) -> str:
 
 def _sweep_found(store, shown: SweepPreview) -> dict | None:
     """The record of the sweep `shown` when its launch was made already (a retry: the same sweep id and review
-    code); None when there is none (or the bucket cannot say: the fleet's and the members' own launches refuse an
-    id in use). Raises LaunchError when the sweep id holds other settings, or a launch that failed or stopped."""
+    code); None when there is none (its bucket made if new: the launch goes on). Raises LaunchError when the sweep id
+    holds other settings or a launch that failed or stopped, and when the bucket cannot say (a launch that went on
+    would write over the record of a sweep it could not see)."""
     sweep_id = shown.sweep.sweep_id
     path = layout.sweep_record_path(sweep_id)
     try:
+        store.ensure_bucket()       # a first launch creates the bucket (private), as a run's launch does
         if path not in store.sizes([path]):
             return None
         record = json.loads(store.read_bytes(path))
-    except Exception:
-        return None
+    except Exception as exc:
+        raise LaunchError(f"could not read bucket {shown.base.bucket} to check sweep id {sweep_id}: "
+                          f"{redact_tokens(str(exc))}. Nothing was launched.") from exc
     members = {p.spec.sweep_member: p.spec.run_id for p in shown.members}
     if not isinstance(record, dict) or record.get("review_code") != shown.fingerprint \
             or record.get("members") != members:
@@ -693,14 +695,14 @@ def _undo_own(registry: RunRegistry, launched: list[Launched], fleet) -> str:
     a job of an earlier launch with the same labels is not this launch's to cancel): the members' trainers, then
     its fleet. A sentence saying so."""
     members = [m for m in launched if not m.run.existing]
-    trainers = [job_id for m in members for job_id in m.run.job_ids.values()]
+    own = [job_id for m in members for job_id in m.run.job_ids.values()]
     replicas = list(fleet.job_ids.values()) if fleet is not None else []
-    errors = cancel_jobs(registry.executor, trainers) + cancel_jobs(registry.executor, replicas)
+    errors = cancel_jobs(registry.executor, own) + cancel_jobs(registry.executor, replicas)
     registry.forget_listing()
     said = []
     if members:
         said.append(f"the member(s) launched before it ({', '.join(m.spec.run_id for m in members)}: "
-                    f"{len(trainers)} job(s))")
+                    f"{len(own)} job(s))")
     if fleet is not None:
         said.append(f"its fleet {fleet.fleet_id} ({len(replicas)} job(s))")
     text = ("Cancelled what this launch had started: " + " and ".join(said) + "."
