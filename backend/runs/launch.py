@@ -411,8 +411,7 @@ def _claim(journal: LaunchJournal | None, launch_id: str) -> Launch | None:
     try:
         return journal.claim(launch_id)
     except UnderWay as exc:
-        raise LaunchUnderWay(f"{exc}, started by an earlier request: it answers with the launch; nothing more was "
-                             "submitted.") from None
+        raise LaunchUnderWay(f"{exc} (an earlier request is launching it): this one submitted nothing.") from None
     except Exception as exc:
         raise LaunchError(f"{_space_or(exc, f'could not record the launch before submitting it: {exc}')}. "
                           "No job was submitted.") from exc
