@@ -53,6 +53,7 @@ from backend.runs.watch import RunWatch
 from backend.runtime.layout import atomic_write_chunks
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import benchmark_note
+from backend.storage.journal import LAUNCHING
 from backend.storage.store import FolderStore
 from backend.task.check import TaskReport
 from backend.task.sandbox import isolation_state
@@ -110,6 +111,7 @@ class LaunchResult:
     fields: tuple[str, ...] = ()       # the form fields to fix, when the launch was refused for them
     run_ids: tuple[str, ...] = ()      # a sweep's members, m0 first (`run_id` is m0's)
     sweep_id: str | None = None        # the sweep launched
+    already: bool = False              # a retry found this run or sweep launched already: nothing was submitted
 
     def __iter__(self):
         """Unpacks as `message, run_id`, the two things a script wants to know."""
@@ -269,6 +271,9 @@ class Panel:
             return _sweep_launched(answer)
         spec = answer.spec
         jobs = ", ".join(f"{role} `{job_id}`" for role, job_id in answer.run.job_ids.items())
+        if answer.run.existing:
+            return LaunchResult(f"Run **{spec.run_id}** {_already(answer.run.existing)}"
+                                + (f" Its jobs: {jobs}." if jobs else ""), spec.run_id, already=True)
         notes = "".join(f"\n\n⚠️ {w}" for w in answer.warnings)
         return LaunchResult(f"Launched run **{spec.run_id}** ({spec.mode}, {engine_label(spec)}): {jobs}{notes}",
                             spec.run_id)
@@ -755,8 +760,22 @@ def _sweep_cost_line(shown: SweepPreview) -> str:
             f"member's jobs). Review code **`{shown.fingerprint}`**.")
 
 
+def _already(state: str) -> str:
+    """What a retry of a launch says (`LaunchedRun.existing`, `LaunchedSweep.existing`)."""
+    if state == LAUNCHING:
+        return ("is being launched by an earlier request with the same settings: this one submitted nothing and "
+                "cancelled nothing. Watch it in the runs list.")
+    return ("was launched already, by an earlier request with the same settings: this one submitted nothing and "
+            "cancelled nothing.")
+
+
 def _sweep_launched(answer: LaunchedSweep) -> LaunchResult:
     members = answer.members
+    if answer.existing:
+        return LaunchResult(f"Sweep **{answer.sweep.sweep_id}** {_already(answer.existing)} Its members: "
+                            + ", ".join(f"{m.spec.sweep_member} **{m.spec.run_id}**" for m in members) + ".",
+                            members[0].spec.run_id, run_ids=tuple(m.spec.run_id for m in members),
+                            sweep_id=answer.sweep.sweep_id, already=True)
     said = "; ".join(f"{m.spec.sweep_member} **{m.spec.run_id}** ("
                      + ", ".join(f"{k}={v}" for k, v in answer.sweep.member_settings(m.spec).items()) + ")"
                      for m in members)

@@ -179,6 +179,8 @@ class PanelTools:
                    run_id: str = "") -> dict:
         """Launch a run. A billed run (HF Jobs) goes ahead only with the review code preview_run returned for
         exactly these settings; without it, or after a change, nothing is launched and a fresh preview comes back.
+        Safe to retry: the same call again (same run_id and settings) answers with the run already launched
+        (already_launched: true) and submits nothing.
 
         Args:
             settings: the same RunSpec fields as given to preview_run
@@ -194,7 +196,7 @@ class PanelTools:
                     "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
         result = _guarded(lambda: self.panel.launch(values, who, confirmed=review_code or None, run_id=run_id or None))
         answer = {"launched": result.run_id is not None, "run_id": result.run_id, "message": result.message,
-                  "fields_to_fix": list(result.fields)}
+                  "fields_to_fix": list(result.fields), "already_launched": result.already}
         if result.preview is not None:
             answer.update(review_code=result.preview.fingerprint, run_id=None, previewed_run_id=result.preview.run_id)
         return answer
@@ -245,7 +247,8 @@ class PanelTools:
                      run_ids: list[str] | None = None) -> dict:
         """Launch a sweep's members as one. On a billed engine it goes ahead only with the review code
         preview_sweep returned for exactly these arguments; without it, or after a change, nothing is launched and
-        a fresh review code comes back.
+        a fresh review code comes back. Safe to retry: the same call again (same sweep_id, run_ids and review code)
+        answers with the sweep already launched (already_launched: true), submitting and cancelling nothing.
 
         Args:
             swept: the same swept fields and values as given to preview_sweep
@@ -267,7 +270,8 @@ class PanelTools:
                     "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
         result = _guarded(lambda: self.panel.launch(values, who, confirmed=review_code or None, sweep=form))
         answer = {"launched": bool(result.run_ids), "sweep_id": result.sweep_id,
-                  "run_ids": list(result.run_ids), "message": result.message, "fields_to_fix": list(result.fields)}
+                  "run_ids": list(result.run_ids), "message": result.message, "fields_to_fix": list(result.fields),
+                  "already_launched": result.already}
         if result.preview is not None:
             answer.update(review_code=result.preview.fingerprint, previewed_sweep_id=result.preview.sweep_id,
                           previewed_run_ids=list(result.preview.run_ids))

@@ -118,12 +118,12 @@ def test_a_changed_form_needs_a_new_review_before_it_launches(hub, make_panel):
     assert panel.launch(changed, confirmed=result.preview.fingerprint).run_id, "the new review launches"
 
 
-def test_a_reused_preview_cannot_launch_the_same_run_twice(hub, make_panel):
+def test_a_reused_preview_launches_the_run_once(hub, make_panel):
     panel = make_panel()
     first, shown = launch_reviewed(panel, FORM)
     assert first.run_id == shown.run_id
     again = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
-    assert again.run_id is None and "already used" in again.message
+    assert again.already and again.run_id == first.run_id and "was launched already" in again.message, again.message
     assert len(hub.job_posts()) == 1
 
 
@@ -276,6 +276,144 @@ def test_a_sweep_whose_fleet_fails_to_submit_launches_no_member(hub, make_panel)
     assert "the sweep's fleet did not launch" in result.message and "No member was launched" in result.message
     assert [r.json["labels"]["grpo-panel-role"] for r in hub.job_posts()] == ["vllm-0", "vllm-1"], "no trainer"
     wait_until(lambda: {job.stage for job in hub.jobs.values()} == {"CANCELED"}, what="the fleet's replica cancelled")
+
+
+def _cancels(hub) -> list[str]:
+    """The job ids the panel asked the Hub to cancel, in order."""
+    return [r.path.split("/")[-2] for r in hub.requests if r.method == "POST" and r.path.endswith("/cancel")]
+
+
+def test_a_sweep_launched_twice_with_the_same_review_code_answers_the_first_and_changes_nothing(hub, make_panel):
+    """An agent retrying a launch whose answer it lost: while the first request still submits the fleet, the retry
+    answers that the sweep is being launched (the sweep's lock is held); afterwards it finds the sweep (its record
+    in the bucket, the same id and review code) and answers with it; its fleet and members keep running, nothing is
+    submitted or cancelled. The same sweep id with other settings (their own review code) is refused, changing
+    nothing."""
+    import threading
+
+    panel = make_panel()
+    shown = panel.preview(SWEEP_FORM, sweep=SWEEP)
+    reviewed = replace(SWEEP, sweep_id=shown.sweep_id, run_ids=shown.run_ids)
+    arrived, release = hub.hold_nth_job_submission(1)      # the fleet's first replica: the first launch is under way
+    launches = []
+    thread = threading.Thread(target=lambda: launches.append(
+        panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)))
+    thread.start()
+    try:
+        wait_until(arrived.is_set, 120, what="the first launch submitting the fleet")
+        during = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)
+    finally:
+        release.set()
+        thread.join(120)
+    assert during.already and during.run_ids == shown.run_ids, during.message
+    assert "is being launched by an earlier request" in during.message, during.message
+    [first] = launches
+    assert first.run_ids == shown.run_ids and not first.already, first.message
+    jobs = {job.id: job.spec["labels"][LABEL_RUN] for job in hub.jobs.values()}
+    assert sorted(jobs.values()) == sorted([shown.sweep_id] * 2 + list(shown.run_ids)), jobs
+    for job_id in jobs:
+        hub.set_stage(job_id, "RUNNING")
+    posts = len(hub.job_posts())
+
+    again = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint, sweep=reviewed)
+    assert again.already and again.sweep_id == shown.sweep_id and again.run_ids == shown.run_ids, again.message
+    assert f"Sweep **{shown.sweep_id}** was launched already" in again.message, again.message
+    assert "submitted nothing and cancelled nothing" in again.message, again.message
+    assert len(hub.job_posts()) == posts and _cancels(hub) == [], "the retry submits and cancels nothing"
+    assert {hub.jobs[job_id].stage for job_id in jobs} == {"RUNNING"}, "the first sweep's fleet and members run on"
+
+    other = panel.preview({**SWEEP_FORM, "max_steps": 7}, sweep=reviewed)
+    assert other.sweep_id == shown.sweep_id and other.fingerprint != shown.fingerprint
+    refused = panel.launch({**SWEEP_FORM, "max_steps": 7}, confirmed=other.fingerprint, sweep=reviewed)
+    assert refused.run_id is None and not refused.already, refused.message
+    assert f"sweep id {shown.sweep_id} is already used" in refused.message and "other settings" in refused.message
+    assert len(hub.job_posts()) == posts and _cancels(hub) == []
+    assert {hub.jobs[job_id].stage for job_id in jobs} == {"RUNNING"}
+    record = json.loads(hub.buckets["alice/grpo-runs"].files[f"sweeps/{shown.sweep_id}.json"].data)
+    assert (record["state"], record["review_code"]) == ("launched", shown.fingerprint), record
+
+
+def test_a_sweep_launch_failing_half_way_cancels_only_the_jobs_it_submitted(hub, make_panel):
+    """A member's trainer submission fails (the Hub creates the job and answers 504): the launch cancels the fleet's
+    replicas and the members' trainers it submitted, and the job the failed answer created (found by the member's
+    label, created since the launch began), and nothing else: stand-ins of an earlier launch carrying the fleet's
+    and that member's labels keep running, also through the panel's background sweep of failed launches."""
+    from backend.plan.jobspec import JobSpec, VolumeSpec
+
+    panel = make_panel(budget_check_s=0)          # its background pass is run by hand below
+    shown = panel.preview(SWEEP_FORM, sweep=SWEEP)
+    registry = panel.runs.hub_registry(ALICE, "alice")
+    registry.store_for("alice/grpo-runs").ensure_bucket()
+
+    def earlier(run_id: str, role: str) -> str:
+        job = JobSpec(run_id=run_id, role=role, image="img", command=["sleep", "1"], flavor="cpu-basic",
+                      timeout_s=3600, volumes=(VolumeSpec("alice/grpo-runs", "/bucket"),))    # the run's labels
+        job_id = registry.executor.submit(job)
+        hub.set_stage(job_id, "RUNNING")
+        return job_id
+
+    hub.clock = lambda: time.time() - 600           # an earlier launch, ten minutes ago
+    stand_ins = [earlier(shown.sweep_id, "vllm-0"), earlier(shown.run_ids[1], "trainer")]
+    hub.clock = time.time
+    # Job posts: the two stand-ins, the fleet's two replicas, m0's trainer, then m1's: created, answered 504.
+    hub.create_then_fail_nth_job_submission(6, status=504)
+    result = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint,
+                          sweep=replace(SWEEP, sweep_id=shown.sweep_id, run_ids=shown.run_ids))
+    assert result.run_id is None and not result.run_ids, result.message
+    assert f"member m1 (run {shown.run_ids[1]}) did not launch" in result.message, result.message
+    assert "Cancelled what this launch had started" in result.message and "its fleet" in result.message
+    own = [job.id for job in hub.jobs.values() if job.id not in stand_ins]
+    assert len(own) == 4, own                       # 2 replicas, m0's trainer, m1's trainer behind the 504
+    wait_until(lambda: {hub.jobs[job_id].stage for job_id in own} == {"CANCELED"},
+               what=f"every job of the failed launch cancelled: {[hub.jobs[j].stage for j in own]}")
+    assert sorted(_cancels(hub)) == sorted(own), "cancelled by the ids it submitted, nothing found by label alone"
+    panel.watch.sweep_failed_launches()             # the background pass sweeping m1's label again
+    assert [hub.jobs[job_id].stage for job_id in stand_ins] == ["RUNNING", "RUNNING"], \
+        "the earlier launch's jobs with the same labels keep running"
+    record = json.loads(hub.buckets["alice/grpo-runs"].files[f"sweeps/{shown.sweep_id}.json"].data)
+    assert record["state"] == "failed" and "did not launch" in record["why"], record
+    retry = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint,
+                         sweep=replace(SWEEP, sweep_id=shown.sweep_id, run_ids=shown.run_ids))
+    assert retry.run_id is None and "its launch failed" in retry.message, retry.message
+    assert len(hub.jobs) == 6 and [hub.jobs[j].stage for j in stand_ins] == ["RUNNING", "RUNNING"]
+
+
+def test_a_run_launched_twice_answers_the_same_run_and_another_spec_under_its_id_is_refused(hub, make_panel):
+    """A second launch of a run id with the same reviewed spec: while the first request still submits, it answers
+    that the run is being launched; afterwards, with the run and its job; either way it submits nothing. A spec of
+    other settings under that id stays refused, saying why."""
+    import threading
+
+    panel = make_panel()
+    shown = panel.preview(FORM)
+    arrived, release = hub.hold_nth_job_submission(1)
+    first = []
+    thread = threading.Thread(target=lambda: first.append(
+        panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)))
+    thread.start()
+    try:
+        wait_until(arrived.is_set, 120, what="the first launch's submission")
+        during = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
+    finally:
+        release.set()
+        thread.join(60)
+    assert during.already and during.run_id == shown.run_id, during.message
+    assert "is being launched by an earlier request" in during.message, during.message
+    [launched] = first
+    assert launched.run_id == shown.run_id and not launched.already, launched.message
+    [job] = hub.jobs.values()
+    hub.set_stage(job.id, "RUNNING")
+
+    again = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
+    assert again.already and again.run_id == shown.run_id and job.id in again.message, again.message
+    assert "was launched already" in again.message, again.message
+    other = panel.preview({**FORM, "max_steps": 7}, run_id=shown.run_id)
+    refused = panel.launch({**FORM, "max_steps": 7}, confirmed=other.fingerprint, run_id=shown.run_id)
+    assert refused.run_id is None and f"run id {shown.run_id} is already used" in refused.message, refused.message
+    assert "other settings" in refused.message and "Preview again for a new run id" in refused.message
+    assert len(hub.job_posts()) == 1 and _cancels(hub) == [] and job.stage == "RUNNING"
+    spec = json.loads(hub.buckets["alice/grpo-runs"].files[f"runs/{shown.run_id}/spec.json"].data)
+    assert spec["max_steps"] != 7, "the first run's files are as it launched them"
 
 
 def test_a_job_the_hub_created_behind_a_timeout_is_found_by_label_and_cancelled(hub, make_panel):

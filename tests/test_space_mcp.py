@@ -176,3 +176,37 @@ def test_an_agent_previews_launches_ranks_and_cancels_a_sweep_over_mcp(space, hu
     wait_until(lambda: all(job.stage == "CANCELED" for job in hub.run_jobs.values()
                            if job.spec["labels"].get(LABEL_RUN) in swept_runs), what="every member and the fleet")
     assert ALICE not in json.dumps([preview, unreviewed, launched, status, cancelled])
+
+
+def test_an_agent_retrying_launch_sweep_with_the_same_review_code_gets_the_first_sweep_and_nothing_is_cancelled(
+        space, hub):
+    """The retry of an agent that lost launch_sweep's answer: the same call again answers with the sweep already
+    launched (already_launched), submits no job and cancels none; the first sweep's fleet and members run on."""
+    url, _ = space
+    settings = {"mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1", "max_steps": 5, "name": "mcp-retry"}
+    swept = {"learning_rate": [0.0001, 0.0005]}
+    [preview] = as_alice(url, ("preview_sweep", {"swept": swept, "settings": settings}))
+    assert preview["ok"], preview
+    reviewed = {"swept": swept, "settings": settings, "review_code": preview["review_code"],
+                "sweep_id": preview["sweep_id"], "run_ids": preview["run_ids"]}
+    [first] = as_alice(url, ("launch_sweep", reviewed))
+    assert first["launched"] and not first.get("already_launched") and first["run_ids"] == preview["run_ids"], first
+    swept_runs = {preview["sweep_id"], *preview["run_ids"]}
+    jobs = [job_id for job_id, job in hub.run_jobs.items() if job.spec["labels"].get(LABEL_RUN) in swept_runs]
+    assert len(jobs) == 3, jobs                     # the fleet's replica, each member's trainer
+    for job_id in jobs:
+        hub.set_stage(job_id, "RUNNING")
+    posts, cancels = len(hub.job_posts()), [r for r in hub.requests if r.path.endswith("/cancel")]
+
+    [again] = as_alice(url, ("launch_sweep", reviewed))
+    assert again["launched"] and again["already_launched"], again
+    assert again["sweep_id"] == preview["sweep_id"] and again["run_ids"] == preview["run_ids"], again
+    assert "was launched already" in again["message"] and preview["sweep_id"] in again["message"], again
+    assert len(hub.job_posts()) == posts, "the retry submits nothing"
+    assert [r for r in hub.requests if r.path.endswith("/cancel")] == cancels, "and cancels nothing"
+    assert {hub.run_jobs[job_id].stage for job_id in jobs} == {"RUNNING"}, "the first sweep runs on"
+    [status] = as_alice(url, ("sweep_status", {"run_id": preview["run_ids"][0]}))
+    assert status["sweep_id"] == preview["sweep_id"] and status["fleet"] == preview["sweep_id"], status
+    [cancelled] = as_alice(url, ("cancel_sweep", {"run_id": preview["run_ids"][0]}))
+    assert len(cancelled["fleet"]["cancelled_jobs"]) == 1, "one fleet, the first launch's"
+

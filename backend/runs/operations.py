@@ -38,12 +38,14 @@ from backend.runs.access import (
 from backend.runs.budget import SpendWatch
 from backend.runs.directory import RunDirectory
 from backend.runs.hub_auth import bucket_problem, can_control, whoami_name
-from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
+from backend.runs.launch import LaunchedRun, LaunchError, LaunchUnderWay, preview_jobs
 from backend.runs.notes import NotesBook, RunNotes, checked_name, checked_notes
-from backend.runs.registry import RunRegistry
+from backend.runs.registry import RunRegistry, cancel_jobs
 from backend.runs.resume import ResumePlan
 from backend.runtime import layout, records
+from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
+from backend.storage.journal import FAILED, LAUNCHED, LAUNCHING, UnderWay
 from backend.task.check import TaskReport, check_task, task_field_errors
 from backend.task.check_job import CHECK_FLAVOR, check_in_job
 from backend.view.webhook import webhook_problem
@@ -145,6 +147,9 @@ class SweepPreview:
 class LaunchedSweep:
     sweep: SweepSpec
     members: list[Launched]
+    # A retry of a sweep launch already made (the same sweep id and review code): its state as found (`launched`,
+    # or `launching` while the first request still launches it). Nothing was submitted or cancelled by this call.
+    existing: str = ""
 
 
 class Operations:
@@ -358,12 +363,21 @@ class Operations:
         self._check_token_lifetime(where, visitor, spec)
         if where.billed and confirmed != spec.fingerprint():
             return ReviewNeeded(spec, reviewed_another=bool(confirmed))
+        registry = self.runs.registry_for(where, token, spec.bucket_namespace)
+        # A retry of a launch already made (the run id a preview gave, with the same settings, so the same review
+        # code, by a visitor who may launch there) answers with that run before anything else runs: the one case
+        # where a run id already in use is not refused. Another run's id stays refused (RunIdTaken).
+        existing = registry.existing_launch(spec) if run_id else None
+        if existing is not None:
+            return Launched(existing, spec)
         task = self.check_task(values, visitor, spec)
         if task.errors:
             raise SpecError(task.errors)
-        registry = self.runs.registry_for(where, token, spec.bucket_namespace)
-        launched = registry.launch(spec, _secrets(token))
-        if webhook:
+        try:
+            launched = registry.launch(spec, _secrets(token))
+        except LaunchUnderWay:      # an earlier request holds the run id's lock: it is launching this very run
+            return Launched(LaunchedRun(spec.run_id, {}, existing=LAUNCHING), spec)
+        if webhook and not launched.existing:
             self.webhooks.put(spec.run_id, webhook)
         self.runs.relist(spec.bucket_namespace)
         return Launched(launched, spec, tuple(task.warnings))
@@ -407,7 +421,13 @@ class Operations:
         """Launch every member of the form's sweep, or none: one review (a billed sweep goes ahead only when
         `confirmed` is the review code of the preview the visitor saw, every member's settings in it), one task
         check, the sweep's record written into the bucket, then each member as an ordinary run. A member that fails
-        to launch cancels the members launched before it."""
+        to launch cancels what this launch started (the members launched before it and its fleet, by their job ids),
+        nothing else.
+
+        Idempotent: the launch holds the sweep id's lock in the launch journal and names the sweep (its record,
+        `launching`, with its review code) before it submits anything. A retry with the same sweep id and review
+        code finds it and answers with that sweep (`LaunchedSweep.existing`), changing nothing; a sweep id that holds
+        other settings, or a launch that failed, is refused."""
         webhook = (webhook or "").strip()
         missing = self.missing_token(values.get("executor"), visitor)
         if missing:
@@ -418,56 +438,77 @@ class Operations:
         self._check_token_lifetime(where, visitor, base)
         if where.billed and confirmed != shown.fingerprint:
             return ReviewNeeded(base, reviewed_another=bool(confirmed))
+        registry = self.runs.registry_for(where, token, base.bucket_namespace)
+        store = registry.store_for(base.bucket)
+        try:
+            claim = self.runs.journal.claim(f"{shown.sweep.sweep_id}.sweep")
+        except UnderWay:        # an earlier request is launching this very sweep (same id, same review code)
+            return self._existing_sweep(registry, shown, LAUNCHING)
+        try:
+            if _sweep_found(store, shown) is not None:
+                return self._existing_sweep(registry, shown, LAUNCHED)
+            return self._launch_sweep(values, shown, visitor, token, registry, store, webhook)
+        finally:
+            claim.close()
+
+    def _launch_sweep(self, values: dict, shown: SweepPreview, visitor: Visitor, token: str | None,
+                      registry: RunRegistry, store, webhook: str) -> LaunchedSweep:
+        """The sweep's launch proper, under its lock (`launch_sweep`)."""
+        base = shown.base
         task = self.check_task(values, visitor, base)
         if task.errors:
             raise SpecError(task.errors)
-        registry = self.runs.registry_for(where, token, base.bucket_namespace)
         members = [p.spec for p in shown.members]
+        record = {**shown.sweep.record(members), "review_code": shown.fingerprint, "state": LAUNCHING}
+        path = layout.sweep_record_path(shown.sweep.sweep_id)
         try:
-            store = registry.store_for(base.bucket)
-            store.ensure_bucket()       # a first launch creates the bucket (private), as a run's launch does
-            store.write_bytes(layout.sweep_record_path(shown.sweep.sweep_id),
-                              json.dumps(shown.sweep.record(members)).encode())
+            store.write_bytes(path, json.dumps(record).encode())
         except Exception as exc:
             raise LaunchError(f"could not write the sweep's record into bucket {base.bucket}: {exc}. "
                               "No job was submitted.") from exc
-        fleet_urls, fleet_secrets = None, {}
-        if members[0].fleet:    # the one fleet first; each member's trainer then uses its servers (and its key)
-            try:
-                fleet = registry.launch_fleet(members, shown.fleet.max_loras, shown.fleet.max_lora_rank,
-                                              _secrets(token))
-            except Exception as exc:
-                self.runs.relist(base.bucket_namespace)
-                raise LaunchError(f"the sweep's fleet did not launch: {exc}. No member was launched.") from exc
-            fleet_urls, fleet_secrets = fleet.urls, fleet.secrets
+        fleet = None
+        try:
+            if members[0].fleet:    # the one fleet first; each member's trainer then uses its servers (and its key)
+                try:
+                    fleet = registry.launch_fleet(members, shown.fleet.max_loras, shown.fleet.max_lora_rank,
+                                                  _secrets(token))
+                except Exception as exc:
+                    raise LaunchError(f"the sweep's fleet did not launch: {exc}. No member was launched.") from exc
+            launched = self._launch_members(members, registry, token, fleet, tuple(task.warnings), webhook)
+        except LaunchError as exc:
+            _write_quietly(store, path, {**record, "state": FAILED, "why": redact_tokens(str(exc))})
+            self.runs.relist(base.bucket_namespace)
+            raise
+        _write_quietly(store, path, {**record, "state": LAUNCHED})
+        self.runs.relist(base.bucket_namespace)
+        return LaunchedSweep(shown.sweep, launched)
+
+    def _launch_members(self, members: list[RunSpec], registry: RunRegistry, token: str | None, fleet,
+                        warnings: tuple[str, ...], webhook: str) -> list[Launched]:
+        """Each member as an ordinary run on the sweep's fleet; one that fails cancels what this launch started."""
+        fleet_urls, fleet_secrets = (fleet.urls, fleet.secrets) if fleet is not None else (None, {})
         launched: list[Launched] = []
         for spec in members:
             try:
                 launched.append(Launched(registry.launch(spec, {**_secrets(token), **fleet_secrets},
-                                                         fleet_urls=fleet_urls), spec, tuple(task.warnings)))
+                                                         fleet_urls=fleet_urls), spec, warnings))
             except Exception as exc:
-                started = [each.spec.run_id for each in launched] + ([members[0].fleet] if fleet_urls else [])
-                undone = self._undo_members(registry, started)
-                self.runs.relist(base.bucket_namespace)
+                undone = _undo_own(registry, launched, fleet)
                 raise LaunchError(f"member {spec.sweep_member} (run {spec.run_id}) did not launch: {exc}. "
                                   f"{undone}") from exc
             if webhook:
                 self.webhooks.put(spec.run_id, webhook)
-        self.runs.relist(base.bucket_namespace)
-        return LaunchedSweep(shown.sweep, launched)
+        return launched
 
-    def _undo_members(self, registry: RunRegistry, run_ids: list[str]) -> str:
-        """Cancel the members a failed sweep launch had started; a sentence saying so."""
-        if not run_ids:
-            return "No member was launched."
-        failed = []
-        for run_id in run_ids:
-            try:
-                registry.cancel(run_id)
-            except Exception as exc:   # keep cancelling the others: each may bill
-                failed.append(f"{run_id} ({exc})")
-        said = f"The member(s) launched before it were cancelled: {', '.join(run_ids)}."
-        return said + (f" Could not cancel {'; '.join(failed)}: cancel them by hand." if failed else "")
+    def _existing_sweep(self, registry: RunRegistry, shown: SweepPreview, state: str) -> LaunchedSweep:
+        """The answer to a retry of the sweep's launch: its members as launched (each run's job ids as its launch
+        recorded them; none yet while the first request still launches)."""
+        members = []
+        for preview in shown.members:
+            spec = preview.spec
+            jobs = (registry.recorded_launch(spec.run_id) or {}).get("jobs") or {}
+            members.append(Launched(LaunchedRun(spec.run_id, dict(jobs), existing=state), spec))
+        return LaunchedSweep(shown.sweep, members, existing=state)
 
     def sweep_members(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, str], str]:
         """The sweep `run_id` is a member of, its members' run ids by tag and its shared fleet's id ("" where each
@@ -617,3 +658,62 @@ def _check_key(spec: RunSpec, token: str) -> str:
                 digest.update(block)
     digest.update(hashlib.sha256(token.encode()).digest())
     return digest.hexdigest()
+
+
+def _sweep_found(store, shown: SweepPreview) -> dict | None:
+    """The record of the sweep `shown` when its launch was made already (a retry: the same sweep id and review
+    code); None when there is none (its bucket made if new: the launch goes on). Raises LaunchError when the sweep id
+    holds other settings or a launch that failed or stopped, and when the bucket cannot say (a launch that went on
+    would write over the record of a sweep it could not see)."""
+    sweep_id = shown.sweep.sweep_id
+    path = layout.sweep_record_path(sweep_id)
+    try:
+        store.ensure_bucket()       # a first launch creates the bucket (private), as a run's launch does
+        if path not in store.sizes([path]):
+            return None
+        record = json.loads(store.read_bytes(path))
+    except Exception as exc:
+        raise LaunchError(f"could not read bucket {shown.base.bucket} to check sweep id {sweep_id}: "
+                          f"{redact_tokens(str(exc))}. Nothing was launched.") from exc
+    members = {p.spec.sweep_member: p.spec.run_id for p in shown.members}
+    if not isinstance(record, dict) or record.get("review_code") != shown.fingerprint \
+            or record.get("members") != members:
+        raise LaunchError(f"sweep id {sweep_id} is already used in bucket {shown.base.bucket} by a sweep with other "
+                          "settings: nothing was launched. Preview the sweep again for a new sweep id.")
+    state = record.get("state")
+    if state != LAUNCHED:
+        said = "failed" if state == FAILED else "stopped part way"
+        why = str(record.get("why") or "")
+        raise LaunchError(f"sweep {sweep_id} was launched before and its launch {said}"
+                          + (f" ({why})" if why else "") + ": nothing was launched now. Preview the sweep again for "
+                          "a new sweep id (its members' rows in the runs list say what is left of it).")
+    return record
+
+
+def _undo_own(registry: RunRegistry, launched: list[Launched], fleet) -> str:
+    """Cancel what a failed sweep launch started itself, by the job ids its submissions answered (never by label:
+    a job of an earlier launch with the same labels is not this launch's to cancel): the members' trainers, then
+    its fleet. A sentence saying so."""
+    members = [m for m in launched if not m.run.existing]
+    own = [job_id for m in members for job_id in m.run.job_ids.values()]
+    replicas = list(fleet.job_ids.values()) if fleet is not None else []
+    errors = cancel_jobs(registry.executor, own) + cancel_jobs(registry.executor, replicas)
+    registry.forget_listing()
+    said = []
+    if members:
+        said.append(f"the member(s) launched before it ({', '.join(m.spec.run_id for m in members)}: "
+                    f"{len(own)} job(s))")
+    if fleet is not None:
+        said.append(f"its fleet {fleet.fleet_id} ({len(replicas)} job(s))")
+    text = ("Cancelled what this launch had started: " + " and ".join(said) + "."
+            if said else "No member was launched.")
+    return text + (f" Could not cancel {'; '.join(errors)}: cancel them by hand." if errors else "")
+
+
+def _write_quietly(store, path: str, record: dict) -> None:
+    """The sweep's record, updated (its state): a failing bucket leaves it as it was, which a retry reads as a
+    launch that stopped part way."""
+    try:
+        store.write_bytes(path, json.dumps(record).encode())
+    except Exception:
+        pass

@@ -21,16 +21,15 @@ import time
 from dataclasses import dataclass
 
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
-from backend.runs.launch import LAUNCH_WRITER, remember_failed_launch
+from backend.runs.launch import CLOCK_SLACK_S, LAUNCH_WRITER, remember_failed_launch
 from backend.runs.registry import cancel_jobs
 from backend.runtime import layout
 from backend.runtime.records import LAUNCH_FAILED
 from backend.storage.journal import CHECK, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, Launch, bucket_copy_path
 from backend.task.check_job import CHECKS_DIR
 
-# A job the Hub created behind a failed answer was created before the panel recorded the failure; this much later
-# still counts (clocks differ a little), while a resume started after it does not.
-CLOCK_SLACK_S = 30.0
+# A job the Hub created behind a failed answer was created before the panel recorded the failure; CLOCK_SLACK_S
+# (launch.py's: the launch's own rollback uses it too) later still counts, while a resume started after it does not.
 # A launch submits its jobs within seconds; one still `launching` (or a replica still without its trainer) this long
 # after was left half done. Well above the Hub's job-list lag, so a trainer listed late is not missed.
 LAUNCH_STALE_S = 300.0
@@ -82,11 +81,11 @@ def cancel_orphans(registry) -> tuple[list[str], list[str]]:
     return cancelled, errors
 
 
-def sweep_failed_launch(registry, run_id: str, failed_at: float, checks: bool = False) -> list[str]:
-    """Cancel the live jobs of `run_id` (a task check's, with `checks`) created by its launch that failed at
-    `failed_at` (epoch seconds); the ids."""
+def sweep_failed_launch(registry, run_id: str, failed_at: float, checks: bool = False, began: float = 0.0) -> list[str]:
+    """Cancel the live jobs of `run_id` (a task check's, with `checks`) created by its launch that began at `began`
+    and failed at `failed_at` (epoch seconds): a job of an earlier launch with the same label stays; the ids."""
     strays = [r.job_id for r in registry.executor.list_jobs(run_id=run_id, checks=checks)
-              if r.stage not in TERMINAL_STAGES and r.created_at <= failed_at + CLOCK_SLACK_S]
+              if r.stage not in TERMINAL_STAGES and began - CLOCK_SLACK_S <= r.created_at <= failed_at + CLOCK_SLACK_S]
     for job_id in strays:
         registry.executor.cancel(job_id)
     if strays:
@@ -104,7 +103,8 @@ def roll_back(registry, launch: Launch, now: float | None = None) -> list[str]:
     record = launch.record
     recorded = list(launch.jobs.values())
     errors = cancel_jobs(registry.executor, recorded)
-    strays = sweep_failed_launch(registry, record["run_id"], now, checks=record.get("kind") == CHECK)
+    began = float(record.get("started") or 0.0)
+    strays = sweep_failed_launch(registry, record["run_id"], now, checks=record.get("kind") == CHECK, began=began)
     if errors:
         raise RuntimeError("could not cancel " + "; ".join(errors))
     why = str(record.get("why") or STOPPED_DURING_LAUNCH)
@@ -112,7 +112,7 @@ def roll_back(registry, launch: Launch, now: float | None = None) -> list[str]:
     if record.get("kind") == CHECK:
         store.delete_folder(record["folder"])
     else:
-        registry.failed_launches[record["run_id"]] = now
+        registry.failed_launches[record["run_id"]] = (began, now)
         cancelled = [*recorded, *strays]
         message = (f"{why}: the launch was rolled back"
                    + (f", its job(s) cancelled: {', '.join(cancelled)}" if cancelled else ", no job had been created")

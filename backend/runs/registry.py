@@ -20,7 +20,16 @@ from backend.outcome.publish import card_repo_id, shipped_adapter
 from backend.plan.engines import engine
 from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobRecord, run_stage
 from backend.plan.spec import RunSpec
-from backend.runs.launch import LaunchedFleet, LaunchedRun, LaunchError, SubmitFailed, launch_fleet, launch_run
+from backend.runs.launch import (
+    LaunchedFleet,
+    LaunchedRun,
+    LaunchError,
+    RunIdTaken,
+    SubmitFailed,
+    existing_launch,
+    launch_fleet,
+    launch_run,
+)
 from backend.runs.resume import ResumePlan, resume_plan
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
@@ -67,31 +76,52 @@ class RunRegistry:
         self._records: dict[str, list[JobRecord]] = {}    # run id -> its jobs, as of the last listing
         self._built: dict[str, tuple] = {}    # run id -> (its job records, its summary), as of the last listing
         self._final: tuple[list | None, list[RunSummary]] = (None, [])     # (the executor's list, its summaries)
-        self.failed_launches: dict[str, float] = {}       # run id -> when a launch of it failed here (re-swept)
+        # run id -> (when a launch of it that failed here began, when it failed): its label is swept again for jobs
+        # created in between (the Hub lists a job created behind an error answer late), never for older ones.
+        self.failed_launches: dict[str, tuple[float, float]] = {}
         self._launch_states: dict[tuple, bool] = {}       # (run id, its ended jobs) -> whether its launch failed
         self._lock = threading.Lock()       # handlers of several browser sessions run at once
         self._list_lock = threading.Lock()
 
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None,
                fleet_urls: tuple[str, ...] | None = None) -> LaunchedRun:
+        began = time.time()
         try:
             launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets, journal=self.journal,
                                   fleet_urls=fleet_urls)
         except SubmitFailed:
-            self.failed_launches[spec.run_id] = time.time()
+            self.failed_launches[spec.run_id] = (began, time.time())
             raise
         self.forget_listing()
-        self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor, launched.job_ids)
+        if not launched.existing:       # a retry found the run: its view (if open) stays as it is
+            self._views[spec.run_id] = RunView(spec.run_id, self.store_for(spec.bucket), self.executor,
+                                               launched.job_ids)
         return launched
+
+    def existing_launch(self, spec: RunSpec) -> LaunchedRun | None:
+        """The run a launch of `spec` would find already made (`launch.existing_launch`), looked at without its
+        lock and before anything else runs (the task check): None where it cannot be told (the bucket not there or
+        failing: the launch itself looks again under the lock). Raises RunIdTaken where the id holds another run."""
+        try:
+            found = existing_launch(spec, self.store_for(spec.bucket), self.journal)
+        except RunIdTaken:
+            raise
+        except Exception:
+            return None
+        if found is not None and not found.job_ids:     # launched before the journal, or by another panel
+            jobs = {r.role: r.job_id for r in reversed(self.job_records(spec.run_id))}   # newest per role last
+            found = replace(found, job_ids=jobs)
+        return found
 
     def launch_fleet(self, members: list[RunSpec], slots: int, rank: int,
                      secrets: dict[str, str] | None = None) -> LaunchedFleet:
         """Start a sweep's shared fleet (`launch.launch_fleet`); it lists as a run of its own (its id the sweep's)."""
+        began = time.time()
         try:
             launched = launch_fleet(members, slots, rank, self.executor, self.store_for(members[0].bucket), secrets,
                                     journal=self.journal)
         except SubmitFailed:
-            self.failed_launches[members[0].fleet] = time.time()
+            self.failed_launches[members[0].fleet] = (began, time.time())
             raise
         self.forget_listing()
         return launched
@@ -281,10 +311,11 @@ class RunRegistry:
         if plan.checkpoint_step is None and not from_step_0:
             raise LaunchError(f"{plan.message} Nothing was resumed: confirm starting from step 0 to resume it.")
         view = self.view(run_id)
+        began = time.time()
         try:
             launched = launch_run(plan.spec, self.executor, view.store, secrets, resume=True, journal=self.journal)
         except SubmitFailed:
-            self.failed_launches[run_id] = time.time()
+            self.failed_launches[run_id] = (began, time.time())
             raise
         view.replace_jobs(launched.job_ids)
         self.forget_listing()

@@ -106,12 +106,12 @@ class RunWatch:
         now = time.time() if now is None else now
         cancelled = []
         for registry in self._registries():
-            for run_id, failed_at in list(registry.failed_launches.items()):
+            for run_id, (began, failed_at) in list(registry.failed_launches.items()):
                 if now - failed_at > SWEEP_FAILED_FOR_S:
                     registry.failed_launches.pop(run_id, None)
                     continue
                 try:
-                    found = sweep_failed_launch(registry, run_id, failed_at)
+                    found = sweep_failed_launch(registry, run_id, failed_at, began=began)
                 except Exception as exc:   # the Hub failing: the next pass tries again
                     log.warning("could not sweep the failed launch of run %s: %s", run_id, redact_tokens(str(exc)))
                     continue

@@ -7,6 +7,10 @@ One record per launch, in two places:
   it) reads it. While its launch runs, the launching process holds an exclusive lock (`flock`) on `<id>.lock` beside
   it; the kernel drops the lock when that process dies however it dies, so a record still `launching` whose lock can
   be taken was left by a panel that stopped part way (`LaunchJournal.abandoned`).
+  A launch takes the lock first (`claim`) and only then looks whether its id is free: a second launch of the same id
+  (a retry after a lost answer) never overwrites the first one's record, and finds it (`launch.existing_launch`).
+  A sweep holds `<sweep id>.sweep.lock` the same way for the whole of its launch (its record is `sweeps/<id>.json`
+  in the bucket, `backend/runs/operations.py`).
 - `runs/<run id>/launch.json` in the run's bucket folder (a run, not a task check): the same record, for every panel
   that sees the run, also one whose home is not this one (the orphan finder reads it).
 
@@ -41,6 +45,10 @@ STOPPED_DURING_LAUNCH = "the panel stopped during launch"
 
 def bucket_copy_path(run_id: str) -> str:
     return f"{layout.run_prefix(run_id)}/{LAUNCH_FILE}"
+
+
+class UnderWay(RuntimeError):
+    """A live process holds the launch's lock: it is launching (or checking) that id right now."""
 
 
 @dataclass
@@ -110,21 +118,29 @@ class LaunchJournal:
     def path(self, launch_id: str) -> str:
         return os.path.join(self.folder, f"{launch_id}.json")
 
-    def begin(self, kind: str, launch_id: str, *, run_id: str, executor: str, namespace: str | None, bucket: str,
-              folder: str, planned: list[str], store=None) -> Launch:
-        """Record a launch about to submit `planned` (roles), locked for as long as this process runs it. Raises
-        when it cannot be recorded: nothing may be submitted then."""
+    def claim(self, launch_id: str) -> Launch:
+        """Take the launch's lock for this process, writing nothing yet: what the launch finds under it (a run id
+        already used, a retry of a launch already made) is decided before anything is recorded, so a second launch
+        never overwrites the first one's record. Raises UnderWay when a live process holds it; `close` (or `begin`
+        with it, then `finish`) releases it."""
         os.makedirs(self.folder, exist_ok=True)
         fd = os.open(os.path.join(self.folder, f"{launch_id}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise RuntimeError(f"a launch of {launch_id} is already under way") from None
-        record = {"kind": kind, "id": launch_id, "run_id": run_id, "executor": executor, "namespace": namespace,
-                  "bucket": bucket, "folder": folder, "planned": list(planned), "jobs": {}, "state": LAUNCHING,
-                  "started": time.time(), "pid": os.getpid()}
-        launch = Launch(self, record, store, fd)
+            raise UnderWay(f"a launch of {launch_id} is already under way") from None
+        return Launch(self, {"id": launch_id, "jobs": {}}, None, fd)
+
+    def begin(self, kind: str, launch_id: str, *, run_id: str, executor: str, namespace: str | None, bucket: str,
+              folder: str, planned: list[str], store=None, claimed: Launch | None = None) -> Launch:
+        """Record a launch about to submit `planned` (roles), locked for as long as this process runs it (`claimed`:
+        the lock `claim` took already). Raises when it cannot be recorded: nothing may be submitted then."""
+        launch = claimed or self.claim(launch_id)
+        launch.store = store
+        launch.record = {"kind": kind, "id": launch_id, "run_id": run_id, "executor": executor,
+                         "namespace": namespace, "bucket": bucket, "folder": folder, "planned": list(planned),
+                         "jobs": {}, "state": LAUNCHING, "started": time.time(), "pid": os.getpid()}
         try:
             launch._save()
         except Exception:
