@@ -4,6 +4,7 @@ for it, and the trainer waits for the answer until its start deadline (runtime/s
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -126,3 +127,59 @@ def test_the_trainer_waits_for_a_slow_first_answer_and_trains(vllm_pool, tmp_pat
     assert float(line.split()[3]) >= SLOW_S - 5, line
     assert slow.asked == 1, "TRL's own question was answered from the proxy's copy"
     assert (run_dir / "final" / "adapter_config.json").is_file()
+
+
+BURNERS, BURN_S = 4, 240.0
+
+
+def _trainer(run_dir, spec, urls: list[str]) -> subprocess.Popen:
+    from vllm_replicas import API_KEY
+
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(spec.to_json())
+    env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(urls),
+           "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    log = open(run_dir.parent / f"{run_dir.name}.log", "wb")
+    return subprocess.Popen([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_three_sweep_members_on_two_slow_servers_beside_four_cpu_burners_all_start_and_train(vllm_pool, tmp_path):
+    """The issue's sweep: three members' trainers (each with its own proxy) start at once against two servers whose
+    first /server_info takes 40 s each time it is asked (a fresh vLLM server under load), while four processes burn
+    the CPU (bounded: BURN_S). Before, every member died at start on a 503 from its own proxy."""
+    from vllm_replicas import MAX_STALENESS
+
+    from backend.plan.spec import RunSpec
+    from backend.runtime.tiny_model import TINY_MODEL
+
+    urls = vllm_pool.ensure_running()
+    slow = [SlowInfo(SLOW_S, upstream=url) for url in urls]
+    burn = f"import time\nend = time.time() + {BURN_S}\nwhile time.time() < end:\n    pass\n"
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(BURNERS)]
+    trainers = {}
+    try:
+        for tag in ("m0", "m1", "m2"):
+            spec = RunSpec(mode="distributed", model=TINY_MODEL, rewards=["digits", "format"], max_steps=2,
+                           adapter_every=1, checkpoint_every=100, max_staleness=MAX_STALENESS, replicas=2,
+                           per_device_batch_size=8, num_generations=4, max_completion_length=16, max_inflight_tasks=4,
+                           queue_maxsize=32, max_tokens_per_batch=512, lora_r=8, name=f"sweep-{tag}",
+                           sweep_id="first-contact", sweep_member=tag).check()
+            trainers[tag] = _trainer(tmp_path / tag, spec, [s.url for s in slow])
+        for tag, proc in trainers.items():
+            code = proc.wait(1200)
+            log = (tmp_path / f"{tag}.log").read_text(errors="replace")
+            assert code == 0, f"member {tag} failed:\n{log[-4000:]}"
+            assert (tmp_path / tag / "final" / "adapter_config.json").is_file(), tag
+            assert "/server_info answered in" in log
+        assert all(s.asked <= 3 for s in slow), [s.asked for s in slow]    # once per member's proxy at most
+    finally:
+        for proc in burners:
+            proc.kill()
+            proc.wait(30)
+        for proc in trainers.values():      # each a session of its own: its proxy and rollout worker go with it
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        for server in slow:
+            server.stop()
