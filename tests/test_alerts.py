@@ -341,3 +341,14 @@ def _header_view(rows, stage, open_alerts=None, spec=None):
                            degraded="", stage=stage, jobs=jobs, current_jobs=jobs, engine="", history_pending=False,
                            open_alerts=open_alerts or {}, table=table, unreadable={}, done=True, trainer_end={},
                            adapters={}, final_files=[], replica_stats=[])
+
+
+def test_a_pause_made_at_every_step_gets_no_allowance_on_top_of_the_step_time():
+    """A distributed run syncing each step (adapter_every 1) has the sync in its median step time already: a frozen
+    one is stalled at the plain limit, not 120 s later."""
+    rows = _steps(30, 2.0)
+    view = _view(rows, stages={"trainer": "RUNNING"}, spec={"adapter_every": 1, "checkpoint_every": 1000})
+    last = rows[-1]["time"]
+    assert _kinds(view, last + diagnose.STALL_FLOOR_S - 1) == []
+    [stall] = [a for a in current_alerts(view, last + diagnose.STALL_FLOOR_S + 1) if a.kind == "stall"]
+    assert "adapter publish" not in stall.message, stall

