@@ -205,7 +205,9 @@ def test_a_frozen_rollout_worker_is_said_stalled_within_the_bound_then_ends_the_
     from tests.test_alerts import Webhook
     from tests.test_launch_journal import _alert_events
 
-    monkeypatch.setenv("GRPO_ROLLOUT_STALE_AFTER_S", "120")      # the jobs inherit the panel's environment
+    # Past the stall bound even at load 14 (13-s steps: a 130-s bound), so "stalled" is said first, as on a quiet
+    # machine with the default 180 s (2-s steps: the 60-s floor). The jobs inherit the panel's environment.
+    monkeypatch.setenv("GRPO_ROLLOUT_STALE_AFTER_S", "240")
     home, hook = str(tmp_path / "home"), Webhook()
     panel = Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=1))
     try:
@@ -237,7 +239,7 @@ def test_a_frozen_rollout_worker_is_said_stalled_within_the_bound_then_ends_the_
         [stall] = [e for e in _alert_events(store, run_id) if e["kind"] == "stall"]
         assert stall["time"] - last_step <= bound + 15, (stall, bound)    # a sync at every step has no allowance
         wait_until(lambda: any(b["alert"]["kind"] == "stall" for b in hook.bodies), 30, what="the stall's post")
-        status = local.wait(trainer.job_id, 240)
+        status = local.wait(trainer.job_id, 300)
         ended = time.time() - stopped
         assert status.stage == "ERROR" and "heartbeat stale" in status.message, status
         wait_until(lambda: not [p for p in psutil.process_iter() if run_id in " ".join(_cmdline(p))], 60, 1,
