@@ -21,6 +21,8 @@ from backend.view.alerts import AlertBook, WebhookStore, current_alerts
 from backend.view.diagnose import Alert
 from backend.view.runview import STARTED_NONE, note_started
 
+pytestmark = pytest.mark.integration
+
 
 def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()):
     table = SeriesTable()

@@ -27,7 +27,8 @@ from tests.browser_helpers import (
 from tests.mcp_client import initialize_status, mcp_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from backend.runtime.common import latest_checkpoint
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 
+pytestmark = pytest.mark.integration
+
 
 def _job(command, timeout_s=60, role="trainer", run_id="t1"):
     return JobSpec(run_id=run_id, role=role, image="local", command=command, flavor="local", timeout_s=timeout_s,

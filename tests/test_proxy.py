@@ -25,6 +25,8 @@ from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -23,7 +23,8 @@ ADAPTER = {"adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32, "peft_t
            "adapter_model.safetensors": b"\x00\x01weights-as-the-trainer-wrote-them"}
 
 
-pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
+pytestmark = [pytest.mark.integration,
+              pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
                                           DAVE: FakeUser("dave", {"acme": "read"})}),
               pytest.mark.panel_settings(budget_check_s=0)]
 

@@ -21,6 +21,8 @@ from backend.runtime.metrics_callback import RunFolderCallback, canonical_metric
 from backend.runtime.rewards import digits, length_target, reward_functions
 from backend.runtime.rewards import format as plain_format
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNTIME_SRC = Path(__file__).resolve().parents[1] / "backend" / "runtime"

@@ -28,7 +28,8 @@ from tests.browser_helpers import (
 from tests.fakehub import wait_until
 from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, DAVE, OAUTH_MINUTES, PLANTED, UPLOAD_MB
 
-pytestmark = pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
 
 

@@ -38,6 +38,8 @@ import pytest
 from tests.browser_helpers import ROOT, running_panel, space_session_cookie
 from tests.fakehub import FakeHub, FakeUser, wait_until
 
+pytestmark = pytest.mark.integration
+
 MARK = f"hostile{uuid.uuid4().hex[:10]}"
 SECRETS = {
     "host token": "hf_" + "PlantedHostToken" + "x7Qz9" * 4,
