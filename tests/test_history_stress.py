@@ -19,7 +19,7 @@ from panel import charts, dashboard
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 ROWS = 3000          # past HISTORY_TAIL_FRAGMENTS * 10: a first look defers the older rows to a background read
 OPENS = 4            # first opens, one after another, each with its own sessions ticking

@@ -16,7 +16,7 @@ from backend.runtime.tiny_model import TINY_MODEL
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE = '''def long_enough(completions, solution, **kwargs) -> list[float]:
