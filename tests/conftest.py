@@ -170,6 +170,9 @@ LONGEST_FIRST = (
     "tests/test_browser_compare.py",   # two local runs, ~50-160 s
     "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~25-120 s
     "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~35-110 s
+    # tier 1's longest after the vLLM group (this machine, loaded: 231 s for the three, 127 s)
+    "tests/test_task_sandbox.py::test_hostile_code_on_a_local_panel_is_contained",
+    "tests/test_local_executor.py::test_tiny_demo_runs_for_real",
 )
 TIER_ORDER = ("unit", "browser", "integration")   # lint and the unit tier first (fail fast), then the long tiers
 

@@ -119,6 +119,7 @@ def _alert_events(store, run_id: str) -> list[dict]:
     return found
 
 
+@pytest.mark.full   # tier 2 only (~45 s loaded)
 def test_a_colocated_run_whose_trainer_is_killed_alerts_once_with_no_dashboard_open(tmp_path):
     from panel.actions import Panel, Settings
     from tests.test_alerts import Webhook

@@ -279,6 +279,7 @@ def test_logs_are_read_from_a_cursor_and_tokens_are_masked(executor):
     assert executor.read_logs(job_id, cursor) == ([], cursor)
 
 
+@pytest.mark.full   # tier 2 only (~120 s loaded)
 def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
     spec = RunSpec(max_steps=40, adapter_every=3, checkpoint_every=3)

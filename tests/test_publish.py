@@ -172,6 +172,7 @@ def test_a_run_without_a_final_adapter_is_not_pushed(hub, make_panel):
     assert "has no final adapter yet" in message and hub.repos == {}
 
 
+@pytest.mark.full   # tier 2 only (~45 s loaded)
 def test_a_local_runs_pushed_adapter_loads_with_peft(hub, make_panel):
     import torch
     from peft import PeftModel, get_peft_model_state_dict
