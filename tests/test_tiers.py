@@ -169,3 +169,48 @@ def test_a_test_marked_with_another_tier_than_its_file_is_refused(tmp_path):
     assert run.returncode != 0, run.stdout + run.stderr
     assert ("tests/test_mixed.py::test_a is marked integration, unit: a test's tier is its file's"
             in run.stdout + run.stderr), run.stdout + run.stderr
+
+
+# ---- scripts/test.sh: tier 1 by default, every test with --full; pytest's "no test selected" (5) in one stage is no
+# failure (a -k that matches only unit tests, say), in both it is
+FAKE_PYTHON = ("#!/usr/bin/env bash\necho \"$*\" >> \"$RAN\"\n"   # python: notes its arguments, exits as told
+               "code=$(head -1 \"$CODES\"); sed -i 1d \"$CODES\"; exit \"$code\"\n")
+
+
+@pytest.mark.parametrize("codes, status, runs", [((5, 5), 5, 2), ((5, 0), 0, 2), ((0, 5), 0, 2), ((1, 0), 1, 1),
+                                                  ((0, 1), 1, 2), ((0, 0), 0, 2)])
+def test_test_sh_runs_lint_and_unit_first_and_only_a_run_that_selects_nothing_fails_for_it(tmp_path, codes, status,
+                                                                                           runs):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    (tmp_path / "codes").write_text("".join(f"{code}\n" for code in codes))
+    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "test.sh"), "-k", "x"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHON": str(python), "CODES": str(tmp_path / "codes"),
+                                           "RAN": str(tmp_path / "ran")})
+    assert done.returncode == status, done.stdout + done.stderr
+    ran = (tmp_path / "ran").read_text().splitlines()
+    assert len(ran) == runs and ran[0].startswith("-m pytest -q -x "), ran
+    assert all("-m unit and (not full or spine) -k x tests" in ran[0] or "not unit" in line for line in ran), ran
+
+
+def test_test_sh_is_tier_1_and_its_full_flag_every_test_and_ci_runs_the_readmes_command(tmp_path):
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    runs = {}
+    for flag in ([], ["--full"]):
+        (tmp_path / "codes").write_text("0\n0\n")
+        (tmp_path / "ran").write_text("")
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "test.sh"), *flag], check=True, timeout=60,
+                       env={**os.environ, "PYTHON": str(python), "CODES": str(tmp_path / "codes"),
+                            "RAN": str(tmp_path / "ran")}, capture_output=True)
+        runs[tuple(flag)] = (tmp_path / "ran").read_text().splitlines()
+    assert [line.split(" -m ")[1].rsplit(" tests", 1)[0] for line in runs[()]] == [
+        "unit and (not full or spine)", "not unit and (not full or spine)"]
+    assert [line.split(" -m ")[1].rsplit(" tests", 1)[0] for line in runs[("--full",)]] == ["unit", "not unit"]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        command = next(line.strip() for line in f if line.startswith("bash scripts/install.sh --test && "))
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        steps = [line.strip() for line in f if line.startswith("bash ")]
+    assert " && ".join(steps) == command == "bash scripts/install.sh --test && bash scripts/test.sh"
