@@ -12,9 +12,10 @@ from conftest import ROOT, TIERS, declared_marks, tier_of
 
 pytestmark = pytest.mark.unit
 
-# ---- the rule: what a unit file may not name, because it starts a process that outlives a call, or a server process.
-# A unit file may run a short command and wait for it (`subprocess.run`, with a deadline: ruff, `bash -c echo`, a
-# nested pytest of a few synthetic tests); that is all. Taken from what the integration and browser files use.
+# ---- the rule: what a unit file may not name, because it starts a process that outlives a call (a job, a replica, a
+# panel, chromium). A unit file may run a short command and wait for it (`subprocess.run`: ruff, `bash -c echo`, a
+# nested pytest of a few synthetic tests), and serve in its own process (the fake Hub, a Gradio app on a thread): both
+# end with the test. Taken from what the integration and browser files use; what a panel's launch starts is not seen.
 PROCESS_NAMES = {
     "Popen": "subprocess.Popen (a process left running beside the test)",
     "start_new_session": "a process in a session of its own",
