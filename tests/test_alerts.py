@@ -21,6 +21,8 @@ from backend.view.alerts import AlertBook, WebhookStore, current_alerts
 from backend.view.diagnose import Alert
 from backend.view.runview import STARTED_NONE, note_started
 
+pytestmark = pytest.mark.integration
+
 
 def _view(rows, *, stages=None, serving=None, events=None, spec=None, earlier=()):
     table = SeriesTable()
@@ -143,6 +145,7 @@ def test_a_webhook_url_is_kept_encrypted_in_the_panels_home(tmp_path, monkeypatc
     assert oct(os.stat(os.path.join(store.folder, "r1.webhook")).st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.full   # tier 2 only (~60 s loaded)
 def test_a_run_made_to_stall_raises_the_stall_alert_on_its_dashboard_and_webhook(tmp_path, webhook, monkeypatch):
     """A real local run whose trainer is stopped (SIGSTOP) stops logging steps: the stall alert fires."""
     from panel.actions import Panel, Settings

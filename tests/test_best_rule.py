@@ -15,6 +15,8 @@ from backend.runtime.evaluate import BestVersion
 from backend.runtime.rewards import distinct_chars
 from backend.view.hacking import hacking_sign
 
+pytestmark = pytest.mark.unit
+
 
 def record(version: int, score: float, **means) -> dict:
     rewards = {name: {"mean": mean, "weight": 1.0 if name == "digits" else 0.0} for name, mean in means.items()}

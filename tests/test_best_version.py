@@ -63,7 +63,8 @@ def write_evals(run: SyntheticRun, scores: dict[int, float] = SCORES, best: int 
     shutil.rmtree(os.path.join(run.run_dir, layout.ADAPTERS_DIR, layout.adapter_name(best)))
 
 
-pytestmark = [pytest.mark.usefixtures("no_hub_login"), pytest.mark.panel_settings(budget_check_s=0)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.usefixtures("no_hub_login"), pytest.mark.panel_settings(budget_check_s=0)]
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ from tests.browser_helpers import (
 from tests.mcp_client import initialize_status, mcp_session
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 
 @pytest.fixture(scope="module")
@@ -311,6 +312,7 @@ def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a
     assert (initialize_status(app_url, host="attacker.example"), initialize_status(app_url)) == (421, 200)
 
 
+@pytest.mark.full   # ~210 s; tier 1's vLLM pair runs in test_distributed_run.py
 @pytest.mark.xdist_group("vllm-servers")   # one vLLM test at a time (conftest: VLLM_SERVERS)
 # and no other test beside it: its two servers and trainer share 2 cores; beside a training test on the other worker
 # (and other load) its run missed its 7 minutes

@@ -16,7 +16,8 @@ import pytest
 from benchmarks.dashboard_scale import SyntheticRun
 from tests.browser_helpers import CHROMIUM, panel_page, running_panel, wait_for_text
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 ADAPTER_CONFIG = b'{"r": 8, "lora_alpha": 16}'
 

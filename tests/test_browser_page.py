@@ -31,7 +31,8 @@ from tests.browser_helpers import (
 )
 from tests.helpers import served
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 SCREEN = {"width": 1440, "height": 900}
 

@@ -16,7 +16,8 @@ from tests.browser_helpers import CHROMIUM, panel_page, pick_run, running_panel,
 from tests.fakehub import wait_until
 from tests.helpers import synthetic_sweep
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 SCORES = {"m0": 0.5, "m1": 0.7, "m2": 0.3}
 
 

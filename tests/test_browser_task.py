@@ -12,7 +12,8 @@ from tests.browser_helpers import CHROMIUM, inner_text, plot_points, set_number,
 # The same fixtures (this module gets its own panel process): pytest finds them by name in the module.
 app_home, app_url, page = shared.app_home, shared.app_url, shared.page
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 REWARD = '''def short_answer(completions, **kwargs) -> list[float]:
     """1.0 for an answer of at most 12 characters."""
     return [1.0 if len(c[0]["content"]) <= 12 else 0.0 for c in completions]

@@ -24,7 +24,8 @@ from benchmarks.dashboard_scale import JOBS, SyntheticRun, record
 from panel.presets import preset_values
 from tests.browser_helpers import CHROMIUM, panel_page, pick_run, running_panel, text_of, wait_for_text
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 HISTORY = 30                     # steps already logged by the live run
 FAILED_AT = 12                   # the failed run's last logged step

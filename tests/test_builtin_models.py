@@ -9,6 +9,8 @@ from backend.plan.spec import MODEL_HELP, RunSpec
 from backend.runtime.tiny_model import BENCHMARK_MODELS, build_tokenizer, model_config
 from panel.actions import engine_label
 
+pytestmark = pytest.mark.unit
+
 # Parameter counts of the published Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B checkpoints.
 PUBLISHED = {"builtin:bench-qwen2.5-0.5b": 494_032_768, "builtin:bench-qwen2.5-1.5b": 1_543_714_304}
 

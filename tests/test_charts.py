@@ -2,10 +2,14 @@
 
 import json
 
+import pytest
+
 from backend.executors.base import ResourceSample
 from backend.storage.series import SeriesTable
 from backend.view.runview import ResourceUsage
 from panel import charts
+
+pytestmark = pytest.mark.unit
 
 STEP = charts.ChartOptions()
 

@@ -11,6 +11,8 @@ from gradio.state_holder import SessionState
 
 from panel import cheap_skips
 
+pytestmark = pytest.mark.unit
+
 
 def _demo():
     with gr.Blocks() as demo:

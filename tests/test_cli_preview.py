@@ -11,7 +11,8 @@ from backend.plan import recipe
 from backend.plan.spec import RunSpec
 from tests.test_command_preview import bash_argv
 
-pytestmark = pytest.mark.skipif(shutil.which("hf") is None, reason="the hf CLI is not installed")
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(shutil.which("hf") is None, reason="the hf CLI is not installed")]
 HUB = dict(executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct", dataset="trl-lib/DeepMath-103K",
            bucket="alice/grpo-runs", use_vllm=True, flavor="a10g-large")
 

@@ -6,11 +6,14 @@ import os
 import time
 from pathlib import Path
 
+import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 from trl.extras.profiling import ProfilingContext
 
 from backend.runtime import layout
 from backend.runtime.metrics_callback import ProfiledSeconds, RunFolderCallback
+
+pytestmark = pytest.mark.unit
 
 
 def test_trls_profiled_generation_and_sync_are_kept_from_the_main_process_only():

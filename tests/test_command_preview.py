@@ -11,6 +11,8 @@ from backend.plan.jobspec import wrapped
 from backend.plan.spec import RunSpec
 from backend.runs.launch import preview_jobs
 
+pytestmark = pytest.mark.unit
+
 
 def bash_argv(line: str) -> list[str]:
     """The arguments bash reads from `line` (env assignments at its start included, as words)."""

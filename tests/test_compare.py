@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from backend.executors.base import ResourceSample
 from backend.plan.cost import spend_knots
 from backend.plan.engines import engine
@@ -11,6 +13,8 @@ from backend.storage.series import SeriesTable
 from backend.view.compare import config_diff, metric_points, on_axis
 from backend.view.runview import ResourceUsage
 from panel import charts, compare_view
+
+pytestmark = pytest.mark.unit
 
 T0 = 1_800_000_000.0
 

@@ -4,6 +4,8 @@ import os
 import sys
 import threading
 
+import pytest
+
 from backend.executors.hf_jobs import _Feed
 from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec, VolumeSpec
@@ -11,6 +13,8 @@ from backend.runs.registry import RunRegistry
 from backend.runtime import layout
 from backend.storage.hub_store import trim_cache
 from backend.storage.store import FolderStore
+
+pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,6 +5,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "cpu_by_process.py")
 BURN = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\n"

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from backend.runtime.cpu_fallbacks import install_cpu_fallbacks, varlen_causal_attention
 
+pytestmark = pytest.mark.unit
+
 
 def _reference(q, k, v):
     """Causal attention over one whole sequence, [tokens, heads, dim], GQA heads repeated."""

@@ -2,8 +2,12 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from backend.storage.observers import AdapterVersion
 from panel import dashboard
+
+pytestmark = pytest.mark.unit
 
 
 def _view(**kw):

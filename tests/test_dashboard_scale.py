@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from backend.runtime import layout
 from backend.storage.observers import FragmentReader
 from backend.storage.series import SeriesTable
@@ -22,6 +24,8 @@ from panel import dashboard, live
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
+
+pytestmark = pytest.mark.unit
 
 
 class CountingStore(FolderStore):

@@ -13,6 +13,8 @@ from backend.runs.access import Deployment, Refused, Visitor, acting_token, loca
 from panel.actions import Panel
 from panel.launch_view import presets_for
 
+pytestmark = pytest.mark.unit
+
 ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
 
 

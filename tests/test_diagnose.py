@@ -1,5 +1,7 @@
 """The bottleneck verdict and the alerts: pure functions over metric windows in TRL's own names."""
 
+import pytest
+
 from backend.executors.base import ResourceSample
 from backend.view.diagnose import (
     RATIO_BAND,
@@ -11,6 +13,8 @@ from backend.view.diagnose import (
     stall_alert,
     verdict,
 )
+
+pytestmark = pytest.mark.unit
 
 SPEC = {"mode": "distributed", "queue_maxsize": 64, "max_inflight_tasks": 8, "adapter_every": 1,
         "max_staleness": 1, "replicas": 2, "gradient_checkpointing": False, "max_tokens_per_batch": 4096,

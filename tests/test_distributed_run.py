@@ -17,6 +17,8 @@ from backend.runtime.tiny_model import TINY_MODEL
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_STEPS = 2                 # 3 versions, of which the replicas keep MAX_STALENESS + 1: the oldest is unloaded
 LAST_VERSION = MAX_STEPS + 1  # one sync before the first step, then one per step

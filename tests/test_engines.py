@@ -15,6 +15,8 @@ from backend.runs.launch import launch_run, preview_jobs
 from backend.storage.store import FolderStore
 from tests.helpers import free_port
 
+pytestmark = pytest.mark.unit
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME_COMPARISON = re.compile(r"""(==|!=|\bin)\s*["'](%s)["']|["'](%s)["']\s*(==|!=)""" % (
     ("|".join(executors.EXECUTORS),) * 2))

@@ -24,6 +24,8 @@ from backend.plan.jobspec import CANCELED, JobSpec, VolumeSpec
 from backend.runtime import job_wrapper
 from tests.fakehub import FakeHub, wait_until
 
+pytestmark = pytest.mark.integration
+
 SECRET = "hf_" + "contract0secret" * 3
 JOB = JobSpec(run_id="contract-run", role="trainer", image="set per executor", command=["set per executor"],
               flavor="set per executor", timeout_s=1234, attempts=3, env={"CONTRACT_SETTING": "reached"},

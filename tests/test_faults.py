@@ -19,6 +19,8 @@ from backend.plan.jobspec import JobSpec, VolumeSpec
 from tests.fakehub import wait_until
 from tests.helpers import free_port
 
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -23,6 +23,8 @@ from backend.runtime.replicas import Replica
 from backend.view.fleet_cost import WINDOW_S, TokenLog, fleet_split, split_by_tokens
 from panel import dashboard_view, spend_view
 
+pytestmark = pytest.mark.unit
+
 T0 = 1_800_000_000.0 - 1_800_000_000.0 % WINDOW_S      # a window's start: the figures below are exact
 SWEEP = "sweep-20260101-000000-abcdef"
 BUCKET = "local/bench"

@@ -13,6 +13,8 @@ from backend.runtime.sampler import visible_gpu_indices
 from backend.view.runview import ResourceUsage
 from panel import charts
 
+pytestmark = pytest.mark.integration
+
 FAKE_NVML = '''"""NVML as a machine with two GPUs reports it (this machine has none): GPU 0 busy, GPU 1 idle."""
 from types import SimpleNamespace as _NS
 

@@ -19,6 +19,8 @@ from backend.storage.hub_store import HubBucketStore, open_store
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 
+pytestmark = pytest.mark.unit
+
 BUCKET = "alice/grpo-runs"
 PLANTED = "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNmQwErTyUi"   # token-shaped: hf_ + 34 letters
 

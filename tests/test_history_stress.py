@@ -6,6 +6,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from backend.executors.local import LocalExecutor
 from backend.runtime import layout
 from backend.storage.observers import FragmentReader
@@ -16,6 +18,8 @@ from panel import charts, dashboard
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
+
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 ROWS = 3000          # past HISTORY_TAIL_FRAGMENTS * 10: a first look defers the older rows to a background read
 OPENS = 4            # first opens, one after another, each with its own sessions ticking

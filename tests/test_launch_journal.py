@@ -21,7 +21,8 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
         "bucket": "alice/grpo-runs", "flavor": "a10g-small", "use_vllm": True, "rewards": ["format"],
         "mode": "distributed", "replicas": 1, "vllm_flavor": "l4x1"}
 
-pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice")}), pytest.mark.panel_settings(budget_check_s=0)]
+pytestmark = [pytest.mark.integration,
+              pytest.mark.fake_hub(users={ALICE: FakeUser("alice")}), pytest.mark.panel_settings(budget_check_s=0)]
 
 
 # A panel process of its own on the fake Hub (the real client; bucket bytes through the fake's test routes): it
@@ -118,6 +119,7 @@ def _alert_events(store, run_id: str) -> list[dict]:
     return found
 
 
+@pytest.mark.full   # tier 2 only (~45 s loaded)
 def test_a_colocated_run_whose_trainer_is_killed_alerts_once_with_no_dashboard_open(tmp_path):
     from panel.actions import Panel, Settings
     from tests.test_alerts import Webhook

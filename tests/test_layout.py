@@ -7,6 +7,8 @@ import pytest
 from backend.runtime import layout
 from backend.runtime.layout import ADAPTER_NAME_RE, FRAGMENT_RE, FragmentWriter, publish_folder
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("name", ["trainer-000000.jsonl", "trainer-rank1-000042.jsonl",
                                   "panel-alerts.1a2b-000003.jsonl", "proxy-123456.jsonl"])

@@ -15,6 +15,8 @@ from backend.runtime.common import latest_checkpoint
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 
+pytestmark = pytest.mark.integration
+
 
 def _job(command, timeout_s=60, role="trainer", run_id="t1"):
     return JobSpec(run_id=run_id, role=role, image="local", command=command, flavor="local", timeout_s=timeout_s,
@@ -277,6 +279,7 @@ def test_logs_are_read_from_a_cursor_and_tokens_are_masked(executor):
     assert executor.read_logs(job_id, cursor) == ([], cursor)
 
 
+@pytest.mark.full   # tier 2 only (~120 s loaded)
 def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
     registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
     spec = RunSpec(max_steps=40, adapter_every=3, checkpoint_every=3)

@@ -6,7 +6,11 @@ import inspect
 import os
 import re
 
+import pytest
+
 from panel.mcp_tools import TOOLS, PanelTools, build_server
+
+pytestmark = pytest.mark.unit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

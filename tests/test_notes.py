@@ -30,7 +30,7 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
         "bucket": "acme/grpo-runs", "flavor": "a10g-small", "rewards": ["format"], "max_steps": 100,
         "name": "math-lr"}
 
-pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
+pytestmark = [pytest.mark.unit, pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
                                           DAVE: FakeUser("dave", {"acme": "read"})}),
               pytest.mark.panel_settings(budget_check_s=0)]
 

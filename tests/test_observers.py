@@ -3,9 +3,13 @@
 import json
 import os
 
+import pytest
+
 from backend.runtime.layout import FragmentWriter
 from backend.storage.observers import FragmentCursor, final_adapter_files, list_adapter_versions, read_new_records
 from backend.storage.store import FolderStore
+
+pytestmark = pytest.mark.unit
 
 RUN = "r1"
 METRICS = f"runs/{RUN}/metrics"

@@ -22,7 +22,8 @@ from panel.actions import Panel, Settings
 from panel.presets import TINY_TASK, TINY_TASK_CODE, preset_values
 from tests.browser_helpers import CHROMIUM, panel_page, running_panel, wait_for_text
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 VARIED = '''
 

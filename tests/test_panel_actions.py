@@ -2,8 +2,12 @@
 
 import os
 
+import pytest
+
 from panel.actions import Panel, Settings
 from tests.helpers import files_under
+
+pytestmark = pytest.mark.unit
 
 
 def test_bad_input_is_refused_and_changes_nothing(panel, tmp_path):

@@ -33,8 +33,8 @@ DAN = "hf_oauth_danToken000000000000000"
 EXECUTOR = RUNS_HEADERS.index("executor")
 
 
-pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
-                                         BOB: FakeUser("bob", {"acme": "write"}), CAROL: FakeUser("carol")})
+pytestmark = [pytest.mark.integration, pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
+                                         BOB: FakeUser("bob", {"acme": "write"}), CAROL: FakeUser("carol")})]
 
 def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, make_panel):
     panel = make_panel()

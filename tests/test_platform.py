@@ -37,7 +37,7 @@ FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset":
         "replicas": 2, "vllm_flavor": "l4x1"}
 
 
-pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"})})
+pytestmark = [pytest.mark.integration, pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"})})]
 
 
 # ---- 1. the private network

@@ -7,6 +7,8 @@ from backend.plan.hardware import FALLBACK_FLAVORS, hardware_problems
 from backend.plan.spec import RunSpec
 from panel.presets import PRESETS, STUDY, STUDY_DISTRIBUTED, preset_note, preset_values, study_differences
 
+pytestmark = pytest.mark.unit
+
 HF_PRESETS = [name for name, preset in PRESETS.items() if preset["executor"] == "hf_jobs"]
 
 

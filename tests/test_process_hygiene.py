@@ -6,7 +6,10 @@ import sys
 import uuid
 
 import psutil
+import pytest
 from conftest import ROOT, kill_processes, session_processes
+
+pytestmark = pytest.mark.integration
 
 
 def _orphan_sleep(cwd) -> int:
@@ -46,7 +49,7 @@ def test_a_process_left_by_a_test_on_an_xdist_worker_fails_the_run_and_is_named(
     """scripts/test.sh runs the suite on xdist workers: a worker's finding must reach the controller's exit status."""
     mark = f"leak{uuid.uuid4().hex[:8]}"
     (tmp_path / "test_leaks.py").write_text(
-        "import subprocess, sys\n\n\ndef test_leaves_one():\n"
+        "import subprocess, sys\n\nimport pytest\n\npytestmark = pytest.mark.integration\n\n\ndef test_leaves_one():\n"
         f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)  # {mark}'], "
         "start_new_session=True)\n\n\n"
         "def test_leaves_none():\n    pass\n")

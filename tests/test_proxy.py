@@ -25,6 +25,8 @@ from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -101,6 +103,7 @@ def test_a_load_reaches_every_replica_and_an_unload_leaves_none(pool, proxy, ada
     assert all("policy-v1" not in served_models(url) for url in pool.urls)
 
 
+@pytest.mark.full   # tier 2 only (~35 s loaded)
 def test_a_load_refused_by_every_replica_is_on_none(pool, proxy, adapters):
     response = _load(proxy, "too-big", adapters["rank16"])
     assert response.status_code == 500 and "max_lora_rank" in response.text
@@ -272,6 +275,7 @@ def _status(url: str) -> int:
         return 0
 
 
+@pytest.mark.full   # tier 2 only (~115 s loaded and a replica restarted)
 def test_a_dead_replica_is_routed_around_and_rejoins_with_the_current_adapters(pool, proxy, adapters):
     assert _load(proxy, "live-v1", adapters["rank8"]).status_code == 200
     pool.kill(1)

@@ -23,7 +23,8 @@ ADAPTER = {"adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32, "peft_t
            "adapter_model.safetensors": b"\x00\x01weights-as-the-trainer-wrote-them"}
 
 
-pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
+pytestmark = [pytest.mark.integration,
+              pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}), CAROL: FakeUser("carol"),
                                           DAVE: FakeUser("dave", {"acme": "read"})}),
               pytest.mark.panel_settings(budget_check_s=0)]
 
@@ -171,6 +172,7 @@ def test_a_run_without_a_final_adapter_is_not_pushed(hub, make_panel):
     assert "has no final adapter yet" in message and hub.repos == {}
 
 
+@pytest.mark.full   # tier 2 only (~45 s loaded)
 def test_a_local_runs_pushed_adapter_loads_with_peft(hub, make_panel):
     import torch
     from peft import PeftModel, get_peft_model_state_dict

@@ -21,7 +21,8 @@ from playwright.sync_api import expect
 from ray_cluster import ray_cluster
 
 pytest.importorskip("ray.job_submission")
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 
 HOST_TOKEN = "hf_" + "rayhosttoken" + "A" * 25    # the panel's own token: Ray jobs must never get it
 JOB_SECRET = "hf_" + "rayjobsecret" + "B" * 25

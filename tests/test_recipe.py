@@ -10,6 +10,8 @@ from backend.plan import recipe
 from backend.plan.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
 from backend.plan.spec import RunSpec
 
+pytestmark = pytest.mark.unit
+
 
 def test_colocated_local_run_is_one_trainer_job_with_the_bucket_mounted():
     spec = RunSpec()

@@ -11,6 +11,8 @@ import pytest
 from backend.runtime import records
 from backend.runtime.layout import EVENTS_DIR, TRAINER_WRITER
 
+pytestmark = pytest.mark.unit
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRODUCT = ("app.py", "backend", "panel")
 WRITERS = {"write_event": 2, "event_record": 0}    # the writers' kind argument, by position

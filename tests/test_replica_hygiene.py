@@ -19,6 +19,8 @@ from backend.runtime.records import write_event
 from backend.runtime.shm import SHM_FILE
 from backend.runtime.tiny_model import ensure_tiny_model
 
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKEND = os.path.join(ROOT, "backend")
 START_TIMEOUT_S = 400

@@ -17,6 +17,8 @@ from backend.runtime.layout import FragmentWriter
 from backend.runtime.records import write_event
 from backend.storage.store import FolderStore
 
+pytestmark = pytest.mark.integration
+
 BUCKET = "local/grpo-runs"
 
 

@@ -23,7 +23,8 @@ SECRET = b"planted-outside-secret-" + b"Qx71" * 6
 PASSWD = b"root:x:0:0"
 ALICE = "hf_" + "aliceLinksHostToken" + "0" * 16
 V3_WEIGHTS = b"the real weights of version 3 " * 8
-pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice")})     # alice's token is the host's
+pytestmark = [pytest.mark.integration,
+              pytest.mark.fake_hub(users={ALICE: FakeUser("alice")})]     # alice's token is the host's
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ import pytest
 from backend.plan.jobspec import run_stage
 from panel.runs_list import progress_bar, status_badge
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("stages, stage", [
     ({"trainer": "RUNNING", "vllm-0": "ERROR"}, "RUNNING"),        # a failed replica degrades, the trainer decides

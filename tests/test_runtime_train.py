@@ -21,6 +21,8 @@ from backend.runtime.metrics_callback import RunFolderCallback, canonical_metric
 from backend.runtime.rewards import digits, length_target, reward_functions
 from backend.runtime.rewards import format as plain_format
 
+pytestmark = pytest.mark.integration
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RUNTIME_SRC = Path(__file__).resolve().parents[1] / "backend" / "runtime"
@@ -308,6 +310,7 @@ def test_the_best_version_is_replaced_only_by_a_higher_score_and_every_k_steps_s
     assert due == [4, 16, 24], "the first version, then one 10 or more steps later, and always the last"
 
 
+@pytest.mark.full   # tier 2 only (~50 s loaded)
 def test_a_restarted_job_resumes_from_its_last_complete_checkpoint_and_keeps_numbering_versions(trained_run):
     run_dir, _, _ = trained_run
     write_job(run_dir, max_steps=8, adapter_every=2, checkpoint_every=3, seed=1)
@@ -321,6 +324,7 @@ def test_a_restarted_job_resumes_from_its_last_complete_checkpoint_and_keeps_num
     assert not [n for n in os.listdir(run_dir) if n.startswith("_tmp")]
 
 
+@pytest.mark.full   # tier 2 only (~45 s loaded)
 def test_a_job_resumed_from_an_earlier_checkpoint_marks_the_discarded_versions_and_never_reuses_a_name(trained_run):
     run_dir, _, _ = trained_run
     adapters = run_dir / layout.ADAPTERS_DIR

@@ -7,7 +7,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
+
+pytestmark = pytest.mark.unit
 
 # Each test notes when it ran (its name, start, end) in the file named by RAN, sleeping a little.
 NOTE = ("import os, time\n\n\ndef note(name):\n    start = time.time()\n    time.sleep(0.5)\n"
@@ -15,16 +18,20 @@ NOTE = ("import os, time\n\n\ndef note(name):\n    start = time.time()\n    time
 FILES = {
     "ran.py": NOTE,
     "test_faults.py": (
-        "import pytest\nfrom ran import note\n\n\ndef test_light():\n    note('light')\n\n\n"
+        "import pytest\nfrom ran import note\n\npytestmark = pytest.mark.integration\n\n\n"
+        "def test_light():\n    note('light')\n\n\n"
         "@pytest.mark.xdist_group('vllm-servers')\n@pytest.mark.runs_alone\ndef test_a_local_distributed_run():\n"
         "    note('alone')\n"),
-    "test_ray_browser.py": "from ran import note\n\n\ndef test_on_ray():\n    note('ray')\n",
+    "test_ray_browser.py": ("import pytest\nfrom ran import note\n\npytestmark = pytest.mark.browser\n\n\n"
+                            "def test_on_ray():\n    note('ray')\n"),
     "test_proxy.py": (
-        "import pytest\nfrom ran import note\n\n\n@pytest.fixture\ndef vllm_pool():   # a stand-in\n"
+        "import pytest\nfrom ran import note\n\npytestmark = pytest.mark.integration\n\n\n"
+        "@pytest.fixture\ndef vllm_pool():   # a stand-in\n"
         "    return None\n\n\ndef test_without_the_pair():\n    note('no-pair')\n\n\n"
         "def test_with_the_pair(vllm_pool):\n    note('pair')\n"),
     "test_shared.py": (
-        "import pytest\nfrom ran import note\n\n\n@pytest.fixture(scope='module')\ndef made_once():\n    return 1\n\n\n"
+        "import pytest\nfrom ran import note\n\npytestmark = pytest.mark.unit\n\n\n"
+        "@pytest.fixture(scope='module')\ndef made_once():\n    return 1\n\n\n"
         "def test_first(made_once):\n    note('first')\n\n\ndef test_second(made_once):\n    note('second')\n"),
 }
 
@@ -64,7 +71,8 @@ def test_the_vllm_and_ray_tests_are_one_group_that_runs_first_and_a_shared_fixtu
 def test_a_vllm_test_marked_into_another_group_is_refused_by_name(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_ray_browser.py").write_text(
-        "import pytest\n\n\n@pytest.mark.xdist_group('mine')\ndef test_on_ray():\n    pass\n")
+        "import pytest\n\npytestmark = pytest.mark.browser\n\n\n"
+        "@pytest.mark.xdist_group('mine')\ndef test_on_ray():\n    pass\n")
     run = _run(tmp_path, "--collect-only", "-q")
     assert run.returncode != 0
     assert ("tests/test_ray_browser.py::test_on_ray starts vLLM servers or a Ray cluster: mark it "

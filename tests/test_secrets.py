@@ -13,6 +13,8 @@ from backend.runtime import layout, records
 from backend.runtime.redact import REDACTED, looks_like_token, redact_record, redact_tokens, remember_secret
 from tests.fakehub import TOKEN_SHAPES
 
+pytestmark = pytest.mark.integration
+
 USER = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
 OAUTH = "hf_oauth_" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0FeDc"
 ORG = "api_org_" + "QwErTyUiOpAsDfGhJkLzXcVbNm"

@@ -3,7 +3,11 @@
 import itertools
 import random
 
+import pytest
+
 from backend.storage.series import SeriesTable, Sketch
+
+pytestmark = pytest.mark.unit
 
 
 def _from_scratch(points, width):

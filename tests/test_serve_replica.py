@@ -6,10 +6,13 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from backend.runtime.records import write_event
 from tests.fakehub import wait_until
 from tests.helpers import serve_replica_process
+
+pytestmark = pytest.mark.integration
 
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
 

@@ -20,6 +20,8 @@ from backend.view.diagnose import verdict
 from backend.view.servers import replica_gpu_busy, server_name, server_role, servers_per_job
 from panel.actions import distributed_engine
 
+pytestmark = pytest.mark.unit
+
 QWEN15 = "Qwen/Qwen2.5-Math-1.5B"
 
 

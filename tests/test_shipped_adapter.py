@@ -21,7 +21,7 @@ from tests.fakehub import FakeUser
 ALICE = "hf_oauth_aliceShipsToken0000000000"
 WEIGHTS = b"\x00\x01weights-as-the-trainer-wrote-them"
 
-pytestmark = pytest.mark.fake_hub(users={ALICE: FakeUser("alice")})
+pytestmark = [pytest.mark.unit, pytest.mark.fake_hub(users={ALICE: FakeUser("alice")})]
 
 
 def finished_local_run(tmp_path, model: str, loaded_from: str) -> RunView:

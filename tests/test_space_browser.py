@@ -28,7 +28,8 @@ from tests.browser_helpers import (
 from tests.fakehub import wait_until
 from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, DAVE, OAUTH_MINUTES, PLANTED, UPLOAD_MB
 
-pytestmark = pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")
+pytestmark = [pytest.mark.browser, pytest.mark.full,
+              pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="Debian chromium is not installed")]
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
 
 
@@ -93,6 +94,7 @@ def _run_id(message: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.spine   # tier 1's signed-in browser flow (the rest of this file: --full)
 def test_a_signed_in_newcomer_launches_on_hf_jobs_in_three_clicks(visit, hub):
     started = time.monotonic()
     page = visit(ALICE, "alice")

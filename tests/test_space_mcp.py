@@ -5,6 +5,8 @@ browser, so this file is in the integration tier."""
 import json
 import time
 
+import pytest
+
 from backend.plan.jobspec import LABEL_RUN
 from backend.runtime import layout
 from panel.mcp_tools import TOOLS
@@ -12,6 +14,8 @@ from tests import space_panel
 from tests.fakehub import wait_until
 from tests.mcp_client import mcp_session
 from tests.space_panel import ALICE, CAROL, PLANTED
+
+pytestmark = pytest.mark.integration
 
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
 

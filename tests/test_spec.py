@@ -8,6 +8,8 @@ import pytest
 from backend.plan.spec import RunSpec, SpecError
 from backend.runtime.tiny_model import TINY_MODEL
 
+pytestmark = pytest.mark.unit
+
 
 def test_defaults_validate():
     assert RunSpec().validate() == []

@@ -12,6 +12,8 @@ from backend.plan.spec import RunSpec
 from backend.runtime import RUNTIME_DIR
 from backend.runtime.spec_file import SpecFile, read_spec
 
+pytestmark = pytest.mark.unit
+
 RUN_SPEC_FIELDS = {f.name: f for f in dataclasses.fields(RunSpec)}
 
 

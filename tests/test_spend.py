@@ -39,7 +39,7 @@ def clock():
     return FakeClock(T0)
 
 
-pytestmark = [pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
+pytestmark = [pytest.mark.integration, pytest.mark.fake_hub(users={ALICE: FakeUser("alice", {"acme": "write"}),
                                           DAVE: FakeUser("dave", {"acme": "read"})}),
               pytest.mark.panel_settings(budget_check_s=0)]   # no enforcer thread: tests call enforce_budgets()
 

@@ -9,6 +9,8 @@ from backend.plan.spec import RunSpec, SpecError
 from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, MAX_MEMBERS, SweepSpec, fleet_size, parse_swept
 from backend.runtime import layout
 
+pytestmark = pytest.mark.unit
+
 
 def base(**changes) -> RunSpec:
     return RunSpec(**{"name": "lr-sweep", "mode": "distributed", "max_steps": 4, "replicas": 2, **changes})

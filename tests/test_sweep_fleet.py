@@ -46,6 +46,7 @@ from tests.browser_helpers import (
 from tests.fakehub import wait_until
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed"),
     pytest.mark.xdist_group("vllm-servers"),   # one vLLM test at a time (conftest: VLLM_SERVERS)
     pytest.mark.runs_alone,                    # two servers, three trainers and a browser on 2 cores: nothing beside

@@ -28,6 +28,8 @@ from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 from tests.helpers import serve_replica_process
 
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 M0, M1 = layout.adapter_name(1, "m0"), layout.adapter_name(1, "m1")

@@ -8,6 +8,8 @@ from backend.plan.sweep import EARLY_STOP_FIELD, SweepSpec
 from backend.runtime.records import SWEEP_STOP
 from backend.view.sweep import BY_HAND, Halving, Member, best_member, done_rungs, rank, rank_rows, worst_live
 
+pytestmark = pytest.mark.unit
+
 
 def member(tag: str, score: float | None, versions: int = 2, stage: str = "RUNNING", beats: bool = True) -> Member:
     return Member(tag, f"run-{tag}", stage, 40, 100, versions if score is not None else 0,

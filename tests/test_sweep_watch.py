@@ -14,6 +14,8 @@ from panel import sweep_view
 from tests.fakehub import FakeUser, wait_until
 from tests.helpers import synthetic_sweep
 
+pytestmark = pytest.mark.integration
+
 ALICE = "hf_" + "oauth_aliceToken000000000000"
 CAROL = "hf_" + "oauth_carolToken0000000000"
 

@@ -81,7 +81,7 @@ RUN_BAD = [
 ]
 
 
-pytestmark = pytest.mark.panel_settings(task_check_timeout_s=2.0)
+pytestmark = [pytest.mark.integration, pytest.mark.panel_settings(task_check_timeout_s=2.0)]
 
 
 @pytest.mark.parametrize("code,fragment", RUN_BAD,

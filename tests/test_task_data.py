@@ -14,6 +14,8 @@ from backend.task.dataset_viewer import DatasetUnreadable, first_rows
 from panel.actions import Panel, Settings
 from panel.task_form import preview_outputs
 
+pytestmark = pytest.mark.integration
+
 ROWS = [{"question": f"What is {i} + {i}?", "answer": str(2 * i), "level": i % 3} for i in range(1, 21)]
 
 

@@ -16,6 +16,8 @@ from backend.runtime.tiny_model import TINY_MODEL
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE = '''def long_enough(completions, solution, **kwargs) -> list[float]:
     return [min(len(c[0]["content"]) / 16, 1.0) + 0.0 * len(s) for c, s in zip(completions, solution)]

@@ -11,6 +11,8 @@ import pytest
 from panel import charts, dashboard
 from panel.actions import Panel, Settings
 
+pytestmark = [pytest.mark.integration, pytest.mark.full]
+
 RUN_TIMEOUT_S = 240
 MATH = [{"question": f"What is {a} + {b}?", "solution": str(a + b)} for a in range(1, 5) for b in range(1, 5)]
 CODE = '''import re

@@ -38,6 +38,8 @@ import pytest
 from tests.browser_helpers import ROOT, running_panel, space_session_cookie
 from tests.fakehub import FakeHub, FakeUser, wait_until
 
+pytestmark = pytest.mark.integration
+
 MARK = f"hostile{uuid.uuid4().hex[:10]}"
 SECRETS = {
     "host token": "hf_" + "PlantedHostToken" + "x7Qz9" * 4,
@@ -294,11 +296,20 @@ def kill_survivors():
 def venvs(tmp_path_factory) -> dict[str, str]:
     """This Python as many people install it: a venv under /tmp, and that venv reached through a linked folder
     (the folder a link to the real one); each venv's interpreter by the path a panel is started with."""
+    import site
+
     base = tmp_path_factory.mktemp("venvs")
     assert str(base).startswith("/tmp/"), base
     (base / "real").mkdir()
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(base / "real" / "venv")], check=True, timeout=300)
+    venv = base / "real" / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    # It sees the packages of the environment this suite runs from: --system-site-packages would give it the base
+    # interpreter's only, which a suite run from a venv lacks (ModuleNotFoundError: httpx). addsitedir, not a plain
+    # path line, so that the .pth files of those folders (editable installs) count too.
+    ours = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    (own,) = glob.glob(str(venv / "lib" / "python3*" / "site-packages"))
+    with open(os.path.join(own, "suite-environment.pth"), "w") as f:
+        f.write("".join(f"import site; site.addsitedir({folder!r})\n" for folder in ours if os.path.isdir(folder)))
     os.symlink(base / "real", base / "link")
     return {"venv under /tmp": str(base / "real" / "venv" / "bin" / "python3"),
             "venv through a linked folder": str(base / "link" / "venv" / "bin" / "python3")}

@@ -7,6 +7,8 @@ import pytest
 
 from backend.outcome.try_line import LineRefused, TryLine, ordinal
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self):

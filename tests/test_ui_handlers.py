@@ -24,7 +24,7 @@ ANYONE = Visitor()
 SHOWN = ("trainer", "", "step", 0.0, "latest", "")   # role, log query, x axis, smoothing, sample step, prompt followed
 
 
-pytestmark = pytest.mark.usefixtures("no_hub_login")
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("no_hub_login")]
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from backend.plan.vllm_args import (
     vllm_server_env,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def _flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]

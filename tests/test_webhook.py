@@ -15,6 +15,8 @@ from backend.view.webhook import WebhookRefused, post_webhook, webhook_problem
 from panel.presets import TINY_DEMO, preset_values
 from tests.helpers import panel_factory
 
+pytestmark = pytest.mark.unit
+
 ALERT = Alert(kind="stall", key="stall", message="no step for 10 min")
 
 
