@@ -20,7 +20,7 @@ from tests.fakehub import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLOW_S = 40.0                # past the proxy's former 30 s, as the case
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]    # tier 2: 40-s answers and real trainers, minutes
 
 
 class SlowInfo:

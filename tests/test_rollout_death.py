@@ -21,7 +21,7 @@ from backend.runtime.tiny_model import TINY_MODEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENDED_WITHIN_S = 60
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]    # tier 2: real trainers, minutes each
 
 
 def _spec() -> RunSpec:

@@ -15,7 +15,7 @@ from backend.runtime import rollout_watch
 from backend.runtime.rollout_watch import RolloutWatch, exit_cause
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.full]
 
 
 def _worker(**loop_kwargs):
@@ -79,6 +79,7 @@ def test_the_cpython_hang_behind_it_still_reproduces():
     assert "fresh Event: returned" in result.stdout and "HUNG" in result.stdout
 
 
+@pytest.mark.spine      # tier 1: a dead rollout worker noticed and its stop safe (~20 s)
 def test_a_killed_rollout_worker_is_noticed_within_seconds_with_its_signal_and_stops_at_once(watched):
     worker, watch, causes = watched()
     os.kill(worker._process.pid, signal.SIGKILL)
