@@ -42,6 +42,7 @@ from backend.runs.launch import LaunchedRun, LaunchError, preview_jobs
 from backend.runs.notes import NotesBook, RunNotes, checked_name, checked_notes
 from backend.runs.registry import RunRegistry
 from backend.runs.resume import ResumePlan
+from backend.runs.run_ids import RUN_ID_FIELD, id_taken_message
 from backend.runtime import layout, records
 from backend.runtime.task import is_local_file
 from backend.task.check import TaskReport, check_task, task_field_errors
@@ -325,9 +326,35 @@ class Operations:
             spec = self.build_spec(values, run_id, visitor)
         except SpecError as exc:
             raise SpecError([*exc.errors, *hook]) from None
-        if hook:
-            raise SpecError(hook)
+        taken = self.run_id_problems([spec.run_id], visitor or ANONYMOUS, supplied=bool(run_id), spec=spec)
+        if hook or taken:
+            raise SpecError([*taken, *hook])
         return spec
+
+    def run_id_problems(self, run_ids: list[str], visitor: Visitor, supplied: bool, spec: RunSpec,
+                        field_name: str = RUN_ID_FIELD) -> list[FieldError]:
+        """Each id that names a run already, anywhere this panel serves (`RunDirectory.id_problem`), or whose folder
+        is in the run's bucket: one run id names one run. A fresh id (none `supplied`) is only looked up in what the
+        panel knows; a supplied one also in the visitor's namespaces listed afresh and in the bucket."""
+        problems = []
+        for run_id in run_ids:
+            problem = self.runs.id_problem(run_id, visitor, look_around=supplied)
+            if problem is None and supplied and self._in_bucket(spec, run_id, visitor):
+                problem = id_taken_message(run_id)
+            if problem:
+                problems.append(FieldError(field_name, problem))
+        return problems
+
+    def _in_bucket(self, spec: RunSpec, run_id: str, visitor: Visitor) -> bool:
+        """Whether the run's bucket holds a run folder of this id already (a bucket that cannot be read yet, one not
+        made, holds none: the launch looks again before it writes)."""
+        where = spec.engine
+        token = acting_token(visitor, self.deployment) if where.needs_token else None
+        try:
+            store = self.runs.registry_for(where, token, spec.bucket_namespace).store_for(spec.bucket)
+            return bool(store.list_files(layout.run_prefix(run_id)))
+        except Exception:
+            return False
 
     def webhook_errors(self, webhook: str) -> list[FieldError]:
         """Why the alert webhook cannot be used (empty: it can, or none was given). A panel that serves others
@@ -388,6 +415,10 @@ class Operations:
             raise SpecError(errors)
         sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids, form.early_stop_after)
         members = [self.build_spec(m.to_dict(), None, visitor) for m in sweep.members()]
+        ids = [m.run_id for m in members] + ([members[0].fleet] if members and members[0].fleet else [])
+        taken = self.run_id_problems(ids, visitor, bool(form.run_ids or form.sweep_id), base, "run_ids")
+        if taken:
+            raise SpecError(taken)
         previews = [self._preview_of(m, visitor, on_fleet=bool(m.fleet)) for m in members]
         size = fleet_size(members)
         fleet = recipe.FleetJobs(tuple(members), size.max_loras, size.max_lora_rank,
