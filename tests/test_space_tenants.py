@@ -17,7 +17,7 @@ from tests import space_panel
 from tests.browser_helpers import space_session_cookie
 from tests.fakehub import wait_until
 from tests.mcp_client import mcp_session
-from tests.space_panel import ALICE, BOB, CLIENT_SECRET
+from tests.space_panel import ALICE, BOB, CAROL, CLIENT_SECRET, UPLOAD_QUOTA
 
 pytestmark = pytest.mark.integration
 hub, space = space_panel.hub, space_panel.space   # this file's fixtures: one Space and its fake Hub for every test
@@ -148,3 +148,46 @@ def test_a_reused_run_id_is_refused_and_each_visitors_actions_reach_their_own_ru
     assert cancelled["cancelled_jobs"] == [bob_trainer] and cancelled["namespace"] == "bob", cancelled
     assert f"run {bob_run} (bob on Hugging Face Jobs)" in cancelled["message"]
     assert hub.jobs[bob_trainer].stage == "CANCELED"
+
+
+def upload(url: str, cookie: str, *files: tuple[str, int]):
+    """A real multipart POST to Gradio's upload route, as the page's Upload button sends it."""
+    import httpx
+
+    return httpx.post(f"{url}/gradio_api/upload", cookies={"session": cookie}, timeout=60,
+                      files=[("files", (name, b"x" * size, "application/json")) for name, size in files])
+
+
+def test_a_visitors_uploads_over_the_quota_are_refused_naming_it_and_nothing_is_kept(space):
+    """Each signed-in visitor keeps at most GRPO_PANEL_UPLOAD_QUOTA_FILES files and GRPO_PANEL_UPLOAD_QUOTA_MB in the
+    Space's cache: one more file, one more megabyte, or one request storing more files than are left, is refused with
+    413 naming the quota, and no byte of it stays on disk; another visitor's quota is their own."""
+    url, home = space
+    cache = home / "gradio-cache"
+    files, megabytes = UPLOAD_QUOTA
+    cookies = {name: space_session_cookie(CLIENT_SECRET, token, name, time.time() + 3600)
+               for name, token in (("bob", BOB), ("alice", ALICE), ("carol", CAROL))}
+
+    def on_disk(prefix: str) -> list:
+        return [p for p in cache.rglob(f"{prefix}*") if p.is_file()]
+
+    for n in range(files):
+        taken = upload(url, cookies["bob"], (f"bob-kept-{n}.jsonl", 1000))
+        assert taken.status_code == 200, taken.text
+    refused = upload(url, cookies["bob"], ("bob-one-too-many.jsonl", 1000))
+    assert refused.status_code == 413, (refused.status_code, refused.text)
+    assert f"quota is {files} file(s) and {megabytes:g} MB" in refused.text and "you keep 3 file(s)" in refused.text
+    assert not on_disk("bob-one-too-many") and len(on_disk("bob-kept-")) == files
+
+    near = int(0.9 * 2**20)     # under the 1 MB a file, over the 2.5 MB a visitor at the third
+    for n in range(2):
+        assert upload(url, cookies["alice"], (f"alice-big-{n}.jsonl", near)).status_code == 200
+    refused = upload(url, cookies["alice"], ("alice-over-bytes.jsonl", near))
+    assert refused.status_code == 413 and "2.5 MB" in refused.text, refused.text
+    assert not on_disk("alice-over-bytes")
+
+    # Four small files in one request, where the quota leaves three: Gradio stored them; none is kept.
+    refused = upload(url, cookies["carol"], *[(f"carol-batch-{n}.jsonl", 100) for n in range(files + 1)])
+    assert refused.status_code == 413 and "nothing of this upload was kept" in refused.text, refused.text
+    assert not on_disk("carol-batch-"), "a refused upload left files on disk"
+    assert upload(url, cookies["carol"], ("carol-after.jsonl", 100)).status_code == 200, "her quota is untouched"
