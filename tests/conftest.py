@@ -68,6 +68,7 @@ INTEGRATION_FILES = frozenset({
     "test_secrets.py",           # local jobs and their environment
     "test_serve_replica.py",     # `python -m runtime.serve_replica`
     "test_space_mcp.py",         # the panel as a Space process, read and driven by an MCP client
+    "test_space_tenants.py",     # the panel as a Space process: two visitors' runs under one id, uploads over quota
     "test_spend.py",             # launches (the task check's process) against the fake Hub
     "test_task_code.py",         # the task check's process running reward code
     "test_task_data.py",         # the task check's process reading datasets
