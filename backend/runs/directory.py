@@ -161,6 +161,8 @@ class RunDirectory:
                 break
         if not found:
             raise KeyError(f"no run {run_id!r} that you can see")
+        if len(found) == 1:
+            return found[0]
         owner = pick_owner(run_id, found, visitor.username or self._username(visitor), self.run_ids.owner(run_id))
         if owner is None:
             places = ", ".join(where_label(r) for r in found)
