@@ -123,7 +123,7 @@ def test_a_reused_preview_cannot_launch_the_same_run_twice(hub, make_panel):
     first, shown = launch_reviewed(panel, FORM)
     assert first.run_id == shown.run_id
     again = panel.launch(FORM, confirmed=shown.fingerprint, run_id=shown.run_id)
-    assert again.run_id is None and "already used" in again.message
+    assert again.run_id is None and "already names a run" in again.message and again.fields == ("run_id",)
     assert len(hub.job_posts()) == 1
 
 
