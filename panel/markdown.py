@@ -5,8 +5,8 @@ bucket) goes through one of these before it joins a Markdown message.
 Markdown would read such text as markup: `**kwargs` as emphasis, `<img src=...>` as HTML, `![x](https://...)` as an
 image loaded from an outside host, `[Sign in again](https://...)` as a link, a line break followed by `# ...` as a
 heading, a line of three backticks inside printed output as the end of its code block, and `$$x$$` as a math block
-(Gradio renders LaTeX between `$$` in every Markdown component by default; `no_latex` turns it off for the whole
-page, since KaTeX reads the rendered text, where a backslash escape is gone). So:
+(Gradio renders LaTeX between `$$` in every Markdown component by default: a backslash before each `$` stops it, seen in
+chromium, and `no_latex` also turns LaTeX off for the whole page, for text that reaches a component unescaped). So:
 
 - `plain(text)`: inline text, escaped so that it renders character for character (line breaks become spaces, a
   bare URL is not turned into a link);
@@ -66,8 +66,8 @@ def fenced(text, lang: str = "text") -> str:
 def no_latex(blocks) -> None:
     """Turn LaTeX off in every component of `blocks` (a built page) that would render it (Markdown, tables): the
     panel writes no math, and a visitor's `$$x$$` (a run's name in its header or the runs list, a column name) must
-    read as itself. KaTeX's auto-render reads the text after Markdown has dropped its backslash escapes, so escaping
-    `$` alone cannot stop it."""
+    read as itself. A second layer beside `plain`'s escaped `$`: it also holds for text shown without escaping (a
+    table's cells) and for a renderer that reads the text after Markdown has dropped the escapes."""
     for block in blocks.blocks.values():
         if getattr(block, "latex_delimiters", None):
             block.latex_delimiters = []
