@@ -18,8 +18,8 @@ RUN = "20260101-120000-ab12cd"
 def test_an_id_is_claimed_once_for_the_whole_panel(tmp_path):
     book = RunIdBook(str(tmp_path))
     book.claim(RUN, "hf_jobs", "bob", "bob/grpo-runs")
-    book.claim(RUN, "hf_jobs", "bob", "bob/grpo-runs")        # the same launch retried finds its own claim
-    for elsewhere in (("hf_jobs", "acme", "acme/grpo-runs"), ("hf_jobs", "bob", "bob/other"), ("local", None, "b")):
+    for elsewhere in (("hf_jobs", "bob", "bob/grpo-runs"), ("hf_jobs", "acme", "acme/grpo-runs"),
+                      ("hf_jobs", "bob", "bob/other"), ("local", None, "b")):
         with pytest.raises(RunIdTaken, match="already names a run on this panel"):
             book.claim(RUN, *elsewhere)
     book.release(RUN, "hf_jobs", "acme")                        # not the claimant's: kept
@@ -37,7 +37,7 @@ def test_two_launches_racing_for_one_id_cannot_both_win(tmp_path):
     def claim(n: int) -> None:
         start.wait()
         try:
-            book.claim(RUN, "hf_jobs", f"ns{n}", f"ns{n}/grpo-runs")
+            book.claim(RUN, "hf_jobs", f"ns{n % 2}", f"ns{n % 2}/grpo-runs")     # also two into one place
             won.append(n)
         except RunIdTaken:
             lost.append(n)
@@ -47,7 +47,7 @@ def test_two_launches_racing_for_one_id_cannot_both_win(tmp_path):
         thread.start()
     for thread in threads:
         thread.join(10)
-    assert len(won) == 1 and len(lost) == 7 and book.owner(RUN)["namespace"] == f"ns{won[0]}"
+    assert len(won) == 1 and len(lost) == 7 and book.owner(RUN)["namespace"] == f"ns{won[0] % 2}"
 
 
 def registry(namespace, executor="hf_jobs", label="Hugging Face Jobs"):

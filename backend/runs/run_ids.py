@@ -41,8 +41,8 @@ class RunIdBook:
         return os.path.join(self.folder, f"{run_id}.json")
 
     def claim(self, run_id: str, executor: str, namespace: str | None, bucket: str) -> None:
-        """Record `run_id` as this run's, or RunIdTaken where any run holds it already (this one's own record, made
-        by an earlier launch of the same run in the same place, is kept: a retried launch finds it)."""
+        """Record `run_id` as this run's, or RunIdTaken where any run holds it already: one record an id, made
+        atomically, so of two launches under one id (also by two visitors into one namespace and bucket) one wins."""
         path = self._path(run_id)
         os.makedirs(self.folder, exist_ok=True)
         record = {"run_id": run_id, "executor": executor, "namespace": namespace, "bucket": bucket,
@@ -50,9 +50,6 @@ class RunIdBook:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            held = self.owner(run_id)
-            if held is not None and all(held.get(k) == record[k] for k in ("executor", "namespace", "bucket")):
-                return
             raise RunIdTaken(id_taken_message(run_id)) from None
         with os.fdopen(fd, "w") as f:
             json.dump(record, f)
