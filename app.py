@@ -12,7 +12,8 @@ GRPO_PANEL_DATASETS_SERVER (the Hub's dataset viewer API, default https://datase
 GRPO_PANEL_BUDGET_CHECK_S (how often runs' budget caps are checked, default 30; 0: never),
 GRPO_PANEL_ALLOW_UNSANDBOXED=1 (run *Check task* and *Try it* code without a sandbox where bubblewrap cannot make
 one; by default they run none),
-GRPO_PANEL_MAX_UPLOAD_MB (the largest file a visitor may upload, default 100).
+GRPO_PANEL_MAX_UPLOAD_MB (the largest file a visitor may upload, default 100), GRPO_PANEL_UPLOAD_QUOTA_FILES and
+GRPO_PANEL_UPLOAD_QUOTA_MB (what one visitor may keep uploaded at once: default 10 files, 200 MB).
 MCP tools for agents: http://127.0.0.1:7860/gradio_api/mcp/ (docs/mcp.md).
 """
 
@@ -44,7 +45,7 @@ from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
 from panel.mcp_tools import mcp_lifespan
 from panel.ui import CSS, PAGE_JS, build_ui
-from panel.uploads import SignedInUploadsOnly, max_upload_bytes
+from panel.uploads import SignedInUploadsOnly, UploadQuota, max_upload_bytes
 
 log = logging.getLogger("grpo-panel")
 PR_SET_DUMPABLE = 4
@@ -87,7 +88,9 @@ def main() -> None:
         # The panel's actions as MCP tools for agents, at /gradio_api/mcp/ (panel/mcp_tools.py says why not
         # Gradio's own mcp_server=True).
         app_kwargs={"lifespan": mcp_lifespan(panel),
-                    "middleware": [Middleware(SignedInUploadsOnly)] if deployment.on_space else []})
+                    "middleware": [*([Middleware(SignedInUploadsOnly)] if deployment.on_space else []),
+                                   Middleware(UploadQuota, files=deployment.upload_quota_files,
+                                              megabytes=deployment.upload_quota_mb, on_space=deployment.on_space)]})
     # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
     # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
     # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),

@@ -49,6 +49,7 @@ from backend.runs.operations import (
     TokenTooShort,
 )
 from backend.runs.registry import RunRegistry
+from backend.runs.run_ids import where_label
 from backend.runs.watch import RunWatch
 from backend.runtime.layout import atomic_write_chunks
 from backend.runtime.redact import redact_tokens
@@ -146,7 +147,7 @@ class Panel:
             # A panel that serves no one else also carries out its sweeps' stated early-stop rules with no page
             # open; on a Space (or exposed) only a page showing the sweep does (panel/sweep_rule.py says why).
             self.watch.also.append(lambda: rules_in_background(self))
-        self._final_zips: dict[str, str] = {}
+        self._final_zips: dict[tuple, str] = {}     # (executor, namespace, bucket, run id) -> its final zip
         # The launch form's labels (set by the UI that builds the form): messages name a field as it is shown.
         self.field_labels: dict[str, str] = {}
         self.downloads = downloads_folder(self.settings.home)
@@ -384,8 +385,8 @@ class Panel:
         except Exception as exc:   # the bucket refusing or failing
             return f"**Notes not saved:** {masked(exc)}. Try again."
         self._forget_rows(run_id)
-        shown = ", ".join(f"`{t}`" for t in notes.tags) or "none"
-        return f"Notes saved in run {run_id}'s folder (tags: {shown})."
+        shown = ", ".join(code_span(t) for t in notes.tags) or "none"
+        return f"Notes saved in the folder of {plain(self.run_named(run_id, visitor))} (tags: {shown})."
 
     def rename_run(self, run_id: str, visitor: Visitor | str | None, name: str) -> str:
         """Give a run a display name (who may cancel the run may rename it; its id stays); a message saying what
@@ -397,9 +398,11 @@ class Panel:
         except Exception as exc:   # the bucket refusing or failing
             return f"**Not renamed:** {masked(exc)}. Try again."
         self._forget_rows(run_id)
+        named = plain(self.run_named(run_id, visitor))
         if not notes.name:
-            return f"Run {run_id} shows the name it was launched with again (saved in its folder)."
-        return f"Run {run_id} is now called {code_span(notes.name)} (saved in its folder; its id stays {run_id})."
+            return f"{named[0].upper()}{named[1:]} shows the name it was launched with again (saved in its folder)."
+        return (f"{named[0].upper()}{named[1:]} is now called {code_span(notes.name)} (saved in its folder; its id "
+                f"stays {run_id}).")
 
     def run_title(self, run_id: str, visitor: Visitor | str | None, view: RunView | None = None) -> str:
         """The run's name as its header shows it: its display name, else the name it was launched with (a sweep's
@@ -428,6 +431,19 @@ class Panel:
         if not self.settings.on_space and local_runs_problem(visitor, self.settings) is None:
             return ""
         return no_token_reason(self.settings)
+
+    def run_named(self, run_id: str, visitor: Visitor | str | None = None) -> str:
+        """Which run an action acted on, in words: 'run <id> (acme on Hugging Face Jobs)': one id names one run, in
+        its owner's namespace."""
+        try:
+            return f"run {run_id} ({where_label(self.runs.find(run_id, as_visitor(visitor)))})"
+        except KeyError:
+            return f"run {run_id}"
+
+    def owner_of(self, run_id: str, visitor: Visitor | str | None = None) -> dict:
+        """The run's owner as an agent reads it: its namespace (None: this machine's) and where it runs."""
+        registry = self.runs.find(run_id, as_visitor(visitor))
+        return {"namespace": registry.namespace, "where": where_label(registry)}
 
     def view(self, run_id: str, visitor: Visitor | str | None = None) -> RunView:
         """A run's view, only if this visitor reaches the run (local runs they may use, or their namespaces')."""
@@ -461,9 +477,10 @@ class Panel:
             return f"**Not cancelled.** {_reason(exc)}"
         except Exception as exc:   # the Hub refusing or failing: say so, the jobs may still bill
             return f"**Not cancelled:** {masked(exc)}. Try again, or cancel the jobs on the Hub."
+        named = plain(self.run_named(run_id, visitor))
         if not stopped:
-            return f"Run {run_id} has no running job to cancel."
-        return f"Cancel requested for {len(stopped)} job(s) of run {run_id}: {', '.join(stopped)}."
+            return f"{named[0].upper()}{named[1:]} has no running job to cancel."
+        return f"Cancel requested for {len(stopped)} job(s) of {named}: {', '.join(stopped)}."
 
     def cancel_sweep(self, run_id: str, visitor: Visitor | str | None = None) -> str:
         """Cancel every member of the sweep the run `run_id` is a member of (each as Cancel run would)."""
@@ -502,15 +519,17 @@ class Panel:
                 return ("**Not resumed yet:** review what Resume submits, from where the trainer continues and what "
                         "it can cost, tick *I reviewed the resume* and press Resume again.\n\n"
                         + self.resume_preview(run_id, visitor).markdown)
-            self._final_zips.pop(run_id, None)    # the resumed trainer writes a new final adapter
+            for key in [k for k in self._final_zips if k[-1] == run_id]:
+                self._final_zips.pop(key, None)    # the resumed trainer writes a new final adapter
         except (Refused, KeyError, LaunchError, SpecError) as exc:
             return f"**Not resumed.** {_reason(exc)}"
-        return f"Resumed run {run_id} with {len(answer.job_ids)} new job(s): {answer.note}"
+        return f"Resumed {plain(self.run_named(run_id, visitor))} with {len(answer.job_ids)} new job(s): {answer.note}"
 
     def final_adapter(self, run_id: str, visitor: Visitor | str | None = None) -> str | None:
         """The final adapter as a zip, built once per run (the bucket's final/ is written once)."""
         registry = self.runs.find(run_id, as_visitor(visitor))
-        if run_id not in self._final_zips:
+        key = owned_key(registry, run_id)      # two namespaces' runs under one id never share a zip
+        if key not in self._final_zips:
             try:
                 path = registry.final_adapter_zip(run_id, private_folder(self.downloads),
                                                   suggested_repo_id(self, run_id, as_visitor(visitor)))
@@ -518,8 +537,8 @@ class Panel:
                 path = None
             if path is None:
                 return None
-            self._final_zips[run_id] = path
-        return self._final_zips[run_id]
+            self._final_zips[key] = path
+        return self._final_zips[key]
 
     def adapter_version_zip(self, run_id: str, choice: str | None,
                             visitor: Visitor | str | None = None) -> tuple[str, ChosenAdapter]:
@@ -537,16 +556,20 @@ class Panel:
         return change_best_by(self.view(run_id, as_visitor(visitor)), text)
 
     def try_it(self, run_id: str, visitor: Visitor | str | None, prompt: str, picks: list[str], max_tokens,
-               session: str | None = None):
+               session: str | None = None, address: str | None = None):
         """"Try it" on the run (a generator of `TryAnswers` as they come): only for a visitor who may see the run
-        (KeyError otherwise), the request checked first (TryRefused names the field). The CPU line knows the visitor
-        by their username where they signed in (all their tabs are one visitor), else by the page's `session`."""
+        (KeyError otherwise), the request checked first (TryRefused names the field). The CPU line knows a signed-in
+        visitor by their username (all their tabs are one visitor); one who is not signed in by the page's `session`,
+        their places capped by the `address` they come from (`panel/client_address.py`)."""
         visitor = as_visitor(visitor)
         registry = self.runs.find(run_id, visitor)
         view = registry.view(run_id)
-        who = f"user:{visitor.username}" if visitor.username else (f"session:{session}" if session else None)
+        if visitor.username:
+            who, address = f"user:{visitor.username}", None
+        else:
+            who, address = (f"session:{session}" if session else None), address or "unknown"
         return try_it(view, registry.engine, acting_token(visitor, self.settings), prompt, picks,
-                      max_tokens, who)
+                      max_tokens, who, address)
 
     def full_log_file(self, run_id: str, role: str, visitor: Visitor | str | None = None) -> str | None:
         """The whole log of one job (masked, like everything shown) as a file to download."""
@@ -554,7 +577,7 @@ class Panel:
         job = view.jobs.get(role)
         if job is None:
             return None
-        path = os.path.join(private_folder(self.downloads), f"{run_id}-{role}.log")
+        path = os.path.join(private_folder(self.downloads), f"{owned_name(view, run_id)}-{role}.log")
         write_log(path, view.executor.all_logs(job.job_id))
         return path
 
@@ -562,7 +585,7 @@ class Panel:
         """Every step the run logged to its bucket (its metrics) as a CSV file to download: a row a step, a column a
         metric (step and time first), an empty cell where a step did not log that metric."""
         view = self.view(run_id, visitor)
-        path = os.path.join(private_folder(self.downloads), f"{run_id}-metrics.csv")
+        path = os.path.join(private_folder(self.downloads), f"{owned_name(view, run_id)}-metrics.csv")
         atomic_write_chunks(path, csv_lines(view.metrics))
         return path
 
@@ -583,7 +606,7 @@ class Panel:
                  "best": "yes" if s.version == best else "",
                  **{f"{name} {part}": (s.rewards.get(name) or {}).get(part) for name in names
                     for part in ("mean", "std", "weight")}} for s in scores]
-        path = os.path.join(private_folder(self.downloads), f"{run_id}-held-out.csv")
+        path = os.path.join(private_folder(self.downloads), f"{owned_name(view, run_id)}-held-out.csv")
         atomic_write_chunks(path, csv_lines(rows, ["version", "adapter", "step", "score", "score_std", "prompts",
                                                    "best"]))
         return path
@@ -593,6 +616,18 @@ class Panel:
         process) and the next panel over the same home finds them, with their true status."""
         self.watch.stop()
         self.runs.shutdown()
+
+
+def owned_key(registry: RunRegistry, run_id: str) -> tuple:
+    """A run by its owner and id: what a cache of things built for a run is keyed by."""
+    return (registry.executor.name, registry.namespace, registry.run_bucket(run_id), run_id)
+
+
+def owned_name(view: RunView, run_id: str) -> str:
+    """A download's file name stem for the run: its id and its owner's namespace, so two runs under one id in two
+    namespaces never write one file of the shared downloads folder."""
+    namespace = getattr(view.executor, "namespace", None) or "local"
+    return f"{namespace}-{run_id}"
 
 
 def grouped(shown: list, groups: list[str]) -> list:

@@ -15,7 +15,7 @@ from backend.runs import resume
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
 from panel import dashboard, live, notes_view, publish_view, try_view
-from panel.markdown import masked
+from panel.markdown import masked, plain
 from panel.task_form import format_weights
 
 PLOT_IDS = {name: elem_id for name, (elem_id, _) in dashboard.CHARTS.items()}
@@ -282,7 +282,8 @@ def on_version(panel, visitor, run_id, choice) -> dict:
         why = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
         return {"version_file": gr.update(value=None, interactive=False),
                 "version_msg": f"**No download.** {masked(why)}"}
-    return {"version_file": gr.update(value=path, interactive=True), "version_msg": redact_tokens(chosen.why)}
+    return {"version_file": gr.update(value=path, interactive=True),
+            "version_msg": f"{redact_tokens(chosen.why)} From {plain(panel.run_named(run_id, visitor))}."}
 
 
 def on_best_by(panel, visitor, run_id, text) -> dict:

@@ -4,7 +4,9 @@ bucket) goes through one of these before it joins a Markdown message.
 
 Markdown would read such text as markup: `**kwargs` as emphasis, `<img src=...>` as HTML, `![x](https://...)` as an
 image loaded from an outside host, `[Sign in again](https://...)` as a link, a line break followed by `# ...` as a
-heading, and a line of three backticks inside printed output as the end of its code block. So:
+heading, a line of three backticks inside printed output as the end of its code block, and `$$x$$` as a math block
+(Gradio renders LaTeX between `$$` in every Markdown component by default: a backslash before each `$` stops it, seen in
+chromium, and `no_latex` also turns LaTeX off for the whole page, for text that reaches a component unescaped). So:
 
 - `plain(text)`: inline text, escaped so that it renders character for character (line breaks become spaces, a
   bare URL is not turned into a link);
@@ -17,9 +19,11 @@ import re
 
 from backend.runtime.redact import redact_tokens
 
-# Markdown's inline punctuation, and an underscore that could open or close emphasis (not one inside a word such
-# as reward_code, which CommonMark leaves alone).
-_SPECIAL = re.compile(r"[\\`*<>\[\]~|!#&]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+# Markdown's inline punctuation (`$` opens math where a renderer reads it in the source), an underscore that could
+# open or close emphasis (not one inside a word such as reward_code, which CommonMark leaves alone), and what makes a
+# list item or a setext heading at the start of a line (the text may start one: `- x`, `+ x`, `1. x`, `= x`).
+_SPECIAL = re.compile(r"[\\`*<>\[\]~|!#&$]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|^[-+=]")
+_ORDERED_ITEM = re.compile(r"^(\d{1,9})([.)])")
 _LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029\x0b\x0c]+")
 # What GitHub-flavoured Markdown turns into a link by itself: `scheme://...` and `www.`.
 _AUTOLINK = re.compile(r"(?i)(://|\bwww\.)")
@@ -29,7 +33,7 @@ _BACKTICKS = re.compile(r"`+")
 def plain(text) -> str:
     """`text` escaped so that Markdown renders it character for character, on one line."""
     text = _LINE_BREAKS.sub(" ", str(text))
-    text = _SPECIAL.sub(lambda m: "\\" + m.group(0), text)
+    text = _ORDERED_ITEM.sub(r"\1\\\2", _SPECIAL.sub(lambda m: "\\" + m.group(0), text))
     return _AUTOLINK.sub(lambda m: m.group(0).replace("/", "\\/").replace(".", "\\."), text)
 
 
@@ -57,3 +61,13 @@ def fenced(text, lang: str = "text") -> str:
     text = str(text)
     fence = "`" * max(3, _longest_backticks(text) + 1)
     return f"{fence}{lang}\n{text}\n{fence}"
+
+
+def no_latex(blocks) -> None:
+    """Turn LaTeX off in every component of `blocks` (a built page) that would render it (Markdown, tables): the
+    panel writes no math, and a visitor's `$$x$$` (a run's name in its header or the runs list, a column name) must
+    read as itself. A second layer beside `plain`'s escaped `$`: it also holds for text shown without escaping (a
+    table's cells) and for a renderer that reads the text after Markdown has dropped the escapes."""
+    for block in blocks.blocks.values():
+        if getattr(block, "latex_delimiters", None):
+            block.latex_delimiters = []

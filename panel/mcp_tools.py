@@ -132,10 +132,12 @@ class PanelTools:
         Args:
             run_id: the run's id, as list_runs gives it
         """
-        view = _view(self.panel, self.visitor(ctx), run_id)
+        who = self.visitor(ctx)
+        view = _view(self.panel, who, run_id)
         spec = view.spec or {}
         return redact_record({
-            "run_id": run_id, "name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
+            "run_id": run_id, **_guarded(lambda: self.panel.owner_of(run_id, who)), "bucket": spec.get("bucket"),
+            "name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
             "stage": view.stage, "degraded": view.degraded, "engine": view.engine,
             "jobs": {role: {"id": job.job_id, "stage": job.status.stage, "message": job.status.message}
                      for role, job in view.current_jobs.items()},
@@ -150,8 +152,9 @@ class PanelTools:
             run_id: the run's id
             newest: how many of the newest versions (1 to 500)
         """
-        view = _view(self.panel, self.visitor(ctx), run_id)
-        return {"run_id": run_id, "adapters": [
+        who = self.visitor(ctx)
+        view = _view(self.panel, who, run_id)
+        return {"run_id": run_id, **_guarded(lambda: self.panel.owner_of(run_id, who)), "adapters": [
             {"name": a.name, "version": a.version, "step": a.step, "size_bytes": a.size_bytes, "path": a.path,
              "time": a.time} for a in view.newest_adapters(max(1, min(int(newest), 500)))]}
 
@@ -209,9 +212,12 @@ class PanelTools:
             run_id: the run's id
         """
         who = self.visitor(ctx)
+        owner = _guarded(lambda: self.panel.owner_of(run_id, who))
         stopped = _guarded(lambda: self.panel.operations.cancel(run_id, who))
-        return {"run_id": run_id, "cancelled_jobs": stopped,
-                "message": f"Cancel requested for {len(stopped)} job(s)." if stopped else "No running job to cancel."}
+        named = f"run {run_id} ({owner['where']})"
+        return {"run_id": run_id, **owner, "cancelled_jobs": stopped,
+                "message": f"Cancel requested for {len(stopped)} job(s) of {named}." if stopped
+                else f"No running job of {named} to cancel."}
 
     @tool
     def preview_sweep(self, ctx: Context, swept: dict, settings: dict | None = None, preset: str = "",

@@ -8,8 +8,9 @@ from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose
 from backend.outcome.publish import PublishError, default_repo_id, push_adapter, repo_id_problem, shipped_adapter
 from backend.runs.access import Visitor, acting_token, no_token_reason
 from backend.runs.hub_auth import can_control, whoami_name, writable_namespaces
+from backend.runs.run_ids import where_label
 from backend.storage.observers import final_adapter_files
-from panel.markdown import masked
+from panel.markdown import masked, plain
 
 
 def suggested_repo_id(panel, run_id: str | None, visitor: Visitor) -> str:
@@ -68,7 +69,7 @@ def push(panel, run_id: str | None, repo_id: str, private: bool, visitor: Visito
         return f"**Not pushed.** {masked(exc)}"
     except Exception as exc:   # the Hub refusing or failing: its own words, masked
         return f"**Not pushed:** {masked(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)}"
-    return (f"Pushed {what} of run {run_id} to [{repo_id}]({url}) "
+    return (f"Pushed {what} of {plain(f'run {run_id} ({where_label(registry)})')} to [{repo_id}]({url}) "
             f"({'private' if private else 'public'}): {len(files) - 1} file(s) and a model card (README.md).")
 
 

@@ -6,7 +6,8 @@ import gradio as gr
 import pandas as pd
 
 from backend.outcome.try_it import BASE, MAX_NEW_TOKENS, TRIES_WAITING, TryAnswers, TryRefused, try_choices
-from panel.markdown import masked
+from panel.client_address import request_address
+from panel.markdown import masked, plain
 
 LABEL_PERCENT = 10      # the answers table's first column ("answer", "answered by"), of its width
 
@@ -67,9 +68,12 @@ def on_try(panel, visitor, request, run_id, prompt, picks, tokens):
         yield {"try_msg": "Pick a run first."}
         return
     picks = list(picks or []) if isinstance(picks, (list, tuple)) else []
+    address = request_address(request, panel.settings.on_space)
+    named = plain(panel.run_named(run_id, visitor))
     try:
-        for state in panel.try_it(run_id, visitor, prompt, picks, tokens, getattr(request, "session_hash", None)):
-            line = ("✅ " if state.done else "⏳ ") + state.progress
+        for state in panel.try_it(run_id, visitor, prompt, picks, tokens, getattr(request, "session_hash", None),
+                                  address):
+            line = ("✅ " if state.done else "⏳ ") + state.progress + f" · {named}"
             yield {"try_msg": line, "try_answers": answers_update(answers_table(state, picks))}
     except TryRefused as exc:
         yield {"try_msg": f"**Not tried.** {masked(exc)}"}

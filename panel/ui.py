@@ -9,6 +9,7 @@ import gradio as gr
 
 from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view, sweep_view
 from panel.actions import Panel
+from panel.markdown import no_latex
 from panel.page import Page, visitor_of
 
 TICK_S = 2.0
@@ -154,4 +155,5 @@ def build_ui(panel: Panel) -> gr.Blocks:
         page.add(demo=demo, tabs=tabs, timer=gr.Timer(TICK_S), compare_picks=compare["picks"])
         for view in (launch_view, runs_view, dashboard_view, sweep_view):
             view.wire(page)
+    no_latex(demo)      # a visitor's `$$x$$` reads as itself, never as math
     return demo

@@ -20,6 +20,7 @@ CAROL = "hf_oauth_carolSpaceVisitor000000000000"
 DAVE = "hf_" + "oauth_daveSpaceVisitorReadsAcme0000"     # reads the acme org's runs, may change none of them
 PLANTED = "hf_" + "PlAnTeDiNaLoGlInEpLaNtEdInAlOgLiN"
 UPLOAD_MB = 1       # the Space's GRPO_PANEL_MAX_UPLOAD_MB
+UPLOAD_QUOTA = (3, 2.5)     # its GRPO_PANEL_UPLOAD_QUOTA_FILES and GRPO_PANEL_UPLOAD_QUOTA_MB: a visitor's kept uploads
 OAUTH_MINUTES = int(re.search(r"^hf_oauth_expiration_minutes: (\d+)$",
                               open(os.path.join(ROOT, "README.md")).read(), re.MULTILINE).group(1))
 
@@ -41,6 +42,7 @@ def space(hub, tmp_path_factory):
            "OAUTH_SCOPES": "openid profile jobs", "OPENID_PROVIDER_URL": hub.url, "HF_ENDPOINT": hub.url,
            "HF_HOME": str(home / "hf-home"), "GRPO_PANEL_DATASETS_SERVER": hub.url, "GRPO_PANEL_BUDGET_CHECK_S": "2",
            "GRPO_PANEL_MAX_UPLOAD_MB": str(UPLOAD_MB), "GRADIO_TEMP_DIR": str(home / "gradio-cache"),
+           "GRPO_PANEL_UPLOAD_QUOTA_FILES": str(UPLOAD_QUOTA[0]), "GRPO_PANEL_UPLOAD_QUOTA_MB": str(UPLOAD_QUOTA[1]),
            # As on a real Space, where nobody sets it: the app itself must turn Gradio's analytics off.
            "GRADIO_ANALYTICS_ENABLED": "True"}
     with running_panel("tests/space_app.py", env, home, unset=("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:

@@ -259,7 +259,11 @@ def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(pa
             f.write(data)
     run_id = run.spec.run_id
     with served(panel) as alice:
-        bob, carol = (Client(alice.url, verbose=False) for _ in range(2))
+        # Visitors who are not signed in are counted by address: alice and bob come from this machine, carol (and
+        # dave) from an address of their own, as uvicorn takes it from a proxy on loopback.
+        bob = Client(alice.url, verbose=False)
+        carol = Client(alice.url, verbose=False, headers={"X-Forwarded-For": "198.51.100.3"})
+        dave = Client(alice.url, verbose=False)
         try:
             first = alice.submit(run_id, "first", ["base"], 8, api_name="/on_try")
             _outputs_until(first, lambda m: "Loading the base model" in m)
@@ -267,6 +271,8 @@ def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(pa
             assert "one try at a time per visitor" in answer_cells(table)["base model"][0], table
             second = bob.submit(run_id, "second", ["base"], 8, api_name="/on_try")
             assert _outputs_until(second, lambda m: "in line" in m).startswith("⏳ 1st in line for this panel's CPU")
+            _message, table = dave.predict(run_id, "a third from this address", ["base"], 8, api_name="/on_try")
+            assert "2 tries from your address (127.0.0.1)" in answer_cells(table)["base model"][0], table
             third = carol.submit(run_id, "third", ["base"], 8, api_name="/on_try")
             assert _outputs_until(third, lambda m: "in line" in m).startswith("⏳ 2nd in line")
             second.cancel()        # bob leaves: carol moves up
@@ -280,8 +286,8 @@ def test_visitors_tries_wait_in_line_through_the_page_each_seeing_their_place(pa
             assert ran == ["first", "third"], "bob's try, given up in line, never ran; alice's second was refused"
         finally:
             release.set()
-            bob.close()
-            carol.close()
+            for client in (bob, carol, dave):
+                client.close()
 
 
 def _write_records(run: SyntheticRun, scores: dict[int, float]) -> None:

@@ -116,7 +116,8 @@ def test_the_runs_owner_renames_it_the_list_and_header_show_the_name_and_the_id_
     alice = Visitor(ALICE, "alice")
     assert panel.save_notes(run_id, alice, "lr 5e-3 diverges", "baseline").startswith("Notes saved")
     message = panel.rename_run(run_id, alice, "  lr 5e-3 · baseline (#2)  ")
-    assert message.startswith(f"Run {run_id} is now called `lr 5e-3 · baseline (#2)`"), message
+    assert message.startswith(f"Run {run_id} (acme on Hugging Face Jobs) is now called `lr 5e-3 · baseline (#2)`"), \
+        message
     record = stored(hub, run_id)
     assert record["name"] == "lr 5e-3 · baseline (#2)", record
     assert record["text"] == "lr 5e-3 diverges" and record["tags"] == ["baseline"], "a rename keeps the notes"
@@ -136,7 +137,7 @@ def test_the_runs_owner_renames_it_the_list_and_header_show_the_name_and_the_id_
 
 def test_a_visitor_who_cannot_cancel_the_run_cannot_rename_it(hub, space_run):
     panel, run_id = space_run
-    assert panel.rename_run(run_id, Visitor(ALICE, "alice"), "mine").startswith(f"Run {run_id} is now called")
+    assert panel.rename_run(run_id, Visitor(ALICE, "alice"), "mine").startswith(f"Run {run_id} (")
     message = panel.rename_run(run_id, Visitor(DAVE, "dave"), "defaced")
     assert message.startswith("**Not renamed.**") and "read-only" in message, message
     assert panel.rename_run(run_id, Visitor(), "defaced").startswith("**Not renamed.**")

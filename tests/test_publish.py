@@ -52,7 +52,8 @@ def test_the_final_adapter_and_a_card_of_the_run_are_pushed_to_a_private_repo(hu
     repo_id = publish_view.suggested_repo_id(panel, run_id, alice)
     assert repo_id == "alice/math-grpo-lora"
     message = publish_view.push(panel, run_id, repo_id, True, alice)
-    assert message.startswith(f"Pushed the final adapter of run {run_id} to [alice/math-grpo-lora]"), message
+    assert message.startswith(f"Pushed the final adapter of run {run_id} (alice on Hugging Face Jobs) to "
+                              "[alice/math-grpo-lora]"), message
     assert "(private): 2 file(s) and a model card" in message
 
     repo = hub.repos["alice/math-grpo-lora"]
@@ -121,7 +122,8 @@ def test_the_best_version_is_pushed_by_default_from_the_page_with_a_card_saying_
     _evaluated(hub, run_id)
     with served(panel) as client:
         message = client.predict(run_id, "alice/math-grpo-best", True, "", api_name="/on_push")
-        assert message.startswith(f"Pushed the best version (trl-policy-v2) of run {run_id} to [alice/math-grpo-best]")
+        assert message.startswith(f"Pushed the best version (trl-policy-v2) of run {run_id} (alice on Hugging Face "
+                                  "Jobs) to [alice/math-grpo-best]")
         refused = client.predict(run_id, "alice/math-grpo-v9", True, "trl-policy-v9", api_name="/on_push")
         assert refused.startswith("**Not pushed.** version:") and "published no adapter 'trl-policy-v9'" in refused
         pruned = client.predict(run_id, "alice/math-grpo-v2", True, "trl-policy-v2", api_name="/on_push")

@@ -176,9 +176,15 @@ def test_a_visitor_who_may_not_change_a_run_cannot_rename_it_through_the_page(vi
     message = _rename(dave, run_id, "defaced")
     assert message.startswith("Not renamed") and "read-only" in message, message
     assert notes not in hub.buckets["acme/grpo-runs"].files, "a refused rename writes nothing"
-    assert _rename(alice, run_id, "alice's baseline").startswith(f"Run {run_id} is now called")
+    renamed = _rename(alice, run_id, "alice's baseline")
+    assert renamed.startswith(f"Run {run_id} (acme on Hugging Face Jobs) is now called"), renamed
     assert json.loads(hub.buckets["acme/grpo-runs"].files[notes].data)["name"] == "alice's baseline"
     wait_for_text(alice, "run-status", re.escape(f"alice's baseline · Run {run_id}"))
+    # A name Markdown or Gradio's LaTeX would render (a math block) reads as itself in the header.
+    keep_value(alice, alice.locator("#run-name textarea, #run-name input").first, "$$x$$ - *y*", "the run's name")
+    alice.locator("#rename-btn").click()        # the notes section is open already
+    wait_for_text(alice, "run-status", re.escape(f"$$x$$ - *y* · Run {run_id}"))
+    assert alice.locator("#run-status .katex, #run-status em, #notes-msg .katex").count() == 0, "rendered as markup"
 
 
 def _finish(hub, run_id: str, bucket: str = "alice/grpo-runs") -> None:

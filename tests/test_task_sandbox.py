@@ -498,6 +498,55 @@ def test_the_probe_tells_what_is_wrong_and_names_the_fix(tmp_path, monkeypatch, 
     assert missing.refusal() is None, "the operator's opt-in"
 
 
+# A `bwrap` that runs the command it is given, with the sandbox's environment and its runtime found as the sandbox
+# would bind it, but in no namespace of its own: it passes a probe that only asks "did Python start and import?".
+UNCONFINED_BWRAP = """#!INTERPRETER
+import os, sys
+args = sys.argv[1:]
+# The command: the interpreter before the last -c.
+env, lib, start = {}, "", len(args) - 1 - args[::-1].index("-c") - 1
+for i, arg in enumerate(args[:start]):
+    if arg == "--setenv":
+        env[args[i + 1]] = args[i + 2]
+    if arg == "--ro-bind" and args[i + 2].endswith("/runtime"):
+        lib = os.path.dirname(args[i + 1])
+os.execve(args[start], args[start:], {**env, "PYTHONPATH": lib, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+"""
+
+
+def test_a_bwrap_that_runs_nothing_or_runs_code_unconfined_fails_the_probe(tmp_path, monkeypatch, fresh_probe):
+    """The probe runs a command inside and checks its answer: its nonce, its own PID, network, IPC, UTS and mount
+    namespaces, few processes, only loopback. A `bwrap` first on PATH that exits 0 and runs nothing, or one that runs
+    the command with the panel's namespaces, leaves no sandbox: code runs nowhere, and the page says why and the fix."""
+    from backend.task import sandbox
+
+    fakes = {"does-nothing": "#!/bin/sh\nexit 0\n",
+             "unconfined": UNCONFINED_BWRAP.replace("INTERPRETER", sys.executable)}
+    for name, script in fakes.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "bwrap").write_text(script)
+        (folder / "bwrap").chmod(0o755)
+        if name == "unconfined":     # the old probe's question alone: this fake answers it
+            argv, env, cwd = sandbox.Sandbox(str(folder / "bwrap")).command(
+                [sys.executable, "-c", "import runtime; print('imported')"], str(tmp_path), {})
+            ran = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+            assert ran.returncode == 0 and ran.stdout.strip() == "imported", ran.stderr
+        monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+        fresh_probe.cache_clear()
+        box = fresh_probe()
+        assert box.bwrap is None and box.problem == sandbox.NOT_ISOLATING, (name, box)
+        assert str(folder / "bwrap") in box.reason and "apt-get install bubblewrap" in box.reason, box.reason
+        why = {"does-nothing": "ran nothing", "unconfined": "shares the panel's pid, net, ipc, uts, mnt"}[name]
+        assert why in box.reason, box.reason
+        assert "Nothing ran" in box.refusal()
+        state = sandbox.isolation_state(False, box)
+        assert state.startswith("⛔ **No sandbox**") and "does not isolate" in state, state
+        monkeypatch.undo()
+    fresh_probe.cache_clear()
+    assert fresh_probe().problem == "" and fresh_probe().refusal() is None, "the real bubblewrap still isolates"
+
+
 @pytest.mark.panel_settings(budget_check_s=0)
 def test_without_a_sandbox_a_local_launch_is_refused_before_anything_starts(panel, monkeypatch):
     """A launch checks its task first: with no sandbox that check runs nothing, so nothing is launched."""

@@ -1,4 +1,5 @@
-"""The CPU "Try it" line (`backend.outcome.try_line.TryLine`): order, one place per visitor, leaving, the bound.
+"""The CPU "Try it" line (`backend.outcome.try_line.TryLine`): order, one place per visitor (a signed-in one by name,
+one who is not by address, capped), places kept for signed-in visitors, leaving, the bound.
 Time is a stand-in clock; a waiter is its real `wait` generator, advanced as Gradio advances a try's."""
 
 import threading
@@ -39,7 +40,8 @@ def test_tries_run_one_at_a_time_in_the_order_asked_and_each_waiter_sees_its_pla
     clock.now += 10
     bob_waits, carol_waits = queue.wait(bob), queue.wait(carol)
     # No try has finished yet: a quarter of the cap is the guess for one; alice's has run 10 s of it.
-    assert next(bob_waits) == "1st in line for this panel's CPU, about 15 s (one try at a time, each stopped at 100 s)"
+    assert next(bob_waits) == ("1st in line for this panel's CPU, about 15 s (one try at a time, each stopped at "
+                               "100 s; one place per signed-in visitor)")
     assert next(carol_waits).startswith("2nd in line for this panel's CPU, about 40 s")
     assert [queue.place(t) for t in (alice, bob, carol)] == [0, 1, 2]
     clock.now += 30
@@ -139,3 +141,46 @@ def test_a_waiter_that_stopped_asking_is_dropped_and_a_turn_ends_at_the_cap(cloc
 def test_ordinals():
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
+
+
+def test_six_anonymous_sessions_from_one_address_hold_at_most_their_cap_and_a_signed_in_visitor_still_gets_a_place(
+        clock):
+    """One person opening six sessions (six session keys, one address) holds at most `per_address` places; visitors
+    who are not signed in hold at most the places not kept for signed-in ones; a signed-in visitor is never starved.
+    Each waiter is told its place and the cap that applies to it."""
+    queue = TryLine(waiting=4, cap_s=100.0, tick_s=0.01, clock=clock, per_address=2, kept=1)
+    held, refused = [], []
+    for n in range(6):
+        try:
+            held.append(queue.join(f"session:{n}", "203.0.113.7"))
+        except LineRefused as exc:
+            refused.append(str(exc))
+    assert len(held) == 2 and len(refused) == 4, refused
+    assert all("at most 2 place(s) an address" in r and "203.0.113.7" in r and "Sign in" in r for r in refused)
+    turn(queue, held[0])
+    assert next(queue.wait(held[1])).endswith(
+        "; at most 2 place(s) per address for visitors who are not signed in, 3 of the 4 places in line)")
+    # Others who are not signed in, each from an address of their own, take the places open to them, and no more.
+    others = [queue.join(f"session:o{n}", f"198.51.100.{n}") for n in range(2)]
+    with pytest.raises(LineRefused, match="3 place\\(s\\) in line open to visitors who are not signed in are taken"):
+        queue.join("session:late", "198.51.100.9")
+    signed_in = queue.join("user:carol")
+    assert next(queue.wait(signed_in)).startswith("4th in line") and queue.place(signed_in) == 4
+    with pytest.raises(LineRefused, match="4 tries are waiting"):
+        queue.join("user:dave")         # the line's bound still holds for everyone
+    for ticket in (held[0], *others):
+        queue.leave(ticket)
+    assert queue.join("session:6", "203.0.113.7").address == "203.0.113.7", "a place given back is taken again"
+
+
+def test_the_address_of_a_visitor_on_a_space_is_the_one_hugging_faces_edge_saw():
+    """Behind a Space's proxy the TCP peer is an internal address every visitor shares; the client's address is the
+    rightmost public entry of X-Forwarded-For (entries a client writes itself stand to its left). Off a Space the
+    header is the client's own word: the peer is used."""
+    from panel.client_address import client_address, forwarded_client
+
+    forged = {"x-forwarded-for": "1.2.3.4, 93.184.216.34, 10.16.3.80"}      # forged, the edge's, an internal hop
+    assert client_address(forged, "10.16.3.1", on_space=True) == "93.184.216.34"
+    assert client_address(forged, "192.0.2.5", on_space=False) == "192.0.2.5"
+    assert forwarded_client("10.0.0.1, 10.16.3.80", "10.16.3.1") == "10.16.3.80", "all internal: the nearest"
+    assert client_address({}, "10.16.3.1", on_space=True) == "10.16.3.1"

@@ -50,13 +50,15 @@ MAX_NEW_TOKENS = 256
 MAX_PICKS = 4                          # versions besides the base model, per try
 TRY_TIMEOUT_S = 240.0                  # the whole CPU try: loading the base model and every answer
 TRIES_WAITING = 4                      # CPU tries in line behind the running one: a wait of at most 4 x 240 s
+TRIES_PER_ADDRESS = 2                  # places (waiting or running) of visitors who are not signed in, an address
+TRIES_KEPT = 1                         # waiting places kept for signed-in visitors
 THROUGH_PROXY = "live replicas (through the proxy)"
 LIVE_TIMEOUT_S = 60.0                  # one answer through the proxy
 MAX_BASE_BYTES = 2 * 2**30             # a base model's weights that "fit this machine" for a CPU try
 BASE_FILES = (".json", ".safetensors", ".jinja", ".txt", ".model")   # what of a model folder a try copies
 MAX_ADAPTER_BYTES = 512 * 2**20
 LOCAL_PROXY = re.compile(r"^http://127\.0\.0\.1:\d{2,5}$")
-_line = TryLine(waiting=TRIES_WAITING, cap_s=TRY_TIMEOUT_S)
+_line = TryLine(waiting=TRIES_WAITING, cap_s=TRY_TIMEOUT_S, per_address=TRIES_PER_ADDRESS, kept=TRIES_KEPT)
 
 
 class TryRefused(ValueError):
@@ -100,10 +102,12 @@ def try_choices(view) -> list[tuple[str, str]]:
     return [("base model", BASE), *version_choices(view)]
 
 
-def try_it(view, engine, token: str | None, prompt, picks, max_tokens, who: str | None = None) -> Iterator[TryAnswers]:
+def try_it(view, engine, token: str | None, prompt, picks, max_tokens, who: str | None = None,
+           address: str | None = None) -> Iterator[TryAnswers]:
     """Answer `prompt` with each pick ("base", "best", "final", "trl-policy-v<N>"), yielding progress as it goes
     (a place in the CPU line among it). `who` is the visitor the line knows (one try at a time each; None: a caller
-    of its own). Raises TryRefused before anything starts when the request is bad."""
+    of its own); `address`, where a visitor who is not signed in comes from (None: signed in), whose places the line
+    caps. Raises TryRefused before anything starts when the request is bad."""
     prompt, picks, tokens = checked_request(prompt, picks, max_tokens)
     view.refresh()
     if hasattr(view, "wait_for_events"):    # where the run serves is in its engine event, among its first
@@ -140,7 +144,7 @@ def try_it(view, engine, token: str | None, prompt, picks, max_tokens, who: str 
             for pick in local:
                 state.answers[pick], state.routes[pick] = f"(not here: {why})", "-"
         else:
-            yield from _cpu_try(view, base, local, prompt, tokens, state, who or secrets.token_hex(8))
+            yield from _cpu_try(view, base, local, prompt, tokens, state, who or secrets.token_hex(8), address)
     state.progress, state.done = "Done.", True
     yield state
 
@@ -275,13 +279,13 @@ def _fits(folder: str) -> tuple[str | None, str]:
 
 
 def _cpu_try(view, base: str, local: dict, prompt: str, tokens: int, state: TryAnswers,
-             who: str) -> Iterator[TryAnswers]:
+             who: str, address: str | None = None) -> Iterator[TryAnswers]:
     refusal = local_sandbox().refusal()
     if refusal:     # fail closed: no sandbox, nothing loaded here (unless the operator opted in)
         _not_tried(state, local, refusal)
         return
     try:
-        ticket = _line.join(who)
+        ticket = _line.join(who, address)
     except LineRefused as exc:
         _not_tried(state, local, str(exc))
         return

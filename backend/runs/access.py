@@ -26,12 +26,18 @@ LOOPBACK_NAMES = ("localhost", "")
 LOCAL_RUNS_CHOICES = ("on", "off", "owner")
 DEFAULT_MAX_UPLOAD_MB = 100.0
 MAX_UPLOAD_ENV = "GRPO_PANEL_MAX_UPLOAD_MB"
+UPLOAD_QUOTA_FILES_ENV = "GRPO_PANEL_UPLOAD_QUOTA_FILES"
+DEFAULT_UPLOAD_QUOTA_FILES = 10.0
+UPLOAD_QUOTA_MB_ENV = "GRPO_PANEL_UPLOAD_QUOTA_MB"
+DEFAULT_UPLOAD_QUOTA_MB = 200.0
 TASK_CHECK_TIMEOUT_ENV = "GRPO_PANEL_TASK_CHECK_TIMEOUT_S"
 DEFAULT_TASK_CHECK_TIMEOUT_S = 15.0
 HUB_LIST_ENV = "GRPO_PANEL_HUB_LIST_S"
 DEFAULT_HUB_LIST_S = 15.0
 # Limits read from the environment as positive numbers: the panel refuses to start with any other value.
 POSITIVE_SETTINGS = ((MAX_UPLOAD_ENV, "megabytes", DEFAULT_MAX_UPLOAD_MB),
+                     (UPLOAD_QUOTA_FILES_ENV, "files", DEFAULT_UPLOAD_QUOTA_FILES),
+                     (UPLOAD_QUOTA_MB_ENV, "megabytes", DEFAULT_UPLOAD_QUOTA_MB),
                      (TASK_CHECK_TIMEOUT_ENV, "seconds", DEFAULT_TASK_CHECK_TIMEOUT_S),
                      (HUB_LIST_ENV, "seconds", DEFAULT_HUB_LIST_S))
 
@@ -93,6 +99,11 @@ class Deployment:
     # The largest file a visitor may upload (a dataset), in MB; Gradio refuses a larger one with 413.
     max_upload_mb: float = field(default_factory=lambda: _positive(os.environ.get(MAX_UPLOAD_ENV),
                                                                    DEFAULT_MAX_UPLOAD_MB))
+    # What one visitor may keep uploaded at once (files, MB), until Gradio's cache drops it (panel/uploads.py).
+    upload_quota_files: int = field(default_factory=lambda: int(_positive(os.environ.get(UPLOAD_QUOTA_FILES_ENV),
+                                                                          DEFAULT_UPLOAD_QUOTA_FILES)))
+    upload_quota_mb: float = field(default_factory=lambda: _positive(os.environ.get(UPLOAD_QUOTA_MB_ENV),
+                                                                     DEFAULT_UPLOAD_QUOTA_MB))
 
     def __post_init__(self):
         self.host = self.host or _default_host(self.on_space)

@@ -16,8 +16,9 @@ from backend.executors.hf_jobs import HfJobsExecutor
 from backend.plan.engines import engines
 from backend.plan.engines.base import Engine
 from backend.runs.access import Deployment, Visitor, acting_token, local_runs_problem
-from backend.runs.hub_auth import whoami_namespaces
+from backend.runs.hub_auth import whoami_name, whoami_namespaces
 from backend.runs.registry import RunRegistry
+from backend.runs.run_ids import RunIdBook, id_taken_message, pick_owner, where_label
 from backend.runtime.redact import redact_tokens
 from backend.storage.hub_store import open_store
 from backend.storage.journal import LaunchJournal
@@ -34,6 +35,9 @@ class RunDirectory:
         # Every registry records its launches in the home: the next panel rolls back one left half done.
         self.journal = local.journal or LaunchJournal(deployment.home)
         local.journal = self.journal
+        # Every registry claims its runs' ids in one book: an id names one run in the whole panel.
+        self.run_ids = local.run_ids or RunIdBook(deployment.home)
+        local.run_ids = self.run_ids
         self._hub: dict[str, RunRegistry] = {}
         self._shared: dict[str, RunRegistry] = {}   # engine name -> the registry of its cluster's runs
         self._used: dict[str, float] = {}      # registry key -> monotonic time of its last use
@@ -52,7 +56,7 @@ class RunDirectory:
                 mount, cache = self.deployment.bucket_mount, self.cache_dir
                 self._hub[key] = RunRegistry(
                     executor, lambda bucket: open_store(bucket, token, mount, cache_dir=cache),
-                    list_every_s=self.deployment.hub_list_every_s, journal=self.journal)
+                    list_every_s=self.deployment.hub_list_every_s, journal=self.journal, run_ids=self.run_ids)
             return self._hub[key]
 
     def shared_registry(self, where: Engine) -> RunRegistry | None:
@@ -64,7 +68,7 @@ class RunDirectory:
                 if executor is not None:
                     self._shared[where.name] = RunRegistry(
                         executor, lambda bucket: FolderStore(executor.bucket_root(bucket)), list_every_s=5.0,
-                        journal=self.journal)
+                        journal=self.journal, run_ids=self.run_ids)
             return self._shared.get(where.name) if not where.runtime_problem() else None
 
     def registry_for(self, where: Engine, token: str | None, namespace: str) -> RunRegistry:
@@ -146,13 +150,50 @@ class RunDirectory:
             return list(self._hub.values())
 
     def find(self, run_id: str, visitor: Visitor) -> RunRegistry:
-        """The registry through which this visitor reaches `run_id`; KeyError if they cannot."""
+        """The registry through which this visitor reaches `run_id`, resolved by its owner's namespace and the id
+        (`run_ids.pick_owner`); KeyError if they cannot reach it, or reach it in several namespaces none of which
+        owns it."""
         regs = self.registries(visitor)
+        found: list[RunRegistry] = []
         for fresh in (False, True):    # a run launched a moment ago by someone else may not be listed yet
-            for registry in regs:
-                if registry.has_run(run_id, fresh=fresh):
-                    return registry
-        raise KeyError(f"no run {run_id!r} that you can see")
+            found = [registry for registry in regs if registry.has_run(run_id, fresh=fresh)]
+            if found:
+                break
+        if not found:
+            raise KeyError(f"no run {run_id!r} that you can see")
+        if len(found) == 1:
+            return found[0]
+        owner = pick_owner(run_id, found, visitor.username or self._username(visitor), self.run_ids.owner(run_id))
+        if owner is None:
+            places = ", ".join(where_label(r) for r in found)
+            raise KeyError(f"run id {run_id} names several runs you can reach ({places}), none of them launched by "
+                           "this panel under that id: the panel acts on none of them. Act on each on the Hub "
+                           "(`hf jobs ps`, `hf jobs cancel`), or ask its owner.")
+        return owner
+
+    def _username(self, visitor: Visitor) -> str | None:
+        """The visitor's own user name as the Hub says it (a token's own namespace), or None."""
+        token = acting_token(visitor, self.deployment)
+        if not token:
+            return None
+        try:
+            return whoami_name(token)
+        except Exception:   # the Hub unreachable: the book's owner decides
+            return None
+
+    def id_problem(self, run_id: str, visitor: Visitor, look_around: bool = True) -> str | None:
+        """Why `run_id` cannot name a new run (it names one already, anywhere this panel serves: its book of
+        launched ids, every registry it holds as it last saw it, this home's launch records, and with `look_around`
+        the visitor's own namespaces listed afresh), or None."""
+        if self.run_ids.owner(run_id) is not None or self.journal.get(run_id) is not None:
+            return id_taken_message(run_id)
+        with self._lock:
+            held = [self.local, *self._shared.values(), *self._hub.values()]
+        if any(registry.knows(run_id) for registry in held):
+            return id_taken_message(run_id)
+        if look_around and any(registry.has_run(run_id, fresh=True) for registry in self.registries(visitor)):
+            return id_taken_message(run_id)
+        return None
 
     def shutdown(self) -> None:
         with self._lock:

@@ -42,6 +42,7 @@ from backend.runs.launch import LaunchedRun, LaunchError, LaunchUnderWay, previe
 from backend.runs.notes import NotesBook, RunNotes, checked_name, checked_notes
 from backend.runs.registry import RunRegistry, cancel_jobs
 from backend.runs.resume import ResumePlan
+from backend.runs.run_ids import RUN_ID_FIELD, id_taken_message
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
@@ -323,16 +324,45 @@ class Operations:
             raise SpecError(problems)
         return spec
 
-    def checked_spec(self, values: dict, run_id: str | None, visitor: Visitor | None, webhook: str = "") -> RunSpec:
-        """`build_spec`, with the alert webhook checked beside the form's fields: one SpecError names them all."""
+    def checked_spec(self, values: dict, run_id: str | None, visitor: Visitor | None, webhook: str = "",
+                     refuse_taken: bool = True) -> RunSpec:
+        """`build_spec`, with the alert webhook checked beside the form's fields: one SpecError names them all.
+        `refuse_taken` False: a run id in use is left to the caller (a launch answers a retry of itself first)."""
         hook = self.webhook_errors(webhook)
         try:
             spec = self.build_spec(values, run_id, visitor)
         except SpecError as exc:
             raise SpecError([*exc.errors, *hook]) from None
-        if hook:
-            raise SpecError(hook)
+        taken = self.run_id_problems([spec.run_id], visitor or ANONYMOUS, supplied=bool(run_id), spec=spec) \
+            if refuse_taken else []
+        if hook or taken:
+            raise SpecError([*taken, *hook])
         return spec
+
+    def run_id_problems(self, run_ids: list[str], visitor: Visitor, supplied: bool, spec: RunSpec,
+                        field_name: str = RUN_ID_FIELD) -> list[FieldError]:
+        """Each id that names a run already, anywhere this panel serves (`RunDirectory.id_problem`), or whose folder
+        is in the run's bucket: one run id names one run. A fresh id (none `supplied`) is only looked up in what the
+        panel knows; a supplied one also in the visitor's namespaces listed afresh and in the bucket."""
+        problems = []
+        for run_id in run_ids:
+            problem = self.runs.id_problem(run_id, visitor, look_around=supplied)
+            if problem is None and supplied and self._in_bucket(spec, run_id, visitor):
+                problem = id_taken_message(run_id)
+            if problem:
+                problems.append(FieldError(field_name, problem))
+        return problems
+
+    def _in_bucket(self, spec: RunSpec, run_id: str, visitor: Visitor) -> bool:
+        """Whether the run's bucket holds a run folder of this id already (a bucket that cannot be read yet, one not
+        made, holds none: the launch looks again before it writes)."""
+        where = spec.engine
+        token = acting_token(visitor, self.deployment) if where.needs_token else None
+        try:
+            store = self.runs.registry_for(where, token, spec.bucket_namespace).store_for(spec.bucket)
+            return bool(store.list_files(layout.run_prefix(run_id)))
+        except Exception:
+            return False
 
     def webhook_errors(self, webhook: str) -> list[FieldError]:
         """Why the alert webhook cannot be used (empty: it can, or none was given). A panel that serves others
@@ -357,17 +387,21 @@ class Operations:
         missing = self.missing_token(values.get("executor"), visitor)
         if missing:
             raise Refused(missing)
-        spec = self.checked_spec(values, run_id, visitor, webhook)
+        spec = self.checked_spec(values, run_id, visitor, webhook, refuse_taken=False)
         where = spec.engine
         token = self.control_token(where, spec.bucket_namespace, visitor)
         self._check_token_lifetime(where, visitor, spec)
-        if where.billed and confirmed != spec.fingerprint():
-            return ReviewNeeded(spec, reviewed_another=bool(confirmed))
         registry = self.runs.registry_for(where, token, spec.bucket_namespace)
         # A retry of a launch already made (the run id a preview gave, with the same settings, so the same review
-        # code, by a visitor who may launch there) answers with that run before anything else runs: the one case
-        # where a run id already in use is not refused. Another run's id stays refused (RunIdTaken).
+        # code, in the visitor's own namespace and bucket) answers with that run before anything else runs: the one
+        # case where a run id already in use is not refused. Another run's id, anywhere, stays refused.
         existing = registry.existing_launch(spec) if run_id else None
+        if existing is None:
+            taken = self.run_id_problems([spec.run_id], visitor or ANONYMOUS, supplied=bool(run_id), spec=spec)
+            if taken:
+                raise SpecError(taken)
+        if where.billed and confirmed != spec.fingerprint():
+            return ReviewNeeded(spec, reviewed_another=bool(confirmed))
         if existing is not None:
             return Launched(existing, spec)
         task = self.check_task(values, visitor, spec)
@@ -383,9 +417,11 @@ class Operations:
         return Launched(launched, spec, tuple(task.warnings))
 
     # ---- sweeps: N runs that differ in one to three fields, launched as one (backend/plan/sweep.py)
-    def preview_sweep(self, values: dict, form: SweepForm, visitor: Visitor, webhook: str = "") -> SweepPreview:
+    def preview_sweep(self, values: dict, form: SweepForm, visitor: Visitor, webhook: str = "",
+                      refuse_taken: bool = True) -> SweepPreview:
         """Every member of the sweep the form describes, each checked as a run of its own, and the one fleet they
-        need; raises SpecError naming every field to fix (the form's and the sweep's alike)."""
+        need; raises SpecError naming every field to fix (the form's and the sweep's alike). `refuse_taken` False:
+        run ids in use are left to the caller (`sweep_ids_taken`: a launch answers a retry of itself first)."""
         errors, base, swept = [], None, {}
         try:
             base = self.checked_spec(values, None, visitor, webhook)
@@ -402,6 +438,9 @@ class Operations:
             raise SpecError(errors)
         sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids, form.early_stop_after)
         members = [self.build_spec(m.to_dict(), None, visitor) for m in sweep.members()]
+        taken = self.sweep_ids_taken(members, form, visitor, base) if refuse_taken else []
+        if taken:
+            raise SpecError(taken)
         previews = [self._preview_of(m, visitor, on_fleet=bool(m.fleet)) for m in members]
         size = fleet_size(members)
         fleet = recipe.FleetJobs(tuple(members), size.max_loras, size.max_lora_rank,
@@ -415,6 +454,12 @@ class Operations:
                                 any(c.fallback_prices for c in each if c is not None))
         commands = [base.engine.preview_command(job, self.local.bucket_root) for job in fleet]
         return SweepPreview(sweep, previews, size, sweep.fingerprint(members), cost, fleet, commands)
+
+    def sweep_ids_taken(self, members: list[RunSpec], form: SweepForm, visitor: Visitor,
+                        base: RunSpec) -> list[FieldError]:
+        """The members' run ids and the fleet's that name a run already (`run_id_problems`)."""
+        ids = [m.run_id for m in members] + ([members[0].fleet] if members and members[0].fleet else [])
+        return self.run_id_problems(ids, visitor, bool(form.run_ids or form.sweep_id), base, "run_ids")
 
     def launch_sweep(self, values: dict, form: SweepForm, visitor: Visitor, confirmed: str | None = None,
                      webhook: str = "") -> LaunchedSweep | ReviewNeeded:
@@ -432,7 +477,7 @@ class Operations:
         missing = self.missing_token(values.get("executor"), visitor)
         if missing:
             raise Refused(missing)
-        shown = self.preview_sweep(values, form, visitor, webhook)
+        shown = self.preview_sweep(values, form, visitor, webhook, refuse_taken=False)
         base, where = shown.base, shown.base.engine
         token = self.control_token(where, base.bucket_namespace, visitor)
         self._check_token_lifetime(where, visitor, base)
@@ -447,6 +492,10 @@ class Operations:
         try:
             if _sweep_found(store, shown) is not None:
                 return self._existing_sweep(registry, shown, LAUNCHED)
+            # Not a retry: a member's or the fleet's id that names a run already, anywhere, is refused.
+            taken = self.sweep_ids_taken([p.spec for p in shown.members], form, visitor, base)
+            if taken:
+                raise SpecError(taken)
             return self._launch_sweep(values, shown, visitor, token, registry, store, webhook)
         finally:
             claim.close()

@@ -31,6 +31,7 @@ from backend.runs.launch import (
     launch_run,
 )
 from backend.runs.resume import ResumePlan, resume_plan
+from backend.runs.run_ids import RunIdBook
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
 from backend.storage.journal import FAILED, LAUNCHING, ROLLED_BACK, RUN, LaunchJournal
@@ -63,9 +64,10 @@ class RunSummary:
 
 class RunRegistry:
     def __init__(self, executor: Executor, store_for: Callable[[str], BucketStore], list_every_s: float = 0.0,
-                 journal: LaunchJournal | None = None):
+                 journal: LaunchJournal | None = None, run_ids: RunIdBook | None = None):
         self.executor = executor
         self.journal = journal      # the panel home's record of launches (`backend/storage/journal.py`)
+        self.run_ids = run_ids      # which run each id this panel launched names (`backend/runs/run_ids.py`)
         self.engine = engine(executor.name)     # what the executor answers before it runs, resolved once
         self.namespace = executor.namespace
         self.store_for = store_for
@@ -86,11 +88,15 @@ class RunRegistry:
     def launch(self, spec: RunSpec, secrets: dict[str, str] | None = None,
                fleet_urls: tuple[str, ...] | None = None) -> LaunchedRun:
         began = time.time()
+        self._claim(spec.run_id, spec.bucket)
         try:
             launched = launch_run(spec, self.executor, self.store_for(spec.bucket), secrets, journal=self.journal,
                                   fleet_urls=fleet_urls)
         except SubmitFailed:
             self.failed_launches[spec.run_id] = (began, time.time())
+            raise
+        except BaseException:
+            self._unclaim(spec.run_id)      # nothing was submitted: the id names no run
             raise
         self.forget_listing()
         if not launched.existing:       # a retry found the run: its view (if open) stays as it is
@@ -117,14 +123,32 @@ class RunRegistry:
                      secrets: dict[str, str] | None = None) -> LaunchedFleet:
         """Start a sweep's shared fleet (`launch.launch_fleet`); it lists as a run of its own (its id the sweep's)."""
         began = time.time()
+        self._claim(members[0].fleet, members[0].bucket)
         try:
             launched = launch_fleet(members, slots, rank, self.executor, self.store_for(members[0].bucket), secrets,
                                     journal=self.journal)
         except SubmitFailed:
             self.failed_launches[members[0].fleet] = (began, time.time())
             raise
+        except BaseException:
+            self._unclaim(members[0].fleet)
+            raise
         self.forget_listing()
         return launched
+
+    def _claim(self, run_id: str, bucket: str) -> None:
+        """The id for this run, once in the whole panel (RunIdTaken where another run holds it)."""
+        if self.run_ids is not None:
+            self.run_ids.claim(run_id, self.executor.name, self.namespace, bucket)
+
+    def _unclaim(self, run_id: str) -> None:
+        if self.run_ids is not None:
+            self.run_ids.release(run_id, self.executor.name, self.namespace)
+
+    def knows(self, run_id: str) -> bool:
+        """Whether this registry has seen the run (an open view, its last listing, this home's record of its launch),
+        asking nobody: what the panel can tell of the runs of namespaces the asking visitor does not reach."""
+        return (run_id in self._views or run_id in self._records or self.recorded_launch(run_id) is not None)
 
     def forget_listing(self) -> None:
         self._listed = (0.0, [])
@@ -155,6 +179,7 @@ class RunRegistry:
         records: dict[str, list[JobRecord]] = {}
         for rec in jobs:
             records.setdefault(rec.run_id, []).append(rec)
+        records = {run_id: own_jobs(recs) for run_id, recs in records.items()}
         summaries, built, all_settled = [], {}, True
         for run_id, recs in records.items():
             kept = self._built.get(run_id)
@@ -329,7 +354,7 @@ class RunRegistry:
         spec.json cannot be read (a restarted panel, a failing bucket) is still cancelled while it bills. The job
         ids its launch recorded (the home's journal) and those an open view knows are cancelled too: the Hub's list
         can lag a job created seconds ago, also across a panel restart."""
-        listed = self.executor.list_jobs(run_id=run_id)
+        listed = own_jobs(self.executor.list_jobs(run_id=run_id))
         live = [r for r in listed if r.stage not in TERMINAL_STAGES]
         known = {r.job_id for r in listed}
         view = self._views.get(run_id)
@@ -388,9 +413,22 @@ def write_adapter_zip(registry, view, chosen: ChosenAdapter, folder: str, repo_i
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         for file_name, data in files.items():
             zf.writestr(file_name, data)
-    path = os.path.join(folder, f"{name}-{view.run_id}-{chosen.choice}-adapter.zip")
+    # Its owner's namespace in the name: two namespaces' runs under one id never write one file of the folder.
+    owner = getattr(registry, "namespace", None) or "local"
+    path = os.path.join(folder, f"{name}-{owner}-{view.run_id}-{chosen.choice}-adapter.zip")
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+def own_jobs(records: list[JobRecord]) -> list[JobRecord]:
+    """A run's jobs (newest first) among those labelled with its id: the ones that write its bucket, the bucket of its
+    first job. A job labelled with the id but writing another bucket is another run's under a reused id (made outside
+    the panel): it is neither shown nor cancelled as this run's."""
+    buckets = [r.bucket for r in records if r.bucket]
+    if not buckets:
+        return records
+    first = buckets[-1]
+    return [r for r in records if r.bucket in (None, first)]
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class RunWatch:
     def __init__(self, runs: RunDirectory, spend: SpendWatch, home: str, interval_s: float):
         self.runs, self.spend = runs, spend
         self.webhooks = WebhookStore(home)     # each run's alert webhook, kept encrypted in the panel's home
-        self._alert_books: dict[str, AlertBook] = {}
+        self._alert_books: dict[tuple, AlertBook] = {}     # (executor, namespace, run id) -> the run's alerts
         self._live: set[tuple] = set()          # runs seen live at a look of this process
         self._ended_seen: set[tuple] = set()    # ended runs whose alerts this process evaluated
         self._alert_locks = os.path.join(home, "alerts")
@@ -124,11 +124,17 @@ class RunWatch:
     def alerts(self, view: RunView) -> list:
         """Evaluate the run's alerts once per new version of its view: fired ones are recorded in its bucket
         folder and sent to its webhook, if it has one."""
-        book = self._alert_books.get(view.run_id)
+        # A run by its owner and id: a run made elsewhere under a reused id has alerts (and a folder) of its own.
+        owner = (view.executor.name, getattr(view.executor, "namespace", None))
+        book = self._alert_books.get((*owner, view.run_id))
         if book is None:
+            # The webhook was given at the launch of the run this panel launched under the id: only that run posts.
+            launched = self.runs.run_ids.owner(view.run_id)
+            ours = launched is None or (launched.get("executor"), launched.get("namespace")) == owner
             # A panel that serves others posts to public addresses only (backend/view/webhook.py says why).
-            book = self._alert_books[view.run_id] = AlertBook(view.store, view.run_id, self.webhooks.get(view.run_id),
-                                                              public_only=self.runs.deployment.serves_others)
+            book = self._alert_books[(*owner, view.run_id)] = AlertBook(
+                view.store, view.run_id, self.webhooks.get(view.run_id) if ours else None,
+                public_only=self.runs.deployment.serves_others)
         if getattr(book, "seen_version", None) == view.version:
             return []
         book.seen_version = view.version

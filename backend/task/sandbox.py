@@ -11,7 +11,11 @@ same sandbox.
 Python is bound by the paths it was started with as well as by their real paths (a venv reached through a linked
 folder, a venv under /tmp, pyenv, conda and uv installations alike), after the private /tmp is mounted, so the
 interpreter the panel names exists inside. `local_sandbox()` probes the machine once and tells apart bubblewrap
-missing, the OS refusing its namespaces and binds of ours that are wrong, each with its fix.
+missing, the OS refusing its namespaces, binds of ours that are wrong, and a `bwrap` that does not isolate, each with
+its fix: the probe runs a small command inside the sandbox and calls it isolated only when the answer carries the nonce
+it was given and shows the namespaces asked for (its own PID, network, IPC, UTS and mount namespaces by their
+/proc/self/ns ids, a handful of processes, only loopback). A `bwrap` that exits 0 having run nothing, or one that runs
+the command unconfined, leaves no sandbox.
 
 Fail closed: where no sandbox can be made, `Sandbox.refusal()` says why and how to fix it, and the callers run no
 code, unless the operator opted in with GRPO_PANEL_ALLOW_UNSANDBOXED=1 (then the code runs with what is left and
@@ -20,7 +24,9 @@ at all: its checks run in the visitor's own Hugging Face job (`backend.task.chec
 """
 
 import functools
+import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -44,7 +50,8 @@ LAYERS = ("PID namespace", "mount namespace", "network namespace", "a user of it
 
 ALLOW_UNSANDBOXED_ENV = "GRPO_PANEL_ALLOW_UNSANDBOXED"      # the operator's opt-in to run code without a sandbox
 # Why there is no sandbox (Sandbox.problem), each with what fixes it.
-NOT_INSTALLED, REFUSED, BAD_BINDS = "not installed", "namespaces refused", "binds wrong"
+NOT_INSTALLED, REFUSED, BAD_BINDS, NOT_ISOLATING = ("not installed", "namespaces refused", "binds wrong",
+                                                  "not isolating")
 FIXES = {
     NOT_INSTALLED: "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
                    "bubblewrap`) and restart the panel",
@@ -54,7 +61,23 @@ FIXES = {
              "namespaces allowed (Docker: `--security-opt seccomp=unconfined --security-opt apparmor=unconfined`)",
     BAD_BINDS: "this is a bug of the panel's sandbox (it could not start this Python inside bubblewrap, which works "
                "here): please report it with this message",
+    NOT_ISOLATING: "make the `bwrap` the panel finds first on its PATH the real bubblewrap (Debian/Ubuntu: "
+                   "`apt-get install bubblewrap`, which puts it at /usr/bin/bwrap; remove or rename the other one, or "
+                   "start the panel with a PATH that finds /usr/bin first) and restart the panel",
 }
+# The namespaces the sandbox asks for, as /proc/self/ns names them: each must differ inside from the panel's own.
+PROBED_NAMESPACES = ("pid", "net", "ipc", "uts", "mnt")
+MAX_PROBE_PROCESSES = 8     # what a fresh PID namespace shows: bubblewrap and the probe (a few, not the machine's)
+# What the probe runs inside: it imports the runtime (the binds are right) and answers with the nonce it was given,
+# what it sees of processes, network interfaces and its namespaces. A `bwrap` that runs nothing gives no answer; one
+# that runs it unconfined answers with the panel's own namespaces.
+PROBE = """import json, os, socket, sys
+import runtime
+ns = {n: os.readlink(f"/proc/self/ns/{n}") for n in NAMES}
+procs = [p for p in os.listdir("/proc") if p.isdigit()]
+print(json.dumps({"nonce": sys.argv[1], "ns": ns, "processes": len(procs), "pid": os.getpid(),
+                  "interfaces": sorted(name for _, name in socket.if_nameindex())}))
+"""
 # Where a bind of Python's installation must not go: the system's own folders (bound whole, some of them links) and
 # the sandbox's own mounts.
 SYSTEM_TOPS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -249,13 +272,52 @@ def local_sandbox() -> Sandbox:
     why = _fails(bare, {"PATH": "/usr/bin:/bin"})      # nothing of the panel's environment, here either
     if why is not None:
         return no_sandbox(REFUSED, f"this machine refused bubblewrap's namespaces ({why})")
+    nonce = secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="grpo-sandbox-probe-") as scratch:
-        argv, env, cwd = probe.command([sys.executable, "-c", "import runtime"], scratch, {})
-        why = _fails(argv, env, cwd)
+        code = PROBE.replace("NAMES", repr(_own_namespaces(user)))
+        argv, env, cwd = probe.command([sys.executable, "-c", code, nonce], scratch, {})
+        answer: list[str] = []
+        why = _fails(argv, env, cwd, answer)
     if why is not None:
         return no_sandbox(BAD_BINDS, f"bubblewrap works here, but {sys.executable} did not start in the sandbox "
                                      f"({why})")
+    why = isolation_problem("".join(answer), nonce, user)
+    if why is not None:
+        return no_sandbox(NOT_ISOLATING, f"{bwrap} does not isolate: {why}")
     return probe
+
+
+def _own_namespaces(user: list[str]) -> tuple[str, ...]:
+    """The namespaces the probe reports: those the sandbox asks for, and the user one where it asks for it."""
+    return (*PROBED_NAMESPACES, *(("user",) if user else ()))
+
+
+def isolation_problem(output: str, nonce: str, user: list[str]) -> str | None:
+    """Why the probe's answer shows no sandbox (no answer, not ours, the panel's own namespaces, the machine's
+    processes or network), or None when every namespace asked for is there."""
+    try:
+        answer = json.loads(output.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return "the probe ran nothing or gave no answer inside it (no output)"
+    if not isinstance(answer, dict) or answer.get("nonce") != nonce:
+        return "the probe's answer is not the one it was asked for"
+    seen = answer.get("ns") if isinstance(answer.get("ns"), dict) else {}
+    shared = []
+    for name in _own_namespaces(user):
+        try:
+            own = os.readlink(f"/proc/self/ns/{name}")
+        except OSError:
+            return f"this machine does not show the panel's own {name} namespace (/proc/self/ns), so none can be told"
+        if seen.get(name) in (None, own):
+            shared.append(name)
+    if shared:
+        return "the code inside shares the panel's " + ", ".join(shared) + " namespace(s)"
+    if not isinstance(answer.get("processes"), int) or answer["processes"] > MAX_PROBE_PROCESSES:
+        return (f"the code inside sees {answer.get('processes')} processes (the machine's, not a PID namespace of "
+                "its own)")
+    if answer.get("interfaces") != ["lo"]:
+        return f"the code inside sees the network interfaces {answer.get('interfaces')} (only loopback is its own)"
+    return None
 
 
 def no_sandbox(problem: str, why: str) -> Sandbox:
@@ -263,13 +325,16 @@ def no_sandbox(problem: str, why: str) -> Sandbox:
     return Sandbox(None, LAYERS, f"{why}; fix: {FIXES[problem]}", problem=problem)
 
 
-def _fails(argv: list[str], env: dict, cwd: str | None = None) -> str | None:
-    """What went wrong running `argv` (its last line of stderr), or None when it exited 0."""
+def _fails(argv: list[str], env: dict, cwd: str | None = None, output: list[str] | None = None) -> str | None:
+    """What went wrong running `argv` (its last line of stderr), or None when it exited 0 (its standard output then
+    added to `output`)."""
     try:
         done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
     if done.returncode == 0:
+        if output is not None:
+            output.append(done.stdout)
         return None
     return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, no output"])[-1]
