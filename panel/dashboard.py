@@ -231,17 +231,16 @@ def titled(status: str, name: str) -> str:
 
 
 def start_up_line(view, now: float | None = None) -> str:
-    """'◌ Starting: **building the model** for 12 s (41 s since launch)' while the run starts (`startup.start_up`),
-    else ''. Time passes: the live update sends it again each tick, apart from the frame."""
+    """'◌ Starting: **building the model** for 12 s' while the run starts (`startup.start_up`), else ''. The time
+    since launch is the cost line's beside it (one clock: the run's jobs' creation, `plan.cost.run_cost`), not said
+    twice from two sources. Time passes: the live update sends it again each tick, apart from the frame."""
     with reading(view):     # a refresh meanwhile appends to the events and logs read here
         stage = start_up(view)
     if stage is None:
         return ""
     now = time.time() if now is None else now
     took = f" for {format_duration(now - stage.since)}" if stage.since else ""
-    start = run_start(view)
-    since = f" ({format_duration(now - start)} since launch)" if start else ""
-    return mark("waiting", f"Starting: **{stage.stage}**{took}{since}")
+    return mark("waiting", f"Starting: **{stage.stage}**{took}")
 
 
 def best_line(view) -> str:

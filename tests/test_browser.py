@@ -242,7 +242,7 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     deadline = time.time() + 300
     while time.time() < deadline and (not counts or counts[-1] < 200):
         counts.append(_reward_points(page))
-        said = re.search(r"Starting: (.+?) (?:for \d.*)?\(\d.* since launch\)", inner_text(page, "run-cost"))
+        said = re.search(r"Starting: (.+?)(?: for \d[^\n]*)?\n", inner_text(page, "run-cost") + "\n")
         if said and not counts[-1] and said.group(1) not in starting:
             starting.append(said.group(1))
         if 40 <= counts[-1] <= 170 and not shot:
