@@ -384,7 +384,9 @@ def test_a_runs_held_out_scores_download_as_a_csv_whose_rows_are_its_evaluation_
     by_version = {r["policy_version"]: r for r in records}
     for row in rows:
         record = by_version[int(row["version"])]
-        assert int(row["step"]) == record["step"] and float(row["score"]) == pytest.approx(record["score"])
+        assert int(row["step"]) == record["step"] and float(row["trained_score"]) == pytest.approx(record["score"])
+        # The run's rule is the default (the trained score): its held-out score is the trained one.
+        assert float(row["held_out_score"]) == pytest.approx(record["score"]) and row["best_by"]
         for name, reward in record["rewards"].items():
             assert float(row[f"{name} mean"]) == pytest.approx(reward["mean"]), (row, name)
     assert sum(row["best"] == "yes" for row in rows) <= 1
