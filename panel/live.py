@@ -127,6 +127,8 @@ def version_line(view, shown: str | None) -> tuple:
             return redact_tokens(choose(view, shown).why)
         except ChoiceError as exc:
             return f"**No download.** {masked(str(exc))}"
+        except OSError:     # the bucket not answering now: the line is said again on the next change
+            return ""
 
     return key, text
 
