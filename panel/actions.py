@@ -51,6 +51,7 @@ from backend.runs.operations import (
 from backend.runs.registry import RunRegistry
 from backend.runs.run_ids import where_label
 from backend.runs.watch import RunWatch
+from backend.runtime.best_rule import rule_text
 from backend.runtime.layout import atomic_write_chunks
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import benchmark_note
@@ -74,6 +75,8 @@ Settings = Deployment      # the name the panel's tests and scripts know
 ENDED_ROW_S = 60.0         # an ended run's row in the runs list is built again this often (its last steps may arrive)
 RUNS_PAGE = 50             # the runs list shows the newest runs; older ones are opened by id
 LOCAL_LIST_EVERY_S = 1.0   # how old a listing of the local jobs may be (sessions ticking together share one)
+HELD_OUT_CSV_FIRST = ["version", "adapter", "step", "best_by", "held_out_score", "best", "trained_score",
+                      "trained_score_std", "prompts"]
 HISTORY_WAIT_S = 30.0      # how long a held-out download waits for a long run's older records
 KEPT_TABLES = 64           # runs tables (by visitor's registries, filter and query) kept between listings
 
@@ -591,24 +594,36 @@ class Panel:
 
     def heldout_csv(self, run_id: str, visitor: Visitor | str | None = None) -> str:
         """The run's held-out evaluations (the adapters table's held-out columns, and more) as a CSV file to
-        download: a row per evaluated version, the base model (version 0) first; its adapter, step, score (under the
-        run's weights), spread over prompts, prompts scored, whether it is the best version, then each held-out
-        reward's mean, std and weight. A long run's older records are waited for (at most HISTORY_WAIT_S)."""
+        download: a row per evaluated version, the base model (version 0) first; its adapter, step, the run's
+        best-by rule and the version's held-out score under it (the number the header, the table and the picker
+        show), whether it is the best version, the trained score (under the run's weights) and its spread over
+        prompts, prompts scored, then each held-out reward's mean, std, weight in training and weight in the rule.
+        A long run's older records are waited for (at most HISTORY_WAIT_S)."""
         view = self.view(run_id, visitor)
         view.wait_for_history(HISTORY_WAIT_S)
         held = view.held_out
         with reading(view):
             scores = sorted(held.scores.values(), key=lambda s: s.version)
-            best = held.best_version
+            best, rule = held.best_version, dict(held.rule)
+            ruled = {s.version: held.rule_score(s.version) for s in scores}
         names = list(dict.fromkeys(name for s in scores for name in s.rewards))
+        said = rule_text(rule)
+
+        def rule_weight(score, name: str):
+            # The default rule is the trained score: it weighs each reward as training did.
+            return rule.get(name, 0.0) if rule else (score.rewards.get(name) or {}).get("weight")
+
         rows = [{"version": s.version, "adapter": "base model" if s.version == 0 else held.adapter_name(s.version),
-                 "step": s.step, "score": s.score, "score_std": s.score_std, "prompts": s.n_prompts,
-                 "best": "yes" if s.version == best else "",
-                 **{f"{name} {part}": (s.rewards.get(name) or {}).get(part) for name in names
-                    for part in ("mean", "std", "weight")}} for s in scores]
+                 "step": s.step, "best_by": said, "held_out_score": ruled[s.version],
+                 "best": "yes" if s.version == best else "", "trained_score": s.score,
+                 "trained_score_std": s.score_std, "prompts": s.n_prompts,
+                 **{key: value for name in names for key, value in (
+                     (f"{name} mean", (s.rewards.get(name) or {}).get("mean")),
+                     (f"{name} std", (s.rewards.get(name) or {}).get("std")),
+                     (f"{name} training weight", (s.rewards.get(name) or {}).get("weight")),
+                     (f"{name} rule weight", rule_weight(s, name)))}} for s in scores]
         path = os.path.join(private_folder(self.downloads), f"{owned_name(view, run_id)}-held-out.csv")
-        atomic_write_chunks(path, csv_lines(rows, ["version", "adapter", "step", "score", "score_std", "prompts",
-                                                   "best"]))
+        atomic_write_chunks(path, csv_lines(rows, HELD_OUT_CSV_FIRST))
         return path
 
     def shutdown(self) -> None:

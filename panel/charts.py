@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from backend.runtime.best_rule import rule_score, rule_text
 from backend.runtime.layout import adapter_version, reward_function_keys
 from backend.view.axes import wall_minutes
 from backend.view.diagnose import RATIO_BAND
@@ -222,12 +223,16 @@ def reward_figure(table, options: ChartOptions) -> dict:
 
 
 def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None = None,
-                   best: int | None = None) -> dict:
-    """The held-out score of each evaluated version from the base model (v0) on (± its spread over prompts), the
-    best version under the run's rule starred (`best`: none where no version beats the base model), each reward's
-    held-out mean (monitor-only ones dashed), and the training reward faint behind them."""
+                   best: int | None = None, rule: dict | None = None) -> dict:
+    """The held-out score of each evaluated version from the base model (v0) on, under the run's best-by `rule`
+    (the score that decides; ± its spread over prompts under the default rule, the trained score), the best version
+    under the rule starred (`best`: none where no version beats the base model), the trained score beside it where
+    the rule is another, each reward's held-out mean (monitor-only ones dashed), and the training reward faint
+    behind them."""
     fig = figure("Held-out reward by version", "reward", options)
+    rule = rule or {}
     records = sorted(evals.values(), key=lambda r: r["policy_version"])
+    records = [r for r in records if rule_score(r, rule) is not None]
     if records:
         xs = [r["step"] if options.x == "step" else options.at(r["time"]) for r in records]
         train_xs, train_ys = points(table, "reward", options)
@@ -235,13 +240,18 @@ def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None 
             fig["data"].append({"type": "scatter", "mode": "lines", "x": train_xs, "y": train_ys,
                                 "name": "training reward", "opacity": 0.35, "hoverinfo": "skip",
                                 "line": {"color": METRIC_COLORS["reward"], "width": 1}})
-        fig["data"].append({
-            "type": "scatter", "mode": "lines+markers", "x": xs, "y": [_round(r["score"]) for r in records],
-            "name": "held-out score", "line": {"color": HELD_OUT_COLOR, "width": 2}, "marker": {"size": 7},
-            "error_y": {"type": "data", "array": [_round(r.get("score_std") or 0.0) for r in records],
-                        "visible": True, "thickness": 1},
-            "text": [f"v{r['policy_version']}" for r in records],
-            "hovertemplate": "%{text}: %{y}<extra>held-out score</extra>"})
+        scores = [_round(rule_score(r, rule)) for r in records]
+        name = "held-out score" + (f" ({rule_text(rule)})" if rule else "")
+        line = {"type": "scatter", "mode": "lines+markers", "x": xs, "y": scores, "name": name,
+                "line": {"color": HELD_OUT_COLOR, "width": 2}, "marker": {"size": 7},
+                "text": [f"v{r['policy_version']}" for r in records],
+                "hovertemplate": f"%{{text}}: %{{y}}<extra>{name}</extra>"}
+        if not rule:
+            line["error_y"] = {"type": "data", "array": [_round(r.get("score_std") or 0.0) for r in records],
+                               "visible": True, "thickness": 1}
+        else:       # what the trainer maximised, named so, beside the score that decides
+            add_line(fig, xs, [_round(r["score"]) for r in records], "trained score", "#7f7f7f", options, dash="dash")
+        fig["data"].append(line)
         names = list(dict.fromkeys(n for r in records for n in r.get("rewards", {})))
         if len(names) > 1:
             for i, name in enumerate(names):
@@ -253,7 +263,7 @@ def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None 
                          dash="dash" if monitor else "dot")
         starred = [i for i, r in enumerate(records) if best is not None and r["policy_version"] == best]
         for i in starred:
-            fig["data"].append({"type": "scatter", "mode": "markers", "x": [xs[i]], "y": [_round(records[i]["score"])],
+            fig["data"].append({"type": "scatter", "mode": "markers", "x": [xs[i]], "y": [scores[i]],
                                 "name": f"best: v{best}", "marker": {"symbol": "star", "size": 14, "color": "#d62728"}})
     none = (spec or {}).get("eval_source", "none") == "none"
     return finish(fig, options, "no held-out set in this run" if none else "waiting for the first evaluated version")

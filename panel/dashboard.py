@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend.outcome.best_version import default_choice, score_text, version_choices
+from backend.outcome.best_version import default_choice, version_choices
 from backend.outcome.try_it import try_choices
 from backend.plan.cost import format_duration
 from backend.runtime import records
@@ -47,7 +47,8 @@ def _usages(view) -> dict:
 CHARTS: dict[str, tuple[str, Callable]] = {
     "reward": ("reward-plot", lambda view, o: charts.reward_figure(view.table, o)),
     "heldout": ("heldout-plot", lambda view, o: charts.heldout_figure(view.held_out.chart_records(), view.table, o,
-                                                                         view.spec, view.held_out.best_version)),
+                                                                         view.spec, view.held_out.best_version,
+                                                                         view.held_out.rule)),
     "kl": ("kl-plot", lambda view, o: charts.kl_figure(view.table, o)),
     "staleness": ("staleness-plot", lambda view, o: charts.staleness_figure(view.table, o, view.spec)),
     "ratio": ("ratio-plot", lambda view, o: charts.ratio_figure(view.table, o)),
@@ -230,17 +231,16 @@ def titled(status: str, name: str) -> str:
 
 
 def start_up_line(view, now: float | None = None) -> str:
-    """'◌ Starting: **building the model** for 12 s (41 s since launch)' while the run starts (`startup.start_up`),
-    else ''. Time passes: the live update sends it again each tick, apart from the frame."""
+    """'◌ Starting: **building the model** for 12 s' while the run starts (`startup.start_up`), else ''. The time
+    since launch is the cost line's beside it (one clock: the run's jobs' creation, `plan.cost.run_cost`), not said
+    twice from two sources. Time passes: the live update sends it again each tick, apart from the frame."""
     with reading(view):     # a refresh meanwhile appends to the events and logs read here
         stage = start_up(view)
     if stage is None:
         return ""
     now = time.time() if now is None else now
     took = f" for {format_duration(now - stage.since)}" if stage.since else ""
-    start = run_start(view)
-    since = f" ({format_duration(now - start)} since launch)" if start else ""
-    return mark("waiting", f"Starting: **{stage.stage}**{took}{since}")
+    return mark("waiting", f"Starting: **{stage.stage}**{took}")
 
 
 def best_line(view) -> str:
@@ -256,9 +256,8 @@ def best_line(view) -> str:
     best = held.best_version
     if best is None:
         return ""
-    score = held.scores.get(best)        # (not read yet on a first look at a long run: best.json's score then)
-    score = f"{held.rule_score(best):.3f}" if held.rule or score is None else score_text(score)
-    return f" · best **{held.adapter_name(best)}** (held-out {score}) by {rule}{base}"
+    # (not read yet on a first look at a long run: best.json's score then, which `score_text` reads)
+    return f" · best **{held.adapter_name(best)}** (held-out {held.score_text(best)}) by {rule}{base}"
 
 
 def failure_cause(view) -> str:
@@ -336,7 +335,9 @@ def adapter_headers(view) -> list[str]:
     (trained ×weight, or monitor-only); the column(s) that decide the best version marked ◆."""
     held = getattr(view, "held_out", None)
     rule = held.rule if held is not None else {}
-    heads = [ADAPTER_HEADERS[0], ADAPTER_HEADERS[1] + ("" if rule else DECIDES), *ADAPTER_HEADERS[2:]]
+    # The held-out score column is the score under the rule in force: it decides, whatever the rule.
+    heads = [ADAPTER_HEADERS[0], ADAPTER_HEADERS[1] + DECIDES, *ADAPTER_HEADERS[2:-1]]
+    heads += [ADAPTER_HEADERS[-1]] if _notes_shown(view) else []
     newest = held.scores[held.span[1]].rewards if held is not None and held.scores else {}
     for name in held_out_names(view):
         weight = newest[name].get("weight")
@@ -360,19 +361,32 @@ def adapter_rows(view, page: int = ADAPTER_PAGE) -> list[list]:
     scores, best = (held.scores, held.best_version) if held is not None else ({}, None)
     names = held_out_names(view)
     rows = []
+    notes = _notes_shown(view)
     for v in view.newest_adapters(page):
         on = ", ".join(r for r, names_on in registered.items() if v.name in names_on) or "-"
         step = v.step if v.step is not None else first_step.get(v.version, "-")
         note = (f"superseded: the run resumed from step {view.superseded[v.name]}"
                 if v.name in view.superseded else "")
-        score = (f"{BEST_MARK} " if v.version == best else "") + score_text(scores.get(v.version))
+        score = (f"{BEST_MARK} " if v.version == best else "") + held_score(held, v.version)
         rows.append([v.name, score, step, time.strftime("%H:%M:%S", time.localtime(v.time)),
-                     round(v.size_bytes / 1e6, 3), on, note, *_reward_cells(scores.get(v.version), names)])
+                     round(v.size_bytes / 1e6, 3), on, *([note] if notes else []),
+                     *_reward_cells(scores.get(v.version), names)])
     if 0 in scores:
-        note = "the base model: the baseline" + (", no version beats it" if held.none_beats_base else "")
-        rows.append(["base model (v0)", score_text(scores[0]), 0, "-", "-", "-", note,
+        name = "base model (v0)" + (": no version beats it" if held.none_beats_base else "")
+        rows.append([name, held_score(held, 0), 0, "-", "-", "-", *(["the baseline"] if notes else []),
                      *_reward_cells(scores[0], names)])
     return rows
+
+
+def _notes_shown(view) -> bool:
+    """Whether the table has a note column: only a resumed run's superseded versions have notes, and an empty
+    column would take a fifth of the width from the held-out reward columns at 1440 px."""
+    return bool(getattr(view, "superseded", None))
+
+
+def held_score(held, version: int) -> str:
+    """A version's held-out score in the table: under the run's rule, as the header and the picker say it."""
+    return held.score_text(version) if held is not None and version in held.scores else "-"
 
 
 def _reward_cells(score, names: list[str]) -> list:

@@ -40,7 +40,8 @@ REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapte
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
 VIEW_INPUTS = ["run_pick", "roles", "log_query", "x_axis", "smoothing", "sample_steps", "sample_prompt"]
 DRAWN = [*PLOT_IDS, "bottleneck", "status", "adapters", "replicas", live.LOG_KEY, "cost", "change", "samples",
-         "sample_steps", "sample_prompt", "version_pick", "try_picks", "config", "final", "roles", "drawn"]
+         "sample_steps", "sample_prompt", "version_pick", "version_msg", "try_picks", "config", "final", "roles",
+         "drawn"]
 # A run's actions, shown as fit it (`run_actions`).
 ACTIONS = ["cancel", "cancel_sweep", "open_sweep", "resume", "resume_confirm"]
 ALL_OF_THE_STEP = ("all prompts of the step", "")     # the follow picker's "follow nothing"

@@ -101,6 +101,19 @@ def executor_choices(executors: list[str]) -> list[tuple[str, str]]:
     return [(engine(name).choice or name, name) for name in executors]
 
 
+def run_on_help(executors: list[str]) -> str:
+    """*Run on*'s help: what each choice means where its name does not say it ("This machine: local processes ·
+    Hugging Face Jobs: billed per hour, with your Hugging Face token"), never a name repeated as its own meaning."""
+    parts = []
+    for label, name in executor_choices(executors):
+        where = engine(name)
+        said = [where.label] if where.label and where.label.lower() != label.lower() else []
+        said += ["billed per hour"] if where.billed else []
+        said += ["with your Hugging Face token"] if where.needs_token else []
+        parts.append(f"{label}: {', '.join(said)}" if said else label)
+    return " · ".join(parts)
+
+
 def _first_fields(initial: dict, executors: list[str]) -> dict:
     """The fields of the first screen, beside Launch: name, model, the settings changed first, where and how."""
     f = {}
@@ -110,8 +123,7 @@ def _first_fields(initial: dict, executors: list[str]) -> dict:
     with gr.Row():
         f["executor"] = gr.Radio(executor_choices(executors), value=initial["executor"], label="Run on",
                                  elem_id="f-executor",
-                                 info=" · ".join(f"{label}: {engine(name).label}"
-                                                 for label, name in executor_choices(executors)))
+                                 info=run_on_help(executors))
         f["mode"] = gr.Radio(["colocated", "distributed"], value=initial["mode"], label="Mode", elem_id="f-mode",
                              info="colocated: one job, vLLM inside the trainer · distributed: trainer + vLLM replicas")
     return f

@@ -11,8 +11,11 @@ adapter alike).
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from backend.outcome.best_version import ChoiceError, choose
+from backend.runtime.redact import redact_tokens
 from backend.view.axes import run_start
 from panel import charts, dashboard, spend_view
+from panel.markdown import masked
 
 LOG_KEY = "log"
 # Sent with a session's first draw of a run and then only when the session asks (a picker's choices, when it is
@@ -102,11 +105,32 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
         cost = "\n\n".join(filter(None, (dashboard.start_up_line(view), spend_view.cost_line(panel, run_id,
                                                                                           visitor, view))))
         final = panel.final_adapter(run_id, visitor) if view.final_files else None
-        return {"cost": (cost, cost), "final": (final, final)}
+        return {"cost": (cost, cost), "final": (final, final), "version_msg": version_line(view, shown)}
 
     return dashboard_update(panel, run_id, state, visitor, role, query, x=axis, smoothing=smoothing,
                             dollars=corners, pick=pick, extra=extra, follow=follow, shown=shown,
                             title=lambda view: panel.run_title(run_id, visitor, view))
+
+
+def version_line(view, shown: str | None) -> tuple:
+    """(key, value) of the line under the version picker: which version the picked one is, its held-out score by
+    the run's rule beside the base model's, and the alert if one fired. Said again whenever the held-out scores
+    move, so its counts and comparisons are the current ones, not those of the moment it was picked."""
+    held = view.held_out
+    key = (shown, held.evaluated, held.best_version, held.baseline, tuple(sorted(held.rule.items())),
+           bool(view.final_files), len(view.adapters))
+    if not shown:
+        return key, ""
+
+    def text() -> str:
+        try:
+            return redact_tokens(choose(view, shown).why)
+        except ChoiceError as exc:
+            return f"**No download.** {masked(str(exc))}"
+        except OSError:     # the bucket not answering now: the line is said again on the next change
+            return ""
+
+    return key, text
 
 
 def _with_digest(value) -> tuple:

@@ -42,6 +42,11 @@ CSS += """
 .dark .js-plotly-plot .gridlayer path, .dark .js-plotly-plot .zerolinelayer path { stroke: #374151 !important; }
 .dark .js-plotly-plot .legend .bg { fill: transparent !important; }
 """
+# On a phone's width plotly's toolbar (zoom, pan, download) covers the chart's lines and legend: hidden there; a chart
+# still zooms by dragging and resets by a double tap.
+CSS += """
+@media (max-width: 640px) { .js-plotly-plot .modebar-container { display: none !important; } }
+"""
 # A jump bar's link scrolls to its section in place: followed, '#id' would resolve against the page's base address and
 # reload the page without its `?run=`.
 JUMP_TO_SECTION = """document.addEventListener('click', (e) => {

@@ -329,3 +329,102 @@ def test_the_runs_list_shows_each_runs_best_held_out_version_from_its_best_json_
     with open(os.path.join(run.run_dir, layout.BEST_DIR, "best.json"), "w") as f:
         json.dump({"policy_version": 3, "score": 0.0}, f)       # a stale best.json is not what an open run shows
     assert cells()[run.spec.run_id] == "0.260 · v7"
+
+
+def _csv_rows(path: str) -> dict[str, dict]:
+    import csv
+
+    with open(path, newline="") as f:
+        return {row["adapter"]: row for row in csv.DictReader(f)}
+
+
+def test_one_number_per_version_in_the_header_the_table_the_picker_and_the_csv_under_the_runs_rule(panel, run):
+    view = panel.view(run.spec.run_id)
+    view.refresh()
+    # A rule that weighs the monitor too: each version's score under it is 1.5 x its trained score.
+    assert "**trl-policy-v7** (0.780, base model" not in panel.set_best_by(run.spec.run_id, "digits=1, accuracy=1")
+    view.refresh()
+    header = dashboard.status_markdown(view)
+    table = {row[0]: row[1] for row in dashboard.adapter_rows(view)}
+    picker = {value: label for label, value in version_choices(view)}
+    csv_rows = _csv_rows(panel.heldout_csv(run.spec.run_id))
+    assert "best **trl-policy-v7** (held-out 0.780) by held-out 1 x digits + 1 x accuracy" in header, header
+    assert table["trl-policy-v7"] == "★ best 0.780" and table["trl-policy-v3"] == "0.465"
+    assert picker["best"] == "best: trl-policy-v7 (held-out 0.780)"
+    assert picker["trl-policy-v3"].endswith("held-out 0.465")
+    assert f"{float(csv_rows['trl-policy-v7']['held_out_score']):.3f}" == "0.780"
+    assert f"{float(csv_rows['trl-policy-v3']['held_out_score']):.3f}" == "0.465"
+    v7 = csv_rows["trl-policy-v7"]
+    assert v7["best_by"] == "held-out 1 x digits + 1 x accuracy" and v7["best"] == "yes"
+    assert float(v7["trained_score"]) == 0.52, "the trained score is named so, apart from the rule's"
+    assert float(v7["accuracy training weight"]) == 0.0 and float(v7["accuracy rule weight"]) == 1.0
+    chart = dashboard.CHARTS["heldout"][1](view, dashboard.charts.ChartOptions())
+    drawn = {trace["name"]: trace for trace in chart["data"]}
+    held_line = drawn["held-out score (held-out 1 x digits + 1 x accuracy)"]
+    assert held_line["y"][held_line["text"].index("v7")] == 0.78, "the chart draws the score that decided"
+    assert "trained score" in drawn
+    # The version line reads the current count: a version evaluated since the pick is counted.
+    line = panel_version_line(view, "best")
+    assert "of 10 evaluated versions" in line
+    _write_records_after(run, {11: 0.30})
+    view.refresh()
+    assert "of 11 evaluated versions" in panel_version_line(view, "best")
+
+
+def panel_version_line(view, choice: str) -> str:
+    from panel.live import version_line
+
+    _key, text = version_line(view, choice)
+    return text()
+
+
+def _write_records_after(run: SyntheticRun, scores: dict[int, float]) -> None:
+    folder = os.path.join(run.run_dir, layout.EVALS_DIR)
+    seq = len(os.listdir(folder))
+    for version, score in sorted(scores.items()):
+        with open(os.path.join(folder, layout.fragment_name("trainer", seq)), "w") as f:
+            f.write(json.dumps({"time": run.t0 + version, "step": 20 * version, "policy_version": version,
+                                "score": score, "score_std": 0.05,
+                                "rewards": {"digits": {"mean": score, "std": 0.05, "weight": 1.0},
+                                            "accuracy": {"mean": score / 2, "std": 0.1, "weight": 0.0}}}) + "\n")
+        seq += 1
+
+
+def test_when_no_version_beats_the_base_model_nothing_is_picked_and_final_says_the_alert_and_the_base_score(panel):
+    hacked = SyntheticRun(panel.settings.home, 30)
+    folder = os.path.join(hacked.run_dir, layout.EVALS_DIR)
+    os.makedirs(folder)
+    # The trained reward (digits) rises while the watched one (distinct) falls, and the rule weighs both: no version
+    # beats the base model under it, and the newest one's answers are one digit repeated.
+    with open(os.path.join(folder, layout.fragment_name("trainer", 0)), "w") as f:
+        for v in range(6):
+            digits, distinct = 0.1 + 0.15 * v, 0.9 - 0.16 * v
+            f.write(json.dumps({
+                "time": hacked.t0 + v, "step": 20 * v, "policy_version": v, "score": digits, "score_std": 0.05,
+                "rewards": {"digits": {"mean": digits, "std": 0.1, "weight": 1.0},
+                            "distinct": {"mean": distinct, "std": 0.1, "weight": 0.0}},
+                "samples": [{"prompt_index": i, "prompt": f"p{i}",
+                             "completion": "8888888888" if v == 5 else f"{i} 5 7 b"} for i in range(4)]}) + "\n")
+    final = os.path.join(hacked.run_dir, layout.FINAL_DIR)
+    os.makedirs(final)
+    for name, data in (("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"gamed weights")):
+        with open(os.path.join(final, name), "wb") as f:
+            f.write(data)
+    run_id = hacked.spec.run_id
+    assert "no version beats the base model" in panel.set_best_by(run_id, "digits=1, distinct=1")
+    view = panel.view(run_id)
+    view.refresh()
+    view.final_files = __import__("backend.storage.observers", fromlist=["x"]).final_adapter_files(view.store, run_id)
+    assert view.final_files and view.held_out.none_beats_base
+    assert default_choice(view) is None, "nothing is picked for a download or a push"
+    assert next(value for _label, value in version_choices(view)) == "final", "final/ can still be picked by hand"
+    with pytest.raises(ChoiceError, match="no version beats the base model"):
+        panel.adapter_version_zip(run_id, None)
+    path, chosen = panel.adapter_version_zip(run_id, "final")
+    assert "the base model's held-out score, best by held-out 1 x digits + 1 x distinct: 1.000" in chosen.why
+    assert "No version beats the base model" in chosen.why and "Reward hacking suspected" in chosen.why, chosen.why
+    card = zipfile.ZipFile(path).read("README.md").decode()
+    assert "▲ **Warning:** reward hacking suspected" in card
+    assert "| base model's held-out score by the rule | 1 |" in card
+    assert "| best version by (the rule) | held-out 1 x digits + 1 x distinct |" in card
+    assert "version.json" in zipfile.ZipFile(path).namelist()

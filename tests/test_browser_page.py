@@ -385,7 +385,9 @@ def test_a_runs_held_out_scores_download_as_a_csv_whose_rows_are_its_evaluation_
     by_version = {r["policy_version"]: r for r in records}
     for row in rows:
         record = by_version[int(row["version"])]
-        assert int(row["step"]) == record["step"] and float(row["score"]) == pytest.approx(record["score"])
+        assert int(row["step"]) == record["step"] and float(row["trained_score"]) == pytest.approx(record["score"])
+        # The run's rule is the default (the trained score): its held-out score is the trained one.
+        assert float(row["held_out_score"]) == pytest.approx(record["score"]) and row["best_by"]
         for name, reward in record["rewards"].items():
             assert float(row[f"{name} mean"]) == pytest.approx(reward["mean"]), (row, name)
     assert sum(row["best"] == "yes" for row in rows) <= 1
@@ -501,3 +503,38 @@ def test_try_its_answers_show_every_picked_version_side_by_side_at_1440(panel, b
     for head in heads:
         assert 0 <= head["left"] and head["right"] <= min(head["table"], head["window"]) + 1, \
             f"column {head['text']!r} at {head}: cut off"
+
+
+# Each header cell of the adapters table: its text and right edge, and the window's width.
+HEADER_EDGES = """() => {
+    const cells = [...document.querySelectorAll('#adapters-table thead th')];
+    return {cells: cells.map(c => [c.innerText.trim(), c.getBoundingClientRect().right]), window: window.innerWidth};
+}"""
+
+
+def test_the_adapters_tables_monitor_columns_are_in_view_at_1440_and_no_chart_toolbar_covers_a_chart_at_390(app,
+                                                                                                     browser):
+    url, home, _ = app
+    run = SyntheticRun(str(home), 64, evals=True).complete()
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    try:
+        page.goto(url)
+        page.locator("#launch-btn").wait_for(state="visible", timeout=60000)
+        pick_run(page, run.spec.run_id)
+        page.locator("#jump-bar a", has_text="Adapters").click()
+        page.wait_for_function(f"() => ({HEADER_EDGES})().cells.some(c => c[0].includes('(monitor)'))",
+                               timeout=30000)
+        seen = page.evaluate(HEADER_EDGES)
+        names = [name for name, _ in seen["cells"]]
+        assert "note" not in names, f"an empty note column takes the width: {names}"
+        monitors = [(name, right) for name, right in seen["cells"] if "(monitor)" in name]
+        assert monitors and all(right <= seen["window"] for _, right in monitors), seen
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.locator("#reward-plot").scroll_into_view_if_needed()
+        page.locator("#reward-plot").hover()
+        # Plotly draws its toolbar (zoom, pan, download) over the chart's top right corner, shown on hover.
+        widths = page.evaluate("() => [...document.querySelectorAll('#reward-plot .modebar')]"
+                               ".map(e => e.getBoundingClientRect().width)")
+        assert widths and not any(widths), f"plotly's toolbar covers the chart on a phone: {widths}"
+    finally:
+        page.close()

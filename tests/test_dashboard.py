@@ -31,6 +31,16 @@ def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
         ("trl-policy-v3", 2, "vllm-0, vllm-1"), ("trl-policy-v2", 1, "vllm-0"), ("trl-policy-v1", "-", "-")]
     assert rows[0][4] == 0.041
     assert [r[6] for r in rows] == ["", "", "superseded: the run resumed from step 4"]
+    plain = _view(adapters=adapters, first_step=first_step, replica_stats=stats)
+    assert "note" not in dashboard.adapter_headers(plain), "an empty note column takes room from the rewards"
+    assert len(dashboard.adapter_rows(plain)[0]) == len(dashboard.adapter_headers(plain)) == 6
+
+
+def test_the_run_on_help_says_what_each_choice_means_never_a_name_as_its_own_meaning():
+    from panel.launch_view import run_on_help
+
+    said = run_on_help(["local", "hf_jobs"])
+    assert said == "This machine: local processes · Hugging Face Jobs: billed per hour, with your Hugging Face token"
 
 
 def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
@@ -247,11 +257,11 @@ def test_a_starting_run_says_its_start_up_stage_with_elapsed_time_until_its_firs
     def line(now=1041.0):
         return dashboard.start_up_line(view, now)
 
-    assert line() == "◌ Starting: **waiting for a machine (scheduling)** (41 s since launch)"
+    assert line() == "◌ Starting: **waiting for a machine (scheduling)**", "the cost line beside it says the time"
     trainer.status = JobStatus("RUNNING")
     assert "**starting the trainer job**" in line()
     view.events.append({"writer": "trainer", "event": "attempt", "role": "trainer", "time": 1010.0})
-    assert line() == "◌ Starting: **building the model** for 31 s (41 s since launch)"
+    assert line() == "◌ Starting: **building the model** for 31 s"
     trainer.logs.append("builtin:tiny-qwen2 ready at /tmp/m (3.2 s)")
     assert "**loading the data and the model** for 31 s" in line()
     view.events.append({"writer": "trainer", "event": "engine", "engine": "transformers", "time": 1030.0})

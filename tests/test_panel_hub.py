@@ -322,18 +322,18 @@ def test_a_sweep_launched_twice_with_the_same_review_code_answers_the_first_and_
     assert len(hub.job_posts()) == posts and _cancels(hub) == [], "the retry submits and cancels nothing"
     assert {hub.jobs[job_id].stage for job_id in jobs} == {"RUNNING"}, "the first sweep's fleet and members run on"
 
+    # Other settings under the same sweep id: its members' ids name runs already, refused at the preview (one run id
+    # names one run), so no review code for them exists to launch with.
     other = panel.preview({**SWEEP_FORM, "max_steps": 7}, sweep=reviewed)
-    assert other.sweep_id == shown.sweep_id and other.fingerprint != shown.fingerprint
-    refused = panel.launch({**SWEEP_FORM, "max_steps": 7}, confirmed=other.fingerprint, sweep=reviewed)
-    assert refused.run_id is None and not refused.already, refused.message
-    assert f"sweep id {shown.sweep_id} is already used" in refused.message and "other settings" in refused.message
+    assert other.fingerprint is None and other.fields == ("run_ids",), other.markdown
+    assert "already" in other.markdown and "Nothing was launched" in other.markdown, other.markdown
     assert len(hub.job_posts()) == posts and _cancels(hub) == []
     assert {hub.jobs[job_id].stage for job_id in jobs} == {"RUNNING"}
     record = json.loads(hub.buckets["alice/grpo-runs"].files[f"sweeps/{shown.sweep_id}.json"].data)
     assert (record["state"], record["review_code"]) == ("launched", shown.fingerprint), record
 
 
-def test_a_sweep_launch_failing_half_way_cancels_only_the_jobs_it_submitted(hub, make_panel):
+def test_a_sweep_launch_failing_half_way_cancels_only_the_jobs_it_submitted(hub, make_panel, monkeypatch):
     """A member's trainer submission fails (the Hub creates the job and answers 504): the launch cancels the fleet's
     replicas and the members' trainers it submitted, and the job the failed answer created (found by the member's
     label, created since the launch began), and nothing else: stand-ins of an earlier launch carrying the fleet's
@@ -355,6 +355,9 @@ def test_a_sweep_launch_failing_half_way_cancels_only_the_jobs_it_submitted(hub,
     hub.clock = lambda: time.time() - 600           # an earlier launch, ten minutes ago
     stand_ins = [earlier(shown.sweep_id, "vllm-0"), earlier(shown.run_ids[1], "trainer")]
     hub.clock = time.time
+    # The stand-ins' ids name runs, so a launch now refuses these ids (one run id, one run: issue 46); they stand for
+    # jobs of the same labels that the launch's id check could not see (the Hub lists new jobs late).
+    monkeypatch.setattr(panel.operations, "sweep_ids_taken", lambda *args: [])
     # Job posts: the two stand-ins, the fleet's two replicas, m0's trainer, then m1's: created, answered 504.
     hub.create_then_fail_nth_job_submission(6, status=504)
     result = panel.launch(SWEEP_FORM, confirmed=shown.fingerprint,

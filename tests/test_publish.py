@@ -54,11 +54,12 @@ def test_the_final_adapter_and_a_card_of_the_run_are_pushed_to_a_private_repo(hu
     message = publish_view.push(panel, run_id, repo_id, True, alice)
     assert message.startswith(f"Pushed the final adapter of run {run_id} (alice on Hugging Face Jobs) to "
                               "[alice/math-grpo-lora]"), message
-    assert "(private): 2 file(s) and a model card" in message
+    assert "(private): 3 file(s) and a model card" in message, "the adapter's two files and its version.json"
 
     repo = hub.repos["alice/math-grpo-lora"]
     assert repo.private and repo.type == "model"
     assert {p: repo.files[p] for p in ADAPTER} == ADAPTER, "the bucket's bytes, unchanged"
+    assert json.loads(repo.files["version.json"])["run_id"] == run_id, "which version it is, also from final/"
     assert repo.lfs == {"adapter_model.safetensors"}, "weights went through the LFS/Xet path"
     assert ("lfs-upload", "alice/math-grpo-lora", "adapter_model.safetensors") in hub.transfers
     posts = [r.path for r in hub.requests if r.method == "POST" and "/api/" in r.path]
@@ -138,9 +139,11 @@ def test_the_best_version_is_pushed_by_default_from_the_page_with_a_card_saying_
     card = repo.files["README.md"].decode()
     for text in ("## Which version", "| version | trl-policy-v2 |", "| step | 2 |",
                  ("the best version, trl-policy-v2 at step 2: highest held-out score (weighted held-out reward: "
-                  "format x0.5) of 3 evaluated versions (equal scores: the earliest version wins), held-out score "
-                  "0.600 ± 0.100"),
-                 "| held-out score | 0.6 ± 0.1 (weighted held-out reward: format x0.5) |",
+                  "format x0.5) of 3 evaluated versions (equal scores: the earliest version wins); held-out score "
+                  "0.600 ± 0.100 (best by the trained rewards' weighted score)"),
+                 "| best version by (the rule) | the trained rewards' weighted score |",
+                 "| held-out score by the rule | 0.600 ± 0.100 |",
+                 "| trained score (held-out) | 0.6 ± 0.1 (weighted held-out reward: format x0.5) |",
                  "| held-out `accuracy` | mean 0.25, solved 25% (watched, weight 0) |"):
         assert text in card, (text, card[card.find("## Which version"):][:1500])
     assert hub.repos["alice/math-grpo-v2"].files["adapter_model.safetensors"].endswith(b" best")

@@ -131,7 +131,9 @@ def test_downloads_and_pushes_from_the_page_take_only_the_adapters_own_files(lin
         assert zips["trl-policy-v3"]["adapter_model.safetensors"] == V3_WEIGHTS, "the real files are zipped"
         assert set(zips["trl-policy-v3"]) == {"adapter_config.json", "adapter_model.safetensors", "version.json",
                                               "README.md"}, "the adapter's own files and the card a push writes"
-        assert set(zips["final"]) == set(zips["best"]) == {*layout.ADAPTER_FILES, "README.md"}
+        # final/ and best/ hold no version.json of their own here: the panel writes what the run's records know.
+        assert set(zips["final"]) == set(zips["best"]) == {*layout.ADAPTER_FILES, "version.json", "README.md"}
+        assert "the panel" in json.loads(zips["final"]["version.json"])["written_by"]
         assert zips["trl-policy-v5"] is None, "a version folder that is a link is not there"
 
         pushed = {}
@@ -143,7 +145,7 @@ def test_downloads_and_pushes_from_the_page_take_only_the_adapters_own_files(lin
                 assert_only_the_adapters_own(hub.repos[repo_id].files, f"the {choice} push", card=True)
         assert pushed["trl-policy-v3"].startswith("Pushed") and pushed["final"].startswith("Pushed"), pushed
         assert hub.repos["alice/links-v3"].files["adapter_model.safetensors"] == V3_WEIGHTS
-        assert set(hub.repos["alice/links-final"].files) == {*layout.ADAPTER_FILES, "README.md"}
+        assert set(hub.repos["alice/links-final"].files) == {*layout.ADAPTER_FILES, "version.json", "README.md"}
         assert pushed["trl-policy-v5"].startswith("**Not pushed.**"), pushed["trl-policy-v5"]
         assert "alice/links-v5" not in hub.repos
     for name in os.listdir(panel.downloads):

@@ -58,7 +58,10 @@ def test_the_zip_and_the_push_ship_the_same_files_and_card_naming_the_builtin_mo
 
     push_adapter("r1", shipped_adapter(registry, view, chosen, "alice/tiny-lora"), "alice/tiny-lora", ALICE)
     pushed = hub.repos["alice/tiny-lora"].files
-    assert sorted(in_zip) == ["README.md", "adapter_config.json", "adapter_model.safetensors"], "no optimizer.pt"
+    assert sorted(in_zip) == ["README.md", "adapter_config.json", "adapter_model.safetensors",
+                              "version.json"], "no optimizer.pt"
+    said = json.loads(in_zip["version.json"])      # final/ held none: the panel writes what the records know
+    assert said["name"] == chosen.name and said["run_id"] == "r1" and "panel" in said["written_by"]
     assert {name: pushed[name] for name in in_zip} == in_zip, "the zip holds exactly what the push committed"
     assert json.loads(in_zip["adapter_config.json"])["base_model_name_or_path"] == "builtin:tiny-qwen2"
     assert json.loads(in_zip["adapter_config.json"])["r"] == 8 and in_zip["adapter_model.safetensors"] == WEIGHTS

@@ -257,6 +257,17 @@ class HeldOut:
         score = self._scored.get(version)
         return self._published().get(version) if score is None and version not in self._scored else score
 
+    def score_text(self, version: int | None) -> str:
+        """A version's held-out score as every view says it (the header, the adapters table, the picker, the
+        version line, the card): its score under the rule in force, with its spread over prompts under the default
+        rule (whose score is the record's own); '-' where it has none. One function, so they all say one number."""
+        value = self.rule_score(version) if version is not None else None
+        if value is None:
+            return "-"
+        score = self.scores.get(version)
+        spread = score.score_std if not self.rule and score is not None else None
+        return f"{value:.3f}" + (f" ± {spread:.3f}" if spread is not None else "")
+
     @property
     def baseline(self) -> float | None:
         """The base model's (version 0's) score under the rule; None when it was not evaluated."""
@@ -419,6 +430,8 @@ def metric_name(spec: dict) -> str:
 
 
 def score_text(score: HeldOutScore | None) -> str:
+    """A record's own score (the trained rewards' weighted held-out score): where shown apart from the rule's, it is
+    named "trained score"; the held-out score a view shows is `HeldOut.score_text`'s."""
     if score is None:
         return "-"
     return f"{score.score:.3f}" + (f" ± {score.score_std:.3f}" if score.score_std is not None else "")
@@ -433,9 +446,13 @@ class ChosenAdapter:
     version: int | None
     step: int | None
     files: list[StoredFile]
-    why: str                       # which version it is and why it was chosen, one sentence
+    why: str                       # which version it is and why it was chosen, its standing, the alert, if any
     score: HeldOutScore | None = None
     metric: str = ""
+    rule: str = ""                 # the run's best-by rule in words
+    rule_score: str = "-"          # the version's held-out score under it (`HeldOut.score_text`)
+    baseline: float | None = None  # the base model's score under it (None: not evaluated)
+    alert: str = ""                # the reward-hacking alert of the run, where one fired
 
 
 def published(view, version: int):
@@ -465,70 +482,105 @@ def _final_version(view) -> int | None:
 
 
 def default_choice(view) -> str | None:
-    """The best version when an evaluation exists and its adapter is there, else final/, else None."""
+    """The best version when an evaluation exists and its adapter is there, else final/, else None; None also when
+    versions were evaluated and none beats the base model: nothing is picked for a download or a push then (final/
+    would be the most trained, perhaps the most gamed, version)."""
     held = view.held_out
     if held.best_version is not None and (held.best_files or held.best_version in view.adapters):
         return BEST
+    if held.none_beats_base:
+        return None
     return FINAL if view.final_files else None
 
 
 def version_choices(view, shown: int = CHOICES_SHOWN) -> list[tuple[str, str]]:
-    """(label, value) for a picker: the best version, final/, then the newest versions with their scores."""
+    """(label, value) for a picker: the best version, final/, then the newest versions with their held-out scores
+    under the run's rule (`HeldOut.score_text`: the number the header and the adapters table show)."""
     held, out = view.held_out, []
     best = held.best_version
     if best is not None and (held.best_files or best in view.adapters):
-        out.append((f"best: {_name(view, best)} (held-out {score_text(held.scores.get(best))})", BEST))
+        out.append((f"best: {_name(view, best)} (held-out {held.score_text(best)})", BEST))
     if view.final_files:
         version = _final_version(view)
-        out.append((f"final/ ({_name(view, version)})" if version is not None else "final/", FINAL))
+        label = f"final/ ({_name(view, version)})" if version is not None else "final/"
+        if version is not None and version in held.scores:
+            label += f" · held-out {held.score_text(version)}"
+        out.append((label, FINAL))
     for v in view.newest_adapters(shown):
-        score = held.scores.get(v.version)
         label = v.name + (f" · step {v.step}" if v.step is not None else "")
-        out.append((label + (f" · held-out {score_text(score)}" if score else ""), v.name))
+        out.append((label + (f" · held-out {held.score_text(v.version)}" if v.version in held.scores else ""), v.name))
     return out
 
 
+NOTHING_PICKED = ("no version beats the base model by {rule}, so none is picked for you: pick final/ or a version "
+                  "by hand, knowing that")
+
+
 def choose(view, choice: str | None) -> ChosenAdapter:
-    """The adapter `choice` names (None or "": the default), with its files; ChoiceError when there is none."""
-    choice = (choice or "").strip() or default_choice(view) or FINAL
+    """The adapter `choice` names (None or "": the default), with its files; ChoiceError when there is none (also
+    for the default where no version beats the base model: `default_choice`)."""
     held, metric = view.held_out, metric_name(view.spec)
+    choice = (choice or "").strip() or default_choice(view)
+    if not choice:
+        if held.none_beats_base:
+            raise ChoiceError(NOTHING_PICKED.format(rule=rule_text(held.rule)))
+        choice = FINAL
     best = held.best_version
     if choice == FINAL:
         if not view.final_files:
             raise ChoiceError(f"run {view.run_id} has no final adapter yet: final/ is written when training ends")
         version = _final_version(view)
         step = view.trainer_end.get("step") if type(view.trainer_end.get("step")) is int else None
-        score = held.scores.get(version) if version is not None else None
         why = "final/: the last adapter, written when training ended" + (f" at step {step}" if step else "")
-        if score is not None:
-            why += f" (held-out score {score_text(score)}, {metric})"
         name = _name(view, version) if version is not None else FINAL
-        return ChosenAdapter(FINAL, name, version, step, view.final_files, why + ".", score, metric)
+        return _chosen(view, FINAL, name, version, step, view.final_files, why)
     if choice == BEST:
         if best is None:
-            raise ChoiceError(f"run {view.run_id} has no held-out evaluation yet, so no best version: pick final/ "
-                              "or a version")
-        chosen = _version_files(view, best)
-        score = held.scores.get(best)
-        why = (f"the best version, {_name(view, best)} at step {_version_step(view, best)}: {held.why(metric)}"
-               + (f", held-out score {score_text(score)}" if score else "") + ".")
-        return ChosenAdapter(BEST, _name(view, best), best, _version_step(view, best), chosen, why, score,
-                             metric)
+            what = ("no version beats the base model by " + rule_text(held.rule) if held.none_beats_base
+                    else "no held-out evaluation yet")
+            raise ChoiceError(f"run {view.run_id} has {what}, so no best version: pick final/ or a version")
+        why = f"the best version, {_name(view, best)} at step {_version_step(view, best)}: {held.why(metric)}"
+        return _chosen(view, BEST, _name(view, best), best, _version_step(view, best), _version_files(view, best), why)
     version = layout.adapter_version(choice, layout.spec_member(view.spec))
     if version is None or published(view, version) is None:
         raise ChoiceError(f"version: run {view.run_id} published no adapter {choice[:80]!r}; pick best, final/ or one "
                           "of the versions listed in the adapters table")
-    files = _version_files(view, version)
-    score = held.scores.get(version)
     why = f"{choice} at step {_version_step(view, version)}, picked by hand"
-    if score is not None:
-        why += f": held-out score {score_text(score)} ({metric})"
-        if best is not None and best != version:
-            why += f"; the best is {_name(view, best)} ({score_text(held.scores.get(best))})"
-        elif best == version:
-            why += f"; it is the best version ({held.why(metric)})"
-    return ChosenAdapter(choice, choice, version, _version_step(view, version), files, why + ".", score, metric)
+    after = ""
+    if best is not None and best != version and version in held.scores:
+        after = f"; the best is {_name(view, best)} ({held.score_text(best)})"
+    elif best == version:
+        after = f"; it is the best version ({held.why(metric)})"
+    return _chosen(view, choice, choice, version, _version_step(view, version), _version_files(view, version), why,
+                   after, ": ")
 
+
+def _chosen(view, choice: str, name: str, version: int | None, step: int | None, files: list[StoredFile],
+            why: str, after: str = "", sep: str = "; ") -> ChosenAdapter:
+    """The chosen adapter with its standing: its held-out score under the run's rule beside the base model's, and
+    the reward-hacking alert where one fired (the version line, the zip's and the push's card say them all)."""
+    from backend.view.hacking import hacking_sign  # noqa: PLC0415 the view layer reads the outcome's records
+
+    held, metric = view.held_out, metric_name(view.spec)
+    rule = rule_text(held.rule)
+    score = held.scores.get(version) if version is not None else None
+    shown = held.score_text(version) if score is not None else "-"
+    if score is not None:
+        why += f"{sep}held-out score {shown} (best by {rule})"
+        if held.baseline is not None:
+            verdict = ("above" if (held.rule_score(version) or 0) > held.baseline + EPSILON else "not above")
+            why += f", {verdict} the base model's {held.baseline:.3f}"
+    elif held.baseline is not None:
+        why += f"{sep}not evaluated (the base model's held-out score, best by {rule}: {held.baseline:.3f})"
+    why += after
+    if held.none_beats_base:
+        why += f". No version beats the base model by {rule}"
+    sign = hacking_sign(held) if held.scores else None
+    alert = sign.message if sign is not None else ""
+    if alert:
+        why += f". ▲ {alert[0].upper()}{alert[1:]}"
+    return ChosenAdapter(choice, name, version, step, files, why.rstrip(".") + ".", score, metric, rule, shown,
+                         held.baseline, alert)
 
 
 def _name(view, version: int) -> str:

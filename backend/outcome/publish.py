@@ -28,7 +28,7 @@ from backend.plan.spec import HUB_ID, bucket_name_problem
 from backend.plan.vllm_args import VLLM_LORA_RANKS, round_lora_rank
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
-from backend.runtime.tiny_model import TINY_MODEL
+from backend.runtime.tiny_model import TINY_MODEL, TINY_MODELS
 from backend.runtime.user_code import reward_function_names
 from backend.storage.observers import shipped
 
@@ -123,6 +123,13 @@ def shipped_adapter(registry, view, chosen, repo_id: str) -> dict[str, bytes]:
                            f"(both {' and '.join(layout.ADAPTER_FILES)})")
     out = {posixpath.basename(f.path): view.store.read_bytes(f.path) for f in files}
     out["adapter_config.json"] = portable_config(out["adapter_config.json"], view.spec)
+    if layout.ADAPTER_META_FILE not in out:
+        # Every shipped adapter says which version it is, also one whose folder holds no version.json (a serving
+        # copy, a sweep member's adapter): what the run's records know of it.
+        out[layout.ADAPTER_META_FILE] = (json.dumps({
+            "name": chosen.name, "version": chosen.version, "step": chosen.step, "run_id": view.run_id,
+            "written_by": "the panel, from the run's records (the adapter's folder held no version.json)"},
+            indent=2) + "\n").encode()
     out["README.md"] = run_card(registry, view, chosen, repo_id).encode()
     return out
 
@@ -158,14 +165,21 @@ def model_card(spec: dict, facts: RunFacts, repo_id: str, chosen=None) -> str:
 
 
 def _which_version(chosen) -> list[str]:
-    """The card's "Which version" section: the version, its step, why it was chosen, its held-out score."""
-    rows = [("version", chosen.name), ("step", _num(chosen.step)), ("why this one", chosen.why)]
+    """The card's "Which version" section: the version, its step, why it was chosen, the run's best-by rule, its
+    held-out score under that rule beside the base model's, the reward-hacking alert if one fired, and its trained
+    score (named so) and each held-out reward."""
+    rows = [("version", chosen.name), ("step", _num(chosen.step)), ("why this one", chosen.why),
+            ("best version by (the rule)", chosen.rule or "-"),
+            ("held-out score by the rule", chosen.rule_score),
+            ("base model's held-out score by the rule", _num(chosen.baseline) if chosen.baseline is not None
+             else "not evaluated")]
     if chosen.score is not None:
         std = f" ± {chosen.score.score_std:.4g}" if chosen.score.score_std is not None else ""
-        rows.append(("held-out score", f"{chosen.score.score:.4g}{std} ({chosen.metric})"))
+        rows.append(("trained score (held-out)", f"{chosen.score.score:.4g}{std} ({chosen.metric})"))
         rows += [(f"held-out `{name}`", _reward_cell(part)) for name, part in sorted(chosen.score.rewards.items())
                  if isinstance(part, dict)]
-    return ["## Which version", "", *_table(("", ""), rows), ""]
+    alert = ["> ▲ **Warning:** " + chosen.alert.replace("\n", " "), ""] if chosen.alert else []
+    return ["## Which version", "", *alert, *_table(("", ""), rows), ""]
 
 
 def _reward_cell(part: dict) -> str:
@@ -257,11 +271,12 @@ def _usage(spec: dict, repo_id: str, hub_base: str | None) -> list[str]:
     seed = spec.get("seed")
     if hub_base:
         base, note = hub_base, []
-    elif spec.get("model") == TINY_MODEL:
-        base = layout.BASE_MODEL_DIR
-        note = [(f"The base model is the panel's builtin tiny random model ({TINY_MODEL}, seed {seed}): the run "
-                 f"keeps it in `{base}/` of its bucket folder, and `python -m runtime.tiny_model --out {base} "
-                 f"--seed {seed}` in the run's `code/` folder builds it again."), ""]
+    elif spec.get("model") in TINY_MODELS:
+        base, name = layout.BASE_MODEL_DIR, spec["model"]
+        note = [(f"The base model is the panel's builtin tiny model ({name}, seed {seed}): the run keeps it in "
+                 f"`{base}/` of its bucket folder, and `python -m runtime.tiny_model --out {base} --seed {seed}"
+                 + (f" --name {name}" if name != TINY_MODEL else "")
+                 + "` in the run's `code/` folder builds it again."), ""]
     else:
         base = base_model_name(spec)
         note = [(f"The base model was a local model folder named {_code(base)} on the machine that trained it (not "
