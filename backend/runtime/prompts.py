@@ -9,34 +9,12 @@ on, for the held-out evaluation.
 """
 
 BUILTIN_PREFIX = "builtin:"
-COUNT_ON = "count-on"     # the default demo's task: an exact answer (the next number of a count)
 TARGET_LENGTH = 8
 ROWS_PER_SET = 64
-
-
-
-def count_on(start: int, length: int) -> str:
-    """'Count on: 3 4 5': the question whose exact answer is the count's next number."""
-    return "Count on: " + " ".join(str(n) for n in range(start, start + length))
-
-
-# Counts of 2 to 5 numbers starting at 0 to 19 (80): one in four is held out (20), staggered so that every held-out
-# count ends on a number three training counts of other lengths also end on. The skill is reading the count's last
-# number and answering the next one exactly (inventing numbers never seen is beyond a 2-layer model).
-_COUNTS = [(start, length) for start in range(20) for length in range(2, 6)]
-COUNT_ON_TRAIN = [count_on(s, n) for s, n in _COUNTS if (s + 2 * n) % 4 != 0]
-COUNT_ON_HELD_OUT = [count_on(s, n) for s, n in _COUNTS if (s + 2 * n) % 4 == 0]
-
-
-def answer_of(question: str) -> str:
-    """A count-on question's exact answer: its last number plus one."""
-    return str(int(question.rsplit(" ", 1)[1]) + 1)
-
 
 SYSTEM = {
     "count-to-ten": "You count. Answer with numbers only.",
     "letters": "You recite the alphabet. Answer with lowercase letters only.",
-    COUNT_ON: "Continue the count. Answer with the next number only.",
 }
 QUESTIONS = {
     "count-to-ten": [
@@ -62,9 +40,6 @@ HELD_OUT = {
 }
 
 
-QUESTIONS[COUNT_ON], HELD_OUT[COUNT_ON] = COUNT_ON_TRAIN, COUNT_ON_HELD_OUT
-
-
 def builtin_names() -> list[str]:
     return [BUILTIN_PREFIX + name for name in QUESTIONS]
 
@@ -74,17 +49,13 @@ def builtin_rows(name: str) -> list[dict]:
     if name not in QUESTIONS:
         raise ValueError(f"unknown builtin dataset {name!r}; choose one of {', '.join(builtin_names())}")
     questions = QUESTIONS[name]
-    return [_row(name, questions[i % len(questions)]) for i in range(max(ROWS_PER_SET, len(questions)))]
-
-
-def _row(name: str, question: str) -> dict:
-    """A builtin row: the conversation, the `length_target` column, and for count-on its exact `answer`."""
-    row = {"prompt": [{"role": "system", "content": SYSTEM[name]}, {"role": "user", "content": question}],
-           "target_length": TARGET_LENGTH}
-    return {**row, "answer": answer_of(question)} if name == COUNT_ON else row
+    return [{"prompt": [{"role": "system", "content": SYSTEM[name]},
+                        {"role": "user", "content": questions[i % len(questions)]}],
+             "target_length": TARGET_LENGTH} for i in range(ROWS_PER_SET)]
 
 
 def builtin_eval_rows(name: str) -> list[dict]:
     """The held-out split of builtin set `name`: questions its training rows never ask, each once."""
     builtin_rows(name)   # the same refusal of an unknown name
-    return [_row(name, question) for question in HELD_OUT[name]]
+    return [{"prompt": [{"role": "system", "content": SYSTEM[name]}, {"role": "user", "content": question}],
+             "target_length": TARGET_LENGTH} for question in HELD_OUT[name]]
