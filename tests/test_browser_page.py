@@ -158,7 +158,7 @@ def test_status_badges_read_in_words_with_symbols_the_pages_fonts_draw(app, scre
         assert undrawn(screen, elem_id) == [], f"#{elem_id} draws empty boxes"
 
 
-def test_a_charts_toolbar_leaves_its_title_readable_on_a_phone(app, browser):
+def test_a_phone_shows_each_charts_title_and_no_toolbar_over_it(app, browser):
     url, _, run = app
     page = browser.new_page(viewport={"width": 390, "height": 844})
     try:
@@ -169,13 +169,15 @@ def test_a_charts_toolbar_leaves_its_title_readable_on_a_phone(app, browser):
             page.wait_for_function("(id) => !!document.querySelector(`#${id} .js-plotly-plot .gtitle`)", arg=elem_id,
                                    timeout=30000)
             page.locator(f"#{elem_id} .js-plotly-plot").hover()
-            page.locator(f"#{elem_id} .modebar").wait_for(state="visible", timeout=30000)
-            overlap = page.evaluate("""(id) => {
+            # Below 640 px the toolbar is not shown at all (it covered the charts there: issue 45); the title is.
+            page.wait_for_timeout(500)
+            shown = page.evaluate("""(id) => {
                 const plot = document.getElementById(id);
-                const [a, b] = ['.modebar', '.gtitle'].map((s) => plot.querySelector(s).getBoundingClientRect());
-                return a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+                const bar = plot.querySelector('.modebar-container');
+                const title = plot.querySelector('.gtitle').getBoundingClientRect();
+                return {bar: !!bar && getComputedStyle(bar).display !== 'none', title: title.width > 0};
             }""", elem_id)
-            assert not overlap, f"#{elem_id}: the toolbar covers the chart's title"
+            assert shown == {"bar": False, "title": True}, f"#{elem_id}: {shown}"
     finally:
         page.close()
 
