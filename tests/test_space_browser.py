@@ -230,7 +230,8 @@ def test_a_signed_in_visitor_pushes_a_finished_runs_adapter_and_others_are_refus
     message = _push(alice)
     assert message.startswith("Pushed the final adapter of run") and "(private)" in message, message
     repo = hub.repos[repo_id]
-    assert repo.private and set(repo.files) == {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+    assert repo.private and set(repo.files) == {"adapter_config.json", "adapter_model.safetensors", "README.md",
+                                                "version.json"}, "the adapter, its card and which version it is"
     card = repo.files["README.md"].decode()
     assert repo.lfs == {"adapter_model.safetensors"} and "hf://buckets/alice/grpo-runs" in card
     assert "https://huggingface.co/spaces/alice/grpo-panel" in card
