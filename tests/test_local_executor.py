@@ -243,8 +243,7 @@ def test_each_job_has_a_temp_dir_of_its_own_that_goes_when_it_ends(executor, tmp
     elif ending == "wrapper killed":
         wrapper = executor._job_record(job_id)["pid"]
         os.kill(wrapper, 9)
-        wait_until(lambda: not psutil.pid_exists(wrapper) or psutil.Process(wrapper).status() == psutil.STATUS_ZOMBIE,
-                   timeout=10, what="the wrapper gone")
+        wait_until(lambda: _gone(wrapper), timeout=10, what="the wrapper gone")
         executor.cancel(job_id)                            # stops what the dead wrapper left
     status = executor.wait(job_id, 60)
     assert status.done, status
@@ -352,3 +351,11 @@ def test_a_job_loading_a_cpu_kernel_builds_no_precompiled_header_in_its_temp_dir
     lines = executor.read_logs(job_id, 0)[0]
     assert status.stage == "COMPLETED", lines[-20:]
     assert lines[-1] == "[]", f"left in the job's temp dir: {lines[-1]}"
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie): it may vanish between any two looks, so vanishing is gone too."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
