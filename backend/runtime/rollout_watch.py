@@ -1,7 +1,7 @@
 """The async trainer keeps its rollout worker (TRL's child process) on a short leash: a child that dies is noticed
 in about a second, the run ends with the child's own cause, and nothing ever blocks on a dead or frozen child.
 
-Why this exists (TRL 1.16, reproduced in docs/upstream/rollout-worker-hang.md):
+Why this exists (TRL 1.16, reproduced in docs/upstream/trl-async-hang.md):
 - `AsyncRolloutWorker.stop()` calls `set()` on a multiprocessing Event whose Condition a thread of the child sleeps
   on. When that child died (SIGKILL, OOM) or is frozen (SIGSTOP), `set()` -> `notify_all()` waits for the sleeper to
   acknowledge, forever (CPython issue #75158). TRL calls `stop()` in `_inner_training_loop`'s `finally`, our SIGTERM
