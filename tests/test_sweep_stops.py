@@ -208,3 +208,22 @@ def test_the_trainer_ends_training_on_its_own_order_and_records_it(tmp_path):
     control.should_training_stop = False
     callback.on_step_end(None, state, control)
     assert not control.should_training_stop, "obeyed once: TRL's own end (on_train_end, `finished`) follows"
+
+
+def test_a_record_naming_a_path_for_a_run_decides_nothing_and_the_members_own_order_still_holds(tmp_path):
+    dirs = bucket(tmp_path, {"m0": [0.5, 0.5], "m1": [0.7, 0.7]})
+    path = os.path.join(str(tmp_path), layout.sweep_record_path(SWEEP))
+    with open(path) as f:
+        record = json.load(f)
+    record["members"]["m1"] = "../../elsewhere"
+    with open(path, "w") as f:
+        json.dump(record, f)
+    said = []
+    member = SweepStops(dirs["m0"], {"sweep_id": SWEEP, "sweep_member": "m0", "run_id": os.path.basename(dirs["m0"])},
+                        log=lambda text, **_: said.append(text))
+    with pytest.raises(ValueError, match="not a sweep member's tag and run id"):
+        member.apply_rule()
+    order = stop_order(SWEEP, "m0", os.path.basename(dirs["m0"]), "by hand", {}, by="panel")
+    write_order(str(tmp_path), order)
+    assert member.check() == order and any("could not be checked" in s for s in said), said
+    assert sorted(os.listdir(os.path.join(str(tmp_path), orders_dir(SWEEP)))) == ["m0.json"]

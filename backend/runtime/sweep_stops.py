@@ -24,6 +24,7 @@ Standard library only: it runs in jobs.
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from .spec_file import read_spec
 from .versions import trainer_events
 
 POLL_S = 15.0           # how often a trainer looks at its orders (and, the deciding one, at the rule)
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")     # RunSpec's run ids: never a path of its own
 BY_HAND = "by hand"
 
 
@@ -267,8 +269,11 @@ class SweepStops:
         if not isinstance(after, int) or isinstance(after, bool) or after <= 0:
             return None
         orders = read_orders(self.root, self.sweep_id, record)
-        states = [self.state(tag, run_id, orders) for tag, run_id in record["members"].items()
-                  if isinstance(run_id, str) and MEMBER_RE.match(tag)]
+        members = record["members"]
+        if not all(isinstance(r, str) and RUN_ID_RE.fullmatch(r) and ".." not in r and MEMBER_RE.match(t)
+                   for t, r in members.items()):
+            raise ValueError("the sweep's record names a member that is not a sweep member's tag and run id")
+        states = [self.state(tag, run_id, orders) for tag, run_id in members.items()]
         live = sorted((s for s in states if s.live), key=lambda s: s.order)
         if not live or live[0].tag != self.member:
             return None         # another member decides (the first still training), or this one is stopping
