@@ -166,16 +166,23 @@ class MemberState:
     order: int
 
 
-def held_out_records(run_dir: str) -> dict[int, dict]:
-    """The run's held-out evaluation records by version (runtime/evaluate.py writes them in evals/)."""
+def held_out_records(run_dir: str, seen: dict | None = None) -> dict[int, dict]:
+    """The run's held-out evaluation records by version (runtime/evaluate.py writes them in evals/), only what
+    ranking needs of each (its score and reward means, not its samples). `seen`: fragments read before, by path
+    (they are write-once: each is read once per process)."""
     folder = os.path.join(run_dir, EVALS_DIR)
+    seen = {} if seen is None else seen
     out = {}
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
         if not FRAGMENT_RE.match(name):
             continue
-        with open(os.path.join(folder, name), "rb") as f:
-            records, _ = fragment_records(f.read())
-        out.update({r["policy_version"]: r for r in records if r and type(r.get("policy_version")) is int})
+        if path not in seen:
+            with open(path, "rb") as f:
+                records, _ = fragment_records(f.read())
+            seen[path] = {r["policy_version"]: {k: r.get(k) for k in ("score", "rewards")}
+                          for r in records if r and type(r.get("policy_version")) is int}
+        out.update(seen[path])
     return out
 
 
@@ -216,6 +223,7 @@ class SweepStops:
         self.said: set[str] = set()
         self.heartbeats: dict[str, HeartbeatWatch] = {}
         self.best_by: dict[str, dict] = {}
+        self.evals_seen: dict[str, dict] = {}      # evals fragments read, by path (write-once: read once)
 
     @property
     def active(self) -> bool:
@@ -296,7 +304,8 @@ class SweepStops:
             except (OSError, ValueError):
                 self.best_by[tag] = {}
         rule = newest_best_by(run_dir)
-        versions, score = best_held_out(held_out_records(run_dir), self.best_by[tag] if rule is None else rule)
+        records = held_out_records(run_dir, self.evals_seen)
+        versions, score = best_held_out(records, self.best_by[tag] if rule is None else rule)
         standing = tag in orders and not obeyed(run_dir, orders[tag])
         if tag == self.member:
             live = not standing
