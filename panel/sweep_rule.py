@@ -54,10 +54,13 @@ def members_of(panel, run_id: str, visitor: Visitor,
 
 
 def started_since(view, order: dict) -> bool:
-    """Whether the member's trainer started again after its stop order (a Resume by hand): then the order is spent."""
-    ordered_at = order.get("time") if isinstance(order.get("time"), (int, float)) else 0
+    """Whether the member's trainer obeyed its stop order and then started again (a Resume by hand): the order is
+    spent. (An order written before the trainer's first start still stands: the trainer obeys it at its first step.)"""
     with reading(view):
-        return any(e.get("event") == STARTED and (e.get("time") or 0) > ordered_at for e in view.events)
+        obeyed = [e.get("time") or 0 for e in view.events
+                  if e.get("event") == SWEEP_STOP and e.get("ordered_at") == order.get("time")]
+        return bool(obeyed) and any(e.get("event") == STARTED and (e.get("time") or 0) > min(obeyed)
+                                    for e in view.events)
 
 
 def stop_events(views) -> list[dict]:
