@@ -125,6 +125,7 @@ def test_on_a_space_only_the_runs_owner_may_stop_its_members(hub, make_panel):
             shown = sweep_view.on_sweep_show(panel, visitor, members["m0"].run_id, None)
             assert "No sweep to show" in shown["sweep_note"], "an outsider does not even see the sweep"
         assert alive(members["m0"]) and stop_events(panel.settings.home, members["m0"]) == []
+        assert not os.path.exists(orders_folder(panel.settings.home)), "a refused stop writes no order"
         out = sweep_view.on_sweep_stop(panel, Visitor(ALICE, "alice"), members["m0"].run_id,
                                  f"m0 · {members['m0'].run_id}", None)
         assert out["sweep_stop_msg"].startswith("Stopped m0"), out["sweep_stop_msg"]
