@@ -96,7 +96,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
     def obey(self, order: dict, state, control) -> None:
         """End training as at its last step, because the member's sweep ordered it (its rule, or its owner by
         hand): the versions stay published, the last are evaluated and the final adapter is written as for any
-        end (on_train_end, `finished`); a checkpoint is saved, so Resume can train the member on."""
+        end (on_train_end, `finished`); TRL is asked for a checkpoint too, for a Resume to train the member on."""
         self.stopped = order
         write_event(self.run_dir, TRAINER_WRITER, SWEEP_STOP, **stop_event_fields(order))
         print(f"stopping at step {state.global_step}: this sweep member's stop order says {order['rule']}",
