@@ -147,8 +147,9 @@ class Panel:
         # Launch, resume and cancel with their policy; this class turns their answers into messages.
         self.operations = Operations(self.settings, self.runs, self.spend, self.watch.webhooks, _uploaded)
         if not self.settings.serves_others:
-            # A panel that serves no one else also carries out its sweeps' stated early-stop rules with no page
-            # open; on a Space (or exposed) only a page showing the sweep does (panel/sweep_rule.py says why).
+            # A panel that serves no one else also orders its sweeps' due rungs with no page open (as the members'
+            # trainers do themselves); on a Space (or exposed) it holds no visitor's sign-in to write with, and needs
+            # none: the trainers decide (panel/sweep_rule.py).
             self.watch.also.append(lambda: rules_in_background(self))
         self._final_zips: dict[tuple, str] = {}     # (executor, namespace, bucket, run id) -> its final zip
         # The launch form's labels (set by the UI that builds the form): messages name a field as it is shown.

@@ -232,8 +232,8 @@ class PanelTools:
             preset: a preset of the launch form; empty: the form's first one
             grid: every combination of the values (true), or the lists side by side (false: equal lengths)
             early_stop_after: K > 0 stops the worse half of the members after every K held-out versions each
-                (successive halving: on a local panel by its background watch, on a Space while its Sweep tab shows
-                the sweep); 0: members stopped by hand only
+                (successive halving, decided by the members' own trainers with no page open, on every engine);
+                0: members stopped by hand only
         """
         who = self.visitor(ctx)
         try:

@@ -1,21 +1,26 @@
-"""A sweep's stop decisions carried out: its stated early-stop rule (successive halving, `backend.view.sweep`) where
-its next rung is due, and stops by hand, each member stopped as Cancel run would with its `sweep_stop` event.
+"""A sweep's stop decisions from the panel: its stated early-stop rule (successive halving, `backend.runtime.halving`)
+where its next rung is due, and stops by hand, each a stop order in the bucket that the member's trainer obeys at
+its next step (`backend/runtime/sweep_stops.py`: the one path every stop takes; its trainer records the
+`sweep_stop` event, ends as at its last step and writes its final adapter).
 
-Two callers: the Sweep tab (`panel/sweep_view.py`), on every draw of a sweep a page shows, and on a local panel the
-background watch (`apply_stated_rules`, every budget check), so a local sweep is halved with no page open. On a Space
-the rule runs only while a page shows the sweep: there the rule's stops are the visitor's own (Cancel run's check
-is the owner's, and the watch holds no visitor's sign-in to act with), so nothing stops a visitor's member behind
-their back. Gradio-free: the watch's thread imports it.
+The rule's own decider is the sweep's trainers (the first member still training writes the orders of a due rung),
+with no page open on any engine. The panel writes the same orders, once: the Sweep tab (`panel/sweep_view.py`) on
+every draw of a sweep a page shows, and a local panel's background watch (`apply_stated_rules`, every budget check);
+a rung already ordered (by a trainer or a page) is not decided again. On a Space the watch writes nothing (it holds
+no visitor's sign-in, and needs none: the trainers decide), and a stop by hand is the run's owner's (Cancel run's
+check). Gradio-free: the watch's thread imports it.
 """
 
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import replace
 
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs.access import ANONYMOUS, Refused, Visitor
-from backend.runtime.records import SWEEP_STOP
+from backend.runtime.records import STARTED, SWEEP_STOP
 from backend.runtime.redact import redact_tokens
+from backend.runtime.sweep_stops import done_rungs as ordered_rungs
 from backend.view.runview import reading
 from backend.view.sweep import Halving, Member, Stop, done_rungs, member_of
 from panel.markdown import masked
@@ -32,6 +37,7 @@ def members_of(panel, run_id: str, visitor: Visitor,
     """The sweep's record and each member (its ranking state and view) this visitor can see, views refreshed when
     due (`fresh`: now); KeyError where `run_id` is not a sweep member this visitor sees."""
     record = panel.operations.sweep_record(run_id, visitor)
+    orders = panel.operations.sweep_orders(run_id, visitor, record)
     out = []
     for tag, member_id in record["members"].items():
         try:
@@ -42,8 +48,19 @@ def members_of(panel, run_id: str, visitor: Visitor,
             view.refresh()
         else:
             view.refresh_if_due()
-        out.append((member_of(tag, member_id, view, record["settings"].get(tag)), view))
-    return record, out
+        member = member_of(tag, member_id, view, record["settings"].get(tag))
+        out.append((replace(member, ordered=tag in orders and not started_since(view, orders[tag])), view))
+    return {**record, "orders": orders}, out
+
+
+def started_since(view, order: dict) -> bool:
+    """Whether the member's trainer obeyed its stop order and then started again (a Resume by hand): the order is
+    spent. (An order written before the trainer's first start still stands: the trainer obeys it at its first step.)"""
+    with reading(view):
+        obeyed = [e.get("time") or 0 for e in view.events
+                  if e.get("event") == SWEEP_STOP and e.get("ordered_at") == order.get("time")]
+        return bool(obeyed) and any(e.get("event") == STARTED and (e.get("time") or 0) > min(obeyed)
+                                    for e in view.events)
 
 
 def stop_events(views) -> list[dict]:
@@ -55,16 +72,18 @@ def stop_events(views) -> list[dict]:
 
 
 def apply_rule(panel, visitor: Visitor, run_id: str, record: dict) -> str:
-    """The sweep's stated successive halving carried out where its next rung is due: the members it stops, each with
-    its event. What it did or waits for, in words ("" for a sweep stopped by hand only). Decided on the members and
-    their stop events read afresh, one rung at a time per sweep."""
+    """The sweep's stated successive halving carried out where its next rung is due: the members it stops, each
+    ordered to (`stop_members`). What it did or waits for, in words ("" for a sweep stopped by hand only). Decided on
+    the members, their stop events and the orders standing read afresh, one rung at a time per sweep in this
+    process (and a rung a trainer or another page ordered already is not ordered again)."""
     after = record["early_stop_after"]
     if not after:
         return ""
     with _RULE_LOCKS[record["sweep_id"]]:
         record, members = members_of(panel, run_id, visitor, fresh=True)
         states = [m for m, _ in members]
-        rule, rungs = Halving(after), done_rungs(stop_events(v for _, v in members))
+        rungs = max(done_rungs(stop_events(v for _, v in members)), ordered_rungs(record["orders"]))
+        rule = Halving(after)
         decision = rule.decide(states, rungs)
         if decision is None:
             return rule.waiting(states, rungs)
@@ -72,28 +91,30 @@ def apply_rule(panel, visitor: Visitor, run_id: str, record: dict) -> str:
 
 
 def stop_members(panel, visitor: Visitor, record: dict, members: list[Member], decision: Stop) -> str:
-    """Stop the members `decision` names (each as Cancel run would, with its sweep_stop event); what happened."""
+    """Order the members `decision` names to stop (each its stop order, which its trainer obeys); what happened."""
     by_tag = {m.tag: m for m in members}
     said = []
     for tag in decision.stopped:
         member = by_tag[tag]
         try:
-            jobs = panel.operations.stop_member(member.run_id, visitor, record["sweep_id"], tag, decision.rule,
-                                                decision.scores, decision.rung)
+            written = panel.operations.stop_member(member.run_id, visitor, record["sweep_id"], tag, decision.rule,
+                                                   decision.scores, decision.rung)
         except (Refused, KeyError) as exc:
             said.append(f"{tag} not stopped: {masked(exc.args[0] if exc.args else exc)}")
             continue
         except Exception as exc:     # the Hub or the bucket failing: the member may still bill
             said.append(f"{tag} not stopped: {masked(exc)}. Try again, or Cancel run on it")
             continue
-        said.append(f"stopped {tag} ({member.run_id}, {len(jobs)} job(s))")
+        said.append(f"stopped {tag} ({member.run_id}): its trainer ends at its next step, writing its final adapter"
+                    if written else f"{tag} ({member.run_id}) has a stop order already: its trainer ends at its next "
+                                    "step")
     return "; ".join(said) + "."
 
 
 def apply_stated_rules(panel) -> list[str]:
     """The background watch's pass on a local panel: every live sweep with a stated early-stop rule has its next
-    rung carried out where due (`apply_rule`, as the Sweep tab would), as the panel's host. What it did, a line per
-    sweep that stopped members. Each sweep is looked at once a pass, through any of its live members."""
+    rung ordered where due (`apply_rule`, as the Sweep tab would; the trainers do the same on their own). What it
+    did, a line per sweep that stopped members. Each sweep is looked at once a pass, through any of its live members."""
     visitor = Visitor()
     looked, said = set(), []
     for registry in panel.runs.registries(ANONYMOUS):

@@ -11,6 +11,7 @@ import gradio as gr
 
 from backend.outcome.best_version import ChoiceError
 from backend.outcome.publish import PublishError
+from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
 from backend.view.sweep import (
@@ -123,13 +124,15 @@ def show(panel, visitor, run_id, seen, apply: bool, pick: str | None = None) -> 
     worst = worst_live(states)
     choices = [f"{m.tag}{STOP_CHOICE_SEP}{m.run_id}" for m in rank(states) if m.live]
     picked = pick if pick in choices else (f"{worst.tag}{STOP_CHOICE_SEP}{worst.run_id}" if worst else None)
-    return {"sweep_note": _note(record, states, stop_events(views), done), "sweep_rank": rank_rows(states),
+    pending = {m.tag: record["orders"][m.tag] for m in states if m.ordered and m.stage not in TERMINAL_STAGES}
+    return {"sweep_note": _note(record, states, stop_events(views), done, pending),
+            "sweep_rank": rank_rows(states),
             "sweep_stop_pick": gr.update(choices=choices, value=picked),
             "sweep_plots": {name: figures[name] for name in SWEEP_PLOTS},
             **_best_download(panel, visitor, states, seen)}
 
 
-def _note(record: dict, members: list[Member], events: list[dict], done: str) -> str:
+def _note(record: dict, members: list[Member], events: list[dict], done: str, orders: dict) -> str:
     after = record["early_stop_after"]
     rule = Halving(after).text() if after else "by hand only (Stop this member); no automatic rule was stated"
     head = (f"**Sweep `{record['sweep_id']}`**: {len(members)} member(s), {sum(m.live for m in members)} still "
@@ -143,6 +146,9 @@ def _note(record: dict, members: list[Member], events: list[dict], done: str) ->
                           if s is None or isinstance(s, (int, float)))
         lines.append(f"■ *Stopped:* {event.get('member')} ({event.get('rule')}); best held-out scores then: "
                      f"{shown or 'none yet'}")
+    for tag, order in sorted(orders.items()):
+        lines.append(f"□ *Ordered to stop:* {tag} ({masked(order.get('rule'))}, by {masked(order.get('by') or '?')}):"
+                     " its trainer ends at its next step")
     return redact_tokens("\n\n".join(lines))
 
 

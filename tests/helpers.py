@@ -108,22 +108,26 @@ def served(panel):
 
 @contextlib.contextmanager
 def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, failed: tuple[str, ...] = (),
-                    sweep_id: str = "sweep-20260101-000000-abcdef", early_stop_after: int = 0):
+                    sweep_id: str = "sweep-20260101-000000-abcdef", early_stop_after: int = 0,
+                    members_decide: bool = False):
     """A sweep of synthetic live members in a local panel home, written as a launch writes it (the bucket's
     sweeps/<id>.json record, each member's spec with its sweep id and tag) and as a trainer does (benchmarks'
     SyntheticRun: metrics, adapter versions `trl-policy-<tag>-vN` every 20 steps, a held-out record each). A member's
     score is every version's held-out score (None: no held-out set, so no score). Each live member's jobs stand for a
-    `sleep` process of its own (detached, so that once stopped nothing keeps it as a zombie), so a cancel stops that
-    process alone; `failed` members ended in ERROR. Yields {tag: member}: its `run_id`, `pid` (its sleep's; None for
-    a failed one) and `run` (its SyntheticRun: `grow()` logs more steps and versions). Every sleep is stopped, by its
-    pid, at the end."""
+    process of its own (detached, so that once stopped nothing keeps it as a zombie), `tests/sweep_member_stub.py`:
+    the real stop orders' poll and heartbeat of a trainer (`members_decide`: it also decides the sweep's stated rule,
+    as a trainer does; else it only obeys), so a cancel or an order stops that process alone; `failed` members ended
+    in ERROR. Yields {tag: member}: its `run_id`, `pid` (its process's; None for a failed one) and `run` (its
+    SyntheticRun: `grow()` logs more steps and versions). Every process is stopped, by its pid, at the end."""
     import json
+    import shlex
     import signal
     import subprocess
     import sys
     from types import SimpleNamespace
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(repo, "benchmarks"))
     from dashboard_scale import JOBS, SyntheticRun, write_whole
 
     from backend.runtime import layout
@@ -149,8 +153,12 @@ def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, 
                                 {"stage": "ERROR", "code": 1, "message": "failed", "time": 0})
                     continue
                 if proc is None:
-                    proc = int(subprocess.run(["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], check=True,
-                                              capture_output=True, text=True).stdout)
+                    stub = [sys.executable, "-m", "tests.sweep_member_stub", "--run-dir", run.run_dir,
+                            *(a for r in JOBS for a in ("--job-dir", os.path.join(home, "jobs", run.job_ids[r]))),
+                            *(() if members_decide else ("--obey-only",))]
+                    log = os.path.join(home, "jobs", run.job_ids[role], "stub.log")
+                    proc = int(subprocess.run(["sh", "-c", f'{shlex.join(stub)} >{shlex.quote(log)} 2>&1 & echo $!'],
+                                              check=True, capture_output=True, text=True, cwd=repo).stdout)
                     pids.append((proc, process_start_time(proc)))
                 job.update(pid=proc, pid_started_at=process_start_time(proc))
                 write_whole(path, job)
@@ -164,6 +172,6 @@ def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, 
         yield members
     finally:
         for pid, started in pids:
-            if process_start_time(pid) == started:      # still that sleep, not a process given its number since
+            if process_start_time(pid) == started:      # still that process, not one given its number since
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

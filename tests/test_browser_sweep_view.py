@@ -1,7 +1,7 @@
 """The Sweep tab in a real browser, over a sweep of synthetic live members (tests/helpers.synthetic_sweep: no
-training; each member's jobs a `sleep` of its own): a member's *Open sweep view* opens it, the ranking lists the
-members best first, *Stop this member* on the worst (picked by default) stops it alone, and the best member's best
-version downloads in one click.
+training; each member's jobs a process of its own obeying its stop orders): a member's *Open sweep view* opens it,
+the ranking lists the members best first, *Stop this member* on the worst (picked by default) stops it alone, and
+the best member's best version downloads in one click.
 
 Starts `python app.py` as a real process on a free port and drives Debian's chromium with Playwright.
 """
@@ -32,7 +32,7 @@ def app(tmp_path_factory):
 def alive(member) -> bool:
     try:
         with open(f"/proc/{member.pid}/cmdline") as f:
-            return "sleep" in f.read()
+            return "sweep_member_stub" in f.read()
     except OSError:
         return False
 

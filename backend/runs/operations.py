@@ -10,7 +10,6 @@ asked of its engine (`backend.executors.engine`), never of its name.
 import hashlib
 import json
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from backend.runs.notes import NotesBook, RunNotes, checked_name, checked_notes
 from backend.runs.registry import RunRegistry, cancel_jobs
 from backend.runs.resume import ResumePlan
 from backend.runs.run_ids import RUN_ID_FIELD, id_taken_message
-from backend.runtime import layout, records
+from backend.runtime import layout, records, sweep_stops
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
 from backend.storage.journal import FAILED, LAUNCHED, LAUNCHING, UnderWay
@@ -54,7 +53,6 @@ from backend.view.webhook import webhook_problem
 WEBHOOK_FIELD = "webhook"  # the alert webhook's name among the fields a refusal names
 CHECK_REUSE_S = 3600.0     # a check job's result stands this long for the same task and visitor
 CHECKS_KEPT = 256
-SWEEP_WRITER = f"{layout.PANEL_WRITER}-sweep"   # a sweep stop's event writer: SWEEP_WRITER.<hex>, one per stop
 CHECK_EXECUTOR = HfJobsExecutor.name   # a panel that serves others checks a task in the visitor's own HF Jobs account
 CHECK_SIGN_IN = ("Sign in with Hugging Face (button at the top) to check your task: this panel never runs anyone's "
                  "code on its own machine, so the reward functions run in a short CPU job in your own account.")
@@ -595,23 +593,60 @@ class Operations:
                 else 0}
 
     def stop_member(self, run_id: str, visitor: Visitor, sweep_id: str, member: str, rule: str, scores: dict,
-                    rung: int | None = None) -> list[str]:
-        """Stop one member of a sweep (Cancel run's check and jobs: on a Space only the run's owner), and record why
-        as its `sweep_stop` event: the rule, and every member's best held-out score that decided it. The job ids
-        stopped. The event is written once the cancel went through (a refused stop writes nothing)."""
+                    rung: int | None = None) -> bool:
+        """Order one member of a sweep to stop (Cancel run's check: on a Space only the run's owner), as the sweep's
+        own rule does with no page open: its stop order in the bucket (`runtime/sweep_stops.py`), which the member's
+        trainer obeys at its next step, ending as at its last (versions published, final adapter written) and
+        recording why as its `sweep_stop` event (the rule, every member's best held-out score then). Whether the
+        order was written: False where one not yet obeyed stands (the first decision is kept). No job is cancelled
+        and no token is written: Cancel run stops a member at once."""
         registry, _ = self._registry_for_control(run_id, visitor)
-        stopped = registry.cancel(run_id)
-        self.runs.relist(registry.namespace or "")
-        writer = f"{SWEEP_WRITER}.{secrets.token_hex(4)}"
-        event = records.event_record(records.SWEEP_STOP, sweep_id=sweep_id, member=member, rule=rule,
-                                     scores=scores, cancelled=stopped, **({"rung": rung} if rung else {}))
+        record = self.sweep_record(run_id, visitor)
+        if record["sweep_id"] != sweep_id or record["members"].get(member) != run_id:
+            raise KeyError(f"Run {run_id} is not member {member} of sweep {sweep_id}.")
         store = registry.store_for(registry.run_bucket(run_id))
-        store.write_bytes(f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}/{layout.fragment_name(writer, 0)}",
-                          (json.dumps(event) + "\n").encode())
-        view = registry.watched_view(run_id)
-        if view is not None and hasattr(view, "expect_event_writer"):
-            view.expect_event_writer(writer)
-        return stopped
+        path = sweep_stops.order_path(sweep_id, member)
+        there = self.sweep_orders(run_id, visitor, record).get(member)
+        if there is not None and not self._obeyed(store, run_id, there):
+            return False        # one stands: the first decision is kept
+        order = sweep_stops.stop_order(sweep_id, member, run_id, rule, scores, rung, by="panel")
+        store.write_bytes(path, json.dumps(order).encode())
+        return True
+
+    def sweep_orders(self, run_id: str, visitor: Visitor, record: dict | None = None) -> dict[str, dict]:
+        """The stop orders of the sweep `run_id` is a member of (obeyed or not), by member tag: only those at a
+        member's own path naming that sweep, tag and run id (`sweep_stops.order_problem`)."""
+        record = record or self.sweep_record(run_id, visitor)
+        registry = self.runs.find(run_id, visitor)
+        store = registry.store_for(registry.run_bucket(run_id))
+        folder = sweep_stops.orders_dir(record["sweep_id"])
+        there = {f.path.rsplit("/", 1)[-1] for f in store.list_files(folder + "/")}
+        found = {}
+        for tag, member_id in record["members"].items():
+            if not layout.MEMBER_RE.match(tag) or f"{tag}.json" not in there:
+                continue
+            try:
+                order = json.loads(store.read_bytes(f"{folder}/{tag}.json"))
+            except ValueError:      # not JSON: not an order anyone obeys
+                order = None
+            if sweep_stops.order_problem(order, record["sweep_id"], tag, member_id) is None:
+                found[tag] = order
+        return found
+
+    @staticmethod
+    def _obeyed(store, run_id: str, order: dict) -> bool:
+        """Whether the member's trainer recorded obeying `order` (a `sweep_stop` event naming its time)."""
+        prefix = f"{layout.run_prefix(run_id)}/{layout.EVENTS_DIR}/"
+        for stored in store.list_files(prefix):
+            name = stored.path.rsplit("/", 1)[-1]
+            match = layout.FRAGMENT_RE.match(name)
+            if not match or match["writer"] != layout.TRAINER_WRITER:
+                continue
+            events, _ = layout.fragment_records(store.read_bytes(stored.path))
+            if any(e and e.get("event") == records.SWEEP_STOP and e.get("ordered_at") == order.get("time")
+                   for e in events):
+                return True
+        return False
 
     def cancel_sweep(self, run_id: str, visitor: Visitor) -> tuple[str, dict[str, list[str]], tuple | None]:
         """Cancel every member of the sweep `run_id` belongs to, each as Cancel run would (who may, which jobs), then

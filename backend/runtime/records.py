@@ -98,9 +98,12 @@ EVENTS: dict[str, EventShape] = {
         "trained rewards' weighted score; `version`: the best under it, None when none beats the base model; "
         "best/ was republished)"),
     SWEEP_STOP: EventShape(
-        PANEL_WRITER, ("sweep_id", "member", "rule", "scores", "cancelled"), ("rung",),
-        "a sweep's member was stopped early, by hand or by the sweep's stated rule (`rule`: in words; `scores`: "
-        "every member's best held-out score then, by tag; `rung`: the successive halving's step)"),
+        TRAINER_WRITER, ("sweep_id", "member", "rule", "scores", "cancelled"), ("rung", "ordered_at"),
+        "a sweep's member stopped early, by hand or by the sweep's stated rule: its trainer obeyed its stop order "
+        "(runtime/sweep_stops.py; `ordered_at`: the order's time) and ends as at its last step, or (a panel's "
+        "writer, before stop orders) its jobs were cancelled (`rule`: in words; `scores`: every member's best "
+        "held-out score then, by tag; `rung`: the successive halving's step; `cancelled`: job ids, [] for an "
+        "order obeyed)"),
 }
 
 # A trainer attempt's start and ends: the newest of them says where the trainer stands.

@@ -49,7 +49,7 @@ from .layout import (
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
 from .proxy import raise_open_files_limit, start_proxy_process
 from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
-from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, TRAINER_ENDS, write_event
+from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, SWEEP_STOP, TRAINER_ENDS, write_event
 from .redact import remember_env_secrets
 from .rewards import Weighted, run_rewards
 from .rollout_watch import stale_after_s, watch_rollout_worker
@@ -58,6 +58,7 @@ from .samples import install_async_samples
 from .serve_replica import replicas_ended
 from .server_info import await_server_info
 from .spec_file import SpecFile, read_spec
+from .sweep_stops import SweepStops, stop_event_fields
 from .task import TaskDataError, load_task_dataset
 from .tiny_model import benchmark_note, no_progress_bars
 from .versions import highest_published, mark_superseded, published_versions, trainer_events
@@ -73,6 +74,8 @@ class AsyncRunFolderCallback(RunFolderCallback):
         self.trainer = None  # set once the trainer exists: the policy version lives on it
         self.proxy = None    # set once the proxy runs
         self.final = {}      # the final adapter's metadata, once training has ended
+        self.stops = None    # a sweep member's stop orders (sweep_stops.py); None for a lone run
+        self.stopped = None  # the order it obeyed
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "train_runtime" in logs:
@@ -86,7 +89,20 @@ class AsyncRunFolderCallback(RunFolderCallback):
               f"  policy v{self.trainer.model_version}", flush=True)
 
     def on_step_end(self, args, state, control, **kwargs):
-        pass
+        order = self.stops.check() if self.stops is not None and self.stopped is None else None
+        if order is not None:
+            self.obey(order, state, control)
+
+    def obey(self, order: dict, state, control) -> None:
+        """End training as at its last step, because the member's sweep ordered it (its rule, or its owner by
+        hand): the versions stay published, the last are evaluated and the final adapter is written as for any
+        end (on_train_end, `finished`); TRL is asked for a checkpoint too, for a Resume to train the member on."""
+        self.stopped = order
+        write_event(self.run_dir, TRAINER_WRITER, SWEEP_STOP, **stop_event_fields(order))
+        print(f"stopping at step {state.global_step}: this sweep member's stop order says {order['rule']}",
+              flush=True)
+        control.should_training_stop = True
+        control.should_save = True
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self.flush()
@@ -312,6 +328,18 @@ def member_proxy(spec: SpecFile) -> dict:
     return {"member": member, "member_cap": spec["max_inflight_tasks"] + int(spec.get("eval_max_inflight") or 4)}
 
 
+def member_stops(run_dir: str, spec: SpecFile) -> SweepStops | None:
+    """A sweep member's stop orders, polled at each step (None for a lone run, or a run folder outside a bucket's
+    runs/, which no order can reach: said in the log)."""
+    if not (spec.get("sweep_id") and spec_member(spec)):
+        return None
+    try:
+        return SweepStops(run_dir, spec)
+    except ValueError as error:
+        print(f"this sweep member cannot read its stop orders ({error}): only Cancel run stops it", flush=True)
+        return None
+
+
 def train(spec: SpecFile, run_dir: str, urls: list[str], replica_wait_s: float,
           callback: AsyncRunFolderCallback) -> str | None:
     """Train against the replicas; return None, or why training ended early (already recorded as an event)."""
@@ -369,6 +397,7 @@ def main() -> None:
     spec = read_spec(run_dir)
     trackio_folder(spec, run_dir)
     callback = AsyncRunFolderCallback(run_dir)
+    callback.stops = member_stops(run_dir, spec)
     stop_on_sigterm(first=callback.stop_now)
     remember_env_secrets()   # the job's token is masked in every event it writes
     raise_open_files_limit()    # TRL's rollout worker (a child) holds a socket for each generation in flight

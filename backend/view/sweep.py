@@ -4,25 +4,24 @@
     ranked = rank(members)                          # best first; members without a score yet last
     stop = Halving(after_versions=2).decide(members, done_rungs=0)    # None, or who to stop and why
 
-Successive halving, as the sweep's record states it (`early_stop_after` K > 0): once every member still training has
-K·r held-out versions evaluated (r = 1, 2, ...: the rung), the worse half of them (⌊n/2⌋ of n) by best held-out score
-is stopped, until one is left. A rung waits for a member still training without enough versions (it may yet catch
-up); a member that ended (failed, cancelled, completed) takes no part. Members tied at the cut are all kept: the rule
-stops fewer rather than choose between equal scores by chance, and the rung is tried again as versions come. Pure:
-the panel reads the members and carries the decision out (`panel/sweep_view.py`).
+The rule itself (successive halving, `early_stop_after` K > 0) is `backend/runtime/halving.py`, shared with the
+members' trainers, which carry it out with no page open (`backend/runtime/sweep_stops.py`); its names are re-exported
+here for the panel. Pure: the panel reads the members and shows the decision (`panel/sweep_view.py`).
 """
 
-import math
 import re
 from dataclasses import dataclass, field
 
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runtime.best_rule import rule_text
+from backend.runtime.halving import HALVING, Halving, Stop, rank, scores_of
 from backend.runtime.records import SWEEP_STOP
 from backend.view.runview import reading
 
+# The rule's names (backend/runtime/halving.py) are the panel's too: re-exported with this module's own.
+__all__ = ["BY_HAND", "HALVING", "RANK_HEADERS", "Halving", "Member", "Stop", "best_member", "done_rungs", "member_of",
+           "rank", "rank_rows", "scores_of", "worst_live"]
 BY_HAND = "by hand"
-HALVING = "successive halving"
 RANK_HEADERS = ["rank", "member", "run", "settings", "state", "steps", "best version", "best held-out score",
                 "versions evaluated", "best by"]
 
@@ -42,11 +41,12 @@ class Member:
     beats_base: bool = False            # whether that version beats the base model (the run's own best)
     rule: str = ""                      # the rule in words
     settings: dict = field(default_factory=dict)
+    ordered: bool = False               # a stop order stands for it (its trainer ends at its next step)
 
     @property
     def live(self) -> bool:
-        """Still training (or starting): the members a rule may stop."""
-        return self.stage not in TERMINAL_STAGES
+        """Still training (or starting) with no stop order standing: the members a rule may stop."""
+        return self.stage not in TERMINAL_STAGES and not self.ordered
 
     @property
     def order(self) -> int:
@@ -79,12 +79,6 @@ def member_of(tag: str, run_id: str, view, settings: dict | None = None) -> Memb
                       dict(settings or {}))
 
 
-def rank(members: list[Member]) -> list[Member]:
-    """Best first: by best held-out score (higher is better), members without a score yet after those with one,
-    ties by more versions evaluated, then by the member's place in the sweep."""
-    return sorted(members, key=lambda m: (m.best_score is None, -(m.best_score or 0.0), -m.versions, m.order))
-
-
 def rank_rows(members: list[Member]) -> list[list[str]]:
     """The ranking table (RANK_HEADERS), best first."""
     rows = []
@@ -108,60 +102,6 @@ def worst_live(members: list[Member]) -> Member | None:
     """The member still training that ranks last: the one "stop the worst" picks."""
     live = [m for m in members if m.live]
     return rank(live)[-1] if live else None
-
-
-@dataclass(frozen=True)
-class Stop:
-    """A decision to stop members, with what decided it (recorded as each stopped member's `sweep_stop` event)."""
-
-    rule: str                       # the rule in words
-    rung: int | None                # the halving's rung; None by hand
-    stopped: tuple[str, ...]        # the members' tags
-    scores: dict                    # every member's best held-out score then (None: none yet), by tag
-
-
-def scores_of(members: list[Member]) -> dict:
-    return {m.tag: m.best_score for m in members}
-
-
-@dataclass(frozen=True)
-class Halving:
-    """Successive halving on the best held-out score, a rung every `after_versions` versions (see the module)."""
-
-    after_versions: int
-
-    def text(self) -> str:
-        return (f"{HALVING}: once every member still training has {self.after_versions} more held-out version(s) "
-                "evaluated, the worse half of them by best held-out score is stopped (ties at the cut are kept), "
-                "until one is left")
-
-    def waiting(self, members: list[Member], done_rungs: int) -> str:
-        """What the next rung waits for, in words ("" when it is due or no rung is left)."""
-        live = [m for m in members if m.live]
-        if len(live) < 2:
-            return ""
-        need = self.after_versions * (done_rungs + 1)
-        behind = [f"{m.tag} ({m.versions}/{need})" for m in live if m.versions < need]
-        return f"rung {done_rungs + 1} waits for {need} versions each: " + ", ".join(behind) if behind else ""
-
-    def decide(self, members: list[Member], done_rungs: int) -> Stop | None:
-        """The stop the next rung makes now, or None (fewer than two members training, one still short of the
-        rung's versions, or the cut falls within a tie)."""
-        live = [m for m in members if m.live]
-        rung = done_rungs + 1
-        if self.after_versions <= 0 or len(live) < 2:
-            return None
-        if any(m.versions < self.after_versions * rung or m.best_score is None for m in live):
-            return None
-        ranked = rank(live)
-        keep = math.ceil(len(live) / 2)
-        cut = ranked[keep - 1].best_score
-        stopped = tuple(m.tag for m in ranked[keep:] if m.best_score < cut)
-        if not stopped:
-            return None
-        rule = (f"{HALVING}, rung {rung}: {self.after_versions * rung} held-out versions each, the worse half of "
-                f"{len(live)} members stopped")
-        return Stop(rule, rung, stopped, scores_of(members))
 
 
 def done_rungs(events: list[dict]) -> int:
