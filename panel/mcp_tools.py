@@ -137,7 +137,8 @@ class PanelTools:
         spec = view.spec or {}
         return redact_record({
             "run_id": run_id, **_guarded(lambda: self.panel.owner_of(run_id, who)), "bucket": spec.get("bucket"),
-            "name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
+            "name": _guarded(lambda: self.panel.run_title(run_id, who, view)) or spec.get("name"),
+            "launch_name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
             "stage": view.stage, "degraded": view.degraded, "engine": view.engine,
             "jobs": {role: {"id": job.job_id, "stage": job.status.stage, "message": job.status.message}
                      for role, job in view.current_jobs.items()},
