@@ -197,5 +197,5 @@ def test_a_renamed_run_is_named_by_its_new_name_in_compare_mcp_and_the_run_picke
     status = tools.run_status(None, run_id)
     assert status["name"] == "lr 5e-3 baseline" and status["launch_name"] == "math-lr", status
 
-    choices = dict((value, label) for label, value in run_choices(panel, alice))
+    choices = {value: label for label, value in run_choices(panel, alice)}
     assert choices == {run_id: f"lr 5e-3 baseline · {run_id}", other.run_id: other.run_id}, choices
