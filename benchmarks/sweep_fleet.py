@@ -2,6 +2,7 @@
 
     python benchmarks/sweep_fleet.py [--members 4] [--replicas 4] [--steps 2] [--tokens 512] [--rounds 1]
                                      [--home DIR] [--set FIELD=VALUE ...]
+                                     [--trainer-flavor a10g-small] [--replica-flavor a10g-small] [--price ...]
 
 Both arms train the same 4 members (the local preset "Tiny distributed (CPU, 2 vLLM replicas)" on the builtin tiny
 model, learning rates 1e-4, 5e-4, 1e-3, 2e-3, max_staleness 1, `--steps` steps of a `--tokens` token budget, no
@@ -9,7 +10,9 @@ held-out set), launched through the panel (`Panel.launch`, as the Launch tab lau
 `--replicas` vLLM replica jobs on this machine's cores: A, one sweep whose one fleet has `--replicas` replicas
 (each server bound to its share of the cores, `recipe.split_cores`); B, 4 runs at once, each with `--replicas` / 4
 replicas of its own (each run splits the same cores between its own servers, so B's servers share cores across
-runs). Every trainer runs in both arms. Which arm goes first alternates between rounds.
+runs). With `--replicas` below `--members` (`--replicas 1`: the smallest fleet of each kind) every separate run still
+has one replica, so B has `--members` replicas and A `--replicas`: one fleet for the sweep against a fleet each, what a
+shared fleet is for. Every trainer runs in both arms. Which arm goes first alternates between rounds.
 
 Per member and arm it prints the generated tokens per second of its rollouts (TRL's `rollout/generated_tok_s`, median
 over the member's steps), its wall time from launch to its trainer's end, and what it cost. No price here (local jobs
@@ -18,6 +21,12 @@ member's cost is its share of the fleet's replica-seconds split by the tokens it
 (`backend/view/fleet_cost.py`, as its cost line shows it) plus its own trainer's; in B, its run's replicas plus its
 trainer. Then per arm: the total job-seconds per completed member, and the ratios A/B (min and median over rounds
 where `--rounds` > 1). Every run it starts is cancelled at the end, also on an error or Ctrl-C. Asserts nothing.
+
+Priced: the jobs here run on this machine's CPUs (local jobs bill nothing), so the dollars are the measured
+job-seconds priced on the Jobs price table the panel's cost lines use (`hardware.FALLBACK_FLAVORS`, the built-in
+list) as if each trainer ran on `--trainer-flavor` and each replica on `--replica-flavor` (`--price T:R` adds more
+pairs): a GPU-free run's seconds at GPU prices, not a bill. Start-up share: per member, the time from its arm's launch
+to its trainer's first logged step, over its wall time (launch to its trainer's end).
 """
 
 import argparse
@@ -32,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.plan.cost import job_spend
+from backend.plan.hardware import FALLBACK_FLAVORS
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs.operations import SweepForm
 from backend.runtime import layout
@@ -45,6 +55,7 @@ from panel.presets import PRESETS
 PRESET = "Tiny distributed (CPU, 2 vLLM replicas)"
 RATES = ("1e-4", "5e-4", "1e-3", "2e-3")
 SECONDS = {"local": 3600.0}      # one "dollar" an hour: job_spend's usd is then the job's running seconds
+PRICES = {f.name: f.price_per_hour_usd for f in FALLBACK_FLAVORS}
 
 
 def records(run_dir: str, folder: str, writer: str) -> list[dict]:
@@ -77,7 +88,9 @@ def member_figures(panel, bucket: str, run_id: str, tag: str, launched_at: float
     jobs = panel.local.list_jobs(run_id)
     now = time.time()
     trainer = next((r for r in jobs if r.role == "trainer"), None)
+    first_step = min((r["time"] for r in steps if isinstance(r.get("time"), (int, float))), default=None)
     return {"tag": tag, "run_id": run_id, "steps": len(steps), "log": log, "records": jobs,
+            "start_up_s": None if first_step is None else first_step - launched_at,
             "completed": trainer is not None and trainer.stage == "COMPLETED",
             "gen_tok_s": statistics.median(rates) if rates else None,
             "wall_s": ((trainer.finished_at or now) - launched_at) if trainer else None,
@@ -135,21 +148,44 @@ def per_completed(arm: dict) -> float | None:
     return arm["total_s"] / done if done else None
 
 
-def show(label: str, arm: dict) -> None:
+def priced_per_completed(arm: dict, trainer_flavor: str, replica_flavor: str) -> float | None:
+    """The arm's job-seconds priced on the Jobs price table (trainers on one flavor, replicas on another), per
+    completed member."""
+    done = sum(m["completed"] for m in arm["members"])
+    trainer_s = arm["total_s"] - arm["replica_s"]
+    usd = (trainer_s * PRICES[trainer_flavor] + arm["replica_s"] * PRICES[replica_flavor]) / 3600.0
+    return usd / done if done else None
+
+
+def start_up_share(arm: dict) -> float | None:
+    """The median over members of (launch to first step) / (launch to the trainer's end)."""
+    shares = [m["start_up_s"] / m["wall_s"] for m in arm["members"] if m["start_up_s"] and m["wall_s"]]
+    return statistics.median(shares) if shares else None
+
+
+def show(label: str, arm: dict, pairs: list[tuple[str, str]]) -> None:
     print(f"{label}: wall {arm['wall_s']:.0f} s, replica-s {arm['replica_s']:.0f}, job-s in all "
           f"{arm['total_s']:.0f}, per completed member "
-          f"{_fmt(per_completed(arm))} ({sum(m['completed'] for m in arm['members'])} completed)")
+          f"{_fmt(per_completed(arm))} ({sum(m['completed'] for m in arm['members'])} completed); start-up share "
+          f"(median of members) {_fmt(start_up_share(arm))}")
+    for trainer, replica in pairs:
+        print(f"  priced as trainer {trainer} + replica {replica}: "
+              f"${_fmt3(priced_per_completed(arm, trainer, replica))} per completed member")
     for m in arm["members"]:
         counted = (f"proxy-counted {m['log'].tokens} tokens, {100 * m['token_share']:.0f}% of the fleet's tokens"
                    if m["token_share"] is not None else "tokens not counted (a lone run's proxy counts none)")
         print(f"  {m['tag']} {m['run_id']}: {m['steps']} steps, {'completed' if m['completed'] else 'NOT completed'}"
               f", generated {_fmt(m['gen_tok_s'])} tok/s (TRL, median of its steps), {counted}; "
-              f"wall {_fmt(m['wall_s'])} s; cost {m['cost_s']:.0f} job-s "
+              f"first step at {_fmt(m['start_up_s'])} s, wall {_fmt(m['wall_s'])} s; cost {m['cost_s']:.0f} job-s "
               f"(replicas {m['fleet_share_s'] or 0:.0f} + trainer {m['trainer_s']:.0f})", flush=True)
 
 
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _fmt3(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def main() -> None:
@@ -163,7 +199,16 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds an arm may take")
     parser.add_argument("--home", default=None, help="the panel's home (default: a new temporary folder)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RunSpec field")
+    parser.add_argument("--trainer-flavor", default="a10g-small", help="the Jobs flavor the trainers are priced at")
+    parser.add_argument("--replica-flavor", default="a10g-small", help="the Jobs flavor the replicas are priced at")
+    parser.add_argument("--price", action="append", default=[], metavar="TRAINER:REPLICA",
+                        help="another pair of flavors to price at (e.g. h200:h200)")
     args = parser.parse_args()
+    pairs = [(args.trainer_flavor, args.replica_flavor), *(tuple(p.split(":", 1)) for p in args.price)]
+    unknown = sorted({f for pair in pairs for f in pair} - PRICES.keys())
+    if unknown or any(len(pair) != 2 for pair in pairs):
+        sys.exit(f"unknown flavor(s) {', '.join(unknown) or '?'}: price pairs as TRAINER:REPLICA, each one of "
+                 f"{', '.join(PRICES)}")
     if args.replicas % args.members and args.members % args.replicas:
         sys.exit("--replicas must be a multiple of --members (each separate run gets an equal share)")
     rates = [RATES[i % len(RATES)] if i < len(RATES) else f"{(i + 1)}e-3" for i in range(args.members)]
@@ -178,7 +223,7 @@ def main() -> None:
           f"{len(os.sched_getaffinity(0))} cores; A: one fleet of {values_a['replicas']} replicas; B: "
           f"{args.members} runs of {values_b['replicas']} replica(s) each; home {home}", flush=True)
     started: set[str] = set()
-    ratios = {"tok_s": [], "per_member": [], "wall": []}
+    ratios = {"tok_s": [], "per_member": [], "wall": [], **{f"usd {t}:{r}": [] for t, r in pairs}}
     try:
         for round_ in range(args.rounds):
             order = ("A", "B") if (round_ % 2 == 0) == (args.first == "A") else ("B", "A")
@@ -186,7 +231,7 @@ def main() -> None:
             for arm in order:
                 run = arm_a if arm == "A" else arm_b
                 arms[arm] = run(panel, values_a if arm == "A" else values_b, rates, args.timeout, started)
-                show(f"round {round_ + 1} {arm} ({'one fleet' if arm == 'A' else 'a fleet each'})", arms[arm])
+                show(f"round {round_ + 1} {arm} ({'one fleet' if arm == 'A' else 'a fleet each'})", arms[arm], pairs)
             a, b = arms["A"], arms["B"]
             tok = [[m["gen_tok_s"] for m in arm["members"] if m["gen_tok_s"]] for arm in (a, b)]   # members with steps
             if tok[0] and tok[1]:
@@ -194,9 +239,15 @@ def main() -> None:
             if per_completed(a) and per_completed(b):
                 ratios["per_member"].append(per_completed(a) / per_completed(b))
             ratios["wall"].append(a["wall_s"] / b["wall_s"])
+            for t, r in pairs:
+                usd_a, usd_b = priced_per_completed(a, t, r), priced_per_completed(b, t, r)
+                if usd_a and usd_b:
+                    ratios[f"usd {t}:{r}"].append(usd_a / usd_b)
         for name, label in (("tok_s", "generated tok/s per member (median of members), A/B"),
                             ("per_member", "job-seconds per completed member, A/B"),
-                            ("wall", "wall time of the arm, A/B")):
+                            ("wall", "wall time of the arm, A/B"),
+                            *((f"usd {t}:{r}", f"dollars per completed member, trainer {t} + replica {r}, A/B")
+                              for t, r in pairs)):
             values = ratios[name]
             if values:
                 print(f"{label}: min {min(values):.3f}, median {statistics.median(values):.3f}")

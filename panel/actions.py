@@ -22,6 +22,7 @@ from backend.outcome.best_version import ChoiceError, ChosenAdapter, change_best
 from backend.outcome.publish import PublishError
 from backend.outcome.try_it import try_it
 from backend.plan import recipe
+from backend.plan.cost import format_usd
 from backend.plan.hardware import Flavor
 from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
 from backend.plan.spec import RunSpec, SpecError
@@ -781,7 +782,7 @@ def sweep_markdown(shown: SweepPreview, labels: dict[str, str]) -> str:
                       f"member starts its own {base.replicas} replica(s).")
     lines = [head, table, fleet_line, *(f"⚠️ {note}" for note in fleet.notes), early_stop_line(sweep)]
     if shown.cost is not None:
-        lines.append(_sweep_cost_line(shown))
+        lines += [_sweep_cost_line(shown), sweep_budget_line(sweep, bool(shown.fleet_jobs))]
     first = shown.members[0]
     if first.expiry:
         lines.append(f"⚠️ Not launchable as it is: {first.expiry}")
@@ -800,6 +801,18 @@ def early_stop_line(sweep) -> str:
     if sweep.early_stop_after:
         return f"**Early stop:** {Halving(sweep.early_stop_after).text()}; each stop is recorded with the scores."
     return "**Early stop:** by hand only (the Sweep tab's *Stop this member*)."
+
+
+def sweep_budget_line(sweep, fleet: bool) -> str:
+    """What the preview says about the sweep's one budget cap (billed engines)."""
+    over = "every member's jobs and the shared fleet's" if fleet else "every member's jobs"
+    if not sweep.budget_usd:
+        return (f"**Sweep budget cap:** none (give one to cap {over} together; each member's own *Budget cap* "
+                "covers its own jobs only).")
+    return (f"**Sweep budget cap {format_usd(sweep.budget_usd)}:** once the spend of {over} together reaches it, the "
+            "panel cancels every member still running and then the fleet. Whichever panel process is running "
+            "enforces it, as it does a run's cap (every 30 s by default, also after a restart); the job timeout stays "
+            "the hard limit.")
 
 
 def _sweep_cost_line(shown: SweepPreview) -> str:

@@ -37,7 +37,7 @@ def compare(panel, run_ids: list[str], x: str,
             visitor: Visitor) -> tuple[dict[str, go.Figure], pd.DataFrame, str, pd.DataFrame]:
     """Overlaid figures (one per COMPARED metric, and the held-out score by version), the settings that differ (a
     column per run), a note, and each evaluated run's best version under its own rule."""
-    notes, runs = [], []
+    notes, runs, names = [], [], {}
     for run_id in dict.fromkeys(run_ids or []):
         try:
             registry = panel.runs.find(run_id, visitor)
@@ -46,19 +46,30 @@ def compare(panel, run_ids: list[str], x: str,
             notes.append(f"no run {run_id} that you can see")
             continue
         view.refresh()
+        names[run_id] = _shown_name(panel, run_id, visitor, view)
         if not view.wait_for_history(HISTORY_WAIT_S):
             notes.append(f"{run_id}'s earlier history is still being read: compare again shortly for all of it")
         runs.append((run_id, view, spend_view.cost_at(panel, registry, run_id) if x == "dollars" else None))
     if len(runs) < 2:
         notes.insert(0, "Pick two or more runs to compare.")
-    figures, said = overlay(runs, x)
+    figures, said = overlay(runs, x, label=lambda run_id, view: f"{names.get(run_id) or 'run'} · {run_id}")
     notes += said
-    diff = config_diff({run_id: view.spec for run_id, view, _ in runs}) if len(runs) >= 2 else []
+    # A renamed run is named by its display name in the settings too (its launch name is only what it was called).
+    diff = config_diff({run_id: {**view.spec, "name": names.get(run_id) or view.spec.get("name")}
+                        for run_id, view, _ in runs}) if len(runs) >= 2 else []
     note = "; ".join(notes) if notes else f"{len(runs)} runs; {len(diff)} setting(s) differ."
     table = pd.DataFrame(diff, columns=["setting", *(run_id for run_id, _, _ in runs)] if len(runs) >= 2
                          else ["setting", "run 1", "run 2"])
     best = [row for run_id, view, _ in runs if (row := best_row(run_id, view)) is not None]
     return figures, table, note, pd.DataFrame(best, columns=BEST_HEADERS)
+
+
+def _shown_name(panel, run_id: str, visitor: Visitor, view) -> str:
+    """The run's name as the runs list and its header show it: its display name, else the one it was launched with."""
+    try:
+        return panel.run_title(run_id, visitor, view)
+    except Exception:      # a bucket failing to give the notes: the launch name
+        return str((view.spec or {}).get("name") or "")
 
 
 def overlay(runs: list[tuple[str, object, object]], x: str, names: tuple[str, ...] = PLOTS,

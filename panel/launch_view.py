@@ -164,6 +164,9 @@ def _sweep_section() -> tuple[gr.Accordion, dict]:
                                         info="successive halving: once every member still training has K more "
                                              "held-out versions, the worse half by best held-out score is stopped; "
                                              "0: stop members by hand only (Sweep tab)")
+        parts["budget"] = gr.Number(0, label="Sweep budget cap (USD)", elem_id="sweep-budget",
+                                    info="HF Jobs: one cap over every member's jobs and the fleet's; once their spend "
+                                         "together reaches it, all are cancelled; 0: none")
     return accordion, parts
 
 
@@ -174,7 +177,8 @@ def sweep_form(parts: dict, reviewed: dict | None = None) -> SweepForm:
                  for i in range(MAX_SWEPT_FIELDS))
     seen = reviewed if isinstance(reviewed, dict) else {}
     return SweepForm(rows, parts.get("grid") != SIDE_BY_SIDE, str(seen.get("sweep_id") or ""),
-                     tuple(str(r) for r in seen.get("run_ids") or ()), _whole(parts.get("stop_after")))
+                     tuple(str(r) for r in seen.get("run_ids") or ()), _whole(parts.get("stop_after")),
+                     parts.get("budget"))
 
 
 def _whole(value):

@@ -137,7 +137,8 @@ class PanelTools:
         spec = view.spec or {}
         return redact_record({
             "run_id": run_id, **_guarded(lambda: self.panel.owner_of(run_id, who)), "bucket": spec.get("bucket"),
-            "name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
+            "name": _guarded(lambda: self.panel.run_title(run_id, who, view)) or spec.get("name"),
+            "launch_name": spec.get("name"), "mode": spec.get("mode"), "executor": spec.get("executor"),
             "stage": view.stage, "degraded": view.degraded, "engine": view.engine,
             "jobs": {role: {"id": job.job_id, "stage": job.status.stage, "message": job.status.message}
                      for role, job in view.current_jobs.items()},
@@ -221,7 +222,7 @@ class PanelTools:
 
     @tool
     def preview_sweep(self, ctx: Context, swept: dict, settings: dict | None = None, preset: str = "",
-                      grid: bool = True, early_stop_after: int = 0) -> dict:
+                      grid: bool = True, early_stop_after: int = 0, budget_usd: float = 0.0) -> dict:
         """What a sweep would launch: its members (each an ordinary distributed run), the fleet they need, the most
         they can cost in all and, where billed, the review code launch_sweep needs; or the fields to fix. Nothing is
         launched.
@@ -234,11 +235,13 @@ class PanelTools:
             early_stop_after: K > 0 stops the worse half of the members after every K held-out versions each
                 (successive halving, decided by the members' own trainers with no page open, on every engine);
                 0: members stopped by hand only
+            budget_usd: one cap in USD over every member's jobs and the fleet's (billed engines): once their spend
+                together reaches it, the panel cancels them all; 0: none
         """
         who = self.visitor(ctx)
         try:
             values = _guarded(lambda: form_values(self.panel, who, settings or {}, preset), SpecError)
-            form = sweep_form(swept, grid, early_stop_after)
+            form = sweep_form(swept, grid, early_stop_after, budget_usd=budget_usd)
         except SpecError as exc:
             return {"ok": False, "preview": redact_tokens(str(exc)), "review_code": None, "sweep_id": None,
                     "run_ids": [], "fields_to_fix": [redact_tokens(e.field) for e in exc.errors]}
@@ -250,7 +253,7 @@ class PanelTools:
     @tool
     def launch_sweep(self, ctx: Context, swept: dict, settings: dict | None = None, preset: str = "",
                      grid: bool = True, early_stop_after: int = 0, review_code: str = "", sweep_id: str = "",
-                     run_ids: list[str] | None = None) -> dict:
+                     run_ids: list[str] | None = None, budget_usd: float = 0.0) -> dict:
         """Launch a sweep's members as one. On a billed engine it goes ahead only with the review code
         preview_sweep returned for exactly these arguments; without it, or after a change, nothing is launched and
         a fresh review code comes back. Safe to retry: the same call again (same sweep_id, run_ids and review code)
@@ -265,11 +268,12 @@ class PanelTools:
             review_code: the review code preview_sweep returned
             sweep_id: the sweep id preview_sweep returned, so the launched sweep is the previewed one
             run_ids: the members' run ids preview_sweep returned (m0 first)
+            budget_usd: the same as given to preview_sweep
         """
         who = self.visitor(ctx)
         try:
             values = _guarded(lambda: form_values(self.panel, who, settings or {}, preset), SpecError)
-            form = sweep_form(swept, grid, early_stop_after, sweep_id, run_ids)
+            form = sweep_form(swept, grid, early_stop_after, sweep_id, run_ids, budget_usd)
         except SpecError as exc:
             return {"launched": False, "sweep_id": None, "run_ids": [],
                     "message": redact_tokens(f"Not launched: {exc}"),
@@ -298,6 +302,7 @@ class PanelTools:
         rows = rank_rows([member for member, _ in members])
         return redact_record({"sweep_id": record["sweep_id"], "fleet": record["fleet"] or None,
                               "early_stop_after": record["early_stop_after"],
+                              "budget_usd": record.get("budget_usd", 0.0),
                               "ranking": [dict(zip(RANK_HEADERS, row)) for row in rows]})
 
     @tool
@@ -313,7 +318,7 @@ class PanelTools:
                 "fleet": {"run_id": fleet[0], "cancelled_jobs": fleet[1]} if fleet else None}
 
 
-def sweep_form(swept, grid: bool, early_stop_after, sweep_id: str = "", run_ids=None) -> SweepForm:
+def sweep_form(swept, grid: bool, early_stop_after, sweep_id: str = "", run_ids=None, budget_usd=0.0) -> SweepForm:
     """The launch form's sweep from a tool call's arguments: each swept field's values as the form's text (commas;
     semicolons where a value holds a comma); refused (SpecError, by field) where the shape is not a sweep's."""
     if not isinstance(swept, dict) or not swept:
@@ -327,7 +332,8 @@ def sweep_form(swept, grid: bool, early_stop_after, sweep_id: str = "", run_ids=
     for name, values in swept.items():
         parts = [str(v) for v in values] if isinstance(values, list) else [str(values)]
         rows.append((str(name), ("; " if any("," in part for part in parts) else ", ").join(parts)))
-    return SweepForm(tuple(rows), bool(grid), str(sweep_id or ""), tuple(run_ids or ()), early_stop_after)
+    return SweepForm(tuple(rows), bool(grid), str(sweep_id or ""), tuple(run_ids or ()), early_stop_after,
+                     budget_usd)
 
 
 def build_server(panel: Panel) -> MCPServer:

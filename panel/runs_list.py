@@ -26,8 +26,17 @@ def status_badge(stage: str, timed_out: bool = False, unreadable: bool = False) 
 
 
 def run_badge(run) -> str:
-    """`status_badge` of a RunSummary: timed out when the job its stage comes from timed out."""
+    """`status_badge` of a RunSummary: timed out when the job its stage comes from timed out. A run of replicas
+    alone (a sweep's fleet) that still serves while some of them ended says which serve and which ended."""
     stage = run.stage
+    if "trainer" not in run.stages and stage == "RUNNING" and len(run.stages) > 1:
+        serving = sorted(r for r, s in run.stages.items() if s == "RUNNING")
+        ended = sorted(r for r, s in run.stages.items() if s != "RUNNING")
+        if ended:
+            said = ", ".join(f"{r} {BADGES.get(run.stages[r], run.stages[r].lower())}" for r in ended)
+            return (mark("running", f"serving on {', '.join(serving)} ({len(serving)} of {len(run.stages)})")
+                    + " · " + mark("warning", said)
+                    + (" · " + mark("warning", "job record unreadable") if run.unreadable else ""))
     deciding = ["trainer"] if "trainer" in run.stages else [r for r, s in run.stages.items() if s == stage]
     return status_badge(stage, any(r in run.timed_out for r in deciding), bool(run.unreadable))
 

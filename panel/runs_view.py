@@ -74,8 +74,10 @@ def wire(page) -> None:
     page.on(page["demo"].load, on_url, [], ["run_pick", "tabs", "action_msg"], request=True)
 
 
-def run_choices(panel: Panel, visitor: Visitor) -> list[str]:
-    return [r[0] for r in panel.runs_table(visitor, with_cost=False)]
+def run_choices(panel: Panel, visitor: Visitor) -> list[tuple[str, str]]:
+    """The run pickers' choices, (label, run id): a renamed run's display name (and tags) beside its id, as the runs
+    list names it; a run that was not renamed by its id alone (the cheap table reads no spec)."""
+    return [(f"{r[1]} · {r[0]}" if r[1] else r[0], r[0]) for r in panel.runs_table(visitor, with_cost=False)]
 
 
 def list_update(panel, visitor, find: str, state: str, listed) -> dict:

@@ -109,9 +109,14 @@ def fleet_markdown(split: FleetSplit | None, tag: str) -> str:
     if mine is None:
         return ""
     fleet_cost = format_usd(split.fleet_usd or 0.0) if split.billed else f"{split.fleet_s:,.0f} replica-s"
+    cap = ""
+    if split.billed and split.budget_usd:
+        spent = split.total_usd or 0.0
+        cap = (f" · {'⛔ ' if spent >= split.budget_usd else ''}sweep budget cap {format_usd(split.budget_usd)} "
+               f"({100 * spent / split.budget_usd:.0f}% spent: {format_usd(spent)}, every member and the fleet)")
     if mine.token_share is None:
         return (f"**Fleet share ({tag}):** no member has generated tokens on the shared fleet `{split.fleet_id}` yet: "
-                f"its cost so far ({fleet_cost}) is split between the members by their tokens once they do.")
+                f"its cost so far ({fleet_cost}) is split between the members by their tokens once they do{cap}.")
     total = sum(m.tokens for m in split.members.values())
     if not mine.tokens:
         head = (f"**Fleet share ({tag}):** no tokens generated for {tag} yet ({total:,} for the other members): "
@@ -127,6 +132,7 @@ def fleet_markdown(split: FleetSplit | None, tag: str) -> str:
         whole = (f"sweep total {format_usd(split.total_usd or 0.0)} (fleet {fleet_cost} + "
                  f"{len(split.members)} members' trainers "
                  f"{format_usd(sum(m.own_usd or 0.0 for m in split.members.values()))})")
+        whole += cap
     else:
         own = f"this trainer {mine.own_s:,.0f} s"
         whole = (f"sweep total {split.total_s:,.0f} job-s (fleet {fleet_cost} + {len(split.members)} members' "

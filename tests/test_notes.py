@@ -166,3 +166,36 @@ def test_a_name_in_a_file_that_could_not_have_been_saved_is_not_shown():
     for bad in ("<script>x</script>", "a\nb", "x" * (MAX_NAME_CHARS + 1), 7, None):
         notes = parse_notes(json.dumps({"name": bad, "tags": ["a"]}).encode())
         assert notes.name == "" and notes.tags == ("a",), bad
+
+
+def test_a_renamed_run_is_named_by_its_new_name_in_compare_mcp_and_the_run_pickers(hub, space_run):
+    """Wherever a run is named, a rename shows: Compare's lines and settings, MCP's list_runs and run_status, the run
+    pickers' choices (their values stay the run ids)."""
+    from panel.compare_view import compare
+    from panel.mcp_tools import PanelTools
+    from panel.runs_view import run_choices
+
+    panel, run_id = space_run
+    alice = Visitor(ALICE, "alice")
+    other, _ = launch_reviewed(panel, {**FORM, "name": "math-lr-2", "learning_rate": 2e-5}, alice)
+    for each in (run_id, other.run_id):
+        hub.put_file("acme/grpo-runs", f"runs/{each}/metrics/trainer-000000.jsonl",
+                     "".join(json.dumps({"step": s, "time": 1_800_000_000.0 + s, "reward": 0.1 * s}) + "\n"
+                             for s in (1, 2, 3)).encode())
+    assert panel.rename_run(run_id, alice, "lr 5e-3 baseline").startswith(f"Run {run_id} (")
+
+    figures, diff, _, _ = compare(panel, [run_id, other.run_id], "step", alice)
+    names = [trace.name for trace in figures["reward"].data]
+    assert names == [f"lr 5e-3 baseline · {run_id}", f"math-lr-2 · {other.run_id}"], names
+    [name_row] = diff[diff["setting"] == "name"].values.tolist()
+    assert name_row == ["name", "lr 5e-3 baseline", "math-lr-2"], name_row
+
+    tools = PanelTools(panel)
+    tools.visitor = lambda ctx: alice
+    rows = {r["run"]: r["name"] for r in tools.list_runs(None)["runs"]}
+    assert rows[run_id] == "lr 5e-3 baseline", rows
+    status = tools.run_status(None, run_id)
+    assert status["name"] == "lr 5e-3 baseline" and status["launch_name"] == "math-lr", status
+
+    choices = {value: label for label, value in run_choices(panel, alice)}
+    assert choices == {run_id: f"lr 5e-3 baseline · {run_id}", other.run_id: other.run_id}, choices

@@ -3,7 +3,7 @@
 import pytest
 
 from backend.plan.jobspec import run_stage
-from panel.runs_list import progress_bar, status_badge
+from panel.runs_list import progress_bar, run_badge, status_badge
 
 pytestmark = pytest.mark.unit
 
@@ -11,6 +11,7 @@ pytestmark = pytest.mark.unit
 @pytest.mark.parametrize("stages, stage", [
     ({"trainer": "RUNNING", "vllm-0": "ERROR"}, "RUNNING"),        # a failed replica degrades, the trainer decides
     ({"vllm-0": "COMPLETED", "vllm-1": "ERROR"}, "ERROR"),
+    ({"vllm-0": "ERROR", "vllm-1": "RUNNING"}, "RUNNING"),        # a sweep's fleet that still serves is running
     ({"vllm-0": "CANCELED", "vllm-1": "COMPLETED"}, "CANCELED"),
     ({}, "UNKNOWN"),
 ])
@@ -52,3 +53,21 @@ def test_every_mark_is_words_and_a_symbol_a_plain_text_font_draws():
     for stage in ("RUNNING", "SCHEDULING", "COMPLETED", "ERROR", "CANCELED", "SOMETHING"):
         badge = status_badge(stage, unreadable=True)
         assert not any(_is_emoji(c) for c in badge) and stage.lower() in badge and "unreadable" in badge, badge
+
+
+class _Listed:
+    """A run as the registry lists it: its jobs' stages by role, and its stage by `run_stage`."""
+
+    def __init__(self, stages: dict[str, str]):
+        self.stages, self.timed_out, self.unreadable = stages, set(), False
+        self.stage = run_stage(stages)
+
+
+def test_a_fleets_row_says_which_replicas_serve_and_which_ended():
+    assert run_badge(_Listed({"vllm-0": "ERROR", "vllm-1": "RUNNING"})) == \
+        "● serving on vllm-1 (1 of 2) · ▲ vllm-0 failed"
+    assert run_badge(_Listed({"vllm-0": "CANCELED", "vllm-1": "RUNNING", "vllm-2": "RUNNING"})) == \
+        "● serving on vllm-1, vllm-2 (2 of 3) · ▲ vllm-0 stopped"
+    assert run_badge(_Listed({"vllm-0": "RUNNING", "vllm-1": "RUNNING"})) == "● running"
+    assert run_badge(_Listed({"vllm-0": "ERROR", "vllm-1": "ERROR"})) == "✗ error"
+    assert run_badge(_Listed({"trainer": "RUNNING", "vllm-0": "ERROR"})) == "● running", "a run's own trainer decides"

@@ -5,6 +5,7 @@ fake's hardware list (l4x1 $0.013333/min -> $0.80/h, a10g-small $0.016667/min ->
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from backend.plan.cost import running_interval, spend_curve
 from backend.plan.jobspec import JobRecord
 from backend.plan.spec import RunSpec
 from backend.runs.access import Visitor
+from backend.runs.operations import SweepForm
 from panel import spend_view
 from panel.actions import Panel
 from panel.runs_list import RUNS_HEADERS
@@ -24,6 +26,7 @@ T0 = 1_800_000_000.0
 FORM = {"executor": "hf_jobs", "model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "trl-lib/DeepMath-103K",
         "bucket": "alice/grpo-runs", "flavor": "a10g-small", "rewards": ["format"], "max_steps": 100}
 DISTRIBUTED = {**FORM, "mode": "distributed", "replicas": 2, "vllm_flavor": "l4x1"}
+SWEEP = SweepForm((("learning_rate", "1e-4, 5e-4"),))
 
 
 class FakeClock:
@@ -241,3 +244,83 @@ def test_orphans_in_a_namespace_the_visitor_only_reads_are_shown_but_not_cancell
     assert "Not cancelled: HF Jobs in acme: You have read-only access to acme" in message
     assert jobs_of(hub, run_id)["trainer"].stage == "RUNNING"
     assert "Sign in" in spend_view.cancel_all_orphans(panel, Visitor())
+
+
+def launch_sweep(panel: Panel, form: dict, sweep: SweepForm):
+    """Preview the sweep, then launch exactly what was previewed; the launch's answer and the preview."""
+    shown = panel.preview(form, sweep=sweep)
+    assert shown.fingerprint, shown.markdown
+    result = panel.launch(form, confirmed=shown.fingerprint,
+                          sweep=replace(sweep, sweep_id=shown.sweep_id, run_ids=shown.run_ids))
+    assert result.run_ids == shown.run_ids, result.message
+    return result, shown
+
+
+def test_a_sweeps_cap_cancels_every_member_and_the_fleet_once_their_spend_together_reaches_it(hub, make_panel, clock):
+    """One cap over the sweep: two members' trainers (a10g-small, $1.00/h each) and the shared fleet's two replicas
+    (l4x1, $0.80/h each), $3.60/h together. No member's own spend comes near it, and the fleet has no cap of its own:
+    only the sweep's total stops them, all of them, from the panel's background check (no page)."""
+    panel = make_panel()
+    result, shown = launch_sweep(panel, DISTRIBUTED, replace(SWEEP, budget_usd="0.5"))
+    assert "**Sweep budget cap $0.500:** once the spend of every member's jobs and the shared fleet's" in shown.markdown
+    fleet = shown.sweep_id
+    runs = [*result.run_ids, fleet]
+    for run_id in runs:
+        run_for(hub, clock, run_id, {role: T0 for role in jobs_of(hub, run_id)})
+    clock.t = T0 + 400                                  # 400 s x $3.60/h = $0.40: under the cap
+    assert panel.watch.enforce_budgets() == []
+    assert {j.stage for r in runs for j in jobs_of(hub, r).values()} == {"RUNNING"}
+    view = panel.view(result.run_ids[0])
+    view.refresh()
+    line = spend_view.cost_line(panel, result.run_ids[0], Visitor(), view)
+    assert "sweep budget cap $0.500 (80% spent: $0.400, every member and the fleet)" in line, line
+
+    clock.t = T0 + 600                                  # $0.60: past the sweep's cap
+    for run_id in runs:
+        panel.runs.find(run_id, Visitor()).forget_listing()
+    stops = panel.watch.enforce_budgets()
+    assert [s.run_id for s in stops] == runs, "the members first, then the fleet"
+    assert all("reached the sweep's budget cap of $0.500" in s.reason and "$0.600" in s.reason for s in stops)
+    assert {j.stage for r in runs for j in jobs_of(hub, r).values()} == {"CANCELED"}, "every member and the fleet"
+    assert sorted(j for s in stops for j in s.cancelled) == sorted(j.id for r in runs for j in jobs_of(hub, r).values())
+    files = hub.buckets["alice/grpo-runs"].files
+    for run_id in runs:
+        [path] = [p for p in files if p.startswith(f"runs/{run_id}/events/panel-budget-")]
+        event = json.loads(files[path].data)
+        assert event["event"] == "budget_cap" and event["budget_usd"] == 0.5 and "sweep" in event["reason"]
+    assert panel.watch.enforce_budgets() == [], "a sweep that is over is not stopped again"
+    assert spend_view.orphan_rows(panel, Visitor())[0] == [], "no job of the sweep is left billing"
+
+
+@pytest.mark.parametrize(("budget", "says"), [
+    (-1, "is 0 (none) or a positive amount in USD"),
+    ("twenty", "'twenty' is not a number"),
+    (float("inf"), "is 0 (none) or a positive amount in USD"),
+    # 2 replicas (l4x1) and 2 trainers (a10g-small), each billed its first minute: $0.060.
+    (0.05, ("$0.050 is below what launching the sweep alone costs: its 4 jobs are each billed at least a minute, "
+            "$0.060 together")),
+])
+def test_a_bad_sweep_cap_is_refused_by_name_and_launches_nothing(hub, make_panel, budget, says):
+    panel = make_panel()
+    posts = len(hub.job_posts())
+    sweep = replace(SWEEP, budget_usd=budget)
+    shown = panel.preview(DISTRIBUTED, sweep=sweep)
+    assert shown.fingerprint is None and "sweep_budget_usd" in shown.fields, shown.markdown
+    assert says in shown.markdown.replace("\\$", "$"), shown.markdown
+    result = panel.launch(DISTRIBUTED, confirmed="any", sweep=sweep)
+    assert not result.run_ids and "sweep_budget_usd" in result.fields, result.message
+    assert len(hub.job_posts()) == posts, "no job submitted"
+    bucket = hub.buckets.get("alice/grpo-runs")
+    assert bucket is None or not [p for p in bucket.files if p.startswith("sweeps/")], "no sweep record written"
+
+
+def test_a_sweep_cap_on_this_machine_is_refused_and_the_preview_says_none_without_one(hub, make_panel):
+    panel = make_panel()
+    local = panel.preview({"executor": "local", "mode": "distributed"}, sweep=replace(SWEEP, budget_usd=5))
+    assert local.fingerprint is None and "sweep_budget_usd" in local.fields
+    assert "runs on local processes bill nothing" in local.markdown, local.markdown
+    shown = panel.preview(DISTRIBUTED, sweep=SWEEP)
+    assert "**Sweep budget cap:** none" in shown.markdown
+    capped = panel.preview(DISTRIBUTED, sweep=replace(SWEEP, budget_usd=5, sweep_id=shown.sweep_id,
+                                                      run_ids=shown.run_ids))
+    assert capped.fingerprint != shown.fingerprint, "a new cap needs a new review"

@@ -6,7 +6,15 @@ import shlex
 import pytest
 
 from backend.plan.spec import RunSpec, SpecError
-from backend.plan.sweep import MAX_FLEET_LORA_SLOTS, MAX_MEMBERS, SweepSpec, fleet_size, parse_swept
+from backend.plan.sweep import (
+    BUDGET_FIELD,
+    MAX_FLEET_LORA_SLOTS,
+    MAX_MEMBERS,
+    SweepSpec,
+    fleet_size,
+    parse_budget,
+    parse_swept,
+)
 from backend.runtime import layout
 
 pytestmark = pytest.mark.unit
@@ -288,3 +296,24 @@ def test_a_fleets_row_reads_its_name_and_sweep_from_fleet_json(tmp_path):
     assert run_record(store, "r1") == {"name": "lr-m0"}
     with pytest.raises((OSError, KeyError)):
         run_record(store, "nothing")
+
+
+def test_the_sweeps_budget_cap_is_read_from_a_number_or_its_text_and_anything_else_is_refused_by_name():
+    from panel.launch_view import sweep_form
+
+    assert parse_budget(None) == parse_budget("") == parse_budget("  ") == 0.0
+    assert parse_budget(20) == parse_budget("20") == parse_budget(" $20.00 ") == 20.0
+    assert parse_budget("1,250.5") == 1250.5
+    for bad in ("twenty", "5 USD", True, [5]):
+        with pytest.raises(SpecError) as refused:
+            parse_budget(bad)
+        assert [e.field for e in refused.value.errors] == [BUDGET_FIELD], bad
+    assert sweep_form({"field0": "learning_rate", "values0": "1e-4, 5e-4", "budget": 12.5}).budget_usd == 12.5
+    base = RunSpec(mode="distributed", executor="hf_jobs", bucket="alice/grpo-runs", vllm_flavor="l4x1")
+    swept = {"learning_rate": [1e-4, 5e-4]}
+    for bad in (-1.0, float("nan"), float("inf")):
+        assert [e.field for e in SweepSpec(base, swept, budget_usd=bad).field_problems()] == [BUDGET_FIELD], bad
+    capped = SweepSpec(base, swept, sweep_id="sweep-a", budget_usd=20.0)
+    members = capped.members()
+    assert capped.record(members)["budget_usd"] == 20.0
+    assert capped.fingerprint(members) != SweepSpec(base, swept, sweep_id="sweep-a").fingerprint(members)

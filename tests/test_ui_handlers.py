@@ -157,7 +157,7 @@ def test_the_log_filter_keeps_matching_lines_and_a_tick_without_a_run_lists_the_
     assert dashboard_view.on_log_filter(panel, ANYONE, None, "trainer", "") == {live.LOG_KEY: ""}
     tick = runs_view.on_tick(panel, ANYONE, None, *SHOWN, None, None, "", "all")
     assert tick["runs_table"][0][0] == run.spec.run_id and tick["listed"]["rows"] == tick["runs_table"]
-    assert tick["run_pick"] == gr.update(choices=[run.spec.run_id]) == tick["compare_picks"]
+    assert tick["run_pick"] == gr.update(choices=[(run.spec.run_id, run.spec.run_id)]) == tick["compare_picks"]
     assert "drawn" not in tick
     assert runs_view.list_update(panel, ANYONE, "", "all", tick["listed"]) == {}, "an unchanged list is not re-sent"
 
@@ -217,7 +217,8 @@ def test_new_run_from_a_run_fills_the_form_from_its_spec_and_opens_the_launch_ta
 
 def test_a_page_load_offers_the_visitors_runs_and_the_flavors_with_their_prices(panel, run):
     loaded = launch_view.on_load(panel, ANYONE, "local", "local/runs")
-    assert loaded["run_pick"]["choices"] == [run.spec.run_id] and loaded["form.bucket"] == "local/runs"
+    assert loaded["run_pick"]["choices"] == [(run.spec.run_id, run.spec.run_id)]     # (label, value): not renamed
+    assert loaded["form.bucket"] == "local/runs"
     assert loaded["form.flavor"]["choices"] and loaded["form.flavor"] == loaded["form.vllm_flavor"]
     assert all("/h" in label for label, _ in loaded["form.flavor"]["choices"])
 

@@ -107,6 +107,18 @@ def estimate_cost(jobs: list[JobSpec], flavors: list[Flavor]) -> float:
     return sum(prices[job.flavor] * job.timeout_s * job.attempts / 3600.0 for job in jobs)
 
 
+BILLED_MINIMUM_S = 60.0    # the Hub bills a job by the minute: one that starts at all is billed at least this
+
+
+def launch_floor_usd(jobs: list[JobSpec], flavors: list[Flavor]) -> float | None:
+    """The least launching these jobs can cost, in USD: each job billed its first minute (None where a flavor's price
+    is unknown: not knowable). A budget cap below it would cancel everything at the first check."""
+    prices = {f.name: f.price_per_hour_usd for f in flavors} | {LOCAL_FLAVOR: 0.0}
+    if any(job.flavor not in prices for job in jobs):
+        return None
+    return sum(prices[job.flavor] * BILLED_MINIMUM_S / 3600.0 for job in jobs)
+
+
 def hardware_problems(spec, flavors: list[Flavor]) -> list[FieldError]:
     """What the chosen hardware cannot do for this spec (HF Jobs): unknown flavors, more data-parallel processes
     than GPUs. (A tensor-parallel size that does not divide the processes is the spec's own error, local runs too.)"""

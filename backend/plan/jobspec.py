@@ -12,10 +12,11 @@ TERMINAL_STAGES = frozenset({COMPLETED, ERROR, CANCELED, DELETED})
 def run_stage(stages: dict[str, str]) -> str:
     """The one rule for a run's stage from its jobs' (role -> stage), used by the runs list and a run's view: the
     trainer's while it has one (a failed replica makes a run degraded, not failed), else the most telling of the
-    others', else any of theirs; UNKNOWN for a run without jobs."""
+    others' (a sweep's fleet, replicas alone: running while any replica still serves, its members train on it; else
+    failed if one failed), else any of theirs; UNKNOWN for a run without jobs."""
     if "trainer" in stages:
         return stages["trainer"]
-    for stage in (ERROR, RUNNING, SCHEDULING, CANCELED, COMPLETED):
+    for stage in (RUNNING, ERROR, SCHEDULING, CANCELED, COMPLETED):
         if stage in stages.values():
             return stage
     return next(iter(stages.values()), "UNKNOWN")

@@ -36,6 +36,8 @@ MAX_MEMBERS = MAX_FLEET_LORA_SLOTS // 2
 # The early-stop rule's K (successive halving after K held-out versions each): 0 stops members by hand only.
 MAX_EARLY_STOP_AFTER = 1000
 EARLY_STOP_FIELD = "early_stop_after"
+# The sweep's one budget cap over its members and its fleet (USD; 0: none), as a refusal names it.
+BUDGET_FIELD = "sweep_budget_usd"
 
 # The trainer-side fields of the distributed section: each member's own, not the fleet's.
 DISTRIBUTED_MEMBER_FIELDS = ("max_staleness", "max_tokens_per_batch", "max_inflight_tasks", "queue_maxsize",
@@ -84,6 +86,9 @@ class SweepSpec:
     # The stated early-stop rule: successive halving on the best held-out score after this many evaluated versions
     # each (`backend/view/sweep.py`, `Halving`); 0: members are stopped by hand only.
     early_stop_after: int = 0
+    # One cap over every member's jobs and the fleet's, in USD (0: none): once their spend together reaches it, the
+    # panel's budget check cancels them all (`backend/runs/budget.py`, `SpendWatch.enforce_sweeps`).
+    budget_usd: float = 0.0
 
     def __post_init__(self):
         if not self.sweep_id:
@@ -109,6 +114,9 @@ class SweepSpec:
         base_errs = self.base.validate()
         if base_errs:
             return base_errs
+        if self.budget_usd and not self.base.engine.billed:
+            return [FieldError(BUDGET_FIELD, f"runs on {self.base.engine.label} bill nothing, so a sweep there has no "
+                                             "spend to cap: leave the sweep's budget cap 0, or run on hf_jobs")]
         if self.early_stop_after and self.base.eval_source == "none":
             return [FieldError(EARLY_STOP_FIELD, "successive halving ranks the members by held-out score: choose a "
                                                  "held-out set (Held-out evaluation), or set 0 to stop by hand")]
@@ -124,6 +132,10 @@ class SweepSpec:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_EARLY_STOP_AFTER:
             return [FieldError(EARLY_STOP_FIELD, f"a whole number of held-out versions from 0 (stop by hand only) to "
                                                  f"{MAX_EARLY_STOP_AFTER}, not {k!r:.40}")]
+        b = self.budget_usd
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b < 0:
+            return [FieldError(BUDGET_FIELD, f"the sweep's budget cap is 0 (none) or a positive amount in USD, e.g. "
+                                             f"20; not {b!r:.40}")]
         if not self.swept:
             return [FieldError("sweep", "name one to three fields to sweep, each with its values")]
         if len(self.swept) > MAX_SWEPT_FIELDS:
@@ -185,6 +197,8 @@ class SweepSpec:
         codes = [m.fingerprint() for m in members]
         if self.early_stop_after:      # the stated rule is reviewed too (a sweep without one hashes as before)
             codes.append(f"early_stop_after={self.early_stop_after}")
+        if self.budget_usd:            # and the cap (a sweep without one hashes as before)
+            codes.append(f"budget_usd={float(self.budget_usd)!r}")
         return hashlib.sha256(json.dumps(codes).encode()).hexdigest()[:10]
 
     def record(self, members: list[RunSpec]) -> dict:
@@ -194,13 +208,30 @@ class SweepSpec:
                 "fleet": members[0].fleet if members else "",
                 "members": {m.sweep_member: m.run_id for m in members},
                 "settings": {m.sweep_member: self.member_settings(m) for m in members},
-                "early_stop": self.early_stop()}
+                "early_stop": self.early_stop(), "budget_usd": float(self.budget_usd)}
 
     def early_stop(self) -> dict:
         """The stated early-stop rule as the record keeps it: successive halving after K versions, or by hand."""
         if self.early_stop_after:
             return {"rule": "successive halving", "after_versions": self.early_stop_after}
         return {"rule": "by hand"}
+
+
+def parse_budget(value) -> float:
+    """The sweep's budget cap from the form or a tool call: a number, or text of one ("20", "$12.50"); empty or None
+    is 0 (no cap). Raises SpecError naming BUDGET_FIELD for anything else (a negative or non-finite amount is
+    refused by `SweepSpec.field_problems`, which says what would be valid)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().removeprefix("$").replace(",", ""))
+        except ValueError:
+            pass
+    raise SpecError([FieldError(BUDGET_FIELD, f"the sweep's budget cap is an amount in USD, e.g. 20 (0: none); "
+                                              f"{str(value)[:40]!r} is not a number")])
 
 
 def parse_swept(rows: list[tuple[str, str]]) -> dict[str, list]:

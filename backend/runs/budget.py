@@ -4,6 +4,12 @@ A run's cap is `budget_usd` in its spec.json, so a restarted panel, or a second 
 is idempotent: the run's jobs are found by label and only those not over are cancelled, and the event that says
 why (`events/panel-budget-<seq>.jsonl` in the run's folder) is written once, and again only when a later pass
 cancelled more jobs (a resumed run that reached its cap again).
+
+A sweep's cap is `budget_usd` in its record (`sweeps/<sweep id>.json`): one cap over every member's jobs and its
+shared fleet's, checked by the same pass (`SpendWatch.enforce_sweeps`) against their spend together; once reached,
+every member still running is cancelled, then the fleet, each with the same event. It acts on spend only, not on a
+projection: the early-stop rule ends members early, so every member's rate to its max_steps overstates what a sweep
+spends.
 """
 
 import json
@@ -16,6 +22,7 @@ from backend.plan.cost import RunCost, format_duration, format_usd
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
+from backend.storage.journal import LAUNCHING
 from backend.view.summary import RunSummaries
 
 log = logging.getLogger(__name__)
@@ -44,14 +51,20 @@ class BudgetStop:
 
 
 class SpendWatch(RunSummaries):
-    """The budget cap over the run summaries: whichever panel process runs enforces every live run's cap."""
+    """The budget cap over the run summaries: whichever panel process runs enforces every live run's cap, and every
+    sweep's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sweep_caps: dict[tuple[str, str], tuple[float, list[str]]] = {}
 
     def enforce(self, registry) -> list[BudgetStop]:
         """Cancel every job of each live run of the registry whose spend or projection reached its cap."""
         if not registry.engine.billed:
             return []     # local runs cost nothing (a budget on one is refused when it is launched)
         stops = []
-        for run in registry.list_runs():
+        runs = registry.list_runs()
+        for run in runs:
             if run.bucket is None or all(stage in TERMINAL_STAGES for stage in run.stages.values()):
                 continue
             cost, spec = self.cost(registry, run.run_id)
@@ -64,7 +77,57 @@ class SpendWatch(RunSummaries):
             except Exception as exc:   # e.g. a read-only token: the other runs' caps are still checked
                 log.warning("run %s reached its budget cap (%s) but could not be stopped with this token: %s",
                             run.run_id, reason, redact_tokens(str(exc)))
+        return stops + self.enforce_sweeps(registry, runs)
+
+    def enforce_sweeps(self, registry, runs) -> list[BudgetStop]:
+        """Cancel every member and the fleet of each sweep with a live run among `runs` whose members' and fleet's
+        spend together reached the sweep's cap (its record's `budget_usd`)."""
+        sweeps: dict[tuple[str, str], None] = {}
+        for run in runs:
+            if run.bucket is None or all(stage in TERMINAL_STAGES for stage in run.stages.values()):
+                continue
+            sweep_id = self.cost(registry, run.run_id)[1].get("sweep_id")    # a member's spec, or the fleet's record
+            if isinstance(sweep_id, str) and sweep_id:
+                sweeps[(run.bucket, sweep_id)] = None
+        stops = []
+        for bucket, sweep_id in sweeps:
+            try:
+                stops += self._enforce_sweep(registry, bucket, sweep_id)
+            except Exception as exc:   # a failing bucket or a read-only token: the other sweeps are still checked
+                log.warning("sweep %s: its budget cap could not be checked or enforced: %s", sweep_id,
+                            redact_tokens(str(exc)))
         return stops
+
+    def _enforce_sweep(self, registry, bucket: str, sweep_id: str) -> list[BudgetStop]:
+        budget, run_ids = self.sweep_cap(registry, bucket, sweep_id)
+        if not budget:
+            return []
+        costs = {run_id: self.cost(registry, run_id)[0] for run_id in run_ids}
+        spent = sum(cost.spent_usd or 0.0 for cost in costs.values())
+        if spent < budget:
+            return []
+        reason = (f"sweep {sweep_id}'s spend, every member's jobs and its fleet's together, {format_usd(spent)}, "
+                  f"reached the sweep's budget cap of {format_usd(budget)}")
+        # The members first, then the fleet (after its trainers, which record their end first), as Cancel sweep does.
+        return [self.stop(registry, run_id, bucket, reason, cost, budget) for run_id, cost in costs.items()
+                if any(job.active for job in cost.jobs)]
+
+    def sweep_cap(self, registry, bucket: str, sweep_id: str) -> tuple[float, list[str]]:
+        """The sweep's cap (0: none) and the run ids it covers, its members by tag and then its fleet's, from its
+        record in the bucket (kept once read: a launched sweep's members and cap never change)."""
+        key = (bucket, sweep_id)
+        kept = self._sweep_caps.get(key)
+        if kept is not None:
+            return kept
+        record = json.loads(registry.store_for(bucket).read_bytes(layout.sweep_record_path(sweep_id)))
+        members = record.get("members") if isinstance(record.get("members"), dict) else {}
+        fleet = record.get("fleet") if isinstance(record.get("fleet"), str) else ""
+        budget = record.get("budget_usd")
+        budget = float(budget) if isinstance(budget, (int, float)) and not isinstance(budget, bool) else 0.0
+        found = (budget, [str(r) for _, r in sorted(members.items())] + ([fleet] if fleet else []))
+        if record.get("state") != LAUNCHING:     # a launch still under way may not have written its end yet
+            self._sweep_caps[key] = found
+        return found
 
     def resume_problem(self, registry, run_id: str, budget_usd: float) -> str | None:
         """Why resuming would be pointless: the run already spent its cap, so its new jobs would be cancelled."""

@@ -18,12 +18,13 @@ from dataclasses import dataclass, replace
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.executors.local import LocalExecutor
 from backend.plan import recipe
+from backend.plan.cost import format_usd
 from backend.plan.engines import engine, engines, known_engine
 from backend.plan.engines.base import Engine
-from backend.plan.hardware import Flavor, estimate_cost, hardware_problems
+from backend.plan.hardware import Flavor, estimate_cost, hardware_problems, launch_floor_usd
 from backend.plan.jobspec import JobSpec
 from backend.plan.spec import TASK_FIELDS, FieldError, RunSpec, SpecError
-from backend.plan.sweep import FleetSize, SweepSpec, fleet_size, parse_swept
+from backend.plan.sweep import BUDGET_FIELD, FleetSize, SweepSpec, fleet_size, parse_budget, parse_swept
 from backend.runs.access import (
     ANONYMOUS,
     Deployment,
@@ -116,6 +117,7 @@ class SweepForm:
     sweep_id: str = ""
     run_ids: tuple[str, ...] = ()
     early_stop_after: int = 0          # the stated early-stop rule's K (`SweepSpec.early_stop_after`)
+    budget_usd: object = 0.0           # the sweep's cap as given (a number, or text of one: `parse_budget`)
 
     @property
     def wanted(self) -> bool:
@@ -420,21 +422,25 @@ class Operations:
         """Every member of the sweep the form describes, each checked as a run of its own, and the one fleet they
         need; raises SpecError naming every field to fix (the form's and the sweep's alike). `refuse_taken` False:
         run ids in use are left to the caller (`sweep_ids_taken`: a launch answers a retry of itself first)."""
-        errors, base, swept = [], None, {}
+        errors, base, swept, budget = [], None, {}, 0.0
         try:
             base = self.checked_spec(values, None, visitor, webhook)
         except SpecError as exc:
             errors += exc.errors
         try:
+            budget = parse_budget(form.budget_usd)
+        except SpecError as exc:
+            errors += exc.errors
+        try:
             swept = parse_swept(list(form.rows))
             if errors:      # the base refused: say what is wrong with the swept fields too, at once
-                errors += SweepSpec(RunSpec(), swept, form.grid, "sweep",
-                                    early_stop_after=form.early_stop_after).field_problems()
+                errors += SweepSpec(RunSpec(), swept, form.grid, "sweep", early_stop_after=form.early_stop_after,
+                                    budget_usd=budget).field_problems()
         except SpecError as exc:
             errors += exc.errors
         if errors:
             raise SpecError(errors)
-        sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids, form.early_stop_after)
+        sweep = SweepSpec(base, swept, form.grid, form.sweep_id, form.run_ids, form.early_stop_after, budget)
         members = [self.build_spec(m.to_dict(), None, visitor) for m in sweep.members()]
         taken = self.sweep_ids_taken(members, form, visitor, base) if refuse_taken else []
         if taken:
@@ -450,8 +456,24 @@ class Operations:
             problem = next((c.problem for c in each if c is not None and c.usd is None), None)
             cost = CostEstimate(sum(known) if problem is None else None, problem,
                                 any(c.fallback_prices for c in each if c is not None))
+            floor = self._below_launch_floor(sweep.budget_usd, [*fleet, *(j for p in previews for j in p.jobs)],
+                                             visitor)
+            if floor:
+                raise SpecError([floor])
         commands = [base.engine.preview_command(job, self.local.bucket_root) for job in fleet]
         return SweepPreview(sweep, previews, size, sweep.fingerprint(members), cost, fleet, commands)
+
+    def _below_launch_floor(self, budget: float, jobs: list[JobSpec], visitor: Visitor) -> FieldError | None:
+        """A sweep budget below what submitting its jobs alone costs (each billed its first minute), where the prices
+        say it: it would cancel the whole sweep at the panel's first check."""
+        floor = launch_floor_usd(jobs, self.flavors(visitor)) if budget else None
+        if floor is None or budget >= floor:
+            return None
+        return FieldError(BUDGET_FIELD, f"{format_usd(budget)} is below what launching the sweep alone costs: its "
+                                        f"{len(jobs)} jobs are each billed at least a minute, {format_usd(floor)} "
+                                        f"together, so the cap would cancel every member and the fleet at once. Give "
+                                        f"at least {format_usd(floor)} (a sweep that trains needs far more), or 0 "
+                                        "for no cap")
 
     def sweep_ids_taken(self, members: list[RunSpec], form: SweepForm, visitor: Visitor,
                         base: RunSpec) -> list[FieldError]:
@@ -586,7 +608,9 @@ class Operations:
         settings = record.get("settings") if isinstance(record.get("settings"), dict) else {}
         early = record.get("early_stop") if isinstance(record.get("early_stop"), dict) else {}
         after = early.get("after_versions")
+        budget = record.get("budget_usd")
         return {"sweep_id": str(sweep_id), "members": members,
+                "budget_usd": float(budget) if type(budget) in (int, float) and budget > 0 else 0.0,
                 "fleet": record.get("fleet") if isinstance(record.get("fleet"), str) else "",
                 "settings": {tag: s for tag, s in settings.items() if isinstance(s, dict)},
                 "early_stop_after": after if isinstance(after, int) and not isinstance(after, bool) and after > 0

@@ -133,6 +133,7 @@ class FleetSplit:
     fleet_s: float                   # the fleet's replica-seconds so far
     fleet_usd: float | None
     live: bool                       # a fleet job still runs
+    budget_usd: float = 0.0          # the sweep's budget cap over the members and the fleet (0: none)
 
     @property
     def total_usd(self) -> float | None:
@@ -148,9 +149,9 @@ class FleetSplit:
 
 
 def fleet_split(fleet_records: list, member_records: dict[str, tuple[str, list]], logs: dict[str, TokenLog],
-                prices: dict[str, float], billed: bool, now: float) -> FleetSplit:
+                prices: dict[str, float], billed: bool, now: float, budget_usd: float = 0.0) -> FleetSplit:
     """The split from job records (the fleet's; each member's as (run id, records) by tag), the members' token logs,
-    the prices (flavor -> USD/h) and the clock. Pure."""
+    the prices (flavor -> USD/h), the clock and the sweep's budget cap. Pure."""
     seconds = {r.flavor: 3600.0 for r in fleet_records if r.flavor}    # one "dollar" an hour: the curve counts seconds
     spans = [j for r in fleet_records if (j := job_spend(r, seconds, now)).running_s > 0 or j.active]
     starts = [r.started_at or r.created_at for r in fleet_records if (r.started_at or r.created_at)]
@@ -170,12 +171,13 @@ def fleet_split(fleet_records: list, member_records: dict[str, tuple[str, list]]
                                   sum(j.usd or 0.0 for j in own) if billed else None)
     fleet_usd = sum(job_spend(r, prices, now).usd or 0.0 for r in fleet_records) if billed else None
     return FleetSplit(fleet_records[0].run_id if fleet_records else "", billed, members,
-                      sum(j.running_s for j in spans), fleet_usd, any(j.active for j in spans))
+                      sum(j.running_s for j in spans), fleet_usd, any(j.active for j in spans), budget_usd)
 
 
 @dataclass
 class _Sweep:
     members: dict[str, str] = field(default_factory=dict)       # tag -> run id
+    budget_usd: float = 0.0                                      # the sweep's cap, from its record
     readers: dict[str, FragmentReader] = field(default_factory=dict)
     logs: dict[str, TokenLog] = field(default_factory=dict)
     split: FleetSplit | None = None
@@ -211,6 +213,8 @@ class FleetCosts:
                 try:
                     record = json.loads(store.read_bytes(layout.sweep_record_path(str(sweep_id))))
                     sweep.members = {str(t): str(r) for t, r in record["members"].items()}
+                    budget = record.get("budget_usd")
+                    sweep.budget_usd = float(budget) if type(budget) in (int, float) else 0.0
                 except Exception as exc:    # not written yet, or unreadable: asked again next time
                     log.debug("sweep %s: record unreadable for its fleet's split: %s", sweep_id, exc)
                     return None
@@ -228,7 +232,7 @@ class FleetCosts:
             prices = self.prices(registry) if billed else {}
             sweep.split = fleet_split(registry.job_records(str(fleet)),
                                       {t: (r, registry.job_records(r)) for t, r in sweep.members.items()},
-                                      sweep.logs, prices, billed, self.clock())
+                                      sweep.logs, prices, billed, self.clock(), sweep.budget_usd)
             sweep.at = self.clock()
             return sweep.split
 
