@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from dashboard_scale import SyntheticRun
 from idle_page import NO_TOKENS, finished_run, run_ready
 
-pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("no_hub_login")]
+# Tier 2: two Gradio servers and a panel, each waited on until idle (about 2 minutes on the loaded 2-core box).
+pytestmark = [pytest.mark.browser, pytest.mark.full, pytest.mark.usefixtures("no_hub_login")]
 
 COUNT_FRAMES = """(() => {
     const frame = window.requestAnimationFrame.bind(window);
@@ -83,7 +84,6 @@ def test_an_idle_gradio_page_asks_for_no_frames_with_the_panels_script_and_for_a
     assert counts["with"] <= 4, f"an idle page still asks for frames: {counts}"
 
 
-@pytest.mark.full
 def test_a_finished_run_open_ticks_rarely_draws_nothing_and_a_run_started_elsewhere_appears_and_ticks_fast(
         tmp_path, browser):
     home = tmp_path / "home"
