@@ -43,6 +43,7 @@ from backend.executors.local import LocalExecutor
 from backend.runs.access import Deployment
 from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
+from panel.idle_frames import StopLeakedFrames
 from panel.mcp_tools import mcp_lifespan
 from panel.ui import CSS, PAGE_JS, build_ui
 from panel.uploads import SignedInUploadsOnly, UploadQuota, max_upload_bytes
@@ -90,7 +91,9 @@ def main() -> None:
         app_kwargs={"lifespan": mcp_lifespan(panel),
                     "middleware": [*([Middleware(SignedInUploadsOnly)] if deployment.on_space else []),
                                    Middleware(UploadQuota, files=deployment.upload_quota_files,
-                                              megabytes=deployment.upload_quota_mb, on_space=deployment.on_space)]})
+                                              megabytes=deployment.upload_quota_mb, on_space=deployment.on_space),
+                                   # An idle page draws no frames (Gradio's status tracker leaks a frame loop).
+                                   Middleware(StopLeakedFrames)]})
     # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
     # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
     # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),

@@ -55,7 +55,7 @@ class Browser:
 
     async def tick(self) -> int:
         return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "", "all",
-                                           None])
+                                           None, TICK_S])     # the last: the timer's period (a live run: TICK_S)
 
 
 def forget(panel, run_id: str) -> None:

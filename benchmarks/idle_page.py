@@ -10,9 +10,10 @@ windows, round after round (so a busy moment of the machine falls on every page 
   trackio trackio's dashboard (`trackio.show()`, its own server on a free loopback port) of a run of as many
           steps that logged the same metrics, in a local trackio folder of its own.
 With `--floor`, a Gradio page of one Markdown and no events at all (`gradio-floor`): what any page of this Gradio
-costs idle. With `--baseline DIR` (another checkout of this project, e.g. `git archive <commit> | tar -x -C DIR`),
-the same run and form pages of that checkout's panel too (`base-run`, `base-form`): a before/after on the same
-windows.
+costs idle; and the same page with the panel's script that stops Gradio's leaked frame loop (`floor-fixed`,
+panel/idle_frames.py). With `--baseline DIR` (another checkout of this project, e.g.
+`git archive <commit> | tar -x -C DIR`), the same run and form pages of that checkout's panel too (`base-run`,
+`base-form`): a before/after on the same windows.
 
 The renderer is the browser's child process with `--type=renderer` (psutil, user + system time; every renderer of
 that chromium summed). Printed per page: the CPU-s per window of each round, min and median, and the ratio of each
@@ -54,10 +55,15 @@ trackio.show(project={project!r}, open_browser=False, block_thread=True, server_
 NO_TOKENS = ("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 # The floor any Gradio page pays, here: a page of one Markdown and no events at all.
 FLOOR_SCRIPT = """
+import sys
 import gradio as gr
+from starlette.middleware import Middleware
+sys.path[:0] = [{root!r}]
+from panel.idle_frames import StopLeakedFrames
 with gr.Blocks() as demo:
     gr.Markdown("An idle Gradio page.", elem_id="floor")
-demo.launch(server_name="127.0.0.1", server_port={port})
+middleware = [Middleware(StopLeakedFrames)] if {fixed!r} else []
+demo.launch(server_name="127.0.0.1", server_port={port}, app_kwargs={{"middleware": middleware}})
 """
 
 
@@ -98,10 +104,11 @@ def trackio_server(steps: int):
 
 
 @contextlib.contextmanager
-def floor_server():
-    """A Gradio page of one Markdown and no events, on a free loopback port."""
+def floor_server(fixed: bool = False):
+    """A Gradio page of one Markdown and no events, on a free loopback port; `fixed`: with the panel's script that
+    stops Gradio's leaked frame loop (panel/idle_frames.py)."""
     port = free_port()
-    with script_server(FLOOR_SCRIPT.format(port=port), port, "gradio-floor-") as url:
+    with script_server(FLOOR_SCRIPT.format(port=port, root=ROOT, fixed=fixed), port, "gradio-floor-") as url:
         yield url
 
 
@@ -254,8 +261,9 @@ def main() -> None:
         browser, pages["trackio"] = open_page(p, stack.enter_context(trackio_server(args.steps)), trackio_ready)
         stack.callback(browser.close)
         if args.floor:
-            browser, pages["gradio-floor"] = open_page(p, stack.enter_context(floor_server()), floor_ready)
-            stack.callback(browser.close)
+            for name, fixed in (("gradio-floor", False), ("floor-fixed", True)):
+                browser, pages[name] = open_page(p, stack.enter_context(floor_server(fixed)), floor_ready)
+                stack.callback(browser.close)
         time.sleep(args.settle)
         cpu, served = measure(pages, servers, args.rounds, args.window)
     report(cpu, served, args.window)

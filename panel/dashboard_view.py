@@ -14,7 +14,7 @@ from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs import resume
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
-from panel import dashboard, live, notes_view, publish_view, try_view
+from panel import dashboard, live, notes_view, publish_view, tick, try_view
 from panel.markdown import masked, plain
 from panel.task_form import format_weights
 
@@ -211,7 +211,10 @@ def on_select(panel, visitor, run_id, role, query, x, smooth, pick, follow) -> d
         steps = update.values.get("sample_steps", [])
         view = panel.view(run_id, visitor)
         default = default_choice(view)
-        return {**untick, **present(update.values, role), "drawn": state, **run_actions(view, state),
+        actions = run_actions(view, state)
+        # A live run opened (one just launched here among them) ticks at once at TICK_S (panel/tick.py).
+        return {**untick, **present(update.values, role), "drawn": state, **actions,
+                **(tick.wake() if state["actions"][0] else {}),
                 "runs_list": gr.Accordion(open=False),
                 "sample_steps": gr.update(choices=["latest", *steps], value="latest"),
                 "sample_prompt": gr.update(choices=[ALL_OF_THE_STEP, *update.values.get("sample_prompt", [])],

@@ -12,6 +12,7 @@ from backend.plan.spec import COLOCATED, DISTRIBUTED, GRPO, HELD_OUT_FIELDS, LOR
 from backend.plan.sweep import EARLY_STOP_FIELD, MAX_EARLY_STOP_AFTER, MAX_SWEPT_FIELDS, sweepable_fields
 from backend.runs.operations import WEBHOOK_FIELD, SweepForm
 from backend.view import diagnose
+from panel import tick
 from panel.actions import Panel
 from panel.presets import PRESETS, TINY_DEMO, preset_note, preset_values
 from panel.runs_view import run_choices
@@ -254,7 +255,7 @@ def wire(page) -> None:
     refused = ["launch_msg", "reviewed", "confirm", "marks", "sections", "form"]
     page.on(page["preview_btn"].click, on_preview, ["form", "marks", "webhook", "sweep"], [*refused, "webhook"])
     page.on(page["launch_btn"].click, on_launch, ["form", "marks", "confirm", "reviewed", "webhook", "sweep"],
-            [*refused, "tabs", "run_pick", "webhook"])
+            [*refused, "tabs", "run_pick", "webhook", "timer"])
     filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
     page.on(page["change"].click, on_new_run_with_change, ["run_pick"], filled)
     page.on(page["clone"].click, on_new_run_from, ["run_pick"], filled)
@@ -314,7 +315,8 @@ def on_launch(panel, visitor, values: dict, marked: list[str], confirm: bool, re
     # The reviewed preview is spent: a second launch needs its own preview (and its own run id).
     return {"launch_msg": result.message, "reviewed": None, "confirm": False, "tabs": gr.Tabs(selected="runs"),
             **show_fields((), marked, values), "webhook": gr.update(value="", elem_classes=[]),
-            "run_pick": gr.update(choices=run_choices(panel, visitor), value=result.run_id)}
+            "run_pick": gr.update(choices=run_choices(panel, visitor), value=result.run_id),
+            **tick.wake()}      # the new run is live: the page ticks at TICK_S again (panel/tick.py)
 
 
 def new_run(panel, visitor, run_id: str | None, with_change: bool) -> dict:

@@ -6,7 +6,7 @@ Handlers are plain functions (see `panel.page`)."""
 import gradio as gr
 
 from backend.runs.access import Visitor
-from panel import dashboard_view, spend_view
+from panel import dashboard_view, spend_view, tick
 from panel.actions import Panel
 from panel.page import visitor_of
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
@@ -56,11 +56,13 @@ def build_orphans(panel: Panel) -> None:
 def wire(page) -> None:
     """The runs list's events, and the timer's tick (the list and the open run)."""
     view_inputs = dashboard_view.VIEW_INPUTS
-    page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick"],
-            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS], show_progress="hidden")
+    # The timer's own period is an input and an output: it ticks slower while nothing shown is live (panel/tick.py).
+    page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick",
+                                          "timer"],
+            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, "timer"], show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
-             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "open_sweep", "resume"])
+             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "open_sweep", "resume", "timer"])
     # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])
@@ -70,7 +72,7 @@ def wire(page) -> None:
     page.on(page["cancel_sweep"].click, on_cancel_sweep, ["run_pick"], ["action_msg"])
     page.on(page["open_sweep"].click, on_open_sweep, ["run_pick"], ["sweep_run", "tabs"])
     page.on(page["resume"].click, on_resume, ["run_pick", "resume_confirm", "resume_reviewed"],
-            ["action_msg", "resume_confirm", "resume_reviewed"])
+            ["action_msg", "resume_confirm", "resume_reviewed", "timer"])
     page.on(page["demo"].load, on_url, [], ["run_pick", "tabs", "action_msg"], request=True)
 
 
@@ -80,7 +82,7 @@ def run_choices(panel: Panel, visitor: Visitor) -> list[tuple[str, str]]:
     return [(f"{r[1]} · {r[0]}" if r[1] else r[0], r[0]) for r in panel.runs_table(visitor, with_cost=False)]
 
 
-def list_update(panel, visitor, find: str, state: str, listed) -> dict:
+def list_update(panel, visitor, find: str, state: str, listed, live: list | None = None) -> dict:
     """The runs list, re-sent only when it changed (a re-render resets the table for the visitor), and the run
     pickers' choices only when the runs did (a live run's cells change every tick; its id does not). `listed` is
     what this session was sent last ({"rows", "choices", "hint"}): kept up to date in place, so a tick sets no state.
@@ -88,7 +90,10 @@ def list_update(panel, visitor, find: str, state: str, listed) -> dict:
     rows = panel.runs_table(visitor, query=find, status=state)
     seen = listed if isinstance(listed, dict) else {}
     out = {} if rows == seen.get("rows") else {"runs_table": rows}
-    choices = run_choices(panel, visitor)
+    every = panel.runs_table(visitor, with_cost=False)      # unfiltered: a live run the filter hides is live
+    choices = [r[0] for r in every]
+    if live is not None:
+        live.append(tick.listed_live(every))
     if choices != seen.get("choices"):
         out.update(run_pick=gr.update(choices=choices), compare_picks=gr.update(choices=choices),
                    sweep_run=gr.update(choices=choices))
@@ -103,7 +108,9 @@ def list_update(panel, visitor, find: str, state: str, listed) -> dict:
 
 
 def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, last_rows, find, state,
-            shown=None) -> dict:
+            shown=None, interval=None) -> dict:
+    """The open run and the runs list, what changed of them; and the timer's period (`interval` now) set to fit:
+    TICK_S while the open run or any listed run is live, IDLE_TICK_S while none is (panel/tick.py)."""
     out = {}
     if run_id:
         try:       # first: drawing refreshes the open run's view, which the runs list then reads
@@ -111,7 +118,12 @@ def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, sessio
                                            shown))
         except KeyError:
             out["drawn"] = None     # signed out, or not this visitor's run
-    return {**out, **list_update(panel, visitor, find, state, last_rows)}
+    live: list = []
+    out.update(list_update(panel, visitor, find, state, last_rows, live))
+    drawn = out.get("drawn", session)
+    # `actions` is (live, stopped, member) as `run_actions` last saw the open run; unknown yet: taken as live.
+    open_live = bool(run_id) and isinstance(drawn, dict) and bool(drawn.get("actions", (True,))[0])
+    return {**out, **tick.cadence(open_live or any(live), interval)}
 
 
 def on_filter(panel, visitor, find: str, state: str) -> dict:
@@ -160,4 +172,6 @@ def on_resume(panel, visitor, run_id: str | None, ticked: bool, seen: dict | Non
     if message.startswith("**Not resumed yet"):
         shown = panel.resume_preview(run_id, visitor)
         out["resume_reviewed"] = {"fingerprint": shown.fingerprint, "run_id": run_id}
+    else:
+        out.update(tick.wake())     # the run may be live again: the next tick shows it, not one IDLE_TICK_S away
     return {**out, "action_msg": message}

@@ -11,8 +11,8 @@ from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_v
 from panel.actions import Panel
 from panel.markdown import no_latex
 from panel.page import Page, visitor_of
+from panel.tick import TICK_S  # the timer's period while anything shown is live (panel/tick.py)
 
-TICK_S = 2.0
 CACHE_SWEEP_S = 1800          # how often Gradio's cache (uploads, served copies of downloads) is swept
 UPLOADS_KEPT_S = 2 * 3600     # how old a file there may get: an upload is gone within hours, not days
 # A field the last preview or launch refused is marked until the next one (passed to launch(css=...)).

@@ -21,6 +21,7 @@ from backend.view.runview import (
     RunView,
 )
 from panel import dashboard, live
+from panel.tick import TICK_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
@@ -552,7 +553,7 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
                 run.grow(10)
                 panel.view(run.spec.run_id).expire()
                 answer = await demo.process_api(tick, [run.spec.run_id, "trainer", "", "step", 0, "latest", "",
-                                                       None, None, "", "all", None],
+                                                       None, None, "", "all", None, TICK_S],
                                                 state=browser.state, session_hash=browser.session)
                 out.append(dict(zip(names, answer["data"])))
             steps = await demo.process_api(browser.fns["on_steps"], [run.spec.run_id], state=browser.state,
@@ -571,6 +572,7 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
             assert answer["run-pick"] == answer["compare-pick"] == skipped, "the same runs: no choices again"
             assert answer["sample-step"] == skipped and answer["config-json"] == skipped
             assert answer["version-pick"] == answer["try-picks"] == skipped, "new versions: sent when opened"
+            assert answer["Timer"] == skipped, "a live run keeps its tick's period"
         assert steps[0]["choices"][:2] == [["latest", "latest"], ["330", 330]], "opened, the picker gets the steps"
         assert versions["choices"][0] == ["trl-policy-v16", "trl-policy-v16"], "the newest version"
         assert picks["choices"][:2] == [["base model", "base"], ["trl-policy-v16", "trl-policy-v16"]]

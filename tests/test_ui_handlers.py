@@ -14,7 +14,7 @@ from backend.plan.spec import LORA
 from backend.runs.access import Visitor
 from backend.runtime import layout
 from backend.view import diagnose
-from panel import dashboard, dashboard_view, launch_view, live, runs_view
+from panel import dashboard, dashboard_view, launch_view, live, runs_view, tick
 from panel.page import Page
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -160,6 +160,43 @@ def test_the_log_filter_keeps_matching_lines_and_a_tick_without_a_run_lists_the_
     assert tick["run_pick"] == gr.update(choices=[(run.spec.run_id, run.spec.run_id)]) == tick["compare_picks"]
     assert "drawn" not in tick
     assert runs_view.list_update(panel, ANYONE, "", "all", tick["listed"]) == {}, "an unchanged list is not re-sent"
+
+
+def _relist(panel) -> None:
+    """As once the local runs' listing is older than its interval (5 s): the next tick lists them again."""
+    for registry in panel.runs.registries(ANYONE):
+        registry._listed = (0.0, registry._listed[1])
+
+
+def test_the_timer_slows_while_nothing_shown_is_live_and_a_run_started_elsewhere_wakes_it(panel, run):
+    """A finished run open, or the form with no live run listed: the timer ticks every IDLE_TICK_S (an idle page's
+    ticks are its browser's cost); a live run listed or open, one launched from another tab among them, brings it
+    back to TICK_S on the next tick; opening a live run here wakes it at once."""
+    run_id = run.spec.run_id
+    fast, slow = gr.update(value=tick.TICK_S), gr.update(value=tick.IDLE_TICK_S)
+    assert tick.IDLE_TICK_S > tick.TICK_S
+    opened = dashboard_view.on_select(panel, ANYONE, run_id, *SHOWN)
+    assert opened["timer"] == fast, "a live run opened ticks at once at TICK_S"
+    session = opened["drawn"]
+    live_tick = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.TICK_S)
+    assert "timer" not in live_tick, "a live run open: the tick's period stays"
+    _finish(run)
+    run.complete()
+    panel.view(run_id).expire()
+    _relist(panel)
+    done = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.TICK_S)
+    assert done["timer"] == slow, "the open run finished and none other is live: the timer slows"
+    again = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.IDLE_TICK_S)
+    assert "timer" not in again, "already slow: nothing sent"
+    assert "timer" not in dashboard_view.on_select(panel, ANYONE, run_id, *SHOWN), "a finished run opened: no wake"
+    form = runs_view.on_tick(panel, ANYONE, None, *SHOWN, None, None, "", "all", None, tick.TICK_S)
+    assert form["timer"] == slow, "the launch form with no live run listed slows too"
+    other = SyntheticRun(panel.settings.home, 5)      # launched from another tab: live, unknown to this session
+    _relist(panel)
+    seen = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.IDLE_TICK_S)
+    assert seen["timer"] == fast and seen["runs_table"][0][0] == other.spec.run_id, "listed and ticking fast again"
+    hidden = runs_view.on_tick(panel, ANYONE, None, *SHOWN, None, None, run_id, "all", None, tick.IDLE_TICK_S)
+    assert hidden["timer"] == fast, "a live run the list's filter hides is still live"
 
 
 # ---- the runs list
