@@ -47,6 +47,7 @@ from backend.plan.engines.base import Placement
 from backend.plan.engines.local import free_port
 from backend.plan.recipe import RunJobs
 from backend.plan.spec import RunSpec
+from backend.runtime.cpu_pinning import PIN_ENV, core_split
 from backend.runtime.proxy import start_proxy_process
 from backend.runtime.replicas import parse_load
 from backend.runtime.tiny_model import BUILTIN_MODELS, ensure_tiny_model
@@ -73,6 +74,8 @@ def replica_job(args, root: str) -> tuple[subprocess.Popen, list[str], str]:
     # The runtime from this checkout, ahead of whatever else the path holds (the GPU machine's offline site).
     path = [os.path.join(ROOT, "backend"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, **job.env, "PYTHONPATH": os.pathsep.join(path)}
+    if "pinning" in args.parts:     # the servers start unpinned: the pinning part sets each variant's cores itself
+        env[PIN_ENV] = "0"
     print("replica job:", shlex.join(job.command)[:1500], flush=True)
     log = open(os.path.join(root, "replica.log"), "ab")
     proc = subprocess.Popen(job.command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -309,6 +312,68 @@ def paths(args, urls, proxies, router_pair, apis, results) -> None:
           f"{med(routed, 'router_ms_per_request') or 0:.2f} ms a request on top", flush=True)
 
 
+def pin_tree(pid: int, cores: list[int]) -> int:
+    """Every thread of process `pid` and of its descendants onto `cores` (threads started later inherit them);
+    how many threads were set."""
+    top = psutil.Process(pid)
+    count = 0
+    for proc in (top, *top.children(recursive=True)):
+        try:
+            threads = proc.threads()
+        except psutil.Error:
+            continue
+        for thread in threads:
+            try:
+                os.sched_setaffinity(thread.id, cores)
+                count += 1
+            except ProcessLookupError:      # a thread that ended meanwhile
+                pass
+    return count
+
+
+def pinning(args, urls, proxies, apis, results) -> None:
+    """K servers and their proxy, pinned (each server's API process and engine core on cores of its own, the proxy
+    on one core: runtime/cpu_pinning.py's split) against unpinned (all on every core), interleaved on the same running
+    servers. The client (this process: the trainer's rollout worker, elsewhere in a real run) keeps one core of its
+    own in both. Pinning here is set on running processes, so each server's thread pools keep the size they took at
+    start (on every core), where a job that pins at start sizes them to its share."""
+    k = max(args.servers)
+    cores = sorted(os.sched_getaffinity(0))
+    client, rest = cores[-1], cores[:-1]
+    shares, proxy_core, why = core_split(rest, k, proxy=True)
+    if shares is None:
+        print(f"\n== pinning: not measured: {why}", flush=True)
+        return
+    pin_tree(os.getpid(), [client])
+    proxy = proxies[k]
+    servers = [u for u in urls[:k] if u in apis]
+    layout = {"client": client, "proxy": proxy_core, "servers": shares, "unpinned": rest}
+    print(f"\n== {k} servers pinned against unpinned, TRL's body, {args.tokens}-token completions; cores: {layout}",
+          flush=True)
+
+    def pinned(on: bool):
+        set_ = sum(pin_tree(apis[u].pid, shares[i] if on else rest) for i, u in enumerate(servers))
+        set_ += pin_tree(proxy.proc.pid, [proxy_core] if on else rest)
+        return set_
+
+    results["pinning"] = {"layout": layout}
+    for c in args.inflight:
+        def variant(on: bool, c=c):
+            threads = pinned(on)
+            m = measure([proxy.url], urls[:k], c, args, {"proxy": psutil.Process(proxy.proc.pid),
+                                                         **{u: apis[u] for u in servers}})
+            m["threads_pinned"] = threads
+            return m
+
+        got = results["pinning"][str(c)] = rounds({"unpinned": lambda: variant(False),
+                                                   "pinned": lambda: variant(True)}, args)
+        print(f"| {c} | unpinned {med(got['unpinned'], 'tok_s') / 1e3:.1f}k | pinned "
+              f"{med(got['pinned'], 'tok_s') / 1e3:.1f}k | pinned / unpinned {ratio(got['unpinned'], got['pinned'])} "
+              f"| GPU {med(got['unpinned'], 'gpu_util') or 0:.0f} / {med(got['pinned'], 'gpu_util') or 0:.0f} % |",
+              flush=True)
+    pinned(False)
+
+
 def memory_report(root: str) -> None:
     """What each server held on the GPU, as nvidia-smi and vLLM's own log lines say (the overhead figure)."""
     try:
@@ -333,7 +398,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--ramp", type=float, default=3.0)
     parser.add_argument("--window", type=float, default=4.0)
-    parser.add_argument("--parts", nargs="+", default=["scaling", "paths"])
+    parser.add_argument("--parts", nargs="+", default=["scaling", "paths"],
+                        help="scaling, paths, pinning (K = the largest --servers, pinned against not)")
     parser.add_argument("--start-timeout", type=float, default=600)
     parser.add_argument("--fake", type=int, default=0, help="N stand-in servers instead of the replica job")
     parser.add_argument("--fake-tok-s", type=float, default=400.0)
@@ -380,6 +446,8 @@ def main() -> None:
             scaling(args, urls, proxies, apis, results)
         if "paths" in args.parts:
             paths(args, urls, proxies, extra, apis, results)
+        if "pinning" in args.parts:
+            pinning(args, urls, proxies, apis, results)
     finally:
         if args.json:
             with open(args.json, "w") as f:

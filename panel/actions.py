@@ -25,6 +25,7 @@ from backend.plan import recipe
 from backend.plan.cost import format_usd
 from backend.plan.hardware import Flavor
 from backend.plan.jobspec import TERMINAL_STAGES, JobSpec
+from backend.plan.shared_gpu import measured_reason, slower_warning
 from backend.plan.spec import RunSpec, SpecError
 from backend.plan.task_spec import held_out_summary
 from backend.runs.access import (
@@ -738,6 +739,10 @@ def distributed_engine(spec: RunSpec) -> str:
     if spec.servers_per_gpu > 1 and per_server < FED_PER_SERVER:
         line += (f" ⚠️ fewer than {FED_PER_SERVER} a server leave the added servers unfed: raise max_inflight_tasks "
                  f"to {FED_PER_SERVER * servers} or more")
+    if spec.engine.replica_shares_trainer_gpu(spec):
+        warning = slower_warning(spec)
+        line += (f"; ⚠️ {warning}" if warning else
+                 f"; the replicas share the trainer's GPU, so 1 server a GPU: {measured_reason()}")
     return line
 
 

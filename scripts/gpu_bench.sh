@@ -5,7 +5,7 @@
 #   BENCH=benchmarks/proxy_overhead.py bash scripts/gpu_bench.sh PARTS_DIR --gpus 0 1 ...   # another benchmark
 #
 # PARTS_DIR holds some or all of site.tar.xz.part-NN-of-MM and site.tar.xz.sha256 (a device call carries one
-# 60 MiB part). Parts are kept in /tmp/gpu-site-parts, which lasts as long as the machine; with fewer than MM
+# 58 MiB part). Parts are kept in /tmp/gpu-site-parts, which lasts as long as the machine; with fewer than MM
 # there, this stores what came, prints the machine's GPUs and package versions, and exits. Once all are there it
 # checks and unpacks them into /tmp/gpu-site (once), puts that first on the Python path and runs the benchmark; a
 # later call on the same machine needs no parts at all (give a PARTS_DIR that does not exist, e.g. -).

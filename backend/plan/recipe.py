@@ -18,6 +18,7 @@ from backend.plan.servers import footprint, server_ports, servers_per_job
 from backend.plan.spec import RunSpec
 from backend.plan.vllm_args import vllm_serve_command, vllm_server_args
 from backend.runtime import layout, rewards
+from backend.runtime.cpu_pinning import PROXY_CORE_ENV
 from backend.runtime.layout import FLEET_DIR_ENV
 from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICA_KEY_ENV, REPLICAS_ENV
 from backend.runtime.tiny_model import BUILTIN_MODELS
@@ -247,11 +248,14 @@ def _server_args(spec: RunSpec, ports: list, binds, gpus: list[str] | None, opti
 
 
 def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", gpu: str | None = None,
-                fleet: bool = False) -> JobSpec:
+                fleet: bool = False, proxy_core: str | None = None) -> JobSpec:
     """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus); `fleet`: it
-    uses its sweep's shared fleet, whose replicas record their ends in the fleet's folder."""
+    uses its sweep's shared fleet, whose replicas record their ends in the fleet's folder; `proxy_core`: the core its
+    proxy runs on (a local run whose servers have cores of their own)."""
     train = [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]
     env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
+    if proxy_core is not None:
+        env[PROXY_CORE_ENV] = proxy_core
     if fleet:
         env[FLEET_DIR_ENV] = fleet_path(spec)
     if not network_group(spec, fleet):
@@ -300,7 +304,7 @@ class RunJobs:
         """A distributed run's trainer, given where it reaches each replica (the fleet's, for a member on one)."""
         urls = list(self.fleet_urls) if self.fleet_urls is not None else replica_urls
         return trainer_job(self.spec, urls, python=self.place.python, gpu=self.place.trainer_gpu,
-                           fleet=self.fleet_urls is not None)
+                           fleet=self.fleet_urls is not None, proxy_core=self.place.proxy_core)
 
     def preview(self, replica_url: Callable[[int, object], str] = placeholder_url) -> list[JobSpec]:
         """Every job, each server of replica `i` reached at `replica_url(i, its port)`. A sweep member on a shared

@@ -255,7 +255,9 @@ class RunSpec:
         "label": "vLLM servers per GPU", "section": DISTRIBUTED, "limits": (1, MAX_SERVERS_PER_GPU),
         "help": "vLLM servers each replica job runs on each of its GPUs (a CPU replica: in all), each with 1/K of the "
                 "replica's GPU memory and a port of its own, each a replica to the proxy: one server's API process "
-                "keeps an H200 busy only part of the time, 4 filled it (docs/replica-scaling.md)"})
+                "keeps an H200 busy only part of the time, 4 filled it (docs/replica-scaling.md); where the "
+                "replicas share the trainer's GPU (a local run on one GPU) keep 1: more trained no faster there "
+                "(section 6)"})
     # Hardware and storage
     flavor: str = field(default="cpu-basic", metadata={
         "label": "Trainer flavor", "section": STORAGE, "widget": "flavor", "help": "HF Jobs hardware, price per hour"})

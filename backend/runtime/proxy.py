@@ -51,6 +51,7 @@ import aiohttp
 from aiohttp import web
 
 from .canary import ServingProof
+from .cpu_pinning import pin_self
 from .proxy_env import replica_token
 from .proxy_members import MAX_COUNTED_BODY, Members
 from .proxy_stats import LoadRecorder, StatsRecorder, carry_counts
@@ -708,6 +709,9 @@ def main() -> None:
         die_with_parent(args.parent_pid)
     raise_open_files_limit()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    pinned = pin_self()     # a core of its own where the engine kept one (cpu_pinning.py), before any thread starts
+    if pinned:
+        logging.getLogger("proxy").info("proxy %s", pinned)
     proxy = Proxy(args.replica, spill_threshold=args.spill_threshold, load_deadline_s=args.load_deadline,
                   stats_dir=args.stats_dir, load_interval_s=float(os.environ.get(LOAD_INTERVAL_ENV) or 10.0),
                   canary_interval_s=float(os.environ.get(CANARY_INTERVAL_ENV) or 30.0),

