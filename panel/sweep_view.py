@@ -4,7 +4,9 @@ best-by rule, staleness, importance ratio: the Compare tab's `overlay`), the mem
 member's best version one click from download.
 
 Opened from a member's *Open sweep view* (Runs tab) or by picking any member here; refreshed every SWEEP_TICK_S while
-a sweep is picked. Handlers are plain functions (see `panel.page`).
+a sweep with a member still training is shown: its timer is off otherwise (every tick of any timer costs the browser a
+pass over the whole page, whichever tab shows: docs/measurements.md, "Idle page in the browser"). Handlers are plain
+functions (see `panel.page`).
 """
 
 import gradio as gr
@@ -62,11 +64,11 @@ def build(page, panel) -> None:
         seen = gr.State(None)      # {"best": [run id, choice]} whose zip this session's button holds
     page.add(sweep_run=member, sweep_show=show, sweep_note=note, sweep_rank=ranking, sweep_stop_pick=stop_pick,
              sweep_stop=stop, sweep_stop_msg=stop_msg, sweep_best_file=best_file, sweep_best_msg=best_msg,
-             sweep_plots=plots, sweep_seen=seen, sweep_timer=gr.Timer(SWEEP_TICK_S))
+             sweep_plots=plots, sweep_seen=seen, sweep_timer=gr.Timer(SWEEP_TICK_S, active=False))
 
 
 SHOWN = ["sweep_note", "sweep_rank", "sweep_stop_pick", "sweep_best_file", "sweep_best_msg", "sweep_plots",
-         "sweep_seen"]
+         "sweep_seen", "sweep_timer"]
 
 
 def wire(page) -> None:
@@ -110,11 +112,12 @@ def show(panel, visitor, run_id, seen, apply: bool, pick: str | None = None) -> 
     picker (`pick` kept where it names a member still training, else the worst of them: a tick never moves a pick
     the visitor made), the best member's best version on the download button, and the overlaid charts."""
     if not run_id:
-        return {"sweep_note": "Pick a member of a sweep (or press *Open sweep view* on one in the Runs tab)."}
+        return {"sweep_note": "Pick a member of a sweep (or press *Open sweep view* on one in the Runs tab).",
+                **_ticking(False)}
     try:
         record, members = members_of(panel, run_id, visitor)
     except KeyError as exc:
-        return {"sweep_note": f"**No sweep to show.** {masked(exc.args[0] if exc.args else exc)}"}
+        return {"sweep_note": f"**No sweep to show.** {masked(exc.args[0] if exc.args else exc)}", **_ticking(False)}
     done = apply_rule(panel, visitor, run_id, record) if apply else ""
     if done.startswith("Rung"):        # it stopped members: read them again
         record, members = members_of(panel, run_id, visitor, fresh=True)
@@ -129,7 +132,13 @@ def show(panel, visitor, run_id, seen, apply: bool, pick: str | None = None) -> 
             "sweep_rank": rank_rows(states),
             "sweep_stop_pick": gr.update(choices=choices, value=picked),
             "sweep_plots": {name: figures[name] for name in SWEEP_PLOTS},
-            **_best_download(panel, visitor, states, seen)}
+            **_best_download(panel, visitor, states, seen), **_ticking(any(m.live for m in states))}
+
+
+def _ticking(live: bool) -> dict:
+    """The Sweep tab's timer on while the shown sweep has a member still training, off once none has (or none is
+    shown): *Show sweep* draws it again and turns it back on where a member trains again."""
+    return {"sweep_timer": gr.update(active=live)}
 
 
 def _note(record: dict, members: list[Member], events: list[dict], done: str, orders: dict) -> str:

@@ -97,6 +97,7 @@ def test_stop_this_member_stops_only_it_and_records_the_scores_then(panel):
         assert "by hand only" in out["sweep_note"]
         pick = out["sweep_stop_pick"]["value"]
         assert pick.startswith("m2 "), "the worst still training is picked by default"
+        assert out["sweep_timer"]["active"] is True, "the tab ticks while a member trains"
         out = sweep_view.on_sweep_stop(panel, Visitor(), members["m1"].run_id, pick, None)
         assert out["sweep_stop_msg"].startswith("Stopped m2"), out["sweep_stop_msg"]
         wait_until(lambda: not alive(members["m2"]), timeout=10)
@@ -106,6 +107,14 @@ def test_stop_this_member_stops_only_it_and_records_the_scores_then(panel):
         out = sweep_view.on_sweep_show(panel, Visitor(), members["m1"].run_id, None)
         assert [c for c in out["sweep_stop_pick"]["choices"] if c.startswith("m2")] == [], "stopped: not offered"
         assert "Best: **m1**" in out["sweep_best_msg"] and out["sweep_best_file"]["interactive"] is True
+
+
+def test_the_sweep_tabs_timer_ticks_only_while_a_shown_sweep_has_a_member_training(panel):
+    assert sweep_view.on_sweep_show(panel, Visitor(), "", None)["sweep_timer"]["active"] is False, "nothing shown"
+    with synthetic_sweep(panel.settings.home, {"m0": 0.5, "m1": 0.7}, failed=("m0", "m1")) as members:
+        out = sweep_view.on_sweep_show(panel, Visitor(), members["m0"].run_id, None)
+        assert "0 still training" in out["sweep_note"], out["sweep_note"]
+        assert out["sweep_timer"]["active"] is False, "every member ended: nothing for a tick to draw"
 
 
 def test_a_visitor_cannot_stop_a_member_by_naming_another_sweeps_member(panel):
