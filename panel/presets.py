@@ -11,9 +11,10 @@ import dataclasses
 
 from backend.plan.engines import engine
 from backend.plan.spec import LORA_TARGET_CHOICES, RunSpec
-from backend.runtime.tiny_model import TINY_MODEL
+from backend.runtime.tiny_model import TINY_MODEL, TINY_REPEATER
 
 TINY_DEMO = "Tiny demo (CPU)"
+TINY_HACKING = "Tiny reward-hacking demo (CPU)"
 TINY_TASK = "Tiny task: your reward code on a JSONL file (CPU)"
 
 NO_TASK = dict(dataset_config="", dataset_split="train", prompt_column="prompt", reward_columns="", system_prompt="",
@@ -22,11 +23,22 @@ NO_TASK = dict(dataset_config="", dataset_split="train", prompt_column="prompt",
                eval_source="none", eval_split="test", eval_file="", eval_rows=16, eval_max_prompts=64,
                monitor_rewards=[], best_by="", eval_every=0, eval_greedy=True, eval_samples_per_prompt=1,
                eval_max_inflight=4)
-# The tiny demos evaluate on their builtin set's held-out prompts (its 'test' split) at every version, and watch
+# The default demo learns a real skill: repeat three letters ("Say cab" -> "cab"), paid 1 for the exact answer and 0
+# otherwise (`exact_answer`: no constant or repeated answer wins), judged on 24 questions it never trains on (unseen
+# combinations of letters it has seen at each place). Its model is the tiny one after a brief supervised warm-up
+# (tiny_model.TINY_REPEATER): right on some answers, not reliably; GRPO makes it reliable. The held-out answers are
+# sampled as training samples them (temperature 1, 4 a question), so the score is how often the policy is right, not
+# whether its likeliest answer is: greedy decoding would call a policy right 40% of the time "solved". It watches
+# `format` and `distinct_chars` as the other demos do; neither falls on an honest run, so no alert.
+REPEAT_TASK = dict(NO_TASK, dataset="builtin:repeat-letters", rewards=["exact_answer"], reward_columns="answer",
+                   eval_source="split", eval_split="test", monitor_rewards=["format", "distinct_chars"],
+                   eval_greedy=False, eval_samples_per_prompt=4)
+
+# The other tiny demos evaluate on their builtin set's held-out prompts (its 'test' split) at every version, and watch
 # `format` (plain printable text) and `distinct_chars` beside the `digits` they train on: a policy that learns to
 # write digits as byte soup shows it in the first, one that writes "8888888888" (the usual hack of `digits`) in the
 # second, which raises the reward-hacking alert. The best version is the one that writes digits *and* varies them,
-# so the demo never stars "8888888888".
+# so that demo never stars "8888888888".
 TINY_HELD_OUT = dict(eval_source="split", eval_split="test", monitor_rewards=["format", "distinct_chars"],
                      best_by="digits=1, distinct_chars=1")
 
@@ -133,9 +145,14 @@ DIFFERENCES: dict[str, dict[str, str]] = {
 }
 
 PRESETS: dict[str, dict] = {
-    TINY_DEMO: dict(NO_TASK, **TINY_HELD_OUT, name="tiny-demo", mode="colocated", executor="local", model=TINY_MODEL,
-                    dataset="builtin:count-to-ten", rewards=["digits"], use_vllm=False, flavor="cpu-basic",
-                    bucket="local/grpo-runs"),
+    TINY_DEMO: dict(REPEAT_TASK, name="tiny-demo", mode="colocated", executor="local", model=TINY_REPEATER,
+                    use_vllm=False, flavor="cpu-basic", bucket="local/grpo-runs", max_steps=300, adapter_every=30),
+    # The demo of the reward-hacking alert: `digits` pays for any digit, so the tiny random model learns to write
+    # "8888888888"; the alert says so (the monitor distinct_chars falls) and the best version is chosen by the rule
+    # that also weighs variety.
+    TINY_HACKING: dict(NO_TASK, **TINY_HELD_OUT, name="reward-hacking-demo", mode="colocated", executor="local",
+                       model=TINY_MODEL, dataset="builtin:count-to-ten", rewards=["digits"], use_vllm=False,
+                       flavor="cpu-basic", bucket="local/grpo-runs"),
     TINY_TASK: dict(TINY_TASK_FIELDS, name="tiny-task", mode="colocated", executor="local", model=TINY_MODEL,
                     use_vllm=False, max_steps=100, flavor="cpu-basic", bucket="local/grpo-runs"),
     "Tiny distributed (CPU, 2 vLLM replicas)": dict(

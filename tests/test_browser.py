@@ -228,8 +228,10 @@ def _one_training_prompt_is_followed_across_steps(page) -> None:
 
 
 def test_launch_the_demo_and_watch_it_live(page, app_home):
+    """The reward-hacking demo (the digits task a random tiny model games): it runs as fast as a tiny run does, so the
+    live views are watched on it; it ends with the alert. The default demo's outcome: the full-tier test below."""
     page.locator("#preset input").first.click()
-    page.get_by_role("option", name="Tiny demo (CPU)").click()
+    page.get_by_role("option", name="Tiny reward-hacking demo (CPU)").click()
     page.locator("#launch-btn").click()
     # A successful launch switches to the Runs tab, with the new run selected.
     message = wait_for_launch_answer(page)
@@ -259,7 +261,7 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     assert "transformers (CPU)" in inner_text(page, "run-status")
     # The runs list (folded away while the run is open) names the run and shows its progress and latest reward.
     open_runs_list(page)
-    page.wait_for_function("() => /tiny-demo[\\s\\S]*200\\/200\\s+\\d\\.\\d{3}/.test("
+    page.wait_for_function("() => /reward-hacking-demo[\\s\\S]*200\\/200\\s+\\d\\.\\d{3}/.test("
                            "document.getElementById('runs-table').innerText)", timeout=30000)
     adapters = inner_text(page, "adapters-table")
     assert "trl-policy-v1" in adapters and "trl-policy-v10" in adapters
@@ -279,6 +281,7 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
     assert any(name.startswith("best: v") for name in held_out), held_out
     scores = held_out["trained score"]
     assert scores[-1] > scores[0], f"the held-out trained score rises with training: {scores}"
+    assert "reward hacking suspected" in inner_text(page, "run-status"), "the gameable demo raises the alert"
     assert "step 200/200" in page.locator("#log-box textarea").input_value()
     scrolled_to_end = page.evaluate("""() => { const t = document.querySelector('#log-box textarea');
         return t.scrollHeight > t.clientHeight && t.scrollTop + t.clientHeight >= t.scrollHeight - 2; }""")
@@ -296,8 +299,8 @@ def test_launch_the_demo_and_watch_it_live(page, app_home):
 
 def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a_loopback_host(app_url):
     """The run the test above launched, read with the panel's MCP tools by a real MCP client."""
-    runs, = mcp_session(app_url, [("list_runs", {"query": "tiny-demo"})])
-    [run] = [r for r in runs["runs"] if r["name"] == "tiny-demo"]
+    runs, = mcp_session(app_url, [("list_runs", {"query": "reward-hacking-demo"})])
+    [run] = [r for r in runs["runs"] if r["name"] == "reward-hacking-demo"]
     deadline = time.time() + 300
     while True:
         status, = mcp_session(app_url, [("run_status", {"run_id": run["run"]})])
@@ -314,6 +317,29 @@ def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a
     assert not bad["ok"] and bad["fields_to_fix"] == ["bogus"] and "not a field of the launch form" in bad["preview"]
     # A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) reaches the port, not the tools.
     assert (initialize_status(app_url, host="attacker.example"), initialize_status(app_url)) == (421, 200)
+
+
+@pytest.mark.full   # a 300-step run after the warmed-up model's build (kept in the build cache after the first)
+def test_the_default_demo_learns_to_repeat_letters_with_no_alert_and_its_best_version_late(page):
+    """The default preset, as a newcomer runs it: the held-out exact answer rises from the base model's to at least
+    0.8, no reward-hacking alert, and the best version (the star) comes from the second half of the run."""
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name="Tiny demo (CPU)").click()
+    page.locator("#launch-btn").click()
+    message = wait_for_launch_answer(page)
+    assert "Launched run" in message, message
+    page.locator("#run-status").get_by_text("final adapter ready").wait_for(timeout=900000)
+    page.wait_for_function("() => { const el = document.querySelector('#heldout-plot .js-plotly-plot');"
+                           " const t = el && el.data && el.data.find(d => d.name.startsWith('held-out score'));"
+                           " return t && t.x.length === 11; }", timeout=60000)
+    traces = page.evaluate("""() => document.querySelector('#heldout-plot .js-plotly-plot').data
+        .map(d => ({name: d.name, x: d.x, y: d.y, text: d.text}))""")
+    score = next(t for t in traces if t["name"].startswith("held-out score"))
+    assert score["text"][0] == "v0" and max(score["y"][1:]) >= 0.8 > score["y"][0], score
+    best = next(t for t in traces if t["name"].startswith("best: v"))
+    version = int(re.match(r"best: v(\d+)", best["name"]).group(1))
+    assert version > 5 and best["y"][0] >= 0.8, (best, score)     # versions every 30 steps: v6 is step 180 of 300
+    assert "reward hacking suspected" not in inner_text(page, "run-status")
 
 
 @pytest.mark.full   # ~210 s; tier 1's vLLM pair runs in test_distributed_run.py

@@ -41,9 +41,12 @@ def page(app, request):
 
 
 def _launch(page, learning_rate: str, before: str = "") -> str:
-    """Launch the tiny demo with this learning rate and wait for its final adapter; `before` is the run launched
-    last (the launch message shows it, with a busy overlay, until the new launch answers)."""
+    """Launch the tiny reward-hacking demo with this learning rate and wait for its final adapter; `before` is the run
+    launched last (the launch message shows it, with a busy overlay, until the new launch answers)."""
     page.get_by_role("tab", name="Launch").click()
+    # The digits demo (no longer the default preset): its rule weighs distinct_chars, which the comparison shows.
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name="Tiny reward-hacking demo (CPU)").click()
     if not page.locator("#f-learning_rate input").first.is_visible():
         page.get_by_text("GRPO training", exact=True).click()
     set_number(page, "f-max_steps", STEPS)

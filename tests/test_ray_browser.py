@@ -150,7 +150,7 @@ def test_the_tiny_demo_runs_on_a_ray_cluster_from_the_browser(cluster, shared, t
 
         # The tiny demo, 20 steps (one version: its final adapter), on the cluster: previewed as the `ray job
         # submit` it is.
-        _form(page, "Tiny demo (CPU)", shared, DEMO_STEPS)
+        _form(page, "Tiny reward-hacking demo (CPU)", shared, DEMO_STEPS)
         page.locator("#preview-btn").click()
         preview = wait_for_text(page, "launch-msg", "job\\(s\\) of run", 60000)
         assert "ray job submit --address " + cluster in preview and "--entrypoint-num-gpus 0" in preview, preview

@@ -28,7 +28,7 @@ from backend.plan.spec import HUB_ID, bucket_name_problem
 from backend.plan.vllm_args import VLLM_LORA_RANKS, round_lora_rank
 from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
-from backend.runtime.tiny_model import TINY_MODEL
+from backend.runtime.tiny_model import TINY_MODEL, TINY_MODELS
 from backend.runtime.user_code import reward_function_names
 from backend.storage.observers import shipped
 
@@ -271,11 +271,12 @@ def _usage(spec: dict, repo_id: str, hub_base: str | None) -> list[str]:
     seed = spec.get("seed")
     if hub_base:
         base, note = hub_base, []
-    elif spec.get("model") == TINY_MODEL:
-        base = layout.BASE_MODEL_DIR
-        note = [(f"The base model is the panel's builtin tiny random model ({TINY_MODEL}, seed {seed}): the run "
-                 f"keeps it in `{base}/` of its bucket folder, and `python -m runtime.tiny_model --out {base} "
-                 f"--seed {seed}` in the run's `code/` folder builds it again."), ""]
+    elif spec.get("model") in TINY_MODELS:
+        base, name = layout.BASE_MODEL_DIR, spec["model"]
+        note = [(f"The base model is the panel's builtin tiny model ({name}, seed {seed}): the run keeps it in "
+                 f"`{base}/` of its bucket folder, and `python -m runtime.tiny_model --out {base} --seed {seed}"
+                 + (f" --name {name}" if name != TINY_MODEL else "")
+                 + "` in the run's `code/` folder builds it again."), ""]
     else:
         base = base_model_name(spec)
         note = [(f"The base model was a local model folder named {_code(base)} on the machine that trained it (not "

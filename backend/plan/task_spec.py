@@ -11,11 +11,11 @@ from backend.plan.engines import reaches_hub
 from backend.plan.spec_fields import FieldError
 from backend.runtime import rewards as runtime_rewards
 from backend.runtime.best_rule import best_by_problem, rule_text
-from backend.runtime.prompts import EVAL_SPLIT
+from backend.runtime.prompts import EVAL_SPLIT, builtin_names
 from backend.runtime.task import FILE_SUFFIXES, RESERVED_COLUMN_NAMES, is_local_file, parse_reward_columns
 from backend.runtime.user_code import code_problems, reward_function_names
 
-BUILTIN_DATASETS = ("builtin:count-to-ten", "builtin:letters")
+BUILTIN_DATASETS = tuple(builtin_names())
 BUILTIN_REWARDS = tuple(runtime_rewards.BUILTIN_REWARDS)
 TRL_REWARDS = tuple(runtime_rewards.TRL_REWARDS)
 REWARD_CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)

@@ -74,8 +74,16 @@ def distinct_chars(completions, **kwargs) -> list[float]:
     return scores
 
 
+def exact_answer(completions, answer=None, **kwargs) -> list[float]:
+    """1 when the completion, stripped, is the row's `answer` exactly, else 0: no constant or repeated answer earns
+    more than the share of rows it happens to answer (the default demo's reward and its held-out measure)."""
+    answers = answer or [None] * len(completions)
+    return [1.0 if right is not None and completion_text(c).strip() == str(right) else 0.0
+            for c, right in zip(completions, answers, strict=True)]
+
+
 BUILTIN_REWARDS = {"digits": digits, "length_target": length_target, "format": format,
-                   "distinct_chars": distinct_chars}
+                   "distinct_chars": distinct_chars, "exact_answer": exact_answer}
 
 
 def _trl_rewards():
@@ -96,7 +104,7 @@ TRL_REWARDS = {
         ngram_size=spec.get("repetition_ngram_size", 3), max_penalty=spec.get("repetition_max_penalty", -1.0)),
 }
 # The dataset column (reward keyword) a reward cannot work without, and the package it imports.
-NEEDS_COLUMN = {"accuracy_reward": "solution", "reasoning_accuracy_reward": "solution"}
+NEEDS_COLUMN = {"accuracy_reward": "solution", "reasoning_accuracy_reward": "solution", "exact_answer": "answer"}
 NEEDS_PACKAGE = {"accuracy_reward": "math-verify==0.9.0", "reasoning_accuracy_reward": "math-verify==0.9.0"}
 PACKAGE_FOR_IMPORT = {"math_verify": "math-verify==0.9.0"}
 CHOICES = (*BUILTIN_REWARDS, *TRL_REWARDS)

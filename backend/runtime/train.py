@@ -33,7 +33,7 @@ from .rewards import run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
 from .spec_file import SpecFile, read_spec
 from .task import TaskDataError, load_task_dataset
-from .tiny_model import TINY_MODEL, benchmark_note, no_progress_bars
+from .tiny_model import TINY_MODELS, benchmark_note, no_progress_bars
 from .versions import mark_superseded, published_versions
 
 
@@ -42,7 +42,7 @@ def limit_cpu_threads(spec: SpecFile) -> None:
     machine OpenMP's spinning threads made steps 30x slower (0.04 s -> 1-15 s) than one thread."""
     import torch  # noqa: PLC0415 heavy: after the run's own inputs are read
 
-    if spec["model"] == TINY_MODEL and not torch.cuda.is_available():
+    if spec["model"] in TINY_MODELS and not torch.cuda.is_available():
         torch.set_num_threads(1)
 
 
