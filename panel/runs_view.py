@@ -79,7 +79,11 @@ def wire(page) -> None:
 def run_choices(panel: Panel, visitor: Visitor) -> list[tuple[str, str]]:
     """The run pickers' choices, (label, run id): a renamed run's display name (and tags) beside its id, as the runs
     list names it; a run that was not renamed by its id alone (the cheap table reads no spec)."""
-    return [(f"{r[1]} · {r[0]}" if r[1] else r[0], r[0]) for r in panel.runs_table(visitor, with_cost=False)]
+    return labelled(panel.runs_table(visitor, with_cost=False))
+
+
+def labelled(rows: list[list]) -> list[tuple[str, str]]:
+    return [(f"{r[1]} · {r[0]}" if r[1] else r[0], r[0]) for r in rows]
 
 
 def list_update(panel, visitor, find: str, state: str, listed, live: list | None = None) -> dict:
@@ -91,7 +95,7 @@ def list_update(panel, visitor, find: str, state: str, listed, live: list | None
     seen = listed if isinstance(listed, dict) else {}
     out = {} if rows == seen.get("rows") else {"runs_table": rows}
     every = panel.runs_table(visitor, with_cost=False)      # unfiltered: a live run the filter hides is live
-    choices = [r[0] for r in every]
+    choices = labelled(every)
     if live is not None:
         live.append(tick.listed_live(every))
     if choices != seen.get("choices"):
