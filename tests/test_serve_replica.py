@@ -190,11 +190,24 @@ PORT_SERVER = [sys.executable, "-c", ("import os, sys, time; port = sys.argv[sys
                "time.sleep(int(os.environ.get('EXIT_AFTER_' + port, 300))); sys.exit(3)"), "--port", "8000"]
 
 
+def _serving(proc, count: int) -> list[list[str]]:
+    """The first `count` "serving" lines of the servers, as words: the job's own lines between them (its note on
+    pinning the servers to cores) skipped."""
+    lines = []
+    for _ in range(count + 5):
+        line = proc.stdout.readline()
+        if line.startswith("serving "):
+            lines.append(line.split())
+        if len(lines) == count:
+            return lines
+    raise AssertionError(f"{count} servers did not say they serve; last line {line!r}")
+
+
 def test_a_job_of_several_servers_runs_one_on_each_port_and_stops_them_all_when_one_exits(tmp_path):
     proc = _start(tmp_path, "--ports", "8100", "8101", "--cpu-binds", "0", "1", server=PORT_SERVER,
                   env={"EXIT_AFTER_8101": "4"})
     try:
-        started = sorted(proc.stdout.readline().split() for _ in range(2))
+        started = sorted(_serving(proc, 2))
         assert started == [["serving", "8100", "0"], ["serving", "8101", "1"]]
         servers = _children(proc)
         # One server gone takes the job down (its retry starts them all again, and the proxy takes each back).
@@ -210,7 +223,7 @@ def test_a_job_of_several_servers_runs_one_on_each_port_and_stops_them_all_when_
 def test_every_server_of_a_job_stops_when_the_trainer_finishes(tmp_path):
     proc = _start(tmp_path, "--ports", "8100", "8101", server=PORT_SERVER)
     try:
-        assert sorted(proc.stdout.readline().split()[1] for _ in range(2)) == ["8100", "8101"]
+        assert sorted(words[1] for words in _serving(proc, 2)) == ["8100", "8101"]
         servers = _children(proc)
         write_event(str(tmp_path), "trainer", "finished")
         assert proc.wait(timeout=20) == 0
