@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import re
 import sys
 import time
 
@@ -264,15 +265,20 @@ def pytest_ignore_collect(collection_path, config):
     tier = tier_of(collection_path)
     if tier is None:   # collected, to fail with what it lacks
         return None
-    if any(compiled.evaluate(_tier_matcher(tier, others)) for others in (False, True)):
+    others = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) - {"and", "or", "not", *TIERS})
+    if len(others) > 8:    # too many to try every combination: collected, and pytest's own -m decides
+        return None
+    if any(compiled.evaluate(_tier_matcher(tier, {name for i, name in enumerate(others) if held >> i & 1}))
+           for held in range(2 ** len(others))):
         return None
     return True
 
 
-def _tier_matcher(tier: str, others: bool):
-    """A marker matcher for a file's tier: its own tier mark, and `others` for any non-tier mark."""
+def _tier_matcher(tier: str, held: set[str]):
+    """A marker matcher for a file of `tier` whose tests may hold the non-tier marks `held` (every combination of
+    the expression's other names is tried: "full and not spine" is true for a test marked full alone)."""
     def match(name: str, /, **kwargs) -> bool:
-        return name == tier or (name not in TIERS and others)
+        return name == tier or (name not in TIERS and name in held)
     return match
 
 

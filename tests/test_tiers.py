@@ -146,6 +146,27 @@ def _collect(folder) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.parametrize("expression, kept", [
+    # tier 2's rest: any file may hold a test marked full (a file's marks are all the hook reads); none was kept
+    # before the hook tried the other marks one by one, and this selection ran no test at all
+    ("full and not spine", {"test_fast.py", "test_slow.py", "test_spine.py"}),
+    ("not unit and (not full or spine)", {"test_slow.py", "test_spine.py"}),
+    ("unit", {"test_fast.py"}),
+])
+def test_a_tier_expression_skips_only_files_none_of_whose_tests_it_can_select(tmp_path, expression, kept):
+    from conftest import pytest_ignore_collect
+
+    class Config:
+        def getoption(self, name, default=None):
+            return expression
+
+    files = {"test_fast.py": "pytest.mark.unit", "test_slow.py": "[pytest.mark.integration, pytest.mark.full]",
+             "test_spine.py": "pytest.mark.integration"}
+    for name, marks in files.items():
+        (tmp_path / name).write_text(f"import pytest\n\npytestmark = {marks}\n")
+    assert {name for name in files if not pytest_ignore_collect(tmp_path / name, Config())} == kept
+
+
 def test_a_file_without_a_tier_or_with_two_fails_to_collect_and_says_what_to_write(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_declared.py").write_text(
