@@ -18,7 +18,8 @@ page shows a pending event is given a timer of TRACKER_IDLE_MS instead (the time
 clock). A visible pending tracker's counter and loader keep their frames; anything else the tracker's chunk
 schedules (an autoscroll, a toast's start) runs at most TRACKER_IDLE_MS later; everything else is untouched.
 What identifies the tracker's code is its chunk's name in the stack (`statustracker-<hash>.js`): a Gradio that
-renames it brings the frames back, which tests/test_idle_page.py catches.
+renames it brings the frames back, which tests/test_idle_page.py catches. Written up to be filed upstream:
+docs/upstream/gradio-statustracker-frames.md.
 """
 
 TRACKER_IDLE_MS = 250
