@@ -134,6 +134,21 @@ def test_an_obeyed_order_gives_way_to_a_new_one_after_a_resume(tmp_path):
     assert write_order(str(tmp_path), again) is True and resumed.mine() == again
 
 
+def test_an_order_whose_run_id_is_a_path_stands_and_is_never_replaced(tmp_path):
+    """An order in the member's place naming `../runs/<m1>` (a path to a run that obeyed) is not read as obeyed
+    through that path: it stands, and a new order is not written over it."""
+    dirs = bucket(tmp_path, {"m0": [0.5], "m1": [0.7]})
+    m1 = os.path.basename(dirs["m1"])
+    obeyed_order = stop_order(SWEEP, "m1", m1, "by hand", {}, by="panel")
+    write_order(str(tmp_path), obeyed_order)
+    write_event(dirs["m1"], layout.TRAINER_WRITER, SWEEP_STOP, **stop_event_fields(obeyed_order))
+    with open(os.path.join(str(tmp_path), order_path(SWEEP, "m1")), "w") as f:
+        json.dump({**obeyed_order, "run_id": f"../{layout.RUNS_DIR}/{m1}"}, f)
+    again = {**stop_order(SWEEP, "m1", m1, "by hand", {}, by="panel"), "time": 1e12}
+    assert write_order(str(tmp_path), again) is False
+    assert order_file(tmp_path, "m1")["run_id"] == f"../{layout.RUNS_DIR}/{m1}"
+
+
 @pytest.mark.parametrize("change, why", [
     ({"sweep_id": "sweep-20990101-000000-ffffff"}, "its sweep_id is"),
     ({"member": "m0"}, "its member is"),

@@ -100,7 +100,8 @@ def _standing(path: str, root: str) -> bool:
     except (OSError, ValueError):
         return True         # unreadable: left alone (never rewritten over what may be a decision)
     run_id = order.get("run_id") if isinstance(order, dict) else None
-    return not (isinstance(run_id, str) and os.path.isdir(os.path.join(root, RUNS_DIR, run_id))
+    return not (isinstance(run_id, str) and RUN_ID_RE.fullmatch(run_id)     # a run id, never a path of its own
+                and os.path.isdir(os.path.join(root, RUNS_DIR, run_id))
                 and obeyed(os.path.join(root, RUNS_DIR, run_id), order))
 
 
