@@ -12,9 +12,10 @@ def free_port() -> int:
     return pick()
 
 
-def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None = None):
+def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None = None, stderr=None):
     """`python -m runtime.serve_replica --run-dir RUN_DIR EXTRA -- SERVER...` as a replica job runs it (the runtime
-    package on its path, vLLM's socket folder its own), its output on a pipe, in a process group of its own."""
+    package on its path, vLLM's socket folder its own), its output on a pipe (`stderr`: where its errors go), in a
+    process group of its own."""
     import subprocess
     import sys
 
@@ -22,7 +23,8 @@ def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None =
     env = {**os.environ, "PYTHONPATH": os.path.join(root, "backend"), **(env or {})}
     env.pop("VLLM_RPC_BASE_PATH", None)
     return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
-                             "--", *server], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+                             "--", *server], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            start_new_session=True)
 
 
 def files_under(path) -> list[str]:

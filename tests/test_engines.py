@@ -247,3 +247,23 @@ def test_a_picked_port_is_free_outside_the_kernels_ephemeral_range_and_not_hande
         monkeypatch.setattr(local, "PORT_BAND", (1024, 32768))
         monkeypatch.setattr(local.random, "randrange", lambda low, high: next(tries))
         assert local.free_port() == spare
+
+
+def test_a_ray_replica_checks_its_ports_on_its_node_and_a_local_or_hf_jobs_replica_does_not(monkeypatch):
+    """A Ray run's ports are picked free on the panel's machine; its replica job runs on a node of the cluster,
+    which checks them there before any server starts (serve_replica --check-ports). A sweep's fleet is made of the
+    same replica jobs. Local replicas run where their ports were picked; an HF Job has a machine of its own."""
+    from backend.plan import recipe
+
+    monkeypatch.setenv("RAY_ADDRESS", "http://10.0.0.5:8265")
+    for vllm_flavor in ("ray-cpu", "ray-1gpu"):
+        spec = RunSpec(executor="ray", mode="distributed", replicas=2, mount_path="/shared/grpo",
+                       vllm_flavor=vllm_flavor)
+        jobs = recipe.RunJobs(spec, executors.engine("ray").placement(spec, preview=False)).first()
+        assert [j.role for j in jobs] == ["vllm-0", "vllm-1"]
+        assert all("runtime.serve_replica" in j.command[2] and " --check-ports " in j.command[2] for j in jobs)
+        fleet = recipe.FleetJobs((spec,), 0, spec.lora_r, executors.engine("ray").placement(spec, False)).jobs()
+        assert fleet and all(" --check-ports " in j.command[2] for j in fleet)
+    local = preview_jobs(RunSpec(mode="distributed", replicas=2))
+    remote = preview_jobs(RunSpec(mode="distributed", replicas=2, executor="hf_jobs", bucket="alice/b"))
+    assert not any("--check-ports" in j.command[2] for j in [*local, *remote])

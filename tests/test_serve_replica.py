@@ -1,6 +1,8 @@
 """A replica job stops its server when the run's trainer ends, and ignores end events from before its start."""
 
 import os
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -10,15 +12,15 @@ import pytest
 
 from backend.runtime.records import write_event
 from tests.fakehub import wait_until
-from tests.helpers import serve_replica_process
+from tests.helpers import free_port, serve_replica_process
 
 pytestmark = pytest.mark.integration
 
 SERVER = [sys.executable, "-c", "import time; print('serving', flush=True); time.sleep(300)"]
 
 
-def _start(run_dir, *extra, server=SERVER, env=None):
-    return serve_replica_process(run_dir, *extra, server=server, env=env)
+def _start(run_dir, *extra, server=SERVER, env=None, stderr=None):
+    return serve_replica_process(run_dir, *extra, server=server, env=env, stderr=stderr)
 
 
 def _children(proc):
@@ -242,3 +244,49 @@ def test_a_fleet_job_finds_its_servers_at_its_ports_or_its_commands_port():
     assert server_urls(["vllm", "serve", "m", "--host", "0.0.0.0", "--port", "8001"], None) == ["http://127.0.0.1:8001"]
     assert server_urls(["vllm", "serve", "m", "--port=8002"], None) == ["http://127.0.0.1:8002"]
     assert server_urls(["vllm", "serve", "m"], None) == ["http://127.0.0.1:8000"], "vLLM's own default"
+
+
+def test_a_port_taken_on_the_replicas_node_stops_it_before_any_server_starts_naming_the_port_and_the_node(tmp_path):
+    """A Ray replica's ports are picked free on the panel's machine; the node that runs it (here) has one taken, by a
+    server listening on loopback only. The replica starts none of its servers, says which port on which node, and
+    records its end, so the trainers waiting for it stop at once."""
+    from backend.runtime.serve_replica import PORT_TAKEN_CODE, replicas_ended
+
+    free = free_port()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        proc = _start(tmp_path, "--check-ports", "--role", "vllm-0", "--ports", str(free), str(taken),
+                      server=PORT_SERVER, stderr=subprocess.PIPE)
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+    assert proc.returncode == 1, (proc.returncode, out, err)
+    assert "serving" not in out, "no server started"
+    assert f"port(s) taken on node {socket.gethostname()}: {taken} (Address already in use)" in err, err
+    assert f"{free} (" not in err, "the free port is not named"
+    ended = replicas_ended(str(tmp_path))
+    assert ended["vllm-0"]["code"] == PORT_TAKEN_CODE and ended["vllm-0"]["last"] is True, ended
+
+
+def test_a_replica_whose_ports_are_free_on_its_node_says_so_and_serves(tmp_path):
+    import socket
+
+    from tests.helpers import free_port
+
+    ports = [str(free_port()), str(free_port())]
+    proc = _start(tmp_path, "--check-ports", "--ports", *ports, server=PORT_SERVER)
+    try:
+        said = proc.stdout.readline()
+        assert said == f"port(s) {', '.join(ports)} free on node {socket.gethostname()}: starting the server(s)\n"
+        assert sorted(words[1] for words in _serving(proc, 2)) == sorted(ports)
+        write_event(str(tmp_path), "trainer", "finished")
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()

