@@ -59,10 +59,10 @@ def wire(page) -> None:
     view_inputs = dashboard_view.VIEW_INPUTS
     # The full update: on the fast timer, or on the idle check's click where something changed (panel/tick.py). The
     # fast timer's period is an input and an output: it stops, and the idle check starts, while nothing shown is live.
+    # Gradio's default trigger mode ("once"): a tick while the last is pending is dropped, never queued behind it.
     page.on([page["timer"].tick, page["tick_full"].click], on_tick,
             [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick", "timer"],
-            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, *TIMERS], show_progress="hidden",
-            trigger_mode="always_last")
+            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, *TIMERS], show_progress="hidden")
     # The idle check runs in the browser, no Gradio event (`tick.CHECK`). The stamp it asks for is an endpoint off the
     # queue (no check waits behind a long event); its trigger, a hidden textbox's submit, never fires on the page.
     page["idle_timer"].tick(None, None, None, js=tick.CHECK)
