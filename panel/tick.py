@@ -38,12 +38,15 @@ FULL_ID = "tick-full"
 # The idle timer's event, in the browser alone: the panel's stamp for what this page shows, the full update (a click
 # on the hidden button) only when it differs from the stamp seen last. The page's first check updates once: what
 # changed between the last full update and that check is not lost (later, any change since the last check differs).
+# The page's own Gradio session is named: without one, Gradio builds a new session's state of the whole page for
+# each call (28 ms of CPU here, against 2).
 CHECK = """async () => {
     const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/+$/, '');
     const run = new URL(window.location.href).searchParams.get('run') || '';
     try {
         const answer = await fetch(root + '/gradio_api/run/STAMP_API', {method: 'POST',
-            headers: {'Content-Type': 'application/json'}, body: JSON.stringify({data: [run]})});
+            headers: {'Content-Type': 'application/json'},
+            body: JSON.stringify({data: [run], session_hash: window.__gradio_session_hash__})});
         if (!answer.ok) { return []; }
         const stamp = (await answer.json()).data[0];
         if (stamp === window.__tickStamp) { return []; }
