@@ -4,6 +4,7 @@ hold the files a trainer writes (metrics, samples, events, adapters, logs, resou
 
     python benchmarks/dashboard_requests.py [--sizes 1000 100000] [--ticks 40] [--sessions 10]
     python benchmarks/dashboard_requests.py --samples step     # runs written with one samples file per step
+    python benchmarks/dashboard_requests.py --idle [--sessions 10]   # a finished run: the idle check, N vs 1
 
 Sizes are measured interleaved, tick by tick, so the ratios compare like with like on a noisy machine. Each tick
 period every run grows by 10 logged steps (a metric fragment, its samples fragment, a proxy snapshot, an adapter
@@ -12,6 +13,11 @@ largest run to the smallest; the first open of each run through the run picker (
 history drawn, in the same interleaved way; the panel's CPU per tick period with N sessions against one (periods
 alternate); the payload a tick sends; and, in a fresh process each, the panel's RSS after start-up and idle with
 the largest run live (the background watch checking it), against its start-up RSS. Asserts nothing.
+
+With `--idle`, only this: a finished run of the largest size open in every session, nothing changing, and the panel's
+CPU per period (TICK_S of wall clock; periods alternate) with N sessions against one, for what each session's page
+sends while idle: the idle check's stamp (`tick.on_stamp`, panel/tick.py) and, for comparison, the full update with
+nothing to send (what an idle page sent on each tick before the two-stage tick).
 """
 
 import argparse
@@ -52,6 +58,14 @@ class Browser:
 
     async def open(self) -> int:
         return await self.call("on_select", [self.run_id, "trainer", "", "step", 0, "latest", ""])
+
+    async def stamp(self) -> int:
+        return await self.call("on_stamp", [self.run_id])
+
+    async def idle_tick(self) -> int:
+        from panel.tick import IDLE_TICK_S
+        return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "",
+                                           "all", None, IDLE_TICK_S])
 
     async def tick(self) -> int:
         return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "", "all",
@@ -198,6 +212,39 @@ async def measure(args) -> None:
     panel.shutdown()
 
 
+async def idle_sessions(args) -> None:
+    """N sessions against one on a finished run, nothing changing: the idle check's stamp, and the full update."""
+    from panel.actions import Panel, Settings
+    from panel.ui import build_ui
+
+    home = tempfile.mkdtemp(prefix="grpo-requests-idle-")
+    run = SyntheticRun(home, max(args.sizes), samples=args.samples).complete()
+    panel = Panel(Settings(home=home, on_space=False, host="127.0.0.1", budget_check_s=0))
+    demo = build_ui(panel)
+    one = [Browser(demo, run.spec.run_id)]
+    many = [Browser(demo, run.spec.run_id) for _ in range(args.sessions)]
+    for browser in [*one, *many]:
+        await browser.open()
+        await browser.idle_tick()
+    panel.view(run.spec.run_id).wait_for_history()
+    for kind in ("stamp", "idle_tick"):
+        cpu = {1: [], args.sessions: []}
+        start = time.perf_counter()
+        for i in range(args.periods * 2):
+            group = one if i % 2 == 0 else many
+            began = time.process_time()
+            await asyncio.gather(*(getattr(b, kind)() for b in group))
+            await asyncio.sleep(max(0.0, start + (i + 1) * TICK_S - time.perf_counter()))
+            cpu[len(group)].append(time.process_time() - began)
+        a, b = cpu[1], cpu[args.sessions]
+        name = "idle check (stamp)" if kind == "stamp" else "full update, nothing to send"
+        print(f"{name}, {max(args.sizes)}-row finished run, CPU per {TICK_S:.0f} s period: 1 session median "
+              f"{statistics.median(a) * 1e3:.2f} ms, {args.sessions} sessions median {statistics.median(b) * 1e3:.2f}"
+              f" ms: ratio {statistics.median(b) / statistics.median(a):.2f} (min {min(b) / min(a):.2f}, means "
+              f"{statistics.mean(b) / statistics.mean(a):.2f})", flush=True)
+    panel.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1000, 100000])
@@ -207,7 +254,9 @@ def main() -> None:
     parser.add_argument("--periods", type=int, default=10)
     parser.add_argument("--samples", choices=("flush", "step"), default="flush",
                         help="samples written one fragment per flush (trainers now) or per step (runs before)")
-    asyncio.run(measure(parser.parse_args()))
+    parser.add_argument("--idle", action="store_true", help="a finished run: the idle check, N sessions vs one")
+    args = parser.parse_args()
+    asyncio.run(idle_sessions(args) if args.idle else measure(args))
 
 
 if __name__ == "__main__":

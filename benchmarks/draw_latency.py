@@ -6,7 +6,7 @@ Starts the panel (`python app.py`, a process of its own, on a free port) over sy
 project's real format (see dashboard_scale.py: metrics, samples, events, adapters, logs, resource samples),
 opens each run's dashboard in Debian's chromium, then writes 10
 new steps at a time, as a trainer does, at random moments, and measures how long until the reward chart in the
-page shows the newest step. The dashboard's timer ticks every `panel.ui.TICK_S` seconds, so a write waits for
+page shows the newest step. The dashboard's timer ticks every `panel.tick.TICK_S` seconds, so a write waits for
 the next tick (up to one interval) plus what the tick costs and the browser's drawing. Runs are measured
 interleaved, write by write. Prints the figures against the target (one interval + 1 s); asserts nothing.
 """
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT]
 
 from benchmarks.dashboard_scale import SyntheticRun
-from panel.ui import TICK_S
+from panel.tick import TICK_S
 from tests.browser_helpers import CHROMIUM, CHROMIUM_ARGS, running_panel, wait_for_text
 
 LAST_STEP_DRAWN = """() => {

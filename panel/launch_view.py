@@ -255,7 +255,7 @@ def wire(page) -> None:
     refused = ["launch_msg", "reviewed", "confirm", "marks", "sections", "form"]
     page.on(page["preview_btn"].click, on_preview, ["form", "marks", "webhook", "sweep"], [*refused, "webhook"])
     page.on(page["launch_btn"].click, on_launch, ["form", "marks", "confirm", "reviewed", "webhook", "sweep"],
-            [*refused, "tabs", "run_pick", "webhook", "timer"])
+            [*refused, "tabs", "run_pick", "webhook", "timer", "idle_timer"])
     filled = ["form", "launch_msg", "reviewed", "confirm", "tabs", "action_msg", "sections"]
     page.on(page["change"].click, on_new_run_with_change, ["run_pick"], filled)
     page.on(page["clone"].click, on_new_run_from, ["run_pick"], filled)

@@ -47,6 +47,15 @@ def send_changed(drawn: dict, parts: dict[str, tuple]) -> dict:
     return values
 
 
+def refreshed_view(panel, run_id: str, visitor=None):
+    """The run's shared view, refreshed if due (at most once a second for every session), its alerts checked on
+    what the refresh read. KeyError: not a run this visitor reaches."""
+    view = panel.view(run_id, visitor)
+    if view.refresh_if_due() and hasattr(panel, "watch"):
+        panel.watch.alerts(view)
+    return view
+
+
 def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = "trainer", query: str = "",
                      x: str = "step", smoothing: float = 0.0, dollars: tuple | None = None, pick="latest",
                      extra: Callable[[object], dict] | None = None, follow: str | None = None,
@@ -58,9 +67,7 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     `extra(view)` more parts (name -> (key, value)) that the view alone does not give; `shown` the version the
     session's picker shows now (None: not known); `title(view)` the run's name that heads its header (renamed at any
     time: read each tick, cheap)."""
-    view = panel.view(run_id, visitor)
-    if view.refresh_if_due() and hasattr(panel, "watch"):
-        panel.watch.alerts(view)
+    view = refreshed_view(panel, run_id, visitor)
     if state.get("run_id") != run_id:
         state.clear()
         state["run_id"] = run_id

@@ -15,6 +15,7 @@ from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 RUN_IN_URL = ("(id) => { const u = new URL(window.location.href); "
               "if (id) { u.searchParams.set('run', id); } else { u.searchParams.delete('run'); } "
               "window.history.replaceState(null, '', u); return []; }")
+TIMERS = ["timer", "idle_timer"]      # what `tick.cadence` and `tick.wake` update
 LISTED = ["runs_table", "run_pick", "listed", "compare_picks", "sweep_run", "runs_hint"]
 
 
@@ -56,13 +57,20 @@ def build_orphans(panel: Panel) -> None:
 def wire(page) -> None:
     """The runs list's events, and the timer's tick (the list and the open run)."""
     view_inputs = dashboard_view.VIEW_INPUTS
-    # The timer's own period is an input and an output: it ticks slower while nothing shown is live (panel/tick.py).
-    page.on(page["timer"].tick, on_tick, [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick",
-                                          "timer"],
-            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, "timer"], show_progress="hidden")
+    # The full update: on the fast timer, or on the idle check's click where something changed (panel/tick.py). The
+    # fast timer's period is an input and an output: it stops, and the idle check starts, while nothing shown is live.
+    # Gradio's default trigger mode ("once"): a tick while the last is pending is dropped, never queued behind it.
+    page.on([page["timer"].tick, page["tick_full"].click], on_tick,
+            [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick", "timer"],
+            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, *TIMERS], show_progress="hidden")
+    # The idle check runs in the browser, no Gradio event (`tick.CHECK`). The stamp it asks for is an endpoint off the
+    # queue (no check waits behind a long event); its trigger, a hidden textbox's submit, never fires on the page.
+    page["idle_timer"].tick(None, None, None, js=tick.CHECK)
+    page.on(page["tick_stamp"].submit, tick.on_stamp, ["run_pick"], ["tick_stamp"], queue=False,
+            api_name=tick.STAMP_API, api_visibility="undocumented", show_progress="hidden")
     page.on(page["run_pick"].change, dashboard_view.on_select, view_inputs,
             [*dashboard_view.DRAWN, "status", "resume_confirm", "resume_reviewed", "push.repo", "best_by",
-             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "open_sweep", "resume", "timer"])
+             "best_by_msg", "runs_list", "cancel", "cancel_sweep", "open_sweep", "resume", *TIMERS])
     # A picked run opens on its default version (the best, else final/): its zip is built at once.
     page["run_pick"].change(None, page["run_pick"], None, js=RUN_IN_URL)
     page["runs_table"].select(on_row, None, page["run_pick"])
@@ -72,7 +80,7 @@ def wire(page) -> None:
     page.on(page["cancel_sweep"].click, on_cancel_sweep, ["run_pick"], ["action_msg"])
     page.on(page["open_sweep"].click, on_open_sweep, ["run_pick"], ["sweep_run", "tabs"])
     page.on(page["resume"].click, on_resume, ["run_pick", "resume_confirm", "resume_reviewed"],
-            ["action_msg", "resume_confirm", "resume_reviewed", "timer"])
+            ["action_msg", "resume_confirm", "resume_reviewed", *TIMERS])
     page.on(page["demo"].load, on_url, [], ["run_pick", "tabs", "action_msg"], request=True)
 
 

@@ -1,22 +1,68 @@
-"""How often the page's timer ticks: every TICK_S while anything it shows can change (a live run in the runs list
-or open), every IDLE_TICK_S while nothing can.
+"""The page's timer, in two stages: while anything shown can change (a live run in the runs list or open) the timer
+(`timer`) runs the full update every TICK_S; while nothing can, it is off and a second timer (`idle_timer`) asks only
+whether anything changed, every IDLE_TICK_S, and runs the full update only when it did.
+
+Why two stages: every Gradio event costs the browser a pass of Gradio's front end over every component that ever had
+a loading status and a copy of their states, however little it sends (docs/measurements.md, "Idle page in the
+browser"), so an idle page's events are its cost. The idle check is no Gradio event: the idle timer's event runs a
+script in the browser alone (`CHECK`), which posts the open run's id (from the page's address) to the panel's
+`tick_stamp` endpoint (`/gradio_api/run/tick_stamp`, off the queue: no tick waits behind a long event) and compares
+the answer, `stamp()`, with the last one; only when it differs does it click the hidden `tick_full` button, whose
+event is the full update (the same one the timer runs). `stamp()` reads nothing of its own: the open run's shared
+view (refreshed at most once a second, a finished run every SETTLED_RECHECK_S, for every session alike) gives its
+version, the runs list and its hint come from the registries' shared listings; so a check costs the panel Gradio's
+request path and a hash (1.4 ms here, the stamp a tenth of it: docs/measurements.md), never a read of a bucket.
+
+A live page keeps the one-stage tick: a live run changes nearly every tick, and a check first would only delay its
+charts by a round trip (a two-stage tick that did so was measured later to draw, and costlier per session).
 
 Why slow down rather than stop: a run launched from another tab, another browser or an agent (MCP) appears in this
-session's runs list only on a tick, so an idle page still ticks, IDLE_TICK_S apart: such a run is listed within
-IDLE_TICK_S plus one tick's time. What this session does itself wakes the timer at once (`wake`: a launch, a resume,
-picking a live run). Each tick costs the browser a pass of Gradio's front end over every component that ever had a
-loading status, however little it sends (docs/measurements.md, "Idle page in the browser"), so an idle page's
-ticks are its cost; a live run's page keeps its tick and its written -> drawn latency.
+session's runs list only on a tick, so an idle page still checks, IDLE_TICK_S apart: such a run is listed within
+IDLE_TICK_S plus the listing's age and one tick's time, and the full update it brings switches back to the fast timer.
+What this session does itself wakes the fast timer at once (`wake`: a launch, a resume, picking a live run).
 """
+
+import hashlib
 
 import gradio as gr
 
+from panel import live
 from panel.runs_list import RUNS_HEADERS, status_badge
 
 TICK_S = 2.0
 IDLE_TICK_S = 10.0
 STATUS = RUNS_HEADERS.index("status")
 LIVE_BADGES = (status_badge("RUNNING"), status_badge("SCHEDULING"))
+STAMP_API = "tick_stamp"
+FULL_ID = "tick-full"
+# The idle timer's event, in the browser alone: the panel's stamp for what this page shows, the full update (a click
+# on the hidden button) only when it differs from the stamp seen last. The page's first check updates once: what
+# changed between the last full update and that check is not lost (later, any change since the last check differs).
+# The page's own Gradio session is named: without one, Gradio builds a new session's state of the whole page for
+# each call (28 ms of CPU here, against 2).
+CHECK = """async () => {
+    const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/+$/, '');
+    const run = new URL(window.location.href).searchParams.get('run') || '';
+    try {
+        const answer = await fetch(root + '/gradio_api/run/STAMP_API', {method: 'POST',
+            headers: {'Content-Type': 'application/json'},
+            body: JSON.stringify({data: [run], session_hash: window.__gradio_session_hash__})});
+        if (!answer.ok) { return []; }
+        const stamp = (await answer.json()).data[0];
+        if (stamp === window.__tickStamp) { return []; }
+        window.__tickStamp = stamp;
+    } catch (e) { /* the panel not answering: the full update says so, as a tick would */ }
+    const full = document.querySelector('#FULL_ID');
+    if (full) { full.click(); }
+    return [];
+}""".replace("STAMP_API", STAMP_API).replace("FULL_ID", FULL_ID)
+
+
+def build(page) -> None:
+    """The timers and the idle check's hidden parts, added to `page`."""
+    page.add(timer=gr.Timer(TICK_S), idle_timer=gr.Timer(IDLE_TICK_S, active=False),
+             tick_full=gr.Button("Update", elem_id=FULL_ID, visible="hidden"),
+             tick_stamp=gr.Textbox(visible=False))
 
 
 def listed_live(rows: list[list]) -> bool:
@@ -25,11 +71,34 @@ def listed_live(rows: list[list]) -> bool:
 
 
 def cadence(live: bool, interval) -> dict:
-    """The timer's update for a session whose timer ticks every `interval` s: none when that is already right."""
+    """The timers' update for a session whose fast timer's period is `interval` (TICK_S: it runs; IDLE_TICK_S: it is
+    off and the idle check runs): none when that is already right."""
     wanted = TICK_S if live else IDLE_TICK_S
-    return {} if interval == wanted else {"timer": gr.update(value=wanted)}
+    if interval == wanted:
+        return {}
+    return wake() if live else {"timer": gr.update(value=IDLE_TICK_S, active=False),
+                                "idle_timer": gr.update(active=True)}
 
 
 def wake() -> dict:
-    """The timer back to TICK_S: this session has just made something live."""
-    return {"timer": gr.update(value=TICK_S)}
+    """The fast timer back at TICK_S, the idle check off: this session has just made something live."""
+    return {"timer": gr.update(value=TICK_S, active=True), "idle_timer": gr.update(active=False)}
+
+
+def stamp(panel, visitor, run_id: str | None) -> str:
+    """What tells whether a session's full update would send anything: the open run's view's version and title, the
+    visitor's runs list (unfiltered: a filtered list changes only where it does) and its hint. Equal stamps, nothing to
+    send; a run this visitor does not reach stamps as no run (its id tells nothing)."""
+    run = None
+    if run_id:
+        try:
+            view = live.refreshed_view(panel, run_id, visitor)
+            run = (run_id, view.version, panel.run_title(run_id, visitor, view), bool(view.final_files))
+        except KeyError:
+            run = None
+    seen = (run, panel.runs_table(visitor), panel.runs_hint(visitor))
+    return hashlib.blake2b(repr(seen).encode(), digest_size=12).hexdigest()
+
+
+def on_stamp(panel, visitor, run_id) -> dict:
+    return {"tick_stamp": stamp(panel, visitor, run_id)}

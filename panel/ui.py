@@ -7,11 +7,10 @@ import json
 
 import gradio as gr
 
-from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view, sweep_view
+from panel import cheap_skips, compare_view, dashboard_view, launch_view, runs_view, sweep_view, tick
 from panel.actions import Panel
 from panel.markdown import no_latex
 from panel.page import Page, visitor_of
-from panel.tick import TICK_S  # the timer's period while anything shown is live (panel/tick.py)
 
 CACHE_SWEEP_S = 1800          # how often Gradio's cache (uploads, served copies of downloads) is swept
 UPLOADS_KEPT_S = 2 * 3600     # how old a file there may get: an upload is gone within hours, not days
@@ -157,7 +156,8 @@ def build_ui(panel: Panel) -> gr.Blocks:
                 runs_view.build_orphans(panel)
             compare = compare_view.build(panel, visitor_of)
             sweep_view.build(page, panel)
-        page.add(demo=demo, tabs=tabs, timer=gr.Timer(TICK_S), compare_picks=compare["picks"])
+        page.add(demo=demo, tabs=tabs, compare_picks=compare["picks"])
+        tick.build(page)     # the fast timer, the idle check's (panel/tick.py)
         for view in (launch_view, runs_view, dashboard_view, sweep_view):
             view.wire(page)
     no_latex(demo)      # a visitor's `$$x$$` reads as itself, never as math

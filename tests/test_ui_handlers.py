@@ -173,10 +173,12 @@ def test_the_timer_slows_while_nothing_shown_is_live_and_a_run_started_elsewhere
     ticks are its browser's cost); a live run listed or open, one launched from another tab among them, brings it
     back to TICK_S on the next tick; opening a live run here wakes it at once."""
     run_id = run.spec.run_id
-    fast, slow = gr.update(value=tick.TICK_S), gr.update(value=tick.IDLE_TICK_S)
+    fast = gr.update(value=tick.TICK_S, active=True)
+    slow = gr.update(value=tick.IDLE_TICK_S, active=False)     # the fast timer off: the idle check runs instead
     assert tick.IDLE_TICK_S > tick.TICK_S
     opened = dashboard_view.on_select(panel, ANYONE, run_id, *SHOWN)
-    assert opened["timer"] == fast, "a live run opened ticks at once at TICK_S"
+    assert opened["timer"] == fast and opened["idle_timer"] == gr.update(active=False), \
+        "a live run opened ticks at once at TICK_S, with no idle check"
     session = opened["drawn"]
     live_tick = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.TICK_S)
     assert "timer" not in live_tick, "a live run open: the tick's period stays"
@@ -185,7 +187,8 @@ def test_the_timer_slows_while_nothing_shown_is_live_and_a_run_started_elsewhere
     panel.view(run_id).expire()
     _relist(panel)
     done = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.TICK_S)
-    assert done["timer"] == slow, "the open run finished and none other is live: the timer slows"
+    assert done["timer"] == slow and done["idle_timer"] == gr.update(active=True), \
+        "the open run finished and none other is live: the fast timer stops, the idle check starts"
     again = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.IDLE_TICK_S)
     assert "timer" not in again, "already slow: nothing sent"
     assert "timer" not in dashboard_view.on_select(panel, ANYONE, run_id, *SHOWN), "a finished run opened: no wake"
@@ -195,6 +198,7 @@ def test_the_timer_slows_while_nothing_shown_is_live_and_a_run_started_elsewhere
     _relist(panel)
     seen = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, session, None, "", "all", None, tick.IDLE_TICK_S)
     assert seen["timer"] == fast and seen["runs_table"][0][0] == other.spec.run_id, "listed and ticking fast again"
+    assert seen["idle_timer"] == gr.update(active=False), "ticking fast: no idle check"
     hidden = runs_view.on_tick(panel, ANYONE, None, *SHOWN, None, None, run_id, "all", None, tick.IDLE_TICK_S)
     assert hidden["timer"] == fast, "a live run the list's filter hides is still live"
 
@@ -337,3 +341,36 @@ def test_an_answer_that_changes_nothing_reaches_gradio_as_skips_not_as_an_error(
         if client is not None:
             client.close()
         demo.close()
+
+
+def test_the_idle_checks_stamp_changes_when_a_runs_files_or_the_runs_list_change_and_only_then(panel, run):
+    """The idle check (panel/tick.py) runs the full update only when the stamp for what the page shows changed: the
+    open run's files (a new step, the run's end), the runs list (a run started elsewhere); not for another tick, nor
+    for another session asking the same."""
+    run_id = run.spec.run_id
+    view = panel.view(run_id)
+
+    def stamp(run_id=run_id, visitor=ANYONE) -> str:
+        view.expire()       # as once the view's refresh interval has passed
+        _relist(panel)
+        return tick.stamp(panel, visitor, run_id)
+
+    first = stamp()
+    assert stamp() == first == tick.on_stamp(panel, ANYONE, run_id)["tick_stamp"], "nothing written: the same stamp"
+    refreshes = view.refreshes
+    tick.stamp(panel, ANYONE, run_id)
+    tick.stamp(panel, Visitor(), run_id)
+    assert view.refreshes == refreshes, "sessions asking within the view's interval share its last read"
+    run.grow(3)
+    grown = stamp()
+    assert grown != first, "a new step written: another stamp"
+    assert stamp() == grown
+    _finish(run)
+    run.complete()
+    ended = stamp()
+    assert ended != grown, "the run's end written: another stamp"
+    form = stamp(None)
+    assert form != ended and stamp(None) == form, "no run open: the runs list's stamp, the same while it is"
+    SyntheticRun(panel.settings.home, 5)      # launched elsewhere: listed on the next listing
+    assert stamp(None) != form and stamp() != ended, "a run started elsewhere: another stamp, run open or not"
+    assert stamp("nope") == stamp(None), "a run this visitor does not reach stamps as no run"
