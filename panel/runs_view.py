@@ -61,8 +61,8 @@ def wire(page) -> None:
     # fast timer's period is an input and an output: it stops, and the idle check starts, while nothing shown is live.
     # Gradio's default trigger mode ("once"): a tick while the last is pending is dropped, never queued behind it.
     page.on([page["timer"].tick, page["tick_full"].click], on_tick,
-            [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick", "timer"],
-            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, *TIMERS], show_progress="hidden")
+            [*view_inputs, "drawn", "listed", "runs_query", "runs_status", "version_pick", "timer", "tick_seen"],
+            [*LISTED, *dashboard_view.DRAWN, *dashboard_view.ACTIONS, *TIMERS, "tick_seen"], show_progress="hidden")
     # The idle check runs in the browser, no Gradio event (`tick.CHECK`). The stamp it asks for is an endpoint off the
     # queue (no check waits behind a long event); its trigger, a hidden textbox's submit, never fires on the page.
     page["idle_timer"].tick(None, None, None, js=tick.CHECK)
@@ -120,10 +120,11 @@ def list_update(panel, visitor, find: str, state: str, listed, live: list | None
 
 
 def on_tick(panel, visitor, run_id, role, query, x, smooth, pick, follow, session, last_rows, find, state,
-            shown=None, interval=None) -> dict:
+            shown=None, interval=None, seen=None) -> dict:
     """The open run and the runs list, what changed of them; and the timer's period (`interval` now) set to fit:
-    TICK_S while the open run or any listed run is live, IDLE_TICK_S while none is (panel/tick.py)."""
-    out = {}
+    TICK_S while the open run or any listed run is live, IDLE_TICK_S while none is (panel/tick.py); `seen` the stamp
+    of what the page last drew, replaced by this update's own (the idle check compares with it)."""
+    out = tick.seen(panel, visitor, run_id, seen)
     if run_id:
         try:       # first: drawing refreshes the open run's view, which the runs list then reads
             out.update(dashboard_view.draw(panel, visitor, run_id, role, query, x, smooth, pick, follow, session,

@@ -7,8 +7,8 @@ a loading status and a copy of their states, however little it sends (docs/measu
 browser"), so an idle page's events are its cost. The idle check is no Gradio event: the idle timer's event runs a
 script in the browser alone (`CHECK`), which posts the open run's id (from the page's address) to the panel's
 `tick_stamp` endpoint (`/gradio_api/run/tick_stamp`, off the queue: no tick waits behind a long event) and compares
-the answer, `stamp()`, with the last one; only when it differs does it click the hidden `tick_full` button, whose
-event is the full update (the same one the timer runs). `stamp()` reads nothing of its own: the open run's shared
+the answer, `stamp()`, with the stamp the page's last full update drew (`tick_seen`); only when they differ does it
+click the hidden `tick_full` button, whose event is the full update (the same one the timer runs). `stamp()` reads nothing of its own: the open run's shared
 view (refreshed at most once a second, a finished run every SETTLED_RECHECK_S, for every session alike) gives its
 version, the runs list and its hint come from the registries' shared listings; so a check costs the panel Gradio's
 request path and a hash (1.4 ms here, the stamp a tenth of it: docs/measurements.md), never a read of a bucket.
@@ -35,11 +35,13 @@ STATUS = RUNS_HEADERS.index("status")
 LIVE_BADGES = (status_badge("RUNNING"), status_badge("SCHEDULING"))
 STAMP_API = "tick_stamp"
 FULL_ID = "tick-full"
+SEEN_ID = "tick-seen"
 # The idle timer's event, in the browser alone: the panel's stamp for what this page shows, the full update (a click
-# on the hidden button) only when it differs from the stamp seen last. The page's first check updates once: what
-# changed between the last full update and that check is not lost (later, any change since the last check differs).
-# The page's own Gradio session is named: without one, Gradio builds a new session's state of the whole page for
-# each call (28 ms of CPU here, against 2).
+# on the hidden button) only when it differs from the stamp of what the page last drew (`tick_seen`, which each full
+# update sets from the stamp it took before drawing). A click Gradio drops (the full update already pending: its
+# trigger mode) leaves that stamp behind, so the next check clicks again: no change is lost to a dropped click, and
+# the page's first check updates once. The page's own Gradio session is named: without one, Gradio builds a new
+# session's state of the whole page for each call (28 ms of CPU here, against 2).
 CHECK = """async () => {
     const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/+$/, '');
     const run = new URL(window.location.href).searchParams.get('run') || '';
@@ -49,20 +51,21 @@ CHECK = """async () => {
             body: JSON.stringify({data: [run], session_hash: window.__gradio_session_hash__})});
         if (!answer.ok) { return []; }
         const stamp = (await answer.json()).data[0];
-        if (stamp === window.__tickStamp) { return []; }
-        window.__tickStamp = stamp;
+        const seen = document.querySelector('#SEEN_ID textarea, #SEEN_ID input');
+        if (seen && stamp === seen.value) { return []; }
     } catch (e) { /* the panel not answering: the full update says so, as a tick would */ }
     const full = document.querySelector('#FULL_ID');
     if (full) { full.click(); }
     return [];
-}""".replace("STAMP_API", STAMP_API).replace("FULL_ID", FULL_ID)
+}""".replace("STAMP_API", STAMP_API).replace("FULL_ID", FULL_ID).replace("SEEN_ID", SEEN_ID)
 
 
 def build(page) -> None:
     """The timers and the idle check's hidden parts, added to `page`."""
     page.add(timer=gr.Timer(TICK_S), idle_timer=gr.Timer(IDLE_TICK_S, active=False),
              tick_full=gr.Button("Update", elem_id=FULL_ID, visible="hidden"),
-             tick_stamp=gr.Textbox(visible=False))
+             tick_stamp=gr.Textbox(visible=False),
+             tick_seen=gr.Textbox(elem_id=SEEN_ID, visible="hidden", interactive=False, container=False))
 
 
 def listed_live(rows: list[list]) -> bool:
@@ -98,6 +101,13 @@ def stamp(panel, visitor, run_id: str | None) -> str:
             run = None
     seen = (run, panel.runs_table(visitor), panel.runs_hint(visitor))
     return hashlib.blake2b(repr(seen).encode(), digest_size=12).hexdigest()
+
+
+def seen(panel, visitor, run_id: str | None, shown: str | None) -> dict:
+    """`tick_seen`'s update for a full update about to draw: the stamp of what it draws (taken before it draws, so a
+    change while it draws makes the next check differ), none when the page already holds it."""
+    now = stamp(panel, visitor, run_id)
+    return {} if now == shown else {"tick_seen": now}
 
 
 def on_stamp(panel, visitor, run_id) -> dict:

@@ -374,3 +374,27 @@ def test_the_idle_checks_stamp_changes_when_a_runs_files_or_the_runs_list_change
     SyntheticRun(panel.settings.home, 5)      # launched elsewhere: listed on the next listing
     assert stamp(None) != form and stamp() != ended, "a run started elsewhere: another stamp, run open or not"
     assert stamp("nope") == stamp(None), "a run this visitor does not reach stamps as no run"
+
+
+def test_each_full_update_sends_the_stamp_of_what_it_drew_so_a_dropped_click_is_clicked_again(panel, run):
+    """The idle check compares the panel's stamp with the one the page's last full update drew (`tick_seen`), not
+    with the last stamp it asked for: a full update that never ran (its click dropped by Gradio while one was pending)
+    leaves the old stamp on the page, and the next check clicks again. A full update sends its stamp only when the page
+    does not hold it; one taken before a change sends the new stamp after it."""
+    run_id = run.spec.run_id
+    view = panel.view(run_id)
+    view.expire()
+    first = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, None, None, "", "all", None, tick.TICK_S, None)
+    drawn = first["tick_seen"]
+    assert drawn == tick.stamp(panel, ANYONE, run_id), "the first full update sends the stamp of what it drew"
+    view.expire()
+    again = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, first.get("drawn"), None, "", "all", None, tick.TICK_S,
+                              drawn)
+    assert "tick_seen" not in again, "nothing changed: the page holds the stamp already"
+    run.grow(3)
+    view.expire()
+    _relist(panel)
+    assert tick.stamp(panel, ANYONE, run_id) != drawn, "a step written: the check's stamp differs from the page's"
+    grown = runs_view.on_tick(panel, ANYONE, run_id, *SHOWN, first.get("drawn"), None, "", "all", None, tick.TICK_S,
+                              drawn)
+    assert grown["tick_seen"] == tick.stamp(panel, ANYONE, run_id) != drawn
