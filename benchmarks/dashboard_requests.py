@@ -65,11 +65,11 @@ class Browser:
     async def idle_tick(self) -> int:
         from panel.tick import IDLE_TICK_S
         return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "",
-                                           "all", None, IDLE_TICK_S])
+                                           "all", None, IDLE_TICK_S, None])
 
     async def tick(self) -> int:
         return await self.call("on_tick", [self.run_id, "trainer", "", "step", 0, "latest", "", None, None, "", "all",
-                                           None, TICK_S])     # the last: the timer's period (a live run: TICK_S)
+                                           None, TICK_S, None])   # the timer's period (a live run: TICK_S); tick_seen
 
 
 def forget(panel, run_id: str) -> None:

@@ -553,7 +553,7 @@ def test_a_sessions_tick_through_gradio_sends_no_choices_or_state_it_already_has
                 run.grow(10)
                 panel.view(run.spec.run_id).expire()
                 answer = await demo.process_api(tick, [run.spec.run_id, "trainer", "", "step", 0, "latest", "",
-                                                       None, None, "", "all", None, TICK_S],
+                                                       None, None, "", "all", None, TICK_S, None],
                                                 state=browser.state, session_hash=browser.session)
                 out.append(dict(zip(names, answer["data"])))
             steps = await demo.process_api(browser.fns["on_steps"], [run.spec.run_id], state=browser.state,
