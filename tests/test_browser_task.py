@@ -26,6 +26,15 @@ def _task_message(page) -> str:
     return inner_text(page, "task-msg")
 
 
+def _no_reference_column(page) -> None:
+    """The form on a preset whose reward reads no reference column (the default's exact_answer reads `answer`), so a
+    dataset of other columns is checked as it is."""
+    page.locator("#preset input").first.click()
+    page.get_by_role("option", name="Tiny reward-hacking demo (CPU)").click()
+    page.wait_for_function("() => document.querySelector('#f-dataset input')?.value === 'builtin:count-to-ten'",
+                           timeout=30000)
+
+
 def _write_code(page, code: str) -> None:
     editor = page.locator("#f-reward_code .cm-content")
     editor.click()
@@ -79,6 +88,7 @@ def test_write_a_reward_preview_its_scores_and_launch(page):
 def test_upload_a_jsonl_and_preview_its_rows(page, tmp_path):
     data = tmp_path / "qa.jsonl"
     data.write_text('{"q": "Name a prime.", "a": "7"}\n{"q": "Name an even number.", "a": "4"}\n')
+    _no_reference_column(page)
     page.locator("#dataset-upload").locator("xpath=..").locator("input[type=file]").set_input_files(str(data))
     page.wait_for_function("() => document.querySelector('#f-dataset input')?.value.endsWith('qa.jsonl')",
                            timeout=30000)
@@ -101,6 +111,7 @@ def test_column_names_and_printed_output_with_markup_show_as_text(page, tmp_path
                                                                      **{c: "y" for c in columns}}]
         data = tmp_path / "markup.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _no_reference_column(page)
         printed = f"```\\n**bold** ![leak]({at}/printed.png) <img src={at}/printed-tag.png>\\n````"
         _write_code(page, f'def loud(completions, **kwargs):\n    print("{printed}")\n'
                           "    return [0.0] * len(completions)\n")
