@@ -8,10 +8,11 @@ browser"), so an idle page's events are its cost. The idle check is no Gradio ev
 script in the browser alone (`CHECK`), which posts the open run's id (from the page's address) to the panel's
 `tick_stamp` endpoint (`/gradio_api/run/tick_stamp`, off the queue: no tick waits behind a long event) and compares
 the answer, `stamp()`, with the stamp the page's last full update drew (`tick_seen`); only when they differ does it
-click the hidden `tick_full` button, whose event is the full update (the same one the timer runs). `stamp()` reads nothing of its own: the open run's shared
-view (refreshed at most once a second, a finished run every SETTLED_RECHECK_S, for every session alike) gives its
-version, the runs list and its hint come from the registries' shared listings; so a check costs the panel Gradio's
-request path and a hash (1.4 ms here, the stamp a tenth of it: docs/measurements.md), never a read of a bucket.
+click the hidden `tick_full` button, whose event is the full update (the same one the timer runs). `stamp()` reads
+nothing of its own: the open run's shared view (refreshed at most once a second, a finished run every
+SETTLED_RECHECK_S, for every session alike) gives its version, the runs list and its hint come from the registries'
+shared listings; so a check costs the panel Gradio's request path and a hash (1.4 ms here, the stamp a tenth of it:
+docs/measurements.md), never a read of a bucket.
 
 A live page keeps the one-stage tick: a live run changes nearly every tick, and a check first would only delay its
 charts by a round trip (a two-stage tick that did so was measured later to draw, and costlier per session).
