@@ -57,7 +57,7 @@ pytestmark = [
 
 TINY_DISTRIBUTED = "Tiny distributed (CPU, 2 vLLM replicas)"   # 2 replicas, max_staleness 1, held-out eval
 BUCKET = "local/grpo-runs"        # the preset's
-MAX_STEPS = 4
+MAX_STEPS = 6                     # room for the stopped member to obey before its last step (4 left none)
 MAX_TOKENS_PER_BATCH = 1024       # ~60 completions a step (the preset's 4096: ~230, ~30 s a step each on 2 cores)
 LEARNING_RATES = {"m0": 1e-5, "m1": 5e-4, "m2": 1e-4}   # the fastest not last: ties rank the last member worst
 RATIO_BOUND = 3e-3                # |ratio - 1| at every step of every member (seen: 1.9e-3 at most, at 5e-4, step 4)
@@ -84,7 +84,10 @@ def app(tmp_path_factory):
     its job records hold), also when a test or the set-up failed."""
     home = tmp_path_factory.mktemp("sweep-fleet-home")
     try:
-        with running_panel("app.py", {}, home, unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
+        # The members' trainers look at their stop orders every second (15 s by default): a member trains a step in a
+        # few seconds here, and the stopped one must obey before its last step.
+        with running_panel("app.py", {"GRPO_SWEEP_POLL_S": "1"}, home,
+                           unset=("SPACE_ID", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")) as url:
             yield url, home
     finally:
         LocalExecutor(str(home)).cancel_all()

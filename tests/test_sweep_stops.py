@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.runtime import layout
+from backend.runtime import layout, sweep_stops
 from backend.runtime.records import FINISHED, STARTED, SWEEP_STOP, write_event
 from backend.runtime.sweep_stops import (
     SweepStops,
@@ -242,3 +242,17 @@ def test_a_record_naming_a_path_for_a_run_decides_nothing_and_the_members_own_or
     write_order(str(tmp_path), order)
     assert member.check() == order and any("could not be checked" in s for s in said), said
     assert sorted(os.listdir(os.path.join(str(tmp_path), orders_dir(SWEEP)))) == ["m0.json"]
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "nan", "inf", "soon"])
+def test_a_poll_period_that_is_not_a_positive_number_of_seconds_is_refused_by_name(monkeypatch, text):
+    monkeypatch.setenv(sweep_stops.POLL_ENV, text)
+    with pytest.raises(ValueError, match=sweep_stops.POLL_ENV):
+        sweep_stops.poll_period()
+
+
+def test_the_poll_period_is_fifteen_seconds_unless_the_environment_gives_another(monkeypatch):
+    monkeypatch.delenv(sweep_stops.POLL_ENV, raising=False)
+    assert sweep_stops.poll_period() == sweep_stops.POLL_S == 15.0
+    monkeypatch.setenv(sweep_stops.POLL_ENV, "1.5")
+    assert sweep_stops.poll_period() == 1.5

@@ -23,6 +23,7 @@ Standard library only: it runs in jobs.
 
 import contextlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -38,6 +39,7 @@ from .spec_file import read_spec
 from .versions import trainer_events
 
 POLL_S = 15.0           # how often a trainer looks at its orders (and, the deciding one, at the rule)
+POLL_ENV = "GRPO_SWEEP_POLL_S"   # another period, in seconds (a test whose members train a step in seconds)
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")     # RunSpec's run ids: never a path of its own
 BY_HAND = "by hand"
 
@@ -207,14 +209,30 @@ def ended(run_dir: str) -> bool:
     return not (last["event"] == FAILED and last.get("retry") is not False)
 
 
+def poll_period() -> float:
+    """POLL_S, or the seconds POLL_ENV gives; anything but a positive finite number is refused by name (ValueError)."""
+    text = os.environ.get(POLL_ENV, "").strip()
+    if not text:
+        return POLL_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{POLL_ENV}={text!r}: give a positive number of seconds (how often a sweep member's trainer "
+                         f"looks at its stop orders), or unset it for {POLL_S:.0f}")
+    return value
+
+
 class SweepStops:
     """A member's trainer's side of its sweep's stops: its own order, and (while it is the first member still
     training) the stated rule carried out for every member. `check()` at every training step; it reads the bucket
     at most every `poll_s`."""
 
-    def __init__(self, run_dir: str, spec: dict, poll_s: float = POLL_S, clock=time.monotonic, log=print,
+    def __init__(self, run_dir: str, spec: dict, poll_s: float | None = None, clock=time.monotonic, log=print,
                  decide: bool = True):
-        self.run_dir, self.poll_s, self.clock, self.log = run_dir, poll_s, clock, log
+        self.run_dir, self.clock, self.log = run_dir, clock, log
+        self.poll_s = poll_period() if poll_s is None else poll_s
         self.decide = decide        # False: obey orders only (a test of the panel's own orders)
         self.sweep_id = spec.get("sweep_id") or ""
         self.member = spec.get("sweep_member") or ""
