@@ -428,15 +428,19 @@ def main() -> None:
         print(f"{len(urls)} servers up in {time.perf_counter() - started:.0f} s ({'GPU' if args.gpu else 'CPU'}, "
               f"{os.cpu_count()} CPUs)", flush=True)
         # Every proxy starts before the adapter is loaded (a proxy unloads adapters it did not load, a previous
-        # trainer's); the one in front of the router loads it, through the router, on every server.
+        # trainer's, when a server rejoins it); the one in front of the router loads it, through the router, on
+        # every server. Without the paths part there is no router and the proxy of the largest K loads it, so that a
+        # disconnect under load cannot make an idle proxy unload it on the servers' rejoin (at 1024 in flight it did).
         proxies = {k: start_proxy_process(urls[:k], token=rs.API_KEY) for k in args.servers}
-        router = start_proxy_process(urls, token=rs.API_KEY)
-        front = start_proxy_process([router.url], token=rs.API_KEY)
-        extra = (router, front)
-        for proxy in (*proxies.values(), router, front):
+        if "paths" in args.parts:
+            router = start_proxy_process(urls, token=rs.API_KEY)
+            front = start_proxy_process([router.url], token=rs.API_KEY)
+            extra = (router, front)
+        for proxy in (*proxies.values(), *extra):
             while requests.get(proxy.url + "/health", params={"require": "all"}).status_code != 200:
                 time.sleep(0.5)
-        reply = requests.post(front.url + "/v1/load_lora_adapter", json={"lora_name": ADAPTER, "lora_path": adapter})
+        loader = extra[1] if extra else proxies[max(args.servers)]
+        reply = requests.post(loader.url + "/v1/load_lora_adapter", json={"lora_name": ADAPTER, "lora_path": adapter})
         assert reply.ok, reply.text
         measure(urls, urls, 2 * len(urls), argparse.Namespace(**{**vars(args), "tokens": 16, "window": 1,
                                                                    "ramp": 0.5}), {})
