@@ -48,8 +48,10 @@ SEEN_ID = "tick-seen"
 # on the hidden button) only when it differs from the stamp of what the page last drew (`tick_seen`, which each full
 # update sets from the stamp it took before drawing). A click Gradio drops (the full update already pending: its
 # trigger mode) leaves that stamp behind, so the next check clicks again: no change is lost to a dropped click, and
-# the page's first check updates once. The page's own Gradio session is named: without one, Gradio builds a new
-# session's state of the whole page for each call (28 ms of CPU here, against 2).
+# the page's first check updates once. A check refused or failed (a proxy that blocks the route, the login gone, a
+# stamp that raised) clicks too: the page falls back to the full update every IDLE_TICK_S, never stops updating in
+# silence. The page's own Gradio session is named: without one, Gradio builds a new session's state of the whole page
+# for each call (28 ms of CPU here, against 2).
 CHECK = """async () => {
     const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/+$/, '');
     const run = new URL(window.location.href).searchParams.get('run') || '';
@@ -57,10 +59,11 @@ CHECK = """async () => {
         const answer = await fetch(root + '/gradio_api/run/STAMP_API', {method: 'POST',
             headers: {'Content-Type': 'application/json'},
             body: JSON.stringify({data: [run], session_hash: window.__gradio_session_hash__})});
-        if (!answer.ok) { return []; }
-        const stamp = (await answer.json()).data[0];
-        const seen = document.querySelector('#SEEN_ID textarea, #SEEN_ID input');
-        if (seen && stamp === seen.value) { return []; }
+        if (answer.ok) {
+            const stamp = (await answer.json()).data[0];
+            const seen = document.querySelector('#SEEN_ID textarea, #SEEN_ID input');
+            if (seen && stamp === seen.value) { return []; }
+        }
     } catch (e) { /* the panel not answering: the full update says so, as a tick would */ }
     const full = document.querySelector('#FULL_ID');
     if (full) { full.click(); }

@@ -5,6 +5,7 @@ checks the stamp with its own sign-in and still lists a run started elsewhere; o
 own: another visitor's new run changes nothing on their idle page. Request-level checks of the same endpoint (refused
 without the login, malformed calls) are tests/test_tick_stamp_requests.py."""
 
+import json
 import os
 import re
 import sys
@@ -14,6 +15,7 @@ import time
 import httpx
 import pytest
 import uvicorn
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
@@ -69,7 +71,12 @@ def listed_after_idle(page, checks: StampChecks, start_elsewhere, listing_s: flo
     folded = page.locator("#runs-list").get_by_text("All runs").first    # folded away once a run is open
     if not page.locator("#runs-table").is_visible():
         folded.click()
-    wait_for_text(page, "runs-table", re.escape(other), int((IDLE_TICK_S + listing_s + 20) * 1000))
+    within_s = IDLE_TICK_S + listing_s + 20
+    try:
+        wait_for_text(page, "runs-table", re.escape(other), int(within_s * 1000))
+    except PlaywrightTimeout:
+        raise AssertionError(f"{other} not listed within {within_s:.0f} s; the idle checks' answers: "
+                             f"{checks.answers}") from None
     return other, time.monotonic() - started
 
 
@@ -112,8 +119,8 @@ class PrefixProxy:
     behind nginx): the prefix stripped, the Host and X-Forwarded-* headers set, answers streamed (Gradio's queue
     answers with server-sent events)."""
 
-    def __init__(self, upstream: str):
-        self.upstream = upstream
+    def __init__(self, upstream: str, refused: str | None = None):
+        self.upstream, self.refused = upstream, refused
         self.paths: list[str] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}{PREFIX}"
@@ -129,6 +136,8 @@ class PrefixProxy:
         if not (path == PREFIX or path.startswith(PREFIX + "/")):
             return StreamingResponse(iter([b"not under the prefix"]), status_code=404)
         self.paths.append(path)
+        if self.refused and path.endswith(self.refused):     # as a proxy locking down Gradio's API would
+            return StreamingResponse(iter([b"forbidden here"]), status_code=403)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         headers += [("host", request.headers["host"]), ("x-forwarded-host", request.headers["host"]),
                     ("x-forwarded-proto", "http"), ("x-forwarded-for", request.client.host)]
@@ -175,6 +184,26 @@ def test_under_a_root_path_behind_a_prefix_proxy_the_idle_check_goes_through_the
             page.close()
 
 
+def test_behind_a_proxy_that_refuses_the_stamp_route_the_idle_page_falls_back_to_the_full_update(
+        finished_home, browser, no_hub_login):
+    """The idle check refused (here by the proxy; a lost login or a stamp that raised alike): the page still lists a
+    run started elsewhere, through the full update it clicks instead, and never stops updating in silence."""
+    home, run_id = finished_home
+    with running_panel(os.path.join(ROOT, "app.py"), {"GRADIO_ROOT_PATH": PREFIX}, home, unset=NO_TOKENS) as url, \
+            PrefixProxy(url, refused=f"/run/{STAMP_API}") as proxy:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            checks = StampChecks(page)
+            page.goto(f"{proxy.url}/?run={run_id}")
+            run_ready(run_id)(page)
+            other, seen_s = listed_after_idle(page, checks, lambda: SyntheticRun(str(home), 5).spec.run_id,
+                                              LISTING_S)
+            assert {status for _, status in checks.answers} == {403}, checks.answers
+            print(f"stamp refused ({len(checks.answers)} checks, 403): {other} listed after {seen_s:.1f} s")
+        finally:
+            page.close()
+
+
 def stamp_from(page, run_id: str) -> str:
     """The stamp the panel answers this page's browser (its own cookies and session) for `run_id`."""
     return page.evaluate("""async (run) => {
@@ -187,7 +216,7 @@ def stamp_from(page, run_id: str) -> str:
 
 
 def test_on_a_space_a_signed_in_visitors_idle_page_lists_their_new_run_and_another_visitors_stamp_is_unmoved(
-        visit, space):
+        visit, space, hub):
     url, _ = space
     carol = visit(CAROL, "carol")
     alice = visit(ALICE, "alice")
@@ -211,6 +240,15 @@ def test_on_a_space_a_signed_in_visitors_idle_page_lists_their_new_run_and_anoth
     carol.wait_for_timeout(IDLE_TICK_S * 1000 + 2000)   # a check of Carol's after Alice's run was listed
     assert stamp_from(carol, "") == carol_before, "Carol's stamp moved with Alice's new run"
     assert stamp_from(carol, other) == carol_before, "Alice's run id in Carol's call stamps as something"
+    # Alice's run progresses (its trainer logs a step): her stamp for it moves, Carol's for its id does not.
+    alice_before = stamp_from(alice, other)
+    hub.put_file("alice/grpo-runs", f"runs/{other}/metrics/trainer-000000.jsonl",
+                 json.dumps({"step": 1, "time": time.time(), "reward": 0.5}).encode() + b"\n")
+    deadline = time.monotonic() + 60
+    while stamp_from(alice, other) == alice_before:
+        assert time.monotonic() < deadline, "Alice's stamp for her run did not move in 60 s after it logged a step"
+        alice.wait_for_timeout(1000)
+    assert stamp_from(carol, other) == carol_before, "Alice's run's progress moved Carol's stamp for its id"
     assert not [t for t in carol_events if t >= launched_at], "Carol's idle page sent events for Alice's run"
     assert other not in text_of(carol, "runs-table")
     refused = [a for a in alice_checks.answers + carol_checks.answers if a[1] != 200]
