@@ -45,6 +45,7 @@ from backend.runtime.redact import remember_env_secrets
 from panel.actions import Panel
 from panel.idle_frames import StopLeakedFrames
 from panel.mcp_tools import mcp_lifespan
+from panel.tick import StampRequests
 from panel.ui import CSS, PAGE_JS, build_ui
 from panel.uploads import SignedInUploadsOnly, UploadQuota, max_upload_bytes
 
@@ -93,7 +94,9 @@ def main() -> None:
                                    Middleware(UploadQuota, files=deployment.upload_quota_files,
                                               megabytes=deployment.upload_quota_mb, on_space=deployment.on_space),
                                    # An idle page draws no frames (Gradio's status tracker leaks a frame loop).
-                                   Middleware(StopLeakedFrames)]})
+                                   Middleware(StopLeakedFrames),
+                                   # The idle check's stamp: a malformed call is a 400, not Gradio's 500 (panel/tick).
+                                   Middleware(StampRequests)]})
     # launch() returns once the server is closed (SIGTERM, SIGINT). The exit handlers (the panel's shutdown among
     # them) run now, then the process ends without the interpreter's own teardown, which a thread some library
     # left busy can hang (seen: a panel still up 60 s after SIGTERM, its last words Gradio's "closing server"),

@@ -24,8 +24,10 @@ What this session does itself wakes the fast timer at once (`wake`: a launch, a 
 """
 
 import hashlib
+import json
 
 import gradio as gr
+from starlette.responses import PlainTextResponse
 
 from panel import live
 from panel.runs_list import RUNS_HEADERS, status_badge
@@ -35,14 +37,21 @@ IDLE_TICK_S = 10.0
 STATUS = RUNS_HEADERS.index("status")
 LIVE_BADGES = (status_badge("RUNNING"), status_badge("SCHEDULING"))
 STAMP_API = "tick_stamp"
+# Gradio's routes that call an endpoint by its API name (under any root path the app is mounted at).
+STAMP_ROUTES = tuple(f"/gradio_api/{route}/{STAMP_API}" for route in ("run", "api", "call"))
+MAX_STAMP_BODY = 4096       # bytes: a run id and a session hash
+STAMP_BODY = ('the idle check\'s stamp takes a JSON object {"data": [<run id, or "">], "session_hash": <this page\'s '
+              'session>}')
 FULL_ID = "tick-full"
 SEEN_ID = "tick-seen"
 # The idle timer's event, in the browser alone: the panel's stamp for what this page shows, the full update (a click
 # on the hidden button) only when it differs from the stamp of what the page last drew (`tick_seen`, which each full
 # update sets from the stamp it took before drawing). A click Gradio drops (the full update already pending: its
 # trigger mode) leaves that stamp behind, so the next check clicks again: no change is lost to a dropped click, and
-# the page's first check updates once. The page's own Gradio session is named: without one, Gradio builds a new
-# session's state of the whole page for each call (28 ms of CPU here, against 2).
+# the page's first check updates once. A check refused or failed (a proxy that blocks the route, the login gone, a
+# stamp that raised) clicks too: the page falls back to the full update every IDLE_TICK_S, never stops updating in
+# silence. The page's own Gradio session is named: without one, Gradio builds a new session's state of the whole page
+# for each call (28 ms of CPU here, against 2).
 CHECK = """async () => {
     const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\\/+$/, '');
     const run = new URL(window.location.href).searchParams.get('run') || '';
@@ -50,10 +59,11 @@ CHECK = """async () => {
         const answer = await fetch(root + '/gradio_api/run/STAMP_API', {method: 'POST',
             headers: {'Content-Type': 'application/json'},
             body: JSON.stringify({data: [run], session_hash: window.__gradio_session_hash__})});
-        if (!answer.ok) { return []; }
-        const stamp = (await answer.json()).data[0];
-        const seen = document.querySelector('#SEEN_ID textarea, #SEEN_ID input');
-        if (seen && stamp === seen.value) { return []; }
+        if (answer.ok) {
+            const stamp = (await answer.json()).data[0];
+            const seen = document.querySelector('#SEEN_ID textarea, #SEEN_ID input');
+            if (seen && stamp === seen.value) { return []; }
+        }
     } catch (e) { /* the panel not answering: the full update says so, as a tick would */ }
     const full = document.querySelector('#FULL_ID');
     if (full) { full.click(); }
@@ -113,3 +123,65 @@ def seen(panel, visitor, run_id: str | None, shown: str | None) -> dict:
 
 def on_stamp(panel, visitor, run_id) -> dict:
     return {"tick_stamp": stamp(panel, visitor, run_id)}
+
+
+class StampRequests:
+    """ASGI middleware: a call of the stamp endpoint whose body is not the idle check's own (`CHECK`) is refused with
+    400 and a line saying what it takes, before Gradio reads it (Gradio answers some, a missing or a list-valued run
+    id, with 500, its internals and a traceback in the log). What a well-formed call learns is `stamp()`'s: the
+    caller's own view, whoever's session it names (the visitor is the request's own sign-in, never the session's)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or not is_stamp_call(scope):
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":      # the client went away: nothing to answer
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_STAMP_BODY:
+                await PlainTextResponse(f"{STAMP_BODY}: this one is over {MAX_STAMP_BODY} bytes.",
+                                        status_code=413)(scope, receive, send)
+                return
+        problem = stamp_body_problem(body)
+        if problem:
+            await PlainTextResponse(f"{STAMP_BODY}: {problem}.", status_code=400)(scope, receive, send)
+            return
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def is_stamp_call(scope) -> bool:
+    return scope.get("path", "").rstrip("/").endswith(STAMP_ROUTES)
+
+
+def stamp_body_problem(body: bytes) -> str | None:
+    """What is wrong with a stamp call's body, or None."""
+    try:
+        call = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "this one is not JSON"
+    if not isinstance(call, dict):
+        return "this one is not an object"
+    data = call.get("data")
+    if not isinstance(data, list) or len(data) != 1:
+        return "its data must be a list of one run id"
+    if not (data[0] is None or isinstance(data[0], str)):
+        return f"its run id must be text, not {type(data[0]).__name__}"
+    if not isinstance(call.get("session_hash", ""), (str, type(None))):
+        return "its session_hash must be text"
+    return None
