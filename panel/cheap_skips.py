@@ -172,9 +172,13 @@ async def _postprocess(self, original, block_fn, outputs: list, predictions, sta
     out: list = [dict(_SKIP) for _ in outputs]
     todo, waits, promised = [], [], {}
     for i, (block, value) in enumerate(zip(outputs, values)):
-        # A state's skip is cheap already (and a state is never rebuilt): only components' skips are left out.
-        if _is_bare_skip(value) and isinstance(block, Component) and not block.stateful:
-            continue
+        if _is_bare_skip(value):
+            # A component's skip is sent as the bare update; a state's leaves the state as it is and sends nothing
+            # (Gradio's own answer for it: None).
+            if isinstance(block, Component) and block.stateful:
+                out[i] = None
+            if isinstance(block, Component):
+                continue
         own = state.get(block._id, block)      # the session's copy: its props
         if not _shareable(own, value):
             todo.append((i, own))
