@@ -14,20 +14,26 @@ for all of them): postprocessing each again for each session (a thread hop, a py
 walks for files) made an extra session cost what the first did. So the newest few postprocessed values of each
 plain-data component (`SHARED`: their output depends on the value and the component alone and holds no file) are
 kept, and a session sent an equal value through the same component gets the kept output, recorded in its own
-session state as Gradio records it.
+session state as Gradio records it. Sessions whose ticks come together (their timers in step, or queued behind one
+slow event) would all miss the kept outputs, each postprocessing while the others do: the first to start on a value
+is the one that postprocesses it, and the others wait for its output (`_pending`) instead of doing it again; where
+its postprocessing fails, each does its own (and meets its own error).
 
 Its inputs likewise: Gradio preprocesses each input in a worker thread of its own (a thread hop each, nine a tick
 here, a tenth of a millisecond each and contended), though a picker's, a slider's or a textbox's preprocessing is
-a check of a plain value. An event whose inputs are all such components (`INLINE`) or states is preprocessed the
-same way without the hops.
+a check of a plain value (a timer's, none at all). An event whose inputs are all such components (`INLINE`) or
+states is preprocessed the same way without the hops.
 """
 
+import asyncio
+import contextvars
 import copy
 import functools
 
 from gradio.blocks import Blocks, convert_component_dict_to_list
 from gradio.components import JSON, Checkbox, Dataframe, Dropdown, Markdown, Number, Plot, Radio, Slider, Textbox
 from gradio.components.base import Component
+from gradio.components.timer import Timer
 from gradio.data_classes import GradioModel, GradioRootModel
 from gradio.exceptions import ComponentProcessingError, Error
 
@@ -36,7 +42,13 @@ SHARED = (Plot, Dataframe, Markdown, Textbox, JSON)
 KEPT_PER_COMPONENT = 4       # sessions on a few runs, or a few chart options, each hit their own
 _PLAIN = (str, list, tuple, dict, int, float, GradioModel, GradioRootModel)
 _kept: dict[int, list[tuple[Component, object, object]]] = {}    # block id -> (component, value, output), newest last
-INLINE = (Dropdown, Radio, Slider, Textbox, Checkbox, Number)
+# block id -> (component, value, future of its output) being postprocessed now by one session for all; the event loop's
+# own (Gradio postprocesses there), so no lock.
+_pending: dict[int, list[tuple[Component, object, asyncio.Future]]] = {}
+# Set while this module postprocesses: a second wrapping of Gradio's method (installed over a patched one) passes
+# through, and never waits for an output its own caller is making.
+_inside: contextvars.ContextVar[bool] = contextvars.ContextVar("cheap_skips_inside", default=False)
+INLINE = (Dropdown, Radio, Slider, Textbox, Checkbox, Number, Timer)
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -63,10 +75,58 @@ def _recall(component, value):
     return None
 
 
+def _in_flight(component, value) -> asyncio.Future | None:
+    for pending_component, pending_value, future in _pending.get(component._id, ()):
+        if pending_component is component and _equal(pending_value, value):
+            return future
+    return None
+
+
+def _promise(component, value) -> asyncio.Future:
+    future = asyncio.get_running_loop().create_future()
+    _pending.setdefault(component._id, []).append((component, value, future))
+    return future
+
+
+def _settle(component, future: asyncio.Future, output) -> None:
+    """`output` (None: none, the waiters do their own) to the sessions waiting on `future`, which is no longer
+    pending."""
+    entries = _pending.get(component._id, [])
+    entries[:] = [entry for entry in entries if entry[2] is not future]
+    if not entries:
+        _pending.pop(component._id, None)
+    if not future.done():
+        future.set_result(output)
+
+
 def _keep(component, value, output) -> None:
     entries = _kept.setdefault(component._id, [])
     entries.append((component, value, output))
     del entries[:-KEPT_PER_COMPONENT]
+
+
+def _record(state, block, output) -> None:
+    """A kept output recorded in the session's state as Gradio records a postprocessed one."""
+    if block._id not in state:
+        state[block._id] = block
+    state._update_value_in_config(block._id, output)
+
+
+async def _settled(postprocessing, todo: list, values, promised: dict) -> list:
+    """The outputs of `todo` (index, the session's component) from `postprocessing` (Gradio's), each shareable one
+    kept and handed to the sessions waiting for it; where it fails, the waiters are told to do their own."""
+    try:
+        done = await postprocessing
+    except BaseException:
+        for i, own in todo:
+            if i in promised:
+                _settle(own, promised[i], None)
+        raise
+    for (i, own), output in zip(todo, done):
+        if i in promised:
+            _keep(own, values[i], output)
+            _settle(own, promised[i], output)
+    return done
 
 
 def _inline(block, state, value) -> bool:
@@ -89,45 +149,79 @@ def install() -> None:
     @functools.wraps(original)
     async def postprocess_data(self, block_fn, predictions, state):
         outputs = list(block_fn.outputs)
-        if block_fn.batch or len(outputs) < 2 or block_fn.is_validator_function or state is None:
+        if (block_fn.batch or len(outputs) < 2 or block_fn.is_validator_function or state is None
+                or _inside.get()):
             return await original(self, block_fn, predictions, state)
-        values = predictions
-        if isinstance(values, dict) and values and not _is_bare_skip(values):
-            values = convert_component_dict_to_list(outputs, values)
-        if not isinstance(values, (list, tuple)) or len(values) != len(outputs):
-            return await original(self, block_fn, predictions, state)   # Gradio says what is wrong with it
-        out: list = [dict(_SKIP) for _ in outputs]
-        todo = []
-        for i, (block, value) in enumerate(zip(outputs, values)):
-            # A state's skip is cheap already (and a state is never rebuilt): only components' skips are left out.
-            if _is_bare_skip(value) and isinstance(block, Component) and not block.stateful:
-                continue
-            own = state.get(block._id, block)      # the session's copy: its props
-            recalled = _recall(own, value) if _shareable(own, value) else None
-            if recalled is None:
-                todo.append((i, own))
-                continue
-            if block._id not in state:
-                state[block._id] = block
-            state._update_value_in_config(block._id, recalled)
-            out[i] = recalled
-        if len(todo) == len(outputs):
-            done = await original(self, block_fn, predictions, state)
-        elif todo:
-            narrowed = copy.copy(block_fn)
-            narrowed.outputs = [outputs[i] for i, _ in todo]
-            chosen = [values[i] for i, _ in todo]
-            done = await original(self, narrowed, chosen if len(todo) > 1 else chosen[0], state)
-        else:
-            return out
-        for (i, own), output in zip(todo, done):
-            out[i] = output
-            if _shareable(own, values[i]):
-                _keep(own, values[i], output)
-        return out
+        entered = _inside.set(True)
+        try:
+            return await _postprocess(self, original, block_fn, outputs, predictions, state)
+        finally:
+            _inside.reset(entered)
 
     postprocess_data._cheap_skips = True
     Blocks.postprocess_data = postprocess_data
+
+
+async def _postprocess(self, original, block_fn, outputs: list, predictions, state) -> list:
+    """`install`'s postprocessing of an event's outputs (see the module)."""
+    values = predictions
+    if isinstance(values, dict) and values and not _is_bare_skip(values):
+        values = convert_component_dict_to_list(outputs, values)
+    if not isinstance(values, (list, tuple)) or len(values) != len(outputs):
+        return await original(self, block_fn, predictions, state)   # Gradio says what is wrong with it
+    out: list = [dict(_SKIP) for _ in outputs]
+    todo, waits, promised = [], [], {}
+    for i, (block, value) in enumerate(zip(outputs, values)):
+        if _is_bare_skip(value):
+            # A component's skip is sent as the bare update; a state's leaves the state as it is and sends nothing
+            # (Gradio's own answer for it: None).
+            if isinstance(block, Component) and block.stateful:
+                out[i] = None
+            if isinstance(block, Component):
+                continue
+        own = state.get(block._id, block)      # the session's copy: its props
+        if not _shareable(own, value):
+            todo.append((i, own))
+            continue
+        recalled = _recall(own, value)
+        if recalled is not None:
+            _record(state, block, recalled)
+            out[i] = recalled
+            continue
+        future = _in_flight(own, value)
+        if future is not None:
+            waits.append((i, block, future))
+            continue
+        promised[i] = _promise(own, value)
+        todo.append((i, own))
+    if len(todo) == len(outputs):
+        todo_done = await _settled(original(self, block_fn, predictions, state), todo, values, promised)
+    elif todo:
+        narrowed = copy.copy(block_fn)
+        narrowed.outputs = [outputs[i] for i, _ in todo]
+        chosen = [values[i] for i, _ in todo]
+        todo_done = await _settled(original(self, narrowed, chosen if len(todo) > 1 else chosen[0], state),
+                                   todo, values, promised)
+    else:
+        todo_done = []
+    for (i, _), output in zip(todo, todo_done):
+        out[i] = output
+    again = []
+    for i, block, future in waits:
+        output = await asyncio.shield(future)     # this session cancelled: the one postprocessing goes on
+        if output is None:
+            again.append(i)
+            continue
+        _record(state, block, output)
+        out[i] = output
+    if again:       # the session that postprocessed it failed: each does its own, as without the sharing
+        narrowed = copy.copy(block_fn)
+        narrowed.outputs = [outputs[i] for i in again]
+        chosen = [values[i] for i in again]
+        for i, output in zip(again, await original(self, narrowed, chosen if len(again) > 1 else chosen[0],
+                                                   state)):
+            out[i] = output
+    return out
 
 
 def _install_preprocess() -> None:

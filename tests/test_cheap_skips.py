@@ -119,13 +119,14 @@ def _inputs_demo(seen: list):
         words = gr.Textbox("hi")
         mode = gr.Radio(["a", "b"], value="a")
         kept = gr.State({"n": 1})
+        timer = gr.Timer(2.0, active=False)      # the tick's own period is one of its inputs
         out = gr.Textbox()
 
         def handler(*args):
             seen.append(threading.get_ident())
             return repr(args)
 
-        gr.Button().click(handler, [pick, amount, words, mode, kept], out)
+        gr.Button().click(handler, [pick, amount, words, mode, kept, timer], out)
     return demo
 
 
@@ -152,13 +153,82 @@ def _preprocessed(demo, inputs) -> tuple:
 
 
 def test_inputs_are_preprocessed_as_gradio_does_without_a_thread_hop_each(without_the_shim, monkeypatch):
-    good, bad = ["y", 7, "hello", "b", None], ["z", 7, "hello", "b", None]    # "z" is not a choice
+    good, bad = ["y", 7, "hello", "b", None, 2.0], ["z", 7, "hello", "b", None, 2.0]    # "z" is not a choice
     plain = [_preprocessed(_inputs_demo([]), inputs) for inputs in (good, bad)]
     monkeypatch.undo()
     cheap_skips.install()
     shimmed = [_preprocessed(_inputs_demo([]), inputs) for inputs in (good, bad)]
     assert [s[:2] for s in shimmed] == [p[:2] for p in plain], "the same values, configs and refusal"
-    assert plain[0][0] == ["('y', 7, 'hello', 'b', {'n': 1})"]
+    assert plain[0][0] == ["('y', 7, 'hello', 'b', {'n': 1}, 2.0)"]
     assert plain[1][0][0] == "Error" and "z" in plain[1][0][1]
     assert all(t != threading.get_ident() for t in plain[0][2]), "Gradio hops to a worker thread"
     assert shimmed[0][2] == [threading.get_ident()], "here the picker's check runs where the request is handled"
+
+
+def _sessions_together(demo, count: int, answers=None) -> list:
+    """`count` sessions' events postprocessed at the same time (their ticks came together), each its answer's data."""
+    fn = next(iter(demo.fns.values()))
+    states = [SessionState(demo) for _ in range(count)]
+
+    async def calls():
+        return await asyncio.gather(*(demo.process_api(fn, [], state=s, session_hash=f"t{i}")
+                                      for i, s in enumerate(states)))
+
+    return [answer["data"] for answer in asyncio.run(calls())]
+
+
+def test_sessions_ticking_together_postprocess_a_value_once(without_the_shim, monkeypatch):
+    values = {"plot": '{"data": [{"y": [3, 4]}], "layout": {}}', "rows": [[7], [8]], "text": "**6 steps**",
+              "choices": ["a", "c"]}
+    plain = _sessions_together(_shared_demo(values), 4)
+    monkeypatch.undo()
+    cheap_skips.install()
+    demo, made = _shared_demo(values), []
+    for cls in (gr.Plot, gr.Dataframe, gr.Markdown):
+        monkeypatch.setattr(cls, "postprocess", lambda self, v, _f=cls.postprocess: made.append(self) or _f(self, v))
+    together = _sessions_together(demo, 4)
+    assert together == plain, "each session's answer is Gradio's own"
+    assert len(made) == 3, "the plot, the table and the text postprocessed once for the four sessions at once"
+    assert not cheap_skips._pending, "nothing left waiting"
+
+
+def test_sessions_ticking_together_with_other_values_get_their_own(monkeypatch):
+    """Two visitors' sessions tick at once with different values for the same components (their own runs lists):
+    each gets the output of its own value, none the other's."""
+    cheap_skips.install()
+    with gr.Blocks() as demo:
+        table, text = gr.Dataframe(headers=["run"]), gr.Markdown()
+        turn = iter([{table: [["alice-run"]], text: "alice"}, {table: [["bob-run"]], text: "bob"}] * 2)
+        gr.Button().click(lambda: next(turn), None, [table, text])
+    first, second = _sessions_together(demo, 2)
+    assert first[0]["data"] == [["alice-run"]] and first[1] == "alice"
+    assert second[0]["data"] == [["bob-run"]] and second[1] == "bob"
+
+
+def test_a_failed_postprocessing_leaves_the_waiting_sessions_to_do_their_own(monkeypatch):
+    cheap_skips.install()
+    with gr.Blocks() as demo:
+        table, text = gr.Dataframe(headers=["n"]), gr.Markdown()
+        gr.Button().click(lambda: {table: [[1]], text: "same"}, None, [table, text])
+    calls = []
+    original = gr.Markdown.postprocess
+
+    def flaky(self, value):
+        calls.append(value)
+        if len(calls) == 1:
+            raise RuntimeError("the first postprocessing fails")
+        return original(self, value)
+
+    monkeypatch.setattr(gr.Markdown, "postprocess", flaky)
+    fn = next(iter(demo.fns.values()))
+    states = [SessionState(demo) for _ in range(3)]
+
+    async def calls_together():
+        return await asyncio.gather(*(demo.process_api(fn, [], state=s, session_hash=f"f{i}")
+                                      for i, s in enumerate(states)), return_exceptions=True)
+
+    answers = asyncio.run(calls_together())
+    failed = [a for a in answers if isinstance(a, Exception)]
+    assert len(failed) == 1, "the session whose postprocessing failed meets its error"
+    assert [a["data"][1] for a in answers if not isinstance(a, Exception)] == ["same", "same"]
+    assert not cheap_skips._pending
