@@ -94,15 +94,22 @@ def _sessions(demo, count: int) -> tuple[list, list]:
     return data, [[s.config_values[b._id].get("props", {}).get("value") for b in fn.outputs] for s in states]
 
 
-def test_a_value_another_session_was_just_sent_is_not_postprocessed_again(without_the_shim, monkeypatch):
-    values = {"plot": '{"data": [{"y": [1, 2]}], "layout": {}}', "rows": [[1], [2]], "text": "**5 steps**",
-              "choices": ["a", "b"]}
-    plain = _sessions(_shared_demo(values), 3)
+def _counted_with_the_shim(values: dict, monkeypatch):
+    """The shim installed (after a run without it) and a demo over `values`; `made` lists each postprocessing of a
+    plot, a table or a text."""
     monkeypatch.undo()
     cheap_skips.install()
     demo, made = _shared_demo(values), []
     for cls in (gr.Plot, gr.Dataframe, gr.Markdown):
         monkeypatch.setattr(cls, "postprocess", lambda self, v, _f=cls.postprocess: made.append(self) or _f(self, v))
+    return demo, made
+
+
+def test_a_value_another_session_was_just_sent_is_not_postprocessed_again(without_the_shim, monkeypatch):
+    values = {"plot": '{"data": [{"y": [1, 2]}], "layout": {}}', "rows": [[1], [2]], "text": "**5 steps**",
+              "choices": ["a", "b"]}
+    plain = _sessions(_shared_demo(values), 3)
+    demo, made = _counted_with_the_shim(values, monkeypatch)
     shared = _sessions(demo, 3)
     assert shared == plain, "each session's answer and what its state keeps are Gradio's own"
     assert len(made) == 3, "the plot, the table and the text postprocessed once for the three sessions"
@@ -181,11 +188,7 @@ def test_sessions_ticking_together_postprocess_a_value_once(without_the_shim, mo
     values = {"plot": '{"data": [{"y": [3, 4]}], "layout": {}}', "rows": [[7], [8]], "text": "**6 steps**",
               "choices": ["a", "c"]}
     plain = _sessions_together(_shared_demo(values), 4)
-    monkeypatch.undo()
-    cheap_skips.install()
-    demo, made = _shared_demo(values), []
-    for cls in (gr.Plot, gr.Dataframe, gr.Markdown):
-        monkeypatch.setattr(cls, "postprocess", lambda self, v, _f=cls.postprocess: made.append(self) or _f(self, v))
+    demo, made = _counted_with_the_shim(values, monkeypatch)
     together = _sessions_together(demo, 4)
     assert together == plain, "each session's answer is Gradio's own"
     assert len(made) == 3, "the plot, the table and the text postprocessed once for the four sessions at once"
