@@ -48,6 +48,9 @@ _pending: dict[int, list[tuple[Component, object, asyncio.Future]]] = {}
 # Set while this module postprocesses: a second wrapping of Gradio's method (installed over a patched one) passes
 # through, and never waits for an output its own caller is making.
 _inside: contextvars.ContextVar[bool] = contextvars.ContextVar("cheap_skips_inside", default=False)
+# How long a session waits for another's postprocessing of the same value before doing its own (a postprocessing
+# stuck in its thread must not hold every session ticking with it).
+SHARED_WAIT_S = 10.0
 INLINE = (Dropdown, Radio, Slider, Textbox, Checkbox, Number, Timer)
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -208,13 +211,16 @@ async def _postprocess(self, original, block_fn, outputs: list, predictions, sta
         out[i] = output
     again = []
     for i, block, future in waits:
-        output = await asyncio.shield(future)     # this session cancelled: the one postprocessing goes on
+        try:    # shielded: this session cancelled or out of time, the one postprocessing goes on
+            output = await asyncio.wait_for(asyncio.shield(future), SHARED_WAIT_S)
+        except TimeoutError:
+            output = None
         if output is None:
             again.append(i)
             continue
         _record(state, block, output)
         out[i] = output
-    if again:       # the session that postprocessed it failed: each does its own, as without the sharing
+    if again:       # the session that postprocessed it failed or is late: each does its own, as without the sharing
         narrowed = copy.copy(block_fn)
         narrowed.outputs = [outputs[i] for i in again]
         chosen = [values[i] for i in again]

@@ -235,3 +235,25 @@ def test_a_failed_postprocessing_leaves_the_waiting_sessions_to_do_their_own(mon
     assert len(failed) == 1, "the session whose postprocessing failed meets its error"
     assert [a["data"][1] for a in answers if not isinstance(a, Exception)] == ["same", "same"]
     assert not cheap_skips._pending
+
+
+def test_a_session_waits_for_anothers_postprocessing_only_so_long_then_does_its_own(monkeypatch):
+    """A value another session is postprocessing (its future never settled here: stuck in its thread) holds this
+    session's tick only SHARED_WAIT_S; then it postprocesses its own and answers."""
+    cheap_skips.install()
+    monkeypatch.setattr(cheap_skips, "SHARED_WAIT_S", 0.2)
+    with gr.Blocks() as demo:
+        table, text = gr.Dataframe(headers=["n"]), gr.Markdown()
+        gr.Button().click(lambda: {table: [[1]], text: "stuck"}, None, [table, text])
+    fn = next(iter(demo.fns.values()))
+
+    async def tick():
+        stuck = cheap_skips._promise(text, "stuck")        # another session's, never settled
+        try:
+            return await asyncio.wait_for(demo.process_api(fn, [], state=SessionState(demo), session_hash="w"), 30)
+        finally:
+            cheap_skips._settle(text, stuck, None)
+
+    answer = asyncio.run(tick())
+    assert answer["data"][0]["data"] == [[1]] and answer["data"][1] == "stuck"
+    assert not cheap_skips._pending
