@@ -52,7 +52,7 @@ def record(step: int, t0: float) -> dict:
 
 
 def sample_records(step: int, t: float) -> list[dict]:
-    """The 4 completions a trainer writes of a step (`backend.runtime.samples.sample_record`'s fields)."""
+    """The 4 completions a trainer writes of a step (`backend.runtime.trainer.samples.sample_record`'s fields)."""
     return [{"time": t, "step": step, "policy_version": step // ADAPTER_EVERY, "prompt": f"What is {step} + {i}?",
              "completion": f"The answer is {step + i}. " * 6, "rewards": {"digits": 0.5}, "advantage": 0.1 * i,
              "length": 40, "truncated": False} for i in range(4)]
@@ -107,7 +107,7 @@ class SyntheticRun:
         os.makedirs(staging)
         spec = {"run_id": self.spec.run_id, "role": role, "flavor": "local",
                 "volumes": [{"bucket": "local/bench", "mount_path": "/bucket", "read_only": False}]}
-        from backend.runtime.job_wrapper import process_start_time
+        from backend.runtime.job.job_wrapper import process_start_time
 
         # A live job as the local executor records one: its wrapper's pid (this process stands in) and start time.
         write_whole(os.path.join(staging, "job.json"), {"job_id": job_id, "spec": spec, "created_at": self.t0,
@@ -199,7 +199,7 @@ class SyntheticRun:
     def _evaluate(self, version: int, step: int, t: float) -> None:
         """The version's held-out record as the trainer writes it (`evaluate.eval_record`): 16 prompts, two
         rewards (one monitor-only), two samples; a fragment per version."""
-        from backend.runtime.evaluate import eval_record
+        from backend.runtime.trainer.evaluate import eval_record
 
         rows = [{"prompt": f"held-out question {i}"} for i in range(16)]
         digits = self.score(version) if self.score else 0.3 + 0.4 * ((version * 7919) % 101) / 101

@@ -47,9 +47,9 @@ from backend.plan.engines.base import Placement
 from backend.plan.engines.local import free_port
 from backend.plan.recipe import RunJobs
 from backend.plan.spec import RunSpec
-from backend.runtime.cpu_pinning import PIN_ENV, core_split
-from backend.runtime.proxy import start_proxy_process
-from backend.runtime.replicas import parse_load
+from backend.runtime.serving.cpu_pinning import PIN_ENV, core_split
+from backend.runtime.serving.proxy import start_proxy_process
+from backend.runtime.serving.replicas import parse_load
 from backend.runtime.tiny_model import BUILTIN_MODELS, ensure_tiny_model
 from benchmarks import replica_scaling as rs
 
@@ -333,7 +333,8 @@ def pin_tree(pid: int, cores: list[int]) -> int:
 
 def pinning(args, urls, proxies, apis, results) -> None:
     """K servers and their proxy, pinned (each server's API process and engine core on cores of its own, the proxy
-    on one core: runtime/cpu_pinning.py's split) against unpinned (all on every core), interleaved on the same running
+    on one core: runtime/serving/cpu_pinning.py's split) against unpinned (all on every core), interleaved on the same
+    running
     servers. The client (this process: the trainer's rollout worker, elsewhere in a real run) keeps one core of its
     own in both. Pinning here is set on running processes, so each server's thread pools keep the size they took at
     start (on every core), where a job that pins at start sizes them to its share."""

@@ -17,9 +17,9 @@ from backend.outcome.try_it import try_choices
 from backend.plan.cost import format_duration
 from backend.runtime import records
 from backend.runtime.best_rule import rule_text
-from backend.runtime.canary import SERVING_TOLERANCE
-from backend.runtime.cause import cause_line
+from backend.runtime.job.cause import cause_line
 from backend.runtime.redact import redact_tokens
+from backend.runtime.serving.canary import SERVING_TOLERANCE
 from backend.view import diagnose
 from backend.view.axes import run_start
 from backend.view.diagnose import ratio_alert

@@ -1,6 +1,7 @@
-"""A sweep's stop decisions from the panel: its stated early-stop rule (successive halving, `backend.runtime.halving`)
+"""A sweep's stop decisions from the panel: its stated early-stop rule (successive halving,
+`backend.runtime.trainer.halving`)
 where its next rung is due, and stops by hand, each a stop order in the bucket that the member's trainer obeys at
-its next step (`backend/runtime/sweep_stops.py`: the one path every stop takes; its trainer records the
+its next step (`backend/runtime/trainer/sweep_stops.py`: the one path every stop takes; its trainer records the
 `sweep_stop` event, ends as at its last step and writes its final adapter).
 
 The rule's own decider is the sweep's trainers (the first member still training writes the orders of a due rung),
@@ -20,7 +21,7 @@ from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs.access import ANONYMOUS, Refused, Visitor
 from backend.runtime.records import STARTED, SWEEP_STOP
 from backend.runtime.redact import redact_tokens
-from backend.runtime.sweep_stops import done_rungs as ordered_rungs
+from backend.runtime.trainer.sweep_stops import done_rungs as ordered_rungs
 from backend.view.runview import reading
 from backend.view.sweep import Halving, Member, Stop, done_rungs, member_of
 from panel.markdown import masked

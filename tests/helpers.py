@@ -13,7 +13,8 @@ def free_port() -> int:
 
 
 def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None = None, stderr=None):
-    """`python -m runtime.serve_replica --run-dir RUN_DIR EXTRA -- SERVER...` as a replica job runs it (the runtime
+    """`python -m runtime.serving.serve_replica --run-dir RUN_DIR EXTRA -- SERVER...` as a replica job runs it (the
+    runtime
     package on its path, vLLM's socket folder its own), its output on a pipe (`stderr`: where its errors go), in a
     process group of its own."""
     import subprocess
@@ -22,7 +23,7 @@ def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None =
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.path.join(root, "backend"), **(env or {})}
     env.pop("VLLM_RPC_BASE_PATH", None)
-    return subprocess.Popen([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), *extra,
+    return subprocess.Popen([sys.executable, "-m", "runtime.serving.serve_replica", "--run-dir", str(run_dir), *extra,
                              "--", *server], env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             start_new_session=True)
 
@@ -133,7 +134,7 @@ def synthetic_sweep(home: str, scores: dict[str, float | None], rows: int = 60, 
     from dashboard_scale import JOBS, SyntheticRun, write_whole
 
     from backend.runtime import layout
-    from backend.runtime.job_wrapper import process_start_time
+    from backend.runtime.job.job_wrapper import process_start_time
 
     members, pids = {}, []
     try:

@@ -12,11 +12,11 @@ import os
 import sys
 import time
 
-from backend.runtime.heartbeat import Heartbeat
+from backend.runtime.job.heartbeat import Heartbeat
 from backend.runtime.layout import FINAL_DIR, TRAINER_WRITER, atomic_write_bytes
 from backend.runtime.records import FINISHED, SWEEP_STOP, write_event
 from backend.runtime.spec_file import read_spec
-from backend.runtime.sweep_stops import SweepStops, stop_event_fields
+from backend.runtime.trainer.sweep_stops import SweepStops, stop_event_fields
 
 
 def main() -> None:

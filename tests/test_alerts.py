@@ -290,7 +290,7 @@ def test_an_ended_run_shows_no_live_alert_in_its_header(tmp_path):
 # RunFolderCallback.on_log (GRPOTrainer: frac_reward_zero_std, batch reward_std) and AsyncRunFolderCallback.on_log
 # (the async trainer: reward_std is each group's own std, averaged over the step's samples) record them.
 def _colocated_records(n: int, reward: float = 0.0, frac: float = 1.0, start: float = 1000.0) -> list[dict]:
-    from backend.runtime.metrics_callback import canonical_metrics
+    from backend.runtime.trainer.metrics_callback import canonical_metrics
 
     logs = {"loss": 0.0, "grad_norm": 0.0, "learning_rate": 4e-05, "num_tokens": 1234.0,
             "completions/mean_length": 64.0, "rewards/accuracy_reward/mean": reward,
@@ -300,7 +300,7 @@ def _colocated_records(n: int, reward: float = 0.0, frac: float = 1.0, start: fl
 
 
 def _async_records(n: int, reward_std: float, start: float = 1000.0) -> list[dict]:
-    from backend.runtime.metrics_callback import canonical_metrics
+    from backend.runtime.trainer.metrics_callback import canonical_metrics
 
     logs = {"reward": 0.0, "reward_std": reward_std, "rewards/accuracy_reward": 0.0, "ratio": 1.0, "kl": 0.0,
             "sample/staleness_mean": 1.0, "perf/step_s": 1.0, "perf/rollout_wait_s": 0.1}

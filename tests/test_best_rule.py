@@ -11,8 +11,8 @@ from backend.outcome.best_version import HeldOutScore
 from backend.plan.spec import RunSpec, SpecError
 from backend.runtime import layout, records
 from backend.runtime.best_rule import BEST_BY_WRITER, parse_best_by, pick_best, rule_score, rule_text
-from backend.runtime.evaluate import BestVersion
 from backend.runtime.rewards import distinct_chars
+from backend.runtime.trainer.evaluate import BestVersion
 from backend.view.hacking import hacking_sign
 
 pytestmark = pytest.mark.unit

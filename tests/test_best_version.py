@@ -24,7 +24,7 @@ from gradio_client.exceptions import AppError
 from backend.outcome.best_version import ChoiceError, choose, default_choice, version_choices
 from backend.runs.access import Visitor
 from backend.runtime import layout
-from backend.runtime.try_adapter import AdapterRefused, lora_settings
+from backend.runtime.check.try_adapter import AdapterRefused, lora_settings
 from panel import dashboard
 from panel.actions import Panel, Settings
 

@@ -313,7 +313,7 @@ def test_an_agent_reads_the_demo_run_over_mcp_as_the_local_ui_and_only_through_a
     assert status["stage"] == "COMPLETED" and status["latest_metrics"]["step"] == 200, status
     assert isinstance(status["latest_metrics"]["reward"], float) and status["engine"].startswith("transformers")
     assert [a["name"] for a in adapters["adapters"]] == ["trl-policy-v10", "trl-policy-v9", "trl-policy-v8"]
-    assert preview["ok"] and "runtime.train" in preview["preview"], "the local UI's preset and preview"
+    assert preview["ok"] and "runtime.trainer.train" in preview["preview"], "the local UI's preset and preview"
     assert not bad["ok"] and bad["fields_to_fix"] == ["bogus"] and "not a field of the launch form" in bad["preview"]
     # A page of another site whose name resolves to 127.0.0.1 (DNS rebinding) reaches the port, not the tools.
     assert (initialize_status(app_url, host="attacker.example"), initialize_status(app_url)) == (421, 200)

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from backend.runtime import layout
-from backend.runtime.job_wrapper import process_start_time
-from backend.runtime.samples import sample_record
+from backend.runtime.job.job_wrapper import process_start_time
+from backend.runtime.trainer.samples import sample_record
 from backend.view import diagnose
 from benchmarks.dashboard_scale import JOBS, SyntheticRun, record
 from panel.presets import preset_values

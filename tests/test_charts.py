@@ -152,7 +152,7 @@ def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tm
     """The proxy records each broadcast load (seconds per replica); the run view reads those fragments beside the
     trainer's; the Sync chart draws one line per replica, at the first step trained with each version."""
     from backend.runtime.layout import FragmentWriter
-    from backend.runtime.proxy import Proxy, Reply
+    from backend.runtime.serving.proxy import Proxy, Reply
     from backend.storage.store import FolderStore
     from backend.view.runview import RunView
 
@@ -192,7 +192,7 @@ def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tm
 
 def test_held_out_reward_by_version_is_read_from_eval_fragments_and_drawn_beside_the_training_reward(tmp_path):
     from backend.runtime import layout
-    from backend.runtime.evaluate import eval_record
+    from backend.runtime.trainer.evaluate import eval_record
     from backend.storage.store import FolderStore
     from backend.view.runview import RunView
 
@@ -228,7 +228,7 @@ def _evaluated_view(root, versions: int, best_at: int | None = None, monitor_at:
     """A run whose held-out set was evaluated at `versions` versions (v0 the base model), in fragments of 50
     records; its scores wander, one version (`best_at`) stands out, and one (`monitor_at`) has the best monitor."""
     from backend.runtime import layout
-    from backend.runtime.evaluate import eval_record
+    from backend.runtime.trainer.evaluate import eval_record
     from backend.storage.store import FolderStore
     from backend.view.runview import RunView
 

@@ -11,7 +11,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from trl.extras.profiling import ProfilingContext
 
 from backend.runtime import layout
-from backend.runtime.metrics_callback import ProfiledSeconds, RunFolderCallback
+from backend.runtime.trainer.metrics_callback import ProfiledSeconds, RunFolderCallback
 
 pytestmark = pytest.mark.unit
 

@@ -112,7 +112,7 @@ def _evaluated_run(root, run_id: str, best_by: dict, scores: dict[int, tuple[flo
     import json
 
     from backend.runtime import layout
-    from backend.runtime.evaluate import eval_record
+    from backend.runtime.trainer.evaluate import eval_record
     from backend.storage.store import FolderStore
     from backend.view.runview import RunView
 

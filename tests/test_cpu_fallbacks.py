@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from backend.runtime.cpu_fallbacks import install_cpu_fallbacks, varlen_causal_attention
+from backend.runtime.trainer.cpu_fallbacks import install_cpu_fallbacks, varlen_causal_attention
 
 pytestmark = pytest.mark.unit
 

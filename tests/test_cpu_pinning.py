@@ -1,4 +1,5 @@
-"""Each vLLM server of a replica job on cores of its own, the proxy on one of its own (runtime/cpu_pinning.py): the
+"""Each vLLM server of a replica job on cores of its own, the proxy on one of its own
+(runtime/serving/cpu_pinning.py): the
 split, the switch that turns it off, a real child started on its cores, and the local engine keeping a core for the
 trainer's proxy."""
 
@@ -12,7 +13,7 @@ from backend.plan import recipe
 from backend.plan.engines import engine
 from backend.plan.engines import local as local_engine
 from backend.plan.spec import RunSpec
-from backend.runtime.cpu_pinning import PIN_ENV, PROXY_CORE_ENV, core_split, parse_cores, server_cores
+from backend.runtime.serving.cpu_pinning import PIN_ENV, PROXY_CORE_ENV, core_split, parse_cores, server_cores
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +51,7 @@ def test_a_server_starts_on_its_cores_and_the_wrapper_keeps_its_own():
     mine = sorted(os.sched_getaffinity(0))
     # In a wrapper process of its own, as serve_replica runs: the server's output and the wrapper's after it.
     out = subprocess.run([sys.executable, "-c", (
-        "import os, sys; sys.path.insert(0, 'backend'); from runtime.serve_replica import start_server;"
+        "import os, sys; sys.path.insert(0, 'backend'); from runtime.serving.serve_replica import start_server;"
         f"c = start_server({SHOW_CORES!r}, dict(os.environ), [{mine[0]}]); c.wait(60);"
         "print('wrapper', sorted(os.sched_getaffinity(0)))")], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -59,7 +60,7 @@ def test_a_server_starts_on_its_cores_and_the_wrapper_keeps_its_own():
 
 def test_a_proxy_told_its_core_pins_itself():
     core = max(os.sched_getaffinity(0))
-    code = ("import os, sys; sys.path.insert(0, 'backend'); from runtime.cpu_pinning import pin_self;"
+    code = ("import os, sys; sys.path.insert(0, 'backend'); from runtime.serving.cpu_pinning import pin_self;"
             f"print(pin_self({{'{PROXY_CORE_ENV}': '{core}'}}), sorted(os.sched_getaffinity(0)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == f"pinned to core {core} [{core}]", out.stderr

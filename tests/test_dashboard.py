@@ -142,9 +142,9 @@ def test_the_trainers_own_error_is_the_cause_and_a_healthy_run_has_none():
 # and vLLM's access log of the trainer unloading an adapter from a replica that was already gone.
 KILLED_TRAINER_LOG = [
     "step 41/500  reward 0.312  63.0s  staleness 0.50  policy v40",
-    "2026-12-01 10:02:11,480 runtime.proxy INFO replica http://127.0.0.1:41001 is healthy (3 adapters)",
+    "2026-12-01 10:02:11,480 runtime.serving.proxy INFO replica http://127.0.0.1:41001 is healthy (3 adapters)",
     "Traceback (most recent call last):",
-    '  File "/bucket/runs/r/code/runtime/train_async.py", line 301, in <module>',
+    '  File "/bucket/runs/r/code/runtime/trainer/train_async.py", line 301, in <module>',
     "    main()",
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.11 GiB total capacity)",
     "2026-12-01 10:02:14,002 asyncio ERROR Unclosed connector",
@@ -187,7 +187,7 @@ def test_a_failed_jobs_cause_is_its_real_error_not_the_noise_after_it():
 
 
 def test_a_local_jobs_exit_message_quotes_its_real_error_not_its_last_line(tmp_path):
-    from backend.runtime.job_wrapper import LOG_FILE, exit_message
+    from backend.runtime.job.job_wrapper import LOG_FILE, exit_message
 
     (tmp_path / LOG_FILE).write_text("\n".join(KILLED_TRAINER_LOG) + "\n")
     assert exit_message(1, str(tmp_path)) == (
@@ -212,8 +212,8 @@ def test_the_replica_table_counts_restarts_disconnects_and_canary_misses_each_as
     """The proxy's snapshots carry the run's counts; a proxy started again over the same folder goes on from the
     last one (by URL, else by place); the table and the header show each kind as itself."""
     from backend.runtime.layout import PROXY_WRITER, FragmentWriter
-    from backend.runtime.proxy_stats import carry_counts
-    from backend.runtime.replicas import Replica
+    from backend.runtime.serving.proxy_stats import carry_counts
+    from backend.runtime.serving.replicas import Replica
     from backend.view.runview import RunView
 
     counts = {"restarted": 1, "reconnected": 2, "canary_missed": 3}

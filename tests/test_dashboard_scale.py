@@ -457,7 +457,7 @@ def test_a_short_run_is_read_at_once(tmp_path):
 # ---- files that stay few, old runs still read
 
 def test_samples_are_written_one_fragment_per_flush_and_a_run_of_one_file_per_step_still_reads(tmp_path):
-    from backend.runtime.samples import SampleWriter, sample_record
+    from backend.runtime.trainer.samples import SampleWriter, sample_record
 
     run_dir = tmp_path / "runs" / "r"
     writer = SampleWriter(str(run_dir), flush_every_s=3600)

@@ -94,7 +94,7 @@ def test_a_local_build_copies_no_data_folder_repository_or_caches_into_the_image
                  "backend/__pycache__/spec.cpython-311.pyc", ".venv/bin/python", "tests/_artifacts/shot.png",
                  ".pytest_cache/v/cache/lastfailed", ".gpu-stage/wheels/x.whl"):
         assert _dockerignored(patterns, path), f"{path} would be copied into the image"
-    for path in ("app.py", "requirements.txt", "backend/runtime/train.py", "panel/ui.py"):
+    for path in ("app.py", "requirements.txt", "backend/runtime/trainer/train.py", "panel/ui.py"):
         assert not _dockerignored(patterns, path), f"{path} is needed in the image"
 
 

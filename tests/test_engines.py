@@ -261,7 +261,7 @@ def test_a_ray_replica_checks_its_ports_on_its_node_and_a_local_or_hf_jobs_repli
                        vllm_flavor=vllm_flavor)
         jobs = recipe.RunJobs(spec, executors.engine("ray").placement(spec, preview=False)).first()
         assert [j.role for j in jobs] == ["vllm-0", "vllm-1"]
-        assert all("runtime.serve_replica" in j.command[2] and " --check-ports " in j.command[2] for j in jobs)
+        assert all("runtime.serving.serve_replica" in j.command[2] and " --check-ports " in j.command[2] for j in jobs)
         fleet = recipe.FleetJobs((spec,), 0, spec.lora_r, executors.engine("ray").placement(spec, False)).jobs()
         assert fleet and all(" --check-ports " in j.command[2] for j in fleet)
     local = preview_jobs(RunSpec(mode="distributed", replicas=2))

@@ -21,7 +21,7 @@ import pytest
 
 from backend.plan import engines
 from backend.plan.jobspec import CANCELED, JobSpec, VolumeSpec
-from backend.runtime import job_wrapper
+from backend.runtime.job import job_wrapper
 from tests.fakehub import FakeHub, wait_until
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ class LocalHarness:
         with open(record_path) as f:
             record = json.load(f)
         argv = psutil.Process(record["pid"]).cmdline()
-        args = job_wrapper.parse_args(argv[argv.index("runtime.job_wrapper") + 1:])
+        args = job_wrapper.parse_args(argv[argv.index("runtime.job.job_wrapper") + 1:])
         with open(self.report) as f:
             env = json.load(f)
         with open(os.path.join(self.executor.jobs_dir, job_id, job_wrapper.LOG_FILE)) as f:
@@ -113,7 +113,7 @@ class RayHarness:
         self.mount = str(tmp_path / "shared")
 
     def job(self) -> JobSpec:
-        return replace(JOB, image="ray", flavor="ray-cpu", command=["python", "-m", "runtime.train"],
+        return replace(JOB, image="ray", flavor="ray-cpu", command=["python", "-m", "runtime.trainer.train"],
                        volumes=(VolumeSpec("local/contract", self.mount),))
 
     def seen(self, job_id: str) -> Seen:
@@ -121,7 +121,7 @@ class RayHarness:
         bash, dash_c, script = shlex.split(submitted["entrypoint"])
         assert (bash, dash_c) == ("bash", "-c")
         tokens = shlex.split(script)
-        args = job_wrapper.parse_args(tokens[tokens.index("runtime.job_wrapper") + 1:])
+        args = job_wrapper.parse_args(tokens[tokens.index("runtime.job.job_wrapper") + 1:])
         assert args.command == self.job().command
         # The entrypoint sources the secrets file before the wrapper starts: its values are the job's environment.
         secrets_file = tokens[tokens.index(".") + 1]
@@ -155,7 +155,7 @@ class HfJobsHarness:
 
     def job(self) -> JobSpec:
         return replace(JOB, image="vllm/vllm-openai:v0.31.0", flavor="cpu-basic",
-                       command=["python", "-m", "runtime.train"])
+                       command=["python", "-m", "runtime.trainer.train"])
 
     def seen(self, job_id: str) -> Seen:
         body = self.hub.jobs[job_id].spec

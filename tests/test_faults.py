@@ -264,7 +264,7 @@ def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_
     from backend.plan.spec import RunSpec
     from backend.runs.launch import LaunchError
     from backend.runs.resume import resume_plan
-    from backend.runtime.common import latest_checkpoint
+    from backend.runtime.trainer.common import latest_checkpoint
     from panel import dashboard
 
     registry = _registry(executor)
@@ -434,8 +434,8 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
         executor, monkeypatch):
     from backend.plan.spec import RunSpec
     from backend.runs.resume import resume_plan
-    from backend.runtime.common import latest_checkpoint
     from backend.runtime.tiny_model import TINY_MODEL
+    from backend.runtime.trainer.common import latest_checkpoint
     from panel import dashboard
 
     monkeypatch.setenv("GRPO_HEARTBEAT_S", "2")             # the jobs inherit the panel's environment

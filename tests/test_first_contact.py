@@ -1,6 +1,6 @@
 """First contact waits like an operator: a server slow to answer /server_info (a fresh vLLM server collects its
 environment then: 21.7 and 25.5 s seen at load 21) is asked once however many callers wait on it, is not marked down
-for it, and the trainer waits for the answer until its start deadline (runtime/server_info.py)."""
+for it, and the trainer waits for the answer until its start deadline (runtime/serving/server_info.py)."""
 
 import json
 import os
@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from backend.runtime.proxy import start_proxy
+from backend.runtime.serving.proxy import start_proxy
 from tests.fakehub import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,8 +117,8 @@ def test_the_trainer_waits_for_a_slow_first_answer_and_trains(vllm_pool, tmp_pat
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": slow.url,
            "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
     try:
-        result = subprocess.run([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)], env=env,
-                                capture_output=True, text=True, timeout=900)
+        result = subprocess.run([sys.executable, "-m", "runtime.trainer.train_async", "--run-dir", str(run_dir)],
+                                env=env, capture_output=True, text=True, timeout=900)
     finally:
         slow.stop()
     out = result.stdout + result.stderr
@@ -140,7 +140,7 @@ def _trainer(run_dir, spec, urls: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(urls),
            "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
     log = open(run_dir.parent / f"{run_dir.name}.log", "wb")
-    return subprocess.Popen([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "runtime.trainer.train_async", "--run-dir", str(run_dir)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -17,9 +17,10 @@ from backend.plan.cost import spend_curve
 from backend.plan.jobspec import JobRecord
 from backend.plan.spec import RunSpec
 from backend.runs.access import Visitor
-from backend.runtime import layout, proxy_stats
-from backend.runtime.proxy_members import Members, MemberTraffic
-from backend.runtime.replicas import Replica
+from backend.runtime import layout
+from backend.runtime.serving import proxy_stats
+from backend.runtime.serving.proxy_members import Members, MemberTraffic
+from backend.runtime.serving.replicas import Replica
 from backend.view.fleet_cost import WINDOW_S, TokenLog, fleet_split, split_by_tokens
 from panel import dashboard_view, spend_view
 
@@ -32,7 +33,7 @@ SHOWN = ("trainer", "", "step", 0.0, "latest", "")
 
 
 class Proxy:
-    """A member's proxy's counting and recording, as `runtime/proxy.py` wires them, on the test's clock."""
+    """A member's proxy's counting and recording, as `runtime/serving/proxy.py` wires them, on the test's clock."""
 
     def __init__(self, metrics_dir: str, tag: str, monkeypatch, clock):
         monkeypatch.setattr(proxy_stats, "time", SimpleNamespace(time=clock, monotonic=clock))
@@ -165,7 +166,7 @@ def test_on_a_billed_engine_the_dollars_split_alike_and_the_sweep_total_adds_the
 # ---- through the page: the open member's cost line
 
 def _job(home: str, run_id: str, role: str, start: float, end: float | None) -> None:
-    from backend.runtime.job_wrapper import process_start_time
+    from backend.runtime.job.job_wrapper import process_start_time
 
     job_id = f"{run_id}--{role}--000000"
     folder = os.path.join(home, "jobs", job_id)

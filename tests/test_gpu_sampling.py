@@ -9,7 +9,7 @@ import pytest
 from backend.executors.base import ResourceSample
 from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec
-from backend.runtime.sampler import visible_gpu_indices
+from backend.runtime.job.sampler import visible_gpu_indices
 from backend.view.runview import ResourceUsage
 from panel import charts
 

@@ -46,7 +46,7 @@ def replica_job(run_id: str = "run-1") -> JobSpec:
 
 def trainer_job(run_id: str = "run-1", flavor: str = "a10g-small") -> JobSpec:
     return JobSpec(run_id=run_id, role="trainer", image="vllm/vllm-openai:v0.31.0",
-                   command=["bash", "-c", "exec python -m runtime.train_async"], flavor=flavor,
+                   command=["bash", "-c", "exec python -m runtime.trainer.train_async"], flavor=flavor,
                    timeout_s=3600, env={"PYTHONUNBUFFERED": "1"}, secrets=("HF_TOKEN",),
                    volumes=(VolumeSpec(BUCKET, "/bucket"),), labels=labels(run_id, "trainer"),
                    namespace="alice")
@@ -89,7 +89,7 @@ def test_submit_sends_exact_job_bodies(hub, executor):
     }
     assert trainer_body == {
         "dockerImage": "vllm/vllm-openai:v0.31.0",
-        "command": ["bash", "-c", "exec python -m runtime.train_async"],
+        "command": ["bash", "-c", "exec python -m runtime.trainer.train_async"],
         "arguments": [],
         "environment": {"PYTHONUNBUFFERED": "1"},
         "secrets": {"HF_TOKEN": hub.token},
@@ -346,9 +346,9 @@ def test_hub_store_round_trips_a_folder(hub, tmp_path):
     store = HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "cache"))
     store.ensure_bucket()
     store.upload_folder(str(source), "runs/r1/code")
-    assert sorted(hub.buckets[BUCKET].files) == ["runs/r1/code/README.md", "runs/r1/code/runtime/train.py"]
+    assert sorted(hub.buckets[BUCKET].files) == ["runs/r1/code/README.md", "runs/r1/code/runtime/trainer/train.py"]
 
-    assert store.read_bytes("runs/r1/code/runtime/train.py") == b"print('train')\n"
+    assert store.read_bytes("runs/r1/code/runtime/trainer/train.py") == b"print('train')\n"
 
 
 def test_open_store_prefers_a_mounted_bucket(tmp_path):

@@ -269,7 +269,7 @@ def test_a_launch_without_room_says_so_in_one_sentence_and_leaves_nothing_behind
 def test_a_job_that_fills_the_disk_says_so_as_the_cause(small_home):
     from backend.executors.local import LocalExecutor
     from backend.plan.jobspec import JobSpec, VolumeSpec
-    from backend.runtime.job_wrapper import DISK_FULL
+    from backend.runtime.job.job_wrapper import DISK_FULL
 
     executor = LocalExecutor(small_home)
     fill = ("import os, sys\nf = open(os.path.join(sys.argv[1], 'filler'), 'wb', buffering=0)\n"
@@ -328,7 +328,7 @@ def test_the_orphan_finder_lists_half_launched_runs_replicas_without_a_trainer_a
 
 
 def test_a_replica_that_never_hears_a_trainer_gives_up_within_minutes(monkeypatch):
-    from backend.runtime.heartbeat import HeartbeatWatch
+    from backend.runtime.job.heartbeat import HeartbeatWatch
 
     monkeypatch.delenv("GRPO_TRAINER_FIRST_BEAT_S", raising=False)
     now = [0.0]

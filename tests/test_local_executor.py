@@ -11,7 +11,7 @@ from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import COMPLETED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobSpec, VolumeSpec
 from backend.plan.spec import RunSpec
 from backend.runs.registry import RunRegistry
-from backend.runtime.common import latest_checkpoint
+from backend.runtime.trainer.common import latest_checkpoint
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
 

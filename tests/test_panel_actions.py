@@ -42,7 +42,7 @@ def test_preview_lists_the_jobs_and_never_a_token(panel, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", token)
     form = {"mode": "distributed", "replicas": 2, "eval_source": "split", "eval_max_inflight": 3}
     text = panel.preview(form).markdown
-    assert text.count("```bash") == 3 and "runtime.train_async" in text and "--max-loras 3" in text
+    assert text.count("```bash") == 3 and "runtime.trainer.train_async" in text and "--max-loras 3" in text
     assert ("Held-out evaluation: split `test` of `builtin:count-to-ten`, up to 64 prompts, greedy, at every "
             "published adapter version, at most 3 requests in flight; the base model first, as version 0; the best "
             "version by the trained rewards' weighted score (ties: the earliest), if it beats version 0.") in text

@@ -52,7 +52,7 @@ def test_launch_a_colocated_run_and_watch_logs_gpus_and_metrics(hub, make_panel)
     assert ALICE not in json.dumps(body.get("environment")) and ALICE not in json.dumps(body["command"])
     spec_json = hub.buckets["alice/grpo-runs"].files[f"runs/{run_id}/spec.json"].data.decode()
     assert ALICE not in spec_json and json.loads(spec_json)["run_id"] == run_id
-    assert f"runs/{run_id}/code/runtime/train.py" in hub.buckets["alice/grpo-runs"].files
+    assert f"runs/{run_id}/code/runtime/trainer/train.py" in hub.buckets["alice/grpo-runs"].files
 
     view = panel.view(run_id)
     job_id = view.jobs["trainer"].job_id
@@ -577,12 +577,12 @@ def test_the_same_form_launches_a_distributed_run_on_hf_jobs(hub, make_panel):
         body = post.json
         assert body["flavor"] == "l4x4" and body["expose"]["ports"] == [8000, 8001, 8002, 8003]
         assert [(v["mountPath"], v["readOnly"]) for v in body["volumes"]] == [("/bucket", True)]
-        assert "--max-loras 4" in body["command"][-1] and "runtime.serve_replica" in body["command"][-1]
+        assert "--max-loras 4" in body["command"][-1] and "runtime.serving.serve_replica" in body["command"][-1]
     replica_ids = [panel.view(run_id).jobs[f"vllm-{i}"].job_id for i in range(2)]
     urls = trainer.json["environment"]["VLLM_REPLICA_URLS"].split(",")
     assert urls == [f"https://{job_id}-p{port}.jobs.example" for job_id in replica_ids for port in range(8000, 8004)]
     assert [(v["mountPath"], v.get("readOnly", False)) for v in trainer.json["volumes"]] == [("/bucket", False)]
-    assert "runtime.train_async" in trainer.json["command"][-1]
+    assert "runtime.trainer.train_async" in trainer.json["command"][-1]
 
 
 def test_local_runs_on_a_space_belong_to_its_owner_when_turned_on(hub, make_panel):

@@ -20,10 +20,10 @@ from backend.executors.hf_jobs import HfJobsExecutor
 from backend.executors.local import LocalExecutor
 from backend.plan.cost import job_spend
 from backend.plan.jobspec import JobSpec, VolumeSpec
-from backend.runtime import run_end
-from backend.runtime.proxy import start_proxy
-from backend.runtime.proxy_env import expand_replica_url
+from backend.runtime.serving.proxy import start_proxy
+from backend.runtime.serving.proxy_env import expand_replica_url
 from backend.runtime.task import TaskDataError
+from backend.runtime.trainer import run_end
 from backend.storage.store import FolderStore
 from backend.view.runview import RunView
 from tests.fakehub import FakeUser, wait_until
@@ -199,7 +199,7 @@ def _run_attempt(run_dir: str, number: int | None = None) -> subprocess.Complete
     env.pop("GRPO_ATTEMPT", None)
     if number is not None:
         env["GRPO_ATTEMPT"] = str(number)
-    return subprocess.run([sys.executable, "-m", "runtime.attempt", "--run-dir", run_dir], env=env,
+    return subprocess.run([sys.executable, "-m", "runtime.job.attempt", "--run-dir", run_dir], env=env,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -248,7 +248,7 @@ def test_the_local_wrapper_retries_a_failed_job_but_not_one_that_says_a_retry_ca
         assert status.stage == "COMPLETED" and counter.read_text().split("\n")[:3] == ["run 1", "run 2", "run 3"]
         log = "".join(executor.all_logs(job_id))
         assert "attempt 1 of 3 failed (exited with code 1: boom); starting attempt 2" in log
-        # Exit code 3 (runtime.attempt's NO_RETRY_EXIT): one run, whatever attempts are left.
+        # Exit code 3 (runtime.job.attempt's NO_RETRY_EXIT): one run, whatever attempts are left.
         counter.unlink()
         job_id = executor.submit(replace(job, command=["bash", "-c", f"echo x >> {counter}; exit 3"]))
         status = executor.wait(job_id, 60)
@@ -338,7 +338,7 @@ def _usd(markdown: str) -> float:
 
 def test_a_replica_outlasts_a_trainer_failure_its_retry_may_fix_but_not_its_last_attempt(tmp_path):
     from backend.runtime.records import write_event
-    from backend.runtime.serve_replica import TrainerEndWatch
+    from backend.runtime.serving.serve_replica import TrainerEndWatch
 
     (tmp_path / "spec.json").write_text(json.dumps({"attempts": 2}))
     watch = TrainerEndWatch(str(tmp_path), since=0)
@@ -404,8 +404,8 @@ class _Jobs:
 
 
 def test_a_replica_down_after_it_joined_degrades_the_run_until_the_proxy_takes_it_back(tmp_path):
-    from backend.runtime.proxy_stats import StatsRecorder
-    from backend.runtime.replicas import Replica
+    from backend.runtime.serving.proxy_stats import StatsRecorder
+    from backend.runtime.serving.replicas import Replica
 
     run_dir = tmp_path / "runs" / "r1"
     (run_dir / "metrics").mkdir(parents=True)
@@ -443,8 +443,8 @@ def test_a_replica_down_after_it_joined_degrades_the_run_until_the_proxy_takes_i
 def test_a_fleet_replica_lost_degrades_a_sweep_member_that_has_no_replica_job_of_its_own(tmp_path):
     """A member's jobs are its trainer alone (the fleet's replica jobs are the fleet's): its proxy's snapshot says
     the shared fleet lost a replica, and the member, training on, shows degraded until the proxy takes it back."""
-    from backend.runtime.proxy_stats import StatsRecorder
-    from backend.runtime.replicas import Replica
+    from backend.runtime.serving.proxy_stats import StatsRecorder
+    from backend.runtime.serving.replicas import Replica
 
     run_dir = tmp_path / "runs" / "m0"
     (run_dir / "metrics").mkdir(parents=True)

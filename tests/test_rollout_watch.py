@@ -1,5 +1,5 @@
 """A rollout worker that dies or freezes never hangs the trainer: TRL 1.16's own `AsyncRolloutWorker` with a
-stand-in child (tests/rollout_standin.py), watched by runtime/rollout_watch.py. The real trainer's end is in
+stand-in child (tests/rollout_standin.py), watched by runtime/trainer/rollout_watch.py. The real trainer's end is in
 tests/test_rollout_death.py; the CPython behaviour behind it is reproduced by docs/upstream/mp_event_dead_waiter.py."""
 
 import os
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from backend.runtime import rollout_watch
-from backend.runtime.rollout_watch import RolloutWatch, exit_cause
+from backend.runtime.trainer import rollout_watch
+from backend.runtime.trainer.rollout_watch import RolloutWatch, exit_cause
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = [pytest.mark.integration, pytest.mark.full]
@@ -126,7 +126,7 @@ def test_the_death_is_raised_in_the_main_thread_even_while_it_sleeps():
         "import os, signal, sys, time\n"
         f"sys.path[:0] = [{ROOT!r}]\n"
         "from tests.test_rollout_watch import _worker\n"
-        "from backend.runtime.rollout_watch import RolloutWatch, RolloutWorkerDied\n"
+        "from backend.runtime.trainer.rollout_watch import RolloutWatch, RolloutWorkerDied\n"
         "worker = _worker()\n"
         "watch = RolloutWatch(worker, poll_s=0.2).start()\n"
         "worker.start()\n"

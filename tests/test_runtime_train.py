@@ -1,4 +1,4 @@
-"""The colocated trainer runtime: a real `python -m runtime.train` job on the builtin tiny model, run from a
+"""The colocated trainer runtime: a real `python -m runtime.trainer.train` job on the builtin tiny model, run from a
 copy of backend/runtime the way a job runs it, plus its rewards and metric names."""
 
 import json
@@ -17,9 +17,9 @@ import pytest
 
 from backend.plan.spec import RunSpec
 from backend.runtime import layout
-from backend.runtime.metrics_callback import RunFolderCallback, canonical_metrics
 from backend.runtime.rewards import digits, length_target, reward_functions
 from backend.runtime.rewards import format as plain_format
+from backend.runtime.trainer.metrics_callback import RunFolderCallback, canonical_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -145,8 +145,9 @@ def write_job(run_dir: Path, **overrides) -> None:
 def run_job(run_dir: Path, watch=lambda: None, expect_rc: int = 0, env: dict | None = None) -> str:
     """Run the trainer as a job would, calling watch() while it runs; return its stdout."""
     env = {**os.environ, "PYTHONPATH": str(run_dir / layout.CODE_DIR), "HF_HUB_OFFLINE": "1", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.train", "--run-dir", str(run_dir)], cwd=run_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.trainer.train", "--run-dir", str(run_dir)], cwd=run_dir,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while proc.poll() is None and time.monotonic() < deadline:
@@ -231,7 +232,7 @@ def test_the_run_is_also_a_run_of_a_local_trackio_project_with_its_name_and_metr
 def test_the_vllm_version_warning_is_said_once_and_other_warnings_pass_through(tmp_path):
     code = """
 import warnings
-from backend.runtime.common import say_vllm_version_warning_once
+from backend.runtime.trainer.common import say_vllm_version_warning_once
 say_vllm_version_warning_once()
 def a(): warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 9.9.")
 def b(): warnings.warn("TRL currently supports vLLM versions from 0.22.0 to 0.31.0. You have version 9.9.")
@@ -287,7 +288,7 @@ def test_each_published_version_is_scored_on_the_held_out_split_and_the_best_is_
 
 
 def test_the_best_version_is_replaced_only_by_a_higher_score_and_every_k_steps_skips_versions(tmp_path):
-    from backend.runtime.evaluate import BestVersion, HeldOutEvaluation
+    from backend.runtime.trainer.evaluate import BestVersion, HeldOutEvaluation
 
     adapter = tmp_path / "v"
     adapter.mkdir()
@@ -353,7 +354,7 @@ def test_a_job_resumed_from_an_earlier_checkpoint_marks_the_discarded_versions_a
 def test_a_trainer_that_cannot_write_to_the_bucket_says_so_and_does_not_raise_again(tmp_path, monkeypatch, capsys):
     import errno
 
-    from backend.runtime import run_end
+    from backend.runtime.trainer import run_end
 
     def full(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "events" / "trainer-000001.jsonl"))
@@ -381,7 +382,7 @@ def test_a_job_that_fails_exits_non_zero_and_records_the_error(tmp_path):
 
 
 def test_resume_picks_the_newest_complete_checkpoint_and_skips_one_cut_off_mid_save(tmp_path):
-    from backend.runtime.common import latest_checkpoint
+    from backend.runtime.trainer.common import latest_checkpoint
 
     assert latest_checkpoint(str(tmp_path)) is None, "no checkpoints folder: start from scratch"
     folder = tmp_path / layout.CHECKPOINTS_DIR

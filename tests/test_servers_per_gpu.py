@@ -13,9 +13,9 @@ from backend.plan.engines.base import Placement
 from backend.plan.hardware import FALLBACK_FLAVORS, _from_hub, hardware_problems
 from backend.plan.servers import footprint
 from backend.plan.spec import RunSpec
-from backend.runtime import gpu_split
-from backend.runtime.replicas import load_rates, parse_load
-from backend.runtime.serve_replica import server_commands, server_envs, with_option
+from backend.runtime.serving import gpu_split
+from backend.runtime.serving.replicas import load_rates, parse_load
+from backend.runtime.serving.serve_replica import server_commands, server_envs, with_option
 from backend.view.diagnose import verdict
 from backend.view.servers import replica_gpu_busy, server_name, server_role, servers_per_job
 from panel.actions import distributed_engine

@@ -38,10 +38,11 @@ def spec_reads(source: str) -> list[tuple[int, str, ast.expr | None]]:
 
 
 def _runtime_reads():
-    for name in sorted(os.listdir(RUNTIME_DIR)):
-        if name.endswith(".py"):
-            with open(os.path.join(RUNTIME_DIR, name), encoding="utf-8") as f:
-                yield from ((f"runtime/{name}:{line}", key, default) for line, key, default in spec_reads(f.read()))
+    for folder, _, names in sorted(os.walk(RUNTIME_DIR)):
+        for name in sorted(n for n in names if n.endswith(".py")):
+            where = os.path.relpath(os.path.join(folder, name), os.path.dirname(RUNTIME_DIR))
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                yield from ((f"{where}:{line}", key, default) for line, key, default in spec_reads(f.read()))
 
 
 def test_the_scan_finds_every_way_of_reading_a_key():

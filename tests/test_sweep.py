@@ -166,7 +166,7 @@ def test_the_async_trainer_syncs_loads_and_unloads_under_the_runs_own_names(memb
 
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from backend.runtime.train_async import trainer_class
+    from backend.runtime.trainer.train_async import trainer_class
 
     assert 'self._lora_name = "trl-policy"' in inspect.getsource(AsyncGRPOTrainer.__init__)
     assert 'f"{self._lora_name}-v{version}"' in inspect.getsource(AsyncGRPOTrainer._sync_weight_lora)
@@ -177,7 +177,7 @@ def test_the_async_trainer_syncs_loads_and_unloads_under_the_runs_own_names(memb
 
 
 def test_a_members_trainer_starts_its_proxy_as_that_member_capped_at_its_own_concurrency():
-    from backend.runtime.train_async import member_proxy
+    from backend.runtime.trainer.train_async import member_proxy
 
     spec = {"max_inflight_tasks": 8, "eval_max_inflight": 4}
     assert member_proxy({**spec, "sweep_member": ""}) == {}, "a lone run's proxy is started as before"
@@ -268,7 +268,7 @@ def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
 def test_a_fleet_replicas_end_counts_the_members_attempts_from_fleet_json(tmp_path):
     """A fleet's folder has no spec.json: its replicas' attempts come from fleet.json, so a fleet replica's first
     failed end is not its last while attempts are left (each member's trainer would stop waiting for it)."""
-    from backend.runtime.serve_replica import record_own_end, replicas_ended
+    from backend.runtime.serving.serve_replica import record_own_end, replicas_ended
 
     fleet = tmp_path / "runs" / "sweep-x"
     fleet.mkdir(parents=True)

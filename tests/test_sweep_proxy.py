@@ -19,10 +19,10 @@ import requests
 from vllm_replicas import API_KEY, served_models
 
 from backend.runtime import layout
-from backend.runtime.heartbeat import heartbeat_path
-from backend.runtime.proxy import start_proxy
-from backend.runtime.proxy_env import REPLICA_KEY_ENV
-from backend.runtime.proxy_members import Members, MemberTraffic
+from backend.runtime.job.heartbeat import heartbeat_path
+from backend.runtime.serving.proxy import start_proxy
+from backend.runtime.serving.proxy_env import REPLICA_KEY_ENV
+from backend.runtime.serving.proxy_members import Members, MemberTraffic
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 from tests.fakehub import wait_until
@@ -162,12 +162,12 @@ def test_a_replica_lost_degrades_every_member_they_go_on_and_it_rejoins_with_eac
     assert {M0, M1, later} <= served_models(replica), "neither member's proxy unloaded the other's version"
 
 
-# A member's trainer as its fleet sees it: it beats (runtime.heartbeat) and records `canceled` on SIGTERM
-# (runtime.run_end), as runtime.train_async does.
+# A member's trainer as its fleet sees it: it beats (runtime.job.heartbeat) and records `canceled` on SIGTERM
+# (runtime.trainer.run_end), as runtime.trainer.train_async does.
 TRAINER = """
 import sys, time
-from runtime.heartbeat import Heartbeat
-from runtime.run_end import Terminated, record_end, stop_on_sigterm
+from runtime.job.heartbeat import Heartbeat
+from runtime.trainer.run_end import Terminated, record_end, stop_on_sigterm
 Heartbeat(sys.argv[1], interval_s=0.3).start()
 stop_on_sigterm()
 print("training", flush=True)

@@ -12,7 +12,7 @@ import pytest
 from backend.runs.access import Visitor
 from backend.runtime import layout
 from backend.runtime.records import FINISHED, SWEEP_STOP
-from backend.runtime.sweep_stops import orders_dir
+from backend.runtime.trainer.sweep_stops import orders_dir
 from panel import sweep_view
 from tests.fakehub import FakeUser, wait_until
 from tests.helpers import synthetic_sweep

@@ -178,7 +178,7 @@ def test_without_trl_its_rewards_are_skipped_with_a_note(tmp_path):
     shadow = tmp_path / "no-trl" / "trl"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'trl'\")\n")
-    call = ("import json; from runtime.check_task import run_call; "
+    call = ("import json; from runtime.check.check_task import run_call; "
             "print(json.dumps(run_call('builtin', 'think_format_reward', {'rewards': []}, "
             "{'completions': [[{'content': 'x'}]]}, 1)))")
     done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True, timeout=120,
@@ -195,8 +195,8 @@ def test_a_failed_event_names_the_reward_and_its_frames_in_both_trainers(tmp_pat
     inside a RuntimeError (type, message and the child's traceback)."""
     import traceback
 
-    from backend.runtime.common import failure_fields
     from backend.runtime.rewards import UserReward
+    from backend.runtime.trainer.common import failure_fields
 
     token = "hf_" + "Q" * 30
     (tmp_path / "user_rewards.py").write_text(

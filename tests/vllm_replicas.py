@@ -3,7 +3,8 @@
 One pair per pytest session (starting one costs ~40 s on 2 cores, and the machine fits two): conftest.py's
 `vllm_pool` fixture starts it for the first test module that asks, later modules reuse it, and the session's last
 teardown kills both by PID. A replica a test killed is started again by the next module's `ensure_running()`. The
-replicas demand a key on every route but /health (`runtime.replica_key`, as a Ray run's replicas do; exposed HF Jobs
+replicas demand a key on every route but /health (`runtime.serving.replica_key`, as a Ray run's replicas do; exposed
+HF Jobs
 ports demand a token), so every request that reaches them through the proxy proves it added one.
 """
 
@@ -19,8 +20,8 @@ import requests
 
 from backend.plan.recipe import split_cores
 from backend.plan.vllm_args import vllm_server_args, vllm_server_env
-from backend.runtime.proxy_env import REPLICA_KEY_ENV
-from backend.runtime.serve_replica import with_key
+from backend.runtime.serving.proxy_env import REPLICA_KEY_ENV
+from backend.runtime.serving.serve_replica import with_key
 from backend.runtime.tiny_model import TINY_MODEL, ensure_tiny_model
 from tests.helpers import free_port
 
@@ -62,9 +63,9 @@ class ReplicaPool:
         else:
             env["VLLM_CPU_OMP_THREADS_BIND"] = split_cores(list(os.sched_getaffinity(0)), len(self.ports))[i]
         with open(self.log_path(i), "ab") as log:
-            # `vllm serve`, as replica jobs start it (runtime.serve_replica runs the CPU build's CLI this way).
-            # Each demands the key on every route but /health, as a Ray run's replicas do (runtime.replica_key).
-            self.procs[i] = subprocess.Popen([sys.executable, "-m", "backend.runtime.vllm_cli", "serve",
+            # `vllm serve`, as replica jobs start it (runtime.serving.serve_replica runs the CPU build's CLI this way).
+            # Each demands the key on every route but /health, as a Ray run's replicas do (runtime.serving.replica_key).
+            self.procs[i] = subprocess.Popen([sys.executable, "-m", "backend.runtime.serving.vllm_cli", "serve",
                                               *with_key(args, env)],
                                              stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 

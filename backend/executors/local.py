@@ -4,7 +4,7 @@ Volumes are mapped onto local folders (`<home>/buckets/<namespace>/<name>`) by r
 the command and env. Each job gets `<home>/jobs/<job_id>/` (made as `.new-<job_id>` and renamed once its `job.json` is
 in, so a listing never finds a job without its record): `job.json` (the spec, and the wrapper's pid with its start
 time) and `log.txt`, written here; `process.json`, `resources.jsonl` and `exit.json`, written by the job's
-wrapper (`backend/runtime/job_wrapper.py`), which also enforces the timeout and removes the job's own TMPDIR
+wrapper (`backend/runtime/job/job_wrapper.py`), which also enforces the timeout and removes the job's own TMPDIR
 (`<system temp>/grpo-job-<hex>-*`) when the job ends. A job's status is read from these
 files alone, so a restarted panel (or a second one) tells the same story as the panel that launched it. A pid is
 trusted only together with its start time: after a restart the same number may belong to another process.
@@ -41,10 +41,10 @@ from backend.executors.wrapper_files import (
 from backend.plan.engines.local import ENGINE, as_run
 from backend.plan.jobspec import CANCELED, ERROR, RUNNING, SCHEDULING, TERMINAL_STAGES, JobRecord, JobSpec, JobStatus
 from backend.runtime import BACKEND_DIR
-from backend.runtime import job_wrapper as wrapper
+from backend.runtime.job import job_wrapper as wrapper
+from backend.runtime.job.shm import SHM_FILE, remove_left
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import is_secret_env_name, redact_tokens, remember_secret
-from backend.runtime.shm import SHM_FILE, remove_left
 from backend.runtime.tiny_model import CACHE_ENV as MODEL_CACHE_ENV
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The cluster is the one whose dashboard answers at RAY_ADDRESS (default a cluster on this machine,
 http://127.0.0.1:8265, as `ray start --head` starts it). Each JobSpec becomes one Ray job: its command as the
-entrypoint, under the same wrapper as a local job (`runtime.job_wrapper`, from the run's own `code/`), with
+entrypoint, under the same wrapper as a local job (`runtime.job.job_wrapper`, from the run's own `code/`), with
 `entrypoint_num_cpus` / `entrypoint_num_gpus` from the role's flavor, the labels as the job's metadata (so a
 restarted panel finds its runs in `list_jobs`) and the job's environment as the runtime_env's env_vars.
 
@@ -59,8 +59,8 @@ from backend.plan.jobspec import (
     JobSpec,
     JobStatus,
 )
-from backend.runtime import job_wrapper as wrapper
-from backend.runtime.cause import cause_line
+from backend.runtime.job import job_wrapper as wrapper
+from backend.runtime.job.cause import cause_line
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens, remember_secret
 

@@ -1,4 +1,4 @@
-"""What the job wrapper (`backend/runtime/job_wrapper.py`) leaves in a job's folder, as an executor reads it: its
+"""What the job wrapper (`backend/runtime/job/job_wrapper.py`) leaves in a job's folder, as an executor reads it: its
 record of how the job ended, its resource samples from a cursor, a file's tail. Every executor whose jobs run under
 the wrapper (local processes, Ray jobs) reads them through these, so a job tells the same story on each."""
 

@@ -8,7 +8,7 @@ Where an answer comes from:
   published recipe) it asks one of the run's replicas on its exposed port, with the visitor's token, instead.
 - Any other version, of a run whose base model is on this machine (a builtin model in the run's folder, a local
   folder, a Hub model in this machine's cache) and small enough, is answered on CPU with PEFT
-  (`runtime.try_adapter`) in the sandbox the task check uses, never in the panel's process: an adapter is a
+  (`runtime.check.try_adapter`) in the sandbox the task check uses, never in the panel's process: an adapter is a
   visitor's data. Greedy, bounded tokens, bounded time and memory. One CPU try runs at a time per panel: the others
   wait in a line and see their place (`TryLine`: one place per visitor, a bounded line, each try stopped at
   `TRY_TIMEOUT_S`). Where this machine cannot make the sandbox, nothing is tried here (unless the operator opted
@@ -353,7 +353,7 @@ def _run_worker(box: Sandbox, scratch: str, base: str, adapters: dict, with_base
         for folder, dirs, files in os.walk(scratch):
             for name in [folder, *(os.path.join(folder, n) for n in dirs + files)]:
                 os.chown(name, box.drop_uid, box.drop_uid)
-    argv, env, cwd = box.command([sys.executable, "-m", "runtime.try_adapter"], scratch, {})
+    argv, env, cwd = box.command([sys.executable, "-m", "runtime.check.try_adapter"], scratch, {})
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, text=True)
     began = time.monotonic()

@@ -18,9 +18,15 @@ from backend.plan.servers import footprint, server_ports, servers_per_job
 from backend.plan.spec import RunSpec
 from backend.plan.vllm_args import vllm_serve_command, vllm_server_args
 from backend.runtime import layout, rewards
-from backend.runtime.cpu_pinning import PROXY_CORE_ENV
 from backend.runtime.layout import FLEET_DIR_ENV
-from backend.runtime.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICA_AUTH_ENV, REPLICA_KEY_ENV, REPLICAS_ENV
+from backend.runtime.serving.cpu_pinning import PROXY_CORE_ENV
+from backend.runtime.serving.proxy_env import (
+    PROXY_HOST_ENV,
+    PROXY_PORT_ENV,
+    REPLICA_AUTH_ENV,
+    REPLICA_KEY_ENV,
+    REPLICAS_ENV,
+)
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.runtime.user_code import imported_modules
 
@@ -36,7 +42,8 @@ NETWORK_PREFIX = "${HF_NETWORK_GROUP_PREFIX}"   # expanded inside a job: members
 TRAINER_ALIAS = "trainer"
 GONE_AFTER_ENV, TRAINER_GONE_AFTER_S = "GRPO_TRAINER_GONE_AFTER_S", 90
 TOKEN_SECRET = "HF_TOKEN"
-REPLICA_KEY_SECRET = REPLICA_KEY_ENV   # a distributed run's replicas demand it of its trainer (runtime/replica_key.py)
+# A distributed run's replicas demand it of its trainer (runtime/serving/replica_key.py).
+REPLICA_KEY_SECRET = REPLICA_KEY_ENV
 REPLICA_URL_PLACEHOLDER = "<vllm-{i} url>"
 PY = "__PYTHON__"  # stands for the interpreter until the launcher knows which one (shlex leaves it unquoted)
 
@@ -116,14 +123,15 @@ def server_ports_of(job: JobSpec) -> list:
 
 def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself. A trainer's
-    (`install`) starts with `runtime.attempt`, before anything is installed: every attempt is recorded, and one after a
+    (`install`) starts with `runtime.job.attempt`, before anything is installed: every attempt is recorded, and one
+    after a
     failure that a retry cannot fix stops there."""
     lines = [shlex.join(s) for s in steps]
     if install and spec.engine.installs_runtime:
         trackio = [TRACKIO_PIP] if spec.trackio else []
         lines.insert(0, f"pip install --quiet {' '.join([RUNTIME_PIP, *trackio, *reward_packages(spec)])}")
     if install:
-        lines.insert(0, shlex.join([PY, "-m", "runtime.attempt", "--run-dir", spec.run_path]))
+        lines.insert(0, shlex.join([PY, "-m", "runtime.job.attempt", "--run-dir", spec.run_path]))
     lines[-1] = "exec " + lines[-1]
     return ["bash", "-c", " && ".join(lines).replace(PY, shlex.quote(python))]
 
@@ -143,9 +151,9 @@ def colocated_jobs(spec: RunSpec, python: str = "python", master_port: int | Non
         # accelerate's launcher as a module of the job's own interpreter: an `accelerate` script on the PATH may
         # belong to another Python (a local run's panel environment is not the shell's).
         train = [PY, "-m", "accelerate.commands.launch", "--num_processes", str(spec.num_processes),
-                 "--num_machines", "1", *port, "--dynamo_backend", "no", "-m", "runtime.train"]
+                 "--num_machines", "1", *port, "--dynamo_backend", "no", "-m", "runtime.trainer.train"]
     else:
-        train = [PY, "-m", "runtime.train"]
+        train = [PY, "-m", "runtime.trainer.train"]
     command = shell(spec, [*_ensure_model_step(spec), [*train, "--run-dir", spec.run_path]], python, install=True)
     env = {"MASTER_PORT": str(master_port)} if master_port else None
     return [_job(spec, "trainer", command, spec.flavor, env=env)]
@@ -193,7 +201,7 @@ def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python
         mine = _ports(port, count)
         # serve_replica stops the servers once the trainer ends, and waits for a builtin model the trainer
         # builds (replicas mount the bucket read-only).
-        wrapper = [PY, "-m", "runtime.serve_replica", "--run-dir", spec.run_path, "--role", f"vllm-{i}"]
+        wrapper = [PY, "-m", "runtime.serving.serve_replica", "--run-dir", spec.run_path, "--role", f"vllm-{i}"]
         options, wrapper_args = where.replica_server(spec, gpus)
         wrapper += wrapper_args + _server_args(spec, mine, cpu_binds[i] if cpu_binds else None, gpus, options)
         wrapper += [arg for member in member_dirs for arg in ("--member-run-dir", member)]
@@ -207,7 +215,7 @@ def replica_jobs(spec: RunSpec, ports: list | None = None, python: str = "python
         gap = where.retry_gap_s
         if spec.attempts > 1 and gap:
             # A retried trainer is silent while its job is rescheduled and reinstalled: the replicas wait for it
-            # longer than for a trainer that is simply gone (runtime/heartbeat.py's 90 s).
+            # longer than for a trainer that is simply gone (runtime/job/heartbeat.py's 90 s).
             env[GONE_AFTER_ENV] = str(TRAINER_GONE_AFTER_S + gap)
         if cpu_binds and isinstance(cpu_binds[i], str):
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binds[i]
@@ -252,7 +260,7 @@ def trainer_job(spec: RunSpec, replica_urls: list[str], python: str = "python", 
     """The distributed run's trainer; `gpu` pins a local trainer to one GPU (from assign_local_gpus); `fleet`: it
     uses its sweep's shared fleet, whose replicas record their ends in the fleet's folder; `proxy_core`: the core its
     proxy runs on (a local run whose servers have cores of their own)."""
-    train = [PY, "-m", "runtime.train_async", "--run-dir", spec.run_path]
+    train = [PY, "-m", "runtime.trainer.train_async", "--run-dir", spec.run_path]
     env = {"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}
     if proxy_core is not None:
         env[PROXY_CORE_ENV] = proxy_core
@@ -278,6 +286,16 @@ def placeholder_url(i: int, port) -> str:
     return REPLICA_URL_PLACEHOLDER.replace("vllm-{i}", name)
 
 
+# Where a run's code has the runtime's sub-packages: a run launched before them has a flat `runtime/` in its bucket.
+LAYOUT_MARK = "runtime/trainer/__init__.py"
+_SUB_PACKAGE = re.compile(r"\bruntime\.(?:trainer|serving|check|job)\.(?=[a-z_]+\b)")
+
+
+def flat_code_job(job: JobSpec) -> JobSpec:
+    """`job` as a run whose bucket holds the flat runtime runs it: `runtime.trainer.train` -> `runtime.train`."""
+    return dataclasses.replace(job, command=[_SUB_PACKAGE.sub("runtime.", part) for part in job.command])
+
+
 @dataclass(frozen=True)
 class RunJobs:
     """A run's jobs in the order they are submitted, assembled one way for the preview and the launch: `first()` (a
@@ -290,21 +308,27 @@ class RunJobs:
     # replicas of its own). None: the run starts its own (a lone run; a member resumed once its fleet is gone).
     fleet_urls: tuple[str, ...] | None = None
     on_fleet: bool = False      # a preview of a member launched on its sweep's fleet: its trainer alone
+    # A resumed run launched before runtime/ had sub-packages: its bucket's code is flat (`runtime/train.py`), and
+    # its jobs run that code, so they name its modules as it has them (`flat_code_job`).
+    flat_code: bool = False
 
     def first(self) -> list[JobSpec]:
         spec, place = self.spec, self.place
         if self.fleet_urls is not None:
             return []
         if spec.mode == "colocated":
-            return colocated_jobs(spec, python=place.python, master_port=place.master_port)
-        return replica_jobs(spec, ports=place.ports, python=place.python, cpu_binds=place.cpu_binds,
-                            gpus=place.replica_gpus)
+            jobs = colocated_jobs(spec, python=place.python, master_port=place.master_port)
+        else:
+            jobs = replica_jobs(spec, ports=place.ports, python=place.python, cpu_binds=place.cpu_binds,
+                                gpus=place.replica_gpus)
+        return [flat_code_job(j) for j in jobs] if self.flat_code else jobs
 
     def trainer(self, replica_urls: list[str]) -> JobSpec:
         """A distributed run's trainer, given where it reaches each replica (the fleet's, for a member on one)."""
         urls = list(self.fleet_urls) if self.fleet_urls is not None else replica_urls
-        return trainer_job(self.spec, urls, python=self.place.python, gpu=self.place.trainer_gpu,
-                           fleet=self.fleet_urls is not None, proxy_core=self.place.proxy_core)
+        job = trainer_job(self.spec, urls, python=self.place.python, gpu=self.place.trainer_gpu,
+                          fleet=self.fleet_urls is not None, proxy_core=self.place.proxy_core)
+        return flat_code_job(job) if self.flat_code else job
 
     def preview(self, replica_url: Callable[[int, object], str] = placeholder_url) -> list[JobSpec]:
         """Every job, each server of replica `i` reached at `replica_url(i, its port)`. A sweep member on a shared

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from backend.runtime.gpu_split import SERVER_OVERHEAD_BYTES, gib, kv_cache_bytes
+from backend.runtime.serving.gpu_split import SERVER_OVERHEAD_BYTES, gib, kv_cache_bytes
 from backend.runtime.tiny_model import BUILTIN_MODELS, model_config
 
 MAX_SERVERS_PER_GPU = 8

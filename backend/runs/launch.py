@@ -255,7 +255,8 @@ def launch_run(spec: RunSpec, executor: Executor, store: BucketStore,
     if where.replicas_need_key and spec.mode == "distributed" and recipe.REPLICA_KEY_SECRET not in secrets:
         # A key of this launch's own (a resume's jobs get a new one): its replicas answer only its trainer.
         secrets = {**secrets, recipe.REPLICA_KEY_SECRET: token_urlsafe(32)}
-    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False), fleet_urls=fleet_urls)
+    jobs = recipe.RunJobs(spec, where.placement(spec, preview=False), fleet_urls=fleet_urls,
+                          flat_code=resume and _flat_code(store, spec.run_id))
     claim = _claim(journal, spec.run_id)
     try:
         if not resume:
@@ -325,7 +326,7 @@ def launch_fleet(members: list[RunSpec], slots: int, rank: int, executor: Execut
     fleet = dataclasses.replace(fleet, place=where.placement(spec, preview=False))
     prefix = layout.run_prefix(spec.run_id)
     # What the fleet's own readers need of a spec (it has no spec.json): its name and mode for the runs list, its
-    # replicas' attempts for their end events (`runtime.serve_replica`).
+    # replicas' attempts for their end events (`runtime.serving.serve_replica`).
     record = {"sweep_id": members[0].sweep_id, "members": {m.sweep_member: m.run_id for m in members},
               "max_loras": slots, "max_lora_rank": rank, "name": spec.name, "mode": spec.mode,
               "executor": executor.name, "attempts": spec.attempts}
@@ -481,6 +482,14 @@ def remember_failed_launch(store: BucketStore, run_id: str, message: str, known:
     seq = sum(1 for f in store.list_files(folder) if f.path.rsplit("/", 1)[-1].startswith(LAUNCH_WRITER + "-"))
     record = records.event_record(records.LAUNCH_FAILED, message=message, known=known)
     store.write_bytes(f"{folder}/{layout.fragment_name(LAUNCH_WRITER, seq)}", (json.dumps(record) + "\n").encode())
+
+
+def _flat_code(store: BucketStore, run_id: str) -> bool:
+    """Whether the run's code in the bucket is the flat runtime of a panel from before its sub-packages (a run
+    launched then and resumed now runs that code, so its jobs must name the modules it has)."""
+    code = f"{layout.run_prefix(run_id)}/{layout.CODE_DIR}"
+    have = store.sizes([f"{code}/{recipe.LAYOUT_MARK}", f"{code}/runtime/train.py"])
+    return f"{code}/runtime/train.py" in have and f"{code}/{recipe.LAYOUT_MARK}" not in have
 
 
 def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str],

@@ -43,9 +43,10 @@ from backend.runs.notes import NotesBook, RunNotes, checked_name, checked_notes
 from backend.runs.registry import RunRegistry, cancel_jobs
 from backend.runs.resume import ResumePlan
 from backend.runs.run_ids import RUN_ID_FIELD, id_taken_message
-from backend.runtime import layout, records, sweep_stops
+from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
+from backend.runtime.trainer import sweep_stops
 from backend.storage.journal import FAILED, LAUNCHED, LAUNCHING, UnderWay
 from backend.task.check import TaskReport, check_task, task_field_errors
 from backend.task.check_job import CHECK_FLAVOR, check_in_job
@@ -619,7 +620,8 @@ class Operations:
     def stop_member(self, run_id: str, visitor: Visitor, sweep_id: str, member: str, rule: str, scores: dict,
                     rung: int | None = None) -> bool:
         """Order one member of a sweep to stop (Cancel run's check: on a Space only the run's owner), as the sweep's
-        own rule does with no page open: its stop order in the bucket (`runtime/sweep_stops.py`), which the member's
+        own rule does with no page open: its stop order in the bucket (`runtime/trainer/sweep_stops.py`), which the
+        member's
         trainer obeys at its next step, ending as at its last (versions published, final adapter written) and
         recording why as its `sweep_stop` event (the rule, every member's best held-out score then). Whether the
         order was written: False where one not yet obeyed stands (the first decision is kept). No job is cancelled

@@ -1,7 +1,15 @@
-"""Code that runs inside a job: trainer entry point, LoRA-aware proxy, samplers, rewards, CPU fallbacks.
+"""Code that runs inside a job, one sub-package per kind of process, and what they share at the top.
 
-It imports nothing from the panel or the rest of `backend`: it is uploaded into the bucket with each run
-(`runs/<run_id>/code/runtime/`) and started there with `python -m runtime.<module>`.
+- `trainer/`: the trainer's process (GRPO colocated and async, metrics, held-out evaluation, sweep stops);
+- `serving/`: a replica job's vLLM servers and the LoRA-aware proxy;
+- `check/`: the task check's harness (and try-it), run in the sandbox or a check job;
+- `job/`: the wrapper around every job (attempts, heartbeats, GPU sampler, shared memory, causes);
+- top level: what several of them read and write (the bucket layout, records, the spec file, the task, rewards,
+  redaction, the tiny model, the best-version rule). A sub-package imports the top and the sub-packages below it
+  (trainer -> serving -> job); never the panel or the rest of `backend`.
+
+It is uploaded into the bucket with each run (`runs/<run_id>/code/runtime/`) and started there with
+`python -m runtime.<package>.<module>`.
 """
 
 import os

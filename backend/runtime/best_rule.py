@@ -2,7 +2,7 @@
 republishes `best/`) and by the panel (which shows the star, the header and the card).
 
 A rule is a weighting of held-out rewards, `{name: weight}`, over the rewards' held-out means of an evaluation
-record (runtime/evaluate.py). Any held-out reward can be named: a trained one or a monitor-only one (weight 0 in
+record (runtime/trainer/evaluate.py). Any held-out reward can be named: a trained one or a monitor-only one (weight 0 in
 training). The empty rule is the default: the trained rewards' weighted score, the record's own `score`.
 
 The base model is version 0: evaluated before training, it is the baseline, never a candidate. The best version is

@@ -18,7 +18,7 @@
                                                 finished, failed, ...: records.py declares every kind)
     runs/<run_id>/heartbeat/trainer.json        the distributed trainer's heartbeat, replaced every few seconds
     runs/<run_id>/evals/<writer>-<seq>.jsonl    write-once held-out evaluation fragments, one record per evaluated
-                                                adapter version (runtime/evaluate.py says what a record holds)
+                                                adapter version (runtime/trainer/evaluate.py says what a record holds)
     runs/<run_id>/best/                         the adapter of the best-scoring version so far, with best.json
     runs/<run_id>/trackio/                      (RunSpec `trackio`, no Space named) trackio's own folder: its
                                                 SQLite project database, written by trackio, read by trackio only

@@ -100,7 +100,7 @@ EVENTS: dict[str, EventShape] = {
     SWEEP_STOP: EventShape(
         TRAINER_WRITER, ("sweep_id", "member", "rule", "scores", "cancelled"), ("rung", "ordered_at"),
         "a sweep's member stopped early, by hand or by the sweep's stated rule: its trainer obeyed its stop order "
-        "(runtime/sweep_stops.py; `ordered_at`: the order's time) and ends as at its last step, or (a panel's "
+        "(runtime/trainer/sweep_stops.py; `ordered_at`: the order's time) and ends as at its last step, or (a panel's "
         "writer, before stop orders) its jobs were cancelled (`rule`: in words; `scores`: every member's best "
         "held-out score then, by tag; `rung`: the successive halving's step; `cancelled`: job ids, [] for an "
         "order obeyed)"),
@@ -110,7 +110,7 @@ EVENTS: dict[str, EventShape] = {
 TRAINER_ENDS = (FINISHED, FAILED, CANCELED)
 TRAINER_STAGES = (STARTED, *TRAINER_ENDS)
 
-# The task check's messages (runtime/check_task.py -> backend/task/check.py).
+# The task check's messages (runtime/check/check_task.py -> backend/task/check.py).
 CHECK_DATA = "data"
 CHECK_SAMPLES = "samples"
 CHECK_CALLING = "calling"
@@ -122,7 +122,7 @@ CHECK_DONE = "done"
 CHECK_MESSAGES = frozenset({CHECK_DATA, CHECK_SAMPLES, CHECK_CALLING, CHECK_IMPORTED, CHECK_SCORES, CHECK_SKIPPED,
                             CHECK_FAILED, CHECK_DONE})
 
-# "Try it" on CPU's messages (runtime/try_adapter.py -> backend/outcome/try_it.py).
+# "Try it" on CPU's messages (runtime/check/try_adapter.py -> backend/outcome/try_it.py).
 TRY_LOADING = "loading"
 TRY_LOADED = "loaded"
 TRY_ANSWER = "answer"

@@ -1,6 +1,6 @@
 """A run's task data: where its rows come from, which column is the prompt, which columns reach the rewards.
 
-The trainer (`load_task_dataset`) and the pre-launch check (`runtime.check_task`) shape rows with the same
+The trainer (`load_task_dataset`) and the pre-launch check (`runtime.check.check_task`) shape rows with the same
 functions: every prompt becomes a conversation (a plain-text prompt is one user message; the run's system
 prompt, if set, comes first and replaces the dataset's own), and each mapped column is passed to the reward
 functions under its keyword name (`reward_columns` entries are `name` or `name=column`).

@@ -3,9 +3,10 @@
 Pure rules live in `RunSpec.validate`, which only reads the code (parse, signatures). This module does the
 checks that need I/O. Here, in the panel, it fetches what needs the visitor's token (the first rows of a Hub
 dataset through the dataset viewer, the model's tokenizer files) and builds the check's request; the part that
-runs code runs elsewhere: `runtime.check_task` in the bubblewrap sandbox of `backend.task.sandbox` on a local panel
+runs code runs elsewhere: `runtime.check.check_task` in the bubblewrap sandbox of `backend.task.sandbox` on a local
+panel
 (`check_task`), or in a short CPU job in the visitor's own account on a panel that serves others
-(`backend.task.check_job`). Both speak the same framed report (`runtime.check_protocol`), read here into a
+(`backend.task.check_job`). Both speak the same framed report (`runtime.check.check_protocol`), read here into a
 `TaskReport`. Problems come back as `FieldError`s, like validation.
 """
 
@@ -29,8 +30,8 @@ from huggingface_hub import snapshot_download
 
 from backend.plan.spec import TASK_FIELDS, FieldError, RunSpec
 from backend.runtime import records
-from backend.runtime.check_protocol import Reassembler
-from backend.runtime.check_task import TOKENIZER_FILES
+from backend.runtime.check.check_protocol import Reassembler
+from backend.runtime.check.check_task import TOKENIZER_FILES
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
 from backend.runtime.tiny_model import BUILTIN_MODELS
@@ -169,7 +170,7 @@ def run_in_sandbox(request: dict, spec: RunSpec, timeout_s: float, report: TaskR
         binds = _stage_files(request, spec.reward_code, scratch, box)
         nonce = secrets.token_hex(16)
         request.update(nonce=nonce, limits=LIMITS, drop_uid=box.drop_uid, timeout_s=timeout_s)
-        argv, env, cwd = box.command([sys.executable, "-m", "runtime.check_task"], scratch, binds)
+        argv, env, cwd = box.command([sys.executable, "-m", "runtime.check.check_task"], scratch, binds)
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         try:

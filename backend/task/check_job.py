@@ -2,7 +2,7 @@
 
 A Space (or any panel other machines reach) never runs a visitor's code on its own machine. The check's request,
 the runtime and the code go into the visitor's bucket under `checks/<check id>/`; one `cpu-basic` job in the
-bucket's namespace, created with the visitor's own token, mounts it read-only and runs `runtime.check_task`
+bucket's namespace, created with the visitor's own token, mounts it read-only and runs `runtime.check.check_task`
 there, installing what the run's trainer installs. Its report comes back through the job's log, framed with a
 nonce; the panel follows the log and the job's stage, says what it costs while it
 runs, and cancels it if it outlives its deadline. Then the check's folder is deleted from the bucket.
@@ -23,7 +23,7 @@ from backend.plan import recipe
 from backend.plan.jobspec import CHECK_APP_LABEL, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
 from backend.plan.spec import FieldError, RunSpec
 from backend.runtime import RUNTIME_DIR
-from backend.runtime.check_protocol import NONCE_ENV
+from backend.runtime.check.check_protocol import NONCE_ENV
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import BUILTIN_MODELS
 from backend.storage.journal import CHECK, LAUNCHED, Launch, LaunchJournal
@@ -50,7 +50,7 @@ def check_job_spec(spec: RunSpec, check_id: str, nonce: str) -> JobSpec:
     folder = shlex.quote(f"{spec.mount_path}/{CHECKS_DIR}/{check_id}")
     install = f"pip install --quiet {' '.join([recipe.RUNTIME_PIP, *recipe.reward_packages(spec)])}"
     script = (f'{install} && work=$(mktemp -d) && cp {folder}/code/user_rewards.py "$work" && cd "$work" && '
-              f"exec python -m runtime.check_task --request {folder}/request.json")
+              f"exec python -m runtime.check.check_task --request {folder}/request.json")
     timeout_s = int(START_TIMEOUT_S + SETUP_TIMEOUT_S + calls_deadline_s(spec, 15.0))
     return JobSpec(
         run_id=check_id, role=CHECK_ROLE, image=spec.image, command=["bash", "-c", script],

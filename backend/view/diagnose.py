@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from backend.runtime import records
-from backend.runtime.canary import canary_problems
+from backend.runtime.serving.canary import canary_problems
 from backend.view.servers import latest_servers, replica_gpu_busy
 
 WINDOW = 20                  # recent logged steps a verdict reads
@@ -41,7 +41,8 @@ FEW_STEPS_LIMIT_S = 300.0
 # by the newest start-up event it wrote (the header's words come from logs a summary view does not read, so the
 # allowance keys on the events): from `attempt` to `engine` it installs the runtime (HF Jobs: minutes), builds a
 # builtin model (seconds to a minute), and a distributed trainer waits for its replicas until its own start deadline
-# (runtime/train_async.py, 900 s by default), failing by itself then; from `engine` to `started` it imports TRL and
+# (runtime/trainer/train_async.py, 900 s by default), failing by itself then; from `engine` to `started` it imports
+# TRL and
 # builds the trainer (and scores the base model on a held-out set); from `started` it trains its first step. On this
 # 2-core machine those took seconds idle and a few minutes at load 40. A machine not yet given (SCHEDULING) and a job
 # that has written nothing yet have no allowance: the platform's queue is not the run's stall.

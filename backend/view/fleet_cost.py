@@ -4,7 +4,8 @@
     log.add(proxy_records)                    # a member's proxy stats records, as its proxy writes them
     shares = split_by_tokens(cost_at, {"m0": log, "m1": ...}, start, end)    # {"m0": 12.5, "m1": 4.1}
 
-Each member's proxy (`runtime/proxy_members.py`, `--member <tag>`) records, beside its replica snapshots, the tokens
+Each member's proxy (`runtime/serving/proxy_members.py`, `--member <tag>`) records, beside its replica snapshots, the
+tokens
 the replicas generated for its member so far (`members[<tag>]["generated_tokens"]` in its `proxy-*` fragments of the
 member's `metrics/` folder; a restarted proxy counts from 0 again: the log banks what the one before it counted).
 The fleet's spend (dollars on a billed engine; replica-seconds on one that bills nothing) is split window by window

@@ -251,7 +251,7 @@ class RunView:
     @property
     def retries(self) -> list[str]:
         """Each retry the run has seen, in words: trainer attempts beyond the first of each trainer job (recorded by
-        `runtime.attempt`), replicas the proxy took back after a restart (a new server), and the times a replica
+        `runtime.job.attempt`), replicas the proxy took back after a restart (a new server), and the times a replica
         stopped answering for a while and came back (a disconnect, not a restart)."""
         attempts = self.trainer_attempts
         launched = sum(1 for role in self.jobs if role == "trainer" or role.startswith("trainer#"))

@@ -4,8 +4,9 @@
     ranked = rank(members)                          # best first; members without a score yet last
     stop = Halving(after_versions=2).decide(members, done_rungs=0)    # None, or who to stop and why
 
-The rule itself (successive halving, `early_stop_after` K > 0) is `backend/runtime/halving.py`, shared with the
-members' trainers, which carry it out with no page open (`backend/runtime/sweep_stops.py`); its names are re-exported
+The rule itself (successive halving, `early_stop_after` K > 0) is `backend/runtime/trainer/halving.py`, shared with the
+members' trainers, which carry it out with no page open (`backend/runtime/trainer/sweep_stops.py`); its names are
+re-exported
 here for the panel. Pure: the panel reads the members and shows the decision (`panel/sweep_view.py`).
 """
 
@@ -14,11 +15,11 @@ from dataclasses import dataclass, field
 
 from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runtime.best_rule import rule_text
-from backend.runtime.halving import HALVING, Halving, Stop, rank, scores_of
 from backend.runtime.records import SWEEP_STOP
+from backend.runtime.trainer.halving import HALVING, Halving, Stop, rank, scores_of
 from backend.view.runview import reading
 
-# The rule's names (backend/runtime/halving.py) are the panel's too: re-exported with this module's own.
+# The rule's names (backend/runtime/trainer/halving.py) are the panel's too: re-exported with this module's own.
 __all__ = ["BY_HAND", "HALVING", "RANK_HEADERS", "Halving", "Member", "Stop", "best_member", "done_rungs", "member_of",
            "rank", "rank_rows", "scores_of", "worst_live"]
 BY_HAND = "by hand"

@@ -101,7 +101,8 @@ class Engine:
         return False
 
     def replica_gpu_share(self, spec, gpus: list[str] | None) -> float | None:
-        """The share of each GPU a replica job's servers split between them (runtime/gpu_split.py), or None where
+        """The share of each GPU a replica job's servers split between them (runtime/serving/gpu_split.py), or None
+        where
         they need no split: on CPU, or where each server already gets a fixed KV cache."""
         return None
 

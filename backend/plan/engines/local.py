@@ -21,7 +21,7 @@ from backend.plan.shared_gpu import shared_gpu_problems
 from backend.plan.spec import RunSpec
 from backend.plan.spec_fields import FieldError
 from backend.plan.vllm_args import vllm_server_env
-from backend.runtime.cpu_pinning import core_split
+from backend.runtime.serving.cpu_pinning import core_split
 
 LOCAL_PORT = "FREE_PORT_{i}"         # in a local preview: the free port the launch picks
 LOCAL_GPU_SHARE_FOR_REPLICAS = 0.5   # of one local GPU, split between the replicas; the trainer keeps the rest
@@ -61,7 +61,7 @@ class LocalEngine(Engine):
         ports = [port(i) for i in range(spec.replicas * per_job)]
         cores = sorted(os.sched_getaffinity(0))
         # Several servers a job: where each still gets its MIN_CORES_PER_SERVER, the last core is the trainer's
-        # proxy's own (runtime/cpu_pinning.py), the servers split the rest.
+        # proxy's own (runtime/serving/cpu_pinning.py), the servers split the rest.
         shares, proxy_core, _ = core_split(cores, spec.replicas * per_job, proxy=True)
         keep = per_job > 1 and shares is not None
         binds = split_cores(cores[:-1] if keep else cores, spec.replicas * per_job)

@@ -30,7 +30,7 @@ from backend.plan.jobspec import (
 )
 from backend.plan.spec_fields import FieldError
 from backend.plan.vllm_args import vllm_server_env
-from backend.runtime import job_wrapper as wrapper
+from backend.runtime.job import job_wrapper as wrapper
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import os
 
 import psutil
 
-from .layout import atomic_write_bytes
+from ..layout import atomic_write_bytes
 
 SHM_DIR = "/dev/shm"
 SHM_FILE = "shm.json"

@@ -1,6 +1,6 @@
 """Attempts of a job: what each start of a job records, and which failures a retry cannot fix.
 
-    python -m runtime.attempt --run-dir DIR --role trainer
+    python -m runtime.job.attempt --run-dir DIR --role trainer
 
 The first step of a trainer job's command, before anything is installed. It records an `attempt` event (so the
 panel shows each retry, local or on HF Jobs, whose `attempts` start the same command again), and it refuses to
@@ -15,9 +15,9 @@ import argparse
 import os
 import sys
 
-from .layout import TRAINER_WRITER
-from .records import ATTEMPT, FAILED, TRAINER_STAGES, write_event
-from .versions import trainer_events
+from ..layout import TRAINER_WRITER
+from ..records import ATTEMPT, FAILED, TRAINER_STAGES, write_event
+from ..versions import trainer_events
 
 NO_RETRY_EXIT = 3
 ATTEMPT_ENV = "GRPO_ATTEMPT"     # the local job wrapper numbers its attempts; HF Jobs does not say

@@ -12,8 +12,8 @@ import os
 import threading
 import time
 
-from .layout import SAMPLES_DIR, TRAINER_WRITER, FragmentWriter
-from .redact import redact_record
+from ..layout import SAMPLES_DIR, TRAINER_WRITER, FragmentWriter
+from ..redact import redact_record
 
 SAMPLES_PER_STEP = 4
 MAX_TEXT = 2000

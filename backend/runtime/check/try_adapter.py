@@ -1,6 +1,6 @@
 """"Try it" on CPU: one prompt answered by a base model and LoRA adapter versions of it, greedy, in this process.
 
-    python -m runtime.try_adapter < request.json
+    python -m runtime.check.try_adapter < request.json
 
 The panel starts this in its sandbox (`backend.outcome.try_it`), never in its own process: an adapter is a visitor's
 data. So nothing of an adapter is trusted: its `adapter_config.json` is read as plain JSON and only the LoRA settings
@@ -22,7 +22,7 @@ import re
 import sys
 import time
 
-from .records import TRY_ANSWER, TRY_DONE, TRY_ERROR, TRY_LOADED, TRY_LOADING
+from ..records import TRY_ANSWER, TRY_DONE, TRY_ERROR, TRY_LOADED, TRY_LOADING
 
 LORA_KEYS = {"r": int, "lora_alpha": (int, float), "lora_dropout": (int, float), "target_modules": (list, str),
              "bias": str, "use_rslora": bool, "fan_in_fan_out": bool, "task_type": (str, type(None)),
@@ -118,7 +118,7 @@ def _plain_key(key: str) -> str:
 def answer(model, tokenizer, messages: list[dict], max_new_tokens: int) -> str:
     import torch  # noqa: PLC0415
 
-    from .task import render_prompt  # noqa: PLC0415
+    from ..task import render_prompt  # noqa: PLC0415
 
     text = render_prompt(tokenizer, messages)
     inputs = tokenizer(text, return_tensors="pt", add_special_tokens=False)
@@ -142,7 +142,7 @@ def main() -> None:
     from peft import LoraConfig, PeftModel  # noqa: PLC0415
     from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: PLC0415
 
-    from .task import to_messages  # noqa: PLC0415
+    from ..task import to_messages  # noqa: PLC0415
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     base = request["base"]

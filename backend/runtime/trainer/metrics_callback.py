@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from transformers import TrainerCallback
 
-from .layout import (
+from ..layout import (
     ADAPTER_META_FILE,
     ADAPTERS_DIR,
     FINAL_DIR,
@@ -22,9 +22,9 @@ from .layout import (
     adapter_name,
     publish_folder,
 )
-from .records import ADAPTER_PUBLISHED, FINISHED, STARTED, write_event
+from ..records import ADAPTER_PUBLISHED, FINISHED, STARTED, write_event
+from ..versions import highest_published
 from .samples import SampleWriter, colocated_samples
-from .versions import highest_published
 
 # TRL name -> canonical name. GRPOTrainer and AsyncGRPOTrainer both log some of these; async-only keys
 # are absent from colocated runs (the callback fills the staleness pair with 0 there).
@@ -172,7 +172,7 @@ class RunFolderCallback(TrainerCallback):
         self.version = highest_published(run_dir)   # a resumed run numbers past every version ever published
         self.published_step = None
         self.max_steps = 0
-        self.evaluation = None  # a HeldOutEvaluation (runtime/evaluate.py) when the run has a held-out set
+        self.evaluation = None  # a HeldOutEvaluation (runtime/trainer/evaluate.py) when the run has a held-out set
 
     def flush(self) -> None:
         self.metrics.write(self.pending)

@@ -6,7 +6,7 @@ adapter load of how long each replica took (the Sync chart).
 import os
 import time
 
-from .layout import FRAGMENT_RE, LOADS_WRITER, PROXY_WRITER, FragmentWriter, fragment_name, fragment_records
+from ..layout import FRAGMENT_RE, LOADS_WRITER, PROXY_WRITER, FragmentWriter, fragment_name, fragment_records
 from .replicas import RUN_COUNTS, Replica
 
 

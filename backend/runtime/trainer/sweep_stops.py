@@ -30,13 +30,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from .best_rule import best_of, newest_best_by, rule_score
+from ..best_rule import best_of, newest_best_by, rule_score
+from ..job.heartbeat import HeartbeatWatch
+from ..layout import EVALS_DIR, FRAGMENT_RE, MEMBER_RE, RUNS_DIR, fragment_records, sweep_record_path
+from ..records import FAILED, SWEEP_STOP, TRAINER_ENDS, TRAINER_STAGES
+from ..spec_file import read_spec
+from ..versions import trainer_events
 from .halving import Halving, Stop
-from .heartbeat import HeartbeatWatch
-from .layout import EVALS_DIR, FRAGMENT_RE, MEMBER_RE, RUNS_DIR, fragment_records, sweep_record_path
-from .records import FAILED, SWEEP_STOP, TRAINER_ENDS, TRAINER_STAGES
-from .spec_file import read_spec
-from .versions import trainer_events
 
 POLL_S = 15.0           # how often a trainer looks at its orders (and, the deciding one, at the rule)
 POLL_ENV = "GRPO_SWEEP_POLL_S"   # another period, in seconds (a test whose members train a step in seconds)
@@ -170,7 +170,7 @@ class MemberState:
 
 
 def held_out_records(run_dir: str, seen: dict | None = None) -> dict[int, dict]:
-    """The run's held-out evaluation records by version (runtime/evaluate.py writes them in evals/), only what
+    """The run's held-out evaluation records by version (runtime/trainer/evaluate.py writes them in evals/), only what
     ranking needs of each (its score and reward means, not its samples). `seen`: fragments read before, by path
     (they are write-once: each is read once per process)."""
     folder = os.path.join(run_dir, EVALS_DIR)

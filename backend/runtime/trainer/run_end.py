@@ -12,8 +12,8 @@ import signal
 import sys
 import traceback
 
-from .attempt import NO_RETRY_EXIT, retry_helps
-from .records import CANCELED, FAILED, write_event
+from ..job.attempt import NO_RETRY_EXIT, retry_helps
+from ..records import CANCELED, FAILED, write_event
 
 # Errors that mean the bucket (or whatever disk the trainer writes to) takes no more writes.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG)
@@ -62,7 +62,7 @@ class EndMessage(str):
 
 def leave(message: str) -> None:
     """Exit the failed trainer: NO_RETRY_EXIT where a retry cannot help (the job wrapper and the next attempt's
-    `runtime.attempt` stop there), else an error exit that a job with attempts left is started again after."""
+    `runtime.job.attempt` stop there), else an error exit that a job with attempts left is started again after."""
     if not getattr(message, "retry", True):
         print(f"training failed: {message} (a retry cannot fix this: not retried)", file=sys.stderr, flush=True)
         sys.exit(NO_RETRY_EXIT)
@@ -85,7 +85,7 @@ def record_end(run_dir: str, writer: str, error: BaseException, flush=lambda: No
             fields.update({k: v for k, v in extra.items() if k != "error" or not bucket_cause})
     kind = CANCELED if isinstance(error, Terminated) else FAILED
     if kind == FAILED and not retry_helps(error):
-        fields["retry"] = False     # the next attempt, if any, stops at once (runtime.attempt)
+        fields["retry"] = False     # the next attempt, if any, stops at once (runtime.job.attempt)
     _try(flush, "the last metrics")
     _try(lambda: write_event(run_dir, writer, kind, **fields), f"the '{kind}' event")
     message = EndMessage(fields["error"])

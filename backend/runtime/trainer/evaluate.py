@@ -29,8 +29,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from .best_rule import best_json, newest_best_by, pick_best
-from .layout import (
+from ..best_rule import best_json, newest_best_by, pick_best
+from ..layout import (
     ADAPTER_FILES,
     ADAPTER_META_FILE,
     BEST_DIR,
@@ -44,11 +44,11 @@ from .layout import (
     publish_folder,
     spec_member,
 )
-from .redact import redact_record
-from .rewards import checked_scores, reward_functions, run_rewards
+from ..redact import redact_record
+from ..rewards import checked_scores, reward_functions, run_rewards
+from ..spec_file import SpecFile
+from ..task import render_prompt
 from .samples import MAX_TEXT, text_of
-from .spec_file import SpecFile
-from .task import render_prompt
 
 SAMPLES_SHOWN = 4           # held-out prompts whose answers a record keeps, for the samples view
 REQUEST_TIMEOUT_S = 300.0

@@ -7,12 +7,12 @@ import re
 import traceback
 import warnings
 
-from .layout import BASE_MODEL_DIR, CHECKPOINTS_DIR, TRACKIO_DIR
-from .redact import is_secret_env_name, redact_tokens
-from .spec_file import SpecFile
-from .task import TaskDataError, drop_long_prompts
-from .tiny_model import BUILTIN_MODELS, ensure_tiny_model
-from .user_code import code_traceback
+from ..layout import BASE_MODEL_DIR, CHECKPOINTS_DIR, TRACKIO_DIR
+from ..redact import is_secret_env_name, redact_tokens
+from ..spec_file import SpecFile
+from ..task import TaskDataError, drop_long_prompts
+from ..tiny_model import BUILTIN_MODELS, ensure_tiny_model
+from ..user_code import code_traceback
 
 
 def process_rank() -> int:

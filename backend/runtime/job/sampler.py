@@ -1,6 +1,6 @@
 """Resource samples for a job: GPU utilisation and memory through NVML when GPUs exist, CPU and RAM always.
 
-    python -m runtime.sampler --pid PID --out samples.jsonl [--interval 1] [--gpus 0,1]
+    python -m runtime.job.sampler --pid PID --out samples.jsonl [--interval 1] [--gpus 0,1]
 
 The same `ResourceSampler` runs in each local job's wrapper (`job_wrapper.py`, one thread) and stands alone for
 jobs. NVML sees every GPU of the machine whatever CUDA_VISIBLE_DEVICES says: a job pinned to some of them samples

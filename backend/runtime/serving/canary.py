@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 
-from .layout import CANARY_WRITER, FragmentWriter
+from ..layout import CANARY_WRITER, FragmentWriter
 from .replicas import Replica, Reply
 
 CANARY_PROMPT = [72, 101, 108, 108, 111, 44, 32, 50, 43, 50, 61]     # below 256: valid in any vocabulary

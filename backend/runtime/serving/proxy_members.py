@@ -19,7 +19,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 
-from .layout import adapter_member
+from ..layout import adapter_member
 
 MAX_COUNTED_BODY = 16 * 1024 * 1024   # an answer longer than this is relayed but its tokens are not counted
 

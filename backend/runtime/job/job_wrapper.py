@@ -1,7 +1,7 @@
 """The wrapper around one job (local, or on a Ray cluster): starts its command, samples its resources, enforces its
 timeout, and records how it ended, so that neither the job nor its record depends on the panel that launched it.
 
-    python -m runtime.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] [--attempts N] \
+    python -m runtime.job.job_wrapper --job-dir DIR --timeout SECONDS [--grace SECONDS] [--tmpdir TMP] [--attempts N] \
         [--stop-with-wrapper] -- COMMAND...
 
 `wrapper_command()` writes that line, for every executor that runs jobs under the wrapper (LocalExecutor, and the
@@ -11,7 +11,7 @@ process group id, and its start time: a pid alone may be recycled), `resources.j
 the command's process tree) and, once every process of the group is gone, `exit.json` (stage, exit code, message,
 end time, and whether it timed out; on a full disk through blocks it reserved at the start, `.exit.reserve`, its
 message led by that cause). With `--attempts N` a command that fails (not stopped, not exit code
-NO_RETRY_EXIT, runtime/attempt.py) is started again, up to N runs in all, as HF Jobs retries a job: `process.json`
+NO_RETRY_EXIT, runtime/job/attempt.py) is started again, up to N runs in all, as HF Jobs retries a job: `process.json`
 then names the newest attempt.
 
 SIGTERM to the wrapper stops the job: SIGTERM to the command's main process, which stops its own children in
@@ -21,7 +21,7 @@ was sleeping on.) The reason is read from DIR/cancel.json (the executor writes i
 alone asks the same, for an executor that cannot reach this process with a signal (a Ray cluster's). When the
 command's main process ends, for whatever reason, what is left of its group (a rollout worker, a resource
 tracker) is stopped too: SIGTERM, then SIGKILL; then the shared memory its processes held and left in /dev/shm is
-removed (noted in DIR/shm.json while they ran: runtime/shm.py). Then `--tmpdir` (the job's own TMPDIR) is removed.
+removed (noted in DIR/shm.json while they ran: runtime/job/shm.py). Then `--tmpdir` (the job's own TMPDIR) is removed.
 """
 
 import argparse
@@ -37,9 +37,9 @@ import time
 
 import psutil
 
+from ..layout import atomic_write_bytes
 from .attempt import ATTEMPT_ENV, NO_RETRY_EXIT
 from .cause import cause_line
-from .layout import atomic_write_bytes
 from .sampler import ResourceSampler, visible_gpu_indices
 from .shm import SHM_FILE, ShmTracker
 
@@ -115,7 +115,7 @@ def wrapper_command(python: str, job_dir: str, command: list[str], *, timeout_s:
                     stop_with_wrapper: bool = False) -> list[str]:
     """The wrapper around `command`, as `main()` reads it: the one writer of this command line, so each setting of a
     job (its timeout, its attempts) reaches the job whichever executor starts it."""
-    return [python, "-m", "runtime.job_wrapper", "--job-dir", job_dir, "--timeout", str(timeout_s),
+    return [python, "-m", "runtime.job.job_wrapper", "--job-dir", job_dir, "--timeout", str(timeout_s),
             "--grace", f"{grace_s:g}", *(("--tmpdir", tmpdir) if tmpdir else ()), "--attempts", str(attempts),
             *(("--stop-with-wrapper",) if stop_with_wrapper else ()), "--", *command]
 
@@ -277,8 +277,9 @@ def _die_with_parent() -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The wrapper's command line (`wrapper_command()`'s, after `-m runtime.job_wrapper`); `command` without `--`."""
-    parser = argparse.ArgumentParser(prog="runtime.job_wrapper", description=__doc__.splitlines()[0])
+    """The wrapper's command line (`wrapper_command()`'s, after `-m runtime.job.job_wrapper`); `command` without
+    `--`."""
+    parser = argparse.ArgumentParser(prog="runtime.job.job_wrapper", description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")
     parser.add_argument("--grace", type=float, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")

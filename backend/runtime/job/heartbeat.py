@@ -18,7 +18,7 @@ import os
 import threading
 import time
 
-from .layout import HEARTBEAT_DIR, TRAINER_WRITER, atomic_write_bytes
+from ..layout import HEARTBEAT_DIR, TRAINER_WRITER, atomic_write_bytes
 
 FIRST_BEAT_S = 600.0     # GRPO_TRAINER_FIRST_BEAT_S's default: see the module docstring
 

@@ -1,6 +1,6 @@
 """Colocated GRPO + LoRA trainer: the command a run's trainer job runs.
 
-    PYTHONPATH=<run_dir>/code python -m runtime.train --run-dir <run_dir>
+    PYTHONPATH=<run_dir>/code python -m runtime.trainer.train --run-dir <run_dir>
 
 Reads <run_dir>/spec.json (a RunSpec as a plain dict), trains with TRL's GRPOTrainer and a PEFT LoRA,
 and writes everything the panel reads into the run folder (see layout.py): metric fragments, adapter
@@ -13,6 +13,14 @@ A preempted run started again on the same folder resumes from its latest checkpo
 import argparse
 import os
 
+from ..layout import CHECKPOINTS_DIR, TRAINER_WRITER
+from ..records import ENGINE, write_event
+from ..redact import remember_env_secrets
+from ..rewards import run_rewards
+from ..spec_file import SpecFile, read_spec
+from ..task import TaskDataError, load_task_dataset
+from ..tiny_model import TINY_MODELS, benchmark_note, no_progress_bars
+from ..versions import mark_superseded, published_versions
 from .common import (
     checkpoint_step,
     failure_fields,
@@ -25,16 +33,8 @@ from .common import (
     skip_long_prompts,
     trackio_folder,
 )
-from .layout import CHECKPOINTS_DIR, TRAINER_WRITER
 from .metrics_callback import ProfiledSeconds, RunFolderCallback
-from .records import ENGINE, write_event
-from .redact import remember_env_secrets
-from .rewards import run_rewards
 from .run_end import leave, record_end, stop_on_sigterm
-from .spec_file import SpecFile, read_spec
-from .task import TaskDataError, load_task_dataset
-from .tiny_model import TINY_MODELS, benchmark_note, no_progress_bars
-from .versions import mark_superseded, published_versions
 
 
 def limit_cpu_threads(spec: SpecFile) -> None:
