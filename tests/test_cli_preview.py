@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from backend.plan import recipe
 from backend.plan.spec import RunSpec
+from backend.runs.launch import preview_jobs
 from tests.test_command_preview import bash_argv
 
 pytestmark = [pytest.mark.integration,
@@ -33,7 +33,7 @@ def dry_run(preview: str) -> str:
 def test_every_previewed_job_parses_with_the_hf_cli(mode):
     spec = RunSpec(**HUB, mode=mode, replicas=2, vllm_flavor="l40sx1", attempts=3,
                    resource_group_id=RESOURCE_GROUP)
-    for job in recipe.preview_jobs(spec):
+    for job in preview_jobs(spec):
         out = dry_run(job.cli_preview())
         assert "(dry run) Job not submitted." in out
         assert re.search(rf"flavor +{job.flavor}\n", out) and re.search(rf"timeout +{job.timeout_s}s\n", out)

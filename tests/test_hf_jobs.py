@@ -346,9 +346,9 @@ def test_hub_store_round_trips_a_folder(hub, tmp_path):
     store = HubBucketStore(BUCKET, hub.token, cache_dir=str(tmp_path / "cache"))
     store.ensure_bucket()
     store.upload_folder(str(source), "runs/r1/code")
-    assert sorted(hub.buckets[BUCKET].files) == ["runs/r1/code/README.md", "runs/r1/code/runtime/trainer/train.py"]
+    assert sorted(hub.buckets[BUCKET].files) == ["runs/r1/code/README.md", "runs/r1/code/runtime/train.py"]
 
-    assert store.read_bytes("runs/r1/code/runtime/trainer/train.py") == b"print('train')\n"
+    assert store.read_bytes("runs/r1/code/runtime/train.py") == b"print('train')\n"
 
 
 def test_open_store_prefers_a_mounted_bucket(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from backend.plan import recipe
 from backend.plan.jobspec import LABEL_APP, LABEL_ROLE, LABEL_RUN
 from backend.plan.spec import RunSpec
+from backend.runs.launch import preview_jobs
 
 pytestmark = pytest.mark.unit
 
@@ -50,7 +51,7 @@ def test_colocated_hf_job_installs_pinned_trl_and_takes_the_token_as_a_secret():
 def test_distributed_run_mounts_the_bucket_at_the_same_path_everywhere_and_replicas_read_only():
     spec = RunSpec(mode="distributed", executor="hf_jobs", model="Qwen/Qwen2.5-0.5B-Instruct", bucket="alice/runs",
                    replicas=3, max_staleness=2, lora_r=24)
-    jobs = recipe.preview_jobs(spec)
+    jobs = preview_jobs(spec)
     assert [j.role for j in jobs] == ["vllm-0", "vllm-1", "vllm-2", "trainer"]
     assert {v.mount_path for j in jobs for v in j.volumes} == {spec.mount_path}
     assert all(j.volumes[0].read_only for j in jobs[:3]) and not jobs[3].volumes[0].read_only
@@ -67,7 +68,7 @@ def test_distributed_run_mounts_the_bucket_at_the_same_path_everywhere_and_repli
     assert "".join(f" --replica 'http://${{HF_NETWORK_GROUP_PREFIX}}vllm-{i}:8000'" for i in range(3)) in \
         jobs[3].command[2]
     # Exposed ports (the published recipe): each replica's port, reached through the Jobs proxy with the token.
-    exposed = recipe.preview_jobs(replace(spec, network="exposed"))
+    exposed = preview_jobs(replace(spec, network="exposed"))
     assert [j.expose for j in exposed] == [(8000,)] * 3 + [()] and not any(j.network_group for j in exposed)
     assert exposed[3].env["VLLM_REPLICA_URLS"].count("<vllm-") == 3 and "GRPO_REPLICA_AUTH" not in exposed[3].env
 
@@ -126,7 +127,7 @@ def test_tensor_parallel_vllm_needs_a_training_process_per_gpu_of_the_engine():
 
 def test_a_benchmarking_model_is_built_in_the_run_folder_and_replicas_wait_for_it():
     spec = RunSpec(mode="distributed", model="builtin:bench-qwen2.5-1.5b", replicas=1)
-    replica, trainer = recipe.preview_jobs(spec)
+    replica, trainer = preview_jobs(spec)
     assert (f"runtime.tiny_model --out {spec.run_path}/base-model --seed 0 --name builtin:bench-qwen2.5-1.5b"
             in trainer.command[2])
     assert f"--wait-for {spec.run_path}/base-model" in replica.command[2]

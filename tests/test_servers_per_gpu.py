@@ -13,6 +13,7 @@ from backend.plan.engines.base import Placement
 from backend.plan.hardware import FALLBACK_FLAVORS, _from_hub, hardware_problems
 from backend.plan.servers import footprint
 from backend.plan.spec import RunSpec
+from backend.runs.launch import preview_jobs
 from backend.runtime.serving import gpu_split
 from backend.runtime.serving.replicas import load_rates, parse_load
 from backend.runtime.serving.serve_replica import server_commands, server_envs, with_option
@@ -89,7 +90,7 @@ def test_the_hubs_vram_is_for_all_the_flavors_gpus_together():
 # ---- the jobs the recipe plans
 def test_an_hf_jobs_replica_runs_its_servers_on_ports_of_their_own_each_exposed_with_a_split_of_the_gpu():
     spec = hf_spec(network="exposed", replicas=2)
-    jobs = recipe.preview_jobs(spec)
+    jobs = preview_jobs(spec)
     replica, trainer = jobs[0], jobs[-1]
     assert replica.expose == (8000, 8001, 8002, 8003) == replica.ports
     args = replica_args(replica)
@@ -103,7 +104,7 @@ def test_an_hf_jobs_replica_runs_its_servers_on_ports_of_their_own_each_exposed_
 
 
 def test_on_the_private_network_the_trainer_reaches_each_server_at_the_replicas_alias():
-    replica, trainer = recipe.preview_jobs(hf_spec(replicas=1))
+    replica, trainer = preview_jobs(hf_spec(replicas=1))
     assert replica.expose == () and replica.ports == (8000, 8001, 8002, 8003)
     reached = [a for a in replica_args(trainer) if a.startswith("http://")]
     assert reached == [f"http://${{HF_NETWORK_GROUP_PREFIX}}vllm-0:{p}" for p in (8000, 8001, 8002, 8003)]

@@ -382,8 +382,3 @@ def server_urls(replicas: list[JobSpec], reach: Callable[[int, JobSpec, object],
 def reached_at(job: JobSpec, port) -> str | None:
     """Where the trainer reaches a replica's server on the run's network group (its alias), or None (not in one)."""
     return group_url(job.network_aliases[0], port) if job.network_group and job.network_aliases else None
-
-
-def preview_jobs(spec: RunSpec) -> list[JobSpec]:
-    """Every job of the run as the form previews it (replica URLs shown as placeholders)."""
-    return RunJobs(spec).preview()

@@ -11,6 +11,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from backend.plan.servers import MAX_SERVERS_PER_GPU
 from backend.runtime import records
 from backend.runtime.serving.canary import canary_problems
 from backend.view.servers import latest_servers, replica_gpu_busy
@@ -57,7 +58,6 @@ GPU_IDLE_MINUTES = 5.0       # ... for this long while the run trains is idle
 
 API_BOUND_CPU = 0.9          # a server's API process busy this share of a core or more: its main thread is saturated
 GPU_ROOM_PERCENT = 80.0      # replica GPUs busy less than this have room for another server's work
-MAX_SERVERS_PER_GPU = 8      # the RunSpec's limit
 
 
 @dataclass(frozen=True)
