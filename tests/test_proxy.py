@@ -432,7 +432,7 @@ def test_a_restarted_proxy_goes_on_from_the_runs_counts_of_disconnects_and_canar
     the same metrics folder, it carries on the run's counts (the replica table's totals) from its last snapshot, and
     its own first look at the replicas counts as nothing."""
     from backend.runtime.proxy import CANARY_INTERVAL_ENV, start_proxy_process
-    from panel.dashboard import history_cell
+    from panel.replicas_table import history_cell
 
     monkeypatch.setenv(CANARY_INTERVAL_ENV, "1")
     first = start_proxy_process(pool.urls, stats_dir=str(tmp_path), token=API_KEY)
