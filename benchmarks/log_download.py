@@ -5,7 +5,7 @@
 Writes a trainer log of `--mb` MB (lines as a trainer prints them, one in 50 quoting a token the mask must hide)
 as a local job's log, then builds the download in a fresh process each time, the old way (every line read into a
 list, masked, joined: what `LocalExecutor.all_logs` and `Panel.full_log_file` did) and the new one (the lines
-streamed through the mask into the file: `panel.actions.write_log` over `LocalExecutor.all_logs`), interleaved.
+streamed through the mask into the file: `panel.downloads.write_log` over `LocalExecutor.all_logs`), interleaved.
 Prints each way's seconds and peak RSS (min / median), and the process's RSS after its imports. Asserts nothing.
 """
 
@@ -28,7 +28,7 @@ sys.path[:0] = [{root!r}]
 from backend.executors.local import LocalExecutor
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
-from panel.actions import write_log
+from panel.downloads import write_log
 home, job_id, out, way = sys.argv[1:5]
 executor = LocalExecutor(home)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -1,5 +1,7 @@
-"""Dashboard figures from a run's bounded series. Plain functions returning plotly's JSON as dicts: no plotly
-objects (their validation cost more than the data) and unit-testable without a browser.
+"""The training charts of the dashboard from a run's bounded series: reward, held-out score by version, KL, staleness,
+importance ratio, trainer vs generation, queue, weight sync, throughput, lengths, loss, learning rate. Plain functions
+returning plotly's JSON as dicts, unit-testable without a browser; what they are drawn with is `chart_parts.py`, the
+resource charts (GPU, CPU, memory per job) `resource_charts.py`.
 
 Every trace is drawn from a `Sketch` (backend/storage/series.py): at most a few hundred points whatever the run's
 length, extremes kept, the newest points as they are. Charts share one x axis choice (steps, or wall time in
@@ -8,192 +10,26 @@ exponential moving average with the raw series kept faint behind it (as TensorBo
 every axis, and a line saying why a chart is empty.
 """
 
-import bisect
-import json
-import math
-from dataclasses import dataclass
 
 from backend.runtime.best_rule import rule_score, rule_text
 from backend.runtime.layout import adapter_version, reward_function_keys
-from backend.view.axes import wall_minutes
 from backend.view.diagnose import RATIO_BAND
-
-MAX_POINTS = 600
-EMPTY = "waiting for the first metrics"
-METRIC_COLORS = {
-    "reward": "#1f77b4", "kl": "#d62728", "entropy": "#9467bd", "staleness_mean": "#1f77b4",
-    "staleness_max": "#ff7f0e", "dropped_stale_total": "#7f7f7f", "ratio": "#2ca02c", "completion_length": "#8c564b",
-    "tokens_per_s": "#1f77b4", "gen_tokens_per_s": "#ff7f0e", "train_tokens_per_s": "#2ca02c",
-    "step_time": "#1f77b4", "weight_sync_s": "#d62728", "generation_s": "#ff7f0e",
-    "loss": "#1f77b4", "grad_norm": "#ff7f0e", "learning_rate": "#2ca02c", "fwd_bwd_s": "#2ca02c",
-    "rollout_wait_s": "#9467bd", "perf/mfu_wall_clock": "#7f7f7f", "sample/rollout_queue_size": "#1f77b4",
-    "rollout/inflight": "#ff7f0e", "rollout/backpressure_s": "#d62728", "rollout/score_block_s": "#9467bd",
-}
-HELD_OUT_COLOR = "#2ca02c"
-PALETTE = ["#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f", "#9467bd", "#ff7f0e", "#2ca02c"]
-ROLE_COLORS = {"trainer": "#1f77b4", "vllm-0": "#ff7f0e", "vllm-1": "#2ca02c", "vllm-2": "#d62728",
-               "vllm-3": "#9467bd"}
-GPU_DASHES = ["solid", "dot", "dash", "dashdot", "longdash", "longdashdot", "solid", "dot"]
-
-
-@dataclass(frozen=True)
-class ChartOptions:
-    x: str = "step"            # "step"; "time": minutes of wall time since the run started; "dollars": spent by then
-    smoothing: float = 0.0     # exponential moving average weight in [0, 0.99]; 0 draws the raw series only
-    t0: float = 0.0            # the run's start, epoch seconds, for the time axis (backend.view.axes.run_start)
-    dollars: tuple = ()        # ((epoch s, USD spent), ...) corners of the run's spend (backend.plan.cost.spend_knots)
-    x_note: str = ""           # said after the axis title (why a dollars axis shows wall time)
-
-    @property
-    def x_title(self) -> str:
-        title = {"step": "step", "dollars": "dollars spent (USD)"}.get(self.x, "wall time (min)")
-        return f"{title} ({self.x_note})" if self.x_note else title
-
-    def at(self, t: float) -> float:
-        """An epoch time on this (non-step) axis."""
-        if self.x != "dollars":
-            return wall_minutes(t, self.t0)
-        return _round(spent_at(self.dollars, t))
-
-
-def spent_at(corners: tuple, t: float) -> float:
-    """Dollars spent by epoch time `t`, linear between the corners of the spend curve."""
-    if not corners or t <= corners[0][0]:
-        return 0.0
-    i = bisect.bisect_right(corners, (t, math.inf))
-    if i >= len(corners):
-        return corners[-1][1]
-    (t0, c0), (t1, c1) = corners[i - 1], corners[i]
-    return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
-
-
-def downsample(xs: list, ys: list, max_points: int = MAX_POINTS) -> tuple[list, list]:
-    """Keep the min and max of each bin, in order, so spikes survive down-sampling (for series held whole)."""
-    if len(xs) <= max_points:
-        return list(xs), list(ys)
-    bins = max_points // 2
-    size = math.ceil(len(xs) / bins)
-    out_x, out_y = [], []
-    for start in range(0, len(xs), size):
-        idx = range(start, min(start + size, len(xs)))
-        lo = min(idx, key=lambda i: ys[i])
-        hi = max(idx, key=lambda i: ys[i])
-        for i in sorted({lo, hi}):
-            out_x.append(xs[i])
-            out_y.append(ys[i])
-    return out_x, out_y
-
-
-def series(records: list[dict], key: str, x_key: str = "step") -> tuple[list, list]:
-    pts = [(r[x_key], r[key]) for r in records if _num(r.get(key)) and r.get(x_key) is not None]
-    return [p[0] for p in pts], [float(p[1]) for p in pts]
-
-
-def _num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _round(value: float) -> float:
-    return float(f"{value:.5g}")
-
-
-def points(table, key: str, options: ChartOptions, summary: str = "points") -> tuple[list, list]:
-    """A metric's drawable points on the chosen x axis (steps, or minutes since the start); `summary` "means" gives
-    each bucket's mean instead of its extremes."""
-    sketch = table.sketch(key, "step" if options.x == "step" else "time")
-    if sketch is None:
-        return [], []
-    xs, ys = getattr(sketch, summary)()
-    xs = [int(x) for x in xs] if options.x == "step" else [options.at(x) for x in xs]
-    return xs, [_round(y) for y in ys]
-
-
-def ema(ys: list[float], weight: float) -> list[float]:
-    """TensorBoard's smoothing: an exponential moving average, debiased so the start is not pulled to 0."""
-    out, last = [], 0.0
-    for i, y in enumerate(ys, start=1):
-        last = weight * last + (1 - weight) * y
-        out.append(_round(last / (1 - weight**i)))
-    return out
-
-
-def figure(title: str, y_title: str, options: ChartOptions, **layout) -> dict:
-    """An empty figure: title, axis titles with units, legend below the plot, hover values for every series.
-
-    Its x axis kind goes into `meta` (the page's script zooms a run's charts of one kind together: `panel.ui`), and
-    `uirevision` names the run's start and that kind: a redraw with new points keeps a zoom, while another run or
-    another axis draws afresh."""
-    xaxis = {"title": {"text": options.x_title}}
-    return {"data": [], "layout": {
-        "meta": {"x_axis": options.x}, "uirevision": f"{options.x}@{options.t0}",
-        "title": {"text": title}, "height": 300, "margin": {"l": 50, "r": 50, "t": 40, "b": 70},
-        "xaxis": xaxis, "yaxis": {"title": {"text": y_title}}, "template": "plotly_white",
-        "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"}, "showlegend": True,
-        # The toolbar stands on the right edge, not across the title; tick labels widen the margin they need.
-        "modebar": {"orientation": "v"}, "hovermode": "x unified", **layout}}
-
-
-def add_line(fig: dict, xs: list, ys: list, name: str, color: str | None, options: ChartOptions,
-             yaxis: str = "y", dash: str = "solid") -> None:
-    """A series, smoothed when asked: the smoothed line carries the name, the raw one stays faint behind it."""
-    if not xs:
-        return
-    line = {"color": color, "dash": dash, "width": 2}
-    base = {"type": "scatter", "mode": "lines", "x": xs, "yaxis": yaxis, "legendgroup": name}
-    if options.smoothing > 0 and len(ys) > 2:
-        fig["data"].append({**base, "y": ys, "name": f"{name} (raw)", "showlegend": False, "opacity": 0.25,
-                            "line": {**line, "width": 1}, "hoverinfo": "skip"})
-        fig["data"].append({**base, "y": ema(ys, options.smoothing), "name": name, "line": line})
-    else:
-        fig["data"].append({**base, "y": ys, "name": name, "line": line,
-                            "mode": "lines+markers" if len(xs) <= 50 else "lines", "marker": {"size": 4}})
-
-
-def finish(fig: dict, options: ChartOptions, note: str = EMPTY) -> dict:
-    """Integer ticks on a short step axis; an empty chart says why instead of drawing bare axes."""
-    if not fig["data"]:
-        fig["layout"]["annotations"] = [{"text": note, "showarrow": False, "xref": "paper", "yref": "paper",
-                                         "x": 0.5, "y": 0.5, "font": {"color": "#888"}}]
-        fig["layout"]["xaxis"]["visible"] = False
-        fig["layout"]["yaxis"]["visible"] = False
-        fig["layout"]["showlegend"] = False
-        return fig
-    if options.x == "step":
-        top = max((max(t["x"]) for t in fig["data"] if t.get("x")), default=0)
-        fig["layout"]["xaxis"].update({"tickformat": "d"}, **({"dtick": 1} if top <= 10 else {}))
-    for axis, ref in (("yaxis", "y"), ("yaxis2", "y2")):
-        if axis in fig["layout"]:
-            fig["layout"][axis].setdefault("automargin", True)
-            flat_axis_range(fig, axis, ref)
-    return fig
-
-
-def flat_axis_range(fig: dict, axis: str, ref: str) -> None:
-    """A y axis whose series (and cap lines) are one value (one point, or a constant) spans that value ± half of it
-    (± 1 around 0) instead of plotly's own ± 1e-8 around it, whose labels run to many digits and are clipped."""
-    layout = fig["layout"][axis]
-    if "range" in layout or layout.get("type") == "log":
-        return
-    ys = [y for t in fig["data"] if t.get("yaxis", "y") == ref for y in t.get("y") or () if _num(y)]
-    ys += [s["y0"] for s in fig["layout"].get("shapes", ()) if s.get("yref") == ref and _num(s.get("y0"))]
-    if ys and min(ys) == max(ys):
-        pad = abs(ys[0]) / 2 or 1.0
-        layout["range"] = [ys[0] - pad, ys[0] + pad]
-
-
-def lines_figure(table, keys: dict[str, str], title: str, y_title: str, options: ChartOptions,
-                 right: dict[str, str] | None = None, right_title: str = "", log_y: bool = False) -> dict:
-    """One line per metric key that has data; `keys` (and `right`, on a second axis) map key -> legend name."""
-    fig = figure(title, y_title, options)
-    for axis, group in (("y", keys), ("y2", right or {})):
-        for key, name in group.items():
-            add_line(fig, *points(table, key, options), name, METRIC_COLORS.get(key), options, yaxis=axis)
-    if right and any(t["yaxis"] == "y2" for t in fig["data"]):
-        fig["layout"]["yaxis2"] = {"title": {"text": right_title}, "overlaying": "y", "side": "right",
-                                   "showgrid": False}
-    if log_y:
-        fig["layout"]["yaxis"]["type"] = "log"
-    return finish(fig, options)
+from panel.chart_parts import (
+    HELD_OUT_COLOR,
+    METRIC_COLORS,
+    PALETTE,
+    ROLE_COLORS,
+    ChartOptions,
+    add_line,
+    cap_line,
+    downsample,
+    figure,
+    finish,
+    is_num,
+    lines_figure,
+    points,
+    rounded,
+)
 
 
 def reward_figure(table, options: ChartOptions) -> dict:
@@ -240,25 +76,25 @@ def heldout_figure(evals: dict, table, options: ChartOptions, spec: dict | None 
             fig["data"].append({"type": "scatter", "mode": "lines", "x": train_xs, "y": train_ys,
                                 "name": "training reward", "opacity": 0.35, "hoverinfo": "skip",
                                 "line": {"color": METRIC_COLORS["reward"], "width": 1}})
-        scores = [_round(rule_score(r, rule)) for r in records]
+        scores = [rounded(rule_score(r, rule)) for r in records]
         name = "held-out score" + (f" ({rule_text(rule)})" if rule else "")
         line = {"type": "scatter", "mode": "lines+markers", "x": xs, "y": scores, "name": name,
                 "line": {"color": HELD_OUT_COLOR, "width": 2}, "marker": {"size": 7},
                 "text": [f"v{r['policy_version']}" for r in records],
                 "hovertemplate": f"%{{text}}: %{{y}}<extra>{name}</extra>"}
         if not rule:
-            line["error_y"] = {"type": "data", "array": [_round(r.get("score_std") or 0.0) for r in records],
+            line["error_y"] = {"type": "data", "array": [rounded(r.get("score_std") or 0.0) for r in records],
                                "visible": True, "thickness": 1}
         else:       # what the trainer maximised, named so, beside the score that decides
-            add_line(fig, xs, [_round(r["score"]) for r in records], "trained score", "#7f7f7f", options, dash="dash")
+            add_line(fig, xs, [rounded(r["score"]) for r in records], "trained score", "#7f7f7f", options, dash="dash")
         fig["data"].append(line)
         names = list(dict.fromkeys(n for r in records for n in r.get("rewards", {})))
         if len(names) > 1:
             for i, name in enumerate(names):
-                pts = [(x, r["rewards"][name]) for x, r in zip(xs, records) if _num(r["rewards"].get(name, {}).get(
+                pts = [(x, r["rewards"][name]) for x, r in zip(xs, records) if is_num(r["rewards"].get(name, {}).get(
                     "mean"))]
                 monitor = all(p[1].get("weight") == 0 for p in pts)
-                add_line(fig, [p[0] for p in pts], [_round(p[1]["mean"]) for p in pts],
+                add_line(fig, [p[0] for p in pts], [rounded(p[1]["mean"]) for p in pts],
                          f"{name} (monitor-only)" if monitor else name, PALETTE[i % len(PALETTE)], options,
                          dash="dash" if monitor else "dot")
         starred = [i for i, r in enumerate(records) if best is not None and r["policy_version"] == best]
@@ -273,23 +109,6 @@ def _extreme(table, key: str, pick) -> float:
     sketch = table.sketch(key)
     values = [b.lo_y for b in sketch.buckets] + [b.hi_y for b in sketch.buckets] if sketch else [0.0]
     return pick(values)
-
-
-def cap_line(fig: dict, value, name: str, color: str, yaxis: str = "y") -> None:
-    """A dashed horizontal line at a configured limit (a queue size, an in-flight cap, max staleness)."""
-    if not isinstance(value, (int, float)) or not fig["data"]:
-        return
-    ref = "y" if yaxis == "y" else "y2"
-    axis = fig["layout"].get("yaxis" if ref == "y" else "yaxis2", {})
-    if "range" in axis:         # a one-value chart's range (`flat_axis_range`) holds its cap too
-        low, high = axis["range"]
-        axis["range"] = [min(low, value), max(high, value)]
-    fig["layout"].setdefault("shapes", []).append({
-        "type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": ref, "y0": value, "y1": value,
-        "line": {"color": color, "dash": "dash", "width": 1}})
-    fig["layout"].setdefault("annotations", []).append({
-        "text": f"{name} {value:g}", "xref": "paper", "x": 1, "xanchor": "right", "yref": ref, "y": value,
-        "yanchor": "bottom", "showarrow": False, "font": {"size": 10, "color": color}})
 
 
 def staleness_figure(table, options: ChartOptions, spec: dict | None = None) -> dict:
@@ -376,8 +195,8 @@ def sync_figure(table, options: ChartOptions, spec: dict | None = None, loads=()
             fig["layout"]["title"]["text"] = "Weight sync (none logged: colocated runs share the weights in memory)"
         return fig
     rows = table.rows(last=20)
-    syncs = [r["weight_sync_s"] for r in rows if _num(r.get("weight_sync_s"))]
-    steps = [r["step_time"] for r in rows if _num(r.get("step_time"))]
+    syncs = [r["weight_sync_s"] for r in rows if is_num(r.get("weight_sync_s"))]
+    steps = [r["step_time"] for r in rows if is_num(r.get("step_time"))]
     if syncs and steps and sum(steps) > 0:
         share = (sum(syncs) / len(syncs)) / (every * sum(steps) / len(steps))
         fig["layout"]["title"]["text"] = f"Weight sync ({share:.0%} of wall time lately, every {every} step(s))"
@@ -393,14 +212,15 @@ def replica_load_points(loads, first_step: dict[int, int], options: ChartOptions
         if options.x == "step":
             x = first_step.get(version) if version is not None else None
         else:
-            x = options.at(load["time"]) if _num(load.get("time")) else None
+            x = options.at(load["time"]) if is_num(load.get("time")) else None
         if x is None:
             continue
         for replica in load.get("replicas", []):
-            if replica.get("status") == 200 and _num(replica.get("seconds")) and isinstance(replica.get("index"), int):
+            if (replica.get("status") == 200 and is_num(replica.get("seconds"))
+                    and isinstance(replica.get("index"), int)):
                 xs, ys = out.setdefault(replica["index"], ([], []))
                 xs.append(x)
-                ys.append(_round(replica["seconds"]))
+                ys.append(rounded(replica["seconds"]))
     return out
 
 
@@ -420,47 +240,3 @@ def optimisation_figure(table, options: ChartOptions) -> dict:
 
 def learning_rate_figure(table, options: ChartOptions) -> dict:
     return lines_figure(table, {"learning_rate": "learning rate"}, "Learning rate", "learning rate", options)
-
-
-def _usage_points(sketch, options: ChartOptions, scale: float = 1.0) -> tuple[list, list]:
-    xs, ys = sketch.points()
-    return [options.at(x) for x in xs], [_round(y * scale) for y in ys]
-
-
-def _time_axis(options: ChartOptions) -> ChartOptions:
-    """Resource samples have no step: against the step their charts use wall time from the same start."""
-    return ChartOptions("time", options.smoothing, options.t0) if options.x == "step" else options
-
-
-def utilisation_figure(usages: dict, options: ChartOptions) -> dict:
-    """GPU utilisation per device where a job has GPUs, else CPU %, per job; one colour per job."""
-    options = _time_axis(options)
-    fig = figure("Utilisation", "%", options)
-    for i, (role, usage) in enumerate(usages.items()):
-        color = ROLE_COLORS.get(role, PALETTE[i % len(PALETTE)])
-        gpus = usage.gpus()
-        for g, gpu in enumerate(gpus):
-            add_line(fig, *_usage_points(usage.sketch(f"{gpu} util"), options), f"{role} {gpu}", color, options,
-                     dash=GPU_DASHES[g % len(GPU_DASHES)])
-        if not gpus and usage.sketch("cpu_percent"):
-            add_line(fig, *_usage_points(usage.sketch("cpu_percent"), options), f"{role} CPU", color, options)
-    return finish(fig, options, "waiting for the first resource samples")
-
-
-def memory_figure(usages: dict, options: ChartOptions) -> dict:
-    options = _time_axis(options)
-    fig = figure("Memory", "GiB", options)
-    for i, (role, usage) in enumerate(usages.items()):
-        color = ROLE_COLORS.get(role, PALETTE[i % len(PALETTE)])
-        for g, gpu in enumerate(usage.gpus()):
-            add_line(fig, *_usage_points(usage.sketch(f"{gpu} memory_gib"), options), f"{role} {gpu}", color,
-                     options, dash=GPU_DASHES[g % len(GPU_DASHES)])
-        if usage.sketch("ram_gib"):
-            add_line(fig, *_usage_points(usage.sketch("ram_gib"), options), f"{role} RAM", color, options,
-                     dash="dot" if usage.gpus() else "solid")
-    return finish(fig, options, "waiting for the first resource samples")
-
-
-def plot_json(fig: dict) -> str:
-    """The figure as the JSON string Gradio's Plot sends (serialised once, shared by every session)."""
-    return json.dumps(fig, separators=(",", ":"))

@@ -14,7 +14,7 @@ from backend.plan.jobspec import TERMINAL_STAGES
 from backend.runs import resume
 from backend.runtime.redact import redact_tokens
 from backend.view.compare import X_AXES
-from panel import dashboard, live, notes_view, publish_view, tick, try_view
+from panel import adapters_table, dashboard, live, notes_view, publish_view, run_header, samples_table, tick, try_view
 from panel.markdown import masked, plain
 from panel.task_form import format_weights
 
@@ -34,7 +34,7 @@ def click_download(elem_id: str) -> str:
 DOWNLOAD_LOG = click_download("log-file")
 DOWNLOAD_METRICS = click_download("metrics-file")
 DOWNLOAD_HELD_OUT = click_download("heldout-file")
-ADAPTER_HEADERS = dashboard.ADAPTER_HEADERS
+ADAPTER_HEADERS = adapters_table.ADAPTER_HEADERS
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
                    "generated tok/s", "API CPU (cores)", "history (run)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
@@ -110,7 +110,8 @@ def build(page, panel) -> None:
                                        allow_custom_value=True)
             sample_prompt = gr.Dropdown([ALL_OF_THE_STEP], value="", elem_id="sample-prompt",
                                         label="Follow one prompt across steps and versions", allow_custom_value=True)
-        samples = gr.Dataframe(headers=dashboard.SAMPLE_HEADERS, interactive=False, wrap=True, elem_id="samples-table")
+        samples = gr.Dataframe(headers=samples_table.SAMPLE_HEADERS, interactive=False, wrap=True,
+                               elem_id="samples-table")
     replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, elem_id="replicas-table",
                             label="vLLM servers (distributed runs: vllm-<job>/<server> where a job runs several)")
     final = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
@@ -249,7 +250,7 @@ def run_actions(view, drawn: dict | None = None) -> dict:
 def on_steps(panel, visitor, run_id) -> dict:
     """The step picker's choices, sent when it is opened (a tick does not: `live.ON_REQUEST`)."""
     view = _view_or_none(panel, visitor, run_id)
-    steps = dashboard.sample_steps(view)[:dashboard.SAMPLE_STEPS] if view else []
+    steps = samples_table.sample_steps(view)[:samples_table.SAMPLE_STEPS] if view else []
     return {"sample_steps": gr.update(choices=["latest", *steps])}
 
 
@@ -302,8 +303,8 @@ def on_best_by(panel, visitor, run_id, text) -> dict:
     except (ValueError, ChoiceError) as exc:
         return {"best_by_msg": f"**Not changed.** {redact_tokens(str(exc))}"}
     return {"best_by_msg": message,
-            "status": dashboard.titled(dashboard.status_markdown(view), panel.run_title(run_id, visitor, view)),
-            "adapters": dashboard.adapter_table(view),
+            "status": run_header.titled(run_header.status_markdown(view), panel.run_title(run_id, visitor, view)),
+            "adapters": adapters_table.adapter_table(view),
             "version_pick": gr.update(choices=version_choices(view), value=default_choice(view))}
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from backend.outcome.best_version import ChoiceError, choose
 from backend.runtime.redact import redact_tokens
 from backend.view.axes import run_start
-from panel import charts, dashboard, spend_view
+from panel import chart_parts, dashboard, run_header, samples_table, spend_view
 from panel.markdown import masked
 
 LOG_KEY = "log"
@@ -63,7 +63,7 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     """Refresh the run's shared view if due and return what this session has not drawn yet. `state` is the
     session's own: the run it drew and the key of each component it has. `x` is "step", "time" or "dollars";
     `dollars` the run's spend corners (None for a run that costs nothing: wall time then); `pick` the step whose
-    samples are shown, or `follow` the prompt followed across steps and versions (`dashboard.sample_prompts`);
+    samples are shown, or `follow` the prompt followed across steps and versions (`samples_table.sample_prompts`);
     `extra(view)` more parts (name -> (key, value)) that the view alone does not give; `shown` the version the
     session's picker shows now (None: not known); `title(view)` the run's name that heads its header (renamed at any
     time: read each tick, cheap)."""
@@ -74,8 +74,8 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
     note = ""
     if x == "dollars" and dollars is None:
         x, note = "time", "local runs cost nothing"
-    options = charts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=run_start(view),
-                                  dollars=tuple(dollars or ()), x_note=note)
+    options = chart_parts.ChartOptions(x=x, smoothing=round(float(smoothing or 0), 2), t0=run_start(view),
+                                       dollars=tuple(dollars or ()), x_note=note)
     frame = dashboard.shared_frame(view, options)
     drawn = state.setdefault("drawn", {})
     parts = {name: (drawn[name] if name in ON_REQUEST and name in drawn else frame.digests[name], value)
@@ -90,10 +90,10 @@ def dashboard_update(panel, run_id: str, state: dict, visitor=None, role: str = 
                              else (frame.digests["version_pick"], default), frame.values["version_pick"])
     if title is not None:
         name = title(view)
-        parts["status"] = ((parts["status"][0], name), dashboard.titled(frame.values["status"], name))
+        parts["status"] = ((parts["status"][0], name), run_header.titled(frame.values["status"], name))
     parts[LOG_KEY] = ((role, query, _log_version(view, role)), lambda: dashboard.log_text(view, role, query))
     rows = dashboard.shared_value(view, ("samples", pick, follow), lambda: _with_digest(
-        dashboard.sample_rows(view, pick, follow)))
+        samples_table.sample_rows(view, pick, follow)))
     parts["samples"] = rows
     parts.update(extra(view) if extra else {})
     return DashboardUpdate(send_changed(drawn, parts))
@@ -109,7 +109,7 @@ def run_update(panel, run_id: str, state: dict, visitor=None, role: str = "train
 
     def extra(view) -> dict:
         # Time passes: the start-up stage's elapsed time, the spend and the ETA change without new records.
-        cost = "\n\n".join(filter(None, (dashboard.start_up_line(view), spend_view.cost_line(panel, run_id,
+        cost = "\n\n".join(filter(None, (run_header.start_up_line(view), spend_view.cost_line(panel, run_id,
                                                                                           visitor, view))))
         final = panel.final_adapter(run_id, visitor) if view.final_files else None
         return {"cost": (cost, cost), "final": (final, final), "version_msg": version_line(view, shown)}

@@ -39,6 +39,7 @@ from backend.runtime.redact import redact_record, redact_tokens
 from backend.view.sweep import RANK_HEADERS, rank_rows
 from panel.actions import Panel
 from panel.presets import PRESETS, preset_values
+from panel.run_header import failure_text
 from panel.runs_list import RUN_FILTERS, RUNS_HEADERS
 
 log = logging.getLogger(__name__)
@@ -367,8 +368,6 @@ def _view(panel: Panel, visitor: Visitor, run_id: str):
 
 
 def _failure(view) -> str:
-    from panel.dashboard import failure_text  # noqa: PLC0415 the dashboard's module loads plotly
-
     return failure_text(view)
 
 

@@ -467,14 +467,14 @@ def pytest_testnodedown(node, error):
 
 
 def remove_download_folders(basetemp: str | None) -> list[str]:
-    """Remove the download folders (`panel.actions.downloads_folder`: in the system's temp dir, one per panel home)
+    """Remove the download folders (`panel.downloads.downloads_folder`: in the system's temp dir, one per panel home)
     of every panel home under this session's tmp folder: they are outside it, and would pile up run after run.
     Returns the folders removed."""
     if not basetemp or not os.path.isdir(basetemp):
         return []
     import shutil
 
-    from panel.actions import downloads_folder
+    from panel.downloads import downloads_folder
 
     removed = []
     for folder, subfolders, _ in os.walk(basetemp):

@@ -270,7 +270,7 @@ def test_a_pause_the_run_makes_on_purpose_is_no_stall():
 def test_an_ended_run_shows_no_live_alert_in_its_header(tmp_path):
     """A stall recorded while the run ran stays in its events; the header of the completed or failed run does
     not show it, and the alert book clears it once it sees the run ended."""
-    from panel import dashboard
+    from panel import run_header
 
     store = FolderStore(str(tmp_path))
     rows = _steps(30, 1.0)
@@ -279,7 +279,7 @@ def test_an_ended_run_shows_no_live_alert_in_its_header(tmp_path):
     assert [a.kind for a in book.update(running, now=rows[-1]["time"] + 600)] == ["stall"]
     for stage in ("COMPLETED", "ERROR"):
         ended = _header_view(rows, stage, open_alerts={"stall": _events(store)[0]})
-        header = dashboard.status_markdown(ended)
+        header = run_header.status_markdown(ended)
         assert "stall" not in header and "Alert:" not in header, header
     done = _view(rows, stages={"trainer": "COMPLETED"}, events=_events(store))
     book.update(done, now=rows[-1]["time"] + 700)
@@ -330,9 +330,9 @@ def test_no_learning_signal_raises_an_alert_that_says_what_to_change(tmp_path, w
     assert "no-signal" not in _kinds(_view(_async_records(diagnose.NO_SIGNAL_STEPS, 0.2),
                                            stages={"trainer": "RUNNING"}), now=1020.0)
     # A run that ended with no signal says so in its header (not as a live alert).
-    from panel import dashboard
+    from panel import run_header
 
-    header = dashboard.status_markdown(_header_view(flat, "COMPLETED", spec=spec))
+    header = run_header.status_markdown(_header_view(flat, "COMPLETED", spec=spec))
     assert "nothing is learned" in header and "Alert:" not in header, header
 
 

@@ -25,7 +25,7 @@ from backend.outcome.best_version import ChoiceError, choose, default_choice, ve
 from backend.runs.access import Visitor
 from backend.runtime import layout
 from backend.runtime.check.try_adapter import AdapterRefused, lora_settings
-from panel import dashboard
+from panel import adapters_table, chart_parts, dashboard, run_header, samples_table
 from panel.actions import Panel, Settings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -87,11 +87,11 @@ def downloaded(client, update) -> zipfile.ZipFile | None:
 def test_each_version_shows_its_held_out_score_and_the_best_is_marked_and_chosen_by_default(panel, run):
     view = panel.view(run.spec.run_id)
     view.refresh()
-    rows = {row[0]: row for row in dashboard.adapter_rows(view)}
+    rows = {row[0]: row for row in adapters_table.adapter_rows(view)}
     assert rows["trl-policy-v3"][1] == "0.310 ± 0.050"
     assert rows["trl-policy-v7"][1] == "★ best 0.520 ± 0.050"
     assert [name for name, row in rows.items() if "★" in row[1]] == ["trl-policy-v7"]
-    assert "best **trl-policy-v7** (held-out 0.520 ± 0.050)" in dashboard.status_markdown(view)
+    assert "best **trl-policy-v7** (held-out 0.520 ± 0.050)" in run_header.status_markdown(view)
     assert view.unreadable[f"runs/{run.spec.run_id}/evals/trainer-000001.jsonl"] == 1, "the torn record is counted"
     assert default_choice(view) == "best"
     assert version_choices(view)[0] == ("best: trl-policy-v7 (held-out 0.520 ± 0.050)", "best")
@@ -154,16 +154,16 @@ def test_one_prompt_is_followed_across_steps_and_versions(panel, run):
         f.write("".join(json.dumps(s) + "\n" for s in samples))
     view = panel.view(run.spec.run_id)
     view.refresh()
-    prompts = dict(dashboard.sample_prompts(view))
+    prompts = dict(samples_table.sample_prompts(view))
     assert prompts["held-out #1: held-out prompt 1"] == "held-out:1"
     assert [label for label in prompts if label.startswith("training:")] == ["training: repeated prompt"]
-    followed = dashboard.sample_rows(view, "latest", "held-out:1")
+    followed = samples_table.sample_rows(view, "latest", "held-out:1")
     assert [(r[0], r[1], r[3]) for r in followed] == [(20 * v, f"{v} (held-out)", f"v{v} says 1") for v in SCORES]
-    training = dashboard.sample_rows(view, "latest", prompts["training: repeated prompt"])
+    training = samples_table.sample_rows(view, "latest", prompts["training: repeated prompt"])
     assert [(r[0], r[1], r[3]) for r in training] == [(10, 0, "10"), (30, 1, "30"), (50, 2, "50")]
-    assert dashboard.sample_rows(view, "latest", "held-out:../x") == [] == dashboard.sample_rows(view, "latest",
+    assert samples_table.sample_rows(view, "latest", "held-out:../x") == [] == samples_table.sample_rows(view, "latest",
                                                                                                   "training:nope")
-    assert [r[3] for r in dashboard.sample_rows(view, "not a step")] == [], "a typed step that is no step"
+    assert [r[3] for r in samples_table.sample_rows(view, "not a step")] == [], "a typed step that is no step"
 
 
 def test_only_plain_lora_settings_are_taken_from_an_adapter_config():
@@ -344,8 +344,8 @@ def test_one_number_per_version_in_the_header_the_table_the_picker_and_the_csv_u
     # A rule that weighs the monitor too: each version's score under it is 1.5 x its trained score.
     assert "**trl-policy-v7** (0.780, base model" not in panel.set_best_by(run.spec.run_id, "digits=1, accuracy=1")
     view.refresh()
-    header = dashboard.status_markdown(view)
-    table = {row[0]: row[1] for row in dashboard.adapter_rows(view)}
+    header = run_header.status_markdown(view)
+    table = {row[0]: row[1] for row in adapters_table.adapter_rows(view)}
     picker = {value: label for label, value in version_choices(view)}
     csv_rows = _csv_rows(panel.heldout_csv(run.spec.run_id))
     assert "best **trl-policy-v7** (held-out 0.780) by held-out 1 x digits + 1 x accuracy" in header, header
@@ -358,7 +358,7 @@ def test_one_number_per_version_in_the_header_the_table_the_picker_and_the_csv_u
     assert v7["best_by"] == "held-out 1 x digits + 1 x accuracy" and v7["best"] == "yes"
     assert float(v7["trained_score"]) == 0.52, "the trained score is named so, apart from the rule's"
     assert float(v7["accuracy training weight"]) == 0.0 and float(v7["accuracy rule weight"]) == 1.0
-    chart = dashboard.CHARTS["heldout"][1](view, dashboard.charts.ChartOptions())
+    chart = dashboard.CHARTS["heldout"][1](view, chart_parts.ChartOptions())
     drawn = {trace["name"]: trace for trace in chart["data"]}
     held_line = drawn["held-out score (held-out 1 x digits + 1 x accuracy)"]
     assert held_line["y"][held_line["text"].index("v7")] == 0.78, "the chart draws the score that decided"

@@ -7,7 +7,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from backend.plan.spec import MODEL_HELP, RunSpec
 from backend.runtime.tiny_model import BENCHMARK_MODELS, build_tokenizer, model_config
-from panel.actions import engine_label
+from panel.preview_text import engine_label
 
 pytestmark = pytest.mark.unit
 

@@ -7,11 +7,11 @@ import pytest
 from backend.executors.base import ResourceSample
 from backend.storage.series import SeriesTable
 from backend.view.runview import ResourceUsage
-from panel import charts
+from panel import chart_parts, charts, resource_charts
 
 pytestmark = pytest.mark.unit
 
-STEP = charts.ChartOptions()
+STEP = chart_parts.ChartOptions()
 
 
 def table_of(rows: list[dict]) -> SeriesTable:
@@ -32,7 +32,7 @@ def test_downsampling_keeps_spikes_and_order():
     xs = list(range(10_000))
     ys = [0.0] * 10_000
     ys[1234], ys[8765] = 9.0, -9.0
-    dx, dy = charts.downsample(xs, ys, max_points=100)
+    dx, dy = chart_parts.downsample(xs, ys, max_points=100)
     assert len(dx) <= 100 + 2 and dx == sorted(dx)
     assert 9.0 in dy and -9.0 in dy
 
@@ -57,7 +57,7 @@ def test_the_reward_band_stays_within_the_rewards_seen():
 
 def test_missing_and_non_finite_values_are_left_out():
     table = table_of([{"step": 1, "kl": float("nan")}, {"step": 2, "kl": 0.1}, {"step": 3}])
-    assert charts.points(table, "kl", STEP) == ([2], [0.1])
+    assert chart_parts.points(table, "kl", STEP) == ([2], [0.1])
 
 
 def test_a_short_run_gets_whole_step_ticks_and_a_single_series_keeps_its_legend():
@@ -69,19 +69,19 @@ def test_a_short_run_gets_whole_step_ticks_and_a_single_series_keeps_its_legend(
 
 def test_smoothing_draws_the_average_over_a_faint_raw_series():
     rows = [{"step": i, "loss": float(i % 2)} for i in range(1, 21)]
-    fig = charts.optimisation_figure(table_of(rows), charts.ChartOptions(smoothing=0.9))
+    fig = charts.optimisation_figure(table_of(rows), chart_parts.ChartOptions(smoothing=0.9))
     raw, smooth = fig["data"]
     assert raw["opacity"] < 0.5 and not raw["showlegend"] and smooth["name"] == "loss"
     assert max(smooth["y"]) - min(smooth["y"]) < max(raw["y"]) - min(raw["y"])
 
 
 def test_the_wall_time_axis_counts_minutes_from_the_runs_start_for_metrics_and_resources_alike():
-    options = charts.ChartOptions(x="time", t0=1000.0)
+    options = chart_parts.ChartOptions(x="time", t0=1000.0)
     fig = charts.length_figure(table_of([{"step": 1, "time": 1060.0, "completion_length": 12.0}]), options)
     assert fig["data"][0]["x"] == [1.0] and fig["layout"]["xaxis"]["title"]["text"] == "wall time (min)"
     usage = ResourceUsage()
     usage.add([ResourceSample(time=1120.0, cpu_percent=50.0, ram_bytes=2**30)])
-    util = charts.utilisation_figure({"trainer": usage}, charts.ChartOptions(t0=1000.0))
+    util = resource_charts.utilisation_figure({"trainer": usage}, chart_parts.ChartOptions(t0=1000.0))
     assert util["data"][0]["x"] == [2.0], "resource charts line up with the metric charts"
 
 
@@ -90,7 +90,7 @@ def test_utilisation_plots_each_gpu_where_there_are_gpus_and_cpu_otherwise_one_c
     for t in range(3):
         gpu.add([ResourceSample(time=t, cpu_percent=50, gpu_util=(80.0, 20.0), gpu_mem_bytes=(1, 2))])
         cpu.add([ResourceSample(time=t, cpu_percent=100.0)])
-    fig = charts.utilisation_figure({"trainer": gpu, "vllm-0": cpu}, STEP)
+    fig = resource_charts.utilisation_figure({"trainer": gpu, "vllm-0": cpu}, STEP)
     assert names(fig) == ["trainer GPU0", "trainer GPU1", "vllm-0 CPU"]
     colours = [t["line"]["color"] for t in fig["data"]]
     assert colours[0] == colours[1] != colours[2]
@@ -134,7 +134,7 @@ def test_an_empty_chart_says_why_and_a_filled_one_does_not():
     empty = charts.ratio_figure(table_of([{"step": 1, "reward": 0.5}]), STEP)
     assert not empty["data"] and "on-policy" in empty["layout"]["annotations"][0]["text"]
     waiting = charts.reward_figure(SeriesTable(), STEP)
-    assert waiting["layout"]["annotations"][0]["text"] == charts.EMPTY
+    assert waiting["layout"]["annotations"][0]["text"] == chart_parts.EMPTY
     filled = charts.ratio_figure(table_of([{"step": 1, "ratio": 1.0}]), STEP)
     assert names(filled) == ["ratio"] and "annotations" not in filled["layout"]
     assert filled["layout"]["shapes"][0]["y0"] > 0.98, "the healthy band is narrow, not +-0.1"
@@ -144,7 +144,7 @@ def test_a_long_run_draws_a_bounded_figure():
     table = SeriesTable()
     for i in range(1, 100_001):
         table.add({"step": i, "reward": (i % 97) / 97})
-    text = charts.plot_json(charts.reward_figure(table, STEP))
+    text = chart_parts.plot_json(charts.reward_figure(table, STEP))
     assert len(json.loads(text)["data"][0]["x"]) <= 2 * 200 + 100 and len(text) < 20_000
 
 
@@ -181,7 +181,7 @@ def test_the_sync_chart_draws_each_replicas_load_time_from_the_proxys_records(tm
     assert list(lines) == ["weight sync", "step", "load on vllm-0", "load on vllm-1"]
     assert lines["load on vllm-0"] == ([1, 2], [0.25, 0.3])
     assert lines["load on vllm-1"] == ([1, 2], [0.5, 1.25]), "the slow replica shows: it holds each sync up"
-    minutes = charts.ChartOptions(x="time", t0=view.adapter_loads[0]["time"])
+    minutes = chart_parts.ChartOptions(x="time", t0=view.adapter_loads[0]["time"])
     xs, _ = {t["name"]: (t["x"], t["y"]) for t in charts.sync_figure(
         view.table, minutes, {}, view.adapter_loads, view.first_step)["data"]}["load on vllm-1"]
     assert xs[0] == 0 and len(xs) == 2, "on the time axis each load is placed at its own time"
@@ -283,7 +283,7 @@ def test_the_held_out_chart_draws_the_base_model_the_best_under_the_rule_and_the
         assert all(shown[v] == held.records[v] for v in shown), "a drawn version is its record, not a group's mean"
         fig = charts.heldout_figure(shown, table, STEP, {"eval_source": "split"}, held.best_version)
         [star] = [t for t in fig["data"] if t["name"] == f"best: v{versions // 3}"]
-        assert star["y"] == [charts._round(held.records[versions // 3]["score"])]
+        assert star["y"] == [chart_parts.rounded(held.records[versions // 3]["score"])]
         line = next(t for t in fig["data"] if t["name"] == "held-out score")
         assert line["text"][0] == "v0" and line["text"][-1] == f"v{versions - 1}"
 
@@ -304,12 +304,12 @@ def test_a_runs_charts_name_their_x_axis_kind_and_keep_a_zoom_across_redraws_of_
     table = table_of([{"step": 1, "time": 1060.0, "reward": 0.5, "kl": 0.1}])
     usage = ResourceUsage()
     usage.add([ResourceSample(time=1120.0, cpu_percent=50.0, ram_bytes=2**30)])
-    run = charts.ChartOptions(t0=1000.0)
+    run = chart_parts.ChartOptions(t0=1000.0)
     reward, kl = charts.reward_figure(table, run)["layout"], charts.kl_figure(table, run)["layout"]
-    util = charts.utilisation_figure({"trainer": usage}, run)["layout"]
+    util = resource_charts.utilisation_figure({"trainer": usage}, run)["layout"]
     assert reward["meta"] == kl["meta"] == {"x_axis": "step"} and util["meta"] == {"x_axis": "time"}
     again = charts.reward_figure(table_of([{"step": 2, "time": 1070.0, "reward": 0.7}]), run)["layout"]
     assert again["uirevision"] == reward["uirevision"], "new points keep the chart's zoom (plotly's uirevision)"
-    other_run = charts.reward_figure(table, charts.ChartOptions(t0=2000.0))["layout"]
-    other_axis = charts.reward_figure(table, charts.ChartOptions(x="time", t0=1000.0))["layout"]
+    other_run = charts.reward_figure(table, chart_parts.ChartOptions(t0=2000.0))["layout"]
+    other_axis = charts.reward_figure(table, chart_parts.ChartOptions(x="time", t0=1000.0))["layout"]
     assert reward["uirevision"] not in (other_run["uirevision"], other_axis["uirevision"])

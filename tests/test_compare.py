@@ -12,7 +12,7 @@ from backend.plan.spec import RunSpec
 from backend.storage.series import SeriesTable
 from backend.view.compare import config_diff, metric_points, on_axis
 from backend.view.runview import ResourceUsage
-from panel import charts, compare_view
+from panel import chart_parts, charts, compare_view, resource_charts
 
 pytestmark = pytest.mark.unit
 
@@ -90,17 +90,17 @@ def test_the_dashboard_charts_follow_the_chosen_x_axis():
     # One job billing $1.20/h from T0 + 60 s: $0.02 a minute; nothing spent before it started.
     corners = spend_knots([JobRecord("j", "r", "trainer", "RUNNING", T0, flavor="a10g-small", started_at=T0 + 60.0)],
                           {"a10g-small": 1.2}, T0 + 300.0)
-    dollars = charts.ChartOptions(x="dollars", t0=T0, dollars=corners)
+    dollars = chart_parts.ChartOptions(x="dollars", t0=T0, dollars=corners)
     fig = charts.reward_figure(table, dollars)
     [mean] = [t for t in fig["data"] if t["name"] == "mean reward"]
     assert mean["x"] == [0.0, 0.02, 0.04, 0.06] and fig["layout"]["xaxis"]["title"]["text"] == "dollars spent (USD)"
-    assert charts.utilisation_figure({"trainer": usage}, dollars)["data"][0]["x"] == [0.02]
-    assert charts.spent_at(corners, T0 + 10_000) == 0.08, "flat after the last corner (the clock's now)"
-    minutes = charts.ChartOptions(x="time", t0=T0, x_note="local runs cost nothing")
+    assert resource_charts.utilisation_figure({"trainer": usage}, dollars)["data"][0]["x"] == [0.02]
+    assert chart_parts.spent_at(corners, T0 + 10_000) == 0.08, "flat after the last corner (the clock's now)"
+    minutes = chart_parts.ChartOptions(x="time", t0=T0, x_note="local runs cost nothing")
     fig = charts.reward_figure(table, minutes)
     assert next(t for t in fig["data"] if t["name"] == "mean reward")["x"] == [1.0, 2.0, 3.0, 4.0]
     assert fig["layout"]["xaxis"]["title"]["text"] == "wall time (min) (local runs cost nothing)"
-    fig = charts.reward_figure(table, charts.ChartOptions())
+    fig = charts.reward_figure(table, chart_parts.ChartOptions())
     assert next(t for t in fig["data"] if t["name"] == "mean reward")["x"] == [1, 2, 3, 4]
 
 

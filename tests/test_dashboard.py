@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from backend.storage.observers import AdapterVersion
-from panel import dashboard
+from panel import adapters_table, dashboard, replicas_table, run_header, samples_table
 
 pytestmark = pytest.mark.unit
 
@@ -25,15 +25,15 @@ def test_adapter_rows_show_step_and_which_replicas_hold_each_version():
     stats = [{"time": 1, "replicas": [
         {"url": "http://a", "healthy": True, "adapters": ["trl-policy-v2", "trl-policy-v3"]},
         {"url": "http://b", "healthy": True, "adapters": ["trl-policy-v3"]}]}]
-    rows = dashboard.adapter_rows(_view(adapters=adapters, first_step=first_step, replica_stats=stats,
+    rows = adapters_table.adapter_rows(_view(adapters=adapters, first_step=first_step, replica_stats=stats,
                                         superseded={"trl-policy-v1": 4}))
     assert [(r[0], r[2], r[5]) for r in rows] == [
         ("trl-policy-v3", 2, "vllm-0, vllm-1"), ("trl-policy-v2", 1, "vllm-0"), ("trl-policy-v1", "-", "-")]
     assert rows[0][4] == 0.041
     assert [r[6] for r in rows] == ["", "", "superseded: the run resumed from step 4"]
     plain = _view(adapters=adapters, first_step=first_step, replica_stats=stats)
-    assert "note" not in dashboard.adapter_headers(plain), "an empty note column takes room from the rewards"
-    assert len(dashboard.adapter_rows(plain)[0]) == len(dashboard.adapter_headers(plain)) == 6
+    assert "note" not in adapters_table.adapter_headers(plain), "an empty note column takes room from the rewards"
+    assert len(adapters_table.adapter_rows(plain)[0]) == len(adapters_table.adapter_headers(plain)) == 6
 
 
 def test_the_run_on_help_says_what_each_choice_means_never_a_name_as_its_own_meaning():
@@ -53,13 +53,13 @@ def test_a_replica_whose_job_ended_is_down_and_holds_no_adapters():
             "vllm-1": SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL"))}
     adapters = {3: AdapterVersion(3, "trl-policy-v3", "runs/r/.vllm_lora/trl-policy-v3", 2, 0.0, 41_000)}
     view = _view(replica_stats=stats, current_jobs=jobs, adapters=adapters)
-    assert [r[1] for r in dashboard.replica_rows(view)] == ["up", "DOWN (job ERROR)"]
-    assert [r[5] for r in dashboard.replica_rows(view)] == ["trl-policy-v3", ""]
-    assert dashboard.adapter_rows(view)[0][5] == "vllm-0"
+    assert [r[1] for r in replicas_table.replica_rows(view)] == ["up", "DOWN (job ERROR)"]
+    assert [r[5] for r in replicas_table.replica_rows(view)] == ["trl-policy-v3", ""]
+    assert adapters_table.adapter_rows(view)[0][5] == "vllm-0"
     # One that stopped by itself once the run finished is no fault: stopped, not DOWN, and it serves nothing.
     jobs["vllm-0"] = SimpleNamespace(status=JobStatus("COMPLETED"))
-    assert [r[1] for r in dashboard.replica_rows(view)] == ["stopped (job COMPLETED)", "DOWN (job ERROR)"]
-    assert [r[5] for r in dashboard.replica_rows(view)] == ["", ""]
+    assert [r[1] for r in replicas_table.replica_rows(view)] == ["stopped (job COMPLETED)", "DOWN (job ERROR)"]
+    assert [r[5] for r in replicas_table.replica_rows(view)] == ["", ""]
 
 
 def test_each_replica_row_carries_the_proxys_serving_proof_of_the_newest_version():
@@ -69,12 +69,12 @@ def test_each_replica_row_carries_the_proxys_serving_proof_of_the_newest_version
         {"url": "http://a", "listed": True, "served": "trl-policy-v7", "delta_base": 0.4},
         {"url": "http://b", "listed": True, "served": "trl-policy-v7", "delta_base": 0.0},     # the base model
         {"url": "http://c", "error": "timed out"}]}
-    rows = dashboard.replica_rows(_view(replica_stats=stats, serving=serving))
+    rows = replicas_table.replica_rows(_view(replica_stats=stats, serving=serving))
     assert [r[0] for r in rows] == ["vllm-0", "vllm-1", "vllm-2"] and rows[0][-1] == "http://a"
     assert [r[6] for r in rows] == ["serves trl-policy-v7: yes · differs from base: yes",
                                     "serves trl-policy-v7: yes · differs from base: NO",
                                     "canary failed: timed out"]
-    assert dashboard.replica_rows(_view(replica_stats=stats, serving={}))[0][6] == "-", "no proof yet"
+    assert replicas_table.replica_rows(_view(replica_stats=stats, serving={}))[0][6] == "-", "no proof yet"
 
 
 def test_the_servers_of_one_replica_job_are_named_by_it_and_show_their_own_rates():
@@ -85,7 +85,7 @@ def test_the_servers_of_one_replica_job_are_named_by_it_and_show_their_own_rates
                                        **load} for j in range(2) for k in range(2)]}]
     jobs = {"vllm-0": SimpleNamespace(status=JobStatus("RUNNING")),
             "vllm-1": SimpleNamespace(status=JobStatus("ERROR", "killed"))}
-    rows = dashboard.replica_rows(_view(replica_stats=stats, current_jobs=jobs))
+    rows = replicas_table.replica_rows(_view(replica_stats=stats, current_jobs=jobs))
     assert [r[0] for r in rows] == ["vllm-0/0", "vllm-0/1", "vllm-1/0", "vllm-1/1"]
     assert [r[1] for r in rows] == ["up", "up", "DOWN (job ERROR)", "DOWN (job ERROR)"], "a job's end downs its servers"
     assert [(r[7], r[8]) for r in rows] == [(15200.0, 0.97)] * 2 + [("-", "-")] * 2
@@ -97,12 +97,12 @@ def test_samples_of_the_latest_step_or_a_chosen_one():
                 "rewards": {"reward": 0.5, "rewards/digits": 1.0}, "advantage": 0.25, "length": 12, "truncated": i == 1}
                for s in (3, 4) for i in range(2)]
     view = _view(samples=samples)
-    assert dashboard.sample_steps(view) == [4, 3]
-    rows = dashboard.sample_rows(view)
+    assert samples_table.sample_steps(view) == [4, 3]
+    rows = samples_table.sample_rows(view)
     assert [r[3] for r in rows] == ["c40", "c41"] and rows[0][1] == 3
     assert rows[0][4] == "reward 0.5 · digits 1" and rows[0][5] == 0.25 and [r[7] for r in rows] == ["no", "yes"]
-    assert [r[3] for r in dashboard.sample_rows(view, 3)] == ["c30", "c31"]
-    assert dashboard.sample_rows(_view(samples=[])) == []
+    assert [r[3] for r in samples_table.sample_rows(view, 3)] == ["c30", "c31"]
+    assert samples_table.sample_rows(_view(samples=[])) == []
 
 
 def test_log_text_filters_case_insensitively_and_keeps_the_tail():
@@ -119,11 +119,11 @@ def test_a_failed_jobs_cause_is_the_last_error_line_of_its_log_masked():
             "bash: /venv/bin/python: No such file or directory", "token hf_abcdefghijklmnopqrstuvwxyz12 printed"]
     jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 127; see the log"), logs=logs),
             "vllm-0": SimpleNamespace(status=JobStatus("RUNNING"), logs=["ERROR not this one"])}
-    cause = dashboard.failure_cause(_view(current_jobs=jobs))
+    cause = run_header.failure_cause(_view(current_jobs=jobs))
     assert cause == ("✗ Failed: **trainer: exited with code 127; see the log** — "
                      "`bash: /venv/bin/python: No such file or directory`")
     jobs["trainer"].logs = [*logs, "ValueError: bad token hf_abcdefghijklmnopqrstuvwxyz12"]
-    cause = dashboard.failure_cause(_view(current_jobs=jobs))
+    cause = run_header.failure_cause(_view(current_jobs=jobs))
     assert "ValueError: bad token hf_***" in cause and "abcdefghij" not in cause, cause
 
 
@@ -132,10 +132,10 @@ def test_the_trainers_own_error_is_the_cause_and_a_healthy_run_has_none():
 
     failed = {"event": "failed", "error": "RewardFunctionError: boom"}
     jobs = {"trainer": SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=["ERROR other"])}
-    cause = dashboard.failure_cause(_view(current_jobs=jobs, trainer_end=failed))
+    cause = run_header.failure_cause(_view(current_jobs=jobs, trainer_end=failed))
     assert cause == "✗ Failed: **RewardFunctionError: boom**"
     running = {"trainer": SimpleNamespace(status=JobStatus("RUNNING"), logs=["Error in a warning"])}
-    assert dashboard.failure_cause(_view(current_jobs=running)) == ""
+    assert run_header.failure_cause(_view(current_jobs=running)) == ""
 
 
 # Log tails as the jobs wrote them when they failed: the proxy's asyncio noise after the trainer was killed,
@@ -165,24 +165,25 @@ def test_a_failed_jobs_cause_is_its_real_error_not_the_noise_after_it():
     from backend.plan.jobspec import JobStatus
 
     trainer = SimpleNamespace(status=JobStatus("ERROR", "exited with code 1"), logs=KILLED_TRAINER_LOG)
-    cause = dashboard.status_markdown(_header_view(current_jobs={"trainer": trainer}))
+    cause = run_header.status_markdown(_header_view(current_jobs={"trainer": trainer}))
     assert "torch.OutOfMemoryError: CUDA out of memory" in cause and "Unclosed" not in cause, cause
 
     # A killed replica's status says how it ended; an INFO access-log line of its log is no cause.
     replica = SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL (out of memory, or killed from outside)"),
                               logs=KILLED_REPLICA_LOG)
-    cause = dashboard.failure_cause(_view(current_jobs={"vllm-1": replica}))
+    cause = run_header.failure_cause(_view(current_jobs={"vllm-1": replica}))
     assert cause == "✗ Failed: **vllm-1: killed by SIGKILL (out of memory, or killed from outside)**", cause
 
     # Only noise after a kill: the status alone.
     noise = SimpleNamespace(status=JobStatus("ERROR", "killed by SIGKILL"), logs=KILLED_TRAINER_LOG[-5:])
-    assert dashboard.failure_cause(_view(current_jobs={"trainer": noise})) == "✗ Failed: **trainer: killed by SIGKILL**"
+    assert (run_header.failure_cause(_view(current_jobs={"trainer": noise}))
+            == "✗ Failed: **trainer: killed by SIGKILL**")
 
     # The kernel's OOM kill as bash reports it beats an earlier, lesser error line.
     shell = SimpleNamespace(status=JobStatus("ERROR", "exited with code 137"),
                             logs=["ERROR could not reach the Hub, retrying", "bash: line 1:  4242 Killed  python -m x",
                                   "INFO: shutting down"])
-    assert dashboard.failure_cause(_view(current_jobs={"trainer": shell})).endswith(
+    assert run_header.failure_cause(_view(current_jobs={"trainer": shell})).endswith(
         "`bash: line 1:  4242 Killed  python -m x`")
 
 
@@ -234,13 +235,13 @@ def test_the_replica_table_counts_restarts_disconnects_and_canary_misses_each_as
     assert fewer[0].snapshot()["restarted"] == 0, "neither its URL nor its place is known: it starts from 0"
 
     stats = [{"time": 2, "replicas": [r.snapshot() | {"healthy": True} for r in same]}]
-    rows = dashboard.replica_rows(_view(replica_stats=stats))
+    rows = replicas_table.replica_rows(_view(replica_stats=stats))
     assert [r[9] for r in rows] == ["restarted 1x · came back 2x · missed the canary 3x", "missed the canary 1x"]
     view = _view(replica_stats=stats)
     assert RunView.retries.fget(view) == ["vllm-0 taken back 1x after a restart",
                                           "vllm-0 stopped answering and came back 2x"], "a miss is not a retry"
     old = [{"time": 1, "replicas": [{"url": "http://a", "healthy": True, "joined": 3, "restarted": 1}]}]
-    assert dashboard.replica_rows(_view(replica_stats=old))[0][9] == "restarted 1x · came back 1x", \
+    assert replicas_table.replica_rows(_view(replica_stats=old))[0][9] == "restarted 1x · came back 1x", \
         "a proxy from before the run's counts: its returns beyond its restarts were disconnects"
 
 
@@ -255,7 +256,7 @@ def test_a_starting_run_says_its_start_up_stage_with_elapsed_time_until_its_firs
     view = _view(current_jobs={"trainer": trainer}, spec=spec, table=SeriesTable(), launch_failure=None)
 
     def line(now=1041.0):
-        return dashboard.start_up_line(view, now)
+        return run_header.start_up_line(view, now)
 
     assert line() == "◌ Starting: **waiting for a machine (scheduling)**", "the cost line beside it says the time"
     trainer.status = JobStatus("RUNNING")
@@ -287,10 +288,10 @@ def test_a_distributed_run_waits_for_its_replicas_and_an_hf_jobs_run_installs_fi
     attempt = [{"writer": "trainer", "event": "attempt", "role": "trainer", "time": 5.0}]
     view = _view(current_jobs=jobs, spec={"model": "builtin:tiny-qwen2"}, table=SeriesTable(), launch_failure=None,
                  events=attempt)
-    assert "waiting for the vLLM replicas (1/2 replica jobs running)" in dashboard.start_up_line(view, 10.0)
+    assert "waiting for the vLLM replicas (1/2 replica jobs running)" in run_header.start_up_line(view, 10.0)
     hub = _view(current_jobs={"trainer": SimpleNamespace(status=JobStatus("RUNNING"), logs=deque())},
                 spec={"model": "Qwen/Qwen2.5-0.5B", "executor": "hf_jobs"}, table=SeriesTable(),
                 launch_failure=None, events=attempt)
-    assert "**installing the runtime and loading the model**" in dashboard.start_up_line(hub, 10.0)
+    assert "**installing the runtime and loading the model**" in run_header.start_up_line(hub, 10.0)
     hub.current_jobs["trainer"].status = JobStatus("COMPLETED")
-    assert dashboard.start_up_line(hub, 10.0) == ""
+    assert run_header.start_up_line(hub, 10.0) == ""

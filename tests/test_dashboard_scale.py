@@ -20,7 +20,7 @@ from backend.view.runview import (
     MAX_LOG_LINES,
     RunView,
 )
-from panel import dashboard, live
+from panel import adapters_table, dashboard, live, run_header, samples_table
 from panel.tick import TICK_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -188,7 +188,7 @@ def test_a_long_runs_tick_sends_a_bounded_payload_and_the_adapters_table_pages(t
     update = live.dashboard_update(panel, run.spec.run_id, {})
     plots = sum(len(update.values[name]) for name in dashboard.PLOTS)
     assert plots < 300_000, f"{plots} bytes of figures"
-    assert len(update.values["adapters"]["data"]) == dashboard.ADAPTER_PAGE
+    assert len(update.values["adapters"]["data"]) == adapters_table.ADAPTER_PAGE
     assert update.values["adapters"]["data"][0][0] == "trl-policy-v1000", "newest first"
 
 
@@ -248,7 +248,7 @@ def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_
     assert len(usage) == HISTORY_TAIL_SAMPLES and usage.times[-1] == run.t0 + rows
     logs = view.jobs["trainer"].logs
     assert len(logs) == FIRST_LOOK_LOG_LINES and logs[-1].startswith(f"step {rows}/"), "the log's newest lines"
-    assert f"history before step {rows - tail + 1}" in dashboard.status_markdown(view)
+    assert f"history before step {rows - tail + 1}" in run_header.status_markdown(view)
     before = view.version
     dashboard.shared_frame(view)                                 # drawn: the history joins drawn alike
 
@@ -268,7 +268,7 @@ def test_a_first_look_at_a_long_run_draws_its_newest_rows_and_reads_its_history_
     with open(executor.log_path(run.job_ids["trainer"])) as f:
         assert list(view.jobs["trainer"].logs) == f.read().splitlines()[-MAX_LOG_LINES:], "the whole tail, once"
     assert view.unreadable == {f"{metrics}/{layout.fragment_name('trainer', 5)}": 1}
-    assert "earlier history" not in dashboard.status_markdown(view)
+    assert "earlier history" not in run_header.status_markdown(view)
     run.grow(10)
     view.refresh()
     assert view.table.steps[-1] == rows + 20 and len(view.table) == rows + 20
@@ -424,7 +424,7 @@ def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_an
     assert sorted(held.scores) == [0, *range(5001 - EVALS_TAIL_FRAGMENTS, 5001)] and held.span == (0, 5000)
     assert held.best_version == 1234 and held.rule_score(1234) == 0.95, "best.json names it before its record is read"
     assert held.baseline == 0.35 and held.best_files and view.history_pending and held.older_pending
-    assert "best **trl-policy-v1234** (held-out 0.950)" in dashboard.best_line(view)
+    assert "best **trl-policy-v1234** (held-out 0.950)" in run_header.best_line(view)
     chart = held.chart_records()
     assert {0, 5000} <= set(chart) and len(chart) <= EVALS_TAIL_FRAGMENTS + 2
 
@@ -476,7 +476,7 @@ def test_samples_are_written_one_fragment_per_flush_and_a_run_of_one_file_per_st
         run = SyntheticRun(str(home), 60, samples=samples)
         view = _view(str(home), run)
         view.refresh()
-        assert dashboard.sample_steps(view)[0] == 60 and len(dashboard.sample_rows(view)) == 4
+        assert samples_table.sample_steps(view)[0] == 60 and len(samples_table.sample_rows(view)) == 4
         assert len(os.listdir(run.samples_dir)) == (6 if samples == "flush" else 60)
 
 
@@ -603,7 +603,7 @@ def test_ten_sessions_ticking_one_run_build_its_summary_samples_and_components_o
             for browser in browsers:
                 await browser.open()
             monkeypatch.setattr(RunSummaries, "_glance", counting("summary", RunSummaries._glance))
-            monkeypatch.setattr(dashboard, "sample_rows", counting("samples", dashboard.sample_rows))
+            monkeypatch.setattr(samples_table, "sample_rows", counting("samples", samples_table.sample_rows))
             monkeypatch.setattr(gr.Plot, "postprocess", counting("plots", gr.Plot.postprocess))
             panel.spend.clock = lambda: 1e9          # one second of the summaries' clock
             run.grow(10)

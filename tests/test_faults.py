@@ -265,7 +265,7 @@ def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_
     from backend.runs.launch import LaunchError
     from backend.runs.resume import resume_plan
     from backend.runtime.trainer.common import latest_checkpoint
-    from panel import dashboard
+    from panel import adapters_table
 
     registry = _registry(executor)
     spec = RunSpec(max_steps=30, adapter_every=2, checkpoint_every=10)
@@ -302,7 +302,7 @@ def test_a_colocated_run_cancelled_and_resumed_reuses_no_version_name_and_keeps_
     supersedes = [e["names"] for e in _trainer_events(view) if e["event"] == "adapters_superseded"]
     assert supersedes == ([list(plan.superseded)] if plan.superseded else [])
     # The note column is there only where a version is superseded (an empty one took a fifth of the table's width).
-    rows = {row[0]: row[6] for row in dashboard.adapter_rows(view)} if plan.superseded else {}
+    rows = {row[0]: row[6] for row in adapters_table.adapter_rows(view)} if plan.superseded else {}
     assert all(rows[name].startswith("superseded") for name in plan.superseded)
     assert set(view.jobs) == {"trainer", "trainer#1"} and view.stage == "COMPLETED"
     assert view.jobs["trainer#1"].status.stage == "CANCELED"
@@ -436,7 +436,7 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
     from backend.runs.resume import resume_plan
     from backend.runtime.tiny_model import TINY_MODEL
     from backend.runtime.trainer.common import latest_checkpoint
-    from panel import dashboard
+    from panel import dashboard, replicas_table
 
     monkeypatch.setenv("GRPO_HEARTBEAT_S", "2")             # the jobs inherit the panel's environment
     # Long enough for the trainer's own retry below to beat again (a local retry starts at once), short enough for
@@ -469,13 +469,13 @@ def test_a_distributed_run_takes_back_a_restarted_replica_and_trainer_then_survi
     assert view.stage == "RUNNING"
     at_kill = steps()
     wait_until(lambda: steps() > at_kill, 180, 1, "training went on with one replica")
-    rows = dashboard.replica_rows(view)
+    rows = replicas_table.replica_rows(view)
     assert rows[1][1] == "DOWN" and rows[1][5] == "", rows
     assert "degraded (1/2 replicas)" in dashboard.build_frame(view).status
     wait_until(lambda: steps() and view.degraded is None, 480, 1, "the restarted replica taken back")
     assert executor.main_pid(jobs["vllm-1"]) != first_replica
     assert view.jobs["vllm-1"].status.message == "attempt 2 of 2"
-    assert dashboard.replica_rows(view)[1][1] == "up" and "vllm-1 taken back 1x after a restart" in view.retries
+    assert replicas_table.replica_rows(view)[1][1] == "up" and "vllm-1 taken back 1x after a restart" in view.retries
     assert "vllm-1 taken back 1x" in dashboard.build_frame(view).status
 
     # The trainer is OOM-killed: its job starts it again, and the retried trainer resumes from the bucket's newest

@@ -11,7 +11,7 @@ from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec
 from backend.runtime.job.sampler import visible_gpu_indices
 from backend.view.runview import ResourceUsage
-from panel import charts
+from panel import chart_parts, resource_charts
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +78,8 @@ def test_charts_name_each_jobs_gpu_by_the_machines_index():
     trainer, replica = ResourceUsage(), ResourceUsage()
     trainer.add([ResourceSample(time=t, gpu_util=(60.0,), gpu_mem_bytes=(2**30,), gpu_index=(0,)) for t in range(3)])
     replica.add([ResourceSample(time=t, gpu_util=(90.0,), gpu_mem_bytes=(2**31,), gpu_index=(1,)) for t in range(3)])
-    usages, options = {"trainer": trainer, "vllm-0": replica}, charts.ChartOptions()
-    assert [t["name"] for t in charts.utilisation_figure(usages, options)["data"]] == ["trainer GPU0", "vllm-0 GPU1"]
-    assert [t["name"] for t in charts.memory_figure(usages, options)["data"]] == ["trainer GPU0", "vllm-0 GPU1"]
+    usages, options = {"trainer": trainer, "vllm-0": replica}, chart_parts.ChartOptions()
+    assert ([t["name"] for t in resource_charts.utilisation_figure(usages, options)["data"]]
+            == ["trainer GPU0", "vllm-0 GPU1"])
+    assert ([t["name"] for t in resource_charts.memory_figure(usages, options)["data"]]
+            == ["trainer GPU0", "vllm-0 GPU1"])

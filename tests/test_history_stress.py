@@ -14,7 +14,7 @@ from backend.storage.observers import FragmentReader
 from backend.storage.series import SeriesTable
 from backend.storage.store import FolderStore
 from backend.view.runview import RunView, _with_band
-from panel import charts, dashboard
+from panel import chart_parts, dashboard, run_header
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from dashboard_scale import SyntheticRun
@@ -42,7 +42,7 @@ def _session(view, x: str, errors: list) -> None:
         for _ in range(TICKS):
             view.expire()
             view.refresh_if_due()
-            dashboard.build_frame(view, charts.ChartOptions(x=x, t0=view.table.times[0] if len(view.table) else 0))
+            dashboard.build_frame(view, chart_parts.ChartOptions(x=x, t0=view.table.times[0] if len(view.table) else 0))
     except Exception as e:  # every failure of a tick is the test's finding
         errors.append(f"tick ({x}): {type(e).__name__}: {e}")
 
@@ -123,9 +123,9 @@ def test_a_failed_history_read_is_said_and_tried_again_until_every_row_is_in(tmp
     first = int(view.table.steps[0])
     view._history.join(30)
     assert view.history_failure == "OSError: the bucket did not answer"
-    status = dashboard.status_markdown(view)
+    status = run_header.status_markdown(view)
     assert f"Could not read the run's earlier history before step {first} (OSError" in status, status
     assert view.history_pending, "the rows it did not bring are still to read"
     assert view.wait_for_history(60)
     assert list(view.table.steps) == list(range(1, ROWS + 1)), "every row, once"
-    assert not view.history_failure and "earlier history" not in dashboard.status_markdown(view)
+    assert not view.history_failure and "earlier history" not in run_header.status_markdown(view)

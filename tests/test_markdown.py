@@ -3,7 +3,7 @@ Markdown (or Gradio's LaTeX) would read as markup is escaped, and no component o
 
 import pytest
 
-from panel import dashboard
+from panel import run_header
 from panel.markdown import masked, plain
 
 pytestmark = pytest.mark.unit
@@ -31,7 +31,7 @@ def test_markdown_active_characters_are_escaped(text, shown):
 
 
 def test_a_run_named_as_a_math_block_heads_its_header_as_text():
-    header = dashboard.titled("### Run `20260101-000000-abcdef` — **RUNNING**", "$$x$$")
+    header = run_header.titled("### Run `20260101-000000-abcdef` — **RUNNING**", "$$x$$")
     assert header.startswith(r"### \$\$x\$\$ · Run ")
     assert masked("$$\\frac{1}{2}$$") == r"\$\$\\frac{1}{2}\$\$"
 

@@ -203,8 +203,7 @@ def test_streamed_completions_stream_through(proxy, adapters):
 
 def test_the_proxy_adds_the_token_and_never_reveals_it(pool, proxy, caplog):
     # The replicas demand the key on every route but /health (runtime.serving.replica_key), the dev-mode routes TRL
-    # needs
-    # included, which vLLM's own --api-key leaves open; a wrong key is refused like none.
+    # needs included, which vLLM's own --api-key leaves open; a wrong key is refused like none.
     replica = pool.urls[0]
     routes = [("GET", "/v1/models"), ("POST", "/pause"), ("GET", "/is_paused"), ("GET", "/server_info"),
               ("POST", "/reset_prefix_cache"), ("POST", "/v1/load_lora_adapter"), ("POST", "/collective_rpc")]
@@ -433,7 +432,7 @@ def test_a_restarted_proxy_goes_on_from_the_runs_counts_of_disconnects_and_canar
     the same metrics folder, it carries on the run's counts (the replica table's totals) from its last snapshot, and
     its own first look at the replicas counts as nothing."""
     from backend.runtime.serving.proxy import CANARY_INTERVAL_ENV, start_proxy_process
-    from panel.dashboard import history_cell
+    from panel.replicas_table import history_cell
 
     monkeypatch.setenv(CANARY_INTERVAL_ENV, "1")
     first = start_proxy_process(pool.urls, stats_dir=str(tmp_path), token=API_KEY)

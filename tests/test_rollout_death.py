@@ -139,7 +139,7 @@ def test_a_rollout_worker_killed_mid_run_ends_the_run_with_its_cause(trainer):
 def test_a_local_run_whose_rollout_worker_dies_ends_error_with_the_cause_one_alert_and_one_post(tmp_path):
     """As a user sees it, with no dashboard open: a local distributed run launched from a panel that then went away,
     watched by another panel's background check. Seconds from the kill are printed."""
-    from panel import dashboard
+    from panel import run_header
     from panel.actions import Panel, Settings
     from tests.fakehub import wait_until
     from tests.test_alerts import Webhook
@@ -184,7 +184,7 @@ def test_a_local_run_whose_rollout_worker_dies_ends_error_with_the_cause_one_ale
         assert event["key"] == "job-error-trainer", event
         view = watching.runs.local.view(run_id)      # the page opened now: its header says why the run stopped
         view.refresh()
-        header = dashboard.status_markdown(view)
+        header = run_header.status_markdown(view)
         assert "ERROR" in header and "rollout worker died: killed by SIGKILL" in header, header
         print(f"ERROR {ended:.1f} s after the rollout worker was killed; webhook post after {posted:.1f} s")
     finally:

@@ -104,7 +104,7 @@ def test_a_local_job_does_not_inherit_the_panels_token(tmp_path, monkeypatch):
 def test_a_failed_event_written_raw_into_the_bucket_is_shown_masked(tmp_path):
     from backend.storage.store import FolderStore
     from backend.view.runview import RunView
-    from panel import dashboard
+    from panel import run_header
 
     store = FolderStore(str(tmp_path))
     events = tmp_path / "runs" / "r1" / layout.EVENTS_DIR
@@ -117,7 +117,7 @@ def test_a_failed_event_written_raw_into_the_bucket_is_shown_masked(tmp_path):
 
     view = RunView("r1", store, NoJobs(), {})
     view.refresh()
-    status = dashboard.status_markdown(view)
+    status = run_header.status_markdown(view)
     shown = re.sub(r"\\(.)", r"\1", status)       # as Markdown renders it: escaped characters as themselves
     assert "OSError: token MYVAR_hf_***" in shown and OAUTH not in status
 

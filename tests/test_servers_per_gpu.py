@@ -19,7 +19,7 @@ from backend.runtime.serving.replicas import load_rates, parse_load
 from backend.runtime.serving.serve_replica import server_commands, server_envs, with_option
 from backend.view.diagnose import verdict
 from backend.view.servers import replica_gpu_busy, server_name, server_role, servers_per_job
-from panel.actions import distributed_engine
+from panel.preview_text import distributed_engine
 
 pytestmark = pytest.mark.unit
 

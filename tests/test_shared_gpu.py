@@ -8,7 +8,7 @@ from backend.plan import shared_gpu
 from backend.plan.engines import engine
 from backend.plan.engines import local as local_engine
 from backend.plan.spec import RunSpec
-from panel.actions import distributed_engine
+from panel.preview_text import distributed_engine
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """A sweep's ranking and its early-stop rule (backend/view/sweep.py), and the rule as the sweep's record, review code
-and preview state it (backend/plan/sweep.py, panel/actions.py). Pure: no panel, no process."""
+and preview state it (backend/plan/sweep.py, panel/preview_text.py). Pure: no panel, no process."""
 
 import pytest
 
@@ -132,7 +132,7 @@ def test_successive_halving_without_a_held_out_set_is_refused():
 
 
 def test_the_preview_states_the_rule():
-    from panel.actions import early_stop_line
+    from panel.preview_text import early_stop_line
 
     assert "by hand only" in early_stop_line(SweepSpec(BASE, {"learning_rate": [1e-4, 5e-4]}))
     line = early_stop_line(SweepSpec(BASE, {"learning_rate": [1e-4, 5e-4]}, early_stop_after=3))

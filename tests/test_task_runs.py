@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from panel import charts, dashboard
+from panel import chart_parts, charts, run_header
 from panel.actions import Panel, Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.full]
@@ -71,7 +71,7 @@ def math_run(panel, tmp_path_factory):
 
 def test_reward_code_on_a_jsonl_file_trains_and_each_function_is_its_own_series(math_run):
     view = math_run
-    assert view.stage == "COMPLETED", dashboard.status_markdown(view)
+    assert view.stage == "COMPLETED", run_header.status_markdown(view)
     assert [r["step"] for r in view.metrics] == [1, 2, 3]
     for record in view.metrics:
         parts = {name: record[f"rewards/{name}"] for name in ("accuracy_reward", "numeric", "right_answer")}
@@ -79,7 +79,7 @@ def test_reward_code_on_a_jsonl_file_trains_and_each_function_is_its_own_series(
         # GRPOConfig.reward_weights: the reward is the weighted sum of the per-function means.
         weighted = parts["accuracy_reward"] + 0.5 * parts["numeric"] + 2 * parts["right_answer"]
         assert record["reward"] == pytest.approx(weighted, abs=1e-4)
-    traces = {t["name"] for t in charts.reward_figure(view.table, charts.ChartOptions())["data"]}
+    traces = {t["name"] for t in charts.reward_figure(view.table, chart_parts.ChartOptions())["data"]}
     assert {"accuracy_reward", "numeric", "right_answer", "mean reward"} <= traces
     code_file = view.store.read_bytes(f"runs/{view.run_id}/code/user_rewards.py").decode()
     assert code_file == CODE.strip(), "the code that ran is kept with the run"
@@ -100,7 +100,7 @@ def test_a_reward_that_raises_mid_run_fails_the_run_with_its_traceback_on_the_da
     assert failed["code_traceback"].splitlines() == [
         "Traceback (your code, most recent call last):", '  File "user_rewards.py", line 8, in flaky',
         '    raise ValueError(f"boom at call {calls}")', "ValueError: boom at call 3"]
-    status = dashboard.status_markdown(view)
+    status = run_header.status_markdown(view)
     assert "✗ Failed: **RewardFunctionError: reward function 'flaky' raised ValueError: boom at call 3**" in status
     assert 'File "user_rewards.py", line 8, in flaky' in status
     assert [r["step"] for r in view.metrics] == [1, 2], "the steps before the failure are kept"
@@ -127,11 +127,11 @@ def test_a_math_task_no_completion_of_which_is_ever_right_raises_the_no_learning
         view.refresh()
         fired += panel.watch.alerts(view)
     view.refresh()
-    assert view.stage == "COMPLETED", dashboard.status_markdown(view)
+    assert view.stage == "COMPLETED", run_header.status_markdown(view)
     assert all(r["reward"] == 0.0 and r["frac_reward_zero_std"] == 1.0 for r in view.metrics)
     assert [a.kind for a in fired] == ["no-signal"], fired
     recorded = [e for e in view.events if e.get("event") == "alert"]
     assert [e["kind"] for e in recorded] == ["no-signal"] and "num_generations" in recorded[0]["message"]
-    status = dashboard.status_markdown(view)
+    status = run_header.status_markdown(view)
     assert "nothing is learned" in status and "Alert:" not in status, status
     assert len(view.metrics) >= diagnose.NO_SIGNAL_STEPS

@@ -14,7 +14,7 @@ from backend.plan.spec import LORA
 from backend.runs.access import Visitor
 from backend.runtime import layout
 from backend.view import diagnose
-from panel import dashboard, dashboard_view, launch_view, live, runs_view, tick
+from panel import dashboard, dashboard_view, launch_view, live, runs_view, samples_table, tick
 from panel.page import Page
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -74,7 +74,7 @@ def test_the_frame_holds_the_verdicts_change_the_sample_steps_the_job_roles_and_
     assert frame.change and frame.change["adapter_every"] > 1, frame.status
     assert frame.roles == sorted(JOBS)
     assert frame.config["run_id"] == run.spec.run_id and frame.config["mode"] == "distributed"
-    assert frame.sample_steps == dashboard.sample_steps(view)[:dashboard.SAMPLE_STEPS]
+    assert frame.sample_steps == samples_table.sample_steps(view)[:samples_table.SAMPLE_STEPS]
     assert frame.change == diagnose.verdict(view.table.rows(last=diagnose.WINDOW), view.spec).change
     assert set(frame.digests) == set(frame.values)
 
