@@ -19,7 +19,7 @@ from backend.storage.store import FolderStore
 from backend.view import diagnose
 from backend.view.alerts import AlertBook, WebhookStore, current_alerts
 from backend.view.diagnose import Alert
-from backend.view.runview import STARTED_NONE, note_started
+from backend.view.run_records import STARTED_NONE, note_started
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ import pytest
 
 from backend.executors.base import ResourceSample
 from backend.storage.series import SeriesTable
-from backend.view.runview import ResourceUsage
+from backend.view.job_view import ResourceUsage
 from panel import chart_parts, charts, resource_charts
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from backend.plan.jobspec import JobRecord
 from backend.plan.spec import RunSpec
 from backend.storage.series import SeriesTable
 from backend.view.compare import config_diff, metric_points, on_axis
-from backend.view.runview import ResourceUsage
+from backend.view.job_view import ResourceUsage
 from panel import chart_parts, charts, compare_view, resource_charts
 
 pytestmark = pytest.mark.unit

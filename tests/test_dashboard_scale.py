@@ -13,13 +13,9 @@ from backend.runtime import layout
 from backend.storage.observers import FragmentReader
 from backend.storage.series import SeriesTable
 from backend.storage.store import FolderStore
-from backend.view.runview import (
-    FIRST_LOOK_LOG_LINES,
-    HISTORY_TAIL_FRAGMENTS,
-    HISTORY_TAIL_SAMPLES,
-    MAX_LOG_LINES,
-    RunView,
-)
+from backend.view.bucket_reader import FIRST_LOOK_LOG_LINES, HISTORY_TAIL_FRAGMENTS, HISTORY_TAIL_SAMPLES
+from backend.view.job_view import MAX_LOG_LINES
+from backend.view.runview import RunView
 from panel import adapters_table, dashboard, live, run_header, samples_table
 from panel.tick import TICK_S
 
@@ -349,7 +345,7 @@ def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_i
     from backend.outcome.try_it import view_engine_event
     from backend.runs.resume import finished
     from backend.view.alerts import AlertBook
-    from backend.view.runview import EVENTS_TAIL_FRAGMENTS
+    from backend.view.bucket_reader import EVENTS_TAIL_FRAGMENTS
 
     run, view = _long_run_with_old_events(tmp_path, monkeypatch)
     view.refresh()
@@ -413,7 +409,7 @@ def _long_evaluated_run(root: str, versions: int, best: int) -> str:
 
 def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_and_joins_the_rest(tmp_path):
     from backend.outcome.best_version import HeldOut, change_best_by
-    from backend.view.runview import EVALS_TAIL_FRAGMENTS
+    from backend.view.bucket_reader import EVALS_TAIL_FRAGMENTS
 
     run_id = _long_evaluated_run(str(tmp_path), 5000, best=1234)
     view = RunView(run_id, ReadCountingStore(str(tmp_path)), None, {})
@@ -484,7 +480,7 @@ def test_samples_are_written_one_fragment_per_flush_and_a_run_of_one_file_per_st
 
 def test_the_watch_keeps_a_bounded_summary_of_a_live_run_nobody_watches(tmp_path, monkeypatch):
     from backend.runs.access import Visitor
-    from backend.view.runview import SUMMARY_ROWS
+    from backend.view.bucket_reader import SUMMARY_ROWS
     from panel.actions import Panel, Settings
 
     monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -10,7 +10,7 @@ from backend.executors.base import ResourceSample
 from backend.executors.local import LocalExecutor
 from backend.plan.jobspec import JobSpec
 from backend.runtime.job.sampler import visible_gpu_indices
-from backend.view.runview import ResourceUsage
+from backend.view.job_view import ResourceUsage
 from panel import chart_parts, resource_charts
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,8 @@ from backend.runtime import layout
 from backend.storage.observers import FragmentReader
 from backend.storage.series import SeriesTable
 from backend.storage.store import FolderStore
-from backend.view.runview import RunView, _with_band
+from backend.view.run_records import _with_band
+from backend.view.runview import RunView
 from panel import chart_parts, dashboard, run_header
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -112,16 +113,16 @@ class FailingStore(FolderStore):
 
 
 def test_a_failed_history_read_is_said_and_tried_again_until_every_row_is_in(tmp_path, monkeypatch):
-    from backend.view import runview
+    from backend.view import run_history
 
-    monkeypatch.setattr(runview, "HISTORY_RETRY_S", 0.2)
+    monkeypatch.setattr(run_history, "HISTORY_RETRY_S", 0.2)
     run = SyntheticRun(str(tmp_path), ROWS)
     executor = LocalExecutor(str(tmp_path))
     store = FailingStore(executor.bucket_root("local/bench"), failures=2)
     view = RunView(run.spec.run_id, store, executor, run.job_ids)
     view.refresh()
     first = int(view.table.steps[0])
-    view._history.join(30)
+    view.history.rows_thread.join(30)
     assert view.history_failure == "OSError: the bucket did not answer"
     status = run_header.status_markdown(view)
     assert f"Could not read the run's earlier history before step {first} (OSError" in status, status

@@ -167,7 +167,7 @@ class HeldOut:
             return []
         return [r for r in decoded if r is not None and is_eval_record(r) and r["policy_version"] == 0]
 
-    # ---- the older records of a long run, read in the background (`RunView._start_history`)
+    # ---- the older records of a long run, read in the background (`RunHistory.start`)
     @property
     def older_pending(self) -> bool:
         """Whether older records a first look left for later are still being found, read or joined: until they are,
