@@ -34,7 +34,8 @@ from backend.runtime.best_rule import (
 )
 from backend.runtime.redact import redact_record
 from backend.runtime.user_code import reward_function_names
-from backend.storage.observers import FragmentReader, adapter_folder_files
+from backend.storage.adapters import adapter_folder_files
+from backend.storage.observers import FragmentReader
 from backend.storage.series import Sketch
 from backend.storage.store import BucketStore, StoredFile
 

@@ -22,13 +22,8 @@ from backend.outcome.best_version import HeldOut
 from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobStatus, run_stage
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
-from backend.storage.observers import (
-    AdapterVersion,
-    FragmentReader,
-    final_adapter_files,
-    find_adapter_version,
-    list_adapter_versions,
-)
+from backend.storage.adapters import AdapterVersion, final_adapter_files, find_adapter_version, list_adapter_versions
+from backend.storage.observers import FragmentReader
 from backend.storage.series import SeriesTable, Sketch
 from backend.storage.store import BucketStore
 from backend.view.servers import server_name, server_role, servers_per_job
