@@ -412,7 +412,8 @@ def _long_evaluated_run(root: str, versions: int, best: int) -> str:
 
 
 def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_and_joins_the_rest(tmp_path):
-    from backend.outcome.best_version import HeldOut, change_best_by
+    from backend.outcome.best_version import change_best_by
+    from backend.outcome.held_out import HeldOut
     from backend.view.runview import EVALS_TAIL_FRAGMENTS
 
     run_id = _long_evaluated_run(str(tmp_path), 5000, best=1234)

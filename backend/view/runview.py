@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from backend.executors.base import Executor, ResourceSample
-from backend.outcome.best_version import HeldOut
+from backend.outcome.held_out import HeldOut
 from backend.plan.jobspec import ERROR, TERMINAL_STAGES, JobStatus, run_stage
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
