@@ -346,7 +346,7 @@ def _long_run_with_old_events(tmp_path, monkeypatch):
 
 def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_in_order(tmp_path, monkeypatch):
     from backend.outcome.best_version import choose
-    from backend.outcome.try_it import view_engine_event
+    from backend.outcome.try_live import view_engine_event
     from backend.runs.resume import finished
     from backend.view.alerts import AlertBook
     from backend.view.runview import EVENTS_TAIL_FRAGMENTS
