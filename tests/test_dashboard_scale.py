@@ -643,7 +643,8 @@ def test_the_runs_list_of_a_home_of_ended_runs_costs_what_changed(tmp_path, monk
     folder read, no row built) until a job folder comes; then the new run shows at the top."""
     from dashboard_scale import finished_runs
 
-    from backend.executors.local import FINAL_LISTING_S, LocalExecutor
+    from backend.executors.local import LocalExecutor
+    from backend.executors.local_listing import FINAL_LISTING_S
     from panel.actions import Panel, Settings, as_visitor
 
     finished_runs(str(tmp_path), 60)
