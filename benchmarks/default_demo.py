@@ -20,11 +20,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backend.executors.local import LocalExecutor
+from backend.outcome.hacking_sign import hacking_sign
 from backend.plan.spec import RunSpec
 from backend.runs.registry import RunRegistry
 from backend.runtime import tiny_model
 from backend.storage.store import FolderStore
-from backend.view.hacking import hacking_sign
 from benchmarks.sampled_run import spec_override
 from panel.presets import TINY_DEMO, preset_values
 

@@ -9,7 +9,7 @@ from backend.outcome.publish import PublishError, default_repo_id, push_adapter,
 from backend.runs.access import Visitor, acting_token, no_token_reason
 from backend.runs.hub_auth import can_control, whoami_name, writable_namespaces
 from backend.runs.run_ids import where_label
-from backend.storage.observers import final_adapter_files
+from backend.storage.adapters import final_adapter_files
 from panel.markdown import masked, plain
 
 

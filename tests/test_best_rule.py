@@ -7,13 +7,13 @@ import os
 
 import pytest
 
-from backend.outcome.best_version import HeldOutScore
+from backend.outcome.hacking_sign import hacking_sign
+from backend.outcome.held_out import HeldOutScore
 from backend.plan.spec import RunSpec, SpecError
 from backend.runtime import layout, records
 from backend.runtime.best_rule import BEST_BY_WRITER, parse_best_by, pick_best, rule_score, rule_text
 from backend.runtime.rewards import distinct_chars
 from backend.runtime.trainer.evaluate import BestVersion
-from backend.view.hacking import hacking_sign
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +69,7 @@ def test_the_ranking_a_tick_reads_names_the_version_best_of_names_as_scores_arri
     every score): whatever arrives, replaces or stands in for an unread record, it names what `best_of` names."""
     import random
 
-    from backend.outcome.best_version import Ranking
+    from backend.outcome.ranking import Ranking
     from backend.runtime.best_rule import EPSILON, best_of
 
     rng = random.Random(32)

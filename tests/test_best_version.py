@@ -201,11 +201,11 @@ def test_another_visitors_run_is_not_theirs_to_try_or_download(tmp_path, monkeyp
 
 def test_before_best_is_republished_the_highest_score_read_is_the_best_and_best_json_is_read_once_there(tmp_path,
                                                                                                       monkeypatch):
-    from backend.outcome import best_version
-    from backend.outcome.best_version import HeldOut
+    from backend.outcome import held_out
+    from backend.outcome.held_out import HeldOut
     from backend.storage.store import FolderStore
 
-    monkeypatch.setattr(best_version, "BEST_RECHECK_S", 0.0)
+    monkeypatch.setattr(held_out, "BEST_RECHECK_S", 0.0)
     run = SyntheticRun(str(tmp_path), 200)
     write_evals(run)
     best_json = os.path.join(run.run_dir, layout.BEST_DIR, "best.json")
@@ -414,7 +414,7 @@ def test_when_no_version_beats_the_base_model_nothing_is_picked_and_final_says_t
     assert "no version beats the base model" in panel.set_best_by(run_id, "digits=1, distinct=1")
     view = panel.view(run_id)
     view.refresh()
-    view.final_files = __import__("backend.storage.observers", fromlist=["x"]).final_adapter_files(view.store, run_id)
+    view.final_files = __import__("backend.storage.adapters", fromlist=["x"]).final_adapter_files(view.store, run_id)
     assert view.final_files and view.held_out.none_beats_base
     assert default_choice(view) is None, "nothing is picked for a download or a push"
     assert next(value for _label, value in version_choices(view)) == "final", "final/ can still be picked by hand"

@@ -247,7 +247,7 @@ def _evaluated_view(root, versions: int, best_at: int | None = None, monitor_at:
 
 
 def test_the_held_out_chart_draws_a_bounded_sketch_keeping_the_base_model_the_best_and_the_newest(tmp_path):
-    from backend.outcome.best_version import CHART_GROUPS, CHART_NEWEST
+    from backend.outcome.held_out import CHART_GROUPS, CHART_NEWEST
 
     table = table_of([{"step": s, "time": float(s), "reward": 0.5} for s in range(1, 31)])
     sizes = {}
@@ -270,7 +270,7 @@ def test_the_held_out_chart_draws_the_base_model_the_best_under_the_rule_and_the
     """The best under a rule other than the trained score (here a monitor's peak, no extreme of the scores the
     sketch keeps), the base model and the newest version are drawn as they are, whatever the run's length; the
     rest costs about what a 1,000-step run's 50 versions do."""
-    from backend.outcome.best_version import CHART_GROUPS, CHART_NEWEST
+    from backend.outcome.held_out import CHART_GROUPS, CHART_NEWEST
 
     table = table_of([{"step": s, "time": float(s), "reward": 0.5} for s in range(1, 31)])
     for versions in (60, 700, 5000):

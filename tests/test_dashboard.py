@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.storage.observers import AdapterVersion
+from backend.storage.adapters import AdapterVersion
 from panel import adapters_table, dashboard, replicas_table, run_header, samples_table
 
 pytestmark = pytest.mark.unit

@@ -342,7 +342,7 @@ def _long_run_with_old_events(tmp_path, monkeypatch):
 
 def test_a_first_look_reads_a_long_runs_newest_events_and_joins_the_older_ones_in_order(tmp_path, monkeypatch):
     from backend.outcome.best_version import choose
-    from backend.outcome.try_it import view_engine_event
+    from backend.outcome.try_live import view_engine_event
     from backend.runs.resume import finished
     from backend.view.alerts import AlertBook
     from backend.view.bucket_reader import EVENTS_TAIL_FRAGMENTS
@@ -408,7 +408,8 @@ def _long_evaluated_run(root: str, versions: int, best: int) -> str:
 
 
 def test_a_first_look_reads_a_long_runs_newest_held_out_records_and_best_json_and_joins_the_rest(tmp_path):
-    from backend.outcome.best_version import HeldOut, change_best_by
+    from backend.outcome.best_version import change_best_by
+    from backend.outcome.held_out import HeldOut
     from backend.view.bucket_reader import EVALS_TAIL_FRAGMENTS
 
     run_id = _long_evaluated_run(str(tmp_path), 5000, best=1234)
@@ -638,7 +639,8 @@ def test_the_runs_list_of_a_home_of_ended_runs_costs_what_changed(tmp_path, monk
     folder read, no row built) until a job folder comes; then the new run shows at the top."""
     from dashboard_scale import finished_runs
 
-    from backend.executors.local import FINAL_LISTING_S, LocalExecutor
+    from backend.executors.local import LocalExecutor
+    from backend.executors.local_listing import FINAL_LISTING_S
     from panel.actions import Panel, Settings, as_visitor
 
     finished_runs(str(tmp_path), 60)

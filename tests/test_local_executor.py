@@ -181,7 +181,7 @@ def test_a_listing_made_while_a_job_is_being_submitted_never_ends_that_job(execu
         return call
 
     monkeypatch.setattr(local.tempfile, "mkdtemp", listed_after(local.tempfile.mkdtemp))
-    monkeypatch.setattr(local, "_write_json", listed_after(local._write_json))
+    monkeypatch.setattr(local, "write_json", listed_after(local.write_json))
     job_id = executor.submit(_job(["true"], run_id="busy"))
     monkeypatch.undo()
     assert seen, "the submit was listed while it ran"

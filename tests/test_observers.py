@@ -6,7 +6,8 @@ import os
 import pytest
 
 from backend.runtime.layout import FragmentWriter
-from backend.storage.observers import FragmentCursor, final_adapter_files, list_adapter_versions, read_new_records
+from backend.storage.adapters import final_adapter_files, list_adapter_versions
+from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
 
 pytestmark = pytest.mark.unit

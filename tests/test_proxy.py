@@ -404,7 +404,7 @@ def test_try_it_on_a_live_distributed_run_answers_through_the_proxy_for_the_base
 
     from backend.executors.local import ENGINE
     from backend.outcome.try_it import try_it
-    from backend.storage.observers import AdapterVersion
+    from backend.storage.adapters import AdapterVersion
 
     assert _load(proxy, "trl-policy-v2", adapters["rank8"]).status_code == 200
     try:

@@ -13,7 +13,7 @@ from backend.outcome.publish import PublishError, base_model_name, portable_conf
 from backend.plan.engines import engine
 from backend.runs.registry import write_adapter_zip
 from backend.runtime import layout
-from backend.storage.observers import final_adapter_files
+from backend.storage.adapters import final_adapter_files
 from backend.storage.store import FolderStore
 from backend.view.runview import RunView
 from tests.fakehub import FakeUser

@@ -18,7 +18,7 @@ from huggingface_hub import HfApi, Volume
 from huggingface_hub.errors import HfHubHTTPError
 
 from backend.executors.base import ResourceSample, SubmitError
-from backend.plan.engines.hf_jobs import ENGINE
+from backend.plan.engines.hf_jobs import ENGINE, exposed_url
 from backend.plan.hardware import list_flavors
 from backend.plan.jobspec import (
     APP_LABEL_VALUE,
@@ -147,7 +147,7 @@ class HfJobsExecutor:
             urls = dict(zip(info.expose or [], info.status.expose_urls or []))
         except Exception:   # the job was just created: a failed look-up falls back to the documented form
             urls = {}
-        return urls.get(port) or f"https://{job_id}--{port}.hf.jobs"
+        return urls.get(port) or exposed_url(job_id, port)
 
     # ---- logs and resources
     def read_logs(self, job_id: str, cursor: int) -> tuple[list[str], int]:

@@ -30,7 +30,7 @@ from backend.runtime import layout
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import TINY_MODEL, TINY_MODELS
 from backend.runtime.user_code import reward_function_names
-from backend.storage.observers import shipped
+from backend.storage.adapters import shipped
 
 
 class PublishError(ValueError):

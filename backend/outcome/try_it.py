@@ -5,7 +5,8 @@ Where an answer comes from:
   the base), for the versions its replicas hold (the newest `max_staleness + 1`). The panel reaches the proxy where
   the run runs on its own machine. On HF Jobs the proxy is inside the trainer job: on the run's private network the
   trainer exposes the proxy's one port, which the panel asks with the visitor's token; with exposed ports (the
-  published recipe) it asks one of the run's replicas on its exposed port, with the visitor's token, instead.
+  published recipe) it asks one of the run's replicas on its exposed port, with the visitor's token, instead
+  (`try_live.py`: which addresses those are).
 - Any other version, of a run whose base model is on this machine (a builtin model in the run's folder, a local
   folder, a Hub model in this machine's cache) and small enough, is answered on CPU with PEFT
   (`runtime.check.try_adapter`) in the sandbox the task check uses, never in the panel's process: an adapter is a
@@ -19,7 +20,6 @@ Where an answer comes from:
 import json
 import os
 import posixpath
-import re
 import secrets
 import shutil
 import signal
@@ -28,8 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -37,7 +35,7 @@ from huggingface_hub import snapshot_download
 
 from backend.outcome.best_version import BEST, FINAL, ChoiceError, choose, published, version_choices
 from backend.outcome.try_line import LineRefused, TryLine
-from backend.plan.recipe import PROXY_PORT
+from backend.outcome.try_live import live_answer, live_endpoint, served_versions
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_tokens
 from backend.runtime.tiny_model import BUILTIN_MODELS
@@ -52,12 +50,9 @@ TRY_TIMEOUT_S = 240.0                  # the whole CPU try: loading the base mod
 TRIES_WAITING = 4                      # CPU tries in line behind the running one: a wait of at most 4 x 240 s
 TRIES_PER_ADDRESS = 2                  # places (waiting or running) of visitors who are not signed in, an address
 TRIES_KEPT = 1                         # waiting places kept for signed-in visitors
-THROUGH_PROXY = "live replicas (through the proxy)"
-LIVE_TIMEOUT_S = 60.0                  # one answer through the proxy
 MAX_BASE_BYTES = 2 * 2**30             # a base model's weights that "fit this machine" for a CPU try
 BASE_FILES = (".json", ".safetensors", ".jinja", ".txt", ".model")   # what of a model folder a try copies
 MAX_ADAPTER_BYTES = 512 * 2**20
-LOCAL_PROXY = re.compile(r"^http://127\.0\.0\.1:\d{2,5}$")
 _line = TryLine(waiting=TRIES_WAITING, cap_s=TRY_TIMEOUT_S, per_address=TRIES_PER_ADDRESS, kept=TRIES_KEPT)
 
 
@@ -137,7 +132,7 @@ def try_it(view, engine, token: str | None, prompt, picks, max_tokens, who: str 
         if route.startswith("live"):
             state.progress = f"Asking the live replicas for {pick}…"
             yield state
-            state.answers[pick] = _live_answer(view, live, _model_name(view, pick), prompt, tokens, token)
+            state.answers[pick] = live_answer(live, _model_name(view, pick), _messages(view, prompt), tokens, token)
     if local:
         base, why = local_base(view)
         if base is None:
@@ -165,73 +160,6 @@ def _model_name(view, pick: str) -> str | None:
     if version is None or published(view, version) is None:
         raise ChoiceError(f"run {view.run_id} published no adapter {pick[:80]!r}")
     return pick
-
-
-# ---- live: through the proxy (or one replica) of a distributed run that is running
-
-def live_endpoint(view, engine) -> tuple[str, str | None, str] | None:
-    """(URL, the job id whose exposed port it is or None for a proxy on this machine, the route's name) to ask, or
-    None when the run is not live."""
-    if view.spec.get("mode") != "distributed" or view.stage != "RUNNING" or view.done:
-        return None
-    if engine.on_panel_machine:
-        url = str(view_engine_event(view).get("proxy_url") or "")
-        return (url, None, THROUGH_PROXY) if LOCAL_PROXY.match(url) else None
-    trainer = view.current_jobs.get("trainer")
-    if view.spec.get("network") == "private" and engine.network_groups:
-        # The replicas have no port of their own: the trainer's exposed port is the proxy, behind the visitor's token.
-        if trainer is None or trainer.status.done or not view.replica_stats:
-            return None
-        return view.executor.exposed_url(trainer.job_id, PROXY_PORT).rstrip("/"), trainer.job_id, THROUGH_PROXY
-    jobs = {job.job_id for role, job in view.current_jobs.items() if role.startswith("vllm-") and not job.status.done}
-    for replica in (view.replica_stats[-1].get("replicas", []) if view.replica_stats else []):
-        url = str(replica.get("url") or "")
-        # Only a URL of one of this run's own replica jobs: the visitor's token goes with the request.
-        job = next((j for j in jobs if re.match(rf"^https://{re.escape(j)}--\d+\.hf\.jobs$", url)), None)
-        if replica.get("healthy") and job:
-            return url, job, "live replica"
-    return None
-
-
-def view_engine_event(view) -> dict:
-    return next((e for e in reversed(view.events) if e.get("event") == records.ENGINE), {})
-
-
-def served_versions(view) -> set[str]:
-    """The adapter names the healthy replicas held at the proxy's newest snapshot."""
-    if not view.replica_stats:
-        return set()
-    return {str(name) for r in view.replica_stats[-1].get("replicas", []) if r.get("healthy")
-            for name in r.get("adapters", [])}
-
-
-def _live_answer(view, live, model: str | None, prompt: str, tokens: int, token: str | None) -> str:
-    url, job = live[:2]
-    headers = {"Content-Type": "application/json"}
-    if job and token:
-        headers["Authorization"] = f"Bearer {token}"
-    try:
-        if model is None:
-            models = _http_json(f"{url}/v1/models", None, headers)
-            model = next((m["id"] for m in models.get("data", []) if not m.get("parent")), None)
-            if model is None:
-                return "(the replicas list no base model)"
-        messages = _messages(view, prompt)
-        body = {"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0.0}
-        reply = _http_json(f"{url}/v1/chat/completions", body, headers)
-        return str(reply["choices"][0]["message"]["content"])
-    except urllib.error.HTTPError as exc:
-        detail = exc.read(300).decode(errors="replace")
-        return redact_tokens(f"(the replicas answered HTTP {exc.code}: {detail})")
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        return redact_tokens(f"(the replicas could not be asked: {exc})")
-
-
-def _http_json(url: str, body: dict | None, headers: dict) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    with urllib.request.urlopen(request, timeout=LIVE_TIMEOUT_S) as response:
-        return json.loads(response.read(1 << 20))
 
 
 def _messages(view, prompt: str) -> list[dict]:

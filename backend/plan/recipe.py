@@ -87,12 +87,19 @@ def _job(spec: RunSpec, role: str, command: list[str], flavor: str, *, read_only
     )
 
 
+def on_private_network(mode: str | None, network: str | None, engine) -> bool:
+    """Whether a run's jobs share a private network: a distributed run on private networking, where its engine has
+    network groups. Its replicas then expose no port (nothing there a visitor's request could reach): the trainer
+    reaches them at their aliases, and only the trainer's proxy port is exposed, behind the visitor's token."""
+    return mode == "distributed" and network == "private" and bool(engine.network_groups)
+
+
 def network_group(spec: RunSpec, fleet: bool = False) -> str | None:
-    """The network group of a distributed run on private networking (where its engine has network groups), named
-    after the run as the Hub wants it (lowercase letters, digits and dashes, at most 46); else None. `fleet`: a sweep
-    member's trainer on its sweep's shared fleet joins the fleet's group (named after the fleet's id, as the fleet's
-    own replicas are), where it reaches the fleet's replicas at their aliases."""
-    if spec.mode != "distributed" or spec.network != "private" or not spec.engine.network_groups:
+    """The network group of a distributed run on private networking (`on_private_network`), named after the run as
+    the Hub wants it (lowercase letters, digits and dashes, at most 46); else None. `fleet`: a sweep member's trainer
+    on its sweep's shared fleet joins the fleet's group (named after the fleet's id, as the fleet's own replicas
+    are), where it reaches the fleet's replicas at their aliases."""
+    if not on_private_network(spec.mode, spec.network, spec.engine):
         return None
     run_id = spec.fleet if fleet and spec.fleet else spec.run_id
     name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"grpo-{run_id}".lower())).strip("-")

@@ -34,8 +34,8 @@ from backend.runs.resume import ResumePlan, resume_plan
 from backend.runs.run_ids import RunIdBook
 from backend.runtime.layout import atomic_write_bytes
 from backend.runtime.redact import redact_tokens
+from backend.storage.adapters import final_adapter_files
 from backend.storage.journal import FAILED, LAUNCHING, ROLLED_BACK, RUN, LaunchJournal
-from backend.storage.observers import final_adapter_files
 from backend.storage.store import BucketStore
 from backend.view.runview import RunView
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from backend.plan.spec import RunSpec
 from backend.runs.launch import LaunchError
 from backend.runtime import layout, records
-from backend.storage.observers import list_adapter_versions
+from backend.storage.adapters import list_adapter_versions
 from backend.storage.store import BucketStore
 
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")

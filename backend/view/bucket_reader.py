@@ -11,7 +11,8 @@ import json
 from backend.plan.jobspec import TERMINAL_STAGES, JobStatus
 from backend.runtime import layout, records
 from backend.runtime.redact import redact_record
-from backend.storage.observers import AdapterVersion, FragmentReader, final_adapter_files, list_adapter_versions
+from backend.storage.adapters import AdapterVersion, final_adapter_files, list_adapter_versions
+from backend.storage.observers import FragmentReader
 from backend.storage.series import SeriesTable
 from backend.view.job_view import MAX_LOG_LINES, RECENT_SAMPLES, JobView
 from backend.view.run_records import _event_time, _is_metric_record, _is_number, _with_band, note_started

@@ -17,10 +17,10 @@ import time
 from collections import deque
 
 from backend.executors.base import Executor
-from backend.outcome.best_version import HeldOut
+from backend.outcome.held_out import HeldOut
 from backend.plan.jobspec import ERROR, TERMINAL_STAGES, run_stage
 from backend.runtime import layout
-from backend.storage.observers import AdapterVersion, find_adapter_version
+from backend.storage.adapters import AdapterVersion, find_adapter_version
 from backend.storage.series import SeriesTable
 from backend.storage.store import BucketStore
 from backend.view.bucket_reader import (

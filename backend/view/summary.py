@@ -5,7 +5,7 @@ changes), its job records (one listing serves every run), and its newest logged 
 a dashboard keeps of the run when there is one; otherwise from the trainer's metric fragments through the same
 `FragmentReader` the dashboard uses, read from a cursor at most every `read_every_s` while a job is active, and once
 for a finished run (its newest fragments only). Its best held-out version comes from the view's held-out scores
-where a dashboard has read them, else from the run's published best.json (`best_version.published_best`: one small
+where a dashboard has read them, else from the run's published best.json (`published_best.published_best`: one small
 file, not its evaluation records), read as often as its metrics while a job is active, again once its jobs ended, then
 every `BEST_REREAD_S` (the user may change the rule of a finished run).
 """
@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from backend.outcome.best_version import PublishedBest, held_out_best, published_best
+from backend.outcome.published_best import PublishedBest, held_out_best, published_best
 from backend.plan.cost import RATE_POINTS, RunCost, hourly_prices, run_cost, view_points
 from backend.plan.hardware import FlavorCache
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord, run_stage

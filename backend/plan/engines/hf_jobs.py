@@ -1,6 +1,8 @@
 """The Hugging Face Jobs engine: jobs billed per flavor and hour, in the bucket's namespace, with the visitor's
 token."""
 
+import re
+
 from backend.plan import recipe
 from backend.plan.engines.base import Engine
 from backend.plan.hardware import FALLBACK_FLAVORS, Flavor, list_flavors
@@ -81,5 +83,19 @@ class HfJobsEngine(Engine):
 
 
 ENGINE = HfJobsEngine()
+
+EXPOSED_URL = "https://{job_id}--{port}.hf.jobs"    # where a job's exposed port answers (the documented form)
+
+
+def exposed_url(job_id: str, port) -> str:
+    """The documented address of job `job_id`'s exposed `port` (callers send `Authorization: Bearer <token>`)."""
+    return EXPOSED_URL.format(job_id=job_id, port=port)
+
+
+def is_exposed_url(url: str, job_id: str) -> bool:
+    """Whether `url` is, in the documented form, an exposed port of job `job_id`, and nothing else: a request sent
+    there carries the visitor's token."""
+    before, after = EXPOSED_URL.split("{port}")
+    return re.match(rf"^{re.escape(before.format(job_id=job_id))}\d+{re.escape(after)}$", url) is not None
 
 

@@ -118,7 +118,7 @@ class LocalEngine(Engine):
         return vllm_server_env(cpu=True, kv_cache_gib=LOCAL_KV_CACHE_GIB)
 
     def replica_url(self, i: int, port) -> str:
-        return f"http://{LOOPBACK}:{port}"
+        return loopback_url(port)
 
     def preview_command(self, job: JobSpec, bucket_root) -> str:
         return as_run(job, bucket_root).local_preview()
@@ -131,6 +131,12 @@ class LocalEngine(Engine):
 
 
 ENGINE = LocalEngine()
+LOOPBACK_URL = re.compile(rf"^http://{re.escape(LOOPBACK)}:\d{{2,5}}$")   # a server of a local run, and nothing else
+
+
+def loopback_url(port) -> str:
+    """Where a local job's `port` answers: on loopback only (`LOOPBACK_URL`)."""
+    return f"http://{LOOPBACK}:{port}"
 
 
 def local_runtime_installed() -> bool:
