@@ -16,8 +16,6 @@ class TokenTooShort(Refused):
 
 
 @dataclass(frozen=True)
-
-
 class CostEstimate:
     """The most a run's jobs can cost (each job's hourly price times its timeout), or why it cannot be said."""
 
@@ -27,8 +25,6 @@ class CostEstimate:
 
 
 @dataclass(frozen=True)
-
-
 class LaunchPreview:
     """The jobs a launch would submit, each command as its engine shows it, and what stands before the launch."""
 
@@ -41,8 +37,6 @@ class LaunchPreview:
 
 
 @dataclass(frozen=True)
-
-
 class ResumePreview:
     plan: ResumePlan
     jobs: list[JobSpec]
@@ -50,8 +44,6 @@ class ResumePreview:
 
 
 @dataclass(frozen=True)
-
-
 class ReviewNeeded:
     """Not launched (or resumed) yet: the visitor must review exactly this spec first."""
 
@@ -60,8 +52,6 @@ class ReviewNeeded:
 
 
 @dataclass(frozen=True)
-
-
 class Launched:
     run: LaunchedRun
     spec: RunSpec
@@ -69,8 +59,6 @@ class Launched:
 
 
 @dataclass(frozen=True)
-
-
 class SweepForm:
     """The launch form's sweep: its rows (a field's name, its values as text; a row without either is unused),
     grid or side by side, and what the reviewed preview fixed, kept by the launch: the sweep's id and its members'
@@ -90,8 +78,6 @@ class SweepForm:
 
 
 @dataclass(frozen=True)
-
-
 class SweepPreview:
     """The sweep a launch would start: its members (each a run's whole preview), the fleet they need, what it can
     cost in all, and its review code."""
@@ -111,8 +97,6 @@ class SweepPreview:
 
 
 @dataclass(frozen=True)
-
-
 class LaunchedSweep:
     sweep: SweepSpec
     members: list[Launched]
