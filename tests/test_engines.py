@@ -267,3 +267,13 @@ def test_a_ray_replica_checks_its_ports_on_its_node_and_a_local_or_hf_jobs_repli
     local = preview_jobs(RunSpec(mode="distributed", replicas=2))
     remote = preview_jobs(RunSpec(mode="distributed", replicas=2, executor="hf_jobs", bucket="alice/b"))
     assert not any("--check-ports" in j.command[2] for j in [*local, *remote])
+
+
+def test_an_executor_answers_whether_it_lists_with_a_visitors_token_and_one_that_does_not_say_answers_no():
+    from backend.executors.base import Executor, answers_lists_with_token
+    from backend.executors.hf_jobs import HfJobsExecutor
+    from backend.executors.local import LocalExecutor
+
+    assert Executor.lists_with_token is False
+    assert answers_lists_with_token(HfJobsExecutor) is True
+    assert answers_lists_with_token(LocalExecutor) is False and answers_lists_with_token(object()) is False

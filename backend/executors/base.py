@@ -31,6 +31,12 @@ class SubmitError(RuntimeError):
 class Executor(Protocol):
     name: str                   # its engine's name (`backend.plan.engines.engine(name)`)
     namespace: str | None       # the Hub namespace its jobs run in (HF Jobs); None where jobs run on machines
+    lists_with_token: bool = False
+    """Whether its job list is an API call made with a visitor's own token (HF Jobs: one registry per namespace and
+    token). A listing that fails is then that visitor's to read about (`RunDirectory.listing_problem`), shows none of
+    that registry's runs and is asked again only after its interval, while the other registries list as usual; where
+    False, a failed listing is raised. Executors implement this protocol by shape, not by inheriting it: one that
+    does not declare it answers this default (`answers_lists_with_token`)."""
 
     def submit(self, job: JobSpec, secrets: dict[str, str] | None = None) -> str:
         """Start a job and return its id. `secrets` maps the JobSpec's secret names to values."""
@@ -67,3 +73,8 @@ class Executor(Protocol):
 
     def unreadable_records(self, run_id: str) -> dict[str, int]:
         """Records of the run's jobs that were skipped as unreadable, per file."""
+
+
+def answers_lists_with_token(executor: object) -> bool:
+    """`Executor.lists_with_token` of `executor`, its default where the executor does not declare it."""
+    return bool(getattr(executor, "lists_with_token", Executor.lists_with_token))

@@ -78,6 +78,7 @@ class HfJobsExecutor:
     """Submits, watches and cancels the jobs of runs in one Hub namespace (a user or an org)."""
 
     name = ENGINE.name
+    lists_with_token = True     # each registry lists its namespace's jobs with its visitor's token (`base.Executor`)
 
     def __init__(self, token: str | None, namespace: str, *, reconnect_delay_s: float = 2.0):
         self.namespace = namespace

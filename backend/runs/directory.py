@@ -12,6 +12,7 @@ import threading
 import time
 
 from backend.executors import shared_executor
+from backend.executors.base import answers_lists_with_token
 from backend.executors.hf_jobs import HfJobsExecutor
 from backend.plan.engines import engines
 from backend.plan.engines.base import Engine
@@ -115,21 +116,21 @@ class RunDirectory:
         token = acting_token(visitor, self.deployment)
         out, failed = [], False
         for registry in registries:
-            hub = isinstance(registry.executor, HfJobsExecutor)
-            if hub and time.monotonic() < self._retry_at.get(id(registry), 0.0):
+            per_token = answers_lists_with_token(registry.executor)
+            if per_token and time.monotonic() < self._retry_at.get(id(registry), 0.0):
                 out.append([])          # failed a moment ago: a down Hub is not asked again by every tick
                 failed = True
                 continue
             try:
                 out.append(registry.list_runs())
             except Exception as exc:
-                if not hub or not token:
+                if not per_token or not token:
                     raise
                 self._listing_failed(token, exc)
                 self._retry_at[id(registry)] = time.monotonic() + registry.list_every_s
                 out.append([])
                 failed = True
-        if token and not failed and any(isinstance(r.executor, HfJobsExecutor) for r in registries):
+        if token and not failed and any(answers_lists_with_token(r.executor) for r in registries):
             self._problems.pop(_digest(token), None)
         return tuple(out)
 

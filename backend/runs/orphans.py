@@ -21,15 +21,16 @@ import time
 from dataclasses import dataclass
 
 from backend.plan.jobspec import TERMINAL_STAGES, JobRecord
-from backend.runs.launch import CLOCK_SLACK_S, LAUNCH_WRITER, remember_failed_launch
 from backend.runs.registry import cancel_jobs
+from backend.runs.run_files import LAUNCH_WRITER, remember_failed_launch
+from backend.runs.submit import CLOCK_SLACK_S
 from backend.runtime import layout
 from backend.runtime.records import LAUNCH_FAILED
 from backend.storage.journal import CHECK, LAUNCHING, ROLLED_BACK, STOPPED_DURING_LAUNCH, Launch, bucket_copy_path
 from backend.task.check_job import CHECKS_DIR
 
 # A job the Hub created behind a failed answer was created before the panel recorded the failure; CLOCK_SLACK_S
-# (launch.py's: the launch's own rollback uses it too) later still counts, while a resume started after it does not.
+# (submit.py's: the launch's own rollback uses it too) later still counts, while a resume started after it does not.
 # A launch submits its jobs within seconds; one still `launching` (or a replica still without its trainer) this long
 # after was left half done. Well above the Hub's job-list lag, so a trainer listed late is not missed.
 LAUNCH_STALE_S = 300.0

@@ -10,7 +10,7 @@ One record per launch, in two places:
   A launch takes the lock first (`claim`) and only then looks whether its id is free: a second launch of the same id
   (a retry after a lost answer) never overwrites the first one's record, and finds it (`launch.existing_launch`).
   A sweep holds `<sweep id>.sweep.lock` the same way for the whole of its launch (its record is `sweeps/<id>.json`
-  in the bucket, `backend/runs/operations.py`).
+  in the bucket, `backend/runs/sweep_launch.py`).
 - `runs/<run id>/launch.json` in the run's bucket folder (a run, not a task check): the same record, for every panel
   that sees the run, also one whose home is not this one (the orphan finder reads it).
 
