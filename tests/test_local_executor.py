@@ -47,7 +47,8 @@ def test_tiny_demo_runs_for_real_and_writes_metrics_adapters_and_final(executor)
     assert any("step 5/5" in line for line in view.jobs["trainer"].logs)
     assert view.jobs["trainer"].resources, "the resource sampler recorded nothing"
     run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
-    assert os.path.isfile(os.path.join(run_dir, "code", "runtime", "train.py")), "the code that ran is archived"
+    archived = os.path.join(run_dir, "code", "runtime", "trainer", "train.py")
+    assert os.path.isfile(archived), "the code that ran is archived"
     assert [r.run_id for r in RunRegistry(executor, None).list_runs()] == [spec.run_id]
 
 
