@@ -22,11 +22,11 @@ from backend.view.compare import (
     metric_points,
     on_axis,
 )
+from backend.view.run_history import HISTORY_WAIT_S
 from panel import spend_view
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 X_TITLES = {"step": "step", "wall time": "wall time (min)", "dollars": "dollars spent (USD)"}
-HISTORY_WAIT_S = 30.0      # how long a comparison waits for a long run's history, read in the background
 HELD_OUT = "heldout"        # the held-out figure's name among the compared ones
 NOT_LOGGED = {"ratio": "not logged: only async (distributed) runs log the importance ratio",
               HELD_OUT: "no held-out evaluation in these runs"}

@@ -16,13 +16,13 @@ from backend.runs.registry import RunRegistry
 from backend.runtime.best_rule import rule_text
 from backend.runtime.layout import atomic_write_chunks
 from backend.runtime.redact import redact_tokens
+from backend.view.run_history import HISTORY_WAIT_S
 from backend.view.runview import RunView, reading
 from panel.publish_view import suggested_repo_id
 from panel.visitors import as_visitor
 
 HELD_OUT_CSV_FIRST = ["version", "adapter", "step", "best_by", "held_out_score", "best", "trained_score",
                       "trained_score_std", "prompts"]
-HISTORY_WAIT_S = 30.0      # how long a held-out download waits for a long run's older records
 
 
 class Downloads:

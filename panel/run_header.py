@@ -167,7 +167,7 @@ def failure_parts(view) -> tuple[str, str] | None:
 
 
 def end_lines(view) -> list[str]:
-    """How the current attempt's trainer stopped, below the charts' summary: the end of a failed trainer's
+    """How the current launch's trainer stopped, below the charts' summary: the end of a failed trainer's
     traceback (a failing reward's own frames last), or why it was cancelled. The cause itself is at the top."""
     last = view.trainer_end
     if last.get("event") == records.FAILED:

@@ -18,7 +18,7 @@ from backend.runtime.serving import gpu_split
 from backend.runtime.serving.replicas import load_rates, parse_load
 from backend.runtime.serving.serve_replica import server_commands, server_envs, with_option
 from backend.view.diagnose import verdict
-from backend.view.servers import replica_gpu_busy, server_name, server_role, servers_per_job
+from backend.view.servers import listed_per_job, replica_gpu_busy, server_name, server_role
 from panel.preview_text import distributed_engine
 
 pytestmark = pytest.mark.unit
@@ -188,7 +188,7 @@ def test_a_servers_load_is_read_from_its_metrics():
 
 
 def test_servers_are_named_by_their_replica_job():
-    assert servers_per_job(8, 2) == 4 and servers_per_job(3, 2) == 1 and servers_per_job(2, 0) == 1
+    assert listed_per_job(8, 2) == 4 and listed_per_job(3, 2) == 1 and listed_per_job(2, 0) == 1
     assert [server_name(i, 2) for i in range(4)] == ["vllm-0/0", "vllm-0/1", "vllm-1/0", "vllm-1/1"]
     assert server_role(3, 2) == "vllm-1" and server_name(1, 1) == "vllm-1"
 

@@ -7,9 +7,9 @@ Two signs, each against the base model (version 0, else the first evaluated vers
 - the answers collapse: most of the newest version's held-out answers are one character or one word repeated,
   where the baseline's were not.
 
-Calibrated on the tiny presets (docs/outcome.md): the honest tiny runs move the trained score by less than
-`TRAINED_RISE` or keep their monitor; the gamed task of issue 32 (`mostly_digits` trained, `varied` watched) moves
-it by ~0.5 while `varied` falls by more than half.
+Calibrated on the tiny presets (docs/views.md, "Watching a run": the reward-hacking alert): the honest tiny runs
+move the trained score by less than `TRAINED_RISE` or keep their monitor; the gamed task of issue 32
+(`mostly_digits` trained, `varied` watched) moves it by ~0.5 while `varied` falls by more than half.
 """
 
 from dataclasses import dataclass

@@ -19,7 +19,7 @@ class RunSummary:
     created_at: float
     jobs: dict[str, str]       # role -> job id (the newest attempt)
     stages: dict[str, str]     # role -> stage
-    earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<attempt>" -> job id of earlier attempts
+    earlier: dict[str, str] = field(default_factory=dict)   # "<role>#<launch>" -> job id of earlier launches
     timed_out: frozenset[str] = frozenset()    # roles whose newest job ended because it ran past its timeout
     unreadable: frozenset[str] = frozenset()   # roles whose newest job's record could not be read
     launch_failed: bool = False    # its newest launch failed or was rolled back (this home's journal says so)
@@ -92,11 +92,11 @@ class RunListing:
         return summaries
 
     def _summary(self, run_id: str, recs: list[JobRecord]) -> tuple[RunSummary, bool]:
-        """A run's summary from its job records (newest first): each role's newest job, the earlier attempts; and
+        """A run's summary from its job records (newest first): each role's newest job, the earlier launches; and
         whether it is settled (False while the journal says its launch is being rolled back)."""
         run = {"bucket": recs[0].bucket, "created_at": recs[0].created_at, "jobs": {}, "stages": {}, "earlier": {},
                "timed_out": frozenset(), "unreadable": frozenset()}
-        older: dict[str, list[str]] = {}        # role -> job ids of earlier attempts, newest first
+        older: dict[str, list[str]] = {}        # role -> job ids of earlier launches, newest first
         for rec in recs:
             if rec.role in run["jobs"]:
                 older.setdefault(rec.role, []).append(rec.job_id)

@@ -189,7 +189,7 @@ def stall_alert(rows: list[dict], now: float, running: bool, spec: dict | None =
                 started_at: float | None = None) -> Alert | None:
     """No new step for STALL_FACTOR median step times, and at least STALL_FLOOR_S, while the run's jobs run; a
     pause the run makes on purpose right then gets its allowance on top. `started_at`: when the trainer's current
-    attempt started training (a resumed run's), if after its newest step: the wait is then counted from it."""
+    launch started training (a resumed run's), if after its newest step: the wait is then counted from it."""
     times = _values(rows, "time")
     if not running or not times:
         return None

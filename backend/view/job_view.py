@@ -62,4 +62,4 @@ class JobView:
     log_version: int = 0
     resources: deque = field(default_factory=lambda: deque(maxlen=RECENT_SAMPLES))   # the newest raw samples
     usage: ResourceUsage = field(default_factory=ResourceUsage)                       # all of them, bounded
-    current: bool = True      # of the run's latest attempt (False: an earlier attempt, before a resume)
+    current: bool = True      # of the run's latest launch (False: an earlier launch, before a resume)

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 # the failure, doubling up to the cap: the rows it did not bring are never silently left out.
 HISTORY_RETRY_S = 2.0
 HISTORY_RETRY_MAX_S = 60.0
+# How long a request that needs a long run's whole history (a comparison, a held-out download) waits for it.
+HISTORY_WAIT_S = 30.0
 HISTORY_WAIT_FAILURES = 3    # a wait with no deadline (a resume's plan) gives up after this many failed reads
 
 

@@ -1,10 +1,11 @@
 """RunView: everything the dashboard shows about one run, kept up to date incrementally.
 
-`refresh()` asks each observer for what is new (metric and event fragments, adapter versions, log lines,
-resource samples, job stages) and appends it; it returns whether anything changed, so the panel redraws
-only then. A resumed run keeps its earlier attempts' jobs (and logs) as `<role>#<attempt>`; its stage and
-whether it is done are the current attempt's. Adapter versions come from the trainers' `adapter_published`
-events as well as from the folders, so a version whose serving copy was deleted still counts, in every panel.
+`refresh()` asks each observer for what is new (metric and event fragments, adapter versions, log lines, resource
+samples, job stages) and appends it; it returns whether anything changed, so the panel redraws only then. A resumed
+run keeps its earlier launches' jobs (and logs) as `<role>#<launch>`; its stage and whether it is done are the
+current launch's (a "launch" is the run's jobs submitted once, by Launch or Resume; an "attempt" is one start of one
+job, `runtime.job.attempt`). Adapter versions come from the trainers' `adapter_published` events as well as from the
+folders, so a version whose serving copy was deleted still counts, in every panel.
 
 The view holds what the page shows and derives the rest (stage, replicas up, retries); what it reads is read by its
 `reader` (`bucket_reader.RunReader`: each tick's new records) and its `history` (`run_history.RunHistory`: a long
@@ -33,7 +34,7 @@ from backend.view.bucket_reader import (
 from backend.view.job_view import JobView
 from backend.view.run_history import RunHistory
 from backend.view.run_records import STARTED_NONE, _is_number
-from backend.view.servers import server_name, server_role, servers_per_job
+from backend.view.servers import listed_per_job, server_name, server_role
 
 MIN_REFRESH_S = 1.0         # sessions ticking at once share one refresh: a second within this is a no-op
 SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its files do not change)
@@ -42,10 +43,10 @@ SETTLED_RECHECK_S = 60.0    # a finished run is looked at again this rarely (its
 class RunView:
     def __init__(self, run_id: str, store: BucketStore, executor: Executor, jobs: dict[str, str],
                  earlier: dict[str, str] | None = None, bounded: bool = False):
-        """`jobs`: role -> job id of the current attempt; `earlier`: "<role>#<attempt>" -> job id of earlier ones.
+        """`jobs`: role -> job id of the current launch; `earlier`: "<role>#<launch>" -> job id of earlier ones.
         A `bounded` view holds what the alerts and the runs list read, whatever the run's length: the newest
-        SUMMARY_ROWS steps, its events but adapter versions, each job's newest resource samples; it reads no
-        history, log, samples or adapter folders, and draws nothing."""
+        `bucket_reader.SUMMARY_ROWS` steps, its events but adapter versions, each job's newest resource samples; it
+        reads no history, log, samples or adapter folders, and draws nothing."""
         self.run_id = run_id
         self.bounded = bounded
         self.store = store
@@ -96,7 +97,7 @@ class RunView:
 
     @property
     def stage(self) -> str:
-        """The run's stage from its current attempt's jobs (`jobspec.run_stage`, the runs list's rule too); ERROR
+        """The run's stage from its current launch's jobs (`jobspec.run_stage`, the runs list's rule too); ERROR
         for a run whose current launch failed (what it had started was cancelled)."""
         if self.launch_failure is not None:
             return ERROR
@@ -114,7 +115,7 @@ class RunView:
 
     @property
     def replicas_up(self) -> tuple[int, int] | None:
-        """(replicas up, replica jobs) of the current attempt; None for a run without replicas. A replica is down
+        """(replicas up, replica jobs) of the current launch; None for a run without replicas. A replica is down
         when its job ended, or when the proxy's newest snapshot says it stopped answering after it had joined (its
         process died and its job is retrying it): it is up again once the proxy has taken it back. A sweep member on
         its sweep's shared fleet has no replica job of its own: the fleet's (its spec's `replicas`) are counted from
@@ -143,7 +144,7 @@ class RunView:
         out = [f"trainer retried at {_clock(e.get('time'))}" + (f" (attempt {e['attempt']})" if numbered else "")
                for e in retried]
         snapshot = self.replica_stats[-1].get("replicas", []) if self.replica_stats else []
-        per_job = servers_per_job(len(snapshot), sum(1 for role in self.current_jobs if role.startswith("vllm-")))
+        per_job = listed_per_job(len(snapshot), sum(1 for role in self.current_jobs if role.startswith("vllm-")))
         for i, r in enumerate(snapshot):
             restarted, reconnected, _missed = replica_counts(r)
             if restarted:
@@ -276,11 +277,11 @@ class RunView:
         return self._lock
 
     def replace_jobs(self, jobs: dict[str, str]) -> None:
-        """Watch a new attempt's jobs (the run was resumed); the earlier attempts' jobs stay, as `<role>#<n>`."""
+        """Watch a new launch's jobs (the run was resumed); the earlier launches' jobs stay, as `<role>#<n>`."""
         with self._lock:
             for role, job in list(self.current_jobs.items()):
-                attempt = 1 + sum(key.startswith(f"{role}#") for key in self.jobs)
-                job.role, job.current = f"{role}#{attempt}", False
+                launch = 1 + sum(key.startswith(f"{role}#") for key in self.jobs)
+                job.role, job.current = f"{role}#{launch}", False
                 self.jobs[job.role] = self.jobs.pop(role)
             self.jobs.update({role: JobView(job_id, role) for role, job_id in jobs.items()})
             self._settled = False
@@ -332,7 +333,7 @@ def replica_counts(r) -> tuple[int, int, int]:
 def _lost_roles(snapshot: list, jobs: int) -> set[str]:
     """The replica jobs (`vllm-i`) of which the proxy's `snapshot` has a server that stopped answering after it had
     joined (one still starting is not lost)."""
-    per_job = servers_per_job(len(snapshot), jobs)
+    per_job = listed_per_job(len(snapshot), jobs)
     return {server_role(i, per_job) for i, r in enumerate(snapshot)
             if isinstance(r, dict) and not r.get("healthy") and _is_number(r.get("joined")) and r["joined"] >= 1}
 

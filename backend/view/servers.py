@@ -8,7 +8,7 @@ import statistics
 GPU_WINDOW_S = 120.0     # the replica jobs' GPU samples the verdict reads
 
 
-def servers_per_job(servers: int, jobs: int) -> int:
+def listed_per_job(servers: int, jobs: int) -> int:
     """How many of the proxy's servers each replica job runs: its list's length over the replica jobs (1 where
     that does not divide: a list read before every job was known)."""
     return servers // jobs if jobs and servers >= jobs and servers % jobs == 0 else 1
@@ -31,7 +31,7 @@ def latest_servers(view) -> list[dict]:
 
 def view_servers_per_job(view) -> int:
     jobs = sum(1 for role in view.current_jobs if role.startswith("vllm-"))
-    return servers_per_job(len(latest_servers(view)), jobs)
+    return listed_per_job(len(latest_servers(view)), jobs)
 
 
 def replica_gpu_busy(view, now: float | None = None) -> float | None:

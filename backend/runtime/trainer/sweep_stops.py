@@ -7,7 +7,7 @@ member, `sweeps/<sweep_id>.stops/<member>.json` (`order_path`), written once by 
   bucket and writes the orders of the rung that is due (`SweepStops.apply_rule`). Every engine's trainers have the
   bucket mounted read-write and their owner's token, so this needs no page and no panel;
 - the Sweep tab (a stop by hand, for the run's owner only; or the rule, while a page shows the sweep) and a local
-  panel's background watch write the same orders (`backend/runs/operations.py`, `stop_member`).
+  panel's background watch write the same orders (`backend/runs/sweep_control.py`, `Operations.stop_member`).
 A member's trainer reads its own order at each poll (`SweepStops.check`) and ends training as at its last step: its
 versions stay published, the last ones are evaluated, its final adapter is written, and it records a `sweep_stop`
 event with the order's rule and scores (the panel's Sweep tab and its rungs read those events).
