@@ -311,6 +311,61 @@ def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
     assert [r["step"] for r in view.metrics] == list(range(1, 41)), "a step logged twice is shown once"
 
 
+def _flat_runtime(code_dir: str) -> None:
+    """Lay out `code_dir/runtime` as a panel from before runtime/'s sub-packages did: every module flat, its
+    imports and `-m` strings naming flat modules (what such a panel uploaded with each run)."""
+    import re
+    import shutil
+
+    from backend.runtime import RUNTIME_DIR
+
+    packages = r"(?:trainer|serving|check|job)"
+    target = os.path.join(code_dir, "runtime")
+    shutil.rmtree(target)
+    os.makedirs(target)
+    for folder, dirs, names in os.walk(RUNTIME_DIR):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            if name.endswith(".pyc") or (name == "__init__.py" and folder != RUNTIME_DIR):
+                continue
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                text = f.read()
+            if name.endswith(".py"):
+                text = re.sub(rf"from \.\.?{packages} import", "from . import", text)
+                text = re.sub(rf"from \.\.?(?:{packages}\.)?", "from .", text)
+                text = re.sub(rf"\bruntime\.{packages}\.", "runtime.", text)
+            with open(os.path.join(target, name), "w", encoding="utf-8") as f:
+                f.write(text)
+
+
+@pytest.mark.full   # tier 2: a second trained run (~1-2 min)
+def test_a_run_launched_before_the_sub_packages_resumes_on_its_own_flat_code(executor):
+    """A run whose bucket holds the flat runtime/ of an older panel, cancelled and resumed by this one: its jobs
+    name the modules that code has (`recipe.flat_code_job`), and it trains on to the end."""
+    registry = RunRegistry(executor, lambda b: FolderStore(executor.bucket_root(b)))
+    spec = RunSpec(max_steps=20, adapter_every=3, checkpoint_every=3)
+    job_id = registry.launch(spec).job_ids["trainer"]
+    run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
+    deadline = time.time() + 240
+    while time.time() < deadline and _checkpoint_step(latest_checkpoint(run_dir)) < 3:
+        time.sleep(0.5)
+    executor.cancel(job_id)
+    assert executor.wait(job_id, 30).stage == "CANCELED"
+    _flat_runtime(os.path.join(run_dir, "code"))
+    assert not os.path.exists(os.path.join(run_dir, "code", "runtime", "trainer"))
+
+    submitted, submit = [], executor.submit
+    executor.submit = lambda job, secrets=None: submitted.append(job) or submit(job, secrets)
+    resumed = registry.resume(spec.run_id)
+    assert [" ".join(job.command) for job in submitted if "runtime.train " in " ".join(job.command)], submitted
+    assert executor.wait(resumed.job_ids["trainer"], 300).stage == "COMPLETED"
+    view = registry.view(spec.run_id)
+    view.refresh()
+    log = "\n".join(view.jobs["trainer"].logs)
+    assert "resuming from" in log, log[-2000:]
+    assert max(r["step"] for r in view.metrics) == 20 and view.final_files
+
+
 def _checkpoint_step(path):
     return int(path.rsplit("checkpoint-", 1)[1]) if path else 0
 
