@@ -15,7 +15,7 @@ from backend.plan.servers import footprint
 from backend.plan.spec import RunSpec
 from backend.runtime.serving import gpu_split
 from backend.runtime.serving.replicas import load_rates, parse_load
-from backend.runtime.serving.serve_replica import server_commands, server_envs, with_option
+from backend.runtime.serving.server_setup import server_commands, server_envs, with_option
 from backend.view.diagnose import verdict
 from backend.view.servers import replica_gpu_busy, server_name, server_role, servers_per_job
 from panel.actions import distributed_engine

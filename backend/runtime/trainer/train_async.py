@@ -38,9 +38,9 @@ from ..layout import (
 from ..records import ADAPTER_PUBLISHED, ENGINE, FINISHED, SWEEP_STOP, TRAINER_ENDS, write_event
 from ..redact import remember_env_secrets
 from ..rewards import Weighted, run_rewards
-from ..serving.proxy import raise_open_files_limit, start_proxy_process
 from ..serving.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
-from ..serving.serve_replica import replicas_ended
+from ..serving.proxy_process import raise_open_files_limit, start_proxy_process
+from ..serving.run_ends import replicas_ended
 from ..serving.server_info import await_server_info
 from ..spec_file import SpecFile, read_spec
 from ..task import TaskDataError, load_task_dataset
