@@ -10,6 +10,9 @@ the trainer uses (rewards.py), on sample completions: the visitor's code runs on
 lowers its limits and drops privileges (`confine`, inherited by the worker), keeps the report channel to itself
 (the worker never holds it), times each call, and relays only well-formed answers, framed with the check's
 nonce (check_protocol.py). Whatever the code prints goes to stderr.
+
+This module is the harness's command line and its two steps; the data report is check_data.py, the reward calls
+check_rewards.py, the worker reward_worker.py, the confinement confinement.py.
 """
 
 import json
