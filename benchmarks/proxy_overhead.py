@@ -31,7 +31,7 @@ import requests
 
 sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 
-from backend.runtime.serving.proxy import start_proxy_process
+from backend.runtime.serving.proxy_process import start_proxy_process
 from backend.runtime.tiny_model import BUILTIN_MODELS, TINY_MODEL
 from tests.vllm_replicas import API_KEY, ReplicaPool
 

@@ -48,7 +48,7 @@ from backend.plan.engines.local import free_port
 from backend.plan.recipe import RunJobs
 from backend.plan.spec import RunSpec
 from backend.runtime.serving.cpu_pinning import PIN_ENV, core_split
-from backend.runtime.serving.proxy import start_proxy_process
+from backend.runtime.serving.proxy_process import start_proxy_process
 from backend.runtime.serving.replicas import parse_load
 from backend.runtime.tiny_model import BUILTIN_MODELS, ensure_tiny_model
 from benchmarks import replica_scaling as rs

@@ -338,7 +338,7 @@ def _usd(markdown: str) -> float:
 
 def test_a_replica_outlasts_a_trainer_failure_its_retry_may_fix_but_not_its_last_attempt(tmp_path):
     from backend.runtime.records import write_event
-    from backend.runtime.serving.serve_replica import TrainerEndWatch
+    from backend.runtime.serving.run_ends import TrainerEndWatch
 
     (tmp_path / "spec.json").write_text(json.dumps({"attempts": 2}))
     watch = TrainerEndWatch(str(tmp_path), since=0)

@@ -19,7 +19,8 @@ import requests
 from vllm_replicas import API_KEY, free_port, served_models
 
 from backend.runtime.layout import LOADS_WRITER
-from backend.runtime.serving.proxy import SERVED_BY, Proxy, start_proxy
+from backend.runtime.serving.proxy import Proxy, start_proxy
+from backend.runtime.serving.proxy_routing import SERVED_BY
 from backend.runtime.serving.replicas import affinity_key
 from backend.storage.observers import FragmentCursor, read_new_records
 from backend.storage.store import FolderStore
@@ -332,7 +333,7 @@ def test_the_proxy_process_stops_when_the_trainer_that_started_it_is_killed(tmp_
 
     import psutil
 
-    script = ("import sys, time\nfrom backend.runtime.serving.proxy import start_proxy_process\n"
+    script = ("import sys, time\nfrom backend.runtime.serving.proxy_process import start_proxy_process\n"
               "p = start_proxy_process(['http://127.0.0.1:9'])\nprint(p.proc.pid, flush=True)\ntime.sleep(600)\n")
     trainer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -431,7 +432,8 @@ def test_a_restarted_proxy_goes_on_from_the_runs_counts_of_disconnects_and_canar
     """The proxy a trainer runs is a process: killed with its trainer and started again by the next attempt over
     the same metrics folder, it carries on the run's counts (the replica table's totals) from its last snapshot, and
     its own first look at the replicas counts as nothing."""
-    from backend.runtime.serving.proxy import CANARY_INTERVAL_ENV, start_proxy_process
+    from backend.runtime.serving.proxy import CANARY_INTERVAL_ENV
+    from backend.runtime.serving.proxy_process import start_proxy_process
     from panel.replicas_table import history_cell
 
     monkeypatch.setenv(CANARY_INTERVAL_ENV, "1")

@@ -277,7 +277,8 @@ def test_a_ray_replica_whose_port_is_taken_on_its_node_ends_there_naming_the_por
     from backend.plan.engines import engine
     from backend.plan.spec import RunSpec
     from backend.runtime import RUNTIME_DIR
-    from backend.runtime.serving.serve_replica import PORT_TAKEN_CODE, replicas_ended
+    from backend.runtime.serving.run_ends import replicas_ended
+    from backend.runtime.serving.serve_replica import PORT_TAKEN_CODE
 
     spec = RunSpec(executor="ray", mode="distributed", replicas=1, flavor="ray-cpu", vllm_flavor="ray-cpu",
                    bucket="local/grpo-runs", mount_path=shared, model="Qwen/Qwen2.5-0.5B-Instruct", attempts=1)

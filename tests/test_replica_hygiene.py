@@ -174,9 +174,9 @@ def _replica_job(run_dir, role: str, attempt: int):
 
 
 def test_a_trainer_whose_every_replica_job_ended_for_good_fails_at_once_with_that_cause(tmp_path):
-    from backend.runtime.serving.proxy import start_proxy_process
-    from backend.runtime.serving.serve_replica import replicas_ended
-    from backend.runtime.trainer.train_async import ReplicasEndedError, replicas_gone, wait_for_replicas
+    from backend.runtime.serving.proxy_process import start_proxy_process
+    from backend.runtime.serving.run_ends import replicas_ended
+    from backend.runtime.trainer.replica_wait import ReplicasEndedError, replicas_gone, wait_for_replicas
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

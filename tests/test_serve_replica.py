@@ -94,7 +94,7 @@ def test_the_replica_waits_for_the_base_model(tmp_path):
 
 
 def test_float32_is_asked_for_only_where_cuda_is_absent():
-    from backend.runtime.serving.serve_replica import with_dtype_without_cuda
+    from backend.runtime.serving.server_setup import with_dtype_without_cuda
 
     serve = ["vllm", "serve", "m"]
     assert with_dtype_without_cuda(serve, "float32", lambda: False) == [*serve, "--dtype", "float32"]
@@ -104,7 +104,7 @@ def test_float32_is_asked_for_only_where_cuda_is_absent():
 
 
 def test_vllm_serve_runs_as_given_where_the_vllm_script_works_and_through_vllm_cli_on_the_cpu_build():
-    from backend.runtime.serving.serve_replica import server_command
+    from backend.runtime.serving.server_setup import server_command
 
     serve = ["vllm", "serve", "/bucket/base-model", "--port", "8000"]
     assert server_command(serve, lambda: True) == serve, "the GPU image's own `vllm` script"
@@ -115,16 +115,16 @@ def test_vllm_serve_runs_as_given_where_the_vllm_script_works_and_through_vllm_c
 
 def test_vllm_installed_without_its_scripts_runs_through_vllm_cli(monkeypatch, tmp_path):
     """vLLM unpacked into a folder on PYTHONPATH (pip --target, as on an offline GPU machine) has no `vllm` script."""
-    from backend.runtime.serving import serve_replica
+    from backend.runtime.serving import server_setup
 
     serve = ["vllm", "serve", "/bucket/base-model"]
-    monkeypatch.setattr(serve_replica, "has_vllm_distribution", lambda: True)
+    monkeypatch.setattr(server_setup, "has_vllm_distribution", lambda: True)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert serve_replica.server_command(serve)[:3] == [sys.executable, "-m", "backend.runtime.serving.vllm_cli"]
+    assert server_setup.server_command(serve)[:3] == [sys.executable, "-m", "backend.runtime.serving.vllm_cli"]
     script = tmp_path / "vllm"
     script.write_text("#!/bin/sh\n")
     script.chmod(0o755)
-    assert serve_replica.server_command(serve) == serve
+    assert server_setup.server_command(serve) == serve
 
 
 def test_the_servers_sockets_go_in_a_folder_of_its_own_that_is_removed_when_it_stops(tmp_path):
@@ -238,7 +238,7 @@ def test_every_server_of_a_job_stops_when_the_trainer_finishes(tmp_path):
 
 
 def test_a_fleet_job_finds_its_servers_at_its_ports_or_its_commands_port():
-    from backend.runtime.serving.serve_replica import server_urls
+    from backend.runtime.serving.server_setup import server_urls
 
     assert server_urls(["vllm", "serve", "m", "--port", "8001"], ["9000", "9001"]) == [
         "http://127.0.0.1:9000", "http://127.0.0.1:9001"]
@@ -251,7 +251,8 @@ def test_a_port_taken_on_the_replicas_node_stops_it_before_any_server_starts_nam
     """A Ray replica's ports are picked free on the panel's machine; the node that runs it (here) has one taken, by a
     server listening on loopback only. The replica starts none of its servers, says which port on which node, and
     records its end, so the trainers waiting for it stop at once."""
-    from backend.runtime.serving.serve_replica import PORT_TAKEN_CODE, replicas_ended
+    from backend.runtime.serving.run_ends import replicas_ended
+    from backend.runtime.serving.serve_replica import PORT_TAKEN_CODE
 
     free = free_port()
     with socket.socket() as held:

@@ -16,7 +16,7 @@ from backend.plan.spec import RunSpec
 from backend.runs.launch import preview_jobs
 from backend.runtime.serving import gpu_split
 from backend.runtime.serving.replicas import load_rates, parse_load
-from backend.runtime.serving.serve_replica import server_commands, server_envs, with_option
+from backend.runtime.serving.server_setup import server_commands, server_envs, with_option
 from backend.view.diagnose import verdict
 from backend.view.servers import listed_per_job, replica_gpu_busy, server_name, server_role
 from panel.preview_text import distributed_engine

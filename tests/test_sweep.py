@@ -268,7 +268,7 @@ def test_only_a_sweeps_member_names_a_fleet_and_only_its_sweeps():
 def test_a_fleet_replicas_end_counts_the_members_attempts_from_fleet_json(tmp_path):
     """A fleet's folder has no spec.json: its replicas' attempts come from fleet.json, so a fleet replica's first
     failed end is not its last while attempts are left (each member's trainer would stop waiting for it)."""
-    from backend.runtime.serving.serve_replica import record_own_end, replicas_ended
+    from backend.runtime.serving.run_ends import record_own_end, replicas_ended
 
     fleet = tmp_path / "runs" / "sweep-x"
     fleet.mkdir(parents=True)

@@ -1,5 +1,5 @@
 """A sweep's stop orders (backend/runtime/trainer/sweep_stops.py) and the trainer's side of them
-(runtime/trainer/train_async.py):
+(runtime/trainer/train_async.py, async_callback.py):
 the rule decided by the first member still training from what the bucket holds, orders written once, obeyed only by
 the member whose sweep, tag and run id they name, and a member's trainer ending as at its last step on its own.
 Files in a tmp folder laid out as a bucket; no process."""
@@ -207,7 +207,8 @@ def test_a_lone_run_or_a_folder_outside_a_buckets_runs_reads_no_orders(tmp_path)
 # ---- the trainer obeys: it ends as at its last step
 
 def test_the_trainer_ends_training_on_its_own_order_and_records_it(tmp_path):
-    from backend.runtime.trainer.train_async import AsyncRunFolderCallback, member_stops
+    from backend.runtime.trainer.async_callback import AsyncRunFolderCallback
+    from backend.runtime.trainer.train_async import member_stops
     dirs = bucket(tmp_path, {"m0": [0.5, 0.5], "m1": [0.7, 0.7]})
     with open(os.path.join(dirs["m0"], layout.SPEC_FILE)) as f:
         spec = json.load(f)

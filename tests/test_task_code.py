@@ -178,7 +178,7 @@ def test_without_trl_its_rewards_are_skipped_with_a_note(tmp_path):
     shadow = tmp_path / "no-trl" / "trl"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'trl'\")\n")
-    call = ("import json; from runtime.check.check_task import run_call; "
+    call = ("import json; from runtime.check.reward_worker import run_call; "
             "print(json.dumps(run_call('builtin', 'think_format_reward', {'rewards': []}, "
             "{'completions': [[{'content': 'x'}]]}, 1)))")
     done = subprocess.run([sys.executable, "-c", call], capture_output=True, text=True, timeout=120,

@@ -21,7 +21,7 @@ import requests
 from backend.plan.recipe import split_cores
 from backend.plan.vllm_args import vllm_server_args, vllm_server_env
 from backend.runtime.serving.proxy_env import REPLICA_KEY_ENV
-from backend.runtime.serving.serve_replica import with_key
+from backend.runtime.serving.server_setup import with_key
 from backend.runtime.tiny_model import TINY_MODEL, ensure_tiny_model
 from tests.helpers import free_port
 

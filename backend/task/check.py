@@ -30,8 +30,8 @@ from huggingface_hub import snapshot_download
 
 from backend.plan.spec import TASK_FIELDS, FieldError, RunSpec
 from backend.runtime import records
+from backend.runtime.check.check_data import TOKENIZER_FILES
 from backend.runtime.check.check_protocol import Reassembler
-from backend.runtime.check.check_task import TOKENIZER_FILES
 from backend.runtime.redact import redact_tokens
 from backend.runtime.task import is_local_file
 from backend.runtime.tiny_model import BUILTIN_MODELS

@@ -5,7 +5,7 @@ private /tmp, /proc and HOME; it has its own PID, mount, network, IPC and UTS na
 processes, memory, files, environment and loopback services do not exist for it, and every process it starts
 (also a `setsid` or double-forked one) ends with it. Inside, the check's own harness lowers its resource limits
 (memory, CPU time, processes, file size, open files) and, when the panel runs as root, becomes an unprivileged
-user before it runs anything of the visitor's (`runtime.check.check_task.confine`). *Try it*'s CPU worker runs in the
+user before it runs anything of the visitor's (`runtime.check.confinement.confine`). *Try it*'s CPU worker runs in the
 same sandbox.
 
 Python is bound by the paths it was started with as well as by their real paths (a venv reached through a linked
@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from backend.runtime import RUNTIME_DIR
-from backend.runtime.check.check_task import UNPRIVILEGED_UID  # "nobody": what a root panel's check becomes
+from backend.runtime.check.confinement import UNPRIVILEGED_UID  # "nobody": what a root panel's check becomes
 
 INSIDE_LIB = "/check/lib"         # PYTHONPATH inside: the runtime package is INSIDE_LIB/runtime
 INSIDE_WORK = "/check/work"       # the scratch folder: the check's working directory, its only writable place

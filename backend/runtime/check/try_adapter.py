@@ -131,7 +131,7 @@ def answer(model, tokenizer, messages: list[dict], max_new_tokens: int) -> str:
 def main() -> None:
     request = json.loads(sys.stdin.read(1 << 20))
     nonce = str(request["nonce"])
-    from .check_task import confine  # noqa: PLC0415
+    from .confinement import confine  # noqa: PLC0415
 
     confine(request.get("limits") or {}, request.get("drop_uid"))
     os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")

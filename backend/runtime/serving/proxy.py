@@ -27,25 +27,19 @@
 Requests to replicas carry `Authorization: Bearer $HF_TOKEN` when it is set (exposed HF Jobs ports need it), except
 on the run's private network (GRPO_REPLICA_AUTH=none, proxy_env.py): there no token travels with a rollout.
 
-This module is the server (routes, broadcasts, health) and how a trainer starts it; which replica a generation goes
-to is replicas.py, the serving proof canary.py, what is recorded for the dashboard proxy_stats.py.
+This module is the server (its routes, replica calls, health, stats), its command line, and how a trainer starts it in
+a thread (`start_proxy`); the weight sync's broadcasts and a replica's rejoining are proxy_sync.py, forwarding a
+request proxy_routing.py, which replica a generation goes to replicas.py, the serving proof canary.py, what is
+recorded for the dashboard proxy_stats.py, and the proxy as a trainer's child process (`start_proxy_process`)
+proxy_process.py.
 """
 
 import argparse
 import asyncio
-import ctypes
-import json
 import logging
 import os
-import resource
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import aiohttp
 from aiohttp import web
@@ -53,33 +47,25 @@ from aiohttp import web
 from .canary import ServingProof
 from .cpu_pinning import pin_self
 from .proxy_env import replica_token
-from .proxy_members import MAX_COUNTED_BODY, Members
+from .proxy_members import Members
+from .proxy_process import die_with_parent, raise_open_files_limit
+from .proxy_routing import GENERATION_PATHS, GenerationRouting
 from .proxy_stats import LoadRecorder, StatsRecorder, carry_counts
-from .replicas import (
-    Replica,
-    ReplicaUnreachable,
-    Reply,
-    load_rates,
-    parse_load,
-    pick,
-    request_route,
-)
-from .server_info import ANSWER_TIMEOUT_S, ServerInfoCache
-from .server_info import PATH as SERVER_INFO
+from .proxy_sync import WeightSync
+from .replicas import Replica, ReplicaUnreachable, Reply, load_rates, parse_load
+from .server_info import ServerInfoCache
 
 log = logging.getLogger("runtime.serving.proxy")
 
-COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
-GENERATION_PATHS = (*COMPLETION_PATHS, "/tokenize", "/detokenize")
-FORWARDED_HEADERS = ("Content-Type", "Accept")
 LOAD_INTERVAL_ENV = "GRPO_PROXY_LOAD_INTERVAL_S"   # how often each server's /metrics is read (default 10 s)
 CANARY_INTERVAL_ENV = "GRPO_PROXY_CANARY_INTERVAL_S"   # how often the newest version is proved again (default 30 s)
 HEALTH_MISSES = 3          # failed health checks in a row that mark a replica down
-SERVED_BY = "X-Served-By"  # which replica answered: for logs and tests, never needed for correctness
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
 
 
-class Proxy:
+class Proxy(WeightSync, GenerationRouting):
+    """The proxy's server: its routes, its calls to the replicas, their health and the stats; what a weight sync asks
+    of every replica is proxy_sync.py's `WeightSync`, where a generation goes proxy_routing.py's `GenerationRouting`."""
+
     def __init__(self, replica_urls: list[str], *, spill_threshold: int = 8, load_deadline_s: float = 60.0,
                  health_interval_s: float = 1.0, stats_dir: str | None = None, stats_interval_s: float = 2.0,
                  stats_flush_s: float = 30.0, token: str | None = None, canary_interval_s: float = 30.0,
@@ -205,229 +191,7 @@ class Proxy:
         """A sweep member's traffic, for its stats records (a lone run's records stay as they were)."""
         return self.members.snapshot() if self.members.shared else None
 
-    # ---- adapter broadcasts
-    async def _load_on(self, replica: Replica, name: str, path: str) -> Reply:
-        deadline = time.monotonic() + self.load_deadline_s
-        delay = 0.25
-        while True:
-            reply = await self._call(replica, "POST", "/v1/load_lora_adapter",
-                                     json_body={"lora_name": name, "lora_path": path, "load_inplace": False})
-            # A bucket mount may show a freshly renamed folder to other machines only seconds later.
-            if not reply.path_missing or time.monotonic() + delay > deadline:
-                return reply
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    async def _timed_load(self, replica: Replica, name: str, path: str) -> tuple[Reply, float]:
-        began = time.monotonic()
-        reply = await self._load_on(replica, name, path)
-        return reply, time.monotonic() - began
-
-    def _record_loads(self, name: str, live: list[Replica], timed: list) -> None:
-        if self._loads:
-            self._loads.record(name, self.replicas, live, timed)
-
-    async def load_adapter(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        name, path = body.get("lora_name"), body.get("lora_path")
-        if not name or not path:
-            return _error(400, "both 'lora_name' and 'lora_path' must be given")
-        if not self.members.owns(name):
-            return _error(403, f"this proxy loads only sweep member {self.members.own!r}'s adapter versions, not "
-                               f"{name!r}")
-        async with self._lock:
-            live = [r for r in self.replicas if r.healthy]
-            timed = await asyncio.gather(*(self._timed_load(r, name, path) for r in live), return_exceptions=True)
-            self._record_loads(name, live, timed)
-            replies = [t if isinstance(t, BaseException) else t[0] for t in timed]
-            loaded, failures = [], []
-            for replica, reply in zip(live, replies):
-                if isinstance(reply, ReplicaUnreachable):
-                    self._mark_down(replica, str(reply))
-                elif reply.status == 200:
-                    loaded.append(replica)
-                else:
-                    failures.append((replica, reply))
-            if failures:
-                await self._roll_back(loaded, name)
-                replica, reply = failures[0]
-                log.error("loading %s failed on %s (%s): %s", name, replica.url, reply.status, reply.text[:500])
-                return web.Response(status=reply.status, text=reply.text, content_type="application/json")
-            if not loaded:
-                return _error(503, "no healthy vLLM replica to load the adapter on")
-            self.adapters[name] = path
-            self.newest = name
-            for replica in loaded:
-                replica.adapters.add(name)
-            self._record()
-        # Proof that every replica serves it, without holding up the trainer's sync.
-        self._tasks = [t for t in self._tasks if not t.done()] + [asyncio.create_task(self.prove(name))]
-        return web.Response(text=f"Success: LoRA adapter '{name}' added on {len(loaded)} replica(s).")
-
-    async def _roll_back(self, loaded: list[Replica], name: str) -> None:
-        await asyncio.gather(*(self._call(r, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
-                               for r in loaded), return_exceptions=True)
-
-    async def unload_adapter(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        name = body.get("lora_name")
-        if not self.members.owns(str(name)):
-            return _error(403, f"this proxy unloads only sweep member {self.members.own!r}'s adapter versions, not "
-                               f"{name!r}: another member's stay loaded")
-        async with self._lock:
-            replies = await self._broadcast("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
-            self.adapters.pop(name, None)
-            for replica in self.replicas:
-                replica.adapters.discard(name)
-            self._record()
-        # 404 means the replica does not hold it: the goal, absence, is reached there too.
-        failed = [(r, rep) for r, rep in replies.items() if rep.status not in (200, 404)]
-        if failed:
-            return web.Response(status=failed[0][1].status, text=failed[0][1].text, content_type="application/json")
-        return web.Response(text=f"Success: LoRA adapter '{name}' removed.")
-
-    # ---- engine control broadcasts
-    async def pause(self, request: web.Request) -> web.Response:
-        if self.members.shared:
-            # The engines serve every member: pausing them would stall the others' rollouts. This member's new
-            # generations wait here instead (its adapter versions have names of their own, so none is overwritten).
-            self.members.pause()
-            return web.json_response({"status": "paused", "member": self.members.own})
-        replies = await self._broadcast("POST", "/pause", params=dict(request.query))
-        paused = [r for r, rep in replies.items() if rep.status == 200]
-        if len(paused) < len(replies):
-            # All or nothing: a half-paused fleet would keep generating with the policy being replaced.
-            await asyncio.gather(*(self._call(r, "POST", "/resume") for r in paused), return_exceptions=True)
-        return _combined(replies, {"status": "paused"})
-
-    async def resume(self, request: web.Request) -> web.Response:
-        if self.members.shared:
-            self.members.resume()
-            return web.json_response({"status": "resumed", "member": self.members.own})
-        replies = await self._broadcast("POST", "/resume", params=dict(request.query))
-        return _combined(replies, {"status": "resumed"})
-
-    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
-        replies = await self._broadcast("POST", "/reset_prefix_cache", params=dict(request.query))
-        success = bool(replies) and all(r.status == 200 and '"success":true' in r.text.replace(" ", "")
-                                        for r in replies.values())
-        return web.json_response({"success": success, "replicas": len(replies)})
-
-    # ---- generation routing
-    def pick(self, key: str, exclude: set[str]) -> Replica | None:
-        return pick(self.replicas, key, exclude, self.spill_threshold)
-
-    async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        model, key = request_route(body)
-        if not self.members.shared:
-            return await self._route(request, body, key)
-        foreign = self.members.foreign(model)
-        if foreign:
-            return _error(403, foreign)
-        async with self.members.slot(self.members.member_of(model)) as traffic:
-            return await self._route(request, body, key, traffic)
-
-    async def _route(self, request: web.Request, body: bytes, key: str, traffic=None) -> web.StreamResponse:
-        """Forward to the replica the key picks, then to the others as each proves unreachable. `traffic`: a sweep
-        member's counts (proxy_members.py), None for a lone run."""
-        tried: set[str] = set()
-        while (replica := self.pick(key, tried)) is not None:
-            tried.add(replica.url)
-            try:
-                return await self._forward(request, replica, body, traffic)
-            except ReplicaUnreachable as error:
-                self._mark_down(replica, str(error))
-        return _error(503, "no healthy vLLM replica")
-
-    async def _forward(self, request: web.Request, replica: Replica, body: bytes,
-                       traffic=None) -> web.StreamResponse:
-        headers = {h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers} | self._auth
-        replica.in_flight += 1
-        try:
-            try:
-                upstream = await self._session.request(request.method, replica.url + request.path,
-                                                       params=request.query, data=body, headers=headers)
-            except (TimeoutError, aiohttp.ClientError, OSError) as error:
-                raise ReplicaUnreachable(f"{type(error).__name__}: {error}") from error
-            try:
-                return await self._relay(request, replica, upstream, traffic)
-            finally:
-                upstream.release()  # closes the connection, aborting the request in vLLM, if unread data is left
-        finally:
-            replica.in_flight -= 1
-
-    async def _relay(self, request: web.Request, replica: Replica, upstream, traffic=None) -> web.StreamResponse:
-        """Copy the replica's answer chunk by chunk, so streamed completions stream through the proxy; a completion's
-        JSON answer is kept too, for the tokens it generated (`traffic`: its member's counts)."""
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        response = web.StreamResponse(status=upstream.status, headers=headers | {SERVED_BY: replica.url})
-        if upstream.content_length is not None:
-            response.content_length = upstream.content_length
-        try:
-            await response.prepare(request)
-        except ConnectionResetError:
-            return response  # the caller went away while the replica answered
-        counted = [] if traffic is not None and _counts_tokens(request, upstream) else None
-        size = 0
-        while True:
-            try:
-                chunk = await upstream.content.readany()
-            except (TimeoutError, aiohttp.ClientError) as error:
-                self._mark_down(replica, f"died mid-response: {error}")
-                return response
-            if not chunk:
-                break
-            if counted is not None and (size := size + len(chunk)) <= MAX_COUNTED_BODY:
-                counted.append(chunk)
-            try:
-                await response.write(chunk)
-            except ConnectionResetError:
-                return response  # the caller went away; not the replica's fault
-        await response.write_eof()
-        self.forwarded += 1
-        if upstream.status < 400:
-            replica.served += 1
-            if counted is not None:
-                Members.count(traffic, b"".join(counted) if size <= MAX_COUNTED_BODY else None)
-        else:
-            replica.errors += 1
-        return response
-
-    # ---- pass-through and status
-    async def pass_through(self, request: web.Request) -> web.Response:
-        if request.path == SERVER_INFO:
-            return await self.server_info(request)
-        for replica in [r for r in self.replicas if r.healthy]:
-            try:
-                reply = await self._call(replica, "GET", request.path, params=dict(request.query), timeout=30)
-            except ReplicaUnreachable as error:
-                self._mark_down(replica, str(error))
-                continue
-            return web.Response(status=reply.status, text=reply.text, content_type=_content_type(reply.text))
-        return _error(503, "no healthy vLLM replica")
-
-    async def server_info(self, request: web.Request) -> web.Response:
-        """TRL's first question, answered from one request per server however many callers ask at once; a slow
-        answer marks no server down (runtime/serving/server_info.py says why)."""
-        last = "no healthy vLLM replica yet"
-        for replica in [r for r in self.replicas if r.healthy]:
-            def ask(replica=replica):
-                return self._call(replica, "GET", SERVER_INFO, params=dict(request.query), timeout=ANSWER_TIMEOUT_S)
-            try:
-                reply = await self._server_info.get(replica.url, request.query_string, ask)
-            except ReplicaUnreachable as error:
-                last = f"{replica.url}: {error}"
-                continue
-            if reply.status == 200:
-                return web.Response(status=200, text=reply.text, content_type=_content_type(reply.text))
-            last = f"{replica.url} answered {reply.status}: {reply.text[:200]}"
-        return _error(503, f"{SERVER_INFO}: {last}")
-
-    async def refuse(self, request: web.Request) -> web.Response:
-        return _error(404, f"the proxy does not forward POST {request.path}: it is neither a generation route nor "
-                           "one it knows how to broadcast to every replica")
-
+    # ---- status
     async def health(self, request: web.Request) -> web.Response:
         healthy = sum(r.healthy for r in self.replicas)
         need = len(self.replicas) if request.query.get("require") == "all" else 1
@@ -467,36 +231,6 @@ class Proxy:
         replica.failed_checks = 0
         if not replica.healthy:
             await self._rejoin(replica)
-
-    async def _rejoin(self, replica: Replica) -> None:
-        """Bring a (re)started replica to the proxy's adapter set before it gets traffic."""
-        async with self._lock:
-            try:
-                models = json.loads((await self._call(replica, "GET", "/v1/models", timeout=30)).text)
-                # In a sweep the replica also holds the other members' versions: they are not this proxy's to touch.
-                held = {m["id"] for m in models["data"] if m.get("parent") and self.members.owns(m["id"])}
-                # A server that comes back holding none of the adapters it held is a new one (its job ran again);
-                # one still holding some only stopped answering for a while (a disconnect, a stall, a missed check).
-                back = replica.joined >= 1      # its first join under this proxy is no return (nor a proxy's restart)
-                restarted = back and replica.held_when_down and not held
-                # Unknown names may be a previous trainer's: a resumed trainer reuses them with new weights.
-                for name in held - set(self.adapters):
-                    await self._call(replica, "POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
-                for name in set(self.adapters) - held:
-                    reply = await self._load_on(replica, name, self.adapters[name])
-                    if reply.status != 200:
-                        raise ReplicaUnreachable(f"could not reload {name}: {reply.status} {reply.text[:200]}")
-            except (ReplicaUnreachable, ValueError, KeyError) as error:
-                replica.last_error = f"rejoin failed: {error}"
-                return
-            replica.adapters = set(self.adapters)
-            replica.healthy = True
-            replica.joined += 1
-            replica.restarted += restarted
-            replica.reconnected += back and not restarted
-            replica.last_error = ""
-            self._record()
-            log.info("replica %s is healthy (%d adapters)", replica.url, len(self.adapters))
 
     async def _load_loop(self) -> None:
         """Each server's generated tok/s and its API process's CPU, from its /metrics, every `load_interval_s`: the
@@ -538,28 +272,6 @@ class Proxy:
         while True:
             self._stats.sample(self.replicas, members=self._member_stats())
             await asyncio.sleep(self._stats.interval_s)
-
-
-def _counts_tokens(request: web.Request, upstream) -> bool:
-    """A completion answered as one JSON body (not a stream, a tokenization): it says the tokens it generated."""
-    return request.path in COMPLETION_PATHS and upstream.content_type == "application/json"
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
-
-
-def _content_type(text: str) -> str:
-    return "application/json" if text[:1] in "{[" else "text/plain"
-
-
-def _combined(replies: dict[Replica, Reply], ok_body: dict) -> web.Response:
-    failed = [rep for rep in replies.values() if rep.status != 200]
-    if failed:
-        return web.Response(status=failed[0].status, text=failed[0].text, content_type=_content_type(failed[0].text))
-    if not replies:
-        return _error(503, "no healthy vLLM replica")
-    return web.json_response(ok_body)
 
 
 class ProxyHandle:
@@ -608,89 +320,6 @@ def start_proxy(replica_urls: list[str], *, host: str = "127.0.0.1", port: int =
 
     runner, bound = asyncio.run_coroutine_threadsafe(serve(), loop).result(30)
     return ProxyHandle(proxy, loop, runner, f"http://{host}:{bound}")
-
-
-class ProxyProcess:
-    """A proxy running as a child process: its event loop shares no GIL with the trainer that starts it, which
-    held a proxy thread to ~0.7x of a replica's direct throughput at concurrency 8."""
-
-    def __init__(self, proc: subprocess.Popen, url: str):
-        self.proc, self.url = proc, url
-        self._stop_lock = threading.Lock()
-
-    def stats(self) -> dict:
-        with urllib.request.urlopen(f"{self.url}/proxy/stats", timeout=10) as response:
-            return json.load(response)
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        """Stop serving (idempotent: a stopping trainer may ask twice, from two threads)."""
-        with self._stop_lock:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout=grace_s)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-
-
-def start_proxy_process(replica_urls: list[str], *, stats_dir: str | None = None, token: str | None = None,
-                        port: int = 0, host: str = "127.0.0.1", start_timeout_s: float = 60.0,
-                        member: str | None = None, member_cap: int = 0) -> ProxyProcess:
-    """Start `python -m runtime.serving.proxy` as a child that dies with its parent; returns once it answers /health.
-    `host` 0.0.0.0 serves it on every interface too (a private-network trainer exposes it to the panel). `member`: a
-    sweep member's tag (its replicas are shared), with at most `member_cap` generations in flight (0: no cap)."""
-    if not port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    package = __name__.rsplit(".", 1)[0]     # "runtime" in a job, "backend.runtime" in the panel's tests
-    command = [sys.executable, "-m", f"{package}.proxy", "--host", host, "--port", str(port),
-               "--parent-pid", str(os.getpid())]
-    for url in replica_urls:
-        command += ["--replica", url]
-    if stats_dir:
-        command += ["--stats-dir", stats_dir]
-    if member:
-        command += ["--member", member, "--member-cap", str(member_cap)]
-    env = {**os.environ, **({"HF_TOKEN": token} if token else {})}
-    proc = subprocess.Popen(command, env=env)
-    handle = ProxyProcess(proc, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + start_timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(f"{handle.url}/health", timeout=2).close()
-            return handle
-        except urllib.error.HTTPError:
-            return handle            # 503 (no replica healthy yet) still means the proxy is serving
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                handle.stop()
-                raise RuntimeError(f"the proxy did not start (exit code {proc.poll()})") from None
-            time.sleep(0.2)
-
-
-def raise_open_files_limit() -> int:
-    """Lift this process's open-file limit to its hard limit, and return it: each generation in flight holds a
-    socket in the trainer's rollout worker and two in the proxy, and a soft limit of 1024 (common in containers)
-    would refuse the trainer's 1024 in flight with "Too many open files". Children inherit it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            return hard
-        except (ValueError, OSError):
-            return soft
-    return soft
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Get SIGTERM when the parent dies, however it dies (a SIGKILLed or OOM-killed trainer): a proxy alone
-    would keep a job's process group, and its bill, alive."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    if os.getppid() != parent_pid:       # the parent died before the line above took effect
-        sys.exit("the process that started this proxy is gone")
 
 
 def main() -> None:

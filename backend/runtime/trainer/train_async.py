@@ -9,22 +9,18 @@ Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy r
 <run_dir>/.vllm_lora/trl-policy-v<N> (a sweep member's trl-policy-<member>-v<N>; the bucket every replica
 mounts) and loads it on every replica. Metrics go to <run_dir>/metrics as `trainer-*` fragments, checkpoints to
 <run_dir>/checkpoints (a preempted run started again resumes from them), the last adapter to <run_dir>/final.
+
+This module is the trainer's command line, TRL's async trainer as the run uses it, and the run from the proxy's start
+to its end; the wait for the replicas is replica_wait.py, what training writes to the run folder async_callback.py.
 """
 
 import argparse
-import json
 import os
-import queue
-import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 
 from ..job.heartbeat import Heartbeat
 from ..layout import (
     CHECKPOINTS_DIR,
-    FINAL_DIR,
     FLEET_DIR_ENV,
     METRICS_DIR,
     ROLLOUT_STATE_FILE,
@@ -35,17 +31,17 @@ from ..layout import (
     rollout_state_version,
     spec_member,
 )
-from ..records import ADAPTER_PUBLISHED, ENGINE, FINISHED, SWEEP_STOP, TRAINER_ENDS, write_event
+from ..records import ADAPTER_PUBLISHED, ENGINE, write_event
 from ..redact import remember_env_secrets
 from ..rewards import Weighted, run_rewards
-from ..serving.proxy import raise_open_files_limit, start_proxy_process
-from ..serving.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV, expand_replica_url
-from ..serving.serve_replica import replicas_ended
+from ..serving.proxy_env import PROXY_HOST_ENV, PROXY_PORT_ENV, REPLICAS_ENV
+from ..serving.proxy_process import raise_open_files_limit, start_proxy_process
 from ..serving.server_info import await_server_info
 from ..spec_file import SpecFile, read_spec
 from ..task import TaskDataError, load_task_dataset
 from ..tiny_model import benchmark_note, no_progress_bars
-from ..versions import highest_published, mark_superseded, published_versions, trainer_events
+from ..versions import highest_published, mark_superseded, published_versions
+from .async_callback import AsyncRunFolderCallback
 from .common import (
     checkpoint_step,
     failure_fields,
@@ -58,148 +54,12 @@ from .common import (
     trackio_folder,
 )
 from .cpu_fallbacks import install_cpu_fallbacks
-from .metrics_callback import RunFolderCallback, canonical_metrics, folder_size, publish_adapter
+from .metrics_callback import folder_size
+from .replica_wait import replica_urls, replicas_gone, wait_for_replicas
 from .rollout_watch import stale_after_s, watch_rollout_worker
 from .run_end import leave, record_end, stop_on_sigterm
 from .samples import install_async_samples
-from .sweep_stops import SweepStops, stop_event_fields
-
-
-class AsyncRunFolderCallback(RunFolderCallback):
-    """The colocated run-folder callback, for the async trainer: staleness is measured rather than 0, and no
-    adapters/ versions are published, since TRL's synced .vllm_lora versions are the run's versions (with the
-    numbers the replicas serve)."""
-
-    def __init__(self, run_dir: str):
-        super().__init__(run_dir, adapter_every=1)
-        self.trainer = None  # set once the trainer exists: the policy version lives on it
-        self.proxy = None    # set once the proxy runs
-        self.final = {}      # the final adapter's metadata, once training has ended
-        self.stops = None    # a sweep member's stop orders (sweep_stops.py); None for a lone run
-        self.stopped = None  # the order it obeyed
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "train_runtime" in logs:
-            return  # the end-of-training summary, not a step
-        record = {**canonical_metrics(logs), "step": state.global_step, "time": time.time(),
-                  "policy_version": self.trainer.model_version}
-        self.pending.append(record)
-        if time.time() - self.last_flush >= self.flush_every_s:
-            self.flush()
-        print(f"{self._progress_line(record, state.max_steps)}  staleness {record.get('staleness_mean', 0):.2f}"
-              f"  policy v{self.trainer.model_version}", flush=True)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        order = self.stops.check() if self.stops is not None and self.stopped is None else None
-        if order is not None:
-            self.obey(order, state, control)
-
-    def obey(self, order: dict, state, control) -> None:
-        """End training as at its last step, because the member's sweep ordered it (its rule, or its owner by
-        hand): the versions stay published, the last are evaluated and the final adapter is written as for any
-        end (on_train_end, `finished`); TRL is asked for a checkpoint too, for a Resume to train the member on."""
-        self.stopped = order
-        write_event(self.run_dir, TRAINER_WRITER, SWEEP_STOP, **stop_event_fields(order))
-        print(f"stopping at step {state.global_step}: this sweep member's stop order says {order['rule']}",
-              flush=True)
-        control.should_training_stop = True
-        control.should_save = True
-
-    def on_train_end(self, args, state, control, model=None, **kwargs):
-        self.flush()
-        version = self.trainer.model_version
-        self.final = publish_adapter(model, os.path.join(self.run_dir, FINAL_DIR),
-                                     {"version": version, "name": adapter_name(version, self.trainer.member),
-                                      "step": state.global_step})
-        self.drain_rollouts()
-
-    def finished(self) -> None:
-        """The `finished` event, once nothing needs the replicas any more: they stop when they read it."""
-        self.flush()
-        # Dated now, not when the final adapter was written (the metadata's own time).
-        write_event(self.run_dir, TRAINER_WRITER, FINISHED, **{**self.final, "final": FINAL_DIR, "time": time.time()})
-
-    def stop_now(self) -> None:
-        """What starts the moment SIGTERM arrives, so that a cancelled trainer is gone in seconds: drain the
-        rollouts, stop the rollout worker, and close the proxy (a generation in flight through it keeps each
-        replica's shutdown waiting for the proxy's connections to close)."""
-        self.drain_rollouts()
-        worker = getattr(self.trainer, "rollout_worker", None)
-        if worker is not None:     # its stop is the watch's (runtime/trainer/rollout_watch.py): safe on a dead child
-            threading.Thread(target=worker.stop, name="stop-rollouts", daemon=True).start()
-        if self.proxy is not None:
-            threading.Thread(target=self.proxy.stop, name="stop-proxy", daemon=True).start()
-
-    def drain_rollouts(self) -> None:
-        """TRL stops its rollout child when training ends (or is stopped). A process exits only once the samples it
-        queued are flushed into the pipe, so with nobody reading it hangs until TRL kills it 15 s later."""
-        if self.trainer is not None and getattr(self.trainer, "rollout_queue", None) is not None:
-            threading.Thread(target=_drain, args=(self.trainer.rollout_queue,), daemon=True).start()
-
-
-def _drain(rollouts) -> None:
-    while True:
-        try:
-            rollouts.get(timeout=5)
-        except queue.Empty:
-            return
-
-
-def replica_urls(cli_urls: list[str] | None) -> list[str]:
-    """The replicas' URLs; on the run's network group `${HF_NETWORK_GROUP_PREFIX}<alias>` as this job names them."""
-    urls = cli_urls or [u.strip() for u in os.environ.get(REPLICAS_ENV, "").split(",") if u.strip()]
-    if not urls:
-        sys.exit(f"no vLLM replicas: pass --replica URL (repeatable) or set {REPLICAS_ENV}")
-    try:
-        return [expand_replica_url(u) for u in urls]
-    except ValueError as error:
-        sys.exit(str(error))
-
-
-class ReplicasEndedError(RuntimeError):
-    """Every replica job of the run ended for good before any served: nothing will ever generate, and another
-    attempt of the trainer would find the same (runtime/job/attempt.py's PERMANENT)."""
-
-
-def wait_for_replicas(proxy_url: str, timeout_s: float, gone=lambda: None) -> int:
-    """Wait until every replica is healthy, or at least one once `timeout_s` has passed; return how many are.
-    `gone()` says why no replica will ever come (every replica job has ended for good), or None."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        healthy, total = _proxy_health(proxy_url)
-        if healthy == total or (healthy and time.monotonic() >= deadline):
-            return healthy
-        reason = None if healthy else gone()
-        if reason:
-            raise ReplicasEndedError(f"every vLLM replica job has ended, none will serve: {reason}")
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"none of the {total} vLLM replicas became healthy within {timeout_s:.0f}s")
-        time.sleep(2)
-
-
-def replicas_gone(run_dir: str, jobs: int, replica_dir: str | None = None):
-    """`wait_for_replicas`' `gone`: why all `jobs` replica jobs of this launch have ended for good, or None. This
-    launch's: ends recorded after the trainer's newest end (a resumed run's earlier replicas ended before it).
-    `replica_dir`: where the replicas record their ends (a sweep's shared fleet's folder), else the run's."""
-    ends = [e.get("time", 0) for e in trainer_events(run_dir) if e.get("event") in TRAINER_ENDS]
-    since = max(ends, default=0.0)
-
-    def gone() -> str | None:
-        ended = replicas_ended(replica_dir or run_dir, since)
-        if not jobs or len(ended) < jobs:
-            return None
-        return "; ".join(f"{role}: its vLLM server exited with code {e.get('code')} on attempt {e.get('attempt')} "
-                         f"of {e.get('attempts')} (its log says why)" for role, e in sorted(ended.items()))
-    return gone
-
-
-def _proxy_health(proxy_url: str) -> tuple[int, int]:
-    try:
-        with urllib.request.urlopen(f"{proxy_url}/health", timeout=10) as response:
-            body = json.load(response)
-    except urllib.error.HTTPError as error:  # 503 still carries the counts
-        body = json.load(error)
-    return body["healthy"], body["replicas"]
+from .sweep_stops import SweepStops
 
 
 def async_config(spec: SpecFile, run_dir: str, proxy_url: str):
