@@ -357,7 +357,7 @@ def test_a_run_launched_before_the_sub_packages_resumes_on_its_own_flat_code(exe
     submitted, submit = [], executor.submit
     executor.submit = lambda job, secrets=None: submitted.append(job) or submit(job, secrets)
     resumed = registry.resume(spec.run_id)
-    assert [" ".join(job.command) for job in submitted if "runtime.trainer.train " in " ".join(job.command)], submitted
+    assert [" ".join(job.command) for job in submitted if "runtime.train " in " ".join(job.command)], submitted
     assert executor.wait(resumed.job_ids["trainer"], 300).stage == "COMPLETED"
     view = registry.view(spec.run_id)
     view.refresh()
