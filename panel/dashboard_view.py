@@ -35,6 +35,7 @@ DOWNLOAD_LOG = click_download("log-file")
 DOWNLOAD_METRICS = click_download("metrics-file")
 DOWNLOAD_HELD_OUT = click_download("heldout-file")
 ADAPTER_HEADERS = adapters_table.ADAPTER_HEADERS
+SAMPLE_HEADERS = samples_table.SAMPLE_HEADERS
 REPLICA_HEADERS = ["replica", "health", "in flight", "served", "errors", "adapters", "serving proof (canary)",
                    "generated tok/s", "API CPU (cores)", "history (run)", "url"]
 # What a draw reads (the picked run and how to show it) and updates (`live.run_update`'s names, and its state).
@@ -110,8 +111,7 @@ def build(page, panel) -> None:
                                        allow_custom_value=True)
             sample_prompt = gr.Dropdown([ALL_OF_THE_STEP], value="", elem_id="sample-prompt",
                                         label="Follow one prompt across steps and versions", allow_custom_value=True)
-        samples = gr.Dataframe(headers=samples_table.SAMPLE_HEADERS, interactive=False, wrap=True,
-                               elem_id="samples-table")
+        samples = gr.Dataframe(headers=SAMPLE_HEADERS, interactive=False, wrap=True, elem_id="samples-table")
     replicas = gr.Dataframe(headers=REPLICA_HEADERS, interactive=False, elem_id="replicas-table",
                             label="vLLM servers (distributed runs: vllm-<job>/<server> where a job runs several)")
     final = gr.DownloadButton("Download final adapter (.zip)", interactive=False, elem_id="final-btn")
