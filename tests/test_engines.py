@@ -277,3 +277,29 @@ def test_an_executor_answers_whether_it_lists_with_a_visitors_token_and_one_that
     assert Executor.lists_with_token is False
     assert answers_lists_with_token(HfJobsExecutor) is True
     assert answers_lists_with_token(LocalExecutor) is False and answers_lists_with_token(object()) is False
+
+
+def test_a_ray_jobs_wrapper_is_named_as_the_runs_own_code_has_it(tmp_path):
+    """On Ray the wrapper runs from the run's own code/ (its PYTHONPATH): a run an older panel launched has the flat
+    runtime/ there, so a resumed job's wrapper is `runtime.job_wrapper`, not `runtime.job.job_wrapper`."""
+    import shlex
+
+    from backend.plan.engines.ray import submit_args
+    from backend.plan.jobspec import CODE_LAYOUT_MARK, FLAT_CODE_MARK, flat_code_command
+
+    spec = RunSpec(executor="ray", mode="colocated", mount_path=str(tmp_path), flavor="ray-cpu").check()
+    [job] = preview_jobs(spec)
+    code = tmp_path / "runs" / spec.run_id / "code"
+
+    def wrapper_module(job) -> str:
+        words = shlex.split(shlex.split(submit_args(job, "j1", None)["entrypoint"])[-1])
+        return words[words.index("-m") + 1]
+
+    (code / CODE_LAYOUT_MARK).parent.mkdir(parents=True)
+    (code / CODE_LAYOUT_MARK).write_text("")
+    assert wrapper_module(job) == "runtime.job.job_wrapper"
+    (code / CODE_LAYOUT_MARK).unlink()
+    (code / FLAT_CODE_MARK).write_text("")
+    assert wrapper_module(job) == "runtime.job_wrapper"
+    assert flat_code_command(["python", "-m", "runtime.trainer.train", "--x", "runtime.tiny_model"]) == [
+        "python", "-m", "runtime.train", "--x", "runtime.tiny_model"]

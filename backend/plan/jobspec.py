@@ -1,5 +1,6 @@
 """JobSpec: everything an executor needs to start one job of a run, and nothing it has to look up."""
 
+import re
 import shlex
 from dataclasses import dataclass, field
 
@@ -95,6 +96,18 @@ class JobSpec:
         if self.resource_group_id:
             parts += ["--resource-group-id", self.resource_group_id]
         return [*parts, self.image, *self.command]
+
+
+# Where a run's code in the bucket has runtime/'s sub-packages. A run launched by a panel from before them has the flat
+# runtime/ (`runtime/train.py`): resumed, its jobs run that code, so they name its modules as it has them.
+CODE_LAYOUT_MARK = "runtime/trainer/__init__.py"
+FLAT_CODE_MARK = "runtime/train.py"
+_SUB_PACKAGE = re.compile(r"\bruntime\.(?:trainer|serving|check|job)\.(?=[a-z_]+\b)")
+
+
+def flat_code_command(command: list[str]) -> list[str]:
+    """`command` as it runs on the flat runtime: `runtime.trainer.train` -> `runtime.train`."""
+    return [_SUB_PACKAGE.sub("runtime.", part) for part in command]
 
 
 WRAP_AT = 100

@@ -13,7 +13,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from backend.plan.engines.base import Placement
-from backend.plan.jobspec import APP_LABEL_VALUE, LABEL_APP, LABEL_ROLE, LABEL_RUN, JobSpec, VolumeSpec
+from backend.plan.jobspec import (
+    APP_LABEL_VALUE,
+    LABEL_APP,
+    LABEL_ROLE,
+    LABEL_RUN,
+    JobSpec,
+    VolumeSpec,
+    flat_code_command,
+)
 from backend.plan.servers import footprint, server_ports, servers_per_job
 from backend.plan.spec import RunSpec
 from backend.plan.vllm_args import vllm_serve_command, vllm_server_args
@@ -293,14 +301,9 @@ def placeholder_url(i: int, port) -> str:
     return REPLICA_URL_PLACEHOLDER.replace("vllm-{i}", name)
 
 
-# Where a run's code has the runtime's sub-packages: a run launched before them has a flat `runtime/` in its bucket.
-LAYOUT_MARK = "runtime/trainer/__init__.py"
-_SUB_PACKAGE = re.compile(r"\bruntime\.(?:trainer|serving|check|job)\.(?=[a-z_]+\b)")
-
-
 def flat_code_job(job: JobSpec) -> JobSpec:
     """`job` as a run whose bucket holds the flat runtime runs it: `runtime.trainer.train` -> `runtime.train`."""
-    return dataclasses.replace(job, command=[_SUB_PACKAGE.sub("runtime.", part) for part in job.command])
+    return dataclasses.replace(job, command=flat_code_command(job.command))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from secrets import token_urlsafe
 from backend.executors.base import Executor
 from backend.plan import recipe
 from backend.plan.engines import engine
-from backend.plan.jobspec import JobSpec
+from backend.plan.jobspec import CODE_LAYOUT_MARK, FLAT_CODE_MARK, JobSpec
 from backend.plan.spec import RunSpec
 from backend.runs.fleet_launch import LaunchedFleet, launch_fleet
 from backend.runs.launch_errors import LaunchError, LaunchUnderWay, RunIdTaken, SubmitFailed, space_or
@@ -218,8 +218,8 @@ def _flat_code(store: BucketStore, run_id: str) -> bool:
     """Whether the run's code in the bucket is the flat runtime of a panel from before its sub-packages (a run
     launched then and resumed now runs that code, so its jobs must name the modules it has)."""
     code = f"{layout.run_prefix(run_id)}/{layout.CODE_DIR}"
-    have = store.sizes([f"{code}/{recipe.LAYOUT_MARK}", f"{code}/runtime/train.py"])
-    return f"{code}/runtime/train.py" in have and f"{code}/{recipe.LAYOUT_MARK}" not in have
+    have = store.sizes([f"{code}/{CODE_LAYOUT_MARK}", f"{code}/{FLAT_CODE_MARK}"])
+    return f"{code}/{FLAT_CODE_MARK}" in have and f"{code}/{CODE_LAYOUT_MARK}" not in have
 
 
 def _submit_run(jobs: recipe.RunJobs, executor: Executor, secrets: dict[str, str],

@@ -22,10 +22,13 @@ from backend.plan.engines.local import LOCAL_KV_CACHE_GIB, LOCAL_PORT, free_port
 from backend.plan.hardware import FALLBACK_FLAVORS, Flavor
 from backend.plan.jobspec import (
     APP_LABEL_VALUE,
+    CODE_LAYOUT_MARK,
+    FLAT_CODE_MARK,
     LABEL_APP,
     LABEL_ROLE,
     LABEL_RUN,
     JobSpec,
+    flat_code_command,
     wrapped,
 )
 from backend.plan.spec_fields import FieldError
@@ -314,10 +317,17 @@ def entrypoint_steps(job: JobSpec, job_id: str, secret_file: str | None) -> list
     if secret_file:
         steps += [["set", "-a"], [".", secret_file], ["set", "+a"], ["rm", "-f", secret_file]]
     python = os.environ.get(PYTHON_ENV) or "python"
-    steps.append(["exec", "env", f"TMPDIR={tmp}", *wrapper.wrapper_command(
-        python, job_dir_of(job, job_id), job.command, timeout_s=job.timeout_s, attempts=job.attempts,
-        grace_s=GRACE_S, tmpdir=tmp, stop_with_wrapper=True)])
+    command = wrapper.wrapper_command(python, job_dir_of(job, job_id), job.command, timeout_s=job.timeout_s,
+                                      attempts=job.attempts, grace_s=GRACE_S, tmpdir=tmp, stop_with_wrapper=True)
+    steps.append(["exec", "env", f"TMPDIR={tmp}", *(flat_code_command(command) if _flat_code(job) else command)])
     return steps
+
+
+def _flat_code(job: JobSpec) -> bool:
+    """Whether the job's run has an older panel's flat runtime/ in its folder: the wrapper runs from the run's own
+    code (its PYTHONPATH), so it is named as that code has it (the job's command already is: `recipe.flat_code_job`)."""
+    code = f"{job.volumes[0].mount_path.rstrip('/')}/runs/{job.run_id}/code"
+    return os.path.isfile(f"{code}/{FLAT_CODE_MARK}") and not os.path.exists(f"{code}/{CODE_LAYOUT_MARK}")
 
 
 def job_dir_of(job: JobSpec, job_id: str) -> str:
