@@ -334,10 +334,9 @@ def pin_tree(pid: int, cores: list[int]) -> int:
 def pinning(args, urls, proxies, apis, results) -> None:
     """K servers and their proxy, pinned (each server's API process and engine core on cores of its own, the proxy
     on one core: runtime/serving/cpu_pinning.py's split) against unpinned (all on every core), interleaved on the same
-    running
-    servers. The client (this process: the trainer's rollout worker, elsewhere in a real run) keeps one core of its
-    own in both. Pinning here is set on running processes, so each server's thread pools keep the size they took at
-    start (on every core), where a job that pins at start sizes them to its share."""
+    running servers. The client (this process: the trainer's rollout worker, elsewhere in a real run) keeps one core
+    of its own in both. Pinning here is set on running processes, so each server's thread pools keep the size they
+    took at start (on every core), where a job that pins at start sizes them to its share."""
     k = max(args.servers)
     cores = sorted(os.sched_getaffinity(0))
     client, rest = cores[-1], cores[:-1]

@@ -14,9 +14,8 @@ def free_port() -> int:
 
 def serve_replica_process(run_dir, *extra, server: list[str], env: dict | None = None, stderr=None):
     """`python -m runtime.serving.serve_replica --run-dir RUN_DIR EXTRA -- SERVER...` as a replica job runs it (the
-    runtime
-    package on its path, vLLM's socket folder its own), its output on a pipe (`stderr`: where its errors go), in a
-    process group of its own."""
+    runtime package on its path, vLLM's socket folder its own), its output on a pipe (`stderr`: where its errors go),
+    in a process group of its own."""
     import subprocess
     import sys
 

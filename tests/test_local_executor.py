@@ -286,13 +286,7 @@ def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
     job_id = registry.launch(spec).job_ids["trainer"]
     view = registry.view(spec.run_id)
     run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
-    # Wait for checkpoint-6 to be complete, not merely created: a run cancelled mid-save resumes from the
-    # checkpoint before (test_runtime_train covers that), which is right but not what this test checks.
-    deadline = time.time() + 240
-    while time.time() < deadline and _checkpoint_step(latest_checkpoint(run_dir)) < 6:
-        time.sleep(0.5)
-    executor.cancel(job_id)
-    assert executor.wait(job_id, 30).stage == "CANCELED"
+    _cancel_at_checkpoint(executor, job_id, run_dir, 6)
     view.refresh()
     steps_before = [r["step"] for r in view.metrics]
     assert steps_before and max(steps_before) < 40
@@ -309,6 +303,17 @@ def test_a_cancelled_run_resumes_from_its_last_checkpoint(executor):
     assert min(new_steps) == resumed_from + 1 and max(new_steps) == 40, "the resumed trainer restarted at 0"
     assert view.final_files
     assert [r["step"] for r in view.metrics] == list(range(1, 41)), "a step logged twice is shown once"
+
+
+def _cancel_at_checkpoint(executor, job_id: str, run_dir: str, step: int) -> None:
+    """Cancel the run's trainer once checkpoint-`step` is complete, not merely created (at most 240 s): a run
+    cancelled mid-save resumes from the checkpoint before (test_runtime_train covers that), which is right but not
+    what these tests check."""
+    deadline = time.time() + 240
+    while time.time() < deadline and _checkpoint_step(latest_checkpoint(run_dir)) < step:
+        time.sleep(0.5)
+    executor.cancel(job_id)
+    assert executor.wait(job_id, 30).stage == "CANCELED"
 
 
 def _flat_runtime(code_dir: str) -> None:
@@ -346,11 +351,7 @@ def test_a_run_launched_before_the_sub_packages_resumes_on_its_own_flat_code(exe
     spec = RunSpec(max_steps=20, adapter_every=3, checkpoint_every=3)
     job_id = registry.launch(spec).job_ids["trainer"]
     run_dir = os.path.join(executor.bucket_root(spec.bucket), "runs", spec.run_id)
-    deadline = time.time() + 240
-    while time.time() < deadline and _checkpoint_step(latest_checkpoint(run_dir)) < 3:
-        time.sleep(0.5)
-    executor.cancel(job_id)
-    assert executor.wait(job_id, 30).stage == "CANCELED"
+    _cancel_at_checkpoint(executor, job_id, run_dir, 3)
     _flat_runtime(os.path.join(run_dir, "code"))
     assert not os.path.exists(os.path.join(run_dir, "code", "runtime", "trainer"))
 

@@ -193,8 +193,8 @@ def test_the_launcher_gives_each_local_colocated_run_a_free_port(tmp_path):
 
 def test_a_ray_runs_replicas_and_trainer_share_a_key_of_their_own_launch_passed_only_as_a_secret(tmp_path):
     """Ray replicas listen on every interface of their node: each launch gives its replicas and its trainer a fresh
-    key (runtime.serving.replica_key), a job secret, never in a job's environment or command; other engines need
-    none."""
+    key (runtime.serving.replica_key), a job secret, never in a job's environment or command; other engines
+    need none."""
     from backend.runs.launch import launch_run
     from backend.storage.store import FolderStore
 

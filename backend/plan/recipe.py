@@ -139,8 +139,7 @@ def server_ports_of(job: JobSpec) -> list:
 def shell(spec: RunSpec, steps: list[list[str]], python: str, install: bool) -> list[str]:
     """One `bash -c` line: the image's entrypoint is replaced, so the job states every step itself. A trainer's
     (`install`) starts with `runtime.job.attempt`, before anything is installed: every attempt is recorded, and one
-    after a
-    failure that a retry cannot fix stops there."""
+    after a failure that a retry cannot fix stops there."""
     lines = [shlex.join(s) for s in steps]
     if install and spec.engine.installs_runtime:
         trackio = [TRACKIO_PIP] if spec.trackio else []

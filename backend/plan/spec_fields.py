@@ -21,8 +21,8 @@ from dataclasses import dataclass
 LORA, GRPO, COLOCATED, DISTRIBUTED, STORAGE = (
     "LoRA", "GRPO training", "vLLM (colocated)", "Distributed (async GRPO)", "Hardware and storage")
 TASK = "Your task"
-# The task section's held-out fields: what is held out, and how it is evaluated (runtime/trainer/evaluate.py reads
-# those).
+# The task section's held-out fields: what is held out, and how it is evaluated
+# (runtime/trainer/evaluate.py reads those).
 HELD_OUT_SET, HELD_OUT_EVALUATION = "held-out set", "held-out evaluation"
 
 

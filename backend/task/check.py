@@ -4,8 +4,7 @@ Pure rules live in `RunSpec.validate`, which only reads the code (parse, signatu
 checks that need I/O. Here, in the panel, it fetches what needs the visitor's token (the first rows of a Hub
 dataset through the dataset viewer, the model's tokenizer files) and builds the check's request; the part that
 runs code runs elsewhere: `runtime.check.check_task` in the bubblewrap sandbox of `backend.task.sandbox` on a local
-panel
-(`check_task`), or in a short CPU job in the visitor's own account on a panel that serves others
+panel (`check_task`), or in a short CPU job in the visitor's own account on a panel that serves others
 (`backend.task.check_job`). Both speak the same framed report (`runtime.check.check_protocol`), read here into a
 `TaskReport`. Problems come back as `FieldError`s, like validation.
 """

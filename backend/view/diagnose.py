@@ -43,10 +43,9 @@ FEW_STEPS_LIMIT_S = 300.0
 # allowance keys on the events): from `attempt` to `engine` it installs the runtime (HF Jobs: minutes), builds a
 # builtin model (seconds to a minute), and a distributed trainer waits for its replicas until its own start deadline
 # (runtime/trainer/train_async.py, 900 s by default), failing by itself then; from `engine` to `started` it imports
-# TRL and
-# builds the trainer (and scores the base model on a held-out set); from `started` it trains its first step. On this
-# 2-core machine those took seconds idle and a few minutes at load 40. A machine not yet given (SCHEDULING) and a job
-# that has written nothing yet have no allowance: the platform's queue is not the run's stall.
+# TRL and builds the trainer (and scores the base model on a held-out set); from `started` it trains its first step.
+# On this 2-core machine those took seconds idle and a few minutes at load 40. A machine not yet given (SCHEDULING)
+# and a job that has written nothing yet have no allowance: the platform's queue is not the run's stall.
 START_UP_ALLOWANCE_S = {records.ATTEMPT: 1200.0, records.ENGINE: 600.0, records.STARTED: 600.0}
 METRICS_FLUSH_S = 2.0        # the trainers write logged steps at most this often (RunFolderCallback.flush_every_s)
 NO_SIGNAL_STEPS = 10         # logged steps in a row in which every group's completions scored alike: no signal

@@ -5,16 +5,15 @@
     shares = split_by_tokens(cost_at, {"m0": log, "m1": ...}, start, end)    # {"m0": 12.5, "m1": 4.1}
 
 Each member's proxy (`runtime/serving/proxy_members.py`, `--member <tag>`) records, beside its replica snapshots, the
-tokens
-the replicas generated for its member so far (`members[<tag>]["generated_tokens"]` in its `proxy-*` fragments of the
-member's `metrics/` folder; a restarted proxy counts from 0 again: the log banks what the one before it counted).
-The fleet's spend (dollars on a billed engine; replica-seconds on one that bills nothing) is split window by window
-(WINDOW_S): what the fleet spent in a window goes to the members in proportion to the tokens each was generated in
-it, so a member that ended early keeps the share it had up to its end and pays nothing of what the fleet spends
-afterwards. The start-up (the replicas' spend before the first token, which every member's rollouts stand on) goes
-by each member's tokens over the whole split; spend in a later window where no member got a token (every trainer
-between rollouts) goes with the next window that has tokens, and what is left after the last token as that last
-window went. Before any member got a token nothing is split (`None`): no division by zero, and the line says so.
+tokens the replicas generated for its member so far (`members[<tag>]["generated_tokens"]` in its `proxy-*` fragments
+of the member's `metrics/` folder; a restarted proxy counts from 0 again: the log banks what the one before it
+counted). The fleet's spend (dollars on a billed engine; replica-seconds on one that bills nothing) is split window by
+window (WINDOW_S): what the fleet spent in a window goes to the members in proportion to the tokens each was generated
+in it, so a member that ended early keeps the share it had up to its end and pays nothing of what the fleet spends
+afterwards. The start-up (the replicas' spend before the first token, which every member's rollouts stand on) goes by
+each member's tokens over the whole split; spend in a later window where no member got a token (every trainer between
+rollouts) goes with the next window that has tokens, and what is left after the last token as that last window went.
+Before any member got a token nothing is split (`None`): no division by zero, and the line says so.
 
 `split_by_tokens` and `TokenLog` are pure; `FleetCosts` reads the members' records (incrementally, as a dashboard
 tick does) and the fleet's and the members' job records through a run registry.

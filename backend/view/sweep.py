@@ -6,8 +6,7 @@
 
 The rule itself (successive halving, `early_stop_after` K > 0) is `backend/runtime/trainer/halving.py`, shared with the
 members' trainers, which carry it out with no page open (`backend/runtime/trainer/sweep_stops.py`); its names are
-re-exported
-here for the panel. Pure: the panel reads the members and shows the decision (`panel/sweep_view.py`).
+re-exported here for the panel. Pure: the panel reads the members and shows the decision (`panel/sweep_view.py`).
 """
 
 import re

@@ -102,8 +102,7 @@ class Engine:
 
     def replica_gpu_share(self, spec, gpus: list[str] | None) -> float | None:
         """The share of each GPU a replica job's servers split between them (runtime/serving/gpu_split.py), or None
-        where
-        they need no split: on CPU, or where each server already gets a fixed KV cache."""
+        where they need no split: on CPU, or where each server already gets a fixed KV cache."""
         return None
 
     def replica_env(self) -> dict[str, str]:

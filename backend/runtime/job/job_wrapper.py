@@ -277,8 +277,8 @@ def _die_with_parent() -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The wrapper's command line (`wrapper_command()`'s, after `-m runtime.job.job_wrapper`); `command` without
-    `--`."""
+    """The wrapper's command line (`wrapper_command()`'s, after `-m runtime.job.job_wrapper`);
+    `command` without `--`."""
     parser = argparse.ArgumentParser(prog="runtime.job.job_wrapper", description=__doc__.splitlines()[0])
     parser.add_argument("--job-dir", required=True)
     parser.add_argument("--timeout", type=float, required=True, help="seconds before the job is stopped")

@@ -2,8 +2,8 @@
 every member's trainer has ended, `--member-run-dir` for each; a member that ends before the others has its adapter
 versions unloaded from the fleet's servers).
 
-    python -m runtime.serving.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] -- vllm serve
-    MODEL ARGS
+    python -m runtime.serving.serve_replica --run-dir DIR [--wait-for MODEL_DIR] [--ports P0 P1 ...] \
+        -- vllm serve MODEL ARGS
 
 Replica jobs share nothing with the trainer but the bucket, so the trainer's end ("finished", "failed" or
 "canceled" in `DIR/events/trainer-*.jsonl`) is how a replica learns to stop; without this an HF Job would keep

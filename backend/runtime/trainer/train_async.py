@@ -1,7 +1,7 @@
 """Distributed GRPO + LoRA trainer: TRL's async trainer against N vLLM replicas behind the LoRA-aware proxy.
 
-    PYTHONPATH=<run_dir>/code python -m runtime.trainer.train_async --run-dir <run_dir> --replica URL [--replica URL
-    ...]
+    PYTHONPATH=<run_dir>/code python -m runtime.trainer.train_async --run-dir <run_dir> \
+        --replica URL [--replica URL ...]
 
 Replica URLs may also come from VLLM_REPLICA_URLS (comma-separated). The proxy runs as a child process
 (its event loop free of the trainer's GIL) on a free local port, writing per-replica stats into
@@ -75,8 +75,8 @@ def async_config(spec: SpecFile, run_dir: str, proxy_url: str):
         max_inflight_tasks=spec["max_inflight_tasks"],
         queue_maxsize=spec["queue_maxsize"],
         token_budget=spec["max_tokens_per_batch"],
-        # A frozen rollout worker ends the run after this long (runtime/trainer/rollout_watch.py says why 180 s, not
-        # 300).
+        # A frozen rollout worker ends the run after this long
+        # (runtime/trainer/rollout_watch.py says why 180 s, not 300).
         heartbeat_stale_after_s=stale_after_s(),
         **shared_trainer_args(spec),
     )
